@@ -1,0 +1,177 @@
+//! The contract between the relay and a database.
+//!
+//! # Claims, leases and fencing
+//!
+//! A relay *claims* a batch: the store marks the events `in_flight` with a lease owner, a lease
+//! expiry and a fresh fencing token (one per claim). Every later write for those events — ack,
+//! retry, bury, release — names the token and touches only rows that still carry it. When a relay
+//! dies, or stalls past its lease (a long GC pause, `SIGSTOP`, a network partition), its events
+//! become claimable again; the next claim gives them a new token, so the stalled relay's late acks
+//! match nothing and are reported as fenced instead of overwriting newer state.
+//!
+//! # Ordering
+//!
+//! A store never hands out an event while an earlier event of the same aggregate is in flight
+//! under an unexpired lease, waiting for a retry, or dead under [`DeadLetterPolicy::Block`]. Events
+//! of one aggregate inside one claim come back in enqueue order. Claims by several relays are
+//! serialized by the store (PostgreSQL: a transaction-scoped advisory lock around the claim
+//! statement; SQLite: its single writer), which is what makes the rule hold with many relays: a
+//! claim always sees every earlier claim's result.
+//!
+//! # Time
+//!
+//! Stores compare times on one clock: the database's. Lease expiry and due times written by one
+//! relay host are then read consistently by another, whatever the skew between the hosts.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::event::{Event, EventId, EventRecord};
+use crate::retry::DeadLetterPolicy;
+
+/// What a relay asks for when it claims.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// Who claims: shown in `outbox status` as the lease owner.
+    pub owner: String,
+    /// At most this many events.
+    pub limit: u32,
+    /// How long the claim is exclusive. Past it, another relay may claim the same events.
+    pub lease: Duration,
+    /// Whether a dead event holds back the later events of its aggregate.
+    pub dead_letter: DeadLetterPolicy,
+}
+
+/// Proof of a claim: the owner and the fencing token every follow-up write must present.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The claiming relay.
+    pub owner: String,
+    /// Unique per claim; rows re-claimed by someone else carry another token.
+    pub token: Uuid,
+}
+
+/// A claimed batch.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    /// The lease over every event in `events`.
+    pub lease: Lease,
+    /// Claimed events, in enqueue (`seq`) order.
+    pub events: Vec<Event>,
+}
+
+/// A failed delivery to try again later.
+#[derive(Clone, Debug)]
+pub struct RetryEvent {
+    /// The event.
+    pub seq: i64,
+    /// How long from now until it is due again.
+    pub delay: Duration,
+    /// Why it failed (stored truncated).
+    pub error: String,
+}
+
+/// A delivery given up on.
+#[derive(Clone, Debug)]
+pub struct BuryEvent {
+    /// The event.
+    pub seq: i64,
+    /// Why (stored truncated).
+    pub error: String,
+}
+
+/// Which dead events an admin operation applies to.
+#[derive(Clone, Debug)]
+pub enum DeadFilter {
+    /// These ids (ids that are not dead are ignored).
+    Ids(Vec<EventId>),
+    /// Every dead event.
+    All,
+}
+
+/// Counts and lag, for `outbox status` and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutboxStats {
+    /// Waiting for delivery (including those waiting for a retry).
+    pub pending: u64,
+    /// Pending events that already failed at least once.
+    pub retrying: u64,
+    /// Claimed by a relay right now.
+    pub in_flight: u64,
+    /// Acknowledged and not yet purged.
+    pub delivered: u64,
+    /// Given up on.
+    pub dead: u64,
+    /// When the oldest undelivered (pending or in-flight) event was enqueued.
+    pub oldest_pending_enqueued_at: Option<DateTime<Utc>>,
+    /// The database's clock when the figures were read.
+    pub observed_at: Option<DateTime<Utc>>,
+}
+
+impl OutboxStats {
+    /// Age of the oldest undelivered event: how far behind the relay is.
+    pub fn oldest_pending_age(&self) -> Option<Duration> {
+        let oldest = self.oldest_pending_enqueued_at?;
+        let now = self.observed_at.unwrap_or_else(Utc::now);
+        (now - oldest).to_std().ok().or(Some(Duration::ZERO))
+    }
+}
+
+/// A database that keeps the outbox.
+///
+/// Implementations must be safe to call concurrently, from several tasks and several processes
+/// sharing one database. Every write after a claim takes the claim's [`Lease`] and only changes
+/// rows still held under that lease's token; the returned count says how many did (the rest were
+/// *fenced*: their lease expired and someone else claimed them).
+///
+/// The same conformance suite (`outbox-store-tests`) runs against every implementation.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Claim up to `request.limit` due events, respecting per-aggregate order (see the module
+    /// docs). Returns an empty claim when nothing is due.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError>;
+
+    /// Mark events delivered. One statement for the whole batch.
+    async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError>;
+
+    /// Send failed events back to `pending` with `attempts + 1`, their error and a later due time.
+    async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError>;
+
+    /// Mark events dead with `attempts + 1` and their error.
+    async fn bury(&self, lease: &Lease, events: &[BuryEvent]) -> Result<u64, StoreError>;
+
+    /// Give claimed events back untouched (no attempt counted): used for events not published
+    /// because an earlier event of their aggregate failed, or because the relay is stopping.
+    async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError>;
+
+    /// Counts per state and the age of the oldest undelivered event.
+    async fn stats(&self) -> Result<OutboxStats, StoreError>;
+
+    /// One event by id, in whatever state.
+    async fn get(&self, id: EventId) -> Result<Option<EventRecord>, StoreError>;
+
+    /// Dead events in enqueue order, starting after `after_seq`, at most `limit`.
+    async fn list_dead(
+        &self,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<EventRecord>, StoreError>;
+
+    /// Make dead events pending again with their attempts reset, due now. Returns how many.
+    async fn requeue_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError>;
+
+    /// Delete dead events for good. Returns how many.
+    async fn discard_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError>;
+
+    /// Delete up to `limit` delivered events acknowledged longer than `older_than` ago, oldest
+    /// first. Never touches an event in any other state. Returns how many were deleted.
+    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError>;
+
+    /// Check the database answers and the schema is current (readiness).
+    async fn check(&self) -> Result<(), StoreError>;
+}

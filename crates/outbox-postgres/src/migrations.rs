@@ -1,0 +1,201 @@
+//! Embedded, versioned migrations for the outbox schema.
+//!
+//! Why not `sqlx::migrate!`: its bookkeeping table is always `_sqlx_migrations` in the current
+//! schema, which the application's own sqlx migrations already use, and its SQL is fixed at
+//! compile time while our table name is configurable. So the outbox keeps its own short list of
+//! versioned SQL templates and its own bookkeeping table next to the outbox table
+//! (`<schema>.<table>_migrations`). Applying them is idempotent (applied versions are skipped),
+//! serialized (a transaction-scoped advisory lock, so two relays starting together do not race),
+//! atomic (one transaction; PostgreSQL DDL is transactional) and verified (a checksum per
+//! version; an edited or unknown newer migration is an error, not a silent skip).
+
+use outbox_core::StoreError;
+use sqlx::{PgPool, Row};
+
+use crate::PgOutbox;
+use crate::error::map_sqlx;
+use crate::names::fnv1a;
+
+/// One schema change. `{schema}`, `{table}` and `{t}` (the quoted qualified table name) are
+/// replaced before it runs.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub description: &'static str,
+    pub sql: &'static str,
+}
+
+/// The outbox schema, oldest first. Never edit a released entry: add a new one.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "outbox events table, claim and ordering indexes",
+    sql: r#"
+-- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
+-- The seeds' new / sent / error are pending / delivered / dead; a pending row with attempts > 0
+-- is one waiting for a retry.
+CREATE TABLE {t} (
+    seq              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id               UUID        NOT NULL,
+    aggregate_type   TEXT        NOT NULL,
+    aggregate_id     TEXT        NOT NULL,
+    event_type       TEXT        NOT NULL,
+    -- json, not jsonb: the bytes the writer produced are the bytes a sink publishes.
+    payload          JSON        NOT NULL,
+    destination      TEXT,
+    headers          JSONB       NOT NULL DEFAULT '{}',
+    idempotency_key  TEXT,
+    occurred_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    enqueued_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    status           TEXT        NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead')),
+    attempts         INTEGER     NOT NULL DEFAULT 0,
+    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_error       TEXT,
+    lease_owner      TEXT,
+    lease_token      UUID,
+    lease_expires_at TIMESTAMPTZ,
+    delivered_at     TIMESTAMPTZ,
+    dead_at          TIMESTAMPTZ,
+    CONSTRAINT {table}_id_key UNIQUE (id)
+);
+
+-- A second enqueue with the same key finds the first row.
+CREATE UNIQUE INDEX {table}_idempotency_key ON {t} (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+-- Claim scans only undelivered rows, in enqueue order: its cost does not grow with the number
+-- of delivered rows kept for retention.
+CREATE INDEX {table}_open ON {t} (seq)
+    WHERE status IN ('pending', 'in_flight');
+
+-- Rows that can hold back later events of their aggregate: in flight, dead, or waiting for a
+-- retry. Small by construction, so the per-aggregate order check is a short index probe.
+CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
+"#,
+}];
+
+/// The newest schema version this build knows.
+pub(crate) fn latest_version() -> i64 {
+    MIGRATIONS.last().map(|m| m.version).unwrap_or(0)
+}
+
+/// What [`PgOutbox::migrate`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Versions applied by this call, oldest first (empty when the schema was current).
+    pub applied: Vec<i64>,
+    /// The schema version now in the database.
+    pub current: i64,
+}
+
+pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationReport, StoreError> {
+    let bookkeeping = outbox.migrations_table();
+    let mut tx = pool.begin().await.map_err(map_sqlx)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(outbox.lock_key("migrate"))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+         CREATE TABLE IF NOT EXISTS {bookkeeping} (
+             version     BIGINT PRIMARY KEY,
+             description TEXT NOT NULL,
+             checksum    TEXT NOT NULL,
+             applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+         );",
+        schema = outbox.schema()
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    let mut applied_before = Vec::with_capacity(rows.len());
+    for row in rows {
+        let version: i64 = row.try_get("version").map_err(map_sqlx)?;
+        let checksum: String = row.try_get("checksum").map_err(map_sqlx)?;
+        applied_before.push((version, checksum));
+    }
+
+    for (version, checksum) in &applied_before {
+        match MIGRATIONS.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(StoreError::NotMigrated(format!(
+                    "the database has outbox schema version {version}, newer than this build knows ({}); upgrade the outbox binary or library",
+                    latest_version()
+                )));
+            }
+            Some(m) if checksum_of(m) != *checksum => {
+                return Err(StoreError::NotMigrated(format!(
+                    "outbox migration {version} ({}) differs from the one applied to the database; migrations must never be edited once released",
+                    m.description
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+
+    let mut applied = Vec::new();
+    for m in MIGRATIONS {
+        if applied_before.iter().any(|(v, _)| *v == m.version) {
+            continue;
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(outbox.render(m.sql)))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {bookkeeping} (version, description, checksum) VALUES ($1, $2, $3)"
+        )))
+        .bind(m.version)
+        .bind(m.description)
+        .bind(checksum_of(m))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        applied.push(m.version);
+    }
+    tx.commit().await.map_err(map_sqlx)?;
+    if !applied.is_empty() {
+        tracing::info!(
+            schema = outbox.schema(),
+            table = outbox.table(),
+            ?applied,
+            "Outbox migrations applied."
+        );
+    }
+    Ok(MigrationReport {
+        applied,
+        current: latest_version(),
+    })
+}
+
+/// The schema version the database is at, `0` when the outbox was never migrated there.
+pub(crate) async fn current_version(outbox: &PgOutbox, pool: &PgPool) -> Result<i64, StoreError> {
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(outbox.migrations_table())
+        .fetch_one(pool)
+        .await
+        .map_err(map_sqlx)?;
+    if exists.is_none() {
+        return Ok(0);
+    }
+    let version: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT max(version) FROM {}",
+        outbox.migrations_table()
+    )))
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(version.unwrap_or(0))
+}
+
+fn checksum_of(m: &Migration) -> String {
+    format!("{:016x}", fnv1a(m.sql))
+}

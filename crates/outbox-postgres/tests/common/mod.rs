@@ -1,0 +1,70 @@
+//! Shared by the PostgreSQL integration tests: a connection to the test database and a fresh,
+//! migrated outbox in its own schema for every test.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use outbox_core::{EventId, NewEvent};
+use outbox_postgres::{PgOutbox, PgStore};
+use outbox_store_tests::Harness;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+/// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
+pub fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A schema name no other test (or test process) uses.
+pub fn unique_schema() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("outbox_t_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+}
+
+pub async fn pool(max: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .connect(&database_url())
+        .await
+        .expect("PostgreSQL must be running on 127.0.0.1:5432 (scripts/services.sh starts it)")
+}
+
+/// A fresh migrated outbox and a store over it.
+pub async fn fresh_store() -> PgStore {
+    let pool = pool(10).await;
+    let outbox = PgOutbox::with_names(&unique_schema(), "events").unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    PgStore::new(pool, outbox)
+}
+
+pub struct PgHarness;
+
+#[async_trait]
+impl Harness for PgHarness {
+    type Store = PgStore;
+
+    async fn fresh(&self) -> Arc<PgStore> {
+        Arc::new(fresh_store().await)
+    }
+
+    async fn enqueue(&self, store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
+        let mut tx = store.pool().begin().await.unwrap();
+        let done = store
+            .outbox()
+            .enqueue_batch(&mut *tx, events)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        done.into_iter().map(|e| (e.id, e.created)).collect()
+    }
+}

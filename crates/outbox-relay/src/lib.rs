@@ -1,0 +1,659 @@
+//! # outbox-relay
+//!
+//! The engine that moves committed events from a [`Store`] to a [`Sink`]:
+//! **claim** a batch of due events → **publish** them → **ack** the delivered ones in one
+//! statement, **retry** the failed ones with backoff, **bury** the hopeless ones, **release** the
+//! ones held back by an earlier failure of their aggregate. While claims come back full the loop
+//! claims again at once (up to [`RelayConfig::max_batches_in_flight`] batches are published
+//! concurrently); when a claim comes back short it waits [`RelayConfig::poll_interval`].
+//!
+//! ```no_run
+//! # async fn demo(store: std::sync::Arc<dyn outbox_core::Store>, sink: std::sync::Arc<dyn outbox_core::Sink>) {
+//! use outbox_relay::{Relay, RelayConfig};
+//! let relay = Relay::new(store, sink, RelayConfig::default());
+//! let report = relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await;
+//! println!("delivered {}", report.delivered);
+//! # }
+//! ```
+//!
+//! ## Why leases with a fencing token, not row locks held across the publish
+//!
+//! The classic poller keeps `SELECT … FOR UPDATE SKIP LOCKED` row locks for as long as it takes
+//! to publish the batch. That pins one open transaction (and one pooled connection) per batch in
+//! flight, holds back vacuum's horizon for the whole publish (bloat on exactly the table that
+//! churns most), hides who is working on what, and cannot express "not while an earlier event of
+//! this aggregate is out": the lock is per row, the ordering rule is per aggregate.
+//!
+//! So a claim here is a short transaction that *commits* the events as `in_flight` with a lease
+//! owner, an expiry and a fresh token, then lets go. Publishing holds no database resource. The
+//! ack, retry, bury and release that follow name the token and change only rows that still carry
+//! it. A relay that crashes leaves rows whose lease runs out and are claimed again by the next
+//! relay; a relay that merely *stalls* past its lease (SIGSTOP, GC pause, partition) may still
+//! publish what it held — a duplicate, which at-least-once delivery allows and the consumer's
+//! inbox absorbs — but its acks are fenced and change nothing. The relay also stops starting new
+//! publishes for a batch shortly before its lease would expire, so the window for such
+//! duplicates is the stall itself. `SKIP LOCKED` still appears inside the claim statement: it
+//! keeps a claim from waiting on a row that an ack is rewriting at that moment.
+//!
+//! ## Per-aggregate order
+//!
+//! The store never claims an event while an earlier event of its aggregate is in flight, waiting
+//! for a retry, or dead (under [`DeadLetterPolicy::Block`]). Inside a batch the relay publishes in
+//! *waves*: each wave holds the next event of every aggregate in the batch, so aggregates proceed
+//! in parallel while one aggregate's events go out one after the other, each only after the
+//! previous was confirmed. When an event fails, the rest of its aggregate in this batch is
+//! released untouched and waits behind it.
+//!
+//! ## Shutdown
+//!
+//! When the shutdown future completes the relay stops claiming, lets every batch finish the wave
+//! it is publishing, acks what was delivered, releases what was not yet published, and returns.
+//! Nothing stays claimed.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_core::{
+    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, Lease, Outcome, RetryEvent,
+    RetryPolicy, Sink, Store, StoreError, humantime_duration, truncate_error,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+/// How a relay behaves. Every field has a default suited to a single relay in front of a busy
+/// PostgreSQL; `outbox relay` reads them from its config file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// Who this relay is, in lease owner columns and logs. Defaults to `host-pid-random`.
+    pub relay_id: String,
+    /// Most events claimed at once.
+    pub batch_size: u32,
+    /// Pause after a claim that came back short, before claiming again. Bounds the delivery
+    /// latency of a quiet outbox; shorter costs one cheap indexed query per interval.
+    #[serde(with = "humantime_duration")]
+    pub poll_interval: Duration,
+    /// How long a claim is exclusive. Another relay can re-claim the events after it, so it must
+    /// exceed the slowest expected publish of one batch.
+    #[serde(with = "humantime_duration")]
+    pub lease: Duration,
+    /// Longest wait for one publish call to the sink; past it, its events count as failed.
+    #[serde(with = "humantime_duration")]
+    pub publish_timeout: Duration,
+    /// Batches being published at the same time (pipelining: the next claim overlaps the
+    /// current publish).
+    pub max_batches_in_flight: usize,
+    /// Backoff and attempt limit for failed deliveries.
+    pub retry: RetryPolicy,
+    /// Whether a dead event holds back the later events of its aggregate.
+    pub dead_letter: DeadLetterPolicy,
+    /// Longest pause between attempts to reach a database that is down.
+    #[serde(with = "humantime_duration")]
+    pub max_store_backoff: Duration,
+    /// Return once a claim finds nothing due and no batch is in flight (`outbox relay --drain`).
+    pub stop_when_idle: bool,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            relay_id: default_relay_id(),
+            batch_size: 500,
+            poll_interval: Duration::from_millis(100),
+            lease: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(10),
+            max_batches_in_flight: 2,
+            retry: RetryPolicy::default(),
+            dead_letter: DeadLetterPolicy::default(),
+            max_store_backoff: Duration::from_secs(10),
+            stop_when_idle: false,
+        }
+    }
+}
+
+/// `hostname-pid-xxxx`: unique enough to tell relays apart in `outbox status`.
+pub fn default_relay_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "relay".to_owned());
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
+}
+
+/// What one run of the relay did. Also readable live through [`Relay::counters`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RelayReport {
+    /// Claims that returned at least one event.
+    pub batches: u64,
+    /// Events claimed.
+    pub claimed: u64,
+    /// Events the sink confirmed and the store acknowledged.
+    pub delivered: u64,
+    /// Failed attempts sent back for a later retry.
+    pub retried: u64,
+    /// Events buried (rejected, or out of attempts).
+    pub dead: u64,
+    /// Events given back unpublished (held behind a failure of their aggregate, or shutdown).
+    pub released: u64,
+    /// Writes that matched no row because the lease had expired and moved on.
+    pub fenced: u64,
+    /// Store calls that failed (each retried).
+    pub store_errors: u64,
+}
+
+/// Live counters of a running relay.
+#[derive(Debug, Default)]
+pub struct RelayCounters {
+    batches: AtomicU64,
+    claimed: AtomicU64,
+    delivered: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    released: AtomicU64,
+    fenced: AtomicU64,
+    store_errors: AtomicU64,
+}
+
+impl RelayCounters {
+    /// A snapshot.
+    pub fn report(&self) -> RelayReport {
+        RelayReport {
+            batches: self.batches.load(Ordering::Relaxed),
+            claimed: self.claimed.load(Ordering::Relaxed),
+            delivered: self.delivered.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
+            released: self.released.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
+            store_errors: self.store_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The relay: one [`Store`], one [`Sink`], one [`RelayConfig`].
+pub struct Relay<S: ?Sized, K: ?Sized> {
+    store: Arc<S>,
+    sink: Arc<K>,
+    config: Arc<RelayConfig>,
+    counters: Arc<RelayCounters>,
+}
+
+impl<S, K> Relay<S, K>
+where
+    S: Store + ?Sized,
+    K: Sink + ?Sized,
+{
+    /// A relay over `store` and `sink`.
+    pub fn new(store: Arc<S>, sink: Arc<K>, config: RelayConfig) -> Self {
+        Relay {
+            store,
+            sink,
+            config: Arc::new(config),
+            counters: Arc::new(RelayCounters::default()),
+        }
+    }
+
+    /// Live counters, readable while [`Relay::run`] is going.
+    pub fn counters(&self) -> Arc<RelayCounters> {
+        self.counters.clone()
+    }
+
+    /// Run until `shutdown` completes (or, with [`RelayConfig::stop_when_idle`], until nothing is
+    /// due), then finish in-flight batches and return what was done.
+    ///
+    /// Database outages do not end the run: the relay logs, backs off and carries on once the
+    /// database answers again.
+    pub async fn run<F>(self, shutdown: F) -> RelayReport
+    where
+        F: Future<Output = ()> + Send,
+    {
+        let config = self.config.clone();
+        let ctx = Arc::new(BatchContext {
+            store: self.store.clone(),
+            sink: self.sink.clone(),
+            config: config.clone(),
+            counters: self.counters.clone(),
+            stopping: AtomicBool::new(false),
+        });
+        let request = ClaimRequest {
+            owner: config.relay_id.clone(),
+            limit: config.batch_size.max(1),
+            lease: config.lease,
+            dead_letter: config.dead_letter,
+        };
+        let slots = Arc::new(Semaphore::new(config.max_batches_in_flight.max(1)));
+        let mut batches: JoinSet<()> = JoinSet::new();
+        let mut store_failures: u32 = 0;
+        tokio::pin!(shutdown);
+        info!(
+            relay_id = %config.relay_id,
+            sink = self.sink.name(),
+            batch_size = config.batch_size,
+            "Relay started."
+        );
+
+        loop {
+            while batches.try_join_next().is_some() {}
+            let slot = tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                slot = slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+            };
+            // A claim is never cancelled half-way: a claim that committed but whose result
+            // was dropped would leave events in flight until their lease ran out.
+            let started = Instant::now();
+            let claimed = self.store.claim(&request).await;
+            metrics::histogram!("outbox_claim_duration_seconds")
+                .record(started.elapsed().as_secs_f64());
+            let wait = match claimed {
+                Ok(claim) if claim.events.is_empty() => {
+                    store_failures = 0;
+                    drop(slot);
+                    if config.stop_when_idle {
+                        if batches.is_empty() {
+                            break;
+                        }
+                        // Finishing batches may release events: claim again once they are done.
+                        while batches.join_next().await.is_some() {}
+                        continue;
+                    }
+                    Some(config.poll_interval)
+                }
+                Ok(claim) => {
+                    store_failures = 0;
+                    let full = claim.events.len() >= request.limit as usize;
+                    metrics::histogram!("outbox_claim_batch_size")
+                        .record(claim.events.len() as f64);
+                    add(&self.counters.batches, 1);
+                    add(&self.counters.claimed, claim.events.len() as u64);
+                    let ctx = ctx.clone();
+                    batches.spawn(async move {
+                        ctx.process(claim).await;
+                        drop(slot);
+                    });
+                    (!full).then_some(config.poll_interval)
+                }
+                Err(error) => {
+                    drop(slot);
+                    add(&self.counters.store_errors, 1);
+                    metrics::counter!("outbox_database_errors_total").increment(1);
+                    store_failures = store_failures.saturating_add(1);
+                    let pause = store_backoff(store_failures, config.max_store_backoff);
+                    warn!(
+                        %error,
+                        retry_in_ms = pause.as_millis() as u64,
+                        "Claim failed; the database may be down. Events stay in the outbox."
+                    );
+                    Some(pause)
+                }
+            };
+            if let Some(wait) = wait {
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+
+        ctx.stopping.store(true, Ordering::SeqCst);
+        info!(
+            in_flight_batches = batches.len(),
+            "Relay stopping: finishing in-flight batches."
+        );
+        while batches.join_next().await.is_some() {}
+        let report = self.counters.report();
+        info!(
+            delivered = report.delivered,
+            retried = report.retried,
+            dead = report.dead,
+            fenced = report.fenced,
+            "Relay stopped."
+        );
+        report
+    }
+}
+
+/// Exponential pause between attempts to reach the database: 100 ms, 200 ms, … up to `max`.
+fn store_backoff(failures: u32, max: Duration) -> Duration {
+    let exponent = failures.saturating_sub(1).min(20);
+    Duration::from_millis(100u64.saturating_mul(1 << exponent)).min(max)
+}
+
+struct BatchContext<S: ?Sized, K: ?Sized> {
+    store: Arc<S>,
+    sink: Arc<K>,
+    config: Arc<RelayConfig>,
+    counters: Arc<RelayCounters>,
+    stopping: AtomicBool,
+}
+
+/// What a batch decided for each of its events, written back at the end.
+#[derive(Default)]
+struct Settlement {
+    delivered: Vec<i64>,
+    retries: Vec<RetryEvent>,
+    buries: Vec<BuryEvent>,
+    released: Vec<i64>,
+}
+
+impl<S, K> BatchContext<S, K>
+where
+    S: Store + ?Sized,
+    K: Sink + ?Sized,
+{
+    async fn process(&self, claim: Claim) {
+        let claimed_at = Instant::now();
+        // Stop starting publishes a little before the lease runs out, so an event is not being
+        // published here after another relay may have claimed it.
+        let margin = (self.config.lease / 5).min(Duration::from_secs(5));
+        let deadline = claimed_at + self.config.lease.saturating_sub(margin);
+        let lease = claim.lease;
+
+        let mut queues: Vec<VecDeque<Event>> = Vec::new();
+        let mut index: HashMap<(String, String), usize> = HashMap::new();
+        for event in claim.events {
+            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
+            let slot = *index.entry(key).or_insert_with(|| {
+                queues.push(VecDeque::new());
+                queues.len() - 1
+            });
+            queues[slot].push_back(event);
+        }
+        drop(index);
+
+        let mut settlement = Settlement::default();
+        loop {
+            let active: Vec<usize> = (0..queues.len())
+                .filter(|&i| !queues[i].is_empty())
+                .collect();
+            if active.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            if self.stopping.load(Ordering::SeqCst) || now >= deadline {
+                for &i in &active {
+                    settlement
+                        .released
+                        .extend(queues[i].drain(..).map(|e| e.seq));
+                }
+                break;
+            }
+            let wave: Vec<Event> = active
+                .iter()
+                .filter_map(|&i| queues[i].front().cloned())
+                .collect();
+            let budget = self.config.publish_timeout.min(deadline - now);
+            let started = Instant::now();
+            let outcomes = match tokio::time::timeout(budget, self.sink.publish(&wave)).await {
+                Ok(outcomes) if outcomes.len() == wave.len() => outcomes,
+                Ok(outcomes) => {
+                    let reason = format!(
+                        "sink `{}` returned {} outcomes for {} events (a sink bug); retrying all",
+                        self.sink.name(),
+                        outcomes.len(),
+                        wave.len()
+                    );
+                    vec![Outcome::retry(reason); wave.len()]
+                }
+                Err(_) => {
+                    let reason = format!(
+                        "publish to `{}` timed out after {} ms",
+                        self.sink.name(),
+                        budget.as_millis()
+                    );
+                    vec![Outcome::retry(reason); wave.len()]
+                }
+            };
+            metrics::histogram!("outbox_publish_duration_seconds", "sink" => self.sink.name().to_owned())
+                .record(started.elapsed().as_secs_f64());
+
+            for ((&i, event), outcome) in active.iter().zip(&wave).zip(outcomes) {
+                let queue = &mut queues[i];
+                queue.pop_front();
+                let blocked = self.settle(event, outcome, &mut settlement);
+                if blocked {
+                    settlement.released.extend(queue.drain(..).map(|e| e.seq));
+                }
+            }
+        }
+
+        self.write_back(&lease, settlement, claimed_at).await;
+    }
+
+    /// Record the outcome of one event; returns whether the rest of its aggregate must wait.
+    fn settle(&self, event: &Event, outcome: Outcome, settlement: &mut Settlement) -> bool {
+        let sink = self.sink.name();
+        match outcome {
+            Outcome::Delivered => {
+                debug!(
+                    event_id = %event.id,
+                    event_type = %event.event_type,
+                    aggregate_type = %event.aggregate_type,
+                    aggregate_id = %event.aggregate_id,
+                    idempotency_key = event.idempotency_key.as_deref().unwrap_or(""),
+                    attempts = event.attempts + 1,
+                    destination = sink,
+                    "Event published."
+                );
+                settlement.delivered.push(event.seq);
+                false
+            }
+            Outcome::Retry { reason, after } => {
+                let failed = event.attempts + 1;
+                if self.config.retry.is_exhausted(failed) {
+                    let error = format!("gave up after {failed} attempts: {reason}");
+                    self.log_dead(event, &error);
+                    settlement.buries.push(BuryEvent {
+                        seq: event.seq,
+                        error: truncate_error(&error),
+                    });
+                    self.config.dead_letter == DeadLetterPolicy::Block
+                } else {
+                    let delay = after.unwrap_or_else(|| {
+                        self.config.retry.backoff(failed, rand::random::<f64>())
+                    });
+                    warn!(
+                        event_id = %event.id,
+                        event_type = %event.event_type,
+                        aggregate_type = %event.aggregate_type,
+                        aggregate_id = %event.aggregate_id,
+                        idempotency_key = event.idempotency_key.as_deref().unwrap_or(""),
+                        attempts = failed,
+                        destination = sink,
+                        retry_in_ms = delay.as_millis() as u64,
+                        error = %reason,
+                        "Publish failed; will retry."
+                    );
+                    settlement.retries.push(RetryEvent {
+                        seq: event.seq,
+                        delay,
+                        error: truncate_error(&reason),
+                    });
+                    true
+                }
+            }
+            Outcome::Reject { reason } => {
+                let error = format!("rejected by {sink}: {reason}");
+                self.log_dead(event, &error);
+                settlement.buries.push(BuryEvent {
+                    seq: event.seq,
+                    error: truncate_error(&error),
+                });
+                self.config.dead_letter == DeadLetterPolicy::Block
+            }
+        }
+    }
+
+    fn log_dead(&self, event: &Event, error: &str) {
+        warn!(
+            event_id = %event.id,
+            event_type = %event.event_type,
+            aggregate_type = %event.aggregate_type,
+            aggregate_id = %event.aggregate_id,
+            idempotency_key = event.idempotency_key.as_deref().unwrap_or(""),
+            attempts = event.attempts + 1,
+            destination = self.sink.name(),
+            error,
+            "Event is dead; it stays in the outbox for `outbox dead retry` or `discard`."
+        );
+    }
+
+    /// Persist a batch's decisions. Each write is retried while the database is unreachable and
+    /// the lease could still be ours; after that the lease has run out anyway and the events will
+    /// be claimed again (delivered ones then go out a second time, which at-least-once allows).
+    async fn write_back(&self, lease: &Lease, settlement: Settlement, claimed_at: Instant) {
+        let give_up_at = claimed_at + self.config.lease;
+        let Settlement {
+            delivered,
+            retries,
+            buries,
+            released,
+        } = settlement;
+        let sink = self.sink.name().to_owned();
+
+        if !delivered.is_empty() {
+            let expected = delivered.len() as u64;
+            if let Some(done) = self
+                .with_retries("ack", give_up_at, || self.store.ack(lease, &delivered))
+                .await
+            {
+                add(&self.counters.delivered, done);
+                metrics::counter!("outbox_events_published_total", "destination" => sink.clone())
+                    .increment(done);
+                self.note_fenced("ack", expected, done);
+            }
+        }
+        if !retries.is_empty() {
+            let expected = retries.len() as u64;
+            if let Some(done) = self
+                .with_retries("retry", give_up_at, || self.store.retry(lease, &retries))
+                .await
+            {
+                add(&self.counters.retried, done);
+                metrics::counter!("outbox_events_retried_total", "destination" => sink.clone())
+                    .increment(done);
+                self.note_fenced("retry", expected, done);
+            }
+        }
+        if !buries.is_empty() {
+            let expected = buries.len() as u64;
+            if let Some(done) = self
+                .with_retries("bury", give_up_at, || self.store.bury(lease, &buries))
+                .await
+            {
+                add(&self.counters.dead, done);
+                metrics::counter!("outbox_events_dead_total", "destination" => sink.clone())
+                    .increment(done);
+                self.note_fenced("bury", expected, done);
+            }
+        }
+        if !released.is_empty() {
+            let expected = released.len() as u64;
+            if let Some(done) = self
+                .with_retries("release", give_up_at, || {
+                    self.store.release(lease, &released)
+                })
+                .await
+            {
+                add(&self.counters.released, done);
+                self.note_fenced("release", expected, done);
+            }
+        }
+    }
+
+    fn note_fenced(&self, what: &str, expected: u64, done: u64) {
+        if done < expected {
+            let fenced = expected - done;
+            add(&self.counters.fenced, fenced);
+            metrics::counter!("outbox_events_fenced_total").increment(fenced);
+            warn!(
+                operation = what,
+                fenced,
+                "Lease expired before the write: another relay owns these events now and will deliver them again."
+            );
+        }
+    }
+
+    async fn with_retries<'a, F, Fut>(
+        &'a self,
+        what: &str,
+        give_up_at: Instant,
+        op: F,
+    ) -> Option<u64>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<u64, StoreError>> + 'a,
+    {
+        let mut failures = 0u32;
+        loop {
+            match op().await {
+                Ok(n) => return Some(n),
+                Err(error) => {
+                    add(&self.counters.store_errors, 1);
+                    metrics::counter!("outbox_database_errors_total").increment(1);
+                    failures += 1;
+                    let pause = store_backoff(failures, self.config.max_store_backoff);
+                    if Instant::now() + pause >= give_up_at {
+                        warn!(
+                            operation = what,
+                            %error,
+                            "Could not record the batch before its lease ran out; its events will be claimed and published again."
+                        );
+                        return None;
+                    }
+                    warn!(operation = what, %error, retry_in_ms = pause.as_millis() as u64, "Store write failed; retrying.");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_backoff_grows_then_caps() {
+        let max = Duration::from_secs(10);
+        assert_eq!(store_backoff(1, max), Duration::from_millis(100));
+        assert_eq!(store_backoff(2, max), Duration::from_millis(200));
+        assert_eq!(store_backoff(30, max), max);
+    }
+
+    #[test]
+    fn config_rejects_unknown_keys_and_reads_durations() {
+        let err = serde_json::from_str::<RelayConfig>(r#"{"batch_sise": 10}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `batch_sise`"),
+            "{err}"
+        );
+        let cfg: RelayConfig =
+            serde_json::from_str(r#"{"poll_interval": "250ms", "lease": "1m"}"#).unwrap();
+        assert_eq!(cfg.poll_interval, Duration::from_millis(250));
+        assert_eq!(cfg.lease, Duration::from_secs(60));
+    }
+}

@@ -1,0 +1,227 @@
+//! # outbox-sink-stdout
+//!
+//! Publishes each event as one JSON line, to standard output or appended to a file. The simplest
+//! destination there is: for trying the relay out, for piping into another program, and for
+//! tests that read what was delivered.
+//!
+//! Each line is an envelope around the payload, which is written byte for byte as stored:
+//!
+//! ```text
+//! {"id":"0190…","seq":1,"aggregate_type":"order","aggregate_id":"42","event_type":"OrderCreated",
+//!  "destination":null,"headers":{},"idempotency_key":null,"occurred_at":"2026-…Z","payload":{"amount":1999}}
+//! ```
+//!
+//! A batch counts as delivered once its lines were written and flushed (and, for a file with
+//! `sync` set, forced to disk). A write error (disk full, closed pipe) is a retryable failure.
+
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use outbox_core::{Event, EventId, Headers, Outcome, Sink, SinkError};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::Mutex;
+
+/// The envelope written for each event.
+#[derive(Serialize)]
+struct Line<'a> {
+    id: EventId,
+    seq: i64,
+    aggregate_type: &'a str,
+    aggregate_id: &'a str,
+    event_type: &'a str,
+    destination: Option<&'a str>,
+    headers: &'a Headers,
+    idempotency_key: Option<&'a str>,
+    occurred_at: DateTime<Utc>,
+    attempt: u32,
+    payload: &'a RawValue,
+}
+
+enum Target {
+    Stdout(tokio::io::Stdout),
+    File { file: tokio::fs::File, sync: bool },
+}
+
+/// Writes events as JSON lines.
+pub struct StdoutSink {
+    name: &'static str,
+    path: Option<PathBuf>,
+    target: Mutex<Target>,
+}
+
+impl StdoutSink {
+    /// Write to standard output.
+    pub fn stdout() -> Self {
+        StdoutSink {
+            name: "stdout",
+            path: None,
+            target: Mutex::new(Target::Stdout(tokio::io::stdout())),
+        }
+    }
+
+    /// Append to the file at `path`, creating it if needed. With `sync`, every batch is forced to
+    /// disk before it counts as delivered.
+    pub async fn file(path: impl AsRef<Path>, sync: bool) -> Result<Self, SinkError> {
+        let path = path.as_ref().to_path_buf();
+        let file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .await
+            .map_err(|e| {
+                SinkError::Config(format!(
+                    "cannot open `{}` for appending: {e} (check the directory exists and is writable)",
+                    path.display()
+                ))
+            })?;
+        Ok(StdoutSink {
+            name: "file",
+            path: Some(path),
+            target: Mutex::new(Target::File { file, sync }),
+        })
+    }
+
+    /// Render one event as its JSON line (without the newline).
+    pub fn render(event: &Event) -> Result<String, String> {
+        let payload: &RawValue = serde_json::from_str(&event.payload)
+            .map_err(|e| format!("stored payload is not valid JSON: {e}"))?;
+        let line = Line {
+            id: event.id,
+            seq: event.seq,
+            aggregate_type: &event.aggregate_type,
+            aggregate_id: &event.aggregate_id,
+            event_type: &event.event_type,
+            destination: event.destination.as_deref(),
+            headers: &event.headers,
+            idempotency_key: event.idempotency_key.as_deref(),
+            occurred_at: event.occurred_at,
+            attempt: event.attempts + 1,
+            payload,
+        };
+        serde_json::to_string(&line).map_err(|e| e.to_string())
+    }
+}
+
+async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    w.write_all(bytes).await?;
+    w.flush().await
+}
+
+#[async_trait]
+impl Sink for StdoutSink {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let mut outcomes = vec![Outcome::Delivered; events.len()];
+        let mut buffer = String::with_capacity(events.len() * 256);
+        let mut written = Vec::with_capacity(events.len());
+        for (i, event) in events.iter().enumerate() {
+            match Self::render(event) {
+                Ok(line) => {
+                    buffer.push_str(&line);
+                    buffer.push('\n');
+                    written.push(i);
+                }
+                Err(reason) => outcomes[i] = Outcome::reject(reason),
+            }
+        }
+        if written.is_empty() {
+            return outcomes;
+        }
+        let mut target = self.target.lock().await;
+        let result = match &mut *target {
+            Target::Stdout(out) => write_all(out, buffer.as_bytes()).await,
+            Target::File { file, sync } => {
+                let mut result = write_all(file, buffer.as_bytes()).await;
+                if result.is_ok() && *sync {
+                    result = file.sync_data().await;
+                }
+                result
+            }
+        };
+        if let Err(e) = result {
+            let place = self
+                .path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "standard output".to_owned());
+            let reason = format!("writing to {place} failed: {e}");
+            for i in written {
+                outcomes[i] = Outcome::retry(reason.clone());
+            }
+        }
+        outcomes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: i64, payload: &str) -> Event {
+        Event {
+            seq,
+            id: EventId::new(),
+            aggregate_type: "order".into(),
+            aggregate_id: "1".into(),
+            event_type: "OrderCreated".into(),
+            payload: payload.into(),
+            destination: None,
+            headers: Headers::new(),
+            idempotency_key: Some("k".into()),
+            occurred_at: Utc::now(),
+            enqueued_at: Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn file_gets_one_line_per_event_with_the_payload_verbatim() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let sink = StdoutSink::file(&path, true).await.unwrap();
+        let outcomes = sink
+            .publish(&[event(1, r#"{"b":2,  "a":1}"#), event(2, "[1,2]")])
+            .await;
+        assert_eq!(outcomes, vec![Outcome::Delivered, Outcome::Delivered]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(
+            lines[0].contains(r#""payload":{"b":2,  "a":1}"#),
+            "{}",
+            lines[0]
+        );
+        let parsed: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+        assert_eq!(parsed["seq"], 2);
+        assert_eq!(parsed["idempotency_key"], "k");
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_payload_is_rejected_and_the_rest_delivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = StdoutSink::file(dir.path().join("e.jsonl"), false)
+            .await
+            .unwrap();
+        let outcomes = sink.publish(&[event(1, "{not json"), event(2, "{}")]).await;
+        assert!(matches!(outcomes[0], Outcome::Reject { .. }));
+        assert_eq!(outcomes[1], Outcome::Delivered);
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_path_names_the_file() {
+        let err = StdoutSink::file("/nonexistent-dir/x.jsonl", false)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("/nonexistent-dir/x.jsonl"),
+            "{err}"
+        );
+    }
+}

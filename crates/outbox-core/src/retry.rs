@@ -127,7 +127,7 @@ pub mod humantime_duration {
             let value: u64 = rest[..digits]
                 .parse()
                 .map_err(|_| format!("invalid duration `{text}`: number too large"))?;
-            rest = &rest[digits..];
+            rest = rest[digits..].trim_start();
             let unit_len = rest
                 .find(|c: char| c.is_ascii_digit() || c.is_whitespace())
                 .unwrap_or(rest.len());

@@ -437,14 +437,21 @@ impl PgStore {
         let options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
             StoreError::Invalid(format!("invalid PostgreSQL URL `{}`: {e}", redact_url(url)))
         })?;
+        let unreachable = |e: sqlx::Error| {
+            StoreError::Unavailable(format!("cannot connect to {}: {e}", redact_url(url)))
+        };
+        // One direct connection first: it fails fast with the real cause (refused, unknown host,
+        // authentication) where a pool would only report a timeout.
+        let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .map_err(unreachable)?;
+        let _ = sqlx::Connection::close(probe).await;
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
-            .map_err(|e| {
-                StoreError::Unavailable(format!("cannot connect to {}: {e}", redact_url(url)))
-            })?;
+            .map_err(unreachable)?;
         Ok(PgStore { pool, outbox })
     }
 

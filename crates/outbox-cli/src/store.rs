@@ -1,0 +1,63 @@
+//! Opening the outbox named by a database URL.
+
+use std::sync::Arc;
+
+use outbox_core::{Store, StoreError};
+use outbox_postgres::{PgOutbox, PgStore, redact_url};
+
+use crate::config::{ConfigError, DatabaseConfig};
+
+/// A store of whichever kind the URL names.
+pub enum AnyStore {
+    /// `postgres://…`
+    Postgres(PgStore),
+}
+
+impl AnyStore {
+    /// Connect (without migrating). A malformed URL or an unreachable database is a
+    /// [`ConfigError`] naming the URL.
+    pub async fn open(config: &DatabaseConfig) -> Result<Self, ConfigError> {
+        let url = config.url.trim();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let outbox = PgOutbox::with_names(&config.schema, &config.table)
+                .map_err(|e| ConfigError(format!("invalid `database`: {e}")))?;
+            let store = PgStore::connect(url, outbox)
+                .await
+                .map_err(|e| unreachable(url, e))?;
+            Ok(AnyStore::Postgres(store))
+        } else {
+            Err(ConfigError(format!(
+                "unsupported `database.url` `{}`: use postgres://user@host:5432/db or sqlite://path/to/file.db",
+                redact_url(url)
+            )))
+        }
+    }
+
+    /// Create or upgrade the outbox schema; returns the versions applied.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
+        }
+    }
+
+    /// The store as the relay and admin commands use it.
+    pub fn dyn_store(&self) -> Arc<dyn Store> {
+        match self {
+            AnyStore::Postgres(s) => Arc::new(s.clone()),
+        }
+    }
+
+    /// Where the outbox is, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            AnyStore::Postgres(s) => format!("PostgreSQL table {}", s.outbox().qualified_table()),
+        }
+    }
+}
+
+fn unreachable(url: &str, error: StoreError) -> ConfigError {
+    ConfigError(format!(
+        "cannot open database `{}`: {error} — check `database.url` and that the server is running",
+        redact_url(url)
+    ))
+}

@@ -1,0 +1,153 @@
+//! Real `outbox relay` processes: one is killed with SIGKILL while it holds claimed events; after
+//! its lease runs out another relay delivers them. The survivor then stops on SIGTERM with exit
+//! code 0 and nothing left claimed.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_core::Store;
+use outbox_postgres::{PgOutbox, PgStore};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn spawn_relay(schema: &str, out: &Path) -> Child {
+    Command::new(BIN)
+        .args([
+            "relay",
+            "--database-url",
+            &database_url(),
+            "--schema",
+            schema,
+        ])
+        .args(["--sink", &format!("file:{}", out.display())])
+        .args([
+            "--batch-size",
+            "100",
+            "--lease",
+            "3s",
+            "--poll-interval",
+            "20ms",
+        ])
+        .env("OUTBOX_RELAY__PUBLISH_TIMEOUT", "1s")
+        .env("OUTBOX_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the outbox binary starts")
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn ids_in(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_relays_claims_are_delivered_by_another_after_the_lease() {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let schema = format!("outbox_kill_{}_{}", std::process::id(), nanos % 100_000);
+    let store = PgStore::connect(
+        &database_url(),
+        PgOutbox::with_names(&schema, "events").unwrap(),
+    )
+    .await
+    .unwrap();
+    store.outbox().migrate(store.pool()).await.unwrap();
+    let total = 20_000u64;
+    let events: Vec<_> = (0..total)
+        .map(|i| outbox_testkit::numbered(&format!("k{}", i % 400), i / 400))
+        .collect();
+    for chunk in events.chunks(5000) {
+        let mut tx = store.pool().begin().await.unwrap();
+        store.outbox().enqueue_batch(&mut *tx, chunk).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let first_out = dir.path().join("first.jsonl");
+    let second_out = dir.path().join("second.jsonl");
+    let mut first = spawn_relay(&schema, &first_out);
+
+    // Freeze the first relay at a moment when it holds claimed events, then kill it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let held = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the first relay never held a claim"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        if ids_in(&first_out).is_empty() {
+            continue;
+        }
+        signal(&first, "-STOP");
+        // Statements it sent before it froze still complete in the server: let them.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let stats = store.stats().await.unwrap();
+        if stats.in_flight > 0 && stats.pending > 0 {
+            break stats.in_flight;
+        }
+        signal(&first, "-CONT");
+    };
+    signal(&first, "-KILL");
+    first.wait().unwrap();
+    let after_kill = store.stats().await.unwrap();
+    assert_eq!(
+        after_kill.in_flight, held,
+        "the dead relay's claims are still held"
+    );
+
+    let mut second = spawn_relay(&schema, &second_out);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let stats = store.stats().await.unwrap();
+        if stats.delivered == total {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not everything was delivered: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signal(&second, "-TERM");
+    let status = second.wait().unwrap();
+    assert!(status.success(), "graceful stop exits 0: {status:?}");
+
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.in_flight, stats.pending, stats.dead),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    let first_ids = ids_in(&first_out);
+    let second_ids = ids_in(&second_out);
+    let all: HashSet<&String> = first_ids.iter().chain(&second_ids).collect();
+    assert_eq!(all.len() as u64, total, "every event reached a sink");
+    let wanted: HashSet<String> = events.iter().map(|e| e.id().to_string()).collect();
+    assert!(
+        all.iter().all(|id| wanted.contains(*id)),
+        "nothing invented"
+    );
+    assert!(!second_ids.is_empty(), "the second relay took over");
+}

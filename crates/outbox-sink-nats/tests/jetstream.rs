@@ -1,0 +1,358 @@
+//! Against the real NATS JetStream server on 127.0.0.1:4222 and the real PostgreSQL outbox:
+//! exactly the committed events arrive, with their routing, headers and per-aggregate order;
+//! duplicates are dropped by `Nats-Msg-Id`; a missing stream is a clear rejection; a broker that
+//! is down at start-up keeps the events pending until it is back.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use outbox_core::{EventState, Outcome, RetryPolicy, Sink, Store};
+use outbox_relay::{Relay, RelayConfig};
+use outbox_sink_nats::{NatsSink, NatsSinkConfig};
+use outbox_testkit::{TcpProxy, numbered};
+
+const NATS: &str = "nats://127.0.0.1:4222";
+
+fn config(json: serde_json::Value) -> NatsSinkConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+fn relay_config(stop_when_idle: bool) -> RelayConfig {
+    RelayConfig {
+        relay_id: "nats-test".into(),
+        batch_size: 100,
+        poll_interval: Duration::from_millis(20),
+        lease: Duration::from_secs(10),
+        publish_timeout: Duration::from_secs(5),
+        retry: RetryPolicy {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(300),
+            max_attempts: 1000,
+        },
+        stop_when_idle,
+        ..RelayConfig::default()
+    }
+}
+
+async fn jetstream_context() -> jetstream::Context {
+    let client = async_nats::connect(NATS)
+        .await
+        .expect("NATS with JetStream must be running on 127.0.0.1:4222");
+    jetstream::new(client)
+}
+
+/// Every message stored in `stream`, in stream order.
+async fn read_stream(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Vec<jetstream::message::StreamMessage> {
+    let mut handle = js.get_stream(stream).await.unwrap();
+    let info = handle.info().await.unwrap().clone();
+    let mut out = Vec::new();
+    for seq in info.state.first_sequence..=info.state.last_sequence {
+        if info.state.messages == 0 {
+            break;
+        }
+        out.push(handle.get_raw_message(seq).await.unwrap());
+    }
+    out
+}
+
+fn header(m: &jetstream::message::StreamMessage, name: &str) -> Option<String> {
+    m.headers.get(name).map(|v| v.as_str().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
+    let store = Arc::new(common::fresh_store().await);
+    let id = common::unique("t");
+    let prefix = format!("outbox_{id}");
+    let stream = format!("S_{id}").to_uppercase();
+
+    let mut committed = Vec::new();
+    for n in 0..6u64 {
+        for a in 0..8 {
+            committed.push(numbered(&format!("a{a}"), n));
+        }
+    }
+    committed.push(
+        numbered("special", 0)
+            .with_destination(format!("{prefix}.audit"))
+            .with_header(
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )
+            .with_header("Nats-Expected-Stream", "forged")
+            .with_idempotency_key("special-0"),
+    );
+    let committed_ids = common::enqueue_committed(&store, &committed).await;
+    let ghosts: Vec<_> = (0..5).map(|n| numbered("ghost", n)).collect();
+    common::enqueue_rolled_back(&store, &ghosts).await;
+
+    let sink = NatsSink::connect(config(serde_json::json!({
+        "servers": [NATS],
+        "subject": format!("{prefix}.${{event_type}}"),
+        "create_stream": true,
+        "stream_name": stream,
+        "client_name": "outbox-sink-nats-test",
+    })))
+    .await
+    .unwrap();
+    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(true));
+    let report = tokio::time::timeout(Duration::from_secs(60), relay.run(std::future::pending()))
+        .await
+        .expect("relay drained");
+    assert_eq!(report.delivered, committed.len() as u64, "{report:?}");
+    assert_eq!(report.dead, 0, "{report:?}");
+
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, committed.len() as u64, "{stats:?}");
+    assert_eq!(stats.pending + stats.in_flight + stats.dead, 0, "{stats:?}");
+
+    let js = jetstream_context().await;
+    let messages = read_stream(&js, &stream).await;
+    assert_eq!(
+        messages.len(),
+        committed.len(),
+        "exactly the committed events"
+    );
+    let by_id: HashMap<String, &jetstream::message::StreamMessage> = messages
+        .iter()
+        .map(|m| (header(m, "outbox-event-id").unwrap(), m))
+        .collect();
+    let expected: HashSet<String> = committed_ids.iter().map(|i| i.to_string()).collect();
+    assert_eq!(by_id.keys().cloned().collect::<HashSet<_>>(), expected);
+
+    let mut order = Vec::new();
+    for m in &messages {
+        let event_id = header(m, "outbox-event-id").unwrap();
+        assert_eq!(header(m, "Nats-Msg-Id").as_deref(), Some(event_id.as_str()));
+        assert_eq!(header(m, "outbox-event-type").as_deref(), Some("Numbered"));
+        assert_eq!(header(m, "outbox-aggregate-type").as_deref(), Some("agg"));
+        assert_eq!(
+            header(m, "Content-Type").as_deref(),
+            Some("application/json")
+        );
+        assert!(header(m, "outbox-occurred-at").is_some());
+        assert!(
+            header(m, "Nats-Expected-Stream").is_none(),
+            "control headers are not forwarded"
+        );
+        let payload: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+        let aggregate = payload["aggregate"].as_str().unwrap().to_owned();
+        assert_eq!(
+            header(m, "outbox-aggregate-id").as_deref(),
+            Some(aggregate.as_str())
+        );
+        assert_ne!(aggregate, "ghost");
+        if aggregate == "special" {
+            assert_eq!(
+                m.subject.as_str(),
+                format!("{prefix}.audit"),
+                "own destination wins"
+            );
+            assert_eq!(
+                header(m, "traceparent").as_deref(),
+                Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            );
+            assert_eq!(
+                header(m, "outbox-idempotency-key").as_deref(),
+                Some("special-0")
+            );
+        } else {
+            assert_eq!(m.subject.as_str(), format!("{prefix}.Numbered"));
+        }
+        order.push((aggregate, payload["n"].as_u64().unwrap()));
+    }
+    let violations = common::order_violations(&order);
+    assert!(violations.is_empty(), "{violations:?}");
+
+    js.delete_stream(&stream).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_event_is_stored_once() {
+    let id = common::unique("d");
+    let prefix = format!("outbox_{id}");
+    let stream = format!("S_{id}").to_uppercase();
+    let sink = NatsSink::connect(config(serde_json::json!({
+        "servers": [NATS],
+        "subject": format!("{prefix}.${{event_type}}"),
+        "create_stream": true,
+        "stream_name": stream,
+    })))
+    .await
+    .unwrap();
+    // Give the background connection a moment.
+    for _ in 0..100 {
+        if sink.check().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events = vec![common::event("x", 1), common::event("y", 1)];
+    assert_eq!(sink.publish(&events).await, vec![Outcome::Delivered; 2]);
+    assert_eq!(sink.publish(&events[..1]).await, vec![Outcome::Delivered]);
+
+    let js = jetstream_context().await;
+    let messages = read_stream(&js, &stream).await;
+    assert_eq!(
+        messages.len(),
+        2,
+        "the second publish of an event is dropped as a duplicate"
+    );
+    js.delete_stream(&stream).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_without_a_stream_is_rejected_with_the_fix() {
+    let id = common::unique("n");
+    let sink = NatsSink::connect(config(serde_json::json!({
+        "servers": [NATS],
+        "subject": format!("nostream_{id}.${{event_type}}"),
+    })))
+    .await
+    .unwrap();
+    for _ in 0..100 {
+        if sink.check().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut bad = common::event("x", 1);
+    bad.event_type = "Has Space".into();
+    let outcomes = sink.publish(&[common::event("x", 1), bad]).await;
+    match &outcomes[0] {
+        Outcome::Reject { reason } => {
+            assert!(
+                reason.contains(&format!("nostream_{id}.Numbered")),
+                "{reason}"
+            );
+            assert!(reason.contains("nats stream add"), "{reason}");
+            assert!(reason.contains("create_stream = true"), "{reason}");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    match &outcomes[1] {
+        Outcome::Reject { reason } => assert!(reason.contains("whitespace"), "{reason}"),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_down_at_start_keeps_events_pending_until_it_is_back() {
+    let store = Arc::new(common::fresh_store().await);
+    let id = common::unique("o");
+    let prefix = format!("outbox_{id}");
+    let stream = format!("S_{id}").to_uppercase();
+
+    let proxy = TcpProxy::start("127.0.0.1:4222".parse().unwrap())
+        .await
+        .unwrap();
+    proxy.cut();
+    let sink = NatsSink::connect(config(serde_json::json!({
+        "servers": [format!("nats://{}", proxy.addr())],
+        "subject": format!("{prefix}.${{event_type}}"),
+        "create_stream": true,
+        "stream_name": stream,
+        "connect_timeout": "500ms",
+        "ack_timeout": "1s",
+        "max_reconnect_delay": "200ms",
+    })))
+    .await
+    .expect("a broker that is down is not a configuration error");
+    assert!(sink.check().await.is_err());
+
+    let events: Vec<_> = (0..30u64)
+        .map(|i| numbered(&format!("a{}", i % 5), i / 5))
+        .collect();
+    let ids = common::enqueue_committed(&store, &events).await;
+
+    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(false));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+
+    let record = common::wait_for_record(
+        &store,
+        ids[0],
+        Duration::from_secs(20),
+        "a failed attempt",
+        |r| r.event.attempts >= 2,
+    )
+    .await;
+    assert_ne!(record.state, EventState::Delivered);
+    let error = record.last_error.clone().unwrap_or_default();
+    assert!(error.contains("NATS unreachable"), "{error}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, 0, "{stats:?}");
+    assert_eq!(stats.dead, 0, "{stats:?}");
+
+    proxy.restore();
+    common::wait_for_stats(
+        &store,
+        Duration::from_secs(30),
+        "delivery after the outage",
+        |s| s.delivered == 30,
+    )
+    .await;
+
+    // Now the connection is lost while the relay runs: same story, through a reconnect.
+    proxy.cut();
+    let later: Vec<_> = (6..10u64)
+        .flat_map(|n| (0..5).map(move |a| numbered(&format!("a{a}"), n)))
+        .collect();
+    let later_ids = common::enqueue_committed(&store, &later).await;
+    let record = common::wait_for_record(
+        &store,
+        later_ids[0],
+        Duration::from_secs(20),
+        "a failed attempt after the cut",
+        |r| r.event.attempts >= 1 && r.last_error.is_some(),
+    )
+    .await;
+    assert_eq!(record.state, EventState::Pending);
+    proxy.restore();
+    common::wait_for_stats(
+        &store,
+        Duration::from_secs(30),
+        "delivery after the reconnect",
+        |s| s.delivered == 50,
+    )
+    .await;
+    let _ = stop.send(());
+    let report = run.await.unwrap();
+    assert_eq!(report.dead, 0, "{report:?}");
+    assert!(report.retried > 0, "{report:?}");
+
+    let js = jetstream_context().await;
+    let messages = read_stream(&js, &stream).await;
+    let got: HashSet<String> = messages
+        .iter()
+        .filter_map(|m| header(m, "Nats-Msg-Id"))
+        .collect();
+    let want: HashSet<String> = ids
+        .iter()
+        .chain(&later_ids)
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(messages.len(), 50, "no duplicates stored");
+    let order: Vec<(String, u64)> = messages
+        .iter()
+        .map(|m| {
+            let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            (
+                v["aggregate"].as_str().unwrap().to_owned(),
+                v["n"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(common::order_violations(&order).is_empty());
+    js.delete_stream(&stream).await.unwrap();
+}

@@ -327,7 +327,7 @@ async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()> {
     let report = relay.run(std::future::pending()).await;
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds()? - cpu_before;
-    let _ = consumer.abort();
+    consumer.abort();
     if report.delivered < args.expect {
         bail!(
             "relay child delivered {} of {}",

@@ -402,6 +402,42 @@ pub struct EventRecord {
     pub dead_at: Option<DateTime<Utc>>,
 }
 
+/// Per-aggregate order among first deliveries: for every aggregate, the first delivery of each
+/// event must come in increasing `seq`. Later deliveries of an event (duplicates, which
+/// at-least-once allows) are ignored. Returns one description per violation; empty means the
+/// order held. Used by the demo, the tests and the correctness harness.
+///
+/// ```
+/// # use outbox_core::{Event, EventId};
+/// # fn ev(agg: &str, seq: i64) -> Event { Event { seq, id: EventId::new(), aggregate_type: "a".into(),
+/// #   aggregate_id: agg.into(), event_type: "T".into(), payload: "{}".into(), destination: None,
+/// #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(),
+/// #   enqueued_at: chrono::Utc::now(), attempts: 0 } }
+/// let (a1, a2, b1) = (ev("a", 1), ev("a", 2), ev("b", 3));
+/// assert!(outbox_core::check_first_delivery_order(&[a1.clone(), b1.clone(), a2.clone(), a1.clone()]).is_empty());
+/// assert_eq!(outbox_core::check_first_delivery_order(&[a2, b1, a1]).len(), 1);
+/// ```
+pub fn check_first_delivery_order(delivered: &[Event]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut last: std::collections::HashMap<(&str, &str), i64> = std::collections::HashMap::new();
+    let mut violations = Vec::new();
+    for e in delivered {
+        if !seen.insert(e.id) {
+            continue;
+        }
+        let key = (e.aggregate_type.as_str(), e.aggregate_id.as_str());
+        if let Some(prev) = last.insert(key, e.seq)
+            && e.seq < prev
+        {
+            violations.push(format!(
+                "aggregate {}/{}: seq {} first delivered after seq {}",
+                key.0, key.1, e.seq, prev
+            ));
+        }
+    }
+    violations
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

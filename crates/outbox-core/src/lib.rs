@@ -41,7 +41,7 @@ mod store;
 pub use error::{EncodeError, StoreError};
 pub use event::{
     AggregateKey, Event, EventId, EventRecord, EventState, Headers, MAX_LAST_ERROR_LEN, NewEvent,
-    ParseStateError, truncate_error,
+    ParseStateError, check_first_delivery_order, truncate_error,
 };
 pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};

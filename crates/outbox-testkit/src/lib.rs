@@ -13,7 +13,7 @@
 
 mod proxy;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -23,6 +23,7 @@ use outbox_core::{Event, EventId, NewEvent, Outcome, Sink};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub use outbox_core::check_first_delivery_order;
 pub use proxy::TcpProxy;
 
 /// Build event number `n` of aggregate `aggregate_id` (type `agg`); the payload records both so a
@@ -37,13 +38,16 @@ pub fn numbered(aggregate_id: &str, n: u64) -> NewEvent {
     .unwrap_or_else(|e| panic!("a numbered event always serializes: {e}"))
 }
 
+/// A test over one event, shared between tasks.
+pub type EventPredicate = Arc<dyn Fn(&Event) -> bool + Send + Sync>;
+
 /// Failures a [`RecordingSink`] injects.
 #[derive(Clone, Default)]
 pub struct Faults {
     /// Fraction (0–1) of publish attempts answered with a retryable failure.
     pub retry_rate: f64,
     /// Events answered with a permanent rejection, every time.
-    pub reject: Option<Arc<dyn Fn(&Event) -> bool + Send + Sync>>,
+    pub reject: Option<EventPredicate>,
     /// Time each publish call takes.
     pub delay: Duration,
     /// Seed of the failure dice, so a failing run can be replayed.
@@ -159,64 +163,5 @@ impl Sink for RecordingSink {
                 }
             })
             .collect()
-    }
-}
-
-/// Per-aggregate order among first deliveries: for every aggregate, the first delivery of each
-/// event must come in increasing `seq`. Returns a description of every violation (empty = ok).
-pub fn check_first_delivery_order(delivered: &[Event]) -> Vec<String> {
-    let mut seen: HashSet<EventId> = HashSet::new();
-    let mut last: HashMap<(String, String), i64> = HashMap::new();
-    let mut violations = Vec::new();
-    for e in delivered {
-        if !seen.insert(e.id) {
-            continue;
-        }
-        let key = (e.aggregate_type.clone(), e.aggregate_id.clone());
-        if let Some(prev) = last.get(&key) {
-            if e.seq < *prev {
-                violations.push(format!(
-                    "aggregate {}/{}: seq {} first delivered after seq {}",
-                    key.0, key.1, e.seq, prev
-                ));
-            }
-        }
-        last.insert(key, e.seq);
-    }
-    violations
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ev(agg: &str, seq: i64) -> Event {
-        Event {
-            seq,
-            id: EventId::new(),
-            aggregate_type: "agg".into(),
-            aggregate_id: agg.into(),
-            event_type: "T".into(),
-            payload: "{}".into(),
-            destination: None,
-            headers: Default::default(),
-            idempotency_key: None,
-            occurred_at: chrono::Utc::now(),
-            enqueued_at: chrono::Utc::now(),
-            attempts: 0,
-        }
-    }
-
-    #[test]
-    fn order_checker_flags_a_reordered_aggregate_and_ignores_duplicates() {
-        let a1 = ev("a", 1);
-        let a2 = ev("a", 2);
-        let b1 = ev("b", 3);
-        assert!(
-            check_first_delivery_order(&[a1.clone(), b1.clone(), a2.clone(), a1.clone()])
-                .is_empty()
-        );
-        let bad = check_first_delivery_order(&[a2, b1, a1]);
-        assert_eq!(bad.len(), 1, "{bad:?}");
     }
 }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: services up, formatting, lints, then every test of the
+# workspace against the real databases and brokers on this machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/outbox-target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+scripts/services.sh
+
+# Schemas left behind by earlier test runs (each test makes its own) are dropped first.
+psql -h 127.0.0.1 -U postgres -d test -qAt -c "
+  SELECT format('DROP SCHEMA IF EXISTS %I CASCADE;', nspname) FROM pg_namespace
+  WHERE nspname LIKE 'outbox\_t\_%' OR nspname LIKE 'outbox\_kill\_%' OR nspname LIKE 'outbox\_bench\_%'" \
+  | psql -h 127.0.0.1 -U postgres -d test -q >/dev/null
+
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace --no-fail-fast

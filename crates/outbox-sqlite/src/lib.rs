@@ -1,0 +1,1032 @@
+//! # outbox-sqlite
+//!
+//! The SQLite home of the outbox: embedded migrations, [`SqliteOutbox::enqueue`] into the
+//! caller's own transaction, and [`SqliteStore`], the [`Store`] a relay claims from. It keeps the
+//! same contract as the PostgreSQL store and passes the same conformance suite
+//! (`outbox-store-tests`).
+//!
+//! ```no_run
+//! use outbox_core::NewEvent;
+//! use outbox_sqlite::{SqliteOutbox, SqliteStore};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = SqliteStore::connect("app.db", SqliteOutbox::new()).await?; // table "outbox_events"
+//! store.outbox().migrate(store.pool()).await?;
+//!
+//! // BEGIN IMMEDIATE: the writer takes the write lock up front (see "Writers" below).
+//! let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
+//! sqlx::query("INSERT INTO orders (id, amount) VALUES (?1, ?2)")
+//!     .bind(42_i64).bind(1999_i64)
+//!     .execute(&mut *tx).await?;
+//! let event = NewEvent::new("order", "42", "OrderCreated", &serde_json::json!({"amount": 1999}))?;
+//! store.outbox().enqueue(&mut *tx, &event).await?;
+//! tx.commit().await?; // the order and its event exist together, or neither does
+//! # Ok(()) }
+//! ```
+//!
+//! ## Several relays on one file
+//!
+//! SQLite has one writer at a time per database file, and that is the serialization the
+//! [`Store`] contract asks for: every relay-side write (claim, ack, retry, bury, release and the
+//! admin operations) is **one autocommit statement**. A claim is a single
+//! `UPDATE … WHERE seq IN (SELECT … ORDER BY seq LIMIT ?) RETURNING …`, so it sees every earlier
+//! claim's result and no other writer can slip in between its read and its write.
+//!
+//! A single write statement also *starts* as a write: SQLite takes the write lock before the
+//! statement reads anything, and waiting for that lock is covered by the busy timeout. The trap
+//! this avoids is the deferred transaction that reads first and writes later: when another
+//! connection wrote in between, SQLite cannot upgrade the read transaction and fails at once with
+//! `SQLITE_BUSY`, which the busy timeout does **not** retry. The store never does that; the only
+//! multi-statement transaction it runs (migrations) uses `BEGIN IMMEDIATE`.
+//!
+//! Inside one process the writes also queue on an async mutex held by the [`SqliteStore`] (and
+//! its clones), so many relay tasks wait their turn in FIFO order instead of polling SQLite's
+//! busy handler. Other processes (other pools) are held off by SQLite's own lock and the busy
+//! timeout that [`SqliteStore::connect`] sets.
+//!
+//! ## Writers
+//!
+//! [`SqliteOutbox::enqueue`] and [`SqliteOutbox::enqueue_batch`] run one statement each on the
+//! executor they are given and never commit. Open the business transaction with
+//! `pool.begin_with("BEGIN IMMEDIATE")` when it reads before it writes, for the reason above; a
+//! transaction whose first statement is a write is safe with a plain `begin()`.
+//!
+//! ## Time
+//!
+//! Timestamps are `INTEGER` microseconds since the Unix epoch and "now" is read from the host
+//! clock in Rust and bound into each statement. SQLite has no clock of its own (its date functions
+//! read the same host clock), every process sharing a file runs on that one host (SQLite over a
+//! network file system is not safe anyway), and binding the value gives microseconds (SQLite's
+//! `'now'` has milliseconds) and exact integer arithmetic. Lease expiries, retry due times and
+//! purge cut-offs are computed from that "now" in Rust, so no overflowing SQL arithmetic can turn
+//! a timestamp into a float. "Now" is read when the statement is issued; if the statement then
+//! waits for another process's write lock, it runs with a slightly earlier "now", which only
+//! errs on the safe side (fewer events look due or expired, leases end a little early).
+//! `enqueued_at` is the time of the enqueue call (PostgreSQL records its transaction's start).
+//!
+//! ## Batches
+//!
+//! SQLite has no array binds, so a batch travels as one JSON array bound to one parameter and
+//! unpacked with `json_each`: one statement per batch (ack, retry, bury, release, requeue,
+//! discard, enqueue_batch), with no limit on the batch size from SQLite's host-parameter cap.
+
+mod error;
+mod migrations;
+mod names;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use outbox_core::{
+    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, Event, EventId, EventRecord,
+    Headers, Lease, NewEvent, OutboxStats, RetryEvent, Store, StoreError,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Row, SqliteExecutor, SqlitePool};
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+pub use migrations::MigrationReport;
+
+use error::{is_busy, map_sqlx};
+use names::check_table_name;
+
+/// The default outbox table.
+pub const DEFAULT_TABLE: &str = "outbox_events";
+
+/// How long a statement waits for another connection's write lock before it fails with a
+/// transient [`StoreError::Unavailable`]; set by [`SqliteStore::connect`].
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The result of an enqueue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The event's id: the new one, or, for a duplicate idempotency key, the existing event's.
+    pub id: EventId,
+    /// `false` when the idempotency key matched an existing event and nothing was written.
+    pub created: bool,
+}
+
+/// Where the outbox table lives, and the SQL to use it. Cheap to clone.
+///
+/// The table name is configurable so the outbox never collides with the application's own
+/// tables; the default is [`DEFAULT_TABLE`]. Migrations are recorded in `<table>_migrations`.
+#[derive(Clone, Debug)]
+pub struct SqliteOutbox {
+    inner: Arc<Names>,
+}
+
+#[derive(Debug)]
+struct Names {
+    table: String,
+    quoted: String,
+    sql: Sql,
+}
+
+/// Statements rendered once per outbox (they embed the table name).
+#[derive(Debug)]
+struct Sql {
+    enqueue: String,
+    enqueue_batch: String,
+    claim: String,
+    ack: String,
+    retry: String,
+    bury: String,
+    release: String,
+    get: String,
+    list_dead: String,
+    requeue_dead_ids: String,
+    requeue_dead_all: String,
+    discard_dead_ids: String,
+    discard_dead_all: String,
+    purge: String,
+    stats: String,
+}
+
+const EVENT_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload, \
+     destination, headers, idempotency_key, occurred_at, enqueued_at, attempts";
+
+const RECORD_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload, \
+     destination, headers, idempotency_key, occurred_at, enqueued_at, attempts, \
+     status, next_attempt_at, last_error, lease_owner, lease_expires_at, delivered_at, dead_at";
+
+impl Default for SqliteOutbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SqliteOutbox {
+    /// The outbox in table [`DEFAULT_TABLE`] (`outbox_events`).
+    pub fn new() -> Self {
+        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("the default is valid"))
+    }
+
+    /// The outbox in table `table`: a plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most 48
+    /// characters, not starting with `sqlite_`). Anything else is refused before any SQL runs.
+    ///
+    /// ```
+    /// assert!(outbox_sqlite::SqliteOutbox::with_table("billing_outbox").is_ok());
+    /// let err = outbox_sqlite::SqliteOutbox::with_table("x; drop table y").unwrap_err();
+    /// assert!(err.to_string().contains("not a plain identifier"));
+    /// ```
+    pub fn with_table(table: &str) -> Result<Self, StoreError> {
+        check_table_name(table)?;
+        let quoted = format!("\"{table}\"");
+        let sql = Sql::render(&quoted);
+        Ok(SqliteOutbox {
+            inner: Arc::new(Names {
+                table: table.to_owned(),
+                quoted,
+                sql,
+            }),
+        })
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// `"table"`, ready to use in SQL.
+    pub fn quoted_table(&self) -> &str {
+        &self.inner.quoted
+    }
+
+    pub(crate) fn migrations_table(&self) -> String {
+        format!("\"{}_migrations\"", self.inner.table)
+    }
+
+    pub(crate) fn render(&self, template: &str) -> String {
+        template
+            .replace("{t}", &self.inner.quoted)
+            .replace("{table}", &self.inner.table)
+    }
+
+    /// Create or upgrade the outbox schema. Idempotent, safe to call from several processes at
+    /// once (they queue on SQLite's write lock), and atomic.
+    pub async fn migrate(&self, pool: &SqlitePool) -> Result<MigrationReport, StoreError> {
+        migrations::run(self, pool).await
+    }
+
+    /// The schema version in the database (`0` if never migrated) and the newest this build
+    /// knows.
+    pub async fn schema_version(&self, pool: &SqlitePool) -> Result<(i64, i64), StoreError> {
+        Ok((
+            migrations::current_version(self, pool).await?,
+            migrations::latest_version(),
+        ))
+    }
+
+    /// Add `event` to the outbox through `executor` — normally `&mut *tx` of the caller's own
+    /// transaction, so the event commits or rolls back with the business change. One statement;
+    /// never commits by itself.
+    ///
+    /// With an idempotency key that is already in the table, nothing is written and the existing
+    /// event's id comes back with `created: false`.
+    pub async fn enqueue<'e, E: SqliteExecutor<'e>>(
+        &self,
+        executor: E,
+        event: &NewEvent,
+    ) -> Result<Enqueued, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue.as_str()))
+            .bind(event.id().to_string())
+            .bind(event.aggregate_type())
+            .bind(event.aggregate_id())
+            .bind(event.event_type())
+            .bind(event.payload())
+            .bind(event.destination())
+            .bind(event.headers_json())
+            .bind(event.idempotency_key())
+            .bind(clamp_micros(event.occurred_at().timestamp_micros()))
+            .bind(now_micros())
+            .fetch_optional(executor)
+            .await
+            .map_err(map_sqlx)?;
+        match row {
+            Some(row) => {
+                let id = decode_id(&row, "id", 0)?;
+                Ok(Enqueued {
+                    id,
+                    created: id == event.id(),
+                })
+            }
+            // The key is taken by a row with this very id: the same event enqueued again.
+            None => Ok(Enqueued {
+                id: event.id(),
+                created: false,
+            }),
+        }
+    }
+
+    /// Add several events in one statement, in order. Same rules as [`SqliteOutbox::enqueue`]; a
+    /// key repeated inside the batch counts once (the first event wins).
+    pub async fn enqueue_batch<'e, E: SqliteExecutor<'e>>(
+        &self,
+        executor: E,
+        events: &[NewEvent],
+    ) -> Result<Vec<Enqueued>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        // First occurrence of each key is written; later ones resolve to it.
+        let mut first_with_key: HashMap<&str, usize> = HashMap::new();
+        let mut to_write = Vec::with_capacity(events.len());
+        for (i, event) in events.iter().enumerate() {
+            match event.idempotency_key() {
+                Some(key) if first_with_key.contains_key(key) => {}
+                Some(key) => {
+                    first_with_key.insert(key, i);
+                    to_write.push(batch_row(event));
+                }
+                None => to_write.push(batch_row(event)),
+            }
+        }
+        let rows_json = serde_json::Value::Array(to_write).to_string();
+        let rows = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue_batch.as_str()))
+            .bind(rows_json)
+            .bind(now_micros())
+            .fetch_all(executor)
+            .await
+            .map_err(map_sqlx)?;
+        // Rows come back for inserted events and for keys that matched another event; a key
+        // with no row matched an event with the same id (the same event enqueued again).
+        let mut by_key: HashMap<String, EventId> = HashMap::new();
+        for row in &rows {
+            let key: Option<String> = row.try_get("idempotency_key").map_err(map_sqlx)?;
+            if let Some(key) = key {
+                by_key.insert(key, decode_id(row, "id", 0)?);
+            }
+        }
+        Ok(events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| match e.idempotency_key() {
+                None => Enqueued {
+                    id: e.id(),
+                    created: true,
+                },
+                Some(key) => {
+                    let first = first_with_key.get(key).copied().unwrap_or(i);
+                    let written = events.get(first).map(NewEvent::id).unwrap_or(e.id());
+                    let id = by_key.get(key).copied().unwrap_or(written);
+                    Enqueued {
+                        id,
+                        created: i == first && by_key.get(key) == Some(&written),
+                    }
+                }
+            })
+            .collect())
+    }
+}
+
+/// One event of a batch as a JSON object for `json_each`. The payload and headers travel as JSON
+/// strings holding their exact text, so the stored bytes are the writer's bytes.
+fn batch_row(e: &NewEvent) -> serde_json::Value {
+    serde_json::json!({
+        "id": e.id().to_string(),
+        "aggregate_type": e.aggregate_type(),
+        "aggregate_id": e.aggregate_id(),
+        "event_type": e.event_type(),
+        "payload": e.payload(),
+        "destination": e.destination(),
+        "headers": e.headers_json(),
+        "idempotency_key": e.idempotency_key(),
+        "occurred_at": clamp_micros(e.occurred_at().timestamp_micros()),
+    })
+}
+
+impl Sql {
+    fn render(t: &str) -> Self {
+        // The upsert only touches the existing row when its id differs from ours: then the row
+        // comes back and its id (not ours) says "not created". When the key belongs to a row with
+        // our own id (the same event enqueued twice) no row comes back, which says the same.
+        // SQLite has no `xmax` to tell an insert from an update inside RETURNING.
+        const UPSERT: &str = "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+                 DO UPDATE SET idempotency_key = excluded.idempotency_key WHERE id <> excluded.id";
+        Sql {
+            // ?1 id … ?9 occurred_at, ?10 now.
+            enqueue: format!(
+                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                                  idempotency_key, occurred_at, enqueued_at, next_attempt_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
+                 {UPSERT}
+                 RETURNING id"
+            ),
+            // ?1 JSON array of events (see batch_row), ?2 now. `WHERE true` is required by
+            // SQLite's grammar for INSERT … SELECT with an upsert clause.
+            enqueue_batch: format!(
+                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                                  idempotency_key, occurred_at, enqueued_at, next_attempt_at)
+                 SELECT j.value ->> 'id', j.value ->> 'aggregate_type', j.value ->> 'aggregate_id',
+                        j.value ->> 'event_type', j.value ->> 'payload', j.value ->> 'destination',
+                        j.value ->> 'headers', j.value ->> 'idempotency_key', j.value ->> 'occurred_at',
+                        ?2, ?2
+                 FROM json_each(?1) AS j
+                 WHERE true
+                 ORDER BY j.key
+                 {UPSERT}
+                 RETURNING id, idempotency_key"
+            ),
+            // ?1 limit, ?2 owner, ?3 token, ?4 lease expiry, ?5 now, ?6 dead blocks (0/1).
+            // A row is due when pending and its time has come, or in flight under an expired
+            // lease (its relay died). It is held back by any earlier row of its aggregate that is
+            // in flight under a live lease, waiting for a retry, or dead when dead blocks. The
+            // outer scan repeats the predicate of the `_open` partial index and the blocker probe
+            // that of the `_blockers` one, so SQLite's planner uses both (checked by a test with
+            // EXPLAIN QUERY PLAN). One statement: SQLite runs it under its single write lock, so
+            // concurrent claims are serialized and never overlap.
+            claim: format!(
+                "UPDATE {t}
+                 SET status = 'in_flight', lease_owner = ?2, lease_token = ?3, lease_expires_at = ?4
+                 WHERE seq IN (
+                     SELECT e.seq FROM {t} AS e
+                     WHERE e.status IN ('pending', 'in_flight')
+                       AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= ?5
+                                ELSE e.lease_expires_at <= ?5 END
+                       AND NOT EXISTS (
+                           SELECT 1 FROM {t} AS b
+                           WHERE b.aggregate_type = e.aggregate_type
+                             AND b.aggregate_id = e.aggregate_id
+                             AND b.seq < e.seq
+                             AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
+                             AND CASE b.status
+                                     WHEN 'in_flight' THEN b.lease_expires_at > ?5
+                                     WHEN 'dead' THEN ?6
+                                     ELSE b.next_attempt_at > ?5 END)
+                     ORDER BY e.seq
+                     LIMIT ?1)
+                 RETURNING {EVENT_COLUMNS}"
+            ),
+            // ?1 JSON array of seqs, ?2 token, ?3 now.
+            ack: format!(
+                "UPDATE {t} SET status = 'delivered', delivered_at = ?3,
+                     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+                 WHERE seq IN (SELECT value FROM json_each(?1)) AND lease_token = ?2 AND status = 'in_flight'"
+            ),
+            // ?1 JSON array of {seq, due, error}, ?2 token.
+            retry: format!(
+                "UPDATE {t} AS o SET status = 'pending', attempts = o.attempts + 1,
+                     next_attempt_at = r.value ->> 'due', last_error = r.value ->> 'error',
+                     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+                 FROM json_each(?1) AS r
+                 WHERE o.seq = r.value ->> 'seq' AND o.lease_token = ?2 AND o.status = 'in_flight'"
+            ),
+            // ?1 JSON array of {seq, error}, ?2 token, ?3 now.
+            bury: format!(
+                "UPDATE {t} AS o SET status = 'dead', attempts = o.attempts + 1, dead_at = ?3,
+                     last_error = r.value ->> 'error',
+                     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+                 FROM json_each(?1) AS r
+                 WHERE o.seq = r.value ->> 'seq' AND o.lease_token = ?2 AND o.status = 'in_flight'"
+            ),
+            // ?1 JSON array of seqs, ?2 token.
+            release: format!(
+                "UPDATE {t} SET status = 'pending', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+                 WHERE seq IN (SELECT value FROM json_each(?1)) AND lease_token = ?2 AND status = 'in_flight'"
+            ),
+            get: format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE id = ?1"),
+            list_dead: format!(
+                "SELECT {RECORD_COLUMNS} FROM {t} WHERE status = 'dead' AND seq > ?1 ORDER BY seq LIMIT ?2"
+            ),
+            // ?1 JSON array of ids, ?2 now.
+            requeue_dead_ids: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = ?2, dead_at = NULL
+                 WHERE status = 'dead' AND id IN (SELECT value FROM json_each(?1))"
+            ),
+            requeue_dead_all: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = ?1, dead_at = NULL
+                 WHERE status = 'dead'"
+            ),
+            discard_dead_ids: format!(
+                "DELETE FROM {t} WHERE status = 'dead' AND id IN (SELECT value FROM json_each(?1))"
+            ),
+            discard_dead_all: format!("DELETE FROM {t} WHERE status = 'dead'"),
+            // ?1 cut-off, ?2 limit.
+            purge: format!(
+                "DELETE FROM {t} WHERE seq IN (
+                     SELECT seq FROM {t}
+                     WHERE status = 'delivered' AND delivered_at < ?1
+                     ORDER BY seq LIMIT ?2)"
+            ),
+            stats: format!(
+                "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
+                        count(*) FILTER (WHERE status = 'pending' AND attempts > 0) AS retrying,
+                        count(*) FILTER (WHERE status = 'in_flight') AS in_flight,
+                        count(*) FILTER (WHERE status = 'delivered') AS delivered,
+                        count(*) FILTER (WHERE status = 'dead') AS dead,
+                        (SELECT o.enqueued_at FROM {t} AS o
+                         WHERE o.status IN ('pending', 'in_flight') ORDER BY o.seq LIMIT 1) AS oldest
+                 FROM {t}"
+            ),
+        }
+    }
+}
+
+/// The outbox as a relay sees it: a pool and an outbox location.
+///
+/// Clones share the pool and the in-process write queue (see the crate docs).
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    outbox: SqliteOutbox,
+    writes: Arc<Mutex<()>>,
+}
+
+impl SqliteStore {
+    /// A store over an existing pool. For several relay processes on one file the pool's
+    /// connections should have a busy timeout (see [`SqliteStore::connect_options`]).
+    pub fn new(pool: SqlitePool, outbox: SqliteOutbox) -> Self {
+        SqliteStore {
+            pool,
+            outbox,
+            writes: Arc::new(Mutex::new(())),
+        }
+    }
+
+    /// The connection settings [`SqliteStore::connect`] uses for `target` (a file path, or a
+    /// `sqlite:` URL such as `sqlite://data/outbox.db`):
+    ///
+    /// - the file is created if missing;
+    /// - `journal_mode=WAL`: readers (status, admin) never block the writer and the writer never
+    ///   blocks them; it is a property of the file, so every process sees it;
+    /// - `synchronous=NORMAL`: in WAL mode a commit survives an application crash, and a power
+    ///   loss can only drop the *latest* commits whole — a business row and its event are in one
+    ///   commit, so they are lost or kept together and the outbox promise holds; a lost ack
+    ///   means a redelivery, which at-least-once delivery allows;
+    /// - a [`BUSY_TIMEOUT`]: a statement waits that long for another process's write lock
+    ///   before failing with a transient error;
+    /// - `foreign_keys=ON`, for the application's own tables sharing the file.
+    pub fn connect_options(target: &str) -> Result<SqliteConnectOptions, StoreError> {
+        let options = if target.starts_with("sqlite:") {
+            SqliteConnectOptions::from_str(target)
+                .map_err(|e| StoreError::Invalid(format!("invalid SQLite URL `{target}`: {e}")))?
+        } else if target.trim().is_empty() {
+            return Err(StoreError::Invalid(
+                "empty SQLite database path: give a file path or a sqlite:// URL".to_owned(),
+            ));
+        } else {
+            SqliteConnectOptions::new().filename(target)
+        };
+        Ok(options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true))
+    }
+
+    /// Open (creating it if missing) the database file `target` — a path or a `sqlite:` URL —
+    /// with the settings of [`SqliteStore::connect_options`] and a small pool: SQLite has a
+    /// single writer, so more connections only add parallel readers (status, admin commands).
+    pub async fn connect(target: &str, outbox: SqliteOutbox) -> Result<Self, StoreError> {
+        let options = Self::connect_options(target)?;
+        let cannot_open = |e: sqlx::Error| match map_sqlx(e) {
+            StoreError::Unavailable(m) | StoreError::Database(m) => {
+                StoreError::Unavailable(format!("cannot open SQLite database `{target}`: {m}"))
+            }
+            other => other,
+        };
+        // One direct connection first, retried while the file is busy: switching a new file to
+        // WAL needs an exclusive lock that SQLite's busy timeout does not wait for, so relays
+        // opening a fresh file together would otherwise fail at random. Once one of them has
+        // switched it (WAL is a property of the file), the setting is a no-op for everyone.
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&options).await {
+                Ok(probe) => {
+                    let _ = sqlx::Connection::close(probe).await;
+                    break;
+                }
+                Err(e) if is_busy(&e) && started.elapsed() < BUSY_TIMEOUT => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => return Err(cannot_open(e)),
+            }
+        }
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(cannot_open)?;
+        Ok(SqliteStore::new(pool, outbox))
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The outbox location.
+    pub fn outbox(&self) -> &SqliteOutbox {
+        &self.outbox
+    }
+
+    fn sql(&self) -> &Sql {
+        &self.outbox.inner.sql
+    }
+}
+
+/// The latest instant any stored time may be (the end of year 9999): an unbounded lease or
+/// delay saturates here instead of overflowing, and every stored time stays decodable.
+const MAX_MICROS: i64 = 253_402_300_799_999_999;
+
+pub(crate) fn now_micros() -> i64 {
+    clamp_micros(Utc::now().timestamp_micros())
+}
+
+fn clamp_micros(us: i64) -> i64 {
+    us.min(MAX_MICROS)
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// `now + d`, saturated to [`MAX_MICROS`].
+fn after(now: i64, d: Duration) -> i64 {
+    clamp_micros(now.saturating_add(micros(d)))
+}
+
+fn to_time(seq: i64, column: &str, us: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_micros(us).ok_or_else(|| StoreError::Corrupt {
+        seq,
+        reason: format!("{column} {us} is not a time in microseconds since the epoch"),
+    })
+}
+
+fn get_time(row: &SqliteRow, seq: i64, column: &str) -> Result<DateTime<Utc>, StoreError> {
+    let us: i64 = row.try_get(column).map_err(map_sqlx)?;
+    to_time(seq, column, us)
+}
+
+fn get_opt_time(
+    row: &SqliteRow,
+    seq: i64,
+    column: &str,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let us: Option<i64> = row.try_get(column).map_err(map_sqlx)?;
+    us.map(|us| to_time(seq, column, us)).transpose()
+}
+
+fn decode_id(row: &SqliteRow, column: &str, seq: i64) -> Result<EventId, StoreError> {
+    let text: String = row.try_get(column).map_err(map_sqlx)?;
+    text.parse::<EventId>().map_err(|e| StoreError::Corrupt {
+        seq,
+        reason: format!("{column} `{text}` is not a UUID: {e}"),
+    })
+}
+
+fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        seq,
+        reason: format!("headers are not a JSON object of strings: {e}"),
+    })
+}
+
+fn decode_event(row: &SqliteRow) -> Result<Event, StoreError> {
+    let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+    let headers: String = row.try_get("headers").map_err(map_sqlx)?;
+    let attempts: i64 = row.try_get("attempts").map_err(map_sqlx)?;
+    Ok(Event {
+        seq,
+        id: decode_id(row, "id", seq)?,
+        aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
+        aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
+        event_type: row.try_get("event_type").map_err(map_sqlx)?,
+        payload: row.try_get("payload").map_err(map_sqlx)?,
+        destination: row.try_get("destination").map_err(map_sqlx)?,
+        headers: decode_headers(seq, &headers)?,
+        idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
+        occurred_at: get_time(row, seq, "occurred_at")?,
+        enqueued_at: get_time(row, seq, "enqueued_at")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+    })
+}
+
+fn decode_record(row: &SqliteRow) -> Result<EventRecord, StoreError> {
+    let event = decode_event(row)?;
+    let seq = event.seq;
+    let status: String = row.try_get("status").map_err(map_sqlx)?;
+    let state = status
+        .parse()
+        .map_err(|e: outbox_core::ParseStateError| StoreError::Corrupt {
+            seq,
+            reason: e.to_string(),
+        })?;
+    Ok(EventRecord {
+        event,
+        state,
+        next_attempt_at: get_time(row, seq, "next_attempt_at")?,
+        last_error: row.try_get("last_error").map_err(map_sqlx)?,
+        lease_owner: row.try_get("lease_owner").map_err(map_sqlx)?,
+        lease_expires_at: get_opt_time(row, seq, "lease_expires_at")?,
+        delivered_at: get_opt_time(row, seq, "delivered_at")?,
+        dead_at: get_opt_time(row, seq, "dead_at")?,
+    })
+}
+
+/// A batch as JSON text for `json_each`. Numbers, strings and maps of them always encode; the
+/// error is only there to avoid a panic path.
+fn json_array(encoded: Result<String, serde_json::Error>) -> Result<String, StoreError> {
+    encoded.map_err(|e| StoreError::Invalid(format!("batch cannot be encoded as JSON: {e}")))
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let token = Uuid::now_v7();
+        let rows = {
+            let _turn = self.writes.lock().await;
+            let now = now_micros();
+            sqlx::query(AssertSqlSafe(self.sql().claim.as_str()))
+                .bind(i64::from(request.limit))
+                .bind(&request.owner)
+                .bind(token.to_string())
+                .bind(after(now, request.lease))
+                .bind(now)
+                .bind(request.dead_letter == DeadLetterPolicy::Block)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(map_sqlx)?
+        };
+        let mut events = rows
+            .iter()
+            .map(decode_event)
+            .collect::<Result<Vec<_>, _>>()?;
+        // RETURNING comes back in no particular order.
+        events.sort_unstable_by_key(|e| e.seq);
+        Ok(Claim {
+            lease: Lease {
+                owner: request.owner.clone(),
+                token,
+            },
+            events,
+        })
+    }
+
+    async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let seqs = json_array(serde_json::to_string(seqs))?;
+        let _turn = self.writes.lock().await;
+        let done = sqlx::query(AssertSqlSafe(self.sql().ack.as_str()))
+            .bind(seqs)
+            .bind(lease.token.to_string())
+            .bind(now_micros())
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError> {
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let _turn = self.writes.lock().await;
+        let now = now_micros();
+        let batch: Vec<serde_json::Value> = events
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "seq": e.seq,
+                    "due": after(now, e.delay),
+                    "error": outbox_core::truncate_error(&e.error),
+                })
+            })
+            .collect();
+        let done = sqlx::query(AssertSqlSafe(self.sql().retry.as_str()))
+            .bind(json_array(serde_json::to_string(&batch))?)
+            .bind(lease.token.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn bury(&self, lease: &Lease, events: &[BuryEvent]) -> Result<u64, StoreError> {
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let batch: Vec<serde_json::Value> = events
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "seq": e.seq,
+                    "error": outbox_core::truncate_error(&e.error),
+                })
+            })
+            .collect();
+        let batch = json_array(serde_json::to_string(&batch))?;
+        let _turn = self.writes.lock().await;
+        let done = sqlx::query(AssertSqlSafe(self.sql().bury.as_str()))
+            .bind(batch)
+            .bind(lease.token.to_string())
+            .bind(now_micros())
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let seqs = json_array(serde_json::to_string(seqs))?;
+        let _turn = self.writes.lock().await;
+        let done = sqlx::query(AssertSqlSafe(self.sql().release.as_str()))
+            .bind(seqs)
+            .bind(lease.token.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let observed_at = Utc::now();
+        let row = sqlx::query(AssertSqlSafe(self.sql().stats.as_str()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        let get = |name: &str| -> Result<u64, StoreError> {
+            let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+            Ok(count(n))
+        };
+        let oldest = get_opt_time(&row, 0, "oldest")?;
+        Ok(OutboxStats {
+            pending: get("pending")?,
+            retrying: get("retrying")?,
+            in_flight: get("in_flight")?,
+            delivered: get("delivered")?,
+            dead: get("dead")?,
+            oldest_pending_enqueued_at: oldest,
+            observed_at: Some(observed_at),
+        })
+    }
+
+    async fn get(&self, id: EventId) -> Result<Option<EventRecord>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(self.sql().get.as_str()))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        row.as_ref().map(decode_record).transpose()
+    }
+
+    async fn list_dead(
+        &self,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().list_dead.as_str()))
+            .bind(after_seq.unwrap_or(0))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter().map(decode_record).collect()
+    }
+
+    async fn requeue_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
+        let done = match filter {
+            DeadFilter::All => {
+                let _turn = self.writes.lock().await;
+                sqlx::query(AssertSqlSafe(self.sql().requeue_dead_all.as_str()))
+                    .bind(now_micros())
+                    .execute(&self.pool)
+                    .await
+            }
+            DeadFilter::Ids(ids) => {
+                let ids = json_array(serde_json::to_string(
+                    &ids.iter().map(EventId::to_string).collect::<Vec<_>>(),
+                ))?;
+                let _turn = self.writes.lock().await;
+                sqlx::query(AssertSqlSafe(self.sql().requeue_dead_ids.as_str()))
+                    .bind(ids)
+                    .bind(now_micros())
+                    .execute(&self.pool)
+                    .await
+            }
+        }
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn discard_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
+        let done = match filter {
+            DeadFilter::All => {
+                let _turn = self.writes.lock().await;
+                sqlx::query(AssertSqlSafe(self.sql().discard_dead_all.as_str()))
+                    .execute(&self.pool)
+                    .await
+            }
+            DeadFilter::Ids(ids) => {
+                let ids = json_array(serde_json::to_string(
+                    &ids.iter().map(EventId::to_string).collect::<Vec<_>>(),
+                ))?;
+                let _turn = self.writes.lock().await;
+                sqlx::query(AssertSqlSafe(self.sql().discard_dead_ids.as_str()))
+                    .bind(ids)
+                    .execute(&self.pool)
+                    .await
+            }
+        }
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let _turn = self.writes.lock().await;
+        let cutoff = now_micros().saturating_sub(micros(older_than));
+        let done = sqlx::query(AssertSqlSafe(self.sql().purge.as_str()))
+            .bind(cutoff)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn check(&self) -> Result<(), StoreError> {
+        let (current, latest) = self.outbox.schema_version(&self.pool).await?;
+        if current < latest {
+            return Err(StoreError::NotMigrated(format!(
+                "outbox schema in table {} is at version {current}, this build needs {latest}",
+                self.outbox.quoted_table()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_saturate_instead_of_overflowing() {
+        assert_eq!(after(0, Duration::MAX), MAX_MICROS);
+        assert_eq!(after(10, Duration::from_micros(5)), 15);
+        assert!(to_time(1, "x", MAX_MICROS).is_ok());
+        assert!(matches!(
+            to_time(1, "x", i64::MAX),
+            Err(StoreError::Corrupt { seq: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn connect_options_accept_paths_and_urls_only() {
+        assert!(SqliteStore::connect_options("data/outbox.db").is_ok());
+        assert!(SqliteStore::connect_options("sqlite://data/outbox.db").is_ok());
+        assert!(matches!(
+            SqliteStore::connect_options("  "),
+            Err(StoreError::Invalid(_))
+        ));
+    }
+
+    /// The query plan's detail lines for `sql`, with `params` NULL parameters bound.
+    async fn plan(pool: &SqlitePool, sql: &str, params: usize) -> String {
+        let explain = format!("EXPLAIN QUERY PLAN {sql}");
+        let mut query = sqlx::query(AssertSqlSafe(explain.as_str()));
+        for _ in 0..params {
+            query = query.bind(None::<i64>);
+        }
+        let rows = query.fetch_all(pool).await.unwrap();
+        rows.iter()
+            .map(|r| r.try_get::<String, _>("detail").unwrap())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[tokio::test]
+    async fn statements_use_the_intended_indexes_even_after_analyze() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan.db");
+        let store = SqliteStore::connect(path.to_str().unwrap(), SqliteOutbox::new())
+            .await
+            .unwrap();
+        store.outbox().migrate(store.pool()).await.unwrap();
+        // Mostly delivered rows, as in a table kept for retention, then fresh statistics.
+        let events: Vec<NewEvent> = (0..600)
+            .map(|i| {
+                NewEvent::new(
+                    "agg",
+                    format!("a{}", i % 50),
+                    "E",
+                    &serde_json::json!({"i": i}),
+                )
+                .unwrap()
+            })
+            .collect();
+        store
+            .outbox()
+            .enqueue_batch(store.pool(), &events)
+            .await
+            .unwrap();
+        let claim = store
+            .claim(&ClaimRequest {
+                owner: "plan".into(),
+                limit: 550,
+                lease: Duration::from_secs(60),
+                dead_letter: DeadLetterPolicy::Block,
+            })
+            .await
+            .unwrap();
+        let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+        store.ack(&claim.lease, &seqs).await.unwrap();
+        sqlx::query("ANALYZE").execute(store.pool()).await.unwrap();
+
+        let sql = store.sql();
+        let claim_plan = plan(store.pool(), &sql.claim, 6).await;
+        assert!(
+            claim_plan.contains("SCAN e USING INDEX outbox_events_open"),
+            "{claim_plan}"
+        );
+        assert!(
+            claim_plan.contains("SEARCH b USING INDEX outbox_events_blockers"),
+            "{claim_plan}"
+        );
+        for (name, statement, params) in [
+            ("ack", &sql.ack, 3),
+            ("retry", &sql.retry, 2),
+            ("bury", &sql.bury, 3),
+            ("release", &sql.release, 2),
+        ] {
+            let p = plan(store.pool(), statement, params).await;
+            assert!(p.contains("USING INTEGER PRIMARY KEY"), "{name}: {p}");
+            assert!(
+                !p.contains("SCAN o\n") && !p.contains("SCAN outbox_events"),
+                "{name}: {p}"
+            );
+        }
+        let get = plan(store.pool(), &sql.get, 1).await;
+        assert!(get.contains("SEARCH outbox_events USING INDEX"), "{get}");
+        let enqueue = plan(store.pool(), &sql.enqueue, 10).await;
+        assert!(!enqueue.contains("SCAN"), "{enqueue}");
+    }
+
+    #[test]
+    fn sql_embeds_the_quoted_table() {
+        let outbox = SqliteOutbox::with_table("my_events").unwrap();
+        assert!(outbox.inner.sql.claim.contains("UPDATE \"my_events\""));
+        assert_eq!(outbox.migrations_table(), "\"my_events_migrations\"");
+    }
+}

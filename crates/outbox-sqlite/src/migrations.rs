@@ -1,0 +1,221 @@
+//! Embedded, versioned migrations for the outbox schema.
+//!
+//! Why not `sqlx::migrate!`: its bookkeeping table is always `_sqlx_migrations`, which the
+//! application's own sqlx migrations already use in the same database file, and its SQL is fixed
+//! at compile time while our table name is configurable. So the outbox keeps its own short list of
+//! versioned SQL templates and its own bookkeeping table next to the outbox table
+//! (`<table>_migrations`), exactly like the PostgreSQL store.
+//!
+//! Applying them is
+//! - **serialized and atomic**: everything runs in one `BEGIN IMMEDIATE` transaction. SQLite DDL
+//!   is transactional, and `IMMEDIATE` takes the write lock up front, so two relays starting
+//!   together queue on the busy timeout instead of both reading "version 0" and racing (a deferred
+//!   transaction that reads first and writes later could not even wait: SQLite refuses to upgrade
+//!   a read transaction to a write one while another writer is active);
+//! - **idempotent**: applied versions are skipped;
+//! - **verified**: a checksum per version; an edited or an unknown newer migration is an error,
+//!   not a silent skip.
+
+use outbox_core::StoreError;
+use sqlx::{Row, SqlitePool};
+
+use crate::SqliteOutbox;
+use crate::error::map_sqlx;
+use crate::names::fnv1a;
+
+/// One schema change. `{table}` (the bare name) and `{t}` (the quoted name) are replaced before
+/// it runs.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub description: &'static str,
+    pub sql: &'static str,
+}
+
+/// The outbox schema, oldest first. Never edit a released entry: add a new one.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "outbox events table, claim and ordering indexes",
+    sql: r#"
+-- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
+-- A pending row with attempts > 0 is one waiting for a retry.
+--
+-- Times are INTEGER microseconds since the Unix epoch, written by the store from the host clock
+-- (the same clock SQLite's own date functions read). Integers compare exactly, index well and
+-- cannot be misparsed the way SQLite's text dates can.
+--
+-- STRICT: a column declared INTEGER holds integers and a TEXT column text, so a foreign writer
+-- cannot slip a float timestamp or a blob payload past the store's decoder.
+--
+-- AUTOINCREMENT: a seq is never handed out twice, even after the newest rows were purged or
+-- discarded; seq is the enqueue order, the ack key and the paging cursor of list_dead.
+CREATE TABLE {t} (
+    seq              INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- The event's UUID, lowercase hyphenated text.
+    id               TEXT    NOT NULL,
+    aggregate_type   TEXT    NOT NULL,
+    aggregate_id     TEXT    NOT NULL,
+    event_type       TEXT    NOT NULL,
+    -- The JSON text the writer produced, byte for byte (validated before it gets here).
+    payload          TEXT    NOT NULL,
+    destination      TEXT,
+    -- A JSON object of strings.
+    headers          TEXT    NOT NULL DEFAULT '{}',
+    idempotency_key  TEXT,
+    occurred_at      INTEGER NOT NULL,
+    enqueued_at      INTEGER NOT NULL,
+    status           TEXT    NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead')),
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at  INTEGER NOT NULL,
+    last_error       TEXT,
+    lease_owner      TEXT,
+    -- The fencing token of the claim holding the row, lowercase hyphenated UUID text.
+    lease_token      TEXT,
+    lease_expires_at INTEGER,
+    delivered_at     INTEGER,
+    dead_at          INTEGER,
+    CONSTRAINT "{table}_id_key" UNIQUE (id)
+) STRICT;
+
+-- A second enqueue with the same key finds the first row.
+CREATE UNIQUE INDEX "{table}_idempotency_key" ON {t} (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+-- Claim scans only undelivered rows, in enqueue order: its cost does not grow with the number
+-- of delivered rows kept for retention. The claim repeats this predicate word for word, which is
+-- what SQLite's planner needs to use a partial index.
+CREATE INDEX "{table}_open" ON {t} (seq)
+    WHERE status IN ('pending', 'in_flight');
+
+-- Rows that can hold back later events of their aggregate: in flight, dead, or waiting for a
+-- retry. Small by construction, so the per-aggregate order check is a short index probe.
+CREATE INDEX "{table}_blockers" ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
+"#,
+}];
+
+/// The newest schema version this build knows.
+pub(crate) fn latest_version() -> i64 {
+    MIGRATIONS.last().map(|m| m.version).unwrap_or(0)
+}
+
+/// What [`SqliteOutbox::migrate`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Versions applied by this call, oldest first (empty when the schema was current).
+    pub applied: Vec<i64>,
+    /// The schema version now in the database.
+    pub current: i64,
+}
+
+pub(crate) async fn run(
+    outbox: &SqliteOutbox,
+    pool: &SqlitePool,
+) -> Result<MigrationReport, StoreError> {
+    let bookkeeping = outbox.migrations_table();
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_sqlx)?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {bookkeeping} (
+             version     INTEGER PRIMARY KEY,
+             description TEXT    NOT NULL,
+             checksum    TEXT    NOT NULL,
+             applied_at  INTEGER NOT NULL
+         ) STRICT;"
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    let mut applied_before = Vec::with_capacity(rows.len());
+    for row in rows {
+        let version: i64 = row.try_get("version").map_err(map_sqlx)?;
+        let checksum: String = row.try_get("checksum").map_err(map_sqlx)?;
+        applied_before.push((version, checksum));
+    }
+
+    for (version, checksum) in &applied_before {
+        match MIGRATIONS.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(StoreError::NotMigrated(format!(
+                    "the database has outbox schema version {version}, newer than this build knows ({}); upgrade the outbox binary or library",
+                    latest_version()
+                )));
+            }
+            Some(m) if checksum_of(m) != *checksum => {
+                return Err(StoreError::NotMigrated(format!(
+                    "outbox migration {version} ({}) differs from the one applied to the database; migrations must never be edited once released",
+                    m.description
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+
+    let mut applied = Vec::new();
+    for m in MIGRATIONS {
+        if applied_before.iter().any(|(v, _)| *v == m.version) {
+            continue;
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(outbox.render(m.sql)))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {bookkeeping} (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)"
+        )))
+        .bind(m.version)
+        .bind(m.description)
+        .bind(checksum_of(m))
+        .bind(crate::now_micros())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        applied.push(m.version);
+    }
+    tx.commit().await.map_err(map_sqlx)?;
+    if !applied.is_empty() {
+        tracing::info!(
+            table = outbox.table(),
+            ?applied,
+            "Outbox migrations applied."
+        );
+    }
+    Ok(MigrationReport {
+        applied,
+        current: latest_version(),
+    })
+}
+
+/// The schema version the database is at, `0` when the outbox was never migrated there.
+pub(crate) async fn current_version(
+    outbox: &SqliteOutbox,
+    pool: &SqlitePool,
+) -> Result<i64, StoreError> {
+    let exists: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1")
+            .bind(format!("{}_migrations", outbox.table()))
+            .fetch_one(pool)
+            .await
+            .map_err(map_sqlx)?;
+    if exists == 0 {
+        return Ok(0);
+    }
+    let version: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT max(version) FROM {}",
+        outbox.migrations_table()
+    )))
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(version.unwrap_or(0))
+}
+
+fn checksum_of(m: &Migration) -> String {
+    format!("{:016x}", fnv1a(m.sql))
+}

@@ -1,0 +1,144 @@
+//! Shared by the SQLite integration tests: a fresh database file in its own temporary directory
+//! for every test, removed when the test's store is dropped.
+
+#![allow(dead_code)]
+
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::{
+    BuryEvent, Claim, ClaimRequest, DeadFilter, EventId, EventRecord, Lease, NewEvent, OutboxStats,
+    RetryEvent, Store, StoreError,
+};
+use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_store_tests::Harness;
+use tempfile::TempDir;
+
+/// A store over a file in a temporary directory that lives exactly as long as the store.
+pub struct TempStore {
+    pub store: SqliteStore,
+    pub path: PathBuf,
+    // Dropped last: the pool's connections may still be closing, which Unix allows.
+    _dir: TempDir,
+}
+
+impl Deref for TempStore {
+    type Target = SqliteStore;
+    fn deref(&self) -> &SqliteStore {
+        &self.store
+    }
+}
+
+impl TempStore {
+    /// A new empty directory and the path of a database file in it (not created yet).
+    pub fn dir() -> (TempDir, PathBuf) {
+        let dir = tempfile::Builder::new()
+            .prefix("outbox-sqlite-test-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("outbox.db");
+        (dir, path)
+    }
+
+    /// A fresh file with the default outbox, migrated.
+    pub async fn new() -> Self {
+        Self::with_outbox(SqliteOutbox::new()).await
+    }
+
+    /// A fresh file with `outbox`, migrated.
+    pub async fn with_outbox(outbox: SqliteOutbox) -> Self {
+        let (dir, path) = Self::dir();
+        let store = open(&path, outbox.clone()).await;
+        outbox.migrate(store.pool()).await.unwrap();
+        TempStore {
+            store,
+            path,
+            _dir: dir,
+        }
+    }
+
+    /// Another store (another pool: what a second process would have) on the same file.
+    pub async fn reopen(&self) -> SqliteStore {
+        open(&self.path, self.store.outbox().clone()).await
+    }
+}
+
+pub async fn open(path: &Path, outbox: SqliteOutbox) -> SqliteStore {
+    SqliteStore::connect(path.to_str().unwrap(), outbox)
+        .await
+        .unwrap()
+}
+
+#[async_trait]
+impl Store for TempStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.store.claim(request).await
+    }
+    async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+        self.store.ack(lease, seqs).await
+    }
+    async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError> {
+        self.store.retry(lease, events).await
+    }
+    async fn bury(&self, lease: &Lease, events: &[BuryEvent]) -> Result<u64, StoreError> {
+        self.store.bury(lease, events).await
+    }
+    async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+        self.store.release(lease, seqs).await
+    }
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        self.store.stats().await
+    }
+    async fn get(&self, id: EventId) -> Result<Option<EventRecord>, StoreError> {
+        self.store.get(id).await
+    }
+    async fn list_dead(
+        &self,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        self.store.list_dead(after_seq, limit).await
+    }
+    async fn requeue_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
+        self.store.requeue_dead(filter).await
+    }
+    async fn discard_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
+        self.store.discard_dead(filter).await
+    }
+    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        self.store.purge_delivered(older_than, limit).await
+    }
+    async fn check(&self) -> Result<(), StoreError> {
+        self.store.check().await
+    }
+}
+
+/// Enqueue `events` in one committed transaction, the way a writer would.
+pub async fn enqueue_committed(store: &SqliteStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
+    let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let done = store
+        .outbox()
+        .enqueue_batch(&mut *tx, events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    done.into_iter().map(|e| (e.id, e.created)).collect()
+}
+
+pub struct SqliteHarness;
+
+#[async_trait]
+impl Harness for SqliteHarness {
+    type Store = TempStore;
+
+    async fn fresh(&self) -> Arc<TempStore> {
+        Arc::new(TempStore::new().await)
+    }
+
+    async fn enqueue(&self, store: &TempStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
+        enqueue_committed(store, events).await
+    }
+}

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 /// Top-level sections; environment variables outside them (`OUTBOX_TEST_…`, `OUTBOX_LOG`) are
 /// not configuration.
-const SECTIONS: [&str; 3] = ["database", "relay", "sink"];
+const SECTIONS: [&str; 5] = ["database", "relay", "sink", "retention", "metrics"];
 
 /// The whole file.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -31,6 +31,61 @@ pub struct Config {
     /// Where events go.
     #[serde(default)]
     pub sink: SinkConfig,
+    /// How long delivered events are kept.
+    #[serde(default)]
+    pub retention: RetentionConfig,
+    /// Prometheus and health endpoints.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served (off unless `listen` is
+/// set).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// e.g. `0.0.0.0:9464`.
+    pub listen: Option<std::net::SocketAddr>,
+    /// How often the backlog gauges are read from the database.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub refresh: std::time::Duration,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: None,
+            refresh: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[retention]`: the relay deletes delivered events after a while, in batches by primary key,
+/// and never touches an event in any other state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Run retention inside `outbox relay`.
+    pub enabled: bool,
+    /// Delivered events older than this are deleted.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub delivered: std::time::Duration,
+    /// How often the relay runs retention.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub interval: std::time::Duration,
+    /// Rows deleted per statement (short transactions, no long locks).
+    pub batch_size: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            enabled: true,
+            delivered: std::time::Duration::from_secs(7 * 86_400),
+            interval: std::time::Duration::from_secs(3600),
+            batch_size: 5000,
+        }
+    }
 }
 
 /// `[database]`.
@@ -41,8 +96,8 @@ pub struct DatabaseConfig {
     pub url: String,
     /// PostgreSQL schema of the outbox table.
     pub schema: String,
-    /// Outbox table name.
-    pub table: String,
+    /// Outbox table name (default `events` on PostgreSQL, `outbox_events` on SQLite).
+    pub table: Option<String>,
 }
 
 impl Default for DatabaseConfig {
@@ -50,7 +105,7 @@ impl Default for DatabaseConfig {
         DatabaseConfig {
             url: String::new(),
             schema: "outbox".into(),
-            table: "events".into(),
+            table: None,
         }
     }
 }
@@ -251,5 +306,18 @@ mod tests {
         let f = write("[database]\nurl = \"postgres://x/y\"\n[sink]\ntype = \"kafak\"\n");
         let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
         assert!(err.contains("kafak"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod example {
+    /// The commented example in the repository must stay a valid configuration.
+    #[test]
+    fn the_example_config_parses() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../outbox.example.toml");
+        let config = super::load(Some(&path), figment::Figment::new()).unwrap();
+        assert_eq!(config.relay.batch_size, 500);
+        assert_eq!(config.relay.retry.max_attempts, 10);
     }
 }

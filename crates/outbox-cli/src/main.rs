@@ -3,7 +3,10 @@
 //! Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration (the message names the
 //! key, value or URL at fault).
 
+mod admin;
 mod config;
+mod demo;
+mod observe;
 mod store;
 
 use std::path::PathBuf;
@@ -48,6 +51,15 @@ enum Command {
     Relay(RelayArgs),
     /// Counts per state and the age of the oldest undelivered event.
     Status(StatusArgs),
+    /// Inspect, requeue or discard dead events.
+    #[command(subcommand)]
+    Dead(DeadCommand),
+    /// Delete delivered events older than the retention period, now (the relay also does it on
+    /// its schedule).
+    Cleanup(CleanupArgs),
+    /// Write orders and events into an embedded SQLite outbox, relay them to stdout, and check
+    /// that exactly the committed events came out, in order.
+    Demo(demo::DemoArgs),
 }
 
 #[derive(Args, Clone)]
@@ -85,6 +97,75 @@ struct RelayArgs {
     /// Exit once nothing is due instead of waiting for more events.
     #[arg(long)]
     drain: bool,
+    /// Serve /metrics, /healthz and /readyz here, e.g. `127.0.0.1:9464`.
+    #[arg(long)]
+    metrics_listen: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum DeadCommand {
+    /// List dead events, oldest first.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Continue after this seq (printed at the end of a full page).
+        #[arg(long)]
+        after: Option<i64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Everything about one event (in any state).
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The event id.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make dead events pending again (attempts reset), due now.
+    Retry {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Event ids.
+        ids: Vec<String>,
+        /// Every dead event.
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete dead events for good.
+    Discard {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Event ids.
+        ids: Vec<String>,
+        /// Every dead event.
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct CleanupArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Override `retention.delivered`, e.g. `7d`.
+    #[arg(long)]
+    older_than: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -159,6 +240,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Migrate(args) => migrate(args).await,
         Command::Relay(args) => relay(args).await,
         Command::Status(args) => status(args).await,
+        Command::Demo(args) => demo::run(args).await,
+        Command::Dead(command) => dead(command).await,
+        Command::Cleanup(args) => cleanup(args).await,
     }
 }
 
@@ -225,6 +309,10 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         ("relay.lease", duration_flag("relay.lease", &args.lease)?),
         ("sink", sink_flag(&args.sink)?),
         ("relay.stop_when_idle", args.drain.then_some(json!(true))),
+        (
+            "metrics.listen",
+            args.metrics_listen.clone().map(|v| json!(v)),
+        ),
     ];
     let config = args.db.load(extra)?;
     let store = AnyStore::open(&config.database).await?;
@@ -234,9 +322,25 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| ConfigError(format!("{} is not ready: {e}", store.describe())))?;
     let sink = build_sink(&config.sink).await?;
+    if let Some(listen) = config.metrics.listen {
+        observe::serve(
+            listen,
+            config.metrics.refresh,
+            dyn_store.clone(),
+            sink.clone(),
+        )
+        .await?;
+    }
     tracing::info!(outbox = %store.describe(), sink = sink.name(), "Relaying.");
+    let retention = config
+        .retention
+        .enabled
+        .then(|| tokio::spawn(retention_loop(dyn_store.clone(), config.retention.clone())));
     let relay = Relay::new(dyn_store, sink, config.relay.clone());
     let report = relay.run(shutdown_signal()).await;
+    if let Some(task) = retention {
+        task.abort();
+    }
     tracing::info!(
         delivered = report.delivered,
         retried = report.retried,
@@ -306,4 +410,88 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+async fn open(db: &DbArgs) -> anyhow::Result<(Config, AnyStore)> {
+    let config = db.load(vec![])?;
+    let store = AnyStore::open(&config.database).await?;
+    Ok((config, store))
+}
+
+fn dead_filter(ids: &[String], all: bool) -> Result<outbox_core::DeadFilter, ConfigError> {
+    if all {
+        return Ok(outbox_core::DeadFilter::All);
+    }
+    if ids.is_empty() {
+        return Err(ConfigError("give event ids, or --all".into()));
+    }
+    Ok(outbox_core::DeadFilter::Ids(admin::parse_ids(ids)?))
+}
+
+async fn dead(command: DeadCommand) -> anyhow::Result<()> {
+    match command {
+        DeadCommand::List {
+            db,
+            limit,
+            after,
+            json,
+        } => {
+            let (_, store) = open(&db).await?;
+            admin::list(store.dyn_store().as_ref(), limit, after, json).await
+        }
+        DeadCommand::Show { db, id, json } => {
+            let id = admin::parse_ids(std::slice::from_ref(&id))?[0];
+            let (_, store) = open(&db).await?;
+            admin::show(store.dyn_store().as_ref(), id, json).await
+        }
+        DeadCommand::Retry { db, ids, all, json } => {
+            let filter = dead_filter(&ids, all)?;
+            let (_, store) = open(&db).await?;
+            admin::act(store.dyn_store().as_ref(), filter, true, json).await
+        }
+        DeadCommand::Discard { db, ids, all, json } => {
+            let filter = dead_filter(&ids, all)?;
+            let (_, store) = open(&db).await?;
+            admin::act(store.dyn_store().as_ref(), filter, false, json).await
+        }
+    }
+}
+
+async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
+    let extra = vec![(
+        "retention.delivered",
+        duration_flag("retention.older_than", &args.older_than)?,
+    )];
+    let config = args.db.load(extra)?;
+    let store = AnyStore::open(&config.database).await?;
+    admin::cleanup(
+        store.dyn_store().as_ref(),
+        config.retention.delivered,
+        config.retention.batch_size,
+        args.json,
+    )
+    .await
+}
+
+/// The relay's retention schedule: purge delivered events every `interval` until shutdown.
+async fn retention_loop(store: Arc<dyn outbox_core::Store>, retention: config::RetentionConfig) {
+    let mut ticker = tokio::time::interval(retention.interval.max(Duration::from_secs(1)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match admin::purge(
+            store.as_ref(),
+            retention.delivered,
+            retention.batch_size,
+            |_| {},
+        )
+        .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "Retention deleted delivered events."),
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "Retention run failed; will try again at the next interval.")
+            }
+        }
+    }
 }

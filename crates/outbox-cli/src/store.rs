@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use outbox_core::{Store, StoreError};
 use outbox_postgres::{PgOutbox, PgStore, redact_url};
+use outbox_sqlite::{SqliteOutbox, SqliteStore};
 
 use crate::config::{ConfigError, DatabaseConfig};
 
@@ -11,6 +12,8 @@ use crate::config::{ConfigError, DatabaseConfig};
 pub enum AnyStore {
     /// `postgres://…`
     Postgres(PgStore),
+    /// `sqlite://…` or `sqlite:…`
+    Sqlite(SqliteStore),
 }
 
 impl AnyStore {
@@ -19,12 +22,23 @@ impl AnyStore {
     pub async fn open(config: &DatabaseConfig) -> Result<Self, ConfigError> {
         let url = config.url.trim();
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let outbox = PgOutbox::with_names(&config.schema, &config.table)
+            let table = config.table.as_deref().unwrap_or("events");
+            let outbox = PgOutbox::with_names(&config.schema, table)
                 .map_err(|e| ConfigError(format!("invalid `database`: {e}")))?;
             let store = PgStore::connect(url, outbox)
                 .await
                 .map_err(|e| unreachable(url, e))?;
             Ok(AnyStore::Postgres(store))
+        } else if url.starts_with("sqlite:") {
+            let outbox = match config.table.as_deref() {
+                Some(table) => SqliteOutbox::with_table(table),
+                None => Ok(SqliteOutbox::new()),
+            }
+            .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))?;
+            let store = SqliteStore::connect(url, outbox)
+                .await
+                .map_err(|e| unreachable(url, e))?;
+            Ok(AnyStore::Sqlite(store))
         } else {
             Err(ConfigError(format!(
                 "unsupported `database.url` `{}`: use postgres://user@host:5432/db or sqlite://path/to/file.db",
@@ -37,6 +51,7 @@ impl AnyStore {
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         match self {
             AnyStore::Postgres(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
+            AnyStore::Sqlite(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
         }
     }
 
@@ -44,6 +59,7 @@ impl AnyStore {
     pub fn dyn_store(&self) -> Arc<dyn Store> {
         match self {
             AnyStore::Postgres(s) => Arc::new(s.clone()),
+            AnyStore::Sqlite(s) => Arc::new(s.clone()),
         }
     }
 
@@ -51,6 +67,7 @@ impl AnyStore {
     pub fn describe(&self) -> String {
         match self {
             AnyStore::Postgres(s) => format!("PostgreSQL table {}", s.outbox().qualified_table()),
+            AnyStore::Sqlite(s) => format!("SQLite table {}", s.outbox().quoted_table()),
         }
     }
 }

@@ -21,7 +21,9 @@
 //! # Time
 //!
 //! Stores compare times on one clock: the database's. Lease expiry and due times written by one
-//! relay host are then read consistently by another, whatever the skew between the hosts.
+//! relay host are then read consistently by another, whatever the skew between the hosts. (An
+//! embedded database such as SQLite has no clock of its own: its store uses the host's, which
+//! every process sharing the file also reads.)
 
 use std::time::Duration;
 

@@ -146,6 +146,13 @@ pub async fn idempotency_key_returns_the_existing_event<H: Harness>(h: &H) {
     );
     assert!(r2[1].1, "a new key is written");
     assert_eq!(r2[2], (first.id(), false));
+    // The very same event (same id, same key) enqueued again is a duplicate too.
+    let r3 = h.enqueue(&store, std::slice::from_ref(&first)).await;
+    assert_eq!(
+        r3[0],
+        (first.id(), false),
+        "re-enqueueing the same event writes nothing"
+    );
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.pending, 2, "{stats:?}");
 }
@@ -570,8 +577,13 @@ pub async fn concurrent_claims_never_hand_out_an_event_twice<H: Harness>(h: &H) 
     }
     h.enqueue(&store, &events).await;
     let mut tasks = Vec::new();
+    // Claims are serialized by the store and an aggregate's next event is claimable only after
+    // the previous one was acked, so numbering claims as they return orders each aggregate's
+    // events in the order they were handed out.
+    let clock = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for worker in 0..6 {
         let store = store.clone();
+        let clock = clock.clone();
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             loop {
@@ -593,12 +605,14 @@ pub async fn concurrent_claims_never_hand_out_an_event_twice<H: Harness>(h: &H) 
                     }
                     continue;
                 }
+                let tick = clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
                 mine.extend(
                     claim
                         .events
                         .iter()
-                        .map(|e| (e.id, e.aggregate_id.clone(), payload_n(e))),
+                        .enumerate()
+                        .map(|(i, e)| ((tick, i), e.id, e.aggregate_id.clone(), payload_n(e))),
                 );
                 let acked = store.ack(&claim.lease, &seqs).await.unwrap();
                 assert_eq!(acked as usize, seqs.len());
@@ -609,22 +623,19 @@ pub async fn concurrent_claims_never_hand_out_an_event_twice<H: Harness>(h: &H) 
     for t in tasks {
         all.extend(t.await.unwrap());
     }
-    let distinct: HashSet<EventId> = all.iter().map(|(id, _, _)| *id).collect();
+    let distinct: HashSet<EventId> = all.iter().map(|(_, id, _, _)| *id).collect();
     assert_eq!(all.len(), 1000, "each event claimed exactly once");
     assert_eq!(distinct.len(), 1000);
-    // Because an aggregate's next event is only claimable after the previous one was acked,
-    // ack order per aggregate equals claim order; check each worker's view is increasing.
+    all.sort_by_key(|(order, _, _, _)| *order);
     let mut per_agg: HashMap<String, Vec<u64>> = HashMap::new();
-    for (_, agg, n) in &all {
+    for (_, _, agg, n) in &all {
         per_agg.entry(agg.clone()).or_default().push(*n);
     }
     for (agg, ns) in per_agg {
-        let mut sorted = ns.clone();
-        sorted.sort();
         assert_eq!(
-            sorted,
+            ns,
             (0..40).collect::<Vec<_>>(),
-            "aggregate {agg} complete"
+            "aggregate {agg}: complete and handed out in order"
         );
     }
 }

@@ -1,0 +1,225 @@
+//! Admin commands over the `Store` contract: inspect, requeue and discard dead events; run
+//! retention once.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use outbox_core::{DeadFilter, EventId, EventRecord, Store, humantime_duration};
+use serde_json::json;
+
+use crate::config::ConfigError;
+
+/// Parse event ids given on the command line; a malformed one is a usage error naming it.
+pub fn parse_ids(ids: &[String]) -> Result<Vec<EventId>, ConfigError> {
+    ids.iter()
+        .map(|s| {
+            s.parse::<EventId>()
+                .map_err(|e| ConfigError(format!("`{s}` is not an event id (a UUID): {e}")))
+        })
+        .collect()
+}
+
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let cut: String = flat.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
+/// `outbox dead list`.
+pub async fn list(
+    store: &dyn Store,
+    limit: u32,
+    after: Option<i64>,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let dead = store
+        .list_dead(after, limit)
+        .await
+        .context("listing dead events failed")?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&dead)?);
+        return Ok(());
+    }
+    if dead.is_empty() {
+        println!("no dead events");
+        return Ok(());
+    }
+    println!(
+        "{:<36}  {:>8}  {:<24}  {:<20}  {:>3}  last error",
+        "id", "seq", "aggregate", "event type", "att"
+    );
+    for r in &dead {
+        let e = &r.event;
+        println!(
+            "{:<36}  {:>8}  {:<24}  {:<20}  {:>3}  {}",
+            e.id,
+            e.seq,
+            one_line(&format!("{}/{}", e.aggregate_type, e.aggregate_id), 24),
+            one_line(&e.event_type, 20),
+            e.attempts,
+            one_line(r.last_error.as_deref().unwrap_or(""), 60)
+        );
+    }
+    if dead.len() as u32 == limit
+        && let Some(last) = dead.last()
+    {
+        println!("(more may follow: --after {})", last.event.seq);
+    }
+    Ok(())
+}
+
+/// `outbox dead show ID`.
+pub async fn show(store: &dyn Store, id: EventId, as_json: bool) -> anyhow::Result<()> {
+    let record = store
+        .get(id)
+        .await
+        .context("reading the event failed")?
+        .ok_or_else(|| {
+            anyhow::anyhow!("no event with id {id} in the outbox (it may have been purged)")
+        })?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print_record(&record);
+    }
+    Ok(())
+}
+
+fn print_record(r: &EventRecord) {
+    let e = &r.event;
+    println!("id               {}", e.id);
+    println!("seq              {}", e.seq);
+    println!("state            {}", r.state);
+    println!("aggregate        {}/{}", e.aggregate_type, e.aggregate_id);
+    println!("event type       {}", e.event_type);
+    println!(
+        "destination      {}",
+        e.destination.as_deref().unwrap_or("(routing decides)")
+    );
+    println!(
+        "idempotency key  {}",
+        e.idempotency_key.as_deref().unwrap_or("-")
+    );
+    println!("occurred at      {}", e.occurred_at.to_rfc3339());
+    println!("enqueued at      {}", e.enqueued_at.to_rfc3339());
+    println!("attempts         {}", e.attempts);
+    println!("next attempt at  {}", r.next_attempt_at.to_rfc3339());
+    if let Some(at) = r.delivered_at {
+        println!("delivered at     {}", at.to_rfc3339());
+    }
+    if let Some(at) = r.dead_at {
+        println!("dead at          {}", at.to_rfc3339());
+    }
+    if let Some(owner) = &r.lease_owner {
+        println!(
+            "lease            {owner} until {}",
+            r.lease_expires_at
+                .map(|t| t.to_rfc3339())
+                .unwrap_or_default()
+        );
+    }
+    println!(
+        "headers          {}",
+        serde_json::to_string(&e.headers).unwrap_or_default()
+    );
+    println!(
+        "last error       {}",
+        r.last_error.as_deref().unwrap_or("-")
+    );
+    println!("payload          {}", e.payload);
+}
+
+/// `outbox dead retry` / `discard`.
+pub async fn act(
+    store: &dyn Store,
+    filter: DeadFilter,
+    retry: bool,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let asked = match &filter {
+        DeadFilter::Ids(ids) => Some(ids.len()),
+        DeadFilter::All => None,
+    };
+    let n = if retry {
+        store
+            .requeue_dead(&filter)
+            .await
+            .context("requeue failed")?
+    } else {
+        store
+            .discard_dead(&filter)
+            .await
+            .context("discard failed")?
+    };
+    let verb = if retry { "requeued" } else { "discarded" };
+    if as_json {
+        println!("{}", json!({ verb: n, "asked": asked }));
+    } else {
+        println!("{verb} {n} dead event(s)");
+        if let Some(asked) = asked
+            && (n as usize) < asked
+        {
+            println!(
+                "{} of the given ids were not dead events (already requeued, delivered, or unknown)",
+                asked - n as usize
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `outbox cleanup`: delete delivered events older than `older_than`, in batches by primary key.
+pub async fn cleanup(
+    store: &dyn Store,
+    older_than: Duration,
+    batch: u32,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let total = purge(store, older_than, batch, |done| {
+        if !as_json {
+            eprintln!("cleanup: {done} delivered events deleted so far");
+        }
+    })
+    .await?;
+    if as_json {
+        println!(
+            "{}",
+            json!({ "deleted": total, "older_than": humantime_duration::format_duration(older_than) })
+        );
+    } else {
+        println!(
+            "deleted {total} delivered event(s) older than {}",
+            humantime_duration::format_duration(older_than)
+        );
+    }
+    Ok(())
+}
+
+/// Purge in batches until a batch comes back short; `progress` sees the running total.
+pub async fn purge(
+    store: &dyn Store,
+    older_than: Duration,
+    batch: u32,
+    mut progress: impl FnMut(u64),
+) -> anyhow::Result<u64> {
+    let batch = batch.max(1);
+    let mut total = 0u64;
+    loop {
+        let n = store
+            .purge_delivered(older_than, batch)
+            .await
+            .context("deleting delivered events failed")?;
+        total += n;
+        if n < u64::from(batch) {
+            return Ok(total);
+        }
+        progress(total);
+    }
+}

@@ -1,0 +1,154 @@
+//! The relay's HTTP side for operators: Prometheus `/metrics`, `/healthz` (the process is up)
+//! and `/readyz` (the database answers with a current schema, and the sink is reachable).
+//!
+//! Counters and histograms are recorded by the relay engine through the `metrics` facade as it
+//! works; the backlog gauges (pending, in flight, dead, oldest pending age) are refreshed from
+//! the store on a timer, so a scrape never runs a query.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use outbox_core::{Sink, Store};
+
+use crate::config::ConfigError;
+
+#[derive(Clone)]
+struct Probe {
+    metrics: PrometheusHandle,
+    store: Arc<dyn Store>,
+    sink: Arc<dyn Sink>,
+}
+
+/// Install the Prometheus recorder, start refreshing backlog gauges every `refresh`, and serve
+/// the endpoints on `listen`. Returns the bound address.
+pub async fn serve(
+    listen: SocketAddr,
+    refresh: Duration,
+    store: Arc<dyn Store>,
+    sink: Arc<dyn Sink>,
+) -> Result<SocketAddr, ConfigError> {
+    let metrics = PrometheusBuilder::new()
+        .set_buckets(&[
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ])
+        .map_err(|e| ConfigError(format!("metrics: {e}")))?
+        .install_recorder()
+        .map_err(|e| ConfigError(format!("metrics: {e}")))?;
+    describe();
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| ConfigError(format!("cannot listen on `metrics.listen` {listen}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| ConfigError(format!("cannot listen on `metrics.listen` {listen}: {e}")))?;
+    tokio::spawn(refresh_gauges(store.clone(), refresh));
+    let app = Router::new()
+        .route("/metrics", get(render))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(Probe {
+            metrics,
+            store,
+            sink,
+        });
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "The metrics endpoint stopped.");
+        }
+    });
+    tracing::info!(%bound, "Serving /metrics, /healthz and /readyz.");
+    Ok(bound)
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "outbox_events_published_total",
+        "Events the destination confirmed."
+    );
+    describe_counter!(
+        "outbox_events_retried_total",
+        "Failed publish attempts scheduled for a retry."
+    );
+    describe_counter!(
+        "outbox_events_dead_total",
+        "Events buried: rejected, or out of attempts."
+    );
+    describe_counter!(
+        "outbox_events_fenced_total",
+        "Writes refused because the claim's lease had moved on."
+    );
+    describe_counter!(
+        "outbox_database_errors_total",
+        "Failed store calls (each retried)."
+    );
+    describe_histogram!(
+        "outbox_publish_duration_seconds",
+        Unit::Seconds,
+        "Time of one publish call to the sink."
+    );
+    describe_histogram!(
+        "outbox_claim_duration_seconds",
+        Unit::Seconds,
+        "Time of one claim."
+    );
+    describe_histogram!("outbox_claim_batch_size", "Events per non-empty claim.");
+    describe_gauge!("outbox_events_pending", "Events waiting for delivery.");
+    describe_gauge!("outbox_events_in_flight", "Events claimed by a relay.");
+    describe_gauge!("outbox_events_dead", "Dead events waiting for an operator.");
+    describe_gauge!(
+        "outbox_oldest_pending_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest undelivered event (lag)."
+    );
+}
+
+async fn refresh_gauges(store: Arc<dyn Store>, every: Duration) {
+    let mut ticker = tokio::time::interval(every.max(Duration::from_millis(100)));
+    loop {
+        ticker.tick().await;
+        match store.stats().await {
+            Ok(stats) => {
+                metrics::gauge!("outbox_events_pending").set(stats.pending as f64);
+                metrics::gauge!("outbox_events_in_flight").set(stats.in_flight as f64);
+                metrics::gauge!("outbox_events_dead").set(stats.dead as f64);
+                metrics::gauge!("outbox_oldest_pending_age_seconds").set(
+                    stats
+                        .oldest_pending_age()
+                        .map(|a| a.as_secs_f64())
+                        .unwrap_or(0.0),
+                );
+            }
+            Err(error) => {
+                metrics::counter!("outbox_database_errors_total").increment(1);
+                tracing::warn!(%error, "Could not read the backlog for metrics.");
+            }
+        }
+    }
+}
+
+async fn render(State(probe): State<Probe>) -> String {
+    probe.metrics.render()
+}
+
+async fn ready(State(probe): State<Probe>) -> (StatusCode, String) {
+    if let Err(e) = probe.store.check().await {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("database not ready: {e}\n"),
+        );
+    }
+    if let Err(e) = probe.sink.check().await {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("sink `{}` not ready: {e}\n", probe.sink.name()),
+        );
+    }
+    (StatusCode::OK, "ready\n".to_owned())
+}

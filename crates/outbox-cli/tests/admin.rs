@@ -1,0 +1,155 @@
+//! Admin commands against a real SQLite outbox: dead list/show/retry/discard and cleanup.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use outbox_core::{BuryEvent, ClaimRequest, DeadLetterPolicy, NewEvent, Store};
+use outbox_sqlite::{SqliteOutbox, SqliteStore};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+fn outbox(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .expect("runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[tokio::test]
+async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin.db");
+    let url = format!("sqlite://{}", path.display());
+    let store = SqliteStore::connect(&url, SqliteOutbox::new())
+        .await
+        .unwrap();
+    store.outbox().migrate(store.pool()).await.unwrap();
+    let events: Vec<NewEvent> = (0..4)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("{i}"),
+                "OrderCreated",
+                &serde_json::json!({"i": i}),
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, &events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let claim = store
+        .claim(&ClaimRequest {
+            owner: "t".into(),
+            limit: 4,
+            lease: Duration::from_secs(60),
+            dead_letter: DeadLetterPolicy::Block,
+        })
+        .await
+        .unwrap();
+    let buries: Vec<BuryEvent> = claim.events[..2]
+        .iter()
+        .map(|e| BuryEvent {
+            seq: e.seq,
+            error: "rejected by test: 400 Bad Request".into(),
+        })
+        .collect();
+    store.bury(&claim.lease, &buries).await.unwrap();
+    store
+        .ack(&claim.lease, &[claim.events[2].seq])
+        .await
+        .unwrap();
+    store
+        .release(&claim.lease, &[claim.events[3].seq])
+        .await
+        .unwrap();
+
+    let o = outbox(&["dead", "list", "--database-url", &url, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    let o = outbox(&["dead", "list", "--database-url", &url]);
+    assert!(text(&o).contains("400 Bad Request"), "{}", text(&o));
+
+    let first = events[0].id().to_string();
+    let o = outbox(&["dead", "show", "--database-url", &url, &first]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("state            dead"), "{}", text(&o));
+    assert!(text(&o).contains(r#""i":0"#), "{}", text(&o));
+
+    let o = outbox(&[
+        "dead",
+        "retry",
+        "--database-url",
+        &url,
+        &first,
+        &events[3].id().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("requeued 1 dead event(s)"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains("1 of the given ids were not dead events"),
+        "{}",
+        text(&o)
+    );
+
+    let o = outbox(&["dead", "discard", "--database-url", &url, "--all", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let done: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(done["discarded"], 1);
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.dead, stats.pending, stats.delivered),
+        (0, 2, 1),
+        "{stats:?}"
+    );
+
+    let o = outbox(&["dead", "retry", "--database-url", &url, "not-a-uuid"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("`not-a-uuid` is not an event id"),
+        "{}",
+        text(&o)
+    );
+    let o = outbox(&["dead", "retry", "--database-url", &url]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = outbox(&["dead", "show", "--database-url", &url, &uuid_like()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("no event with id"), "{}", text(&o));
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let o = outbox(&[
+        "cleanup",
+        "--database-url",
+        &url,
+        "--older-than",
+        "1ms",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let done: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(done["deleted"], 1, "only the delivered event goes");
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.delivered, stats.pending), (0, 2), "{stats:?}");
+}
+
+fn uuid_like() -> String {
+    outbox_core::EventId::new().to_string()
+}

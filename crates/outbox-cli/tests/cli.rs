@@ -1,0 +1,146 @@
+//! The `outbox` binary as an operator meets it: exit codes and messages for bad input, migrate
+//! and status against real databases, and the demo's end-to-end check.
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+fn outbox(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .expect("the outbox binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn pg_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+#[test]
+fn unknown_config_key_exits_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("outbox.toml");
+    std::fs::write(
+        &file,
+        "[database]\nurl = \"sqlite://x.db\"\n[relay]\npoll_intervl = \"1s\"\n",
+    )
+    .unwrap();
+    let o = outbox(&["relay", "--config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("unknown key `relay.poll_intervl`"), "{err}");
+    assert!(err.contains("did you mean `poll_interval`?"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+}
+
+#[test]
+fn bad_duration_exits_2_naming_the_flag() {
+    let o = outbox(&[
+        "relay",
+        "--database-url",
+        "sqlite://x.db",
+        "--poll-interval",
+        "soon",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("invalid --poll-interval"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn unreachable_database_exits_2_naming_the_url_without_its_password() {
+    let o = outbox(&[
+        "status",
+        "--database-url",
+        "postgres://app:s3cret@127.0.0.1:1/app",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("postgres://app:***@127.0.0.1:1/app"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+    assert!(err.contains("refused") || err.contains("connect"), "{err}");
+}
+
+#[test]
+fn unsupported_url_and_missing_url_exit_2() {
+    let o = outbox(&["status", "--database-url", "mysql://root@127.0.0.1/test"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unsupported `database.url`"),
+        "{}",
+        stderr(&o)
+    );
+    let o = Command::new(BIN)
+        .args(["status"])
+        .env_remove("OUTBOX_DATABASE__URL")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no database URL"), "{}", stderr(&o));
+}
+
+#[test]
+fn relay_on_an_unmigrated_database_says_to_migrate() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("fresh.db").display());
+    let o = outbox(&["relay", "--database-url", &url, "--drain"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("outbox migrate"), "{}", stderr(&o));
+}
+
+#[test]
+fn migrate_relay_and_status_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("o.db").display());
+    let o = outbox(&["migrate", "--database-url", &url]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("applied migrations"));
+    let again = outbox(&["migrate", "--database-url", &url]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("schema is current"));
+    let o = outbox(&["status", "--database-url", &url, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(status["pending"], 0);
+    let o = outbox(&["relay", "--database-url", &url, "--drain"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn migrate_and_status_on_postgres() {
+    let schema = format!("outbox_t_cli_{}", std::process::id());
+    let o = outbox(&["migrate", "--database-url", &pg_url(), "--schema", &schema]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = outbox(&["status", "--database-url", &pg_url(), "--schema", &schema]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("pending     0"), "{text}");
+}
+
+#[test]
+fn demo_delivers_exactly_the_committed_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("demo.db");
+    let o = outbox(&[
+        "demo",
+        "--quiet",
+        "--orders",
+        "300",
+        "--db",
+        db.to_str().unwrap(),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert!(out.contains("events committed          330"), "{out}");
+    assert!(out.contains("lost                      0"), "{out}");
+    assert!(out.contains("phantom (rolled back)     0"), "{out}");
+    assert!(out.contains("result                    OK"), "{out}");
+}

@@ -1,0 +1,141 @@
+//! The relay's operator endpoints: metrics move as events flow, readiness follows the database.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_core::{NewEvent, Store};
+use outbox_postgres::{PgOutbox, PgStore};
+use outbox_testkit::TcpProxy;
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+fn pg_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.ok()?;
+    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_and_readiness_follows_the_database() {
+    let schema = format!("outbox_t_obs_{}", std::process::id());
+    let store = PgStore::connect(&pg_url(), PgOutbox::with_names(&schema, "events").unwrap())
+        .await
+        .unwrap();
+    store.outbox().migrate(store.pool()).await.unwrap();
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap())
+        .await
+        .unwrap();
+    let via_proxy = pg_url().replace("127.0.0.1:5432", &proxy.addr().to_string());
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let _relay = Killed(
+        Command::new(BIN)
+            .args([
+                "relay",
+                "--database-url",
+                &via_proxy,
+                "--schema",
+                &schema,
+                "--poll-interval",
+                "20ms",
+            ])
+            .args([
+                "--sink",
+                &format!("file:{}", dir.path().join("out.jsonl").display()),
+            ])
+            .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+            .env("OUTBOX_METRICS__REFRESH", "200ms")
+            .env("OUTBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(port, "/healthz").await.is_none() {
+        assert!(Instant::now() < deadline, "metrics endpoint never came up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(port, "/healthz").await.unwrap().0, 200);
+    assert_eq!(get(port, "/readyz").await.unwrap().0, 200);
+
+    let events: Vec<NewEvent> = (0..250)
+        .map(|i| outbox_testkit::numbered(&format!("m{}", i % 10), i / 10))
+        .collect();
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, &events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    loop {
+        let (_, body) = get(port, "/metrics").await.unwrap();
+        if metric(&body, "outbox_events_published_total") >= 250.0 {
+            assert!(body.contains("outbox_publish_duration_seconds"), "{body}");
+            assert!(body.contains("outbox_claim_batch_size"), "{body}");
+            assert!(body.contains("outbox_events_pending"), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "published counter never reached 250: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(store.stats().await.unwrap().delivered, 250);
+
+    proxy.cut();
+    let (status, body) = get(port, "/readyz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("database not ready"), "{body}");
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if get(port, "/readyz").await.map(|r| r.0) == Some(200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "readiness did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -51,6 +51,9 @@ enum Command {
     Relay(RelayArgs),
     /// Counts per state and the age of the oldest undelivered event.
     Status(StatusArgs),
+    /// Validate a configuration and print the effective settings (secrets masked).
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Inspect, requeue or discard dead events.
     #[command(subcommand)]
     Dead(DeadCommand),
@@ -100,6 +103,19 @@ struct RelayArgs {
     /// Serve /metrics, /healthz and /readyz here, e.g. `127.0.0.1:9464`.
     #[arg(long)]
     metrics_listen: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Load the file, environment and flags exactly as `outbox relay` would; exit 2 with the
+    /// problem named if anything is wrong, else print the effective configuration.
+    Check {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON instead of TOML.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -241,6 +257,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Relay(args) => relay(args).await,
         Command::Status(args) => status(args).await,
         Command::Demo(args) => demo::run(args).await,
+        Command::Config(ConfigCommand::Check { db, json }) => config_check(db, json),
         Command::Dead(command) => dead(command).await,
         Command::Cleanup(args) => cleanup(args).await,
     }
@@ -494,4 +511,19 @@ async fn retention_loop(store: Arc<dyn outbox_core::Store>, retention: config::R
             }
         }
     }
+}
+
+fn config_check(db: DbArgs, as_json: bool) -> anyhow::Result<()> {
+    let mut config = db.load(vec![])?;
+    config.database.url = outbox_postgres::redact_url(&config.database.url);
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+    } else {
+        println!("# effective configuration (secrets masked)");
+        print!(
+            "{}",
+            toml::to_string_pretty(&config).context("rendering the configuration")?
+        );
+    }
+    Ok(())
 }

@@ -144,3 +144,43 @@ fn demo_delivers_exactly_the_committed_events() {
     assert!(out.contains("phantom (rolled back)     0"), "{out}");
     assert!(out.contains("result                    OK"), "{out}");
 }
+
+#[test]
+fn config_check_prints_the_effective_config_with_secrets_masked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("outbox.toml");
+    std::fs::write(
+        &file,
+        "[database]\nurl = \"postgres://app:hunter2@db:5432/app\"\n[relay]\nbatch_size = 42\n",
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["config", "check", "--config", file.to_str().unwrap()])
+        .env("OUTBOX_RELAY__LEASE", "45s")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("batch_size = 42"), "{out}");
+    assert!(
+        out.contains("lease = \"45s\""),
+        "environment layer applied: {out}"
+    );
+    assert!(out.contains("app:***@db"), "{out}");
+    assert!(!out.contains("hunter2"), "{out}");
+    std::fs::write(
+        &file,
+        "[database]\nurl = \"x\"\n[sink]\ntype = \"file\"\npth = \"/tmp/x\"\n",
+    )
+    .unwrap();
+    let o = outbox(&["config", "check", "--config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("pth"), "{}", stderr(&o));
+}
+
+#[test]
+fn the_example_config_passes_config_check() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../outbox.example.toml");
+    let o = outbox(&["config", "check", "--config", example]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

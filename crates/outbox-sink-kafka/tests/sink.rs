@@ -1,0 +1,149 @@
+//! The sink alone against the real test broker: body formats and permanent failures.
+
+mod common;
+
+use std::time::Duration;
+
+use outbox_core::{Event, EventId, Outcome, Sink};
+use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use rdkafka::Message;
+
+fn event(aggregate: &str, payload: &str, destination: Option<String>) -> Event {
+    Event {
+        seq: 1,
+        id: EventId::new(),
+        aggregate_type: "order".into(),
+        aggregate_id: aggregate.into(),
+        event_type: "OrderCreated".into(),
+        payload: payload.into(),
+        destination,
+        headers: [(
+            "traceparent".to_owned(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+        )]
+        .into(),
+        idempotency_key: None,
+        occurred_at: chrono::Utc::now(),
+        enqueued_at: chrono::Utc::now(),
+        attempts: 0,
+    }
+}
+
+fn config(json: serde_json::Value) -> KafkaSinkConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_bodies_are_structured_envelopes() {
+    if !common::kafka_available() {
+        return;
+    }
+    let topic = common::unique("outbox_ce");
+    common::create_topic(common::BROKERS, &topic, 1).await;
+    let sink = KafkaSink::new(&config(serde_json::json!({
+        "brokers": [common::BROKERS],
+        "topic": topic,
+        "format": "cloudevents",
+        "cloudevents_source": "/orders-service",
+        "compression": "zstd",
+    })))
+    .unwrap();
+    let e = event("42", r#"{"amount": 1999}"#, None);
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Delivered]
+    );
+    let messages = common::consume(
+        common::BROKERS,
+        &topic,
+        1,
+        1,
+        Duration::from_secs(20),
+        Duration::from_millis(300),
+    )
+    .await;
+    assert_eq!(messages.len(), 1);
+    let m = &messages[0];
+    assert_eq!(
+        common::header(m, "content-type").as_deref(),
+        Some("application/cloudevents+json")
+    );
+    let body: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+    assert_eq!(body["specversion"], "1.0");
+    assert_eq!(body["id"], e.id.to_string());
+    assert_eq!(body["source"], "/orders-service");
+    assert_eq!(body["data"]["amount"], 1999);
+    assert_eq!(body["traceparent"], e.headers["traceparent"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_is_rejected_and_the_rest_of_the_batch_is_delivered() {
+    if !common::kafka_available() {
+        return;
+    }
+    let topic = common::unique("outbox_big");
+    common::create_topic(common::BROKERS, &topic, 1).await;
+    let sink = KafkaSink::new(&config(serde_json::json!({
+        "brokers": common::BROKERS,
+        "topic": topic,
+        "max_message_bytes": 10000,
+    })))
+    .unwrap();
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(20_000));
+    let batch = vec![
+        event("1", "{}", None),
+        event("2", &big, None),
+        event("3", "{}", None),
+        event("4", "{}", Some("has a space".into())),
+    ];
+    let outcomes = sink.publish(&batch).await;
+    assert_eq!(outcomes[0], Outcome::Delivered);
+    assert_eq!(outcomes[2], Outcome::Delivered);
+    match &outcomes[1] {
+        Outcome::Reject { reason } => {
+            assert!(
+                reason.contains(&topic) && reason.contains("max_message_bytes"),
+                "{reason}"
+            )
+        }
+        other => panic!("a too-large record must be rejected: {other:?}"),
+    }
+    match &outcomes[3] {
+        Outcome::Reject { reason } => {
+            assert!(
+                reason.contains("has a space") && reason.contains("destination"),
+                "{reason}"
+            )
+        }
+        other => panic!("an illegal topic name must be rejected: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_is_rejected_when_auto_creation_is_off() {
+    if !common::kafka_available() {
+        return;
+    }
+    let topic = common::unique("outbox_nocreate");
+    let sink = KafkaSink::new(&config(serde_json::json!({
+        "brokers": common::BROKERS,
+        "topic": topic,
+        "delivery_timeout": "3s",
+        "allow_auto_create_topics": false,
+        // How long librdkafka waits for a new topic to show up before it calls it missing.
+        "properties": {"topic.metadata.propagation.max.ms": 500},
+    })))
+    .unwrap();
+    // Once librdkafka learnt the topic is missing, every record for it is refused at once.
+    for _ in 0..2 {
+        let outcomes = sink.publish(&[event("1", "{}", None)]).await;
+        match &outcomes[..] {
+            [Outcome::Reject { reason }] => assert!(
+                reason.contains(&format!("topic `{topic}` does not exist"))
+                    && reason.contains("create the topic"),
+                "{reason}"
+            ),
+            other => panic!("a missing topic must be rejected: {other:?}"),
+        }
+    }
+}

@@ -560,7 +560,7 @@ impl NatsSink {
             )
         })?;
         let mut headers = HeaderMap::new();
-        for (name, value) in self.routing.headers(event) {
+        for (name, value) in unique_headers(self.routing.headers(event)) {
             if name.len() >= 5 && name[..5].eq_ignore_ascii_case("nats-") {
                 debug!(event_id = %event.id, header = %name, "NATS control header from the event not forwarded");
                 continue;
@@ -625,6 +625,17 @@ impl NatsSink {
             }
         }
     }
+}
+
+/// The routing headers with each name kept once, first occurrence wins, names compared without
+/// case. The event's own headers come after the standard ones, so an own `Outbox-Event-Id`
+/// (which routing's case-sensitive `outbox-` filter lets through) cannot shadow the real one.
+fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut seen = std::collections::HashSet::with_capacity(headers.len());
+    headers
+        .into_iter()
+        .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
+        .collect()
 }
 
 /// A stream subject pattern covering `subject`: its first token and `>`.

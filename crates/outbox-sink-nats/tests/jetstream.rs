@@ -87,6 +87,7 @@ async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
                 "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             )
             .with_header("Nats-Expected-Stream", "forged")
+            .with_header("Outbox-Event-Id", "forged")
             .with_idempotency_key("special-0"),
     );
     let committed_ids = common::enqueue_committed(&store, &committed).await;
@@ -138,6 +139,10 @@ async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
             Some("application/json")
         );
         assert!(header(m, "outbox-occurred-at").is_some());
+        assert!(
+            header(m, "Outbox-Event-Id").is_none(),
+            "no forged twin of outbox-event-id"
+        );
         assert!(
             header(m, "Nats-Expected-Stream").is_none(),
             "control headers are not forwarded"

@@ -385,12 +385,11 @@ impl RedisSink {
                 self.routing.destination.as_str()
             ));
         }
-        let headers: serde_json::Map<String, serde_json::Value> = self
-            .routing
-            .headers(event)
-            .into_iter()
-            .map(|(k, v)| (k, serde_json::Value::String(v)))
-            .collect();
+        let headers: serde_json::Map<String, serde_json::Value> =
+            unique_headers(self.routing.headers(event))
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::Value::String(v)))
+                .collect();
         let headers = serde_json::to_vec(&headers).map_err(|e| e.to_string())?;
         let mut fields: Fields = Vec::with_capacity(8);
         fields.push(("id", event.id.to_string().into_bytes()));
@@ -412,6 +411,17 @@ impl RedisSink {
         }
         Ok((key, fields))
     }
+}
+
+/// The routing headers with each name kept once, first occurrence wins, names compared without
+/// case. The event's own headers come after the standard ones, so an own `Outbox-Event-Id`
+/// (which routing's case-sensitive `outbox-` filter lets through) cannot shadow the real one.
+fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut seen = std::collections::HashSet::with_capacity(headers.len());
+    headers
+        .into_iter()
+        .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
+        .collect()
 }
 
 /// Whether an error means the connection is no longer usable.

@@ -93,6 +93,7 @@ async fn relay_appends_exactly_the_committed_events_with_fields_and_order() {
                 "traceparent",
                 "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             )
+            .with_header("Outbox-Event-Id", "forged")
             .with_idempotency_key("special-0"),
     );
     let committed_ids = common::enqueue_committed(&store, &committed).await;
@@ -138,6 +139,7 @@ async fn relay_appends_exactly_the_committed_events_with_fields_and_order() {
         assert_ne!(aggregate, "ghost");
         let headers: HashMap<String, String> = serde_json::from_str(&fields["headers"]).unwrap();
         assert_eq!(headers["outbox-event-id"], fields["id"]);
+        assert!(!headers.contains_key("Outbox-Event-Id"), "no forged twin");
         assert_eq!(headers["outbox-aggregate-id"], aggregate);
         if aggregate == "special" {
             assert_eq!(fields["idempotency_key"], "special-0");

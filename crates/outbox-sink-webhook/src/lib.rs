@@ -196,8 +196,9 @@ pub struct WebhookSinkConfig {
     /// Longest wait to open a connection.
     #[serde(with = "humantime_duration")]
     pub connect_timeout: Duration,
-    /// Longest wait for one request, from sending to the end of the response. Keep it below the
-    /// relay's `publish_timeout`.
+    /// Longest wait for one request, from sending to the end of the response. A batch takes up
+    /// to `ceil(batch_size / concurrency) × request_timeout` against a slow receiver; keep that
+    /// below the relay's `publish_timeout`, or the relay times the whole batch out.
     #[serde(with = "humantime_duration")]
     pub request_timeout: Duration,
     /// Requests in flight at once, over all batches.
@@ -556,7 +557,7 @@ impl WebhookSink {
         }
         let body = self.routing.body(event);
         let mut headers = HeaderMap::with_capacity(16);
-        for (name, value) in self.routing.headers(event) {
+        for (name, value) in unique_headers(self.routing.headers(event)) {
             let lower = name.to_ascii_lowercase();
             if RESERVED.contains(&lower.as_str())
                 || self
@@ -614,12 +615,13 @@ impl WebhookSink {
 
     /// Post one event and classify what came back.
     async fn deliver(&self, event: &Event) -> Outcome {
+        // Wait for a slot first, so the signature's timestamp is the time of sending.
+        let Ok(_permit) = self.limit.acquire().await else {
+            return Outcome::retry("the webhook sink is shutting down");
+        };
         let (url, headers, body) = match self.request(event) {
             Ok(r) => r,
             Err(reason) => return Outcome::reject(truncate_error(&reason)),
-        };
-        let Ok(_permit) = self.limit.acquire().await else {
-            return Outcome::retry("the webhook sink is shutting down");
         };
         let sent = self
             .client
@@ -683,6 +685,17 @@ impl WebhookSink {
             Outcome::retry(truncate_error(&reason))
         }
     }
+}
+
+/// The routing headers with each name kept once, first occurrence wins, names compared without
+/// case. The event's own headers come after the standard ones, so an own `Outbox-Event-Id`
+/// (which routing's case-sensitive `outbox-` filter lets through) cannot shadow the real one.
+fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut seen = std::collections::HashSet::with_capacity(headers.len());
+    headers
+        .into_iter()
+        .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
+        .collect()
 }
 
 /// `Authorization: Basic base64(user:password)`.

@@ -28,14 +28,15 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
 }
 
-/// A fresh migrated outbox in its own schema.
+/// A fresh migrated outbox in its own schema (`outbox_t_…`, which `scripts/test.sh` drops before
+/// each run).
 pub async fn fresh_store() -> PgStore {
     let pool = PgPoolOptions::new()
         .max_connections(8)
         .connect(&database_url())
         .await
         .expect("PostgreSQL must be running on 127.0.0.1:5432");
-    let outbox = PgOutbox::with_names(&unique("outbox_sink"), "events").unwrap();
+    let outbox = PgOutbox::with_names(&unique("outbox_t_sink"), "events").unwrap();
     outbox.migrate(&pool).await.unwrap();
     PgStore::new(pool, outbox)
 }

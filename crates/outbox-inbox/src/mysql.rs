@@ -1,0 +1,532 @@
+//! The inbox in MySQL 8 / MariaDB 10.6+ (InnoDB).
+//!
+//! Tables live in the connection's database: `<table>` (the inbox, primary key
+//! `(event_id, handler)`, `event_id` as the UUID's 36-character text), `<table>_parked` (poison
+//! messages) and `<table>_migrations` (bookkeeping of the embedded migrations, separate from the
+//! application's own). The claim is `INSERT IGNORE` checking rows affected (not
+//! `ON DUPLICATE KEY UPDATE`: sqlx connects with `CLIENT_FOUND_ROWS`, which makes that report 1
+//! for a duplicate too). Handler names are checked before the insert, so `IGNORE` cannot hide a
+//! truncation. A concurrent claim of the same key waits on InnoDB's lock on the uncommitted key
+//! until the first transaction ends, then sees the row (duplicate) or not (fresh).
+//!
+//! MySQL DDL is not transactional, so migrations are serialized with `GET_LOCK` on one
+//! connection and every statement is written to be re-runnable (`IF NOT EXISTS`): a migration
+//! interrupted half way is finished by the next `migrate`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::EventId;
+use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row, Transaction};
+
+use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::names::{check_handler, check_identifier, fnv1a};
+use crate::{
+    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, Migration, MigrationReport, Processed,
+    checksum_of, verify_applied,
+};
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "inbox and parked tables",
+    sql: r#"
+CREATE TABLE IF NOT EXISTS {t} (
+    event_id     CHAR(36)     CHARACTER SET ascii NOT NULL,
+    handler      VARCHAR(191) NOT NULL,
+    -- UTC: sqlx sets the session time zone to +00:00.
+    processed_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    PRIMARY KEY (event_id, handler),
+    -- Retention deletes the oldest rows in batches.
+    KEY {table}_processed_at (processed_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS {p} (
+    id        BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    event_id  CHAR(36)     CHARACTER SET ascii NULL,
+    handler   VARCHAR(191) NOT NULL,
+    source    TEXT         NOT NULL,
+    attempts  INT          NOT NULL,
+    error     TEXT         NOT NULL,
+    payload   LONGBLOB     NOT NULL,
+    -- A JSON object of strings.
+    headers   LONGTEXT     NOT NULL,
+    parked_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    KEY {table}_parked_event_id (event_id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+"#,
+}];
+
+/// Where the PostgreSQL inbox lives, and the SQL to use it. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct MySqlInbox {
+    inner: Arc<Names>,
+}
+
+#[derive(Debug)]
+struct Names {
+    table: String,
+    qualified: String,
+    parked: String,
+    migrations: String,
+    claim: String,
+    purge: String,
+    park: String,
+}
+
+impl Default for MySqlInbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MySqlInbox {
+    /// The inbox in table `outbox_inbox` of the connection's database.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().table(), "outbox_inbox");
+    /// ```
+    pub fn new() -> Self {
+        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("default names are valid"))
+    }
+
+    /// The inbox in `table` (a plain lowercase identifier) of the connection's database.
+    ///
+    /// ```
+    /// use outbox_inbox::mysql::MySqlInbox;
+    /// assert!(MySqlInbox::with_table("billing_inbox").is_ok());
+    /// assert!(MySqlInbox::with_table("inbox; drop table x").is_err());
+    /// ```
+    pub fn with_table(table: &str) -> Result<Self, Error> {
+        check_identifier("table", table)?;
+        let qualified = format!("`{table}`");
+        let parked = format!("`{table}_parked`");
+        let migrations = format!("`{table}_migrations`");
+        Ok(MySqlInbox {
+            inner: Arc::new(Names {
+                table: table.to_owned(),
+                claim: format!("INSERT IGNORE INTO {qualified} (event_id, handler) VALUES (?, ?)"),
+                purge: format!(
+                    "DELETE FROM {qualified} WHERE processed_at < NOW(6) - INTERVAL ? MICROSECOND \
+                     ORDER BY processed_at LIMIT ?"
+                ),
+                park: format!(
+                    "INSERT INTO {parked} (event_id, handler, source, attempts, error, payload, headers) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?)"
+                ),
+                qualified,
+                parked,
+                migrations,
+            }),
+        })
+    }
+
+    /// The inbox table name.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().table(), "outbox_inbox");
+    /// ```
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// `` `table` ``, ready to use in SQL.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().qualified_table(), "`outbox_inbox`");
+    /// ```
+    pub fn qualified_table(&self) -> &str {
+        &self.inner.qualified
+    }
+
+    /// `` `table_parked` ``, where poison messages go.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().parked_table(), "`outbox_inbox_parked`");
+    /// ```
+    pub fn parked_table(&self) -> &str {
+        &self.inner.parked
+    }
+
+    /// Create or upgrade the inbox tables. Idempotent and serialized across processes with
+    /// `GET_LOCK`; every statement is re-runnable, so an interrupted migration is completed by
+    /// the next call (MySQL DDL commits implicitly and cannot be rolled back).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+    /// let report = outbox_inbox::mysql::MySqlInbox::new().migrate(&pool).await?;
+    /// assert_eq!(report.current, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn migrate(&self, pool: &MySqlPool) -> Result<MigrationReport, Error> {
+        let mut conn = pool.acquire().await?;
+        let lock = format!("outbox-inbox:{:016x}", fnv1a(&self.inner.table));
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(Error::Database(sqlx::Error::PoolTimedOut));
+        }
+        let result = self.migrate_locked(&mut conn).await;
+        let released = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        let report = result?;
+        released?;
+        Ok(report)
+    }
+
+    async fn migrate_locked(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+    ) -> Result<MigrationReport, Error> {
+        let n = &self.inner;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {m} (
+                 version     BIGINT       NOT NULL PRIMARY KEY,
+                 description VARCHAR(255) NOT NULL,
+                 checksum    VARCHAR(32)  NOT NULL,
+                 applied_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+            m = n.migrations
+        )))
+        .execute(&mut *conn)
+        .await?;
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT version, checksum FROM {} ORDER BY version",
+            n.migrations
+        )))
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut before = Vec::with_capacity(rows.len());
+        for row in rows {
+            before.push((row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?));
+        }
+        verify_applied(MIGRATIONS, &before)?;
+        let mut applied = Vec::new();
+        for m in MIGRATIONS {
+            if before.iter().any(|(v, _)| *v == m.version) {
+                continue;
+            }
+            let sql = m
+                .sql
+                .replace("{t}", &n.qualified)
+                .replace("{p}", &n.parked)
+                .replace("{table}", &n.table);
+            // One statement at a time; comments are stripped with their lines.
+            let sql: String = sql
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for statement in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                sqlx::raw_sql(AssertSqlSafe(statement.to_owned()))
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {} (version, description, checksum) VALUES (?, ?, ?)",
+                n.migrations
+            )))
+            .bind(m.version)
+            .bind(m.description)
+            .bind(checksum_of(m))
+            .execute(&mut *conn)
+            .await?;
+            applied.push(m.version);
+        }
+        Ok(MigrationReport {
+            applied,
+            current: MIGRATIONS.last().map(|m| m.version).unwrap_or(0),
+        })
+    }
+
+    /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
+    /// will also run the effect. [`Claim::Fresh`]: run the effect and commit. [`Claim::Duplicate`]:
+    /// the handler already processed this event; skip the effect. Call it first in the
+    /// transaction; a concurrent claim of the same key waits here until this transaction ends.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::{Claim, mysql::MySqlInbox};
+    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_core::EventId) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// if MySqlInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
+    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)").bind(id.to_string()).execute(&mut *tx).await?;
+    ///     tx.commit().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn claim<'e, E: MySqlExecutor<'e>>(
+        &self,
+        executor: E,
+        event_id: EventId,
+        handler: &str,
+    ) -> Result<Claim, Error> {
+        check_handler(handler)?;
+        let done = sqlx::query(AssertSqlSafe(self.inner.claim.as_str()))
+            .bind(event_id.to_string())
+            .bind(handler)
+            .execute(executor)
+            .await?;
+        Ok(if done.rows_affected() == 1 {
+            Claim::Fresh
+        } else {
+            Claim::Duplicate
+        })
+    }
+
+    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
+    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
+    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::{Processed, mysql::MySqlInbox};
+    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// let done = MySqlInbox::new()
+    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
+    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
+    ///         Ok::<_, outbox_inbox::Error>(())
+    ///     }))
+    ///     .await?;
+    /// println!("applied: {}", done.is_applied());
+    /// # Ok(()) }
+    /// ```
+    pub async fn process<T, E, F>(
+        &self,
+        pool: &MySqlPool,
+        event_id: EventId,
+        handler: &str,
+        effect: F,
+    ) -> Result<Processed<T>, E>
+    where
+        F: for<'c> FnOnce(&'c mut Transaction<'static, MySql>) -> BoxFuture<'c, Result<T, E>>
+            + Send,
+        E: From<Error>,
+    {
+        let mut tx = pool.begin().await.map_err(Error::from)?;
+        if self.claim(&mut *tx, event_id, handler).await? == Claim::Duplicate {
+            return Ok(Processed::Duplicate);
+        }
+        let value = effect(&mut tx).await?;
+        tx.commit().await.map_err(Error::from)?;
+        Ok(Processed::Applied(value))
+    }
+
+    /// Whether `handler` has processed `event_id` (a committed row exists).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// let seen = outbox_inbox::mysql::MySqlInbox::new().contains(&pool, id, "billing").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn contains<'e, E: MySqlExecutor<'e>>(
+        &self,
+        executor: E,
+        event_id: EventId,
+        handler: &str,
+    ) -> Result<bool, Error> {
+        let found: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT 1 FROM {} WHERE event_id = ? AND handler = ?",
+            self.inner.qualified
+        )))
+        .bind(event_id.to_string())
+        .bind(handler)
+        .fetch_optional(executor)
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// Delete inbox rows processed more than `older_than` ago (by the database clock), `batch`
+    /// rows per statement, until none is left; returns how many were deleted. See the crate docs
+    /// for the trade-off: a duplicate older than the window is no longer detected.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    /// let deleted = outbox_inbox::mysql::MySqlInbox::new().purge(&pool, week, 1000).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn purge(
+        &self,
+        pool: &MySqlPool,
+        older_than: Duration,
+        batch: u32,
+    ) -> Result<u64, Error> {
+        let micros = u64::try_from(older_than.as_micros()).unwrap_or(u64::MAX);
+        let batch = u64::from(batch.max(1));
+        let mut total = 0;
+        loop {
+            let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
+                .bind(micros)
+                .bind(batch)
+                .execute(pool)
+                .await?;
+            total += done.rows_affected();
+            if done.rows_affected() < batch {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Write a poison message to the parked table for `handler`.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+    /// let msg = outbox_inbox::ParkedMessage::new(None, "orders", b"?".to_vec(), 1, "no event id");
+    /// outbox_inbox::mysql::MySqlInbox::new().park(&pool, "billing", &msg).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn park<'e, E: MySqlExecutor<'e>>(
+        &self,
+        executor: E,
+        handler: &str,
+        message: &ParkedMessage,
+    ) -> Result<(), Error> {
+        let headers = serde_json::to_string(&message.headers)
+            .map_err(|e| Error::BadMessage(e.to_string()))?;
+        sqlx::query(AssertSqlSafe(self.inner.park.as_str()))
+            .bind(message.event_id.map(|e| e.to_string()))
+            .bind(handler)
+            .bind(&message.source)
+            .bind(message.attempts)
+            .bind(&message.error)
+            .bind(&message.payload)
+            .bind(headers)
+            .execute(executor)
+            .await?;
+        Ok(())
+    }
+
+    /// The parked messages of `handler`, oldest first (at most `limit`).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+    /// for p in outbox_inbox::mysql::MySqlInbox::new().parked(&pool, "billing", 100).await? {
+    ///     println!("{:?}: {}", p.event_id, p.error);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn parked(
+        &self,
+        pool: &MySqlPool,
+        handler: &str,
+        limit: u32,
+    ) -> Result<Vec<ParkedMessage>, Error> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers, attempts, error FROM {} \
+             WHERE handler = ? ORDER BY id LIMIT ?",
+            self.inner.parked
+        )))
+        .bind(handler)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let headers: String = row.try_get(3)?;
+            let headers: BTreeMap<String, String> =
+                serde_json::from_str(&headers).unwrap_or_default();
+            let attempts: i32 = row.try_get(4)?;
+            out.push(ParkedMessage {
+                event_id: row
+                    .try_get::<Option<String>, _>(0)?
+                    .and_then(|s| uuid::Uuid::parse_str(&s).ok())
+                    .map(EventId::from_uuid),
+                source: row.try_get(1)?,
+                payload: row.try_get(2)?,
+                headers,
+                attempts: u32::try_from(attempts).unwrap_or(0),
+                error: row.try_get(5)?,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The effect a [`MySqlHandler`] runs inside the inbox transaction.
+pub trait MySqlEffect:
+    for<'c> Fn(
+        &'c mut Transaction<'static, MySql>,
+        &'c Delivery,
+    ) -> BoxFuture<'c, Result<(), BoxError>>
+    + Send
+    + Sync
+{
+}
+
+impl<F> MySqlEffect for F where
+    F: for<'c> Fn(
+            &'c mut Transaction<'static, MySql>,
+            &'c Delivery,
+        ) -> BoxFuture<'c, Result<(), BoxError>>
+        + Send
+        + Sync
+{
+}
+
+/// An [`InboxHandler`] over PostgreSQL: claims, runs `effect`, commits; parks into
+/// `<table>_parked`. Give it to a broker adapter.
+pub struct MySqlHandler<F> {
+    pool: MySqlPool,
+    inbox: MySqlInbox,
+    handler: String,
+    effect: F,
+}
+
+impl<F: MySqlEffect> MySqlHandler<F> {
+    /// A handler named `handler` (the second half of the inbox key) running `effect`.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
+    /// # fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+    /// let handler = MySqlHandler::new(pool, MySqlInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)")
+    ///         .bind(delivery.event_id.to_string())
+    ///         .execute(&mut **tx).await?;
+    ///     Ok(())
+    /// }))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(
+        pool: MySqlPool,
+        inbox: MySqlInbox,
+        handler: impl Into<String>,
+        effect: F,
+    ) -> Result<Self, Error> {
+        let handler = handler.into();
+        check_handler(&handler)?;
+        Ok(MySqlHandler {
+            pool,
+            inbox,
+            handler,
+            effect,
+        })
+    }
+}
+
+#[async_trait]
+impl<F: MySqlEffect> InboxHandler for MySqlHandler<F> {
+    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
+        let mut tx = self.pool.begin().await?;
+        if self
+            .inbox
+            .claim(&mut *tx, delivery.event_id, &self.handler)
+            .await?
+            == Claim::Duplicate
+        {
+            return Ok(Processed::Duplicate);
+        }
+        (self.effect)(&mut tx, delivery)
+            .await
+            .map_err(Error::Handler)?;
+        tx.commit().await?;
+        Ok(Processed::Applied(()))
+    }
+
+    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
+        self.inbox.park(&self.pool, &self.handler, message).await
+    }
+}

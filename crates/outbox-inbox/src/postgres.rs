@@ -1,0 +1,512 @@
+//! The inbox in PostgreSQL.
+//!
+//! Tables live in a schema of your choice (default `public`): `<table>` (the inbox, primary key
+//! `(event_id, handler)`), `<table>_parked` (poison messages) and `<table>_migrations`
+//! (bookkeeping of the embedded migrations, separate from the application's own). The claim is
+//! `INSERT … ON CONFLICT DO NOTHING`; a concurrent claim of the same key waits on the unique
+//! index until the first transaction ends, then sees the row (duplicate) or not (fresh).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::EventId;
+use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row, Transaction};
+
+use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::names::{check_handler, check_identifier, fnv1a};
+use crate::{
+    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, Migration, MigrationReport, Processed,
+    checksum_of, verify_applied,
+};
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "inbox and parked tables",
+    sql: r#"
+CREATE TABLE {t} (
+    event_id     UUID        NOT NULL,
+    handler      TEXT        NOT NULL,
+    processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (event_id, handler)
+);
+-- Retention deletes the oldest rows in batches.
+CREATE INDEX {table}_processed_at ON {t} (processed_at);
+
+CREATE TABLE {p} (
+    id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id  UUID,
+    handler   TEXT        NOT NULL,
+    source    TEXT        NOT NULL,
+    attempts  INTEGER     NOT NULL,
+    error     TEXT        NOT NULL,
+    payload   BYTEA       NOT NULL,
+    headers   JSONB       NOT NULL DEFAULT '{}',
+    parked_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX {table}_parked_event_id ON {p} (event_id);
+"#,
+}];
+
+/// Where the PostgreSQL inbox lives, and the SQL to use it. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct PgInbox {
+    inner: Arc<Names>,
+}
+
+#[derive(Debug)]
+struct Names {
+    schema: String,
+    table: String,
+    qualified: String,
+    parked: String,
+    migrations: String,
+    claim: String,
+    purge: String,
+    park: String,
+}
+
+impl Default for PgInbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PgInbox {
+    /// The inbox in `public.outbox_inbox`.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().table(), "outbox_inbox");
+    /// ```
+    pub fn new() -> Self {
+        Self::with_names("public", DEFAULT_TABLE)
+            .unwrap_or_else(|_| unreachable!("default names are valid"))
+    }
+
+    /// The inbox in `schema.table`; both must be plain lowercase identifiers.
+    ///
+    /// ```
+    /// use outbox_inbox::postgres::PgInbox;
+    /// assert!(PgInbox::with_names("billing", "inbox").is_ok());
+    /// assert!(PgInbox::with_names("billing", "inbox; drop table x").is_err());
+    /// ```
+    pub fn with_names(schema: &str, table: &str) -> Result<Self, Error> {
+        check_identifier("schema", schema)?;
+        check_identifier("table", table)?;
+        let qualified = format!("\"{schema}\".\"{table}\"");
+        let parked = format!("\"{schema}\".\"{table}_parked\"");
+        let migrations = format!("\"{schema}\".\"{table}_migrations\"");
+        Ok(PgInbox {
+            inner: Arc::new(Names {
+                schema: schema.to_owned(),
+                table: table.to_owned(),
+                claim: format!(
+                    "INSERT INTO {qualified} (event_id, handler) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                ),
+                purge: format!(
+                    "DELETE FROM {qualified} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {qualified} \
+                     WHERE processed_at < now() - $1 * interval '1 microsecond' \
+                     ORDER BY processed_at LIMIT $2))"
+                ),
+                park: format!(
+                    "INSERT INTO {parked} (event_id, handler, source, attempts, error, payload, headers) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)"
+                ),
+                qualified,
+                parked,
+                migrations,
+            }),
+        })
+    }
+
+    /// The schema name.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().schema(), "public");
+    /// ```
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The inbox table name.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().table(), "outbox_inbox");
+    /// ```
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// `"schema"."table"`, ready to use in SQL.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().qualified_table(), r#""public"."outbox_inbox""#);
+    /// ```
+    pub fn qualified_table(&self) -> &str {
+        &self.inner.qualified
+    }
+
+    /// `"schema"."table_parked"`, where poison messages go.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().parked_table(), r#""public"."outbox_inbox_parked""#);
+    /// ```
+    pub fn parked_table(&self) -> &str {
+        &self.inner.parked
+    }
+
+    /// Create or upgrade the inbox tables. Idempotent, atomic (PostgreSQL DDL is
+    /// transactional) and serialized across processes by a transaction-scoped advisory lock.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// let report = outbox_inbox::postgres::PgInbox::new().migrate(&pool).await?;
+    /// assert_eq!(report.current, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn migrate(&self, pool: &PgPool) -> Result<MigrationReport, Error> {
+        let n = &self.inner;
+        let mut tx = pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(fnv1a(&format!("outbox-inbox:migrate:{}", n.qualified)) as i64)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+             CREATE TABLE IF NOT EXISTS {m} (
+                 version     BIGINT PRIMARY KEY,
+                 description TEXT NOT NULL,
+                 checksum    TEXT NOT NULL,
+                 applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+             );",
+            schema = n.schema,
+            m = n.migrations
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT version, checksum FROM {} ORDER BY version",
+            n.migrations
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut before = Vec::with_capacity(rows.len());
+        for row in rows {
+            before.push((row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?));
+        }
+        verify_applied(MIGRATIONS, &before)?;
+        let mut applied = Vec::new();
+        for m in MIGRATIONS {
+            if before.iter().any(|(v, _)| *v == m.version) {
+                continue;
+            }
+            let sql = m
+                .sql
+                .replace("{t}", &n.qualified)
+                .replace("{p}", &n.parked)
+                .replace("{table}", &n.table);
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *tx).await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {} (version, description, checksum) VALUES ($1, $2, $3)",
+                n.migrations
+            )))
+            .bind(m.version)
+            .bind(m.description)
+            .bind(checksum_of(m))
+            .execute(&mut *tx)
+            .await?;
+            applied.push(m.version);
+        }
+        tx.commit().await?;
+        Ok(MigrationReport {
+            applied,
+            current: MIGRATIONS.last().map(|m| m.version).unwrap_or(0),
+        })
+    }
+
+    /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
+    /// will also run the effect. [`Claim::Fresh`]: run the effect and commit. [`Claim::Duplicate`]:
+    /// the handler already processed this event; skip the effect. Call it first in the
+    /// transaction; a concurrent claim of the same key waits here until this transaction ends.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::{Claim, postgres::PgInbox};
+    /// # async fn demo(pool: sqlx::PgPool, id: outbox_core::EventId) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// if PgInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
+    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)").bind(id.as_uuid()).execute(&mut *tx).await?;
+    ///     tx.commit().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn claim<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        event_id: EventId,
+        handler: &str,
+    ) -> Result<Claim, Error> {
+        check_handler(handler)?;
+        let done = sqlx::query(AssertSqlSafe(self.inner.claim.as_str()))
+            .bind(event_id.as_uuid())
+            .bind(handler)
+            .execute(executor)
+            .await?;
+        Ok(if done.rows_affected() == 1 {
+            Claim::Fresh
+        } else {
+            Claim::Duplicate
+        })
+    }
+
+    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
+    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
+    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::{Processed, postgres::PgInbox};
+    /// # async fn demo(pool: sqlx::PgPool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// let done = PgInbox::new()
+    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
+    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
+    ///         Ok::<_, outbox_inbox::Error>(())
+    ///     }))
+    ///     .await?;
+    /// println!("applied: {}", done.is_applied());
+    /// # Ok(()) }
+    /// ```
+    pub async fn process<T, E, F>(
+        &self,
+        pool: &PgPool,
+        event_id: EventId,
+        handler: &str,
+        effect: F,
+    ) -> Result<Processed<T>, E>
+    where
+        F: for<'c> FnOnce(&'c mut Transaction<'static, Postgres>) -> BoxFuture<'c, Result<T, E>>
+            + Send,
+        E: From<Error>,
+    {
+        let mut tx = pool.begin().await.map_err(Error::from)?;
+        if self.claim(&mut *tx, event_id, handler).await? == Claim::Duplicate {
+            return Ok(Processed::Duplicate);
+        }
+        let value = effect(&mut tx).await?;
+        tx.commit().await.map_err(Error::from)?;
+        Ok(Processed::Applied(value))
+    }
+
+    /// Whether `handler` has processed `event_id` (a committed row exists).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// let seen = outbox_inbox::postgres::PgInbox::new().contains(&pool, id, "billing").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn contains<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        event_id: EventId,
+        handler: &str,
+    ) -> Result<bool, Error> {
+        let found: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT 1 FROM {} WHERE event_id = $1 AND handler = $2",
+            self.inner.qualified
+        )))
+        .bind(event_id.as_uuid())
+        .bind(handler)
+        .fetch_optional(executor)
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// Delete inbox rows processed more than `older_than` ago (by the database clock), `batch`
+    /// rows per statement, until none is left; returns how many were deleted. See the crate docs
+    /// for the trade-off: a duplicate older than the window is no longer detected.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    /// let deleted = outbox_inbox::postgres::PgInbox::new().purge(&pool, week, 1000).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn purge(
+        &self,
+        pool: &PgPool,
+        older_than: Duration,
+        batch: u32,
+    ) -> Result<u64, Error> {
+        let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        let batch = i64::from(batch.max(1));
+        let mut total = 0;
+        loop {
+            let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
+                .bind(micros)
+                .bind(batch)
+                .execute(pool)
+                .await?;
+            total += done.rows_affected();
+            if done.rows_affected() < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Write a poison message to the parked table for `handler`.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// let msg = outbox_inbox::ParkedMessage::new(None, "orders", b"?".to_vec(), 1, "no event id");
+    /// outbox_inbox::postgres::PgInbox::new().park(&pool, "billing", &msg).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn park<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        handler: &str,
+        message: &ParkedMessage,
+    ) -> Result<(), Error> {
+        let headers = serde_json::to_string(&message.headers)
+            .map_err(|e| Error::BadMessage(e.to_string()))?;
+        sqlx::query(AssertSqlSafe(self.inner.park.as_str()))
+            .bind(message.event_id.map(|e| *e.as_uuid()))
+            .bind(handler)
+            .bind(&message.source)
+            .bind(i32::try_from(message.attempts).unwrap_or(i32::MAX))
+            .bind(&message.error)
+            .bind(&message.payload)
+            .bind(headers)
+            .execute(executor)
+            .await?;
+        Ok(())
+    }
+
+    /// The parked messages of `handler`, oldest first (at most `limit`).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// for p in outbox_inbox::postgres::PgInbox::new().parked(&pool, "billing", 100).await? {
+    ///     println!("{:?}: {}", p.event_id, p.error);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn parked(
+        &self,
+        pool: &PgPool,
+        handler: &str,
+        limit: u32,
+    ) -> Result<Vec<ParkedMessage>, Error> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers::text, attempts, error FROM {} \
+             WHERE handler = $1 ORDER BY id LIMIT $2",
+            self.inner.parked
+        )))
+        .bind(handler)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let headers: String = row.try_get(3)?;
+            let headers: BTreeMap<String, String> =
+                serde_json::from_str(&headers).unwrap_or_default();
+            let attempts: i32 = row.try_get(4)?;
+            out.push(ParkedMessage {
+                event_id: row
+                    .try_get::<Option<uuid::Uuid>, _>(0)?
+                    .map(EventId::from_uuid),
+                source: row.try_get(1)?,
+                payload: row.try_get(2)?,
+                headers,
+                attempts: u32::try_from(attempts).unwrap_or(0),
+                error: row.try_get(5)?,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The effect a [`PgHandler`] runs inside the inbox transaction.
+pub trait PgEffect:
+    for<'c> Fn(
+        &'c mut Transaction<'static, Postgres>,
+        &'c Delivery,
+    ) -> BoxFuture<'c, Result<(), BoxError>>
+    + Send
+    + Sync
+{
+}
+
+impl<F> PgEffect for F where
+    F: for<'c> Fn(
+            &'c mut Transaction<'static, Postgres>,
+            &'c Delivery,
+        ) -> BoxFuture<'c, Result<(), BoxError>>
+        + Send
+        + Sync
+{
+}
+
+/// An [`InboxHandler`] over PostgreSQL: claims, runs `effect`, commits; parks into
+/// `<table>_parked`. Give it to a broker adapter.
+pub struct PgHandler<F> {
+    pool: PgPool,
+    inbox: PgInbox,
+    handler: String,
+    effect: F,
+}
+
+impl<F: PgEffect> PgHandler<F> {
+    /// A handler named `handler` (the second half of the inbox key) running `effect`.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::postgres::{PgHandler, PgInbox};
+    /// # fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// let handler = PgHandler::new(pool, PgInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)")
+    ///         .bind(delivery.event_id.as_uuid())
+    ///         .execute(&mut **tx).await?;
+    ///     Ok(())
+    /// }))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(
+        pool: PgPool,
+        inbox: PgInbox,
+        handler: impl Into<String>,
+        effect: F,
+    ) -> Result<Self, Error> {
+        let handler = handler.into();
+        check_handler(&handler)?;
+        Ok(PgHandler {
+            pool,
+            inbox,
+            handler,
+            effect,
+        })
+    }
+}
+
+#[async_trait]
+impl<F: PgEffect> InboxHandler for PgHandler<F> {
+    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
+        let mut tx = self.pool.begin().await?;
+        if self
+            .inbox
+            .claim(&mut *tx, delivery.event_id, &self.handler)
+            .await?
+            == Claim::Duplicate
+        {
+            return Ok(Processed::Duplicate);
+        }
+        (self.effect)(&mut tx, delivery)
+            .await
+            .map_err(Error::Handler)?;
+        tx.commit().await?;
+        Ok(Processed::Applied(()))
+    }
+
+    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
+        self.inbox.park(&self.pool, &self.handler, message).await
+    }
+}

@@ -1,0 +1,515 @@
+//! The inbox in SQLite.
+//!
+//! Tables: `<table>` (the inbox, primary key `(event_id, handler)`, `event_id` as lowercase
+//! UUID text, `processed_at` as INTEGER microseconds since the epoch like the outbox's SQLite
+//! store), `<table>_parked` (poison messages) and `<table>_migrations` (bookkeeping).
+//!
+//! The claim is `INSERT … ON CONFLICT DO NOTHING`. SQLite has one writer at a time, so a
+//! concurrent claim waits (busy timeout) for the first writer's transaction to end and then sees
+//! its row or not. Open the transaction with `BEGIN IMMEDIATE` (as [`SqliteInbox::process`] and
+//! [`SqliteHandler`] do) or make the claim its first statement: a deferred transaction that
+//! reads first cannot later upgrade to a writer while another connection writes, and fails with
+//! `SQLITE_BUSY` instead of waiting. Processed-at times and the purge cut-off come from the host
+//! clock (SQLite has no other).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::EventId;
+use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool, Transaction};
+
+use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::names::{check_handler, check_identifier};
+use crate::{
+    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, Migration, MigrationReport, Processed,
+    checksum_of, verify_applied,
+};
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "inbox and parked tables",
+    sql: r#"
+CREATE TABLE {t} (
+    event_id     TEXT    NOT NULL,
+    handler      TEXT    NOT NULL,
+    -- Microseconds since the Unix epoch.
+    processed_at INTEGER NOT NULL,
+    PRIMARY KEY (event_id, handler)
+) STRICT;
+-- Retention deletes the oldest rows in batches.
+CREATE INDEX "{table}_processed_at" ON {t} (processed_at);
+
+CREATE TABLE {p} (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id  TEXT,
+    handler   TEXT    NOT NULL,
+    source    TEXT    NOT NULL,
+    attempts  INTEGER NOT NULL,
+    error     TEXT    NOT NULL,
+    payload   BLOB    NOT NULL,
+    -- A JSON object of strings.
+    headers   TEXT    NOT NULL,
+    parked_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX "{table}_parked_event_id" ON {p} (event_id);
+"#,
+}];
+
+/// Where the PostgreSQL inbox lives, and the SQL to use it. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SqliteInbox {
+    inner: Arc<Names>,
+}
+
+#[derive(Debug)]
+struct Names {
+    table: String,
+    qualified: String,
+    parked: String,
+    migrations: String,
+    claim: String,
+    purge: String,
+    park: String,
+}
+
+impl Default for SqliteInbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SqliteInbox {
+    /// The inbox in table `outbox_inbox`.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::sqlite::SqliteInbox::new().table(), "outbox_inbox");
+    /// ```
+    pub fn new() -> Self {
+        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("default names are valid"))
+    }
+
+    /// The inbox in `table` (a plain lowercase identifier).
+    ///
+    /// ```
+    /// use outbox_inbox::sqlite::SqliteInbox;
+    /// assert!(SqliteInbox::with_table("billing_inbox").is_ok());
+    /// assert!(SqliteInbox::with_table("inbox; drop table x").is_err());
+    /// ```
+    pub fn with_table(table: &str) -> Result<Self, Error> {
+        check_identifier("table", table)?;
+        let qualified = format!("\"{table}\"");
+        let parked = format!("\"{table}_parked\"");
+        let migrations = format!("\"{table}_migrations\"");
+        Ok(SqliteInbox {
+            inner: Arc::new(Names {
+                table: table.to_owned(),
+                claim: format!(
+                    "INSERT INTO {qualified} (event_id, handler, processed_at) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT DO NOTHING"
+                ),
+                purge: format!(
+                    "DELETE FROM {qualified} WHERE rowid IN (SELECT rowid FROM {qualified} \
+                     WHERE processed_at < ?1 ORDER BY processed_at LIMIT ?2)"
+                ),
+                park: format!(
+                    "INSERT INTO {parked} (event_id, handler, source, attempts, error, payload, headers, parked_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                ),
+                qualified,
+                parked,
+                migrations,
+            }),
+        })
+    }
+
+    /// The inbox table name.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::sqlite::SqliteInbox::new().table(), "outbox_inbox");
+    /// ```
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// `"table"`, ready to use in SQL.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::sqlite::SqliteInbox::new().qualified_table(), r#""outbox_inbox""#);
+    /// ```
+    pub fn qualified_table(&self) -> &str {
+        &self.inner.qualified
+    }
+
+    /// `"table_parked"`, where poison messages go.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::sqlite::SqliteInbox::new().parked_table(), r#""outbox_inbox_parked""#);
+    /// ```
+    pub fn parked_table(&self) -> &str {
+        &self.inner.parked
+    }
+
+    /// Create or upgrade the inbox tables. Idempotent, atomic and serialized: everything runs
+    /// in one `BEGIN IMMEDIATE` transaction (SQLite DDL is transactional, and `IMMEDIATE` takes
+    /// the write lock first, so two processes migrating together queue instead of racing).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+    /// let report = outbox_inbox::sqlite::SqliteInbox::new().migrate(&pool).await?;
+    /// assert_eq!(report.current, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn migrate(&self, pool: &SqlitePool) -> Result<MigrationReport, Error> {
+        let n = &self.inner;
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {m} (
+                 version     INTEGER PRIMARY KEY,
+                 description TEXT    NOT NULL,
+                 checksum    TEXT    NOT NULL,
+                 applied_at  INTEGER NOT NULL
+             ) STRICT;",
+            m = n.migrations
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT version, checksum FROM {} ORDER BY version",
+            n.migrations
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut before = Vec::with_capacity(rows.len());
+        for row in rows {
+            before.push((row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?));
+        }
+        verify_applied(MIGRATIONS, &before)?;
+        let mut applied = Vec::new();
+        for m in MIGRATIONS {
+            if before.iter().any(|(v, _)| *v == m.version) {
+                continue;
+            }
+            let sql = m
+                .sql
+                .replace("{t}", &n.qualified)
+                .replace("{p}", &n.parked)
+                .replace("{table}", &n.table);
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *tx).await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {} (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
+                n.migrations
+            )))
+            .bind(m.version)
+            .bind(m.description)
+            .bind(checksum_of(m))
+            .bind(now_micros())
+            .execute(&mut *tx)
+            .await?;
+            applied.push(m.version);
+        }
+        tx.commit().await?;
+        Ok(MigrationReport {
+            applied,
+            current: MIGRATIONS.last().map(|m| m.version).unwrap_or(0),
+        })
+    }
+
+    /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
+    /// will also run the effect. [`Claim::Fresh`]: run the effect and commit. [`Claim::Duplicate`]:
+    /// the handler already processed this event; skip the effect. Call it first in the
+    /// transaction; a concurrent claim of the same key waits here until this transaction ends.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::{Claim, sqlite::SqliteInbox};
+    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_core::EventId) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    /// if SqliteInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
+    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)").bind(id.to_string()).execute(&mut *tx).await?;
+    ///     tx.commit().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn claim<'e, E: SqliteExecutor<'e>>(
+        &self,
+        executor: E,
+        event_id: EventId,
+        handler: &str,
+    ) -> Result<Claim, Error> {
+        check_handler(handler)?;
+        let done = sqlx::query(AssertSqlSafe(self.inner.claim.as_str()))
+            .bind(event_id.to_string())
+            .bind(handler)
+            .bind(now_micros())
+            .execute(executor)
+            .await?;
+        Ok(if done.rows_affected() == 1 {
+            Claim::Fresh
+        } else {
+            Claim::Duplicate
+        })
+    }
+
+    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
+    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
+    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::{Processed, sqlite::SqliteInbox};
+    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// let done = SqliteInbox::new()
+    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
+    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
+    ///         Ok::<_, outbox_inbox::Error>(())
+    ///     }))
+    ///     .await?;
+    /// println!("applied: {}", done.is_applied());
+    /// # Ok(()) }
+    /// ```
+    pub async fn process<T, E, F>(
+        &self,
+        pool: &SqlitePool,
+        event_id: EventId,
+        handler: &str,
+        effect: F,
+    ) -> Result<Processed<T>, E>
+    where
+        F: for<'c> FnOnce(&'c mut Transaction<'static, Sqlite>) -> BoxFuture<'c, Result<T, E>>
+            + Send,
+        E: From<Error>,
+    {
+        let mut tx = pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::from)?;
+        if self.claim(&mut *tx, event_id, handler).await? == Claim::Duplicate {
+            return Ok(Processed::Duplicate);
+        }
+        let value = effect(&mut tx).await?;
+        tx.commit().await.map_err(Error::from)?;
+        Ok(Processed::Applied(value))
+    }
+
+    /// Whether `handler` has processed `event_id` (a committed row exists).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// let seen = outbox_inbox::sqlite::SqliteInbox::new().contains(&pool, id, "billing").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn contains<'e, E: SqliteExecutor<'e>>(
+        &self,
+        executor: E,
+        event_id: EventId,
+        handler: &str,
+    ) -> Result<bool, Error> {
+        let found: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT 1 FROM {} WHERE event_id = ?1 AND handler = ?2",
+            self.inner.qualified
+        )))
+        .bind(event_id.to_string())
+        .bind(handler)
+        .fetch_optional(executor)
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// Delete inbox rows processed more than `older_than` ago (by the host clock), `batch`
+    /// rows per statement, until none is left; returns how many were deleted. See the crate docs
+    /// for the trade-off: a duplicate older than the window is no longer detected.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    /// let deleted = outbox_inbox::sqlite::SqliteInbox::new().purge(&pool, week, 1000).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn purge(
+        &self,
+        pool: &SqlitePool,
+        older_than: Duration,
+        batch: u32,
+    ) -> Result<u64, Error> {
+        let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        let cutoff = now_micros().saturating_sub(micros);
+        let batch = i64::from(batch.max(1));
+        let mut total = 0;
+        loop {
+            let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
+                .bind(cutoff)
+                .bind(batch)
+                .execute(pool)
+                .await?;
+            total += done.rows_affected();
+            if done.rows_affected() < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Write a poison message to the parked table for `handler`.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+    /// let msg = outbox_inbox::ParkedMessage::new(None, "orders", b"?".to_vec(), 1, "no event id");
+    /// outbox_inbox::sqlite::SqliteInbox::new().park(&pool, "billing", &msg).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn park<'e, E: SqliteExecutor<'e>>(
+        &self,
+        executor: E,
+        handler: &str,
+        message: &ParkedMessage,
+    ) -> Result<(), Error> {
+        let headers = serde_json::to_string(&message.headers)
+            .map_err(|e| Error::BadMessage(e.to_string()))?;
+        sqlx::query(AssertSqlSafe(self.inner.park.as_str()))
+            .bind(message.event_id.map(|e| e.to_string()))
+            .bind(handler)
+            .bind(&message.source)
+            .bind(i32::try_from(message.attempts).unwrap_or(i32::MAX))
+            .bind(&message.error)
+            .bind(&message.payload)
+            .bind(headers)
+            .bind(now_micros())
+            .execute(executor)
+            .await?;
+        Ok(())
+    }
+
+    /// The parked messages of `handler`, oldest first (at most `limit`).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+    /// for p in outbox_inbox::sqlite::SqliteInbox::new().parked(&pool, "billing", 100).await? {
+    ///     println!("{:?}: {}", p.event_id, p.error);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn parked(
+        &self,
+        pool: &SqlitePool,
+        handler: &str,
+        limit: u32,
+    ) -> Result<Vec<ParkedMessage>, Error> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers, attempts, error FROM {} \
+             WHERE handler = ?1 ORDER BY id LIMIT ?2",
+            self.inner.parked
+        )))
+        .bind(handler)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let headers: String = row.try_get(3)?;
+            let headers: BTreeMap<String, String> =
+                serde_json::from_str(&headers).unwrap_or_default();
+            let attempts: i32 = row.try_get(4)?;
+            out.push(ParkedMessage {
+                event_id: row
+                    .try_get::<Option<String>, _>(0)?
+                    .and_then(|s| uuid::Uuid::parse_str(&s).ok())
+                    .map(EventId::from_uuid),
+                source: row.try_get(1)?,
+                payload: row.try_get(2)?,
+                headers,
+                attempts: u32::try_from(attempts).unwrap_or(0),
+                error: row.try_get(5)?,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The effect a [`SqliteHandler`] runs inside the inbox transaction.
+pub trait SqliteEffect:
+    for<'c> Fn(
+        &'c mut Transaction<'static, Sqlite>,
+        &'c Delivery,
+    ) -> BoxFuture<'c, Result<(), BoxError>>
+    + Send
+    + Sync
+{
+}
+
+impl<F> SqliteEffect for F where
+    F: for<'c> Fn(
+            &'c mut Transaction<'static, Sqlite>,
+            &'c Delivery,
+        ) -> BoxFuture<'c, Result<(), BoxError>>
+        + Send
+        + Sync
+{
+}
+
+/// An [`InboxHandler`] over PostgreSQL: claims, runs `effect`, commits; parks into
+/// `<table>_parked`. Give it to a broker adapter.
+pub struct SqliteHandler<F> {
+    pool: SqlitePool,
+    inbox: SqliteInbox,
+    handler: String,
+    effect: F,
+}
+
+impl<F: SqliteEffect> SqliteHandler<F> {
+    /// A handler named `handler` (the second half of the inbox key) running `effect`.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
+    /// # fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+    /// let handler = SqliteHandler::new(pool, SqliteInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)")
+    ///         .bind(delivery.event_id.to_string())
+    ///         .execute(&mut **tx).await?;
+    ///     Ok(())
+    /// }))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(
+        pool: SqlitePool,
+        inbox: SqliteInbox,
+        handler: impl Into<String>,
+        effect: F,
+    ) -> Result<Self, Error> {
+        let handler = handler.into();
+        check_handler(&handler)?;
+        Ok(SqliteHandler {
+            pool,
+            inbox,
+            handler,
+            effect,
+        })
+    }
+}
+
+#[async_trait]
+impl<F: SqliteEffect> InboxHandler for SqliteHandler<F> {
+    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        if self
+            .inbox
+            .claim(&mut *tx, delivery.event_id, &self.handler)
+            .await?
+            == Claim::Duplicate
+        {
+            return Ok(Processed::Duplicate);
+        }
+        (self.effect)(&mut tx, delivery)
+            .await
+            .map_err(Error::Handler)?;
+        tx.commit().await?;
+        Ok(Processed::Applied(()))
+    }
+
+    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
+        self.inbox.park(&self.pool, &self.handler, message).await
+    }
+}
+
+/// Microseconds since the Unix epoch, from the host clock.
+fn now_micros() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}

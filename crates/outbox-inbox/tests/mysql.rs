@@ -1,0 +1,277 @@
+//! The MySQL/MariaDB inbox against the machine's server (`OUTBOX_TEST_MYSQL_URL`, default
+//! `mysql://root@127.0.0.1:3306/test`); every test uses its own tables.
+
+#![cfg(feature = "mysql")]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
+use outbox_inbox::{Claim, Delivery, Error, EventId, InboxHandler, ParkedMessage, Processed};
+use sqlx::MySqlPool;
+use sqlx::mysql::MySqlPoolOptions;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+}
+
+async fn setup() -> (MySqlPool, MySqlInbox, String) {
+    let url = std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let pool = MySqlPoolOptions::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .expect("MySQL/MariaDB must be running on 127.0.0.1:3306");
+    let table = unique("inbox_t");
+    let inbox = MySqlInbox::with_table(&table).unwrap();
+    let report = inbox.migrate(&pool).await.unwrap();
+    assert_eq!(report.applied, vec![1]);
+    let effects = format!("`{table}_effects`");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {effects} (event_id CHAR(36) NOT NULL, handler VARCHAR(50) NOT NULL) ENGINE = InnoDB"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    (pool, inbox, effects)
+}
+
+async fn effect_count(pool: &MySqlPool, effects: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT CAST(count(*) AS SIGNED) FROM {effects}"
+    )))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn apply(
+    inbox: &MySqlInbox,
+    pool: &MySqlPool,
+    effects: &str,
+    id: EventId,
+) -> Result<Processed<()>, Error> {
+    let sql = format!("INSERT INTO {effects} (event_id, handler) VALUES (?, 'billing')");
+    inbox
+        .process(pool, id, "billing", move |tx| {
+            Box::pin(async move {
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(id.to_string())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent() {
+    let (pool, inbox, _) = setup().await;
+    let again = inbox.migrate(&pool).await.unwrap();
+    assert!(again.applied.is_empty());
+    assert_eq!(again.current, 1);
+}
+
+#[tokio::test]
+async fn process_twice_applies_once() {
+    let (pool, inbox, effects) = setup().await;
+    let id = EventId::new();
+    assert_eq!(
+        apply(&inbox, &pool, &effects, id).await.unwrap(),
+        Processed::Applied(())
+    );
+    assert_eq!(
+        apply(&inbox, &pool, &effects, id).await.unwrap(),
+        Processed::Duplicate
+    );
+    assert_eq!(effect_count(&pool, &effects).await, 1);
+    assert!(inbox.contains(&pool, id, "billing").await.unwrap());
+    // Another handler is another key.
+    assert!(!inbox.contains(&pool, id, "shipping").await.unwrap());
+}
+
+#[tokio::test]
+async fn failed_effect_records_nothing_and_retry_applies() {
+    let (pool, inbox, effects) = setup().await;
+    let id = EventId::new();
+    let sql = format!("INSERT INTO {effects} (event_id, handler) VALUES (?, 'billing')");
+    let failed: Result<Processed<()>, Error> = inbox
+        .process(&pool, id, "billing", move |tx| {
+            Box::pin(async move {
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(id.to_string())
+                    .execute(&mut **tx)
+                    .await?;
+                Err(Error::BadMessage("the effect failed after writing".into()))
+            })
+        })
+        .await;
+    assert!(failed.is_err());
+    assert!(!inbox.contains(&pool, id, "billing").await.unwrap());
+    assert_eq!(effect_count(&pool, &effects).await, 0);
+    assert_eq!(
+        apply(&inbox, &pool, &effects, id).await.unwrap(),
+        Processed::Applied(())
+    );
+    assert_eq!(effect_count(&pool, &effects).await, 1);
+}
+
+#[tokio::test]
+async fn concurrent_duplicate_waits_then_skips() {
+    let (pool, inbox, effects) = setup().await;
+    let id = EventId::new();
+    // First consumer claims and holds its transaction open.
+    let mut first = pool.begin().await.unwrap();
+    assert_eq!(
+        inbox.claim(&mut *first, id, "billing").await.unwrap(),
+        Claim::Fresh
+    );
+    let second = {
+        let (pool, inbox, effects) = (pool.clone(), inbox.clone(), effects.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = apply(&inbox, &pool, &effects, id).await.unwrap();
+            (r, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!second.is_finished(), "the second claim must wait");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {effects} (event_id, handler) VALUES (?, 'billing')"
+    )))
+    .bind(id.to_string())
+    .execute(&mut *first)
+    .await
+    .unwrap();
+    first.commit().await.unwrap();
+    let (r, waited) = second.await.unwrap();
+    assert_eq!(r, Processed::Duplicate);
+    assert!(waited >= Duration::from_millis(300));
+    assert_eq!(effect_count(&pool, &effects).await, 1);
+}
+
+#[tokio::test]
+async fn concurrent_duplicate_after_rollback_applies() {
+    let (pool, inbox, effects) = setup().await;
+    let id = EventId::new();
+    let mut first = pool.begin().await.unwrap();
+    assert_eq!(
+        inbox.claim(&mut *first, id, "billing").await.unwrap(),
+        Claim::Fresh
+    );
+    let second = {
+        let (pool, inbox, effects) = (pool.clone(), inbox.clone(), effects.clone());
+        tokio::spawn(async move { apply(&inbox, &pool, &effects, id).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.rollback().await.unwrap();
+    assert_eq!(second.await.unwrap(), Processed::Applied(()));
+    assert_eq!(effect_count(&pool, &effects).await, 1);
+}
+
+#[tokio::test]
+async fn many_concurrent_deliveries_apply_once() {
+    let (pool, inbox, effects) = setup().await;
+    let id = EventId::new();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (pool, inbox, effects) = (pool.clone(), inbox.clone(), effects.clone());
+        tasks.push(tokio::spawn(async move {
+            apply(&inbox, &pool, &effects, id).await.unwrap()
+        }));
+    }
+    let mut applied = 0;
+    for t in tasks {
+        if t.await.unwrap().is_applied() {
+            applied += 1;
+        }
+    }
+    assert_eq!(applied, 1);
+    assert_eq!(effect_count(&pool, &effects).await, 1);
+}
+
+#[tokio::test]
+async fn purge_removes_old_rows_and_keeps_recent_ones() {
+    let (pool, inbox, effects) = setup().await;
+    let ids: Vec<EventId> = (0..5).map(|_| EventId::new()).collect();
+    for id in &ids {
+        apply(&inbox, &pool, &effects, *id).await.unwrap();
+    }
+    // Age three of them by two days.
+    for id in &ids[..3] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET processed_at = NOW(6) - INTERVAL 2 DAY WHERE event_id = ?",
+            inbox.qualified_table()
+        )))
+        .bind(id.to_string())
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let deleted = inbox
+        .purge(&pool, Duration::from_secs(24 * 3600), 2)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 3);
+    for id in &ids[..3] {
+        assert!(!inbox.contains(&pool, *id, "billing").await.unwrap());
+    }
+    for id in &ids[3..] {
+        assert!(inbox.contains(&pool, *id, "billing").await.unwrap());
+    }
+    // The trade-off: a purged event is no longer detected as a duplicate.
+    assert!(
+        apply(&inbox, &pool, &effects, ids[0])
+            .await
+            .unwrap()
+            .is_applied()
+    );
+}
+
+#[tokio::test]
+async fn handler_applies_once_and_parks() {
+    let (pool, inbox, effects) = setup().await;
+    let sql = format!("INSERT INTO {effects} (event_id, handler) VALUES (?, 'billing')");
+    let handler = MySqlHandler::new(pool.clone(), inbox.clone(), "billing", move |tx, d| {
+        let sql = sql.clone();
+        Box::pin(async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(d.event_id.to_string())
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        })
+    })
+    .unwrap();
+    let d = Delivery::new(EventId::new(), b"{}".to_vec(), "orders");
+    assert!(handler.handle(&d).await.unwrap().is_applied());
+    assert_eq!(handler.handle(&d).await.unwrap(), Processed::Duplicate);
+    assert_eq!(effect_count(&pool, &effects).await, 1);
+
+    let p = ParkedMessage::new(Some(d.event_id), "orders", b"{}".to_vec(), 3, "boom");
+    handler.park(&p).await.unwrap();
+    let parked = inbox.parked(&pool, "billing", 10).await.unwrap();
+    assert_eq!(parked, vec![p]);
+}
+
+#[tokio::test]
+async fn bad_names_are_rejected() {
+    assert!(MySqlInbox::with_table("Bad-Name").is_err());
+    let (pool, inbox, _) = setup().await;
+    let mut tx = pool.begin().await.unwrap();
+    let long = "x".repeat(outbox_inbox::MAX_HANDLER_LEN + 1);
+    let err = inbox
+        .claim(&mut *tx, EventId::new(), &long)
+        .await
+        .unwrap_err();
+    assert!(!err.is_transient());
+}

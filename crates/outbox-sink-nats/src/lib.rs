@@ -41,6 +41,12 @@
 //! connection is up, `publish` waits up to `connect_timeout` for one, then answers `Retry` with
 //! the last connection error, and the relay keeps the events.
 //!
+//! ## TLS
+//!
+//! `tls = true` (or a `tls://` URL) requires TLS, checked against the system's root
+//! certificates, or against `tls_ca_file` when set. TLS uses rustls with the aws-lc-rs provider; if the process has no default rustls
+//! provider yet, the sink installs that one (see `ensure_crypto_provider` in the source for why).
+//!
 //! ## Configuration
 //!
 //! ```
@@ -124,6 +130,8 @@ pub struct NatsSinkConfig {
     pub cloudevents_source: Option<String>,
     /// Require TLS on every connection (also implied by a `tls://` URL).
     pub tls: bool,
+    /// A PEM file of CA certificates to trust instead of the system's roots (a private CA).
+    pub tls_ca_file: Option<std::path::PathBuf>,
     /// User name, with `password` or `password_env`.
     pub user: Option<String>,
     /// Password for `user`.
@@ -170,6 +178,7 @@ impl Default for NatsSinkConfig {
             format: BodyFormat::Raw,
             cloudevents_source: None,
             tls: false,
+            tls_ca_file: None,
             user: None,
             password: None,
             password_env: None,
@@ -335,6 +344,7 @@ impl NatsSink {
     /// secret variable, an unusable template); a server that is down at start-up is not an
     /// error. Must be called inside a Tokio runtime.
     pub async fn connect(config: NatsSinkConfig) -> Result<Self, SinkError> {
+        ensure_crypto_provider();
         let routing = config.routing()?;
         if config.servers.is_empty() {
             return Err(config_error(
@@ -418,6 +428,16 @@ impl NatsSink {
             return Err(config_error(
                 "`ack_timeout` is zero: give JetStream time to answer, e.g. `ack_timeout = \"5s\"`",
             ));
+        }
+
+        if let Some(ca) = &config.tls_ca_file {
+            if !ca.is_file() {
+                return Err(config_error(format!(
+                    "`tls_ca_file = \"{}\"` is not a readable file: point it at a PEM file of CA certificates",
+                    ca.display()
+                )));
+            }
+            options = options.add_root_certificates(ca.clone());
         }
 
         let news = Arc::new(Mutex::new(ConnectionNews::default()));
@@ -638,6 +658,18 @@ fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// rustls picks its crypto provider from cargo features. This crate asks for aws-lc-rs, but
+/// another crate linked into the same binary may ask for ring; with both enabled rustls refuses
+/// to choose and every TLS handshake fails (a panic inside the client's connection task). So the
+/// sink installs aws-lc-rs as the process default — only when no default was installed yet, so
+/// an application's own choice stands.
+fn ensure_crypto_provider() {
+    if async_nats::rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race with another installer is fine: a default exists either way.
+        let _ = async_nats::rustls::crypto::aws_lc_rs::default_provider().install_default();
+    }
+}
+
 /// A stream subject pattern covering `subject`: its first token and `>`.
 fn suggest_pattern(subject: &str) -> String {
     match subject.split_once('.') {
@@ -723,6 +755,15 @@ impl Sink for NatsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_works_whichever_providers_the_build_enabled() {
+        ensure_crypto_provider();
+        let roots = async_nats::rustls::RootCertStore::empty();
+        let _ = async_nats::rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    }
 
     #[test]
     fn defaults_are_usable() {

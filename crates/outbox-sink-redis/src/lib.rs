@@ -45,6 +45,12 @@
 //! connects again, so a Redis that is down at start-up or restarts costs retries, not a relay
 //! restart.
 //!
+//! ## TLS
+//!
+//! A `rediss://` URL (or `tls = true`) connects with TLS, checked against the system's root
+//! certificates. TLS uses rustls with the aws-lc-rs provider; if the process has no default rustls
+//! provider yet, the sink installs that one (see `ensure_crypto_provider` in the source for why).
+//!
 //! ```
 //! let config: outbox_sink_redis::RedisSinkConfig = serde_json::from_str(r#"{
 //!     "url": "redis://127.0.0.1:6379/0",
@@ -254,6 +260,7 @@ impl RedisSink {
     /// Fails only on configuration that cannot work: a URL that does not parse, a password
     /// variable that is not set, an invalid client name, `maxlen = 0`.
     pub fn connect(config: RedisSinkConfig) -> Result<Self, SinkError> {
+        ensure_crypto_provider();
         let routing = config.routing()?;
         let mut url = config.url.trim().to_owned();
         if config.tls {
@@ -424,6 +431,18 @@ fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// rustls picks its crypto provider from cargo features. This crate asks for aws-lc-rs, but
+/// another crate linked into the same binary may ask for ring; with both enabled rustls refuses
+/// to choose and every TLS handshake fails (a panic inside the client's connection task). So the
+/// sink installs aws-lc-rs as the process default — only when no default was installed yet, so
+/// an application's own choice stands.
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race with another installer is fine: a default exists either way.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    }
+}
+
 /// Whether an error means the connection is no longer usable.
 fn breaks_connection(e: &RedisError) -> bool {
     e.is_io_error()
@@ -577,6 +596,15 @@ impl Sink for RedisSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_works_whichever_providers_the_build_enabled() {
+        ensure_crypto_provider();
+        let roots = rustls::RootCertStore::empty();
+        let _ = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    }
 
     #[test]
     fn defaults_are_usable() {

@@ -396,8 +396,8 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
         &store,
         ids[0],
         Duration::from_secs(20),
-        "failed attempts",
-        |r| r.event.attempts >= 2,
+        "pending after failed attempts",
+        |r| r.state == EventState::Pending && r.event.attempts >= 2,
     )
     .await;
     assert_eq!(record.state, EventState::Pending);

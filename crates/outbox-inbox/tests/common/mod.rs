@@ -1,0 +1,130 @@
+//! Shared by the broker adapter tests: a fresh SQLite inbox and handlers that count effects.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_inbox::BoxFuture;
+use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+}
+
+pub struct Fixture {
+    pub pool: SqlitePool,
+    pub inbox: SqliteInbox,
+}
+
+pub async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let options = SqliteConnectOptions::new()
+        .filename(dir.join("inbox.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let inbox = SqliteInbox::with_table("inbox").unwrap();
+    inbox.migrate(&pool).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE effects (event_id TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    Fixture { pool, inbox }
+}
+
+type Effect = for<'c> fn(
+    &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    &'c outbox_inbox::Delivery,
+) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>>;
+
+fn record<'c>(
+    tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    d: &'c outbox_inbox::Delivery,
+) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
+    Box::pin(async move {
+        sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
+            .bind(d.event_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    })
+}
+
+fn record_then_fail<'c>(
+    tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    d: &'c outbox_inbox::Delivery,
+) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
+    Box::pin(async move {
+        sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
+            .bind(d.event_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        Err("downstream rejected the event".into())
+    })
+}
+
+impl Fixture {
+    /// A handler whose effect inserts into `effects`.
+    pub fn handler(&self) -> SqliteHandler<Effect> {
+        SqliteHandler::new(
+            self.pool.clone(),
+            self.inbox.clone(),
+            "billing",
+            record as Effect,
+        )
+        .unwrap()
+    }
+
+    /// A handler whose effect writes and then always fails.
+    pub fn failing_handler(&self) -> SqliteHandler<Effect> {
+        SqliteHandler::new(
+            self.pool.clone(),
+            self.inbox.clone(),
+            "billing",
+            record_then_fail as Effect,
+        )
+        .unwrap()
+    }
+
+    pub async fn effects(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM effects")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn parked(&self) -> Vec<outbox_inbox::ParkedMessage> {
+        self.inbox.parked(&self.pool, "billing", 100).await.unwrap()
+    }
+}
+
+/// Poll `check` until it is true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}

@@ -1,0 +1,140 @@
+//! The JetStream adapter against the machine's NATS (`OUTBOX_TEST_NATS_URL`, default
+//! `127.0.0.1:4222`); every test uses its own stream.
+
+#![cfg(all(feature = "nats", feature = "sqlite"))]
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull, stream};
+use outbox_inbox::{AdapterOptions, EventId};
+
+use common::{eventually, fixture, unique};
+
+async fn setup() -> (jetstream::Context, String, PullConsumer) {
+    let url = std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".into());
+    let client = async_nats::connect(url)
+        .await
+        .expect("NATS must be running on 127.0.0.1:4222");
+    let js = jetstream::new(client);
+    let name = unique("inbox").to_uppercase();
+    let subject = format!("{}.events", name.to_lowercase());
+    let stream = js
+        .create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let consumer: PullConsumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("billing".into()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    (js, subject, consumer)
+}
+
+async fn publish(js: &jetstream::Context, subject: &str, id: Option<EventId>, body: &'static str) {
+    let mut headers = HeaderMap::new();
+    if let Some(id) = id {
+        headers.insert("outbox-event-id", id.to_string().as_str());
+    }
+    js.publish_with_headers(subject.to_owned(), headers, body.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+async fn settled(consumer: &PullConsumer) -> bool {
+    match consumer.get_info().await {
+        Ok(info) => info.num_pending == 0 && info.num_ack_pending == 0,
+        Err(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn same_event_twice_applies_once_and_acks() {
+    let f = fixture().await;
+    let (js, subject, consumer) = setup().await;
+    let id = EventId::new();
+    publish(&js, &subject, Some(id), r#"{"n":1}"#).await;
+    publish(&js, &subject, Some(id), r#"{"n":1}"#).await;
+
+    let handler = f.handler();
+    let options = AdapterOptions::default();
+    let runner = {
+        let consumer = consumer.clone();
+        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
+    };
+    assert!(eventually(Duration::from_secs(15), || settled(&consumer)).await);
+    runner.abort();
+    assert_eq!(f.effects().await, 1);
+    assert!(f.parked().await.is_empty());
+    js.delete_stream(consumer.cached_info().stream_name.clone())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn always_failing_handler_is_parked_after_max_attempts_and_acked() {
+    let f = fixture().await;
+    let (js, subject, consumer) = setup().await;
+    let id = EventId::new();
+    publish(&js, &subject, Some(id), r#"{"n":2}"#).await;
+
+    let handler = f.failing_handler();
+    let options = AdapterOptions::default()
+        .with_max_attempts(3)
+        .with_retry_delay(Duration::from_millis(100));
+    let runner = {
+        let consumer = consumer.clone();
+        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            !f.parked().await.is_empty()
+        })
+        .await
+    );
+    assert!(eventually(Duration::from_secs(10), || settled(&consumer)).await);
+    runner.abort();
+    let parked = f.parked().await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].event_id, Some(id));
+    assert_eq!(parked[0].attempts, 3);
+    assert!(parked[0].error.contains("downstream rejected"));
+    assert_eq!(parked[0].payload, br#"{"n":2}"#);
+    assert_eq!(f.effects().await, 0, "failed effects were rolled back");
+    js.delete_stream(consumer.cached_info().stream_name.clone())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn message_without_event_id_is_parked_at_once() {
+    let f = fixture().await;
+    let (js, subject, consumer) = setup().await;
+    publish(&js, &subject, None, "not an event").await;
+    let handler = f.handler();
+    let options = AdapterOptions::default();
+    let runner = {
+        let consumer = consumer.clone();
+        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
+    };
+    assert!(eventually(Duration::from_secs(15), || settled(&consumer)).await);
+    runner.abort();
+    let parked = f.parked().await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].event_id, None);
+    assert_eq!(parked[0].attempts, 1);
+    js.delete_stream(consumer.cached_info().stream_name.clone())
+        .await
+        .unwrap();
+}

@@ -1,0 +1,192 @@
+//! Shared by the RabbitMQ sink's integration tests: the machine's RabbitMQ (127.0.0.1:5672,
+//! guest/guest), queues bound by the test itself and read back with `basic_get`, and a fresh
+//! PostgreSQL outbox per test.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties};
+use outbox_core::NewEvent;
+use outbox_postgres::{PgOutbox, PgStore};
+use sqlx::postgres::PgPoolOptions;
+
+/// The machine's RabbitMQ.
+pub const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A name no other test (or test process) uses.
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+}
+
+/// A test's own connection and channel to RabbitMQ, to set up queues and read them.
+pub struct Rabbit {
+    pub connection: Connection,
+    pub channel: Channel,
+}
+
+impl Rabbit {
+    pub async fn connect() -> Self {
+        let connection = Connection::connect(URL, ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ must be running on 127.0.0.1:5672 with guest/guest (scripts/services.sh starts it)");
+        let channel = connection.create_channel().await.unwrap();
+        Rabbit {
+            connection,
+            channel,
+        }
+    }
+
+    /// A durable topic exchange, as the sink's `declare = true` makes it.
+    pub async fn declare_exchange(&self, exchange: &str) {
+        self.channel
+            .exchange_declare(
+                exchange.into(),
+                lapin::ExchangeKind::Topic,
+                lapin::options::ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// A durable queue of the test's own bound to `exchange` with `key`.
+    pub async fn queue_bound(&self, exchange: &str, key: &str) -> String {
+        let queue = unique("outbox_q");
+        self.channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        self.channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        queue
+    }
+
+    /// Every message in `queue` right now, in queue order.
+    pub async fn drain(&self, queue: &str) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        while let Some(message) = self
+            .channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            out.push(message.delivery);
+        }
+        out
+    }
+
+    /// Wait until `queue` holds `expected` messages (confirms come before the message is
+    /// visible to `basic_get` only in rare cases), then drain it.
+    pub async fn drain_expecting(&self, queue: &str, expected: usize) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            out.extend(self.drain(queue).await);
+            if out.len() >= expected || tokio::time::Instant::now() >= deadline {
+                // One more look, so extras show up as a failure.
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                out.extend(self.drain(queue).await);
+                return out;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn delete_queue(&self, queue: &str) {
+        let _ = self
+            .channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await;
+    }
+
+    pub async fn delete_exchange(&self, exchange: &str) {
+        let _ = self
+            .channel
+            .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+}
+
+/// The header `name` of `delivery` as text.
+pub fn header(delivery: &Delivery, name: &str) -> Option<String> {
+    let headers = delivery.properties.headers().as_ref()?;
+    match headers
+        .inner()
+        .get(&lapin::types::ShortString::from(name))?
+    {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+/// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
+pub fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A fresh migrated outbox in a schema of its own, and a store over it.
+pub async fn fresh_store() -> PgStore {
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&database_url())
+        .await
+        .expect("PostgreSQL must be running on 127.0.0.1:5432");
+    let outbox = PgOutbox::with_names(&unique("outbox_t_rmq"), "events").unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    PgStore::new(pool, outbox)
+}
+
+/// Enqueue `events` in one transaction that commits.
+pub async fn enqueue_committed(store: &PgStore, events: &[NewEvent]) {
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// Enqueue `events` in one transaction that rolls back.
+pub async fn enqueue_rolled_back(store: &PgStore, events: &[NewEvent]) {
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, events)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+}

@@ -1,0 +1,378 @@
+//! End to end against real services: events enqueued in a real PostgreSQL outbox are moved by
+//! `outbox_relay::Relay` through `RabbitMqSink` to the machine's RabbitMQ, and read back from
+//! queues the test binds.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{EventState, NewEvent, RetryPolicy, Sink, Store};
+use outbox_relay::{Relay, RelayConfig};
+use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
+use outbox_testkit::{TcpProxy, numbered};
+
+fn relay_config(batch_size: u32) -> RelayConfig {
+    RelayConfig {
+        relay_id: "rabbitmq-test".into(),
+        batch_size,
+        poll_interval: Duration::from_millis(20),
+        lease: Duration::from_secs(30),
+        publish_timeout: Duration::from_secs(10),
+        stop_when_idle: true,
+        ..RelayConfig::default()
+    }
+}
+
+fn sink_config(json: serde_json::Value) -> RabbitMqSinkConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones_never_do() {
+    let rabbit = common::Rabbit::connect().await;
+    let exchange = common::unique("outbox_ex");
+    let store = Arc::new(common::fresh_store().await);
+
+    let sink = Arc::new(
+        RabbitMqSink::new(&sink_config(serde_json::json!({
+            "url": "amqp://127.0.0.1:5672/%2f",
+            "user": "guest",
+            "password": "guest",
+            "exchange": exchange,
+            "routing_key": "${aggregate_type}.${event_type}",
+            "declare": true,
+        })))
+        .unwrap(),
+    );
+    sink.check().await.unwrap();
+    // The consumers' side: the exchange (the sink's `declare` finds it as it would declare it)
+    // and their queues.
+    rabbit.declare_exchange(&exchange).await;
+    let numbered_queue = rabbit.queue_bound(&exchange, "agg.#").await;
+    let audit_queue = rabbit.queue_bound(&exchange, "audit.*").await;
+
+    let aggregates = 10u64;
+    let per_aggregate = 20u64;
+    let mut committed: Vec<NewEvent> = Vec::new();
+    for n in 0..per_aggregate {
+        for a in 0..aggregates {
+            let mut event = numbered(&format!("a{a}"), n);
+            if a == 0 {
+                event = event.with_header(
+                    "traceparent",
+                    format!("00-{:032x}-{:016x}-01", n + 1, a + 1),
+                );
+            }
+            if a == 1 {
+                event = event.with_idempotency_key(format!("key-{a}-{n}"));
+            }
+            committed.push(event);
+        }
+    }
+    let audit = NewEvent::from_json("audit", "x", "AuditWritten", r#"{"who":"me"}"#)
+        .unwrap()
+        .with_destination("audit.special");
+    committed.push(audit.clone());
+    let ghosts: Vec<NewEvent> = (0..20).map(|n| numbered("ghost", n)).collect();
+
+    common::enqueue_committed(&store, &committed[..committed.len() / 2]).await;
+    common::enqueue_rolled_back(&store, &ghosts).await;
+    common::enqueue_committed(&store, &committed[committed.len() / 2..]).await;
+
+    let report = Relay::new(store.clone(), sink, relay_config(40))
+        .run(std::future::pending())
+        .await;
+    assert_eq!(report.delivered, committed.len() as u64, "{report:?}");
+    assert_eq!(report.retried + report.dead, 0, "{report:?}");
+
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, committed.len() as u64, "{stats:?}");
+    assert_eq!(stats.pending + stats.in_flight + stats.dead, 0, "{stats:?}");
+    for event in &committed {
+        let record = store.get(event.id()).await.unwrap().unwrap();
+        assert_eq!(record.state, EventState::Delivered);
+    }
+
+    let expected = (aggregates * per_aggregate) as usize;
+    let messages = rabbit.drain_expecting(&numbered_queue, expected).await;
+    assert_eq!(
+        messages.len(),
+        expected,
+        "exactly the committed events, once each"
+    );
+    let by_id: HashMap<String, &NewEvent> =
+        committed.iter().map(|e| (e.id().to_string(), e)).collect();
+    let mut seen = HashSet::new();
+    let mut last_n: HashMap<String, i64> = HashMap::new();
+    for m in &messages {
+        let id = m
+            .properties
+            .message_id()
+            .as_ref()
+            .expect("message_id = event id")
+            .to_string();
+        let event = by_id
+            .get(&id)
+            .unwrap_or_else(|| panic!("unexpected message {id}"));
+        assert!(seen.insert(id.clone()), "event {id} arrived twice");
+        assert_eq!(common::header(m, "outbox-event-id"), Some(id.clone()));
+        assert_eq!(*m.properties.delivery_mode(), Some(2), "persistent");
+        assert_eq!(
+            m.properties.content_type().as_ref().map(|s| s.as_str()),
+            Some("application/json")
+        );
+        assert_eq!(m.routing_key.as_str(), "agg.Numbered");
+        assert_eq!(m.exchange.as_str(), exchange);
+        assert_eq!(m.data, event.payload().as_bytes(), "raw JSON body");
+        assert_eq!(
+            common::header(m, "outbox-aggregate-id").as_deref(),
+            Some(event.aggregate_id())
+        );
+        assert_eq!(
+            common::header(m, "traceparent"),
+            event.headers().get("traceparent").cloned()
+        );
+        assert_eq!(
+            common::header(m, "outbox-idempotency-key").as_deref(),
+            event.idempotency_key()
+        );
+        let body: serde_json::Value = serde_json::from_slice(&m.data).unwrap();
+        let n = body["n"].as_i64().unwrap();
+        let last = last_n.insert(event.aggregate_id().to_owned(), n);
+        assert_eq!(
+            last.map_or(0, |l| l + 1),
+            n,
+            "aggregate {} out of order",
+            event.aggregate_id()
+        );
+    }
+    assert_eq!(last_n.len(), aggregates as usize);
+    assert!(
+        !last_n.contains_key("ghost"),
+        "a rolled-back event was published"
+    );
+
+    let audits = rabbit.drain_expecting(&audit_queue, 1).await;
+    assert_eq!(
+        audits.len(),
+        1,
+        "the event's own destination is its routing key"
+    );
+    assert_eq!(audits[0].routing_key.as_str(), "audit.special");
+    assert_eq!(
+        common::header(&audits[0], "outbox-event-id"),
+        Some(audit.id().to_string())
+    );
+
+    rabbit.delete_queue(&numbered_queue).await;
+    rabbit.delete_queue(&audit_queue).await;
+    rabbit.delete_exchange(&exchange).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_connection_keeps_events_pending_until_rabbitmq_is_reachable_again() {
+    let rabbit = common::Rabbit::connect().await;
+    let exchange = common::unique("outbox_ex_cut");
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("amqp://127.0.0.1:{}/%2f", proxy.addr().port());
+    let sink = Arc::new(
+        RabbitMqSink::new(&sink_config(serde_json::json!({
+            "url": url,
+            "exchange": exchange,
+            "declare": true,
+            "routing_key": "cut.${event_type}",
+            "connect_timeout": "1s",
+            "confirm_timeout": "2s",
+        })))
+        .unwrap(),
+    );
+    sink.check().await.unwrap();
+    rabbit.declare_exchange(&exchange).await;
+    let queue = rabbit.queue_bound(&exchange, "#").await;
+
+    let store = Arc::new(common::fresh_store().await);
+    let before: Vec<NewEvent> = (0..20)
+        .map(|i| numbered(&format!("c{}", i % 4), i / 4))
+        .collect();
+    common::enqueue_committed(&store, &before).await;
+
+    let relay = Relay::new(
+        store.clone(),
+        sink.clone(),
+        RelayConfig {
+            stop_when_idle: false,
+            retry: RetryPolicy {
+                base: Duration::from_millis(200),
+                cap: Duration::from_millis(500),
+                max_attempts: 1000,
+            },
+            ..relay_config(10)
+        },
+    );
+    let counters = relay.counters();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    let wait_delivered = |n: u64| {
+        let store = store.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let stats = store.stats().await.unwrap();
+                if stats.delivered == n {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "not delivered: {stats:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait_delivered(20).await;
+
+    // RabbitMQ goes away for the relay (the connection is cut, new ones are refused).
+    proxy.cut();
+    let after: Vec<NewEvent> = (20..40)
+        .map(|i| numbered(&format!("c{}", i % 4), i / 4))
+        .collect();
+    common::enqueue_committed(&store, &after).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let record = store.get(after[0].id()).await.unwrap().unwrap();
+        if record.event.attempts >= 2 {
+            assert_eq!(record.state, EventState::Pending);
+            let error = record.last_error.clone().unwrap_or_default();
+            assert!(
+                error.contains(&format!("127.0.0.1:{}", proxy.addr().port())),
+                "last_error names the broker: {error}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failed attempt recorded: {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let during = store.stats().await.unwrap();
+    assert_eq!(during.delivered, 20, "{during:?}");
+    assert_eq!(during.dead, 0, "{during:?}");
+
+    proxy.restore();
+    wait_delivered(40).await;
+    let _ = stop.send(());
+    let report = run.await.unwrap();
+    assert!(report.retried > 0, "{report:?}");
+    assert_eq!(report.dead, 0, "{report:?}");
+    assert_eq!(counters.report().delivered, 40);
+
+    let messages = rabbit.drain_expecting(&queue, 40).await;
+    let got: HashSet<String> = messages
+        .iter()
+        .filter_map(|m| m.properties.message_id().as_ref().map(|s| s.to_string()))
+        .collect();
+    let want: HashSet<String> = before
+        .iter()
+        .chain(&after)
+        .map(|e| e.id().to_string())
+        .collect();
+    assert_eq!(
+        got, want,
+        "every event arrived (a duplicate is allowed, a loss is not)"
+    );
+    rabbit.delete_queue(&queue).await;
+    rabbit.delete_exchange(&exchange).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
+    let rabbit = common::Rabbit::connect().await;
+    let exchange = common::unique("outbox_ex_noroute");
+    let sink = Arc::new(
+        RabbitMqSink::new(&sink_config(serde_json::json!({
+            "exchange": exchange,
+            "declare": true,
+            "routing_key": "lonely.${event_type}",
+        })))
+        .unwrap(),
+    );
+    let store = Arc::new(common::fresh_store().await);
+    let events: Vec<NewEvent> = (0..6)
+        .map(|i| numbered(&format!("u{}", i % 3), i / 3))
+        .collect();
+    common::enqueue_committed(&store, &events).await;
+
+    let retry = RetryPolicy {
+        base: Duration::from_millis(300),
+        cap: Duration::from_millis(300),
+        max_attempts: 100,
+    };
+    // No queue is bound: every message comes back under `mandatory`.
+    let report = Relay::new(
+        store.clone(),
+        sink.clone(),
+        RelayConfig {
+            retry,
+            ..relay_config(10)
+        },
+    )
+    .run(std::future::pending())
+    .await;
+    assert_eq!(report.delivered, 0, "{report:?}");
+    assert!(report.retried >= 3, "{report:?}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.delivered, stats.pending), (0, 6), "{stats:?}");
+    let record = store.get(events[0].id()).await.unwrap().unwrap();
+    let error = record.last_error.unwrap_or_default();
+    assert!(
+        error.contains("unroutable")
+            && error.contains(&exchange)
+            && error.contains("lonely.Numbered"),
+        "{error}"
+    );
+
+    // A consumer binds its queue: the same events go through.
+    let queue = rabbit.queue_bound(&exchange, "lonely.#").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let report = Relay::new(store.clone(), sink.clone(), relay_config(10))
+        .run(std::future::pending())
+        .await;
+    assert_eq!(report.delivered, 6, "{report:?}");
+    assert_eq!(rabbit.drain_expecting(&queue, 6).await.len(), 6);
+
+    // With `unroutable = "reject"` the event is buried at once instead.
+    let rejecting = RabbitMqSink::new(&sink_config(serde_json::json!({
+        "exchange": exchange,
+        "routing_key": "nobody.listens",
+        "unroutable": "reject",
+    })))
+    .unwrap();
+    let e = outbox_core::Event {
+        seq: 1,
+        id: outbox_core::EventId::new(),
+        aggregate_type: "order".into(),
+        aggregate_id: "1".into(),
+        event_type: "OrderCreated".into(),
+        payload: "{}".into(),
+        destination: None,
+        headers: Default::default(),
+        idempotency_key: None,
+        occurred_at: chrono::Utc::now(),
+        enqueued_at: chrono::Utc::now(),
+        attempts: 0,
+    };
+    let outcomes = rejecting.publish(&[e]).await;
+    assert!(
+        matches!(&outcomes[..], [outbox_core::Outcome::Reject { reason }] if reason.contains("NO_ROUTE")),
+        "{outcomes:?}"
+    );
+    rabbit.delete_queue(&queue).await;
+    rabbit.delete_exchange(&exchange).await;
+}

@@ -1,0 +1,121 @@
+//! The sink alone against the machine's RabbitMQ: body formats and permanent failures.
+
+mod common;
+
+use outbox_core::{Event, EventId, Outcome, Sink};
+use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
+
+fn event(aggregate: &str, aggregate_type: &str, payload: &str) -> Event {
+    Event {
+        seq: 1,
+        id: EventId::new(),
+        aggregate_type: aggregate_type.into(),
+        aggregate_id: aggregate.into(),
+        event_type: "OrderCreated".into(),
+        payload: payload.into(),
+        destination: None,
+        headers: [(
+            "traceparent".to_owned(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+        )]
+        .into(),
+        idempotency_key: None,
+        occurred_at: chrono::Utc::now(),
+        enqueued_at: chrono::Utc::now(),
+        attempts: 0,
+    }
+}
+
+fn config(json: serde_json::Value) -> RabbitMqSinkConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_bodies_are_structured_envelopes() {
+    let rabbit = common::Rabbit::connect().await;
+    let exchange = common::unique("outbox_ex_ce");
+    rabbit.declare_exchange(&exchange).await;
+    let queue = rabbit.queue_bound(&exchange, "#").await;
+    let sink = RabbitMqSink::new(&config(serde_json::json!({
+        "exchange": exchange,
+        "format": "cloudevents",
+        "cloudevents_source": "/orders-service",
+    })))
+    .unwrap();
+    let e = event("42", "order", r#"{"amount": 1999}"#);
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Delivered]
+    );
+    let messages = rabbit.drain_expecting(&queue, 1).await;
+    assert_eq!(messages.len(), 1);
+    let m = &messages[0];
+    assert_eq!(
+        m.properties.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/cloudevents+json")
+    );
+    assert_eq!(
+        m.properties.kind().as_ref().map(|s| s.as_str()),
+        Some("OrderCreated")
+    );
+    let body: serde_json::Value = serde_json::from_slice(&m.data).unwrap();
+    assert_eq!(body["specversion"], "1.0");
+    assert_eq!(body["id"], e.id.to_string());
+    assert_eq!(body["data"]["amount"], 1999);
+    rabbit.delete_queue(&queue).await;
+    rabbit.delete_exchange(&exchange).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_exchange_rejects_its_events_and_the_rest_of_the_batch_is_delivered() {
+    let rabbit = common::Rabbit::connect().await;
+    let prefix = common::unique("outbox_ex_mix");
+    let present = format!("{prefix}.present");
+    let missing = format!("{prefix}.missing");
+    rabbit.declare_exchange(&present).await;
+    let queue = rabbit.queue_bound(&present, "#").await;
+    // The exchange is `<prefix>.<aggregate_type>`: one of them does not exist.
+    let sink = RabbitMqSink::new(&config(serde_json::json!({
+        "exchange": format!("{prefix}.${{aggregate_type}}"),
+        "max_message_bytes": 1000,
+    })))
+    .unwrap();
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(2000));
+    let batch = vec![
+        event("1", "present", "{}"),
+        event("2", "missing", "{}"),
+        event("3", "present", "{}"),
+        event("4", "present", &big),
+    ];
+    let outcomes = sink.publish(&batch).await;
+    assert_eq!(outcomes[0], Outcome::Delivered);
+    assert_eq!(outcomes[2], Outcome::Delivered);
+    match &outcomes[1] {
+        Outcome::Reject { reason } => assert!(
+            reason.contains(&format!("exchange `{missing}` does not exist"))
+                && reason.contains("declare = true"),
+            "{reason}"
+        ),
+        other => panic!("a missing exchange must be rejected: {other:?}"),
+    }
+    match &outcomes[3] {
+        Outcome::Reject { reason } => assert!(reason.contains("max_message_bytes"), "{reason}"),
+        other => panic!("a too-large message must be rejected: {other:?}"),
+    }
+    assert_eq!(rabbit.drain_expecting(&queue, 2).await.len(), 2);
+
+    // An exchange deleted after the sink checked it: the publish fails on the channel (retry,
+    // since the channel error cannot be pinned on one message up front), then it is rejected.
+    rabbit.delete_queue(&queue).await;
+    rabbit.delete_exchange(&present).await;
+    let again = sink.publish(&[event("5", "present", "{}")]).await;
+    assert!(
+        matches!(&again[..], [Outcome::Reject { reason }] | [Outcome::Retry { reason, .. }] if reason.contains(&present)),
+        "{again:?}"
+    );
+    let last = sink.publish(&[event("6", "present", "{}")]).await;
+    assert!(
+        matches!(&last[..], [Outcome::Reject { reason }] if reason.contains("does not exist")),
+        "{last:?}"
+    );
+}

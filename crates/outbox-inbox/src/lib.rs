@@ -10,9 +10,9 @@
 //!   [`DEFAULT_TABLE`], configurable), ship its embedded versioned migrations, and offer
 //!   [`claim`](postgres::PgInbox::claim), [`process`](postgres::PgInbox::process) and
 //!   [`purge`](postgres::PgInbox::purge).
-//! - The broker adapters (features `nats`, `rabbitmq`, `redis`) read the event id from the
-//!   `outbox-event-id` header (the Redis stream field `id`), run an [`InboxHandler`], ack after
-//!   its commit and park poison messages.
+//! - The broker adapters (features `nats`, `rabbitmq`, `redis`, `kafka`; off by default) read
+//!   the event id from the `outbox-event-id` header (the Redis stream field `id`), run an
+//!   [`InboxHandler`], ack (commit the offset) after its commit and park poison messages.
 //!
 //! ## Two ways to process a message
 //!
@@ -91,7 +91,8 @@
 //! A message whose handler keeps failing would otherwise be redelivered forever. The adapters
 //! count attempts ([`AdapterOptions::max_attempts`]) using the broker's own redelivery counter
 //! where there is one (JetStream's `delivered`, Redis' `XPENDING` delivery count, RabbitMQ's
-//! `x-delivery-count` on quorum queues; for classic RabbitMQ queues an in-process counter) and,
+//! `x-delivery-count` on quorum queues; for classic RabbitMQ queues an in-process counter; for
+//! Kafka, which never redelivers a single message, an in-place retry loop) and,
 //! after the last attempt, write the message with its last error to `<table>_parked` and ack it.
 //! A message without a readable `outbox-event-id` cannot be deduplicated and is parked at once.
 //! Parked messages are yours to inspect and replay (re-publish them; the inbox still dedups).
@@ -108,6 +109,8 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]

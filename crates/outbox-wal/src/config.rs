@@ -1,0 +1,244 @@
+//! [`WalConfig`]: everything WAL mode needs, readable from the `outbox` config file.
+//!
+//! The database location is part of it (`database_url`, `schema`, `table`) so that the library
+//! functions take one value; the CLI fills these from its `[database]` section.
+
+use std::time::Duration;
+
+use outbox_core::{RetryPolicy, humantime_duration};
+use serde::{Deserialize, Serialize};
+
+use crate::error::WalError;
+
+/// Where events come from in the WAL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Inserts into the outbox table (`PgOutbox::enqueue`), through a publication on that table
+    /// that publishes inserts only.
+    Table,
+    /// Transactional logical messages written by [`enqueue_message`](crate::enqueue_message)
+    /// with the configured prefix: no table row, nothing to vacuum.
+    Messages,
+}
+
+/// How WAL mode behaves. Every field has a default; only `database_url` must be set.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WalConfig {
+    /// PostgreSQL URL, e.g. `postgres://relay:secret@db:5432/app`. The role needs the
+    /// `REPLICATION` attribute (or superuser) and a `host replication` line in `pg_hba.conf`.
+    pub database_url: String,
+    /// Schema of the outbox table.
+    pub schema: String,
+    /// Name of the outbox table.
+    pub table: String,
+    /// Logical replication slot name (lowercase letters, digits, `_`).
+    pub slot: String,
+    /// Publication name (lowercase letters, digits, `_`).
+    pub publication: String,
+    /// Which capture sources to deliver.
+    pub sources: Vec<Source>,
+    /// Prefix of the logical messages that carry events; other prefixes are ignored.
+    pub message_prefix: String,
+    /// Create the publication and the slot when they are missing (first start). When `false`,
+    /// a missing slot is an error.
+    pub create_slot: bool,
+    /// Before streaming, deliver outbox rows that are still undelivered in the table (left by
+    /// the polling relay, requeued from dead, or committed before the slot existed). See the
+    /// crate docs on switching modes.
+    pub catch_up: bool,
+    /// Mark delivered table rows `delivered` (one statement per batch) before their WAL position
+    /// is confirmed. Keeps the table truthful for `outbox status` and for a switch back to
+    /// polling; turn off only when nothing but WAL mode will ever read the table.
+    pub mark_delivered: bool,
+    /// How often the confirmed position is reported to PostgreSQL (standby status update).
+    #[serde(with = "humantime_duration")]
+    pub status_interval: Duration,
+    /// How often to write a heartbeat logical message, so an idle outbox in a busy cluster
+    /// still lets its slot advance and release WAL. `0ms` turns it off.
+    #[serde(with = "humantime_duration")]
+    pub heartbeat_interval: Duration,
+    /// Most events in one sink call (one per aggregate).
+    pub max_batch: usize,
+    /// Sink calls in flight at once.
+    pub max_batches_in_flight: usize,
+    /// Most decoded events held in memory; beyond it the replication stream is paused (TCP
+    /// backpressure reaches the server) until deliveries free room.
+    pub max_buffered_events: usize,
+    /// Most payload bytes held in memory, same effect as `max_buffered_events`.
+    pub max_buffered_bytes: usize,
+    /// Longest wait for one sink call; past it, its events count as failed.
+    #[serde(with = "humantime_duration")]
+    pub publish_timeout: Duration,
+    /// Backoff and attempt limit; an event out of attempts (or rejected) is dead-lettered into
+    /// the outbox table and the stream moves on.
+    pub retry: RetryPolicy,
+    /// How often a standby instance checks whether the active one is gone.
+    #[serde(with = "humantime_duration")]
+    pub standby_poll_interval: Duration,
+    /// How long a new leader keeps trying to start streaming while PostgreSQL still reports the
+    /// slot active for its dead predecessor.
+    #[serde(with = "humantime_duration")]
+    pub takeover_timeout: Duration,
+    /// Longest pause between attempts to reach a database that is down.
+    #[serde(with = "humantime_duration")]
+    pub max_reconnect_backoff: Duration,
+    /// Who this instance is in logs and `application_name`.
+    pub relay_id: String,
+    /// Return once every event committed before the start has been delivered and confirmed
+    /// (`outbox relay --drain`, and the first step of switching back to polling).
+    pub stop_when_caught_up: bool,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        WalConfig {
+            database_url: String::new(),
+            schema: "outbox".to_owned(),
+            table: "events".to_owned(),
+            slot: "outbox_wal".to_owned(),
+            publication: "outbox_wal".to_owned(),
+            sources: vec![Source::Table, Source::Messages],
+            message_prefix: crate::message::DEFAULT_PREFIX.to_owned(),
+            create_slot: true,
+            catch_up: true,
+            mark_delivered: true,
+            status_interval: Duration::from_secs(1),
+            heartbeat_interval: Duration::from_secs(10),
+            max_batch: 500,
+            max_batches_in_flight: 4,
+            max_buffered_events: 20_000,
+            max_buffered_bytes: 32 * 1024 * 1024,
+            publish_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+            standby_poll_interval: Duration::from_secs(1),
+            takeover_timeout: Duration::from_secs(30),
+            max_reconnect_backoff: Duration::from_secs(10),
+            relay_id: default_relay_id(),
+            stop_when_caught_up: false,
+        }
+    }
+}
+
+/// `hostname-pid-xxxx`.
+fn default_relay_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "relay".to_owned());
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
+}
+
+impl WalConfig {
+    /// A configuration with defaults for the outbox at `database_url`.
+    pub fn new(database_url: impl Into<String>) -> Self {
+        WalConfig {
+            database_url: database_url.into(),
+            ..WalConfig::default()
+        }
+    }
+
+    /// Whether `source` is captured.
+    pub fn captures(&self, source: Source) -> bool {
+        self.sources.contains(&source)
+    }
+
+    /// Check the values before anything connects; the error says which setting is wrong.
+    pub fn validate(&self) -> Result<(), WalError> {
+        if self.database_url.trim().is_empty() {
+            return Err(WalError::Config(
+                "`database_url` is empty: set it to the PostgreSQL URL of the outbox".into(),
+            ));
+        }
+        check_name("slot", &self.slot, 63)?;
+        check_name("publication", &self.publication, 63)?;
+        check_name("schema", &self.schema, 48)?;
+        check_name("table", &self.table, 48)?;
+        if self.sources.is_empty() {
+            return Err(WalError::Config(
+                "`sources` is empty: list `table`, `messages` or both".into(),
+            ));
+        }
+        if self.captures(Source::Messages) && self.message_prefix.is_empty() {
+            return Err(WalError::Config(
+                "`message_prefix` is empty: logical messages need a prefix (default `outbox`)"
+                    .into(),
+            ));
+        }
+        if self.max_batch == 0 || self.max_batches_in_flight == 0 || self.max_buffered_events == 0 {
+            return Err(WalError::Config(
+                "`max_batch`, `max_batches_in_flight` and `max_buffered_events` must be at least 1"
+                    .into(),
+            ));
+        }
+        if self.status_interval.is_zero() {
+            return Err(WalError::Config(
+                "`status_interval` must be longer than 0ms".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Names end up in SQL and replication commands: plain identifiers only.
+pub(crate) fn check_name(what: &str, name: &str, max: usize) -> Result<(), WalError> {
+    let valid = !name.is_empty()
+        && name.len() <= max
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(WalError::Config(format!(
+            "{what} `{name}` is not a plain identifier: use lowercase letters, digits and `_`, starting with a letter or `_`, at most {max} characters"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_rejects_unknown_keys_and_reads_durations() {
+        let err = serde_json::from_str::<WalConfig>(r#"{"slott": "x"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `slott`"), "{err}");
+        let cfg: WalConfig = serde_json::from_str(
+            r#"{"database_url": "postgres://x@h/db", "status_interval": "250ms", "heartbeat_interval": "1m", "sources": ["messages"]}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.status_interval, Duration::from_millis(250));
+        assert_eq!(cfg.heartbeat_interval, Duration::from_secs(60));
+        assert!(cfg.captures(Source::Messages) && !cfg.captures(Source::Table));
+        cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_names_and_empty_url_are_explained() {
+        let err = WalConfig::default().validate().unwrap_err();
+        assert!(err.to_string().contains("database_url"), "{err}");
+        let cfg = WalConfig {
+            slot: "Bad-Slot".into(),
+            ..WalConfig::new("postgres://h/db")
+        };
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("slot `Bad-Slot`")
+        );
+    }
+}

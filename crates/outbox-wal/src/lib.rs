@@ -1,0 +1,287 @@
+//! # outbox-wal
+//!
+//! WAL mode: the relay reads committed events from PostgreSQL's write-ahead log through logical
+//! replication (the way Debezium does, without the JVM) instead of polling the outbox table.
+//! Delivery starts within a millisecond or two of the commit, the table is never scanned, and
+//! events can even skip the table altogether.
+//!
+//! ```no_run
+//! # async fn demo(sink: std::sync::Arc<dyn outbox_core::Sink>) -> Result<(), outbox_wal::WalError> {
+//! use outbox_wal::{WalConfig, WalRelay};
+//! let config = WalConfig::new("postgres://relay@db:5432/app"); // slot and publication `outbox_wal`
+//! let report = WalRelay::new(config, sink)
+//!     .run(async { tokio::signal::ctrl_c().await.ok(); })
+//!     .await?;
+//! println!("delivered {} (duplicates {})", report.delivered, report.duplicates);
+//! # Ok(()) }
+//! ```
+//!
+//! ## Library API (what the `outbox` CLI calls)
+//!
+//! - [`WalConfig`] — `serde`, `deny_unknown_fields`, durations like `500ms`. The CLI fills
+//!   `database_url`, `schema` and `table` from its `[database]` section.
+//! - [`WalRelay::new`]`(config, sink)`[`.run(shutdown)`](WalRelay::run) →
+//!   `Result<`[`WalReport`]`, `[`WalError`]`>`; [`WalRelay::counters`] for live figures.
+//! - [`wal_status`] / [`wal_status_sampled`] → [`WalStatus`]: slot lag bytes
+//!   (`pg_current_wal_lsn() - confirmed_flush_lsn`), retained WAL, confirmed (last acked) LSN,
+//!   decode rate.
+//! - [`recover`] after a lost or invalidated slot; [`drop_slot`] when leaving WAL mode.
+//! - Writers: [`PgOutbox::enqueue`](outbox_postgres::PgOutbox::enqueue) (table source) or
+//!   [`enqueue_message`] (message source), both inside the caller's transaction.
+//!
+//! ## Capture sources
+//!
+//! - **table** ([`Source::Table`]): inserts into the outbox table, through a publication on that
+//!   table with `publish = 'insert'`. The row is the durable record: it is marked `delivered`
+//!   (one `UPDATE` per batch) or `dead`, so `outbox status` and `outbox dead …` keep working.
+//! - **messages** ([`Source::Messages`]): [`enqueue_message`] writes the event with
+//!   `pg_logical_emit_message(true, 'outbox', <json envelope>)`. It commits or rolls back with the
+//!   transaction and never becomes a row, so there is nothing to update, delete or vacuum. A dead
+//!   message event is inserted into the outbox table as a `dead` row, where
+//!   `outbox dead list/retry` finds it. Event `seq` is the message's LSN.
+//!
+//! Both are on by default; they share the slot and are delivered in commit order.
+//!
+//! ## Delivery guarantees and how they are kept
+//!
+//! - **Only committed events.** pgoutput (protocol 1) sends a transaction only after it
+//!   committed; rolled-back ones never appear.
+//! - **At least once, never lost.** The slot's confirmed position is moved only past a
+//!   transaction once every event in it *and in every earlier transaction* was acked by the sink
+//!   and its write-back (delivered mark or dead letter) committed — see the `engine` module.
+//!   After a crash PostgreSQL re-sends everything after that position: duplicates, never gaps.
+//!   The position reaches the server in standby status updates every `status_interval`.
+//! - **Per-aggregate order** is commit order. Batches hold one event per aggregate and run
+//!   concurrently across aggregates, like the polling relay's waves.
+//! - **Bounded memory.** Past `max_buffered_events` / `max_buffered_bytes` the relay stops
+//!   reading; the replication client's bounded buffer and TCP carry the backpressure to the
+//!   walsender (which keeps getting status updates, so it does not time out). A sink outage
+//!   therefore pauses the stream; nothing is confirmed; it resumes when the sink returns.
+//! - **Dead letters.** A rejected event, or one out of attempts per [`RetryPolicy`](outbox_core::RetryPolicy),
+//!   is written to the table as `dead` and the stream moves on. Later events of its aggregate
+//!   are *not* held back: holding them would hold the slot and with it all WAL on the server,
+//!   without bound. (This is the polling relay's `dead_letter = "skip"`; WAL mode cannot offer
+//!   `block`.) A requeued dead event (`outbox dead retry`) is delivered by the next catch-up
+//!   scan: at the next start of the relay, or by [`recover`].
+//! - **Heartbeats.** Every `heartbeat_interval` the relay writes an empty transactional logical
+//!   message (prefix `outbox.heartbeat`); its commit gives an idle outbox a position to confirm,
+//!   so a slot on a busy cluster does not retain WAL forever. Keepalives with nothing
+//!   outstanding are confirmed too.
+//!
+//! ## One streamer per slot, standby and takeover
+//!
+//! An instance streams only while it holds a session-level advisory lock for the slot on a
+//! dedicated connection. Others stand by, trying every `standby_poll_interval`. PostgreSQL drops
+//! the lock when the holder's connection ends — also when its process is killed — and the
+//! standby then starts streaming, retrying for up to `takeover_timeout` while PostgreSQL still
+//! reports the slot active for the dead walsender. PostgreSQL's own rule (one active session
+//! per slot) is the final fence.
+//!
+//! ## Slot lifecycle
+//!
+//! At start the relay checks `wal_level = logical`, `max_replication_slots`,
+//! `max_wal_senders` and the role's `REPLICATION` attribute ([`WalError::ServerSetup`] says
+//! what to change), creates the publication and then the slot if missing (`create_slot`), and
+//! records the slot in `<schema>.<table>_wal_slots`. A slot that is missing although recorded
+//! there is [`WalError::SlotLost`]; one PostgreSQL invalidated (`wal_status = 'lost'`) is
+//! [`WalError::SlotInvalidated`]. Both need [`recover`]: it drops an invalidated slot, creates a
+//! new one (from then on every commit is captured), and re-scans undelivered outbox rows (the
+//! catch-up scan), after which [`WalRelay::run`] resumes streaming. Table events survive a lost
+//! slot; message events that were not yet delivered do not (they existed only in the WAL).
+//!
+//! ## The catch-up scan
+//!
+//! With `catch_up` (default), a starting leader first delivers the table's `pending` and
+//! `in_flight` rows up to the current highest `seq`, in `seq` order per aggregate, through the
+//! same engine, and marks them delivered. Streamed table rows up to that `seq` are then checked
+//! against the table before publishing and skipped if already delivered or dead, so the scan
+//! does not cause duplicates.
+//!
+//! ## Switching modes on a live outbox
+//!
+//! Polling → WAL (tested in `tests/wal.rs`, `mode_switch_polling_wal_polling`):
+//! 1. Create the slot while the polling relay still runs ([`prepare`]); from this moment every
+//!    commit is in the slot.
+//! 2. Stop the polling relay (it releases its claims).
+//! 3. Start [`WalRelay`]: the catch-up scan delivers what the poller left, then it streams.
+//!
+//! WAL → polling:
+//! 1. If writers use [`enqueue_message`], switch them to `PgOutbox::enqueue` first (a poller
+//!    cannot see messages).
+//! 2. Stop the WAL relay with `stop_when_caught_up = true` (or stop it and run it once more so):
+//!    it returns when everything committed before its start is delivered and marked.
+//! 3. Start the polling relay; it delivers every row still `pending`.
+//! 4. [`drop_slot`], so the server stops retaining WAL for it.
+//!
+//! Nothing is lost either way; events delivered by one mode whose `delivered` mark the other
+//! did not see are delivered again and counted ([`WalReport::duplicates`]).
+//!
+//! ## Why pgwire-replication
+//!
+//! Two Rust clients were considered. `pgwire-replication` (0.5) speaks the wire protocol
+//! directly on tokio, with rustls (ring) and SCRAM, and was designed for exactly this: explicit
+//! start and ack LSNs, a bounded event channel with real backpressure while still sending
+//! standby status updates, `pg_logical_emit_message` support, `wait_started` to know when the
+//! slot is held. `pg_walstream` offers more (physical replication, streaming of in-progress
+//! transactions, protocol v2–4), but its default TLS backend builds aws-lc (a C/CMake build,
+//! slow on 2-core CI) and older versions need libpq and libclang; it also owns more of the
+//! LSN bookkeeping that this crate must control itself. The Relation/Insert parts of pgoutput
+//! that pgwire-replication leaves raw are parsed here (`pgoutput` module).
+//!
+//! ## Test cluster
+//!
+//! The shared PostgreSQL of the development machines runs with `wal_level = replica`; the tests
+//! use `scripts/pg-logical.sh start` (a throwaway cluster on port 54329 with
+//! `wal_level = logical`), or `OUTBOX_WAL_TEST_URL`.
+
+mod config;
+mod conn;
+mod db;
+mod engine;
+mod error;
+mod lsn;
+mod message;
+mod pgoutput;
+mod relay;
+mod slot;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::Sink;
+use serde::Serialize;
+use tokio::sync::watch;
+
+pub use config::{Source, WalConfig};
+pub use engine::{WalCounters, WalReport};
+pub use error::WalError;
+pub use lsn::Lsn;
+pub use message::{
+    DEFAULT_PREFIX, EnqueuedMessage, encode_envelope, enqueue_message, enqueue_messages,
+};
+pub use relay::WalRelay;
+pub use slot::WalStatus;
+
+use conn::Target;
+
+/// The slot's figures now: lag bytes, retained WAL, confirmed position, whether a session
+/// streams. One query; safe to call while a relay runs.
+pub async fn wal_status(config: &WalConfig) -> Result<WalStatus, WalError> {
+    config.validate()?;
+    let target = Target::parse(&config.database_url)?;
+    let pool = target.pool(&config.database_url, 1).await?;
+    let status = slot::read_status(&pool, config).await;
+    pool.close().await;
+    status
+}
+
+/// Like [`wal_status`], sampled twice `over` apart to add the decode rate (bytes and
+/// transactions per second, from `pg_stat_replication_slots`, which PostgreSQL updates about
+/// once a second).
+pub async fn wal_status_sampled(config: &WalConfig, over: Duration) -> Result<WalStatus, WalError> {
+    config.validate()?;
+    let target = Target::parse(&config.database_url)?;
+    let pool = target.pool(&config.database_url, 1).await?;
+    let first = slot::read_status(&pool, config).await?;
+    let started = Instant::now();
+    tokio::time::sleep(over).await;
+    let mut second = slot::read_status(&pool, config).await?;
+    pool.close().await;
+    let secs = started.elapsed().as_secs_f64();
+    if secs > 0.0 {
+        if let (Some(a), Some(b)) = (first.total_bytes, second.total_bytes) {
+            second.decode_bytes_per_sec = Some((b - a).max(0) as f64 / secs);
+        }
+        if let (Some(a), Some(b)) = (first.total_txns, second.total_txns) {
+            second.decode_txns_per_sec = Some((b - a).max(0) as f64 / secs);
+        }
+    }
+    Ok(second)
+}
+
+/// Create the publication and the slot now, without streaming (step 1 of switching from polling
+/// to WAL mode: from the slot's creation on, every commit is captured). Idempotent. Returns the
+/// slot's confirmed position.
+pub async fn prepare(config: &WalConfig) -> Result<Lsn, WalError> {
+    config.validate()?;
+    let target = Target::parse(&config.database_url)?;
+    let pool = target.pool(&config.database_url, 2).await?;
+    slot::check_server(&pool).await?;
+    let lsn = slot::ensure_slot(&pool, config).await;
+    pool.close().await;
+    lsn
+}
+
+/// Drop the slot and its record (leaving WAL mode). Fails while a session streams from it.
+/// Returns whether a slot was dropped.
+pub async fn drop_slot(config: &WalConfig) -> Result<bool, WalError> {
+    config.validate()?;
+    let target = Target::parse(&config.database_url)?;
+    let pool = target.pool(&config.database_url, 2).await?;
+    let dropped = slot::drop_slot_and_marker(&pool, config).await;
+    pool.close().await;
+    dropped
+}
+
+/// What [`recover`] did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RecoverReport {
+    /// An invalidated slot was dropped.
+    pub dropped_invalidated_slot: bool,
+    /// A new slot was created at this position.
+    pub created_slot_at: Option<Lsn>,
+    /// Undelivered table rows delivered by the re-scan.
+    pub redelivered: u64,
+    /// Of those, dead-lettered instead.
+    pub dead: u64,
+}
+
+/// Recover from a lost or invalidated slot: drop the invalidated slot, create a new one (every
+/// commit from now on is captured), then re-scan the outbox table and deliver every row still
+/// `pending` or `in_flight` to `sink`. Afterwards [`WalRelay::run`] resumes streaming from the
+/// new slot. Message events that were in the lost slot's WAL and never delivered cannot be
+/// recovered.
+///
+/// Waits up to `takeover_timeout` for the streamer lock, so it never races a running relay.
+pub async fn recover(config: &WalConfig, sink: Arc<dyn Sink>) -> Result<RecoverReport, WalError> {
+    config.validate()?;
+    let cfg = Arc::new(config.clone());
+    let target = Target::parse(&cfg.database_url)?;
+    let pool = target.pool(&cfg.database_url, 4).await?;
+    let mut lock = target.connection(&cfg.database_url).await?;
+    let deadline = Instant::now() + cfg.takeover_timeout;
+    while !slot::try_lead(&mut lock, &cfg).await? {
+        if Instant::now() >= deadline {
+            return Err(WalError::SlotBusy {
+                slot: cfg.slot.clone(),
+                waited_ms: cfg.takeover_timeout.as_millis() as u64,
+            });
+        }
+        tokio::time::sleep(cfg.standby_poll_interval).await;
+    }
+    slot::check_server(&pool).await?;
+    let mut report = RecoverReport::default();
+    match slot::slot_info(&pool, &cfg.slot).await? {
+        Some(info) if info.wal_status.as_deref() == Some("lost") => {
+            slot::drop_slot_and_marker(&pool, &cfg).await?;
+            report.dropped_invalidated_slot = true;
+            report.created_slot_at = Some(slot::create_slot(&pool, &cfg).await?);
+        }
+        Some(_) => {}
+        None => report.created_slot_at = Some(slot::create_slot(&pool, &cfg).await?),
+    }
+    let counters = Arc::new(WalCounters::default());
+    let (_stop_tx, mut stop_rx) = watch::channel(false);
+    let mut session = relay::Session::new(cfg.clone(), sink, pool.clone(), counters.clone());
+    session.catch_up(&mut stop_rx).await?;
+    let figures = counters.report();
+    report.redelivered = figures.caught_up;
+    report.dead = figures.dead;
+    drop(lock);
+    pool.close().await;
+    tracing::info!(
+        ?report,
+        "Recovery done; start the WAL relay to resume streaming."
+    );
+    Ok(report)
+}

@@ -1,0 +1,420 @@
+//! The replication slot's lifecycle: checking the server, creating the publication and the slot,
+//! noticing when a slot this outbox used has disappeared or been invalidated, the leadership
+//! lock that keeps one streamer per slot, and the status figures.
+//!
+//! A missing slot means two different things: the first start (create it), or a slot that was
+//! lost (dropped by hand, not carried over by a failover or restore). Only the second loses
+//! events, so it must not be papered over by silently creating a new slot. WAL mode keeps a small
+//! bookkeeping table next to the outbox (`<schema>.<table>_wal_slots`) with one row per slot it
+//! created; a missing slot that has a row there is reported as [`WalError::SlotLost`].
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
+
+use crate::config::{Source, WalConfig};
+use crate::error::{WalError, map_sqlx};
+use crate::lsn::Lsn;
+
+/// A slot as `pg_replication_slots` describes it.
+#[derive(Clone, Debug)]
+pub(crate) struct SlotInfo {
+    pub plugin: Option<String>,
+    pub database: Option<String>,
+    pub confirmed_flush: Option<Lsn>,
+    pub wal_status: Option<String>,
+}
+
+pub(crate) fn marker_table(config: &WalConfig) -> String {
+    format!("\"{}\".\"{}_wal_slots\"", config.schema, config.table)
+}
+
+pub(crate) fn outbox_table(config: &WalConfig) -> String {
+    format!("\"{}\".\"{}\"", config.schema, config.table)
+}
+
+fn fnv1a(text: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.as_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// The advisory lock key that makes one instance the streamer of `slot`.
+pub(crate) fn leader_key(config: &WalConfig) -> i64 {
+    fnv1a(&format!("outbox-wal:leader:{}", config.slot)) as i64
+}
+
+/// Check that the server can do logical replication for this role; the error says what to
+/// change.
+pub(crate) async fn check_server(pool: &PgPool) -> Result<(), WalError> {
+    let row = sqlx::query(
+        "SELECT current_setting('wal_level') AS wal_level,
+                current_setting('max_replication_slots')::int AS slots,
+                current_setting('max_wal_senders')::int AS senders,
+                (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user) AS can_replicate,
+                current_user::text AS role",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)?;
+    let wal_level: String = row.try_get("wal_level").map_err(map_sqlx)?;
+    let slots: i32 = row.try_get("slots").map_err(map_sqlx)?;
+    let senders: i32 = row.try_get("senders").map_err(map_sqlx)?;
+    let can: Option<bool> = row.try_get("can_replicate").map_err(map_sqlx)?;
+    let role: String = row.try_get("role").map_err(map_sqlx)?;
+    if wal_level != "logical" {
+        return Err(WalError::ServerSetup(format!(
+            "wal_level is `{wal_level}`; WAL mode needs `logical`: run `ALTER SYSTEM SET wal_level = logical` (or set it in postgresql.conf) and restart PostgreSQL"
+        )));
+    }
+    if slots < 1 {
+        return Err(WalError::ServerSetup(
+            "max_replication_slots is 0; set it to at least 1 (e.g. 10) and restart PostgreSQL"
+                .into(),
+        ));
+    }
+    if senders < 1 {
+        return Err(WalError::ServerSetup(
+            "max_wal_senders is 0; set it to at least 1 (e.g. 10) and restart PostgreSQL".into(),
+        ));
+    }
+    if can != Some(true) {
+        return Err(WalError::ServerSetup(format!(
+            "role `{role}` may not use replication; run `ALTER ROLE \"{role}\" REPLICATION` (and allow it a `host replication` line in pg_hba.conf)"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, WalError> {
+    let row = sqlx::query(
+        "SELECT plugin::text, database::text, confirmed_flush_lsn::text AS confirmed, wal_status
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await
+    .map_err(map_sqlx)?;
+    let Some(row) = row else { return Ok(None) };
+    let confirmed: Option<String> = row.try_get("confirmed").map_err(map_sqlx)?;
+    Ok(Some(SlotInfo {
+        plugin: row.try_get("plugin").map_err(map_sqlx)?,
+        database: row.try_get("database").map_err(map_sqlx)?,
+        confirmed_flush: confirmed
+            .as_deref()
+            .map(Lsn::parse)
+            .transpose()
+            .map_err(WalError::Decode)?,
+        wal_status: row.try_get("wal_status").map_err(map_sqlx)?,
+    }))
+}
+
+async fn ensure_marker_table(pool: &PgPool, config: &WalConfig) -> Result<(), WalError> {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{}\";
+         CREATE TABLE IF NOT EXISTS {} (
+             slot_name   TEXT PRIMARY KEY,
+             created_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+             created_lsn TEXT NOT NULL
+         )",
+        config.schema,
+        marker_table(config)
+    )))
+    .execute(pool)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(())
+}
+
+async fn marker_exists(pool: &PgPool, config: &WalConfig) -> Result<bool, WalError> {
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(marker_table(config))
+        .fetch_one(pool)
+        .await
+        .map_err(map_sqlx)?;
+    if exists.is_none() {
+        return Ok(false);
+    }
+    let found: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE slot_name = $1",
+        marker_table(config)
+    )))
+    .bind(&config.slot)
+    .fetch_optional(pool)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(found.is_some())
+}
+
+/// Create the publication if it is missing; check an existing one publishes what we need.
+pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Result<(), WalError> {
+    let table_wanted = config.captures(Source::Table);
+    let existing = sqlx::query("SELECT pubinsert FROM pg_publication WHERE pubname = $1")
+        .bind(&config.publication)
+        .fetch_optional(pool)
+        .await
+        .map_err(map_sqlx)?;
+    match existing {
+        None => {
+            let sql = if table_wanted {
+                format!(
+                    "CREATE PUBLICATION \"{}\" FOR TABLE {} WITH (publish = 'insert')",
+                    config.publication,
+                    outbox_table(config)
+                )
+            } else {
+                // Messages need no table, but START_REPLICATION needs a publication.
+                format!(
+                    "CREATE PUBLICATION \"{}\" WITH (publish = 'insert')",
+                    config.publication
+                )
+            };
+            match sqlx::query(AssertSqlSafe(sql)).execute(pool).await {
+                Ok(_) => {}
+                // Created concurrently by someone else: fine, checked below on the next start.
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
+                Err(e) => return Err(map_sqlx(e)),
+            }
+            tracing::info!(publication = %config.publication, "Publication created.");
+        }
+        Some(row) => {
+            let inserts: bool = row.try_get("pubinsert").map_err(map_sqlx)?;
+            if table_wanted {
+                let has_table: Option<i32> = sqlx::query_scalar(
+                    "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                )
+                .bind(&config.publication)
+                .bind(&config.schema)
+                .bind(&config.table)
+                .fetch_optional(pool)
+                .await
+                .map_err(map_sqlx)?;
+                if !inserts || has_table.is_none() {
+                    return Err(WalError::Config(format!(
+                        "publication `{}` exists but does not publish inserts into {}: run `ALTER PUBLICATION \"{}\" ADD TABLE {}` and `ALTER PUBLICATION \"{}\" SET (publish = 'insert')`, or configure another publication name",
+                        config.publication,
+                        outbox_table(config),
+                        config.publication,
+                        outbox_table(config),
+                        config.publication
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Make sure the slot exists and is usable; returns its confirmed position.
+pub(crate) async fn ensure_slot(pool: &PgPool, config: &WalConfig) -> Result<Lsn, WalError> {
+    let database: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(pool)
+        .await
+        .map_err(map_sqlx)?;
+    match slot_info(pool, &config.slot).await? {
+        Some(info) => {
+            if info.plugin.as_deref() != Some("pgoutput") {
+                return Err(WalError::Config(format!(
+                    "replication slot `{}` exists but is not a logical pgoutput slot (plugin {:?}); choose another slot name",
+                    config.slot, info.plugin
+                )));
+            }
+            if info.database.as_deref() != Some(database.as_str()) {
+                return Err(WalError::Config(format!(
+                    "replication slot `{}` belongs to database {:?}, not `{database}`; choose another slot name",
+                    config.slot, info.database
+                )));
+            }
+            if info.wal_status.as_deref() == Some("lost") {
+                return Err(WalError::SlotInvalidated {
+                    slot: config.slot.clone(),
+                });
+            }
+            ensure_publication(pool, config).await?;
+            Ok(info.confirmed_flush.unwrap_or(Lsn::ZERO))
+        }
+        None => {
+            if marker_exists(pool, config).await? {
+                return Err(WalError::SlotLost {
+                    slot: config.slot.clone(),
+                    detail: format!(
+                        "{} records that WAL mode created it, pg_replication_slots has no such slot",
+                        marker_table(config)
+                    ),
+                });
+            }
+            if !config.create_slot {
+                return Err(WalError::Config(format!(
+                    "replication slot `{}` does not exist and `create_slot` is off; create it with SELECT pg_create_logical_replication_slot('{}', 'pgoutput') or turn `create_slot` on",
+                    config.slot, config.slot
+                )));
+            }
+            create_slot(pool, config).await
+        }
+    }
+}
+
+/// Create the publication, then the slot (in that order: a slot must never decode changes from
+/// before its publication existed), then record it.
+pub(crate) async fn create_slot(pool: &PgPool, config: &WalConfig) -> Result<Lsn, WalError> {
+    ensure_publication(pool, config).await?;
+    ensure_marker_table(pool, config).await?;
+    let lsn: String = sqlx::query_scalar(
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+    )
+    .bind(&config.slot)
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)?;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (slot_name, created_lsn) VALUES ($1, $2)
+         ON CONFLICT (slot_name) DO UPDATE SET created_at = now(), created_lsn = EXCLUDED.created_lsn",
+        marker_table(config)
+    )))
+    .bind(&config.slot)
+    .bind(&lsn)
+    .execute(pool)
+    .await
+    .map_err(map_sqlx)?;
+    tracing::info!(slot = %config.slot, %lsn, "Replication slot created.");
+    Lsn::parse(&lsn).map_err(WalError::Decode)
+}
+
+/// Drop the slot (if it exists and no session uses it) and forget it.
+pub(crate) async fn drop_slot_and_marker(
+    pool: &PgPool,
+    config: &WalConfig,
+) -> Result<bool, WalError> {
+    let dropped = if slot_info(pool, &config.slot).await?.is_some() {
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&config.slot)
+            .execute(pool)
+            .await
+            .map_err(map_sqlx)?;
+        true
+    } else {
+        false
+    };
+    if marker_exists(pool, config).await? {
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {} WHERE slot_name = $1",
+            marker_table(config)
+        )))
+        .bind(&config.slot)
+        .execute(pool)
+        .await
+        .map_err(map_sqlx)?;
+    }
+    Ok(dropped)
+}
+
+/// Try to become the streamer of the slot: a session-level advisory lock on `conn`, released by
+/// PostgreSQL when the connection ends (also when the process dies).
+pub(crate) async fn try_lead(
+    conn: &mut PgConnection,
+    config: &WalConfig,
+) -> Result<bool, WalError> {
+    sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(leader_key(config))
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)
+}
+
+/// The slot's figures, for `outbox status` and alerts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct WalStatus {
+    /// The slot name.
+    pub slot: String,
+    /// Whether the slot exists.
+    pub exists: bool,
+    /// Whether a replication session is streaming from it now.
+    pub active: bool,
+    /// The server process of that session.
+    pub active_pid: Option<i32>,
+    /// `pg_replication_slots.wal_status`: `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// The server's current WAL write position.
+    pub current_wal_lsn: Lsn,
+    /// Up to where the relay confirmed delivery (the last acked LSN as the server knows it).
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// The oldest WAL the slot still needs.
+    pub restart_lsn: Option<Lsn>,
+    /// `pg_current_wal_lsn() - confirmed_flush_lsn`: how far delivery is behind, in bytes.
+    pub lag_bytes: Option<u64>,
+    /// `pg_current_wal_lsn() - restart_lsn`: WAL kept on disk because of this slot.
+    pub retained_wal_bytes: Option<u64>,
+    /// Bytes left before `max_slot_wal_keep_size` invalidates the slot (`None` = unlimited).
+    pub safe_wal_size: Option<i64>,
+    /// What the streaming session last received, per `pg_stat_replication`.
+    pub sent_lsn: Option<Lsn>,
+    /// Transactions decoded through this slot since the statistics were reset.
+    pub total_txns: Option<i64>,
+    /// Bytes decoded through this slot since the statistics were reset.
+    pub total_bytes: Option<i64>,
+    /// Decoded bytes per second, when the status was sampled over an interval.
+    pub decode_bytes_per_sec: Option<f64>,
+    /// Decoded transactions per second, when the status was sampled over an interval.
+    pub decode_txns_per_sec: Option<f64>,
+    /// Whether the publication exists.
+    pub publication_exists: bool,
+    /// When the figures were read (database clock).
+    pub observed_at: Option<DateTime<Utc>>,
+}
+
+fn lsn_col(row: &sqlx::postgres::PgRow, name: &str) -> Result<Option<Lsn>, WalError> {
+    let text: Option<String> = row.try_get(name).map_err(map_sqlx)?;
+    text.as_deref()
+        .map(Lsn::parse)
+        .transpose()
+        .map_err(WalError::Decode)
+}
+
+pub(crate) async fn read_status(pool: &PgPool, config: &WalConfig) -> Result<WalStatus, WalError> {
+    let row = sqlx::query(
+        "SELECT pg_current_wal_lsn()::text AS current, now() AS observed_at,
+                s.slot_name IS NOT NULL AS exists, coalesce(s.active, false) AS active, s.active_pid,
+                s.wal_status, s.confirmed_flush_lsn::text AS confirmed, s.restart_lsn::text AS restart,
+                (pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint AS lag,
+                (pg_current_wal_lsn() - s.restart_lsn)::bigint AS retained,
+                s.safe_wal_size,
+                r.sent_lsn::text AS sent,
+                st.total_txns, st.total_bytes,
+                EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $2) AS publication_exists
+         FROM (SELECT 1) AS one
+         LEFT JOIN pg_replication_slots s ON s.slot_name = $1
+         LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+         LEFT JOIN pg_stat_replication_slots st ON st.slot_name = $1",
+    )
+    .bind(&config.slot)
+    .bind(&config.publication)
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)?;
+    let current = lsn_col(&row, "current")?.unwrap_or(Lsn::ZERO);
+    let lag: Option<i64> = row.try_get("lag").map_err(map_sqlx)?;
+    let retained: Option<i64> = row.try_get("retained").map_err(map_sqlx)?;
+    Ok(WalStatus {
+        slot: config.slot.clone(),
+        exists: row.try_get("exists").map_err(map_sqlx)?,
+        active: row.try_get("active").map_err(map_sqlx)?,
+        active_pid: row.try_get("active_pid").map_err(map_sqlx)?,
+        wal_status: row.try_get("wal_status").map_err(map_sqlx)?,
+        current_wal_lsn: current,
+        confirmed_flush_lsn: lsn_col(&row, "confirmed")?,
+        restart_lsn: lsn_col(&row, "restart")?,
+        lag_bytes: lag.map(|v| v.max(0) as u64),
+        retained_wal_bytes: retained.map(|v| v.max(0) as u64),
+        safe_wal_size: row.try_get("safe_wal_size").map_err(map_sqlx)?,
+        sent_lsn: lsn_col(&row, "sent")?,
+        total_txns: row.try_get("total_txns").map_err(map_sqlx)?,
+        total_bytes: row.try_get("total_bytes").map_err(map_sqlx)?,
+        decode_bytes_per_sec: None,
+        decode_txns_per_sec: None,
+        publication_exists: row.try_get("publication_exists").map_err(map_sqlx)?,
+        observed_at: Some(row.try_get("observed_at").map_err(map_sqlx)?),
+    })
+}

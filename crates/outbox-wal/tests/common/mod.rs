@@ -1,0 +1,308 @@
+//! Shared by the WAL-mode integration tests: the throwaway logical-replication cluster
+//! (`scripts/pg-logical.sh`), a fresh outbox + slot per test, sinks with switches.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use outbox_core::{Event, EventId, NewEvent, Outcome, RetryPolicy, Sink};
+use outbox_postgres::PgOutbox;
+use outbox_testkit::RecordingSink;
+use outbox_wal::{Source, WalConfig, WalError, WalRelay, WalReport};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+static CLUSTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The URL of a PostgreSQL with `wal_level = logical`: `OUTBOX_WAL_TEST_URL`, or the throwaway
+/// cluster `scripts/pg-logical.sh` starts (idempotently) on port 54329.
+pub fn cluster_url() -> String {
+    CLUSTER
+        .get_or_init(|| {
+            if let Ok(url) = std::env::var("OUTBOX_WAL_TEST_URL") {
+                return url;
+            }
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-logical.sh");
+            let out = std::process::Command::new("bash")
+                .arg(script)
+                .arg("start")
+                .output()
+                .expect("run scripts/pg-logical.sh");
+            assert!(
+                out.status.success(),
+                "scripts/pg-logical.sh start failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let url = std::process::Command::new("bash")
+                .arg(script)
+                .arg("url")
+                .output()
+                .expect("run scripts/pg-logical.sh url");
+            String::from_utf8_lossy(&url.stdout).trim().to_owned()
+        })
+        .clone()
+}
+
+pub async fn pool(max: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .connect(&cluster_url())
+        .await
+        .expect("the logical-replication test cluster must be up (scripts/pg-logical.sh start)")
+}
+
+/// Drop slots of earlier runs of this test binary that nobody streams from (they would retain
+/// WAL and use up max_replication_slots).
+pub async fn drop_stale_slots(pool: &PgPool) {
+    let stale: Vec<String> = sqlx::query_scalar(
+        "SELECT slot_name::text FROM pg_replication_slots WHERE slot_name LIKE 'owt\\_%' AND NOT active
+           AND slot_name NOT LIKE $1",
+    )
+    .bind(format!("owt\\_{}\\_%", std::process::id()))
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    for slot in stale {
+        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&slot)
+            .execute(pool)
+            .await;
+    }
+}
+
+/// One test's outbox: its own schema, slot and publication.
+pub struct Fixture {
+    pub pool: PgPool,
+    pub outbox: PgOutbox,
+    pub config: WalConfig,
+}
+
+impl Fixture {
+    /// A fresh outbox whose slot exists already (writers may start at once).
+    pub async fn new(sources: &[Source]) -> Fixture {
+        let fx = Self::bare(sources).await;
+        outbox_wal::prepare(&fx.config).await.unwrap();
+        fx
+    }
+
+    /// A fresh outbox, no slot yet.
+    pub async fn bare(sources: &[Source]) -> Fixture {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let pool = pool(10).await;
+        drop_stale_slots(&pool).await;
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("owt_{}_{n}", std::process::id());
+        let outbox = PgOutbox::with_names(&name, "events").unwrap();
+        outbox.migrate(&pool).await.unwrap();
+        let config = WalConfig {
+            schema: name.clone(),
+            table: "events".into(),
+            slot: name.clone(),
+            publication: name.clone(),
+            sources: sources.to_vec(),
+            // Logical messages are database-wide: every outbox sharing a database needs its own
+            // prefix (here: one per test).
+            message_prefix: name.clone(),
+            status_interval: Duration::from_millis(100),
+            heartbeat_interval: Duration::from_millis(500),
+            standby_poll_interval: Duration::from_millis(200),
+            takeover_timeout: Duration::from_secs(15),
+            max_reconnect_backoff: Duration::from_millis(500),
+            publish_timeout: Duration::from_secs(5),
+            retry: RetryPolicy {
+                base: Duration::from_millis(10),
+                cap: Duration::from_millis(100),
+                max_attempts: 5,
+            },
+            ..WalConfig::new(cluster_url())
+        };
+        Fixture {
+            pool,
+            outbox,
+            config,
+        }
+    }
+
+    /// Commit `events` into the table in one transaction.
+    pub async fn enqueue_table(&self, events: &[NewEvent]) {
+        let mut tx = self.pool.begin().await.unwrap();
+        self.outbox.enqueue_batch(&mut *tx, events).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    /// Commit `events` as logical messages in one transaction.
+    pub async fn enqueue_messages(&self, events: &[NewEvent]) {
+        let mut tx = self.pool.begin().await.unwrap();
+        outbox_wal::enqueue_messages(&mut *tx, &self.config.message_prefix, events)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    pub async fn status_counts(&self) -> (i64, i64, i64) {
+        let row: (i64, i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FILTER (WHERE status IN ('pending','in_flight')),
+                    count(*) FILTER (WHERE status = 'delivered'),
+                    count(*) FILTER (WHERE status = 'dead') FROM {}",
+            self.outbox.qualified_table()
+        )))
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        row
+    }
+
+    /// Drop the slot and the schema.
+    pub async fn cleanup(self) {
+        for _ in 0..50 {
+            match outbox_wal::drop_slot(&self.config).await {
+                Ok(_) => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP PUBLICATION IF EXISTS \"{}\"",
+            self.config.publication
+        )))
+        .execute(&self.pool)
+        .await;
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.config.schema
+        )))
+        .execute(&self.pool)
+        .await;
+    }
+}
+
+/// A relay running in a task, stoppable.
+pub struct Running {
+    pub stop: Option<oneshot::Sender<()>>,
+    pub handle: JoinHandle<Result<WalReport, WalError>>,
+    pub counters: Arc<outbox_wal::WalCounters>,
+}
+
+pub fn start(config: WalConfig, sink: Arc<dyn Sink>) -> Running {
+    let relay = WalRelay::new(config, sink);
+    let counters = relay.counters();
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    Running {
+        stop: Some(tx),
+        handle,
+        counters,
+    }
+}
+
+impl Running {
+    pub async fn stop(mut self) -> WalReport {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.handle)
+            .await
+            .expect("relay stops within 30 s")
+            .expect("relay task")
+            .expect("relay run")
+    }
+}
+
+/// Wait until `check` holds, or panic after `limit`.
+pub async fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A sink in front of a [`RecordingSink`] that can be switched off (every publish fails with a
+/// retryable error while off).
+pub struct SwitchSink {
+    pub inner: RecordingSink,
+    pub down: AtomicBool,
+    pub calls_while_down: AtomicU64,
+    pub max_batch_seen: AtomicU64,
+}
+
+impl SwitchSink {
+    pub fn new(inner: RecordingSink) -> Self {
+        SwitchSink {
+            inner,
+            down: AtomicBool::new(false),
+            calls_while_down: AtomicU64::new(0),
+            max_batch_seen: AtomicU64::new(0),
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for SwitchSink {
+    fn name(&self) -> &str {
+        "switch"
+    }
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        self.max_batch_seen
+            .fetch_max(events.len() as u64, Ordering::Relaxed);
+        // One event per aggregate per call: the Sink contract.
+        let mut seen = HashSet::new();
+        for e in events {
+            assert!(
+                seen.insert((e.aggregate_type.clone(), e.aggregate_id.clone())),
+                "two events of one aggregate in one sink call"
+            );
+        }
+        if self.down.load(Ordering::SeqCst) {
+            self.calls_while_down.fetch_add(1, Ordering::Relaxed);
+            return events
+                .iter()
+                .map(|_| Outcome::retry("destination down (test)"))
+                .collect();
+        }
+        self.inner.publish(events).await
+    }
+}
+
+/// Ids of `events`.
+pub fn ids(events: &[NewEvent]) -> HashSet<EventId> {
+    events.iter().map(|e| e.id()).collect()
+}
+
+/// Event `n` of aggregate `agg` with a payload of about `size` bytes.
+pub fn sized(agg: &str, n: u64, size: usize) -> NewEvent {
+    NewEvent::new(
+        "agg",
+        agg,
+        "Numbered",
+        &serde_json::json!({ "aggregate": agg, "n": n, "pad": "x".repeat(size.saturating_sub(40)) }),
+    )
+    .unwrap()
+}
+
+/// Duplicate count: deliveries minus distinct events.
+pub fn duplicates(delivered: &[Event]) -> usize {
+    let distinct: HashSet<EventId> = delivered.iter().map(|e| e.id).collect();
+    delivered.len() - distinct.len()
+}
+
+pub type Shared<T> = Arc<Mutex<T>>;

@@ -1,0 +1,810 @@
+//! WAL mode against a real PostgreSQL with `wal_level = logical` (the throwaway cluster of
+//! `scripts/pg-logical.sh`, started on demand).
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use outbox_core::{DeadFilter, Store};
+use outbox_testkit::{Faults, RecordingSink, check_first_delivery_order, numbered};
+use outbox_wal::{Source, WalError};
+
+const BOTH: &[Source] = &[Source::Table, Source::Messages];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_events_are_delivered_and_rolled_back_ones_never() {
+    let fx = Fixture::new(BOTH).await;
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+
+    let table_ok: Vec<_> = (0..3).map(|n| numbered("t", n)).collect();
+    let msg_ok: Vec<_> = (0..3).map(|n| numbered("m", n)).collect();
+    fx.enqueue_table(&table_ok).await;
+    fx.enqueue_messages(&msg_ok).await;
+    // Rolled back: table rows and messages written, then the transaction is abandoned.
+    let table_rb: Vec<_> = (10..12).map(|n| numbered("t", n)).collect();
+    let msg_rb: Vec<_> = (10..12).map(|n| numbered("m", n)).collect();
+    {
+        let mut tx = fx.pool.begin().await.unwrap();
+        fx.outbox.enqueue_batch(&mut *tx, &table_rb).await.unwrap();
+        for e in &msg_rb {
+            outbox_wal::enqueue_message(&mut *tx, &fx.config.message_prefix, e)
+                .await
+                .unwrap();
+        }
+        tx.rollback().await.unwrap();
+    }
+    // Business change and event in one transaction, mixed sources.
+    let mixed = [numbered("x", 0), numbered("x", 1)];
+    {
+        let mut tx = fx.pool.begin().await.unwrap();
+        fx.outbox.enqueue(&mut *tx, &mixed[0]).await.unwrap();
+        outbox_wal::enqueue_message(&mut *tx, &fx.config.message_prefix, &mixed[1])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    let mut expected = ids(&table_ok);
+    expected.extend(ids(&msg_ok));
+    expected.extend(ids(&mixed));
+    wait_for("8 committed events", Duration::from_secs(20), || {
+        sink.distinct_delivered().len() >= expected.len()
+    })
+    .await;
+    // Give a rolled-back event every chance to show up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sink.distinct_delivered(), expected);
+    let delivered = sink.delivered();
+    assert!(check_first_delivery_order(&delivered).is_empty());
+    // The payload bytes are the writer's.
+    let m0 = delivered.iter().find(|e| e.id == msg_ok[0].id()).unwrap();
+    assert_eq!(m0.payload, msg_ok[0].payload());
+    assert_eq!(m0.aggregate_id, "m");
+
+    // Table rows are marked delivered; message events left no row.
+    let report = relay.stop().await;
+    assert_eq!(report.delivered, 8, "{report:?}");
+    assert_eq!(fx.status_counts().await, (0, 4, 0));
+    assert!(!report.last_acked_lsn.is_zero());
+    let status = outbox_wal::wal_status(&fx.config).await.unwrap();
+    assert!(status.exists && !status.active, "{status:?}");
+    assert!(
+        status.confirmed_flush_lsn.unwrap() >= report.last_acked_lsn,
+        "{status:?}"
+    );
+    fx.cleanup().await;
+}
+
+/// A sink that appends `id seq aggregate_id` per delivered event to a file before confirming:
+/// what a killed process delivered survives it.
+struct FileSink {
+    file: std::sync::Mutex<std::fs::File>,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl outbox_core::Sink for FileSink {
+    fn name(&self) -> &str {
+        "file"
+    }
+    async fn publish(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+        use std::io::Write;
+        tokio::time::sleep(self.delay).await;
+        let mut text = String::new();
+        for e in events {
+            text.push_str(&format!("{} {} {}\n", e.id, e.seq, e.aggregate_id));
+        }
+        let mut file = self.file.lock().unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+        vec![outbox_core::Outcome::Delivered; events.len()]
+    }
+}
+
+/// Not a test by itself: the relay process that `streamer_killed_mid_stream_*` SIGKILLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run as a child process by streamer_killed_mid_stream_restarts_without_loss"]
+async fn child_relay_process() {
+    let Ok(config) = std::env::var("OUTBOX_WAL_CHILD_CONFIG") else {
+        return;
+    };
+    let out = std::env::var("OUTBOX_WAL_CHILD_OUT").unwrap();
+    let config: outbox_wal::WalConfig = serde_json::from_str(&config).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)
+        .unwrap();
+    let sink = Arc::new(FileSink {
+        file: std::sync::Mutex::new(file),
+        delay: Duration::from_millis(5),
+    });
+    let _ = outbox_wal::WalRelay::new(config, sink)
+        .run(std::future::pending::<()>())
+        .await;
+}
+
+fn read_deliveries(path: &std::path::Path) -> Vec<outbox_core::Event> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.split(' ');
+            let id = parts.next()?.parse().ok()?;
+            let seq = parts.next()?.parse().ok()?;
+            let agg = parts.next()?.to_owned();
+            Some(outbox_core::Event {
+                seq,
+                id,
+                aggregate_type: "agg".into(),
+                aggregate_id: agg,
+                event_type: "Numbered".into(),
+                payload: "{}".into(),
+                destination: None,
+                headers: Default::default(),
+                idempotency_key: None,
+                occurred_at: chrono::Utc::now(),
+                enqueued_at: chrono::Utc::now(),
+                attempts: 0,
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamer_killed_mid_stream_restarts_without_loss() {
+    for source in [Source::Table, Source::Messages] {
+        let fx = Fixture::new(&[source]).await;
+        let mut config = fx.config.clone();
+        config.max_batch = 20;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("delivered.txt");
+        let events: Vec<_> = (0..4000)
+            .map(|n| numbered(&format!("a{}", n % 40), n / 40))
+            .collect();
+        for chunk in events.chunks(500) {
+            match source {
+                Source::Table => fx.enqueue_table(chunk).await,
+                Source::Messages => fx.enqueue_messages(chunk).await,
+            }
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "child_relay_process", "--nocapture"])
+            .env(
+                "OUTBOX_WAL_CHILD_CONFIG",
+                serde_json::to_string(&config).unwrap(),
+            )
+            .env("OUTBOX_WAL_CHILD_OUT", &out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for(
+            "the child to deliver a quarter",
+            Duration::from_secs(60),
+            || read_deliveries(&out).len() >= 1000,
+        )
+        .await;
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let before = read_deliveries(&out);
+        assert!(before.len() < events.len(), "killed mid-stream");
+
+        let sink = Arc::new(RecordingSink::new());
+        let relay = start(config.clone(), sink.clone());
+        let expected = ids(&events);
+        wait_for(
+            "every event after the restart",
+            Duration::from_secs(60),
+            || {
+                let mut seen: HashSet<_> = before.iter().map(|e| e.id).collect();
+                seen.extend(sink.distinct_delivered());
+                expected.is_subset(&seen)
+            },
+        )
+        .await;
+        let report = relay.stop().await;
+        let mut all = before.clone();
+        all.extend(sink.delivered());
+        let distinct: HashSet<_> = all.iter().map(|e| e.id).collect();
+        assert_eq!(distinct, expected, "no loss, nothing invented");
+        assert!(
+            check_first_delivery_order(&all).is_empty(),
+            "order across the kill"
+        );
+        eprintln!(
+            "{source:?}: killed after {} deliveries; restart delivered {} ({} duplicates of the killed run; relay counted {} duplicate rows)",
+            before.len(),
+            sink.delivered().len(),
+            duplicates(&all),
+            report.duplicates
+        );
+        if source == Source::Table {
+            assert_eq!(fx.status_counts().await, (0, 4000, 0));
+        }
+        fx.cleanup().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_outage_pauses_the_stream_with_bounded_memory_and_resumes() {
+    let fx = Fixture::new(BOTH).await;
+    let mut config = fx.config.clone();
+    config.max_buffered_events = 200;
+    config.retry = outbox_core::RetryPolicy {
+        base: Duration::from_millis(20),
+        cap: Duration::from_millis(200),
+        max_attempts: 10_000,
+    };
+    let sink = Arc::new(SwitchSink::new(RecordingSink::new()));
+    sink.down.store(true, Ordering::SeqCst);
+    let relay = start(config.clone(), sink.clone());
+    let before = outbox_wal::wal_status(&config).await.unwrap();
+    // One huge transaction of messages plus table rows, written while the sink is down.
+    let big: Vec<_> = (0..5000)
+        .map(|n| numbered(&format!("m{}", n % 50), n / 50))
+        .collect();
+    let first_lsn = {
+        let mut tx = fx.pool.begin().await.unwrap();
+        let written = outbox_wal::enqueue_messages(&mut *tx, &config.message_prefix, &big)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        written[0].lsn
+    };
+    let rows: Vec<_> = (0..500)
+        .map(|n| numbered(&format!("t{}", n % 10), n / 10))
+        .collect();
+    fx.enqueue_table(&rows).await;
+
+    wait_for(
+        "publish attempts while down",
+        Duration::from_secs(10),
+        || sink.calls_while_down.load(Ordering::Relaxed) > 20,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = relay.counters.report();
+    assert_eq!(during.delivered, 0);
+    assert!(
+        during.decoded <= 200,
+        "the stream is paused at the buffer bound, not read into memory: {during:?}"
+    );
+    let status = outbox_wal::wal_status(&config).await.unwrap();
+    assert!(status.lag_bytes.unwrap() > 0);
+    assert!(status.restart_lsn.unwrap() <= first_lsn, "{status:?}");
+
+    // The destination comes back: the same stream resumes.
+    sink.down.store(false, Ordering::SeqCst);
+    let mut expected = ids(&big);
+    expected.extend(ids(&rows));
+    wait_for(
+        "everything after the outage",
+        Duration::from_secs(60),
+        || sink.inner.distinct_delivered().len() >= expected.len(),
+    )
+    .await;
+    assert_eq!(sink.inner.distinct_delivered(), expected);
+    assert!(check_first_delivery_order(&sink.inner.delivered()).is_empty());
+    wait_for(
+        "slot confirmed past the events",
+        Duration::from_secs(10),
+        || relay.counters.report().last_acked_lsn >= before.current_wal_lsn,
+    )
+    .await;
+
+    // Down again, and the relay is stopped during the outage: whatever it confirmed, the
+    // undelivered events must come again from the slot (message events exist nowhere else).
+    sink.down.store(true, Ordering::SeqCst);
+    let calls = sink.calls_while_down.load(Ordering::Relaxed);
+    let more: Vec<_> = (0..300)
+        .map(|n| numbered(&format!("m{}", n % 50), 100 + n / 50))
+        .collect();
+    fx.enqueue_messages(&more).await;
+    wait_for(
+        "attempts during the second outage",
+        Duration::from_secs(10),
+        || sink.calls_while_down.load(Ordering::Relaxed) > calls + 10,
+    )
+    .await;
+    let stopped = relay.stop().await;
+    assert!(stopped.retried > 0);
+    sink.down.store(false, Ordering::SeqCst);
+    let relay = start(config.clone(), sink.clone());
+    expected.extend(ids(&more));
+    wait_for(
+        "the second outage's events after a restart",
+        Duration::from_secs(30),
+        || sink.inner.distinct_delivered().len() >= expected.len(),
+    )
+    .await;
+    assert_eq!(sink.inner.distinct_delivered(), expected);
+    assert!(check_first_delivery_order(&sink.inner.delivered()).is_empty());
+    let report = relay.stop().await;
+    assert_eq!(report.dead + stopped.dead, 0);
+    assert_eq!(fx.status_counts().await, (0, 500, 0));
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_connections_cut_and_restored_lose_nothing() {
+    let fx = Fixture::new(BOTH).await;
+    let upstream: std::net::SocketAddr = "127.0.0.1:54329".parse().unwrap();
+    let proxy = outbox_testkit::TcpProxy::start(upstream).await.unwrap();
+    let mut config = fx.config.clone();
+    config.database_url = format!("postgres://postgres@{}/outbox", proxy.addr());
+    if std::env::var("OUTBOX_WAL_TEST_URL").is_ok() {
+        eprintln!("skipped: the proxy targets the script's cluster");
+        return;
+    }
+    let sink = Arc::new(RecordingSink::with_faults(Faults {
+        delay: Duration::from_millis(2),
+        ..Faults::default()
+    }));
+    let relay = start(config, sink.clone());
+    let mut all = Vec::new();
+    for round in 0..4u64 {
+        // Table seqs and message LSNs are different sequences: one source per aggregate.
+        let prefix = if round % 2 == 0 { "t" } else { "m" };
+        let batch: Vec<_> = (0..300)
+            .map(|n| numbered(&format!("{prefix}{}", n % 30), round * 10 + n / 30))
+            .collect();
+        if round % 2 == 0 {
+            fx.enqueue_table(&batch).await;
+        } else {
+            fx.enqueue_messages(&batch).await;
+        }
+        all.extend(batch);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        proxy.cut();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        proxy.restore();
+    }
+    let expected = ids(&all);
+    wait_for(
+        "everything across the cuts",
+        Duration::from_secs(60),
+        || sink.distinct_delivered().len() >= expected.len(),
+    )
+    .await;
+    assert_eq!(sink.distinct_delivered(), expected);
+    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
+    let report = relay.stop().await;
+    assert!(report.errors >= 1, "the cuts ended sessions: {report:?}");
+    eprintln!(
+        "cuts: {} sessions, {} duplicates",
+        report.sessions,
+        duplicates(&sink.delivered())
+    );
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_thousand_events_over_a_thousand_aggregates_keep_order() {
+    let fx = Fixture::new(BOTH).await;
+    let sink = Arc::new(SwitchSink::new(RecordingSink::new()));
+    let relay = start(fx.config.clone(), sink.clone());
+    let started = Instant::now();
+    let mut expected = HashSet::new();
+    // 25k table rows on aggregates t0..t499 and 25k messages on m0..m499, 500 per transaction.
+    let writers = {
+        let table: Vec<_> = (0..25_000u64)
+            .map(|n| numbered(&format!("t{}", n % 500), n / 500))
+            .collect();
+        let msgs: Vec<_> = (0..25_000u64)
+            .map(|n| numbered(&format!("m{}", n % 500), n / 500))
+            .collect();
+        expected.extend(ids(&table));
+        expected.extend(ids(&msgs));
+        (table, msgs)
+    };
+    for (t, m) in writers.0.chunks(500).zip(writers.1.chunks(500)) {
+        fx.enqueue_table(t).await;
+        fx.enqueue_messages(m).await;
+    }
+    wait_for("50k events", Duration::from_secs(120), || {
+        sink.inner.distinct_delivered().len() >= expected.len()
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let delivered = sink.inner.delivered();
+    assert_eq!(sink.inner.distinct_delivered(), expected);
+    let violations = check_first_delivery_order(&delivered);
+    assert!(
+        violations.is_empty(),
+        "{:?}",
+        &violations[..violations.len().min(5)]
+    );
+    assert!(
+        sink.inner.overlaps().is_empty(),
+        "an event was in flight twice"
+    );
+    assert!(
+        sink.max_batch_seen.load(Ordering::Relaxed) > 1,
+        "aggregates went in parallel"
+    );
+    let report = relay.stop().await;
+    eprintln!("50k events over 1000 aggregates in {elapsed:?} (debug build); {report:?}");
+    assert_eq!(fx.status_counts().await, (0, 25_000, 0), "{report:?}");
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanently_failing_events_are_dead_lettered_and_the_stream_moves_on() {
+    let fx = Fixture::new(BOTH).await;
+    let sink = Arc::new(RecordingSink::with_faults(Faults {
+        reject: Some(Arc::new(|e: &outbox_core::Event| {
+            e.payload.contains("\"n\":1}") && e.aggregate_id.starts_with('r')
+        })),
+        ..Faults::default()
+    }));
+    // Events of aggregates `x*` are retried until out of attempts.
+    struct Flaky(Arc<RecordingSink>);
+    #[async_trait::async_trait]
+    impl outbox_core::Sink for Flaky {
+        fn name(&self) -> &str {
+            "flaky"
+        }
+        async fn publish(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+            let mut out = self.0.publish(events).await;
+            for (o, e) in out.iter_mut().zip(events) {
+                if e.aggregate_id.starts_with('x') && e.payload.contains("\"n\":0}") {
+                    *o = outbox_core::Outcome::retry("always failing (test)");
+                }
+            }
+            out
+        }
+    }
+    let relay = start(fx.config.clone(), Arc::new(Flaky(sink.clone())));
+    let table: Vec<_> = (0..3)
+        .flat_map(|n| [numbered("rt", n), numbered("xt", n)])
+        .collect();
+    let msgs: Vec<_> = (0..3)
+        .flat_map(|n| [numbered("rm", n), numbered("xm", n)])
+        .collect();
+    fx.enqueue_table(&table).await;
+    fx.enqueue_messages(&msgs).await;
+    let dead_ids: HashSet<_> = [&table[2], &table[1], &msgs[2], &msgs[1]]
+        .iter()
+        .map(|e| e.id())
+        .collect();
+    wait_for(
+        "the other 8 delivered and 4 buried",
+        Duration::from_secs(30),
+        || {
+            let r = relay.counters.report();
+            r.dead == 4 && sink.distinct_delivered().len() >= 8
+        },
+    )
+    .await;
+    let report = relay.stop().await;
+    assert_eq!(report.dead, 4, "{report:?}");
+    let store = outbox_postgres::PgStore::new(fx.pool.clone(), fx.outbox.clone());
+    let dead = store.list_dead(None, 100).await.unwrap();
+    let listed: HashSet<_> = dead.iter().map(|r| r.event.id).collect();
+    assert_eq!(
+        listed, dead_ids,
+        "table rows marked dead, message events inserted dead"
+    );
+    let exhausted = dead.iter().find(|r| r.event.aggregate_id == "xm").unwrap();
+    assert_eq!(exhausted.event.attempts, fx.config.retry.max_attempts);
+    assert!(
+        exhausted
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("gave up after 5 attempts")
+    );
+    let rejected = dead.iter().find(|r| r.event.aggregate_id == "rm").unwrap();
+    assert!(rejected.last_error.as_deref().unwrap().contains("rejected"));
+    assert_eq!(rejected.event.payload, msgs[2].payload());
+    // Each dead event was tried exactly as often as the policy says, and the dead rows inserted
+    // for message events are not streamed back as new events.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tries = |id| sink.delivered().iter().filter(|e| e.id == id).count();
+    assert_eq!(
+        tries(msgs[1].id()),
+        5,
+        "xm0: 5 attempts (recorded by the inner sink)"
+    );
+    assert_eq!(tries(table[1].id()), 5);
+    assert_eq!(
+        sink.rejected()
+            .iter()
+            .filter(|e| e.id == msgs[2].id())
+            .count(),
+        1
+    );
+    // `outbox dead retry` works on them; the next start's catch-up delivers them.
+    assert_eq!(store.requeue_dead(&DeadFilter::All).await.unwrap(), 4);
+    let relay = start(fx.config.clone(), sink.clone());
+    wait_for(
+        "requeued rejected events retried by the catch-up",
+        Duration::from_secs(20),
+        || relay.counters.report().caught_up + relay.counters.report().dead >= 4,
+    )
+    .await;
+    relay.stop().await;
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_standby_takes_over_when_the_streamer_dies() {
+    let fx = Fixture::new(BOTH).await;
+    let sink = Arc::new(RecordingSink::with_faults(Faults {
+        delay: Duration::from_millis(3),
+        ..Faults::default()
+    }));
+    let mut a_cfg = fx.config.clone();
+    a_cfg.relay_id = "relay-a".into();
+    let mut b_cfg = fx.config.clone();
+    b_cfg.relay_id = "relay-b".into();
+    let a = start(a_cfg, sink.clone());
+    wait_for("a leads", Duration::from_secs(10), || {
+        a.counters.report().sessions == 1
+    })
+    .await;
+    let b = start(b_cfg, sink.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        b.counters.report().sessions,
+        0,
+        "b stands by while a streams"
+    );
+
+    let first: Vec<_> = (0..2000)
+        .map(|n| numbered(&format!("a{}", n % 20), n / 20))
+        .collect();
+    fx.enqueue_messages(&first).await;
+    wait_for("a delivering", Duration::from_secs(20), || {
+        sink.distinct_delivered().len() > 300
+    })
+    .await;
+    // Kill a: its task, connections and walsender go away without a goodbye.
+    a.handle.abort();
+    let killed = Instant::now();
+    // Table rows number their seq apart from messages (LSNs): other aggregates.
+    let second: Vec<_> = (0..500)
+        .map(|n| numbered(&format!("b{}", n % 20), n / 20))
+        .collect();
+    fx.enqueue_table(&second).await;
+    wait_for("b takes over", Duration::from_secs(15), || {
+        b.counters.report().sessions == 1
+    })
+    .await;
+    let takeover = killed.elapsed();
+    let mut expected = ids(&first);
+    expected.extend(ids(&second));
+    wait_for("everything via b", Duration::from_secs(60), || {
+        sink.distinct_delivered().len() >= expected.len()
+    })
+    .await;
+    assert_eq!(sink.distinct_delivered(), expected);
+    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
+    eprintln!(
+        "takeover after {takeover:?}; {} duplicates",
+        duplicates(&sink.delivered())
+    );
+    assert!(takeover < fx.config.takeover_timeout);
+    b.stop().await;
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switch_polling_wal_polling_loses_nothing() {
+    let fx = Fixture::bare(&[Source::Table]).await;
+    let store = Arc::new(outbox_postgres::PgStore::new(
+        fx.pool.clone(),
+        fx.outbox.clone(),
+    ));
+    let sink = Arc::new(RecordingSink::new());
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = {
+        let pool = fx.pool.clone();
+        let outbox = fx.outbox.clone();
+        let writing = writing.clone();
+        let written = written.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while writing.load(Ordering::SeqCst) {
+                let batch: Vec<_> = (0..10).map(|a| numbered(&format!("a{a}"), n)).collect();
+                let mut tx = pool.begin().await.unwrap();
+                outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
+                tx.commit().await.unwrap();
+                written.lock().unwrap().extend(batch.iter().map(|e| e.id()));
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let polling = |sink: Arc<RecordingSink>, idle: bool| {
+        let relay = outbox_relay::Relay::new(
+            store.clone(),
+            sink,
+            outbox_relay::RelayConfig {
+                poll_interval: Duration::from_millis(20),
+                batch_size: 50,
+                stop_when_idle: idle,
+                ..Default::default()
+            },
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        (
+            tx,
+            tokio::spawn(relay.run(async move {
+                let _ = rx.await;
+            })),
+        )
+    };
+    // Phase 1: polling.
+    let (stop_poll, poll) = polling(sink.clone(), false);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Switch to WAL: slot first, then stop the poller, then start the WAL relay.
+    outbox_wal::prepare(&fx.config).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop_poll.send(()).unwrap();
+    let polled = poll.await.unwrap();
+    let wal = start(fx.config.clone(), sink.clone());
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Switch back: stop the WAL relay (it marks what it delivered), start polling.
+    let wal_report = wal.stop().await;
+    let (stop_poll, poll) = polling(sink.clone(), false);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    writing.store(false, Ordering::SeqCst);
+    writer.await.unwrap();
+    stop_poll.send(()).unwrap();
+    let polled_again = poll.await.unwrap();
+    // Drain the rest and leave WAL mode for good.
+    let (_never, drain) = polling(sink.clone(), true);
+    drain.await.unwrap();
+    assert!(outbox_wal::drop_slot(&fx.config).await.unwrap());
+
+    let expected: HashSet<_> = written.lock().unwrap().iter().copied().collect();
+    assert_eq!(
+        sink.distinct_delivered(),
+        expected,
+        "every committed event, nothing else"
+    );
+    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
+    assert!(wal_report.delivered > 0 && polled.delivered > 0 && polled_again.delivered > 0);
+    assert_eq!(fx.status_counts().await.0, 0, "nothing left pending");
+    eprintln!(
+        "mode switch: {} events, polled {} + WAL {} (catch-up {}) + polled {}; {} duplicate deliveries, relay counted {}",
+        expected.len(),
+        polled.delivered,
+        wal_report.delivered,
+        wal_report.caught_up,
+        polled_again.delivered,
+        duplicates(&sink.delivered()),
+        wal_report.duplicates
+    );
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slot_is_reported_and_recover_rescans_the_table() {
+    let fx = Fixture::new(BOTH).await;
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+    let first: Vec<_> = (0..5).map(|n| numbered("a", n)).collect();
+    fx.enqueue_table(&first).await;
+    wait_for("first events", Duration::from_secs(10), || {
+        sink.distinct_delivered().len() >= 5
+    })
+    .await;
+    relay.stop().await;
+
+    // Someone drops the slot; events keep coming meanwhile.
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&fx.config.slot)
+        .execute(&fx.pool)
+        .await
+        .unwrap();
+    let second: Vec<_> = (5..10).map(|n| numbered("a", n)).collect();
+    fx.enqueue_table(&second).await;
+
+    let err = outbox_wal::WalRelay::new(fx.config.clone(), sink.clone())
+        .run(std::future::pending::<()>())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WalError::SlotLost { .. }), "{err}");
+    assert!(err.to_string().contains("recover"), "{err}");
+
+    let report = outbox_wal::recover(&fx.config, sink.clone()).await.unwrap();
+    assert!(report.created_slot_at.is_some());
+    assert_eq!(report.redelivered, 5, "{report:?}");
+    let mut expected = ids(&first);
+    expected.extend(ids(&second));
+    assert_eq!(sink.distinct_delivered(), expected);
+
+    // Streaming resumes on the new slot.
+    let relay = start(fx.config.clone(), sink.clone());
+    let third: Vec<_> = (10..15).map(|n| numbered("a", n)).collect();
+    fx.enqueue_messages(&third).await;
+    expected.extend(ids(&third));
+    wait_for("streaming again", Duration::from_secs(10), || {
+        sink.distinct_delivered().len() >= 15
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(sink.distinct_delivered(), expected);
+    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_logical_wal_gets_a_clear_error() {
+    // The machine's shared PostgreSQL runs with wal_level = replica.
+    let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let config = outbox_wal::WalConfig::new(url);
+    match outbox_wal::prepare(&config).await {
+        Err(WalError::ServerSetup(msg)) => {
+            assert!(
+                msg.contains("wal_level") && msg.contains("logical"),
+                "{msg}"
+            );
+        }
+        Err(WalError::Unavailable(msg)) => {
+            eprintln!("skipped: shared PostgreSQL not reachable: {msg}")
+        }
+        other => {
+            let level: Option<String> = match sqlx::PgPool::connect(&config.database_url).await {
+                Ok(pool) => sqlx::query_scalar("SHOW wal_level")
+                    .fetch_one(&pool)
+                    .await
+                    .ok(),
+                Err(_) => None,
+            };
+            assert_eq!(level.as_deref(), Some("logical"), "unexpected {other:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_an_idle_slot_confirmed() {
+    let fx = Fixture::new(BOTH).await;
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+    // Other traffic in the cluster, none of it for this outbox.
+    sqlx::query("CREATE TABLE IF NOT EXISTS public.owt_noise (x int)")
+        .execute(&fx.pool)
+        .await
+        .unwrap();
+    let before = outbox_wal::wal_status(&fx.config).await.unwrap();
+    for _ in 0..20 {
+        sqlx::query("INSERT INTO public.owt_noise SELECT generate_series(1, 1000)")
+            .execute(&fx.pool)
+            .await
+            .unwrap();
+    }
+    let after_writes = outbox_wal::wal_status(&fx.config)
+        .await
+        .unwrap()
+        .current_wal_lsn;
+    wait_for("heartbeats", Duration::from_secs(10), || {
+        relay.counters.report().heartbeats >= 2
+    })
+    .await;
+    let mut status = outbox_wal::wal_status(&fx.config).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status.confirmed_flush_lsn.unwrap() < after_writes && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = outbox_wal::wal_status(&fx.config).await.unwrap();
+    }
+    assert!(
+        status.confirmed_flush_lsn.unwrap() >= after_writes,
+        "the slot follows the WAL although the outbox is idle: {status:?} (before {before:?})"
+    );
+    assert!(status.active && status.lag_bytes.is_some() && status.retained_wal_bytes.is_some());
+    let sampled = outbox_wal::wal_status_sampled(&fx.config, Duration::from_millis(1200))
+        .await
+        .unwrap();
+    assert!(sampled.decode_txns_per_sec.is_some(), "{sampled:?}");
+    relay.stop().await;
+    fx.cleanup().await;
+}

@@ -119,7 +119,6 @@ setsid nohup "$BIN" broker \
     --storage-engine memory://tansu/ \
     </dev/null >>"$BROKER_LOG" 2>&1 9>&- &
 pid=$!
-echo "$pid" >"$PID_FILE"
 
 deadline=$((SECONDS + WAIT_SECS))
 until listening; do
@@ -133,4 +132,5 @@ until listening; do
     fi
     sleep 0.2
 done
+echo "$pid" >"$PID_FILE"
 echo "scripts/kafka.sh: tansu is up on $HOST:$PORT (pid $pid)"

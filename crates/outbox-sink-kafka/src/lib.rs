@@ -44,9 +44,11 @@
 //! | topic does not exist and the broker does not create topics | `Reject`, naming the topic |
 //! | no WRITE permission on the topic, topic name invalid, record refused by the broker's validation | `Reject` |
 //!
-//! With topic auto-creation off, librdkafka waits `topic.metadata.propagation.max.ms` (30 s by
-//! default) before it believes a topic is missing; until then records for it time out and are
-//! retried (the reason says the topic may be missing), after that they are rejected at once.
+//! With topic auto-creation off (`allow_auto_create_topics = false`, or the broker's own
+//! setting), librdkafka waits `topic.metadata.propagation.max.ms` (30 s by default, settable in
+//! `properties`) before it believes a topic is missing; until then records for it time out and
+//! are retried (the reason says the topic may be missing), after that they are rejected at once
+//! until librdkafka's next metadata refresh sees the topic.
 //!
 //! [`KafkaSink::new`] never fails because Kafka is down: librdkafka connects lazily and keeps
 //! reconnecting in the background. While no broker answers, `publish` answers `Retry` after

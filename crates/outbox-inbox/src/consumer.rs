@@ -256,7 +256,9 @@ pub(crate) async fn settle<H: InboxHandler + ?Sized>(
             match handler.handle(&delivery).await {
                 Ok(Processed::Applied(())) => return Outcome::Applied,
                 Ok(Processed::Duplicate) => return Outcome::Duplicate,
-                Err(error) if delivery.attempt < options.max_attempts.max(1) => {
+                Err(error)
+                    if error.is_transient() && delivery.attempt < options.max_attempts.max(1) =>
+                {
                     tracing::warn!(event_id = %event_id, attempt = delivery.attempt, source = %delivery.source, error = %error, "Inbox handler failed; the message will be delivered again.");
                     return Outcome::Retry(error);
                 }

@@ -51,6 +51,28 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The error an effect returned, as the adapters' handlers report it: an
+    /// [`Error`] the effect returned itself (e.g. [`Error::BadMessage`] from
+    /// [`Delivery::json`](crate::Delivery::json)) is kept as it is, so a non-transient one parks
+    /// the message at once; anything else becomes [`Error::Handler`] (transient: retried until
+    /// the attempts run out).
+    ///
+    /// ```
+    /// use outbox_inbox::{BoxError, Error};
+    /// let bad: BoxError = Box::new(Error::BadMessage("not JSON".into()));
+    /// assert!(!Error::from_effect(bad).is_transient());
+    /// let other: BoxError = "downstream timeout".into();
+    /// assert!(Error::from_effect(other).is_transient());
+    /// ```
+    pub fn from_effect(error: BoxError) -> Self {
+        match error.downcast::<Error>() {
+            Ok(inner) => *inner,
+            Err(other) => Error::Handler(other),
+        }
+    }
+}
+
 impl From<sqlx::Error> for Error {
     fn from(error: sqlx::Error) -> Self {
         if let sqlx::Error::Database(db) = &error {

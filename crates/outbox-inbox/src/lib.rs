@@ -94,7 +94,9 @@
 //! `x-delivery-count` on quorum queues; for classic RabbitMQ queues an in-process counter; for
 //! Kafka, which never redelivers a single message, an in-place retry loop) and,
 //! after the last attempt, write the message with its last error to `<table>_parked` and ack it.
-//! A message without a readable `outbox-event-id` cannot be deduplicated and is parked at once.
+//! A message without a readable `outbox-event-id` cannot be deduplicated and is parked at once;
+//! so is one whose effect returns a non-transient [`Error`] (e.g. [`Error::BadMessage`] from
+//! [`Delivery::json`]: retrying cannot fix a malformed payload). See [`Error::from_effect`].
 //! Parked messages are yours to inspect and replay (re-publish them; the inbox still dedups).
 
 mod error;

@@ -521,7 +521,7 @@ impl<F: MySqlEffect> InboxHandler for MySqlHandler<F> {
         }
         (self.effect)(&mut tx, delivery)
             .await
-            .map_err(Error::Handler)?;
+            .map_err(Error::from_effect)?;
         tx.commit().await?;
         Ok(Processed::Applied(()))
     }

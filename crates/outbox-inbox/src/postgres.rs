@@ -501,7 +501,7 @@ impl<F: PgEffect> InboxHandler for PgHandler<F> {
         }
         (self.effect)(&mut tx, delivery)
             .await
-            .map_err(Error::Handler)?;
+            .map_err(Error::from_effect)?;
         tx.commit().await?;
         Ok(Processed::Applied(()))
     }

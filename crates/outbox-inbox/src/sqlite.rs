@@ -499,7 +499,7 @@ impl<F: SqliteEffect> InboxHandler for SqliteHandler<F> {
         }
         (self.effect)(&mut tx, delivery)
             .await
-            .map_err(Error::Handler)?;
+            .map_err(Error::from_effect)?;
         tx.commit().await?;
         Ok(Processed::Applied(()))
     }

@@ -138,3 +138,56 @@ async fn message_without_event_id_is_parked_at_once() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn failed_first_delivery_is_redelivered_and_applied_once() {
+    let f = fixture().await;
+    let (js, subject, consumer) = setup().await;
+    publish(&js, &subject, Some(EventId::new()), r#"{"n":3}"#).await;
+    let handler = f.flaky_handler();
+    let options = AdapterOptions::default().with_retry_delay(Duration::from_millis(100));
+    let runner = {
+        let consumer = consumer.clone();
+        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
+    };
+    assert!(eventually(Duration::from_secs(15), || async { f.effects().await == 1 }).await);
+    assert!(eventually(Duration::from_secs(10), || settled(&consumer)).await);
+    runner.abort();
+    assert_eq!(f.effects().await, 1);
+    assert!(f.parked().await.is_empty());
+    js.delete_stream(consumer.cached_info().stream_name.clone())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn malformed_payload_is_parked_without_retries() {
+    let f = fixture().await;
+    let (js, subject, consumer) = setup().await;
+    publish(&js, &subject, Some(EventId::new()), "not json").await;
+    let handler = f.json_handler();
+    let options = AdapterOptions::default().with_max_attempts(5);
+    let runner = {
+        let consumer = consumer.clone();
+        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            !f.parked().await.is_empty()
+        })
+        .await
+    );
+    assert!(eventually(Duration::from_secs(10), || settled(&consumer)).await);
+    runner.abort();
+    let parked = f.parked().await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].attempts, 1);
+    assert!(
+        parked[0].error.contains("not the expected JSON"),
+        "{}",
+        parked[0].error
+    );
+    js.delete_stream(consumer.cached_info().stream_name.clone())
+        .await
+        .unwrap();
+}

@@ -201,3 +201,33 @@ async fn entry_without_id_is_parked_at_once() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn failed_first_delivery_is_reclaimed_and_applied_once() {
+    let f = fixture().await;
+    let mut conn = connection().await;
+    let stream = unique("inbox_s");
+    outbox_inbox::redis::ensure_group(&mut conn, &stream, "billing")
+        .await
+        .unwrap();
+    add(&mut conn, &stream, Some(EventId::new()), r#"{"n":3}"#).await;
+    let handler = f.flaky_handler();
+    let options = AdapterOptions::default().with_retry_delay(Duration::from_millis(100));
+    let runner = {
+        let stream = stream.clone();
+        tokio::spawn(async move {
+            let mut conn = connection().await;
+            outbox_inbox::redis::run(&mut conn, &stream, "billing", "c1", &handler, &options).await
+        })
+    };
+    assert!(eventually(Duration::from_secs(15), || async { f.effects().await == 1 }).await);
+    assert!(eventually(Duration::from_secs(10), || drained(&stream, "billing")).await);
+    runner.abort();
+    assert_eq!(f.effects().await, 1);
+    assert!(f.parked().await.is_empty());
+    let _: i64 = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}

@@ -78,7 +78,61 @@ fn record_then_fail<'c>(
     })
 }
 
+/// Fails on the first delivery, succeeds on later ones.
+fn fail_first<'c>(
+    tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    d: &'c outbox_inbox::Delivery,
+) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
+    Box::pin(async move {
+        sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
+            .bind(d.event_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        if d.attempt == 1 {
+            return Err("first delivery fails".into());
+        }
+        Ok(())
+    })
+}
+
+/// Needs a JSON payload: anything else is a non-transient `BadMessage`.
+fn needs_json<'c>(
+    tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    d: &'c outbox_inbox::Delivery,
+) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
+    Box::pin(async move {
+        let _: serde_json::Value = d.json()?;
+        sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
+            .bind(d.event_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    })
+}
+
 impl Fixture {
+    /// A handler whose effect fails on the first delivery only.
+    pub fn flaky_handler(&self) -> SqliteHandler<Effect> {
+        SqliteHandler::new(
+            self.pool.clone(),
+            self.inbox.clone(),
+            "billing",
+            fail_first as Effect,
+        )
+        .unwrap()
+    }
+
+    /// A handler whose effect parses the payload as JSON.
+    pub fn json_handler(&self) -> SqliteHandler<Effect> {
+        SqliteHandler::new(
+            self.pool.clone(),
+            self.inbox.clone(),
+            "billing",
+            needs_json as Effect,
+        )
+        .unwrap()
+    }
+
     /// A handler whose effect inserts into `effects`.
     pub fn handler(&self) -> SqliteHandler<Effect> {
         SqliteHandler::new(

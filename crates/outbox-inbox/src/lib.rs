@@ -147,6 +147,7 @@ pub enum Claim {
 
 /// The result of [`process`](postgres::PgInbox::process).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a duplicate did not run the effect"]
 pub enum Processed<T> {
     /// The effect ran and committed together with the inbox row; its value.
     Applied(T),

@@ -207,7 +207,12 @@ async fn purge_removes_old_rows_and_keeps_recent_ones() {
     let (pool, inbox, effects) = setup().await;
     let ids: Vec<EventId> = (0..5).map(|_| EventId::new()).collect();
     for id in &ids {
-        apply(&inbox, &pool, &effects, *id).await.unwrap();
+        assert!(
+            apply(&inbox, &pool, &effects, *id)
+                .await
+                .unwrap()
+                .is_applied()
+        );
     }
     // Age three of them by two days.
     for id in &ids[..3] {
@@ -276,5 +281,21 @@ async fn bad_names_are_rejected() {
         .claim(&mut *tx, EventId::new(), &long)
         .await
         .unwrap_err();
+    assert!(!err.is_transient());
+}
+
+#[tokio::test]
+async fn edited_migration_is_refused() {
+    let (pool, inbox, _) = setup().await;
+    let bookkeeping = format!("\"{}_migrations\"", inbox.table());
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {} SET checksum = 'edited' WHERE version = 1",
+        bookkeeping
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let err = inbox.migrate(&pool).await.unwrap_err();
+    assert!(matches!(err, Error::NotMigrated(_)), "{err}");
     assert!(!err.is_transient());
 }

@@ -1,0 +1,372 @@
+//! Embedded, versioned migrations for the outbox schema.
+//!
+//! Why not `sqlx::migrate!`: its bookkeeping table is always `_sqlx_migrations` in the current
+//! database, which the application's own sqlx migrations already use, and its SQL is fixed at
+//! compile time while our table name is configurable. So the outbox keeps its own short list of
+//! versioned SQL templates and its own bookkeeping table next to the outbox table
+//! (`<table>_migrations`), like the PostgreSQL and SQLite stores.
+//!
+//! What differs on MySQL is that **DDL is not transactional**: every `CREATE`/`ALTER` commits on
+//! its own, so a migration cannot be rolled back half-way the way PostgreSQL's are. Instead:
+//!
+//! - **serialized**: a named lock (`GET_LOCK()`, held by the migrating session across the implicit
+//!   commits DDL makes) queues concurrent migrators — two relays starting together, or a relay and
+//!   `outbox migrate`. The second one then reads the bookkeeping table the first one wrote and has
+//!   nothing left to do.
+//! - **recoverable**: every migration is written so that running it again after a crash is
+//!   harmless (`CREATE TABLE IF NOT EXISTS`, with all the indexes inside that one atomic
+//!   statement; a later migration that alters the table must likewise check whether its change is
+//!   already there). A version is recorded only after its DDL succeeded, so a crash in between
+//!   simply re-runs the migration next time.
+//! - **checked**: after a migration ran, the table must have its columns and use InnoDB, so a
+//!   table of the same name that belongs to someone else is an error rather than a silent
+//!   "already migrated".
+//! - **verified**: a checksum per version; an edited or an unknown newer migration is an error,
+//!   not a silent skip.
+//!
+//! Text columns use the server's binary *no-pad* collation for utf8mb4 (`utf8mb4_nopad_bin` on
+//! MariaDB, `utf8mb4_0900_bin` on MySQL 8.0.17+): aggregate ids and idempotency keys compare byte
+//! for byte, `"K"` differs from `"k"` and `"k"` from `"k "`. The default collations are
+//! case-insensitive, and even `utf8mb4_bin` ignores trailing spaces, which would make two
+//! different idempotency keys one. The template names the collation `{bin}`; the checksum is taken
+//! over the template, so it is the same on either server.
+
+use outbox_core::StoreError;
+use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row};
+
+use crate::MySqlOutbox;
+use crate::error::map_sqlx;
+use crate::names::fnv1a;
+use crate::session::Session;
+
+/// How long `migrate` waits for another process's migration to finish.
+const MIGRATE_LOCK_WAIT_SECONDS: u32 = 60;
+
+/// One schema change. `{t}` (the backquoted table name), `{table}` (the bare name) and `{bin}`
+/// (the binary no-pad utf8mb4 collation) are replaced before it runs.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub description: &'static str,
+    pub sql: &'static str,
+    /// Columns the table must have once this migration ran.
+    pub columns: &'static [&'static str],
+}
+
+/// The outbox schema, oldest first. Never edit a released entry: add a new one.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "outbox events table, claim and ordering indexes",
+    sql: r#"
+-- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
+-- A pending row with attempts > 0 is one waiting for a retry.
+--
+-- Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6): the database's
+-- clock, whatever the session time zone (DATETIME, unlike TIMESTAMP, is never converted).
+--
+-- One statement on purpose: MySQL DDL is not transactional, and a single CREATE TABLE with its
+-- indexes either happens whole or not at all, and is harmless to run again.
+CREATE TABLE IF NOT EXISTS {t} (
+    -- Enqueue order, the ack key and the paging cursor of list_dead. InnoDB keeps the counter
+    -- across restarts (MySQL 8, MariaDB 10.2.4+), so a seq is never handed out twice.
+    seq              BIGINT        NOT NULL AUTO_INCREMENT,
+    -- The event's UUID, lowercase hyphenated: readable in a SQL console, time-ordered (v7).
+    id               CHAR(36)      CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    aggregate_type   VARCHAR(100)  CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    aggregate_id     VARCHAR(255)  CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    event_type       VARCHAR(255)  CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    -- The JSON text the writer produced, byte for byte (validated before it gets here). Not the
+    -- JSON type: MySQL stores JSON in a binary form and hands back a re-serialized document
+    -- (keys reordered, whitespace changed).
+    payload          LONGTEXT      CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    destination      VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE {bin} NULL,
+    -- A JSON object of strings.
+    headers          LONGTEXT      CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    -- Unique, and NULL for most events: a UNIQUE index accepts any number of NULLs, which is
+    -- what PostgreSQL's partial unique index gives.
+    idempotency_key  VARCHAR(255)  CHARACTER SET utf8mb4 COLLATE {bin} NULL,
+    occurred_at      DATETIME(6)   NOT NULL,
+    enqueued_at      DATETIME(6)   NOT NULL,
+    status           VARCHAR(16)   CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT 'pending',
+    attempts         INT           NOT NULL DEFAULT 0,
+    next_attempt_at  DATETIME(6)   NOT NULL,
+    last_error       TEXT          CHARACTER SET utf8mb4 COLLATE {bin} NULL,
+    lease_owner      VARCHAR(255)  CHARACTER SET utf8mb4 COLLATE {bin} NULL,
+    -- The fencing token of the claim holding the row.
+    lease_token      CHAR(36)      CHARACTER SET ascii COLLATE ascii_bin NULL,
+    lease_expires_at DATETIME(6)   NULL,
+    delivered_at     DATETIME(6)   NULL,
+    dead_at          DATETIME(6)   NULL,
+    PRIMARY KEY (seq),
+    UNIQUE KEY id_key (id),
+    -- A second enqueue with the same key finds the first row.
+    UNIQUE KEY idempotency_key (idempotency_key),
+    -- MySQL has no partial indexes. Rows of one status in seq order: a claim scans the pending
+    -- (and the in-flight) range from its start and stops after `limit` rows, so delivered rows
+    -- kept for retention are never read; list_dead, stats and purge use the other ranges.
+    KEY open_seq (status, seq),
+    -- The per-aggregate blocker probe: earlier rows of one aggregate, by status, so the probe
+    -- reads the aggregate's in-flight, dead and pending rows and skips its delivered ones.
+    KEY blockers (aggregate_type, aggregate_id, status, seq),
+    CONSTRAINT {table}_status CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead'))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = {bin} ROW_FORMAT = DYNAMIC
+"#,
+    columns: &[
+        "seq",
+        "id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+        "destination",
+        "headers",
+        "idempotency_key",
+        "occurred_at",
+        "enqueued_at",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "last_error",
+        "lease_owner",
+        "lease_token",
+        "lease_expires_at",
+        "delivered_at",
+        "dead_at",
+    ],
+}];
+
+/// The binary no-pad utf8mb4 collations, in order of preference: MariaDB's, then MySQL's.
+const BINARY_COLLATIONS: [&str; 2] = ["utf8mb4_nopad_bin", "utf8mb4_0900_bin"];
+
+/// The newest schema version this build knows.
+pub(crate) fn latest_version() -> i64 {
+    MIGRATIONS.last().map(|m| m.version).unwrap_or(0)
+}
+
+/// What [`MySqlOutbox::migrate`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Versions applied by this call, oldest first (empty when the schema was current).
+    pub applied: Vec<i64>,
+    /// The schema version now in the database.
+    pub current: i64,
+}
+
+pub(crate) async fn run(
+    outbox: &MySqlOutbox,
+    pool: &MySqlPool,
+) -> Result<MigrationReport, StoreError> {
+    let sql = outbox.sql();
+    let mut session = Session::open(pool).await?;
+    let locked = match session
+        .get_lock(&sql.migrate_lock, MIGRATE_LOCK_WAIT_SECONDS)
+        .await
+    {
+        Ok(locked) => locked,
+        Err(error) => {
+            session.abandon(&sql.migrate_unlock).await;
+            return Err(error);
+        }
+    };
+    if !locked {
+        session.abandon(&sql.migrate_unlock).await;
+        return Err(StoreError::Unavailable(format!(
+            "another process has been migrating outbox table `{}` for more than {MIGRATE_LOCK_WAIT_SECONDS}s; try again later",
+            outbox.table()
+        )));
+    }
+    match apply(outbox, session.conn()).await {
+        Ok(applied) => {
+            session.release_lock(&sql.migrate_unlock).await?;
+            if !applied.is_empty() {
+                tracing::info!(
+                    table = outbox.table(),
+                    ?applied,
+                    "Outbox migrations applied."
+                );
+            }
+            Ok(MigrationReport {
+                applied,
+                current: latest_version(),
+            })
+        }
+        Err(error) => {
+            session.abandon(&sql.migrate_unlock).await;
+            Err(error)
+        }
+    }
+}
+
+/// Apply what is missing, under the migration lock.
+async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i64>, StoreError> {
+    let bookkeeping = outbox.migrations_table();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {bookkeeping} (
+             version     BIGINT       NOT NULL PRIMARY KEY,
+             description VARCHAR(255) NOT NULL,
+             checksum    CHAR(16)     CHARACTER SET ascii NOT NULL,
+             applied_at  DATETIME(6)  NOT NULL
+         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4"
+    )))
+    .execute(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let mut applied_before = Vec::with_capacity(rows.len());
+    for row in rows {
+        let version: i64 = row.try_get("version").map_err(map_sqlx)?;
+        let checksum: String = row.try_get("checksum").map_err(map_sqlx)?;
+        applied_before.push((version, checksum));
+    }
+    for (version, checksum) in &applied_before {
+        match MIGRATIONS.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(StoreError::NotMigrated(format!(
+                    "the database has outbox schema version {version}, newer than this build knows ({}); upgrade the outbox binary or library",
+                    latest_version()
+                )));
+            }
+            Some(m) if checksum_of(m) != *checksum => {
+                return Err(StoreError::NotMigrated(format!(
+                    "outbox migration {version} ({}) differs from the one applied to the database; migrations must never be edited once released",
+                    m.description
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+
+    let pending: Vec<&Migration> = MIGRATIONS
+        .iter()
+        .filter(|m| !applied_before.iter().any(|(v, _)| *v == m.version))
+        .collect();
+    if pending.is_empty() {
+        return Ok(Vec::new());
+    }
+    let collation = binary_collation(conn).await?;
+    let mut applied = Vec::with_capacity(pending.len());
+    for m in pending {
+        let ddl = outbox.render(m.sql).replace("{bin}", &collation);
+        sqlx::raw_sql(AssertSqlSafe(ddl))
+            .execute(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        check_table(outbox, conn, m).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {bookkeeping} (version, description, checksum, applied_at)
+             VALUES (?, ?, ?, UTC_TIMESTAMP(6))"
+        )))
+        .bind(m.version)
+        .bind(m.description)
+        .bind(checksum_of(m))
+        .execute(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+        applied.push(m.version);
+    }
+    Ok(applied)
+}
+
+/// The binary no-pad utf8mb4 collation this server has (see the module docs).
+async fn binary_collation(conn: &mut MySqlConnection) -> Result<String, StoreError> {
+    let available: Vec<String> = sqlx::query_scalar(
+        "SELECT COLLATION_NAME FROM information_schema.COLLATIONS
+         WHERE COLLATION_NAME IN ('utf8mb4_nopad_bin', 'utf8mb4_0900_bin')",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    BINARY_COLLATIONS
+        .iter()
+        .find(|c| available.iter().any(|a| a.eq_ignore_ascii_case(c)))
+        .map(|c| (*c).to_owned())
+        .ok_or_else(|| {
+            StoreError::Database(
+                "the server has neither utf8mb4_nopad_bin (MariaDB) nor utf8mb4_0900_bin (MySQL 8.0.17+): the outbox needs MariaDB 10.6+ or MySQL 8.0.17+".to_owned(),
+            )
+        })
+}
+
+/// After `m` ran: the table is InnoDB and has every column `m` promises.
+async fn check_table(
+    outbox: &MySqlOutbox,
+    conn: &mut MySqlConnection,
+    m: &Migration,
+) -> Result<(), StoreError> {
+    let engine: Option<String> = sqlx::query_scalar(
+        "SELECT ENGINE FROM information_schema.TABLES
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(outbox.table())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_sqlx)?
+    .flatten();
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(outbox.table())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let missing: Vec<&str> = m
+        .columns
+        .iter()
+        .copied()
+        .filter(|c| !columns.iter().any(|have| have.eq_ignore_ascii_case(c)))
+        .collect();
+    if !missing.is_empty() {
+        return Err(StoreError::Database(format!(
+            "table `{}` exists but is not an outbox table (no column {}): choose another table name",
+            outbox.table(),
+            missing.join(", ")
+        )));
+    }
+    if !engine
+        .as_deref()
+        .is_some_and(|e| e.eq_ignore_ascii_case("InnoDB"))
+    {
+        return Err(StoreError::Database(format!(
+            "outbox table `{}` uses the {} engine; the outbox needs InnoDB (row locks, SKIP LOCKED, transactions)",
+            outbox.table(),
+            engine.as_deref().unwrap_or("unknown")
+        )));
+    }
+    Ok(())
+}
+
+/// The schema version the database is at, `0` when the outbox was never migrated there.
+pub(crate) async fn current_version(
+    outbox: &MySqlOutbox,
+    pool: &MySqlPool,
+) -> Result<i64, StoreError> {
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(format!("{}_migrations", outbox.table()))
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)?;
+    if exists == 0 {
+        return Ok(0);
+    }
+    let version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT MAX(version) FROM {}",
+        outbox.migrations_table()
+    )))
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(version.unwrap_or(0))
+}
+
+fn checksum_of(m: &Migration) -> String {
+    format!("{:016x}", fnv1a(m.sql))
+}

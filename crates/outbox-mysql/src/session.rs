@@ -1,0 +1,130 @@
+//! A pooled connection that may hold a named lock or an open transaction, and never goes back to
+//! the pool still holding either.
+//!
+//! `GET_LOCK()` locks belong to the *session*, not to a transaction: a `COMMIT` or a `ROLLBACK`
+//! does not release them, and a connection returned to the pool with the lock still held would
+//! keep every other relay's claim waiting until that connection happened to be closed. The same
+//! goes for a transaction left open by an error path. So every code path that takes the lock or
+//! opens a transaction goes through a [`Session`], which
+//!
+//! - releases the lock and ends the transaction explicitly on the normal path and on errors
+//!   ([`Session::abandon`]);
+//! - and, when that is not possible — the future was dropped half-way (a cancelled task, a
+//!   panic), or the explicit clean-up itself failed — closes the connection instead of returning
+//!   it to the pool. Closing the session makes the server roll the transaction back and release
+//!   its named locks.
+
+use outbox_core::StoreError;
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool};
+
+use crate::error::map_sqlx;
+
+/// See the module docs.
+pub(crate) struct Session {
+    conn: PoolConnection<MySql>,
+    lock_held: bool,
+    in_transaction: bool,
+}
+
+impl Session {
+    /// Take a connection from the pool.
+    pub(crate) async fn open(pool: &MySqlPool) -> Result<Self, StoreError> {
+        let conn = pool.acquire().await.map_err(map_sqlx)?;
+        Ok(Session {
+            conn,
+            lock_held: false,
+            in_transaction: false,
+        })
+    }
+
+    /// The connection, for statements in between.
+    pub(crate) fn conn(&mut self) -> &mut MySqlConnection {
+        &mut self.conn
+    }
+
+    /// Run `get_lock` (a `SELECT GET_LOCK(name, ?)`) with `wait_seconds`. `Ok(true)` when the
+    /// lock is now held by this session, `Ok(false)` when the wait timed out.
+    pub(crate) async fn get_lock(
+        &mut self,
+        get_lock: &str,
+        wait_seconds: u32,
+    ) -> Result<bool, StoreError> {
+        // Marked before the call: if the future is dropped while the server grants the lock,
+        // the connection must not go back to the pool.
+        self.lock_held = true;
+        let got: Option<i64> = sqlx::query_scalar(AssertSqlSafe(get_lock))
+            .bind(wait_seconds)
+            .fetch_one(&mut *self.conn)
+            .await
+            .map_err(map_sqlx)?;
+        // 1: granted; 0: timed out; NULL: an error (such as the session being killed).
+        self.lock_held = got == Some(1);
+        Ok(self.lock_held)
+    }
+
+    /// Run `release_lock` (a `DO RELEASE_LOCK(name)`) if the lock is held.
+    pub(crate) async fn release_lock(&mut self, release_lock: &str) -> Result<(), StoreError> {
+        if self.lock_held {
+            sqlx::raw_sql(AssertSqlSafe(release_lock))
+                .execute(&mut *self.conn)
+                .await
+                .map_err(map_sqlx)?;
+            self.lock_held = false;
+        }
+        Ok(())
+    }
+
+    /// `START TRANSACTION`.
+    pub(crate) async fn begin(&mut self) -> Result<(), StoreError> {
+        self.in_transaction = true;
+        sqlx::raw_sql("START TRANSACTION")
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    /// `COMMIT`.
+    pub(crate) async fn commit(&mut self) -> Result<(), StoreError> {
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_sqlx)?;
+        self.in_transaction = false;
+        Ok(())
+    }
+
+    /// `ROLLBACK` if a transaction is open.
+    pub(crate) async fn rollback(&mut self) -> Result<(), StoreError> {
+        if self.in_transaction {
+            sqlx::raw_sql("ROLLBACK")
+                .execute(&mut *self.conn)
+                .await
+                .map_err(map_sqlx)?;
+            self.in_transaction = false;
+        }
+        Ok(())
+    }
+
+    /// After an error: roll back and release the lock, best effort. Whatever could not be cleaned
+    /// up makes the connection close on drop (see the module docs).
+    pub(crate) async fn abandon(mut self, release_lock: &str) {
+        if let Err(error) = self.rollback().await {
+            tracing::debug!(%error, "Rollback after a failed outbox operation failed; closing the connection.");
+        }
+        if let Err(error) = self.release_lock(release_lock).await {
+            tracing::debug!(%error, "Releasing the outbox lock failed; closing the connection.");
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.lock_held || self.in_transaction {
+            // The server releases a session's named locks and rolls back its transaction when
+            // the session ends.
+            self.conn.close_on_drop();
+        }
+    }
+}

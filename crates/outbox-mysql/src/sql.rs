@@ -1,0 +1,284 @@
+//! Every statement the store runs, rendered once per outbox (they embed the table name).
+//!
+//! Conventions:
+//!
+//! - "now" is always `UTC_TIMESTAMP(6)`, the database's clock, evaluated once per statement;
+//!   durations travel as microseconds and are added with `INTERVAL ? MICROSECOND`.
+//! - A batch (seqs to ack, retries with their own delay and error, ids to requeue…) travels as
+//!   one JSON array bound to one parameter and unpacked with `JSON_TABLE` (MySQL 8.0.4+, MariaDB
+//!   10.6+). One prepared statement serves every batch size: no `IN (?, ?, …)` list whose text
+//!   changes with the size (each size would be another server-side prepared statement and another
+//!   entry in sqlx's per-connection statement cache) and no 65 535-placeholder ceiling.
+//! - `JSON_TABLE(…) STRAIGHT_JOIN table FORCE INDEX (…)`: the JSON rows drive the join and each
+//!   looks its row up by primary or unique key. Left to itself the optimizer scans the table when
+//!   it is small (its `JSON_TABLE` estimate is a fixed guess), and a locking read or an `UPDATE`
+//!   that scans locks every row it reads: an ack would then wait for a writer holding an
+//!   unrelated row, and two relays' acks for each other.
+//! - `JSON_TABLE` string columns get the default collation of their character set; compared with
+//!   the table's binary (`_bin`) collated key columns, the `_bin` collation wins (MySQL's rule for
+//!   mixing `_bin` with `_ci` collations of one character set), so lookups stay exact and use the
+//!   index. The id columns are declared `ascii_bin` on both sides.
+
+/// What a claim hands to a sink.
+const EVENT_COLUMNS: &str = "e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, \
+     e.destination, e.headers, e.idempotency_key, e.occurred_at, e.enqueued_at, e.attempts";
+
+/// Everything `get` and `list_dead` report.
+const RECORD_COLUMNS: &str = "e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, \
+     e.destination, e.headers, e.idempotency_key, e.occurred_at, e.enqueued_at, e.attempts, \
+     e.status, e.next_attempt_at, e.last_error, e.lease_owner, e.lease_expires_at, e.delivered_at, e.dead_at";
+
+/// `ON DUPLICATE KEY UPDATE` for a single enqueue: leaves the existing row as it is and reports
+/// its `seq` through `LAST_INSERT_ID(expr)`, offset by 2^62 so the client can tell "an existing
+/// row at seq N" (`N + 2^62`) from "inserted at seq N" (`N`): the affected-row count cannot tell
+/// them apart, because sqlx connects with `CLIENT_FOUND_ROWS` (an unchanged duplicate then counts
+/// as 1, like an insert).
+pub(crate) const DUPLICATE_FLAG: u64 = 1 << 62;
+
+/// Statements rendered once per outbox.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub enqueue: String,
+    pub duplicate_row: String,
+    pub enqueue_batch: String,
+    pub resolve_ids: String,
+    pub resolve_keys: String,
+    pub claim_lock: String,
+    pub claim_unlock: String,
+    pub migrate_lock: String,
+    pub migrate_unlock: String,
+    pub claim_candidates: String,
+    pub claim_lock_rows: String,
+    pub claim_update: String,
+    pub ack: String,
+    pub retry: String,
+    pub bury: String,
+    pub release: String,
+    pub get: String,
+    pub list_dead: String,
+    pub requeue_dead_ids: String,
+    pub requeue_dead_all: String,
+    pub discard_dead_ids: String,
+    pub discard_dead_all: String,
+    pub purge: String,
+    pub stats: String,
+}
+
+/// The name of a `GET_LOCK()` lock for `purpose` on this outbox. Named locks are server-wide, so
+/// the name includes the current database; it is hashed to stay within MySQL's 64-character limit
+/// for lock names whatever the database and table names.
+fn lock_name(purpose: &str, table: &str) -> String {
+    format!("CONCAT('outbox:{purpose}:', MD5(CONCAT(DATABASE(), '.', '{table}')))")
+}
+
+impl Sql {
+    /// `t` is the backquoted table name, `table` the bare one (a checked identifier).
+    pub(crate) fn render(t: &str, table: &str) -> Self {
+        let claim_lock = lock_name("claim", table);
+        let migrate_lock = lock_name("migrate", table);
+        // What holds back a later event `e` of its aggregate: an earlier event in flight under a
+        // live lease, waiting for a retry, or dead (when dead events block: the `?` is that
+        // flag). One probe per status, each an equality lookup on the `blockers` index prefix
+        // (aggregate_type, aggregate_id, status) with `seq < e.seq` checked in the index: the
+        // aggregate's delivered rows (the bulk of a table kept for retention) are never read.
+        // Forced: with few in-flight or dead rows in its statistics, the optimizer would rather
+        // scan every row of that status through `(status, seq)`, which is fine until there are
+        // hundreds of them.
+        let probe = |status: &str, extra: &str| {
+            format!(
+                "EXISTS (SELECT 1 FROM {t} AS b FORCE INDEX (blockers)
+                         WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                           AND b.status = '{status}' AND b.seq < e.seq{extra})"
+            )
+        };
+        let unblocked = format!(
+            "NOT {in_flight}
+             AND NOT {retrying}
+             AND NOT (? AND {dead})",
+            in_flight = probe("in_flight", " AND b.lease_expires_at > UTC_TIMESTAMP(6)"),
+            retrying = probe(
+                "pending",
+                " AND b.attempts > 0 AND b.next_attempt_at > UTC_TIMESTAMP(6)"
+            ),
+            dead = probe("dead", ""),
+        );
+        Sql {
+            // id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+            // idempotency_key, occurred_at.
+            enqueue: format!(
+                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                                  idempotency_key, occurred_at, enqueued_at, next_attempt_at)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+                 ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(seq + {DUPLICATE_FLAG}) - {DUPLICATE_FLAG}"
+            ),
+            // A locking read: the row may have been committed by another transaction after this
+            // one's snapshot was taken, which a plain (consistent) read would not see. The
+            // duplicate-key check already locked it, so this waits for nobody.
+            duplicate_row: format!(
+                "SELECT e.id, e.idempotency_key FROM {t} AS e WHERE e.seq = ? FOR UPDATE"
+            ),
+            // One JSON array of events (see `batch_row`), inserted in array order so seqs follow
+            // it. Duplicates of any unique key are left alone (`seq = seq` changes nothing); which
+            // events were written is resolved afterwards (see `MySqlOutbox::enqueue_batch`).
+            enqueue_batch: format!(
+                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                                  idempotency_key, occurred_at, enqueued_at, next_attempt_at)
+                 SELECT j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.payload, j.destination, j.headers,
+                        j.idempotency_key, j.occurred_at, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)
+                 FROM JSON_TABLE(?, '$[*]' COLUMNS (
+                     ord             FOR ORDINALITY,
+                     id              CHAR(36) CHARACTER SET ascii COLLATE ascii_bin PATH '$.id',
+                     aggregate_type  VARCHAR(100) CHARACTER SET utf8mb4 PATH '$.aggregate_type',
+                     aggregate_id    VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.aggregate_id',
+                     event_type      VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.event_type',
+                     payload         LONGTEXT CHARACTER SET utf8mb4 PATH '$.payload',
+                     destination     VARCHAR(1024) CHARACTER SET utf8mb4 PATH '$.destination',
+                     headers         LONGTEXT CHARACTER SET utf8mb4 PATH '$.headers',
+                     idempotency_key VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.idempotency_key',
+                     occurred_at     DATETIME(6) PATH '$.occurred_at'
+                 )) AS j
+                 ORDER BY j.ord
+                 ON DUPLICATE KEY UPDATE seq = seq"
+            ),
+            // Locking reads, for the reason given at `duplicate_row`.
+            resolve_ids: format!(
+                "SELECT e.seq, e.id, e.idempotency_key
+                 FROM JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) AS c
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (id_key) ON e.id = c.id
+                 FOR UPDATE"
+            ),
+            resolve_keys: format!(
+                "SELECT e.seq, e.id, e.idempotency_key
+                 FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) AS c
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (idempotency_key) ON e.idempotency_key = c.k
+                 FOR UPDATE"
+            ),
+            claim_lock: format!("SELECT GET_LOCK({claim_lock}, ?)"),
+            claim_unlock: format!("DO RELEASE_LOCK({claim_lock})"),
+            migrate_lock: format!("SELECT GET_LOCK({migrate_lock}, ?)"),
+            migrate_unlock: format!("DO RELEASE_LOCK({migrate_lock})"),
+            // Phase 1 of a claim (a plain read): the first `limit` due, unblocked events in seq
+            // order. A row is due when pending and its time has come, or in flight under an
+            // expired lease (its relay died). One branch per status, so each is an ordered scan
+            // of the `(status, seq)` index that stops after `limit` rows, instead of a sort of
+            // every open row. ? = dead blocks, limit, dead blocks, limit, limit.
+            claim_candidates: format!(
+                "SELECT d.seq, d.aggregate_type, d.aggregate_id FROM (
+                     (SELECT e.seq, e.aggregate_type, e.aggregate_id FROM {t} AS e
+                      WHERE e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6)
+                        AND {unblocked}
+                      ORDER BY e.seq LIMIT ?)
+                     UNION ALL
+                     (SELECT e.seq, e.aggregate_type, e.aggregate_id FROM {t} AS e
+                      WHERE e.status = 'in_flight' AND e.lease_expires_at <= UTC_TIMESTAMP(6)
+                        AND {unblocked}
+                      ORDER BY e.seq LIMIT ?)
+                 ) AS d
+                 ORDER BY d.seq LIMIT ?"
+            ),
+            // Phase 2: lock the candidates that are still due, skipping rows someone else holds.
+            // A locking read sees the latest committed version of each row, whatever the
+            // transaction's snapshot. ? = JSON array of seqs.
+            claim_lock_rows: format!(
+                "SELECT {EVENT_COLUMNS}
+                 FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS c
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = c.seq
+                 WHERE (e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6))
+                    OR (e.status = 'in_flight' AND e.lease_expires_at <= UTC_TIMESTAMP(6))
+                 ORDER BY e.seq
+                 FOR UPDATE SKIP LOCKED"
+            ),
+            // Phase 3, on rows this transaction holds. ? = JSON seqs, owner, token, lease µs.
+            claim_update: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS c
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = c.seq
+                 SET e.status = 'in_flight', e.lease_owner = ?, e.lease_token = ?,
+                     e.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"
+            ),
+            // ? = JSON seqs, token.
+            ack: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS a
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = a.seq
+                 SET e.status = 'delivered', e.delivered_at = UTC_TIMESTAMP(6),
+                     e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL
+                 WHERE e.lease_token = ? AND e.status = 'in_flight'"
+            ),
+            // ? = JSON [{seq, delay_us, error}], token.
+            retry: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (
+                         seq      BIGINT PATH '$.seq',
+                         delay_us BIGINT PATH '$.delay_us',
+                         error    TEXT CHARACTER SET utf8mb4 PATH '$.error')) AS r
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = r.seq
+                 SET e.status = 'pending', e.attempts = e.attempts + 1,
+                     e.next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND,
+                     e.last_error = r.error,
+                     e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL
+                 WHERE e.lease_token = ? AND e.status = 'in_flight'"
+            ),
+            // ? = JSON [{seq, error}], token.
+            bury: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (
+                         seq   BIGINT PATH '$.seq',
+                         error TEXT CHARACTER SET utf8mb4 PATH '$.error')) AS r
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = r.seq
+                 SET e.status = 'dead', e.attempts = e.attempts + 1, e.dead_at = UTC_TIMESTAMP(6),
+                     e.last_error = r.error,
+                     e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL
+                 WHERE e.lease_token = ? AND e.status = 'in_flight'"
+            ),
+            // ? = JSON seqs, token.
+            release: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS a
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = a.seq
+                 SET e.status = 'pending',
+                     e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL
+                 WHERE e.lease_token = ? AND e.status = 'in_flight'"
+            ),
+            get: format!("SELECT {RECORD_COLUMNS} FROM {t} AS e WHERE e.id = ?"),
+            list_dead: format!(
+                "SELECT {RECORD_COLUMNS} FROM {t} AS e
+                 WHERE e.status = 'dead' AND e.seq > ? ORDER BY e.seq LIMIT ?"
+            ),
+            requeue_dead_ids: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) AS d
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (id_key) ON e.id = d.id
+                 SET e.status = 'pending', e.attempts = 0, e.next_attempt_at = UTC_TIMESTAMP(6), e.dead_at = NULL
+                 WHERE e.status = 'dead'"
+            ),
+            requeue_dead_all: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = UTC_TIMESTAMP(6), dead_at = NULL
+                 WHERE status = 'dead'"
+            ),
+            discard_dead_ids: format!(
+                "DELETE e FROM JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) AS d
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (id_key) ON e.id = d.id
+                 WHERE e.status = 'dead'"
+            ),
+            discard_dead_all: format!("DELETE FROM {t} WHERE status = 'dead'"),
+            // ? = age µs, limit. Single-table DELETE takes ORDER BY and LIMIT directly.
+            purge: format!(
+                "DELETE FROM {t}
+                 WHERE status = 'delivered' AND delivered_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+                 ORDER BY seq LIMIT ?"
+            ),
+            // One statement, so one consistent snapshot. Each count is a range of the
+            // `(status, seq)` index; the oldest undelivered event is the smaller of the first
+            // pending and the first in-flight seq, two index dives.
+            stats: format!(
+                "SELECT
+                     (SELECT COUNT(*) FROM {t} WHERE status = 'pending') AS pending,
+                     (SELECT COUNT(*) FROM {t} WHERE status = 'pending' AND attempts > 0) AS retrying,
+                     (SELECT COUNT(*) FROM {t} WHERE status = 'in_flight') AS in_flight,
+                     (SELECT COUNT(*) FROM {t} WHERE status = 'delivered') AS delivered,
+                     (SELECT COUNT(*) FROM {t} WHERE status = 'dead') AS dead,
+                     (SELECT o.enqueued_at FROM {t} AS o
+                      WHERE o.seq = LEAST(
+                          COALESCE((SELECT MIN(p.seq) FROM {t} AS p WHERE p.status = 'pending'), 9223372036854775807),
+                          COALESCE((SELECT MIN(f.seq) FROM {t} AS f WHERE f.status = 'in_flight'), 9223372036854775807))
+                     ) AS oldest,
+                     UTC_TIMESTAMP(6) AS observed_at"
+            ),
+        }
+    }
+}

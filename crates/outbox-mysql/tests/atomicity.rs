@@ -1,0 +1,393 @@
+//! The outbox's first promise, against a real MySQL / MariaDB: an event exists exactly when the
+//! business transaction that enqueued it committed. Plus migrations and table names.
+
+mod common;
+
+use outbox_core::{NewEvent, Store, StoreError};
+use outbox_mysql::{MySqlOutbox, MySqlStore};
+use sqlx::{Connection, Executor, MySqlConnection};
+
+async fn business_table(store: &MySqlStore) -> String {
+    let table = format!("`{}_orders`", store.outbox().table());
+    store
+        .pool()
+        .execute(sqlx::AssertSqlSafe(format!(
+            "CREATE TABLE {table} (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL) ENGINE = InnoDB"
+        )))
+        .await
+        .unwrap();
+    table
+}
+
+/// Orders and events as another connection (the pool) sees them.
+async fn counts(store: &MySqlStore, orders: &str) -> (i64, i64) {
+    let o: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {orders}"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let e: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {}",
+        store.outbox().quoted_table()
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    (o, e)
+}
+
+fn order_created(id: i64) -> NewEvent {
+    NewEvent::new(
+        "order",
+        id.to_string(),
+        "OrderCreated",
+        &serde_json::json!({"id": id, "amount": 1999}),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn committed_transaction_keeps_order_and_event_together() {
+    let store = common::fresh_store().await;
+    let orders = business_table(&store).await;
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {orders} VALUES (1, 1999)"
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let done = store
+        .outbox()
+        .enqueue(&mut *tx, &order_created(1))
+        .await
+        .unwrap();
+    assert!(done.created);
+    assert_eq!(
+        counts(&store, &orders).await,
+        (0, 0),
+        "enqueue never commits on its own, and is invisible to others before the commit"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(counts(&store, &orders).await, (1, 1));
+    let record = store.get(done.id).await.unwrap().unwrap();
+    assert_eq!(record.event.event_type, "OrderCreated");
+}
+
+#[tokio::test]
+async fn a_committed_batch_appears_whole_and_only_at_commit() {
+    let store = common::fresh_store().await;
+    let orders = business_table(&store).await;
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {orders} VALUES (10, 1)"
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let events: Vec<NewEvent> = (10..20).map(order_created).collect();
+    // `&mut tx` works as well as `&mut *tx`.
+    let done = store
+        .outbox()
+        .enqueue_batch(&mut tx, &events)
+        .await
+        .unwrap();
+    assert!(done.iter().all(|e| e.created));
+    assert_eq!(counts(&store, &orders).await, (0, 0));
+    assert_eq!(store.stats().await.unwrap().pending, 0);
+    tx.commit().await.unwrap();
+    assert_eq!(counts(&store, &orders).await, (1, 10));
+    let claimed = store
+        .claim(&outbox_core::ClaimRequest {
+            owner: "t".into(),
+            limit: 100,
+            lease: std::time::Duration::from_secs(30),
+            dead_letter: outbox_core::DeadLetterPolicy::Block,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = claimed.events.iter().map(|e| e.id).collect();
+    let want: Vec<_> = events.iter().map(NewEvent::id).collect();
+    assert_eq!(ids, want, "the batch is stored in its order");
+}
+
+#[tokio::test]
+async fn rolled_back_transaction_leaves_neither() {
+    let store = common::fresh_store().await;
+    let orders = business_table(&store).await;
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {orders} VALUES (2, 5)"
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    store
+        .outbox()
+        .enqueue(&mut *tx, &order_created(2))
+        .await
+        .unwrap();
+    store
+        .outbox()
+        .enqueue_batch(
+            &mut *tx,
+            &[
+                order_created(3),
+                order_created(4).with_idempotency_key("order-4"),
+            ],
+        )
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(counts(&store, &orders).await, (0, 0));
+    assert_eq!(store.stats().await.unwrap().pending, 0);
+    // The key went with the rollback: enqueueing it again creates the event.
+    let again = store
+        .outbox()
+        .enqueue(
+            store.pool(),
+            &order_created(4).with_idempotency_key("order-4"),
+        )
+        .await
+        .unwrap();
+    assert!(again.created);
+}
+
+#[tokio::test]
+async fn dropping_the_transaction_rolls_the_event_back() {
+    let store = common::fresh_store().await;
+    {
+        let mut tx = store.pool().begin().await.unwrap();
+        store
+            .outbox()
+            .enqueue(&mut *tx, &order_created(7))
+            .await
+            .unwrap();
+        // Dropped without commit, as when the handler returns early with an error.
+    }
+    let orders = business_table(&store).await;
+    assert_eq!(counts(&store, &orders).await, (0, 0));
+}
+
+#[tokio::test]
+async fn a_writer_killed_before_commit_leaves_nothing() {
+    let store = common::fresh_store().await;
+    let orders = business_table(&store).await;
+    let mut writer = MySqlConnection::connect(&common::database_url())
+        .await
+        .unwrap();
+    let connection_id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut writer)
+        .await
+        .unwrap();
+    // A transaction sqlx does not know about: enqueue must not begin or commit anything itself.
+    writer.execute("START TRANSACTION").await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {orders} VALUES (5, 5)"
+    )))
+    .execute(&mut writer)
+    .await
+    .unwrap();
+    store
+        .outbox()
+        .enqueue(&mut writer, &order_created(5))
+        .await
+        .unwrap();
+    store
+        .outbox()
+        .enqueue_batch(
+            &mut writer,
+            &[
+                order_created(6),
+                order_created(7).with_idempotency_key("k7"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(counts(&store, &orders).await, (0, 0));
+    // The writer's process dies mid-transaction.
+    sqlx::query(sqlx::AssertSqlSafe(format!("KILL {connection_id}")))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(
+        writer.execute("COMMIT").await.is_err(),
+        "the commit cannot happen any more"
+    );
+    assert_eq!(counts(&store, &orders).await, (0, 0));
+    assert_eq!(store.stats().await.unwrap().pending, 0);
+}
+
+#[tokio::test]
+async fn enqueue_through_the_pool_autocommits_like_any_statement() {
+    let store = common::fresh_store().await;
+    let done = store
+        .outbox()
+        .enqueue(store.pool(), &order_created(6))
+        .await
+        .unwrap();
+    assert!(store.get(done.id).await.unwrap().is_some());
+    let batch = store
+        .outbox()
+        .enqueue_batch(store.pool(), &[order_created(7), order_created(8)])
+        .await
+        .unwrap();
+    assert_eq!(batch.len(), 2);
+    assert_eq!(store.stats().await.unwrap().pending, 3);
+}
+
+#[tokio::test]
+async fn enqueue_futures_are_send() {
+    // A web handler or `tokio::spawn` needs the future to be `Send`; a generic `Acquire`
+    // parameter would not be, so this is a compile-time check as much as a test.
+    let store = common::fresh_store().await;
+    let task = tokio::spawn(async move {
+        let mut tx = store.pool().begin().await.unwrap();
+        let done = store
+            .outbox()
+            .enqueue(&mut *tx, &order_created(9))
+            .await
+            .unwrap();
+        store
+            .outbox()
+            .enqueue_batch(&mut *tx, &[order_created(10)])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        store.get(done.id).await.unwrap().is_some()
+    });
+    assert!(task.await.unwrap());
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_safe_to_race() {
+    let pool = common::pool(10).await;
+    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 1));
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let outbox = outbox.clone();
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(
+            async move { outbox.migrate(&pool).await.unwrap() },
+        ));
+    }
+    let mut applied = Vec::new();
+    for t in tasks {
+        let report = t.await.unwrap();
+        assert_eq!(report.current, 1);
+        applied.extend(report.applied);
+    }
+    assert_eq!(applied, vec![1], "exactly one racer applied version 1");
+    let store = MySqlStore::new(pool.clone(), outbox.clone());
+    let id = store
+        .outbox()
+        .enqueue(&pool, &order_created(1))
+        .await
+        .unwrap()
+        .id;
+    let again = outbox.migrate(&pool).await.unwrap();
+    assert!(again.applied.is_empty(), "migrating twice is a no-op");
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (1, 1));
+    assert!(
+        store.get(id).await.unwrap().is_some(),
+        "data survives a re-run"
+    );
+    store.check().await.unwrap();
+    // The bookkeeping table sits next to the outbox, not in the application's `_sqlx_migrations`.
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(format!("{}_migrations", outbox.table()))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(exists, 1);
+    // The migration lock is not left behind: claims and migrations go on.
+    let lock_free: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT IS_FREE_LOCK(CONCAT('outbox:migrate:', MD5(CONCAT(DATABASE(), '.', '{}'))))",
+        outbox.table()
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(lock_free, Some(1));
+}
+
+#[tokio::test]
+async fn a_migration_interrupted_after_its_ddl_completes_on_the_next_run() {
+    // MySQL DDL is not transactional: simulate a crash between the CREATE TABLE and the
+    // bookkeeping row by deleting the row.
+    let pool = common::pool(2).await;
+    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM `{}_migrations`",
+        outbox.table()
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 1));
+    let report = outbox.migrate(&pool).await.unwrap();
+    assert_eq!(report.applied, vec![1]);
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (1, 1));
+}
+
+#[tokio::test]
+async fn a_foreign_table_with_the_outbox_name_is_not_taken_for_an_outbox() {
+    let pool = common::pool(2).await;
+    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {} (id BIGINT PRIMARY KEY, name TEXT) ENGINE = InnoDB",
+        outbox.quoted_table()
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let err = outbox.migrate(&pool).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Database(m) if m.contains("not an outbox table")),
+        "{err}"
+    );
+    assert_eq!(outbox.schema_version(&pool).await.unwrap().0, 0);
+}
+
+#[tokio::test]
+async fn invalid_table_names_are_refused_before_any_sql() {
+    for bad in [
+        "Outbox",
+        "bad-name",
+        "x`; DROP TABLE y; --",
+        "db.events",
+        "",
+        &"a".repeat(49),
+    ] {
+        let err = MySqlOutbox::with_table(bad).unwrap_err();
+        assert!(matches!(err, StoreError::Invalid(_)), "{bad:?}: {err}");
+        assert!(
+            err.to_string().contains("not a plain identifier"),
+            "{bad:?}: {err}"
+        );
+    }
+    assert_eq!(MySqlOutbox::new().table(), "outbox_events");
+}
+
+#[tokio::test]
+async fn a_store_on_an_unmigrated_table_says_to_migrate() {
+    let pool = common::pool(2).await;
+    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    let store = MySqlStore::new(pool, outbox);
+    let err = store.check().await.unwrap_err();
+    assert!(matches!(err, StoreError::NotMigrated(_)), "{err}");
+    assert!(err.to_string().contains("outbox migrate"), "{err}");
+    let err = store.stats().await.unwrap_err();
+    assert!(matches!(err, StoreError::NotMigrated(_)), "{err}");
+    let err = store
+        .outbox()
+        .enqueue(store.pool(), &order_created(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotMigrated(_)), "{err}");
+}

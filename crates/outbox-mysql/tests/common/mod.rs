@@ -1,0 +1,106 @@
+//! Shared by the MySQL integration tests: a connection to the test database and a fresh,
+//! migrated outbox in its own table for every test.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use outbox_core::{EventId, NewEvent};
+use outbox_mysql::{MySqlOutbox, MySqlStore};
+use outbox_store_tests::Harness;
+use sqlx::MySqlPool;
+use sqlx::mysql::MySqlPoolOptions;
+use tokio::sync::OnceCell;
+
+/// `OUTBOX_TEST_MYSQL_URL`, or the machine's local MariaDB `test` database.
+pub fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A table name no other test (or test process) uses: `ob_t_<pid>_<n>_<nanos>`, well under the
+/// 48-character limit.
+pub fn unique_table() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("ob_t_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+}
+
+pub async fn pool(max: u32) -> MySqlPool {
+    sweep_old_tables().await;
+    MySqlPoolOptions::new()
+        .max_connections(max)
+        .connect(&database_url())
+        .await
+        .expect("MariaDB/MySQL must be running on 127.0.0.1:3306 with a `test` database")
+}
+
+/// Test tables from earlier runs (older than an hour), dropped once per test process so the
+/// `test` database does not fill up with them.
+async fn sweep_old_tables() {
+    static SWEPT: OnceCell<()> = OnceCell::const_new();
+    SWEPT
+        .get_or_init(|| async {
+            let Ok(pool) = MySqlPoolOptions::new()
+                .max_connections(1)
+                .connect(&database_url())
+                .await
+            else {
+                return;
+            };
+            let old: Vec<String> = sqlx::query_scalar(
+                "SELECT TABLE_NAME FROM information_schema.TABLES
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'ob\\_t\\_%'
+                   AND CREATE_TIME < NOW() - INTERVAL 1 HOUR",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap_or_default();
+            for table in old {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP TABLE IF EXISTS `{table}`"
+                )))
+                .execute(&pool)
+                .await;
+            }
+            pool.close().await;
+        })
+        .await;
+}
+
+/// A fresh migrated outbox and a store over it.
+pub async fn fresh_store() -> MySqlStore {
+    let pool = pool(10).await;
+    let outbox = MySqlOutbox::with_table(&unique_table()).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    MySqlStore::new(pool, outbox)
+}
+
+pub struct MySqlHarness;
+
+#[async_trait]
+impl Harness for MySqlHarness {
+    type Store = MySqlStore;
+
+    async fn fresh(&self) -> Arc<MySqlStore> {
+        Arc::new(fresh_store().await)
+    }
+
+    async fn enqueue(&self, store: &MySqlStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
+        let mut tx = store.pool().begin().await.unwrap();
+        let done = store
+            .outbox()
+            .enqueue_batch(&mut *tx, events)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        done.into_iter().map(|e| (e.id, e.created)).collect()
+    }
+}

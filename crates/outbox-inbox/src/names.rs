@@ -9,6 +9,10 @@ pub const MAX_HANDLER_LEN: usize = 191;
 
 /// Check that `name` is a plain SQL identifier (`[a-z_][a-z0-9_]*`, at most 48 bytes so derived
 /// names such as `<table>_migrations` stay under every database's identifier limit).
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
 pub(crate) fn check_identifier(what: &str, name: &str) -> Result<(), Error> {
     let valid = !name.is_empty()
         && name.len() <= 48
@@ -26,6 +30,10 @@ pub(crate) fn check_identifier(what: &str, name: &str) -> Result<(), Error> {
 }
 
 /// Check a handler name: not empty, at most [`MAX_HANDLER_LEN`] characters.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
 pub(crate) fn check_handler(handler: &str) -> Result<(), Error> {
     if handler.is_empty() || handler.chars().count() > MAX_HANDLER_LEN {
         Err(Error::Invalid(format!(

@@ -210,6 +210,10 @@ impl WalCounters {
     }
 }
 
+/// Longest a delivered table row waits for its `delivered` mark (batched with others). Only the
+/// confirmed WAL position waits for it, not delivery.
+pub(crate) const WRITEBACK_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
@@ -232,6 +236,7 @@ pub(crate) struct Engine {
     buffered_events: usize,
     buffered_bytes: usize,
     writeback: WriteBack,
+    writeback_since: Option<Instant>,
     /// Table rows up to this seq may have been delivered by the catch-up scan.
     pub check_high_water: i64,
     latency: metrics::Histogram,
@@ -256,6 +261,7 @@ impl Engine {
             buffered_events: 0,
             buffered_bytes: 0,
             writeback: WriteBack::default(),
+            writeback_since: None,
             check_high_water: 0,
             latency: metrics::histogram!("outbox_wal_decode_to_ack_seconds"),
         }
@@ -481,6 +487,7 @@ impl Engine {
                     );
                     self.release(&meta);
                     if meta.origin == Origin::Table && self.cfg.mark_delivered {
+                        self.writeback_since.get_or_insert(now);
                         self.writeback.delivered.push((event.seq, meta.tx));
                     } else {
                         self.settle(meta.tx);
@@ -538,6 +545,7 @@ impl Engine {
             error = %error,
             "Event is dead; it goes to the outbox table for `outbox dead retry` or `discard`."
         );
+        self.writeback_since.get_or_insert_with(Instant::now);
         self.writeback.dead.push(Dead {
             event,
             meta,
@@ -566,12 +574,26 @@ impl Engine {
         }
     }
 
-    /// Take the pending writes, if any.
-    pub fn take_writeback(&mut self) -> Option<WriteBack> {
+    /// When the pending writes should go out at the latest: writes are batched for up to
+    /// [`WRITEBACK_DELAY`] so a trickle of events does not cost one UPDATE each.
+    pub fn writeback_due(&self) -> Option<Instant> {
+        self.writeback_since.map(|since| since + WRITEBACK_DELAY)
+    }
+
+    /// Take the pending writes if there are any and they are due (`force`: now).
+    pub fn take_writeback(&mut self, force: bool) -> Option<WriteBack> {
         if self.writeback.is_empty() {
-            None
-        } else {
+            return None;
+        }
+        let full = self.writeback.delivered.len() + self.writeback.dead.len() >= self.cfg.max_batch;
+        let due = self
+            .writeback_due()
+            .is_some_and(|due| Instant::now() >= due);
+        if force || full || due {
+            self.writeback_since = None;
             Some(std::mem::take(&mut self.writeback))
+        } else {
+            None
         }
     }
 
@@ -694,7 +716,7 @@ mod tests {
             Lsn(10),
             "not settled before the dead letter is written"
         );
-        let wb = e.take_writeback().unwrap();
+        let wb = e.take_writeback(true).unwrap();
         assert_eq!(wb.dead.len(), 1);
         let metas: Vec<Meta> = wb.dead.iter().map(|d| d.meta).collect();
         e.on_writeback(

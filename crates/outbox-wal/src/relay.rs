@@ -5,7 +5,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::panic::AssertUnwindSafe;
+
 use futures::FutureExt;
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
 use outbox_core::{Event, Outcome, Sink};
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use sqlx::{PgConnection, PgPool};
@@ -243,7 +247,8 @@ pub(crate) struct Session {
     pool: PgPool,
     counters: Arc<WalCounters>,
     engine: Engine,
-    waves: JoinSet<WaveResult>,
+    /// Sink calls in flight, polled by the session task itself (no task hop per wave).
+    waves: FuturesUnordered<BoxFuture<'static, Result<WaveResult, String>>>,
     writeback: JoinSet<(WriteBackDone, Vec<Meta>)>,
     aux: JoinSet<()>,
 }
@@ -261,7 +266,7 @@ impl Session {
             sink,
             pool,
             counters,
-            waves: JoinSet::new(),
+            waves: FuturesUnordered::new(),
             writeback: JoinSet::new(),
             aux: JoinSet::new(),
         }
@@ -278,7 +283,7 @@ impl Session {
             }
         }
         if self.writeback.is_empty()
-            && let Some(wb) = self.engine.take_writeback()
+            && let Some(wb) = self.engine.take_writeback(!publish)
         {
             self.writeback
                 .spawn(db::write_back(self.pool.clone(), self.cfg.clone(), wb));
@@ -289,7 +294,7 @@ impl Session {
         let sink = self.sink.clone();
         let pool = self.pool.clone();
         let cfg = self.cfg.clone();
-        self.waves.spawn(async move {
+        let wave = async move {
             let done: HashSet<i64> = if items.iter().any(|i| i.meta.check) {
                 let seqs: Vec<i64> = items
                     .iter()
@@ -318,39 +323,46 @@ impl Session {
             let mut settles: Vec<Settle> = Vec::with_capacity(publish.len() + skipped.len());
             if !publish.is_empty() {
                 let events: Vec<Event> = publish.iter().map(|i| i.event.clone()).collect();
-                let outcomes =
-                    match tokio::time::timeout(cfg.publish_timeout, sink.publish(&events)).await {
-                        Ok(outcomes) if outcomes.len() == events.len() => outcomes,
-                        Ok(outcomes) => vec![
-                            Outcome::retry(format!(
-                                "sink `{}` returned {} outcomes for {} events (a sink bug); retrying all",
-                                sink.name(),
-                                outcomes.len(),
-                                events.len()
-                            ));
+                let outcomes = match tokio::time::timeout(
+                    cfg.publish_timeout,
+                    sink.publish(&events),
+                )
+                .await
+                {
+                    Ok(outcomes) if outcomes.len() == events.len() => outcomes,
+                    Ok(outcomes) => vec![
+                        Outcome::retry(format!(
+                            "sink `{}` returned {} outcomes for {} events (a sink bug); retrying all",
+                            sink.name(),
+                            outcomes.len(),
                             events.len()
-                        ],
-                        Err(_) => vec![
-                            Outcome::retry(format!(
-                                "publish to `{}` timed out after {} ms",
-                                sink.name(),
-                                cfg.publish_timeout.as_millis()
-                            ));
-                            events.len()
-                        ],
-                    };
+                        ));
+                        events.len()
+                    ],
+                    Err(_) => vec![
+                        Outcome::retry(format!(
+                            "publish to `{}` timed out after {} ms",
+                            sink.name(),
+                            cfg.publish_timeout.as_millis()
+                        ));
+                        events.len()
+                    ],
+                };
                 settles.extend(outcomes.into_iter().map(Settle::Sink));
             }
             settles.extend(skipped.iter().map(|_| Settle::Skipped));
             publish.extend(skipped);
             (publish, settles)
-        });
+        };
+        self.waves.push(
+            AssertUnwindSafe(wave)
+                .catch_unwind()
+                .map(|r| r.map_err(|_| "the sink panicked".to_owned()))
+                .boxed(),
+        );
     }
 
-    fn on_wave(
-        &mut self,
-        joined: Result<WaveResult, tokio::task::JoinError>,
-    ) -> Result<(), WalError> {
+    fn on_wave(&mut self, joined: Result<WaveResult, String>) -> Result<(), WalError> {
         match joined {
             Ok((items, settles)) => {
                 self.engine.on_wave(items, settles);
@@ -380,7 +392,7 @@ impl Session {
     /// Let in-flight sink calls finish and write back their results (bounded), so a stop or a
     /// reconnect neither publishes an event twice at the same moment nor forgets a settled one.
     async fn finish(&mut self) {
-        while let Some(joined) = self.waves.join_next().await {
+        while let Some(joined) = self.waves.next().await {
             if let Ok((items, settles)) = joined {
                 self.engine.on_wave(items, settles);
             }
@@ -440,12 +452,17 @@ impl Session {
             }
             let more = !exhausted && self.engine.has_room();
             let timer = self.engine.next_timer();
+            let wb_due = self
+                .engine
+                .writeback_due()
+                .filter(|_| self.writeback.is_empty());
             tokio::select! {
                 biased;
                 _ = stop.changed() => {}
-                Some(joined) = self.waves.join_next(), if !self.waves.is_empty() => self.on_wave(joined)?,
+                Some(joined) = self.waves.next(), if !self.waves.is_empty() => self.on_wave(joined)?,
                 Some(joined) = self.writeback.join_next(), if !self.writeback.is_empty() => self.on_writeback(joined)?,
                 _ = sleep_until(timer), if timer.is_some() => self.engine.fire_timers(Instant::now()),
+                _ = sleep_until(wb_due), if wb_due.is_some() => {}
                 _ = std::future::ready(()), if more => {}
             }
         }
@@ -463,7 +480,7 @@ impl Session {
     }
 
     async fn start_client(
-        &self,
+        &mut self,
         target: &Target,
         stop: &watch::Receiver<bool>,
     ) -> Result<ReplicationClient, WalError> {
@@ -568,10 +585,22 @@ impl Session {
         heartbeat.tick().await;
         let mut lock_check = tokio::time::interval(Duration::from_secs(2));
         lock_check.tick().await;
+        // Raising the applied position wakes the replication worker; at a trickle of events
+        // that is one wakeup per event for nothing (it reports at most every status_interval).
+        let confirm_every = (cfg.status_interval / 4).max(Duration::from_millis(10));
+        let mut last_confirm = Instant::now();
         loop {
             self.pump(true);
             let ack = self.engine.ack();
-            self.confirm(client, ack);
+            let confirmed = Lsn(self
+                .counters
+                .last_acked_lsn
+                .load(std::sync::atomic::Ordering::Relaxed));
+            let confirm_at = (ack > confirmed).then(|| last_confirm + confirm_every);
+            if confirm_at.is_some_and(|at| Instant::now() >= at) {
+                self.confirm(client, ack);
+                last_confirm = Instant::now();
+            }
             if let Some(target) = caught_up_target
                 && ack >= target
                 && self.engine.is_idle()
@@ -581,13 +610,19 @@ impl Session {
                 return Ok(End::CaughtUp);
             }
             let timer = self.engine.next_timer();
+            let wb_due = self
+                .engine
+                .writeback_due()
+                .filter(|_| self.writeback.is_empty());
             let room = self.engine.has_room();
             tokio::select! {
                 biased;
                 _ = stop.changed() => return Ok(End::Stopped),
-                Some(joined) = self.waves.join_next(), if !self.waves.is_empty() => self.on_wave(joined)?,
+                Some(joined) = self.waves.next(), if !self.waves.is_empty() => self.on_wave(joined)?,
                 Some(joined) = self.writeback.join_next(), if !self.writeback.is_empty() => self.on_writeback(joined)?,
                 _ = sleep_until(timer), if timer.is_some() => self.engine.fire_timers(Instant::now()),
+                _ = sleep_until(wb_due), if wb_due.is_some() => {}
+                _ = sleep_until(confirm_at), if confirm_at.is_some() => {}
                 received = client.recv(), if room => {
                     let mut next = Some(received);
                     let mut budget = 1024;

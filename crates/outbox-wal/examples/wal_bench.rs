@@ -199,7 +199,13 @@ async fn setup(url: &str, source: Source) -> Res<(sqlx::PgPool, PgOutbox, WalCon
 }
 
 async fn teardown(pool: &sqlx::PgPool, cfg: &WalConfig) {
-    let _ = outbox_wal::drop_slot(cfg).await;
+    // The child's walsender may take a moment to exit after the child did.
+    for _ in 0..50 {
+        if outbox_wal::drop_slot(cfg).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for sql in [
         format!("DROP PUBLICATION IF EXISTS \"{}\"", cfg.publication),
         format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", cfg.schema),
@@ -275,13 +281,13 @@ async fn latency(args: &[String]) -> Res<()> {
         _ => Source::Table,
     };
     let (pool, outbox, cfg) = setup(&url, source).await?;
-    let n = rate * seconds;
+    let per_writer = rate * seconds / writers;
+    let n = per_writer * writers;
     let dir = tempfile_dir()?;
     let recv_file = dir.join("recv.txt");
     let child = spawn_child(&cfg, n as usize, &recv_file)?;
     // Let the child connect and start streaming.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let per_writer = n / writers;
     let interval = Duration::from_secs_f64(writers as f64 / rate as f64);
     let mut tasks = Vec::new();
     for w in 0..writers {

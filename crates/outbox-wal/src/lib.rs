@@ -40,7 +40,16 @@
 //!   message event is inserted into the outbox table as a `dead` row, where
 //!   `outbox dead list/retry` finds it. Event `seq` is the message's LSN.
 //!
-//! Both are on by default; they share the slot and are delivered in commit order.
+//! Both are on by default; they share the slot and are delivered in commit order. Two things to
+//! know about messages:
+//! - they are database-wide: every slot in the database sees every message. Outboxes sharing a
+//!   database need distinct `message_prefix`es (the relay ignores other prefixes).
+//! - a message is captured only if the slot already existed when it was written. Create the slot
+//!   ([`prepare`], or one start of the relay) before writers switch to [`enqueue_message`].
+//!
+//! `seq` of a table event is its row's primary key; of a message event, its LSN. Both grow in
+//! commit order within one aggregate *per source*; do not compare a table `seq` with a message
+//! `seq`.
 //!
 //! ## Delivery guarantees and how they are kept
 //!
@@ -115,6 +124,33 @@
 //!
 //! Nothing is lost either way; events delivered by one mode whose `delivered` mark the other
 //! did not see are delivered again and counted ([`WalReport::duplicates`]).
+//!
+//! ## A race the relay has to absorb
+//!
+//! PostgreSQL writes a transaction's commit record — which is what lets logical decoding send it
+//! — a moment before the transaction becomes visible to new snapshots. The relay can deliver an
+//! event and try to mark its row `delivered` before the row is visible; that `UPDATE` matches
+//! nothing. The write-back retries rows that were neither updated nor found done, briefly,
+//! before confirming anything (see `db::update_visible`).
+//!
+//! ## Performance
+//!
+//! `examples/wal_bench.rs` runs the relay in a child process (its own CPU time and peak RSS) on
+//! a current-thread tokio runtime, to the in-process channel sink, 400-byte payloads, 1000
+//! aggregates, on the 2-core development machine with PostgreSQL on the same machine (and other
+//! work going on). Measured:
+//!
+//! | scenario | table source | message source |
+//! |---|---|---|
+//! | drain 100k backlog | 73k–106k events/s, 5.7–6.5 µs CPU/event, 17 MB peak RSS | 155k–192k events/s, 4.8–5.3 µs/event, 14 MB |
+//! | 1,000 events/s, one event per transaction | commit→sink p50 0.22 ms, p99 1.4 ms; 57 µs CPU/event; 7 MB | p50 0.18 ms, p99 0.8 ms; 38 µs/event; 7 MB |
+//! | 5,000 events/s target (writers reached 3.2k–4.6k/s) | p99 4.3 ms; 30 µs/event; 9 MB | p99 3.7 ms; 22 µs/event; 9 MB |
+//!
+//! At a trickle the CPU per event is the fixed cost of waking up per transaction (the socket
+//! read, the replication worker's channel hand-off, the session task, the sink call: runtime
+//! park/unpark and syscalls), not decoding; it falls to 5–6 µs as transactions batch up. A
+//! multi-threaded runtime costs more per event at low rates (measured 62 µs vs 41 µs at
+//! 1,000/s): every hand-off between tasks becomes a cross-thread wakeup.
 //!
 //! ## Why pgwire-replication
 //!

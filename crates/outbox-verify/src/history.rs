@@ -1,0 +1,123 @@
+//! What the harness records while it runs: the writers' transactions, what arrived at each
+//! destination, and the state of the outbox and of the consumer's effects at the end.
+//!
+//! Why these are plain data, separate from the code that produces them: the
+//! [checker](crate::checker) is a pure function of them, so it is tested with fabricated
+//! histories (a lost event, a phantom, an order violation, a double effect) and a real run can
+//! be re-checked from its JSON files without running anything again.
+
+use std::collections::{HashMap, HashSet};
+
+use outbox_core::EventId;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// One event a writer put into a transaction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenEvent {
+    /// The event id the writer chose.
+    pub id: EventId,
+    /// The aggregate (`aggregate_type/aggregate_id`), the unit of ordering.
+    pub aggregate: String,
+    /// Per-aggregate sequence number from the business table, also in the payload. Committed
+    /// events of one aggregate carry 1, 2, 3, … in commit order.
+    pub seq: u64,
+    /// The destination this event must reach (the harness's name for it).
+    pub destination: String,
+    /// A poison event: its sink always rejects it, so it must end dead, never delivered.
+    pub poison: bool,
+}
+
+/// How a writer's transaction ended, as far as the writer knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxnOutcome {
+    /// COMMIT returned success.
+    Committed,
+    /// The writer rolled back on purpose.
+    RolledBack,
+    /// The writer killed its own connection before COMMIT (pg_terminate_backend or a dropped
+    /// socket): the server aborts the transaction.
+    Crashed,
+    /// A statement before COMMIT failed (the connection was killed by a fault, the database
+    /// restarted): COMMIT was never sent, so nothing was committed.
+    Failed,
+    /// COMMIT was sent but its result never came back: committed or not, only the database
+    /// knows. Resolved after the run.
+    Ambiguous,
+}
+
+/// One business transaction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Txn {
+    /// The transaction's id, also the primary key of its business row.
+    pub id: Uuid,
+    /// Which writer ran it.
+    pub writer: u32,
+    /// What the writer saw.
+    pub outcome: TxnOutcome,
+    /// The events it enqueued.
+    pub events: Vec<WrittenEvent>,
+}
+
+/// One message as a consumer received it, in arrival order per destination.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observed {
+    /// The harness's destination name.
+    pub destination: String,
+    /// Arrival index at that destination (0, 1, 2, …).
+    pub index: u64,
+    /// The event id the message carried (`None`: unreadable, itself a violation).
+    pub event_id: Option<EventId>,
+    /// The aggregate from the payload.
+    pub aggregate: Option<String>,
+    /// The per-aggregate sequence number from the payload.
+    pub seq: Option<u64>,
+}
+
+/// An outbox row at the end of the run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxRow {
+    /// `pending`, `in_flight`, `delivered` or `dead`.
+    pub status: String,
+    /// Failed attempts.
+    pub attempts: i32,
+    /// The last error, for dead events.
+    pub last_error: Option<String>,
+}
+
+/// Everything the checker reads.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct History {
+    /// Every transaction every writer started.
+    pub txns: Vec<Txn>,
+    /// Every message every consumer received.
+    pub observed: Vec<Observed>,
+    /// The outbox table at the end, by event id.
+    pub outbox: HashMap<EventId, OutboxRow>,
+    /// How many times the consumer's effect was applied, by event id (from the effects table in
+    /// the consumer's database, written in the inbox transaction).
+    pub effects: HashMap<EventId, u32>,
+    /// Ids of the business rows in the database at the end: the ground truth of which
+    /// transactions committed. Ambiguous transactions are resolved against it; a rolled-back
+    /// transaction with a row, or a committed one without, is an atomicity violation.
+    pub business_rows: HashSet<Uuid>,
+    /// One entry per lease-clock fault (a relay paused past its lease, then resumed).
+    pub lease_faults: Vec<LeaseFault>,
+}
+
+/// What a lease-clock fault did: a relay was paused (SIGSTOP) past its lease while it held
+/// claimed events, other relays re-claimed them, then it was resumed (SIGCONT).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseFault {
+    /// The paused relay's id (its `relay_id`, the lease owner column).
+    pub relay: String,
+    /// Events it held (in flight under its lease) when it was paused.
+    pub held: u64,
+    /// How many of those another relay had claimed (a different lease token) by the time it was
+    /// resumed.
+    pub reclaimed: u64,
+    /// Whether its log, after it resumed, shows its late writes fenced ("Lease expired before
+    /// the write") or given up. Must be true whenever `reclaimed > 0`.
+    pub fenced_after_resume: bool,
+}

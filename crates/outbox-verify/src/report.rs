@@ -1,0 +1,302 @@
+//! The run's report: a JSON file with everything, and a one-screen summary.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::checker::{Finding, Verdict};
+use crate::faults::Scheduled;
+use crate::history::LeaseFault;
+use crate::relays::UnexpectedExit;
+
+/// One sample of the system's state while it runs.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Sample {
+    /// Seconds since the writers started.
+    pub t_s: f64,
+    /// Undelivered events (pending + in flight); `None` when the database did not answer.
+    pub backlog: Option<i64>,
+    /// Age of the oldest undelivered event, seconds.
+    pub oldest_s: Option<f64>,
+    /// Transactions the writers finished.
+    pub txns: u64,
+    /// Messages the consumers received.
+    pub received: u64,
+    /// Resident memory of each relay process, KiB (`None`: not running).
+    pub relay_rss_kib: Vec<Option<u64>>,
+}
+
+/// What one fault did.
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultRecord {
+    /// The scheduled fault.
+    #[serde(flatten)]
+    pub scheduled: Scheduled,
+    /// When it actually started, seconds after the writers started.
+    pub started_s: f64,
+    /// When it ended.
+    pub ended_s: f64,
+    /// What happened, or why it could not be done.
+    pub note: String,
+    /// Whether the harness failed to inject it.
+    pub failed: bool,
+}
+
+/// What a relay's logs said, over all its incarnations.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LogSummary {
+    /// Lines per level.
+    pub levels: BTreeMap<String, u64>,
+    /// WARN and ERROR lines by message, most frequent first (at most 15).
+    pub messages: Vec<(String, u64)>,
+    /// ERROR lines, the first 10 in full.
+    pub errors: Vec<String>,
+}
+
+/// Everything about a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunReport {
+    /// The seed (`--seed` replays the schedule).
+    pub seed: u64,
+    /// `short`, `long`, `load` or `custom`.
+    pub profile: String,
+    /// The options in force.
+    pub options: serde_json::Value,
+    /// Destinations used.
+    pub destinations: Vec<String>,
+    /// Whether the relays were configured with `[destinations]` (else the legacy `[sink]`).
+    pub destinations_config: bool,
+    /// Seconds the writers ran.
+    pub write_s: f64,
+    /// Seconds the drain took (after healing).
+    pub drain_s: f64,
+    /// Whether the outbox drained and the consumers caught up before the drain timeout.
+    pub drained: bool,
+    /// Faults injected, by kind.
+    pub faults_by_kind: BTreeMap<String, u64>,
+    /// Every fault with what happened.
+    pub faults: Vec<FaultRecord>,
+    /// Lease-clock faults.
+    pub lease_faults: Vec<LeaseFault>,
+    /// Relay processes that ended on their own.
+    pub relay_exits: Vec<UnexpectedExit>,
+    /// Exit status of each relay at the final SIGTERM (`None`: had to be killed).
+    pub relay_stops: Vec<(String, Option<String>)>,
+    /// Relay logs.
+    pub relay_logs: LogSummary,
+    /// Messages the inbox adapters parked.
+    pub parked: Vec<String>,
+    /// Samples over time.
+    pub timeline: Vec<Sample>,
+    /// The checker's verdict.
+    pub verdict: Verdict,
+    /// Where the files of the run are.
+    pub work_dir: String,
+}
+
+impl RunReport {
+    /// Violations, plus harness-level failures (relays that did not stop cleanly).
+    pub fn violations(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .verdict
+            .violations()
+            .into_iter()
+            .map(|(n, c)| (n.to_owned(), c))
+            .collect();
+        let unclean = self
+            .relay_stops
+            .iter()
+            .filter(|(_, s)| s.as_deref() != Some("exit status: 0"))
+            .count();
+        if unclean > 0 {
+            v.push(("relay_unclean_stop".into(), unclean as u64));
+        }
+        v
+    }
+
+    /// The one-screen summary.
+    pub fn summary(&self) -> String {
+        let v = &self.verdict;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "outbox-verify  profile={}  seed={}  destinations={}  config={}",
+            self.profile,
+            self.seed,
+            self.destinations.join(","),
+            if self.destinations_config {
+                "[destinations]"
+            } else {
+                "[sink]"
+            }
+        );
+        let _ = writeln!(
+            s,
+            "writes {:.0}s, drain {:.1}s ({})",
+            self.write_s,
+            self.drain_s,
+            if self.drained {
+                "drained"
+            } else {
+                "NOT drained before the timeout"
+            }
+        );
+        let t = &v.txns;
+        let _ = writeln!(
+            s,
+            "txns: {} committed, {} rolled back, {} crashed, {} failed by faults, ambiguous {} committed / {} not",
+            t.committed,
+            t.rolled_back,
+            t.crashed,
+            t.failed,
+            t.ambiguous_committed,
+            t.ambiguous_aborted
+        );
+        let _ = writeln!(
+            s,
+            "events: {} committed ({} poison), {} received ({} distinct, {} duplicates), {} effects, {} dead",
+            v.committed_events,
+            v.poison_events,
+            v.received,
+            v.received_distinct,
+            v.duplicates,
+            v.effects_applied,
+            v.dead
+        );
+        let faults: Vec<String> = self
+            .faults_by_kind
+            .iter()
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        let failed = self.faults.iter().filter(|f| f.failed).count();
+        let _ = writeln!(
+            s,
+            "faults ({}{}): {}",
+            self.faults.len(),
+            if failed > 0 {
+                format!(", {failed} not injected")
+            } else {
+                String::new()
+            },
+            faults.join(" ")
+        );
+        let reclaimed: u64 = self.lease_faults.iter().map(|l| l.reclaimed).sum();
+        let fenced = self
+            .lease_faults
+            .iter()
+            .filter(|l| l.reclaimed > 0 && l.fenced_after_resume)
+            .count();
+        let with_reclaim = self.lease_faults.iter().filter(|l| l.reclaimed > 0).count();
+        let _ = writeln!(
+            s,
+            "lease faults: {} pauses, {} with events re-claimed ({} events), {} of those fenced",
+            self.lease_faults.len(),
+            with_reclaim,
+            reclaimed,
+            fenced
+        );
+        if let (Some(max_backlog), Some(rss)) = (
+            self.timeline.iter().filter_map(|x| x.backlog).max(),
+            rss_range(&self.timeline),
+        ) {
+            let _ = writeln!(
+                s,
+                "backlog max {max_backlog}; relay RSS {} → {} KiB (first → last sample, max {})",
+                rss.0, rss.1, rss.2
+            );
+        }
+        let _ = writeln!(
+            s,
+            "relay logs: {}; unexpected relay exits: {}",
+            self.relay_logs
+                .levels
+                .iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            self.relay_exits.len()
+        );
+        let _ = writeln!(s, "checks:");
+        let rows: [(&str, &Finding, &str); 10] = [
+            ("lost", &v.lost, "must be 0"),
+            ("phantom", &v.phantom, "must be 0"),
+            ("order violations", &v.order_violations, "must be 0"),
+            ("double effects", &v.double_effects, "must be 0"),
+            ("missing effects", &v.missing_effects, "must be 0"),
+            ("dead, not poison", &v.unexpected_dead, "must be 0"),
+            ("poison, not dead", &v.poison_not_dead, "must be 0"),
+            ("atomicity", &v.atomicity, "must be 0"),
+            ("misrouted", &v.misrouted, "must be 0"),
+            ("unfenced lease", &v.unfenced, "must be 0"),
+        ];
+        for (name, finding, rule) in rows {
+            let mark = if finding.count == 0 { "ok  " } else { "FAIL" };
+            let _ = writeln!(s, "  {mark} {name:<18} {:>6}   ({rule})", finding.count);
+            for e in finding.examples.iter().take(3) {
+                let _ = writeln!(s, "         {e}");
+            }
+        }
+        let violations = self.violations();
+        if violations.is_empty() {
+            let _ = writeln!(s, "PASS");
+        } else {
+            let list: Vec<String> = violations.iter().map(|(n, c)| format!("{n}={c}")).collect();
+            let _ = writeln!(s, "FAIL: {}", list.join(" "));
+        }
+        let _ = write!(s, "files: {}", self.work_dir);
+        s
+    }
+}
+
+/// (first, last, max) total relay RSS over the samples that had every relay running.
+fn rss_range(timeline: &[Sample]) -> Option<(u64, u64, u64)> {
+    let totals: Vec<u64> = timeline
+        .iter()
+        .filter(|s| !s.relay_rss_kib.is_empty() && s.relay_rss_kib.iter().all(Option::is_some))
+        .map(|s| s.relay_rss_kib.iter().flatten().sum())
+        .collect();
+    Some((
+        *totals.first()?,
+        *totals.last()?,
+        totals.iter().copied().max()?,
+    ))
+}
+
+/// Summarize relay log files (JSON lines as `outbox --log-format json` writes them).
+pub fn summarize_logs(files: &[std::path::PathBuf]) -> LogSummary {
+    let mut summary = LogSummary::default();
+    let mut messages: BTreeMap<String, u64> = BTreeMap::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                *summary.levels.entry("unparsed".into()).or_default() += 1;
+                if summary.errors.len() < 10 && !line.trim().is_empty() {
+                    summary.errors.push(line.chars().take(300).collect());
+                }
+                continue;
+            };
+            let level = v["level"].as_str().unwrap_or("?").to_owned();
+            *summary.levels.entry(level.clone()).or_default() += 1;
+            if level == "WARN" || level == "ERROR" {
+                let message = v["message"]
+                    .as_str()
+                    .or_else(|| v["fields"]["message"].as_str())
+                    .unwrap_or("?")
+                    .to_owned();
+                *messages.entry(format!("{level} {message}")).or_default() += 1;
+                if level == "ERROR" && summary.errors.len() < 10 {
+                    summary.errors.push(line.chars().take(300).collect());
+                }
+            }
+        }
+    }
+    let mut list: Vec<(String, u64)> = messages.into_iter().collect();
+    list.sort_by(|a, b| b.1.cmp(&a.1));
+    list.truncate(15);
+    summary.messages = list;
+    summary
+}

@@ -241,6 +241,7 @@ where
             limit: config.batch_size.max(1),
             lease: config.lease,
             dead_letter: config.dead_letter,
+            hold: None,
         };
         let slots = Arc::new(Semaphore::new(config.max_batches_in_flight.max(1)));
         let mut batches: JoinSet<()> = JoinSet::new();

@@ -72,7 +72,7 @@ fn unreachable_database_exits_2_naming_the_url_without_its_password() {
 
 #[test]
 fn unsupported_url_and_missing_url_exit_2() {
-    let o = outbox(&["status", "--database-url", "mysql://root@127.0.0.1/test"]);
+    let o = outbox(&["status", "--database-url", "mongodb://root@127.0.0.1/test"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).contains("unsupported `database.url`"),
@@ -170,7 +170,7 @@ fn config_check_prints_the_effective_config_with_secrets_masked() {
     assert!(!out.contains("hunter2"), "{out}");
     std::fs::write(
         &file,
-        "[database]\nurl = \"x\"\n[sink]\ntype = \"file\"\npth = \"/tmp/x\"\n",
+        "[database]\nurl = \"x\"\n[destinations.log]\ntype = \"file\"\npth = \"/tmp/x\"\n",
     )
     .unwrap();
     let o = outbox(&["config", "check", "--config", file.to_str().unwrap()]);

@@ -1,4 +1,4 @@
-//! The `[sink.kafka]` settings and their translation into librdkafka properties.
+//! The settings of a `type = "kafka"` destination and their translation into librdkafka properties.
 //!
 //! Validation happens here, before any client exists, so a wrong setting fails at start-up with
 //! a message that names the setting and the fix. Nothing in here touches the network: a broker
@@ -356,7 +356,7 @@ const MANAGED: &[(&str, Option<&str>)] = &[
 ];
 
 pub(crate) fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.kafka] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 fn millis(d: Duration) -> String {

@@ -251,7 +251,7 @@ impl NatsSinkConfig {
 }
 
 fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.nats] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 /// Read a secret given either inline or through an environment variable.

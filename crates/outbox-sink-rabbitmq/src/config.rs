@@ -1,4 +1,4 @@
-//! The `[sink.rabbitmq]` settings and their checks.
+//! The settings of a `type = "rabbitmq"` destination and their checks.
 //!
 //! Validation happens here, before any connection exists, so a wrong setting fails at start-up
 //! with a message that names the setting and the fix. A broker that is down at start-up is not
@@ -201,7 +201,7 @@ fn default_routing_key() -> Template {
 }
 
 pub(crate) fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.rabbitmq] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 /// Everything the sink needs, checked.

@@ -181,7 +181,7 @@ fn default_stream() -> Template {
 }
 
 fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.redis] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 impl RedisSinkConfig {

@@ -240,7 +240,7 @@ impl Default for WebhookSinkConfig {
 }
 
 fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.webhook] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 /// Read a secret given either inline or through an environment variable.

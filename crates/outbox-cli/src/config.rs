@@ -18,19 +18,25 @@ use serde::{Deserialize, Serialize};
 
 /// Top-level sections; environment variables outside them (`OUTBOX_TEST_…`, `OUTBOX_LOG`) are
 /// not configuration.
-const SECTIONS: [&str; 6] = [
+const SECTIONS: [&str; 8] = [
     "database",
     "relay",
     "destinations",
     "routes",
     "retention",
     "metrics",
+    "wal",
+    "mode",
 ];
 
 /// The whole file.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// How the relay finds committed events: `poll` the table (default; every database) or
+    /// stream PostgreSQL's `wal` by logical replication (settings in `[wal]`).
+    #[serde(default)]
+    pub mode: Mode,
     /// Where the outbox lives.
     #[serde(default)]
     pub database: DatabaseConfig,
@@ -49,6 +55,133 @@ pub struct Config {
     /// Prometheus and health endpoints.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// WAL mode settings (used with `mode = "wal"`).
+    #[serde(default)]
+    pub wal: WalSection,
+}
+
+/// `mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Claim due rows from the outbox table (`FOR UPDATE SKIP LOCKED`, leases).
+    #[default]
+    Poll,
+    /// Stream committed inserts and logical messages from a replication slot.
+    Wal,
+}
+
+/// `[wal]`: what only WAL mode needs. The database comes from `[database]`; relay id, batch
+/// size, publish timeout, retry policy and `--drain` come from `[relay]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WalSection {
+    /// Logical replication slot name.
+    pub slot: String,
+    /// Publication name (over the outbox table, inserts only).
+    pub publication: String,
+    /// Capture sources: `table` (outbox inserts), `messages` (`pg_logical_emit_message`).
+    pub sources: Vec<outbox_wal::Source>,
+    /// Prefix of the logical messages that carry events.
+    pub message_prefix: String,
+    /// Create the publication and slot when missing.
+    pub create_slot: bool,
+    /// Deliver rows left undelivered in the table before streaming (mode switches).
+    pub catch_up: bool,
+    /// Mark delivered table rows `delivered` before confirming their WAL position.
+    pub mark_delivered: bool,
+    /// How often the confirmed position is reported to the server.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub status_interval: std::time::Duration,
+    /// Heartbeat message interval (`0ms` = off).
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub heartbeat_interval: std::time::Duration,
+    /// Sink calls in flight at once.
+    pub max_batches_in_flight: usize,
+    /// Most decoded events in memory before the stream is paused.
+    pub max_buffered_events: usize,
+    /// Most payload bytes in memory before the stream is paused.
+    pub max_buffered_bytes: usize,
+    /// How often a standby checks whether the streamer is gone.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub standby_poll_interval: std::time::Duration,
+    /// How long a new leader waits for the server to release the dead streamer's slot.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub takeover_timeout: std::time::Duration,
+    /// Longest pause between reconnect attempts.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub max_reconnect_backoff: std::time::Duration,
+}
+
+impl Default for WalSection {
+    fn default() -> Self {
+        let d = outbox_wal::WalConfig::default();
+        WalSection {
+            slot: d.slot,
+            publication: d.publication,
+            sources: d.sources,
+            message_prefix: d.message_prefix,
+            create_slot: d.create_slot,
+            catch_up: d.catch_up,
+            mark_delivered: d.mark_delivered,
+            status_interval: d.status_interval,
+            heartbeat_interval: d.heartbeat_interval,
+            max_batches_in_flight: d.max_batches_in_flight,
+            max_buffered_events: d.max_buffered_events,
+            max_buffered_bytes: d.max_buffered_bytes,
+            standby_poll_interval: d.standby_poll_interval,
+            takeover_timeout: d.takeover_timeout,
+            max_reconnect_backoff: d.max_reconnect_backoff,
+        }
+    }
+}
+
+impl Config {
+    /// The WAL relay's settings: `[wal]`, the database of `[database]`, and the shared relay
+    /// settings of `[relay]`.
+    pub fn wal_config(&self) -> Result<outbox_wal::WalConfig, ConfigError> {
+        let url = self.database.url.trim();
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError(
+                "`mode = \"wal\"` needs a PostgreSQL `database.url` (logical replication); use `mode = \"poll\"` with other databases".into(),
+            ));
+        }
+        let w = &self.wal;
+        let r = &self.relay;
+        let config = outbox_wal::WalConfig {
+            database_url: url.to_owned(),
+            schema: self.database.schema.clone(),
+            table: self
+                .database
+                .table
+                .clone()
+                .unwrap_or_else(|| "events".to_owned()),
+            slot: w.slot.clone(),
+            publication: w.publication.clone(),
+            sources: w.sources.clone(),
+            message_prefix: w.message_prefix.clone(),
+            create_slot: w.create_slot,
+            catch_up: w.catch_up,
+            mark_delivered: w.mark_delivered,
+            status_interval: w.status_interval,
+            heartbeat_interval: w.heartbeat_interval,
+            max_batch: r.batch_size as usize,
+            max_batches_in_flight: w.max_batches_in_flight,
+            max_buffered_events: w.max_buffered_events,
+            max_buffered_bytes: w.max_buffered_bytes,
+            publish_timeout: r.publish_timeout,
+            retry: r.retry,
+            standby_poll_interval: w.standby_poll_interval,
+            takeover_timeout: w.takeover_timeout,
+            max_reconnect_backoff: w.max_reconnect_backoff,
+            relay_id: r.relay_id.clone(),
+            stop_when_caught_up: r.stop_when_idle,
+        };
+        config
+            .validate()
+            .map_err(|e| ConfigError(format!("invalid `[wal]`: {e}")))?;
+        Ok(config)
+    }
 }
 
 /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served (off unless `listen` is
@@ -296,7 +429,7 @@ pub fn load(file: Option<&Path>, overrides: Figment) -> Result<Config, ConfigErr
             Env::prefixed("OUTBOX_")
                 .filter(|key| {
                     let key = key.as_str().to_ascii_lowercase();
-                    SECTIONS.iter().any(|s| key.starts_with(&format!("{s}__")))
+                    key == "mode" || SECTIONS.iter().any(|s| key.starts_with(&format!("{s}__")))
                 })
                 .split("__"),
         )
@@ -339,6 +472,9 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             .map_err(|e| ConfigError(format!("invalid `destinations.{name}`: {e}")))?;
     }
     config.route_table()?;
+    if config.mode == Mode::Wal {
+        config.wal_config()?;
+    }
     Ok(())
 }
 

@@ -60,6 +60,9 @@ enum Command {
     Pause(PauseArgs),
     /// Deliver to a paused destination again.
     Resume(PauseArgs),
+    /// WAL mode (logical replication): slot status, preparation, recovery.
+    #[command(subcommand)]
+    Wal(WalCommand),
     /// Send delivered events again: those written in [--from, --to) go back to pending with their
     /// ids unchanged, so consumers deduplicate them.
     Replay(ReplayArgs),
@@ -112,6 +115,9 @@ struct RelayArgs {
     /// Exit once nothing is due instead of waiting for more events.
     #[arg(long)]
     drain: bool,
+    /// `poll` the outbox table, or stream PostgreSQL's `wal` (see `[wal]` in the config).
+    #[arg(long)]
+    mode: Option<String>,
     /// Serve /metrics, /healthz and /readyz here, e.g. `127.0.0.1:9464`.
     #[arg(long)]
     metrics_listen: Option<String>,
@@ -194,6 +200,47 @@ struct CleanupArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Subcommand)]
+enum WalCommand {
+    /// Slot lag, retained WAL, confirmed position, decode rate, whether a relay streams.
+    Status {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Sample the decode rate over this long (e.g. `2s`); off by default.
+        #[arg(long)]
+        sample: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create the publication and the slot now (step 1 of switching from polling to WAL mode:
+    /// every commit from then on is captured).
+    Prepare {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// After a lost or invalidated slot: create a fresh slot, deliver every outbox row still
+    /// undelivered by polling the table once, then `outbox relay` resumes streaming.
+    Recover {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the slot (leaving WAL mode; stop the WAL relay first, or the server refuses).
+    DropSlot {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -306,6 +353,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Pause(args) => pause(args, true).await,
         Command::Resume(args) => pause(args, false).await,
         Command::Replay(args) => replay(args).await,
+        Command::Wal(command) => wal(command).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Config(ConfigCommand::Check { db, json }) => config_check(db, json),
         Command::Dead(command) => dead(command).await,
@@ -342,6 +390,100 @@ fn duration_flag(
     }
 }
 
+fn mode_flag(value: &Option<String>) -> Result<Option<serde_json::Value>, ConfigError> {
+    match value.as_deref() {
+        None => Ok(None),
+        Some(m @ ("poll" | "wal")) => Ok(Some(json!(m))),
+        Some(other) => Err(ConfigError(format!(
+            "unknown --mode `{other}`: use `poll` or `wal`"
+        ))),
+    }
+}
+
+/// WAL errors that need a person (configuration, server setup, a lost slot) exit 2 with the
+/// message that says what to change; the rest exit 1.
+fn wal_error(error: outbox_wal::WalError) -> anyhow::Error {
+    use outbox_wal::WalError;
+    match error {
+        WalError::Config(_)
+        | WalError::ServerSetup(_)
+        | WalError::SlotLost { .. }
+        | WalError::SlotInvalidated { .. } => ConfigError(error.to_string()).into(),
+        other => anyhow::Error::new(other),
+    }
+}
+
+async fn wal(command: WalCommand) -> anyhow::Result<()> {
+    match command {
+        WalCommand::Status { db, sample, json } => {
+            let config = db.load(vec![])?;
+            let wal = config.wal_config()?;
+            let status = match &sample {
+                Some(text) => {
+                    let over = humantime_duration::parse_duration(text)
+                        .map_err(|e| ConfigError(format!("invalid --sample: {e}")))?;
+                    outbox_wal::wal_status_sampled(&wal, over).await
+                }
+                None => outbox_wal::wal_status(&wal).await,
+            }
+            .map_err(wal_error)?;
+            ops::print_wal_status(&status, json)
+        }
+        WalCommand::Prepare { db, json } => {
+            let config = db.load(vec![])?;
+            let wal = config.wal_config()?;
+            let lsn = outbox_wal::prepare(&wal).await.map_err(wal_error)?;
+            if json {
+                println!(
+                    "{}",
+                    json!({ "slot": wal.slot, "confirmed_flush_lsn": lsn.to_string() })
+                );
+            } else {
+                println!(
+                    "slot {} and publication {} are ready; every commit from {lsn} on is captured",
+                    wal.slot, wal.publication
+                );
+            }
+            Ok(())
+        }
+        WalCommand::Recover { db, json } => {
+            let config = db.load(vec![])?;
+            let wal = config.wal_config()?;
+            let (sink, _) = sinks::build(&config).await?;
+            let report = outbox_wal::recover(&wal, sink).await.map_err(wal_error)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "recovered slot {}: {}{} undelivered row(s) delivered by a table scan ({} dead); start `outbox relay` to resume streaming",
+                    wal.slot,
+                    if report.dropped_invalidated_slot {
+                        "dropped the invalidated slot, "
+                    } else {
+                        ""
+                    },
+                    report.redelivered,
+                    report.dead
+                );
+            }
+            Ok(())
+        }
+        WalCommand::DropSlot { db, json } => {
+            let config = db.load(vec![])?;
+            let wal = config.wal_config()?;
+            let dropped = outbox_wal::drop_slot(&wal).await.map_err(wal_error)?;
+            if json {
+                println!("{}", json!({ "slot": wal.slot, "dropped": dropped }));
+            } else if dropped {
+                println!("dropped slot {}", wal.slot);
+            } else {
+                println!("slot {} did not exist", wal.slot);
+            }
+            Ok(())
+        }
+    }
+}
+
 fn sink_flag(value: &Option<String>) -> Result<Option<(String, SinkConfig)>, ConfigError> {
     match value.as_deref() {
         None => Ok(None),
@@ -370,6 +512,7 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         ),
         ("relay.lease", duration_flag("relay.lease", &args.lease)?),
         ("relay.stop_when_idle", args.drain.then_some(json!(true))),
+        ("mode", mode_flag(&args.mode)?),
         (
             "metrics.listen",
             args.metrics_listen.clone().map(|v| json!(v)),
@@ -406,6 +549,39 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         .retention
         .enabled
         .then(|| tokio::spawn(retention_loop(dyn_store.clone(), config.retention.clone())));
+    if config.mode == config::Mode::Wal {
+        let wal = config.wal_config()?;
+        if let Some(task) = retention {
+            task.abort();
+        }
+        let retention = config
+            .retention
+            .enabled
+            .then(|| tokio::spawn(retention_loop(dyn_store.clone(), config.retention.clone())));
+        if config.metrics.listen.is_some() {
+            tokio::spawn(observe::refresh_wal_gauges(
+                wal.clone(),
+                config.metrics.refresh,
+            ));
+        }
+        tracing::info!(slot = %wal.slot, "WAL mode: streaming from the replication slot.");
+        let result = outbox_wal::WalRelay::new(wal, sink)
+            .run(shutdown_signal())
+            .await;
+        if let Some(task) = retention {
+            task.abort();
+        }
+        let report = result.map_err(wal_error)?;
+        tracing::info!(
+            delivered = report.delivered,
+            retried = report.retried,
+            dead = report.dead,
+            duplicates = report.duplicates,
+            last_acked_lsn = %report.last_acked_lsn,
+            "WAL relay exited."
+        );
+        return Ok(());
+    }
     let relay = Relay::new(dyn_store, sink, config.relay.clone()).with_routes(routes);
     let report = relay.run(shutdown_signal()).await;
     if let Some(task) = retention {
@@ -450,10 +626,19 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let config = args.db.load(vec![])?;
     let routes = config.route_table()?;
     let store = AnyStore::open(&config.database).await?;
+    let wal = match config.mode {
+        config::Mode::Wal => Some(
+            outbox_wal::wal_status(&config.wal_config()?)
+                .await
+                .map_err(wal_error)?,
+        ),
+        config::Mode::Poll => None,
+    };
     ops::status(
         store.dyn_store().as_ref(),
         &store.describe(),
         &routes,
+        wal.as_ref(),
         args.json,
     )
     .await

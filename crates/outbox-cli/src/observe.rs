@@ -213,6 +213,58 @@ async fn refresh_destinations(
     true
 }
 
+/// WAL mode's slot gauges, refreshed every `every` (one query each time).
+pub async fn refresh_wal_gauges(config: outbox_wal::WalConfig, every: Duration) {
+    metrics::describe_gauge!(
+        "outbox_wal_lag_bytes",
+        metrics::Unit::Bytes,
+        "Current WAL position minus the slot's confirmed position: delivery lag in bytes."
+    );
+    metrics::describe_gauge!(
+        "outbox_wal_retained_bytes",
+        metrics::Unit::Bytes,
+        "WAL kept on disk for the slot."
+    );
+    metrics::describe_gauge!(
+        "outbox_wal_confirmed_lsn",
+        "The slot's confirmed flush position (last acked LSN) as a number."
+    );
+    metrics::describe_gauge!(
+        "outbox_wal_decoded_bytes_per_second",
+        "Bytes decoded through the slot per second."
+    );
+    let mut ticker = tokio::time::interval(every.max(Duration::from_secs(1)));
+    let mut last: Option<(std::time::Instant, i64)> = None;
+    loop {
+        ticker.tick().await;
+        match outbox_wal::wal_status(&config).await {
+            Ok(s) => {
+                metrics::gauge!("outbox_wal_lag_bytes").set(s.lag_bytes.unwrap_or(0) as f64);
+                metrics::gauge!("outbox_wal_retained_bytes")
+                    .set(s.retained_wal_bytes.unwrap_or(0) as f64);
+                if let Some(lsn) = s.confirmed_flush_lsn {
+                    metrics::gauge!("outbox_wal_confirmed_lsn").set(lsn.0 as f64);
+                }
+                if let Some(total) = s.total_bytes {
+                    let now = std::time::Instant::now();
+                    if let Some((at, before)) = last {
+                        let secs = now.duration_since(at).as_secs_f64();
+                        if secs > 0.0 {
+                            metrics::gauge!("outbox_wal_decoded_bytes_per_second")
+                                .set((total - before).max(0) as f64 / secs);
+                        }
+                    }
+                    last = Some((now, total));
+                }
+            }
+            Err(error) => {
+                metrics::counter!("outbox_database_errors_total").increment(1);
+                tracing::warn!(%error, "Could not read the replication slot for metrics.");
+            }
+        }
+    }
+}
+
 async fn render(State(probe): State<Probe>) -> String {
     probe.metrics.render()
 }

@@ -37,6 +37,7 @@ pub async fn status(
     store: &dyn Store,
     describe: &str,
     routes: &RouteTable,
+    wal: Option<&outbox_wal::WalStatus>,
     as_json: bool,
 ) -> anyhow::Result<()> {
     let stats = store.stats().await.context("reading the outbox failed")?;
@@ -80,6 +81,9 @@ pub async fn status(
         }
         if let Some(paused) = &paused {
             value["paused"] = json!(paused);
+        }
+        if let Some(wal) = wal {
+            value["wal"] = serde_json::to_value(wal)?;
         }
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -136,6 +140,10 @@ pub async fn status(
             );
         }
     }
+    if let Some(wal) = wal {
+        println!();
+        print_wal_lines(wal);
+    }
     if let Some(leases) = &leases
         && !leases.is_empty()
     {
@@ -154,6 +162,58 @@ pub async fn status(
                 l.expired
             );
         }
+    }
+    Ok(())
+}
+
+fn bytes(n: Option<u64>) -> String {
+    match n {
+        None => "-".into(),
+        Some(n) if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
+        Some(n) if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20)),
+        Some(n) if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        Some(n) => format!("{n} B"),
+    }
+}
+
+fn print_wal_lines(s: &outbox_wal::WalStatus) {
+    println!(
+        "wal slot        {} ({}{})",
+        s.slot,
+        if s.exists { "exists" } else { "MISSING" },
+        if s.active {
+            ", streaming"
+        } else {
+            ", no relay streaming"
+        }
+    );
+    println!("wal lag         {}", bytes(s.lag_bytes));
+    println!("retained wal    {}", bytes(s.retained_wal_bytes));
+    println!(
+        "confirmed lsn   {}",
+        s.confirmed_flush_lsn
+            .map(|l| l.to_string())
+            .unwrap_or_else(|| "-".into())
+    );
+    println!("current lsn     {}", s.current_wal_lsn);
+    if let Some(status) = &s.wal_status {
+        println!("slot wal_status {status}");
+    }
+    if let Some(rate) = s.decode_bytes_per_sec {
+        println!(
+            "decode rate     {}/s, {:.0} txn/s",
+            bytes(Some(rate as u64)),
+            s.decode_txns_per_sec.unwrap_or(0.0)
+        );
+    }
+}
+
+/// `outbox wal status`.
+pub fn print_wal_status(status: &outbox_wal::WalStatus, as_json: bool) -> anyhow::Result<()> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(status)?);
+    } else {
+        print_wal_lines(status);
     }
     Ok(())
 }

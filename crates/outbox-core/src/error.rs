@@ -50,6 +50,15 @@ pub enum StoreError {
     /// An event could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// This store does not implement the operation (a store written against an older version of
+    /// the [`Store`](crate::Store) trait).
+    #[error("the `{store}` store does not support `{operation}`")]
+    Unsupported {
+        /// Which store.
+        store: &'static str,
+        /// Which operation.
+        operation: &'static str,
+    },
 }
 
 impl StoreError {

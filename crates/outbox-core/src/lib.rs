@@ -34,6 +34,7 @@
 mod error;
 mod event;
 mod retry;
+pub mod route;
 pub mod routing;
 mod sink;
 mod store;
@@ -46,5 +47,6 @@ pub use event::{
 pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};
 pub use store::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, Lease, OutboxStats, RetryEvent, Store,
+    BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, Hold, Lease, LeaseHolder,
+    OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store,
 };

@@ -35,7 +35,7 @@ use crate::checker;
 use crate::cluster::PgCluster;
 use crate::dest::file::FileDestination;
 use crate::dest::webhook::WebhookDestination;
-use crate::dest::{ConsumerSide, Destination};
+use crate::dest::{ConsumerSide, Destination, UNROUTED};
 use crate::faults::{self, Capabilities, Fault, Intensity, Scheduled};
 use crate::history::{History, LeaseFault, OutboxRow};
 use crate::relays::{self, Relays};
@@ -387,9 +387,13 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
             "nats" => Arc::new(
                 crate::dest::nats::NatsDestination::start("nats", work.join("nats")).await?,
             ),
+            #[cfg(feature = "kafka")]
+            "kafka" => {
+                Arc::new(crate::dest::kafka::KafkaDestination::start("kafka", work.clone()).await?)
+            }
             other => {
                 return Err(Error::Invalid(format!(
-                    "unknown destination `{other}` (known: file, nats, webhook)"
+                    "unknown destination `{other}` (known: file, nats, kafka, webhook)"
                 )));
             }
         };
@@ -480,7 +484,7 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
     relays.start_all().await?;
 
     let log = Arc::new(WriterLog::new(&work.join("history.jsonl"))?);
-    let caps = Capabilities {
+    let mut caps = Capabilities {
         relays: options.relays,
         owns_database: cluster.is_some(),
         proxied: dests
@@ -500,6 +504,9 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
             .collect(),
         lease: options.lease,
     };
+    if destinations_style {
+        caps.poisonable.push(UNROUTED.to_owned());
+    }
     let schedule = faults::schedule(
         options.seed,
         &caps,
@@ -948,14 +955,20 @@ async fn act(ctx: &Ctx, fault: &Fault) -> Result<String, Error> {
             Ok(String::new())
         }
         Fault::Poison { dest: name } => {
-            let d = dest(ctx, name)?.clone();
+            let d = if name == UNROUTED {
+                None
+            } else {
+                Some(dest(ctx, name)?.clone())
+            };
+            let shape = |p: serde_json::Value| match &d {
+                Some(d) => d.poison(p),
+                None => Some(p),
+            };
             let n = ctx.poison_numbers.fetch_add(1, Ordering::SeqCst);
             let mut last = None;
             // The writers' link may be cut right now: try for a while.
             for _ in 0..50 {
-                match writers::write_poison(&ctx.writer_options, name, n, |p| d.poison(p), &ctx.log)
-                    .await
-                {
+                match writers::write_poison(&ctx.writer_options, name, n, shape, &ctx.log).await {
                     Ok(()) => return Ok(format!("poison-{n}")),
                     Err(e) => last = Some(e),
                 }
@@ -979,10 +992,15 @@ async fn pause_relay(ctx: &Ctx, relay: usize) -> Result<String, Error> {
         "SELECT seq, lease_token FROM {} WHERE lease_owner = $1 AND status = 'in_flight'",
         ctx.table
     );
-    // Wait (up to 5 s) for a moment when it holds a claim.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Freeze it at a moment when it holds a claim: stop it, look, and if it holds nothing let
+    // it run a little and try again (claims can be milliseconds long), for up to 10 s.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut held: Vec<(i64, uuid::Uuid)>;
     loop {
-        let held: Vec<(i64, uuid::Uuid)> = sqlx::query_as(AssertSqlSafe(held_query.as_str()))
+        Relays::signal(&slot, "STOP").await?;
+        slot.paused = true;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        held = sqlx::query_as(AssertSqlSafe(held_query.as_str()))
             .bind(&id)
             .fetch_all(&ctx.admin)
             .await
@@ -990,17 +1008,22 @@ async fn pause_relay(ctx: &Ctx, relay: usize) -> Result<String, Error> {
         if !held.is_empty() || Instant::now() > deadline {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        Relays::signal(&slot, "CONT").await?;
+        slot.paused = false;
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..40))).await;
     }
-    Relays::signal(&slot, "STOP").await?;
-    slot.paused = true;
-    // Statements it sent before it froze still complete in the server.
+    // Statements it sent before it froze still complete in the server (an ack in flight):
+    // what it holds is what is left after them.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let held: Vec<(i64, uuid::Uuid)> = sqlx::query_as(AssertSqlSafe(held_query.as_str()))
-        .bind(&id)
-        .fetch_all(&ctx.admin)
-        .await
-        .unwrap_or_default();
+    let held: Vec<(i64, uuid::Uuid)> = if held.is_empty() {
+        held
+    } else {
+        sqlx::query_as(AssertSqlSafe(held_query.as_str()))
+            .bind(&id)
+            .fetch_all(&ctx.admin)
+            .await
+            .unwrap_or_default()
+    };
     let seqs: Vec<i64> = held.iter().map(|h| h.0).collect();
     let tokens: Vec<uuid::Uuid> = held.iter().map(|h| h.1).collect();
     tokio::time::sleep(ctx.lease + Duration::from_millis(500)).await;

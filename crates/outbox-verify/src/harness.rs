@@ -92,6 +92,8 @@ pub struct Options {
     pub destinations: Vec<String>,
     /// Faults of each kind (0: none).
     pub faults_per_kind: u32,
+    /// Only these fault kinds (empty: every applicable kind).
+    pub only_faults: Vec<String>,
     /// Fraction of transactions rolled back on purpose.
     pub rollback: f64,
     /// Fraction of transactions whose writer kills its own connection.
@@ -134,6 +136,7 @@ impl Options {
             duration: Duration::from_secs(75),
             destinations: vec!["file".into()],
             faults_per_kind: 2,
+            only_faults: Vec::new(),
             rollback: 0.1,
             crash: 0.03,
             consumer_crash: 0.01,
@@ -507,7 +510,7 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
     if destinations_style {
         caps.poisonable.push(UNROUTED.to_owned());
     }
-    let schedule = faults::schedule(
+    let mut schedule = faults::schedule(
         options.seed,
         &caps,
         Intensity {
@@ -515,6 +518,9 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
             per_kind: options.faults_per_kind,
         },
     );
+    if !options.only_faults.is_empty() {
+        schedule.retain(|s| options.only_faults.iter().any(|k| k == s.fault.kind()));
+    }
     std::fs::write(
         work.join("schedule.json"),
         serde_json::to_vec_pretty(&schedule).unwrap_or_default(),

@@ -63,6 +63,10 @@ struct Cli {
     /// Faults of each kind.
     #[arg(long)]
     faults_per_kind: Option<u32>,
+    /// Only these fault kinds, comma-separated (e.g. `kill_relay,poison`; names as in the
+    /// report).
+    #[arg(long, value_delimiter = ',')]
+    only_faults: Option<Vec<String>>,
     /// Longest wait for the outbox to drain after the faults, e.g. `2m`.
     #[arg(long)]
     drain_timeout: Option<String>,
@@ -116,6 +120,9 @@ fn options(cli: Cli) -> anyhow::Result<Options> {
     if let Some(n) = cli.faults_per_kind {
         o.faults_per_kind = n;
     }
+    if let Some(k) = cli.only_faults {
+        o.only_faults = k;
+    }
     if let Some(d) = cli.drain_timeout {
         o.drain_timeout = duration(&d)?;
     }
@@ -141,7 +148,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OUTBOX_VERIFY_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,sqlx=error,outbox_inbox=error")
+                tracing_subscriber::EnvFilter::new("warn,sqlx=error,outbox_inbox=error,rdkafka=off,async_nats=error")
             }),
         )
         .with_writer(std::io::stderr)

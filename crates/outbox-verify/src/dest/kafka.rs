@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outbox_inbox::AdapterOptions;
+use outbox_inbox::{AdapterOptions, Delivery, InboxHandler, ParkedMessage, Processed};
 use outbox_testkit::TcpProxy;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -78,9 +78,37 @@ pub fn locate_tansu() -> Result<PathBuf, Error> {
     ))
 }
 
+/// Runs the handler on the harness's main runtime: the consumer's database pool belongs to it,
+/// and connections opened from the consumer thread's runtime would die with that runtime.
+struct OnMainRuntime {
+    inner: Arc<DestinationHandler>,
+    runtime: tokio::runtime::Handle,
+}
+
+#[async_trait]
+impl InboxHandler for OnMainRuntime {
+    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, outbox_inbox::Error> {
+        let inner = self.inner.clone();
+        let delivery = delivery.clone();
+        self.runtime
+            .spawn(async move { inner.handle(&delivery).await })
+            .await
+            .map_err(|e| outbox_inbox::Error::Handler(Box::new(e)))?
+    }
+
+    async fn park(&self, message: &ParkedMessage) -> Result<(), outbox_inbox::Error> {
+        let inner = self.inner.clone();
+        let message = message.clone();
+        self.runtime
+            .spawn(async move { inner.park(&message).await })
+            .await
+            .map_err(|e| outbox_inbox::Error::Handler(Box::new(e)))?
+    }
+}
+
 async fn consume(
     consumer: StreamConsumer,
-    handler: Arc<DestinationHandler>,
+    handler: OnMainRuntime,
     mut stop: watch::Receiver<bool>,
 ) {
     let options = AdapterOptions::default()
@@ -95,7 +123,7 @@ async fn consume(
             Ok(message) => {
                 // Retried here until settled: the partition must not skip a message.
                 while let Err(error) =
-                    outbox_inbox::kafka::handle_message(&consumer, &*handler, &message, &options)
+                    outbox_inbox::kafka::handle_message(&consumer, &handler, &message, &options)
                         .await
                 {
                     tracing::debug!(%error, "Kafka message not settled; retrying.");
@@ -220,6 +248,10 @@ impl Destination for KafkaDestination {
         // async fn); on the harness's runtime a commit the broker never answers would stall a
         // worker thread and everything scheduled on it. Its own thread and runtime contain that.
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let handler = OnMainRuntime {
+            inner: handler,
+            runtime: tokio::runtime::Handle::current(),
+        };
         std::thread::Builder::new()
             .name("kafka-consumer".into())
             .spawn(move || {

@@ -225,7 +225,10 @@ struct Ctx {
 
 fn target_of(fault: &Fault) -> String {
     match fault {
-        Fault::KillRelay { relay, .. } | Fault::PauseRelay { relay } => format!("relay{relay}"),
+        Fault::KillRelay { relay, .. } => format!("relay{relay}"),
+        // One pause at a time: a pause proves fencing only if another relay is running to
+        // re-claim the paused one's events.
+        Fault::PauseRelay { .. } => "pause".into(),
         Fault::CutRelayDatabase { .. } => "relay_db".into(),
         Fault::CutWriterDatabase { .. } => "writer_db".into(),
         Fault::RestartDatabase { .. } => "database".into(),

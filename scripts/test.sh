@@ -18,3 +18,4 @@ psql -h 127.0.0.1 -U postgres -d test -qAt -c "
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
+cargo run -q -p outbox-verify -- --profile short   # correctness harness (crates/outbox-verify/README.md)

@@ -112,6 +112,9 @@ pub struct Options {
     pub pad: usize,
     /// Where the JSON report goes.
     pub report_path: PathBuf,
+    /// Environment variables set to each relay's id (e.g.
+    /// `OUTBOX_DESTINATIONS__KAFKA__CLIENT_ID`).
+    pub per_relay_env: Vec<String>,
 }
 
 impl Options {
@@ -123,6 +126,14 @@ impl Options {
         work_dir: PathBuf,
     ) -> Self {
         let report_path = work_dir.join("report.json");
+        let per_relay_env = std::env::var("OUTBOX_VERIFY_PER_RELAY_ENV")
+            .map(|v| {
+                v.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
         let base = Options {
             profile,
             seed,
@@ -134,7 +145,7 @@ impl Options {
             writers: 16,
             rate: Some(12.0),
             duration: Duration::from_secs(75),
-            destinations: vec!["file".into()],
+            destinations: vec!["file".into(), "nats".into(), "webhook".into()],
             faults_per_kind: 2,
             only_faults: Vec::new(),
             rollback: 0.1,
@@ -146,6 +157,7 @@ impl Options {
             batch_size: 200,
             pad: 64,
             report_path,
+            per_relay_env,
         };
         match profile {
             Profile::Short => base,
@@ -221,6 +233,8 @@ struct Ctx {
     locks: BTreeMap<String, Mutex<()>>,
     poison_numbers: AtomicU64,
     started: Instant,
+    /// Set when the writers stopped: faults not yet begun are skipped.
+    writing_done: std::sync::atomic::AtomicBool,
 }
 
 fn target_of(fault: &Fault) -> String {
@@ -481,12 +495,14 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
     }
 
     // --- relays --------------------------------------------------------------------------------
-    let relays = Arc::new(Relays::new(
+    let mut relays = Relays::new(
         options.outbox_bin.clone(),
         config_path.clone(),
         logs.clone(),
         options.relays,
-    ));
+    );
+    relays.per_relay_env = options.per_relay_env.clone();
+    let relays = Arc::new(relays);
     relays.start_all().await?;
 
     let log = Arc::new(WriterLog::new(&work.join("history.jsonl"))?);
@@ -551,6 +567,7 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
         locks,
         poison_numbers: AtomicU64::new(0),
         started,
+        writing_done: std::sync::atomic::AtomicBool::new(false),
     });
 
     // --- write under faults -----------------------------------------------------------------
@@ -630,11 +647,17 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
         "writers stopped after {write_s:.0} s with {} transactions; waiting for faults to end",
         log.len()
     ));
+    // Faults still queued behind others (on the same target) are skipped now that the writers
+    // stopped; the ones under way get a minute to end, then are cut short (healing below undoes
+    // whatever they left).
+    ctx.writing_done.store(true, Ordering::SeqCst);
     let mut fault_records = Vec::new();
-    for t in fault_tasks {
-        match tokio::time::timeout(Duration::from_secs(120), t).await {
-            Ok(Ok(record)) => fault_records.push(record),
-            _ => {}
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for mut t in fault_tasks {
+        match tokio::time::timeout_at(deadline, &mut t).await {
+            Ok(Ok(Some(record))) => fault_records.push(record),
+            Ok(_) => {}
+            Err(_) => t.abort(),
         }
     }
 
@@ -771,17 +794,24 @@ async fn sample(ctx: &Ctx, side: &ConsumerSide) -> Sample {
     }
 }
 
-/// Wait until nothing is pending or in flight and every delivered event was received.
+/// Wait until nothing is pending or in flight and every delivered event was received. Past
+/// `timeout`, keep waiting while the consumers still make progress (a slow consumer is not a
+/// lost event), up to three times `timeout`.
 async fn drain(ctx: &Ctx, side: &ConsumerSide, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
     let mut last_report = Instant::now();
-    while Instant::now() < deadline {
+    let mut progress = (0usize, Instant::now());
+    loop {
         let counts: Result<(i64, i64), _> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT count(*) FILTER (WHERE status IN ('pending', 'in_flight')), count(*) FILTER (WHERE status = 'delivered') FROM {}",
             ctx.table
         )))
         .fetch_one(&ctx.admin)
         .await;
+        let received = side.received();
+        if received > progress.0 {
+            progress = (received, Instant::now());
+        }
         if let Ok((open, delivered)) = counts {
             let distinct: HashSet<EventId> = side
                 .observed()
@@ -799,9 +829,13 @@ async fn drain(ctx: &Ctx, side: &ConsumerSide, timeout: Duration) -> bool {
                 last_report = Instant::now();
             }
         }
+        let elapsed = started.elapsed();
+        let stalled = progress.1.elapsed() > Duration::from_secs(10);
+        if elapsed > timeout * 3 || (elapsed > timeout && stalled) {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    false
 }
 
 /// Read the final state.
@@ -840,26 +874,30 @@ async fn collect(ctx: &Ctx, side: &ConsumerSide, names: &Names) -> Result<Histor
     })
 }
 
-/// Inject one fault and undo it.
-async fn inject(ctx: &Ctx, scheduled: Scheduled) -> FaultRecord {
+/// Inject one fault and undo it; `None` when it was skipped because the writers had stopped
+/// before its turn came.
+async fn inject(ctx: &Ctx, scheduled: Scheduled) -> Option<FaultRecord> {
     let target = target_of(&scheduled.fault);
     let _guard = match ctx.locks.get(&target) {
         Some(lock) if target != "none" => Some(lock.lock().await),
         _ => None,
     };
+    if ctx.writing_done.load(Ordering::SeqCst) {
+        return None;
+    }
     let started_s = ctx.started.elapsed().as_secs_f64();
     let result = act(ctx, &scheduled.fault).await;
     let (note, failed) = match result {
         Ok(note) => (note, false),
         Err(error) => (error.to_string(), true),
     };
-    FaultRecord {
+    Some(FaultRecord {
         scheduled,
         started_s,
         ended_s: ctx.started.elapsed().as_secs_f64(),
         note,
         failed,
-    }
+    })
 }
 
 fn dest<'a>(ctx: &'a Ctx, name: &str) -> Result<&'a Arc<dyn Destination>, Error> {

@@ -148,7 +148,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OUTBOX_VERIFY_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,sqlx=error,outbox_inbox=error,rdkafka=off,async_nats=error")
+                tracing_subscriber::EnvFilter::new(
+                    "warn,sqlx=error,outbox_inbox=error,rdkafka=off,async_nats=error",
+                )
             }),
         )
         .with_writer(std::io::stderr)

@@ -37,10 +37,10 @@ pub fn locate_outbox_bin(explicit: Option<&Path>) -> Result<PathBuf, Error> {
             )))
         };
     }
-    if let Some(path) = std::env::var_os("OUTBOX_BIN").map(PathBuf::from) {
-        if path.is_file() {
-            return Ok(path);
-        }
+    if let Some(path) = std::env::var_os("OUTBOX_BIN").map(PathBuf::from)
+        && path.is_file()
+    {
+        return Ok(path);
     }
     let exe = std::env::current_exe().map_err(Error::io("locating the running executable"))?;
     let mut dir = exe.parent().map(Path::to_path_buf);
@@ -100,6 +100,9 @@ pub struct Relays {
     pub slots: Vec<Mutex<RelaySlot>>,
     /// Exits the supervisor saw.
     pub exits: Mutex<Vec<UnexpectedExit>>,
+    /// Environment variables set to the relay id in each process (per-relay settings, e.g. a
+    /// Kafka `client_id`).
+    pub per_relay_env: Vec<String>,
     started: Instant,
 }
 
@@ -126,6 +129,7 @@ impl Relays {
             log_dir,
             slots,
             exits: Mutex::new(Vec::new()),
+            per_relay_env: Vec::new(),
             started: Instant::now(),
         }
     }
@@ -137,7 +141,11 @@ impl Relays {
         slot.log = self.log_dir.join(format!("{}.log", slot.relay_id));
         let log = std::fs::File::create(&slot.log)
             .map_err(Error::io(format!("creating {}", slot.log.display())))?;
-        let child = Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        for name in &self.per_relay_env {
+            command.env(name, &slot.relay_id);
+        }
+        let child = command
             .args(["--log-format", "json", "relay", "--config"])
             .arg(&self.config)
             .env("OUTBOX_RELAY__RELAY_ID", &slot.relay_id)

@@ -295,7 +295,7 @@ pub fn summarize_logs(files: &[std::path::PathBuf]) -> LogSummary {
         }
     }
     let mut list: Vec<(String, u64)> = messages.into_iter().collect();
-    list.sort_by(|a, b| b.1.cmp(&a.1));
+    list.sort_by_key(|m| std::cmp::Reverse(m.1));
     list.truncate(15);
     summary.messages = list;
     summary

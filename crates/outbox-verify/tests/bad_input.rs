@@ -61,7 +61,11 @@ async fn drop_schema(store: &PgStore) {
 
 async fn enqueue(store: &PgStore, events: &[NewEvent]) {
     let mut tx = store.pool().begin().await.unwrap();
-    store.outbox().enqueue_batch(&mut *tx, events).await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, events)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -175,7 +179,12 @@ const REFUSED: &[Case] = &[
 
 /// Start `outbox relay --drain` with `body` against a migrated, empty outbox; describe what
 /// went wrong if it did not exit 2 naming `needle`.
-async fn refused_by_the_relay(schema: &str, body: &str, needle: &str, what: &str) -> Option<String> {
+async fn refused_by_the_relay(
+    schema: &str,
+    body: &str,
+    needle: &str,
+    what: &str,
+) -> Option<String> {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "bad.toml", &config(schema, body));
     let (code, stderr) = outbox(
@@ -293,14 +302,25 @@ async fn a_relay_with_a_bad_config_claims_nothing() {
     let schema = unique("outbox_t_bad_relay");
     let store = store(&schema).await;
     let events: Vec<NewEvent> = (0..10)
-        .map(|i| NewEvent::new("order", i.to_string(), "Created", &serde_json::json!({"i": i})).unwrap())
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                i.to_string(),
+                "Created",
+                &serde_json::json!({"i": i}),
+            )
+            .unwrap()
+        })
         .collect();
     enqueue(&store, &events).await;
     let dir = tempfile::tempdir().unwrap();
     let path = write(
         dir.path(),
         "bad.toml",
-        &config(&schema, "[relay]\nbatch_size = 10\nlease = \"1s\"\npublish_timeout = \"5s\"\n[destinations.f]\ntype = \"stdout\""),
+        &config(
+            &schema,
+            "[relay]\nbatch_size = 10\nlease = \"1s\"\npublish_timeout = \"5s\"\n[destinations.f]\ntype = \"stdout\"",
+        ),
     );
     let (code, stderr) = outbox(
         &["relay", "--drain", "--config", path.to_str().unwrap()],
@@ -405,7 +425,10 @@ async fn payloads_at_the_size_limits_are_delivered_or_dead_with_the_limit_named(
     );
     let messages = nats_messages(&js, &stream, 3).await;
     let bodies: Vec<usize> = messages.iter().map(|m| m.payload.len()).collect();
-    assert!(bodies.contains(&2), "`{{}}` arrived byte for byte: {bodies:?}");
+    assert!(
+        bodies.contains(&2),
+        "`{{}}` arrived byte for byte: {bodies:?}"
+    );
     assert!(
         bodies.contains(&(one_mb.payload().len())),
         "the 1 MB payload arrived whole: {bodies:?}"
@@ -442,7 +465,9 @@ async fn header_values_that_cannot_travel_are_dead_with_a_reason_and_block_nothi
     .bind(plain.id().as_uuid())
     .execute(store.pool())
     .await;
-    let error = refused.expect_err("PostgreSQL refuses invalid UTF-8").to_string();
+    let error = refused
+        .expect_err("PostgreSQL refuses invalid UTF-8")
+        .to_string();
     assert!(error.contains("UTF8"), "{error}");
 
     let dir = tempfile::tempdir().unwrap();
@@ -465,7 +490,11 @@ async fn header_values_that_cannot_travel_are_dead_with_a_reason_and_block_nothi
     .await;
     assert_eq!(code, Some(0), "{stderr}");
     let (s, error) = state(&store, newline.id()).await;
-    assert_eq!(s, EventState::Dead, "a line break cannot travel in a header");
+    assert_eq!(
+        s,
+        EventState::Dead,
+        "a line break cannot travel in a header"
+    );
     assert!(
         error.as_deref().unwrap_or("").contains("x-bad"),
         "the reason names the header: {error:?}"
@@ -667,7 +696,8 @@ async fn a_row_with_headers_that_are_not_strings_blocks_only_itself() {
     .await;
     let stats = store.stats().await.unwrap();
     assert_eq!(
-        stats.delivered, 10,
+        stats.delivered,
+        10,
         "the ten good events are delivered despite one corrupt row (relay exit {code:?}, stats {stats:?}): {}",
         stderr.lines().take(5).collect::<Vec<_>>().join("\n")
     );

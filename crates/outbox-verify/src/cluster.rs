@@ -109,7 +109,7 @@ impl PgCluster {
         ]);
         run(initdb, "initdb").await?;
         let conf = format!(
-            "\n# outbox-verify throwaway cluster\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\nwal_level = logical\nmax_replication_slots = 10\nmax_wal_senders = 10\nmax_connections = 300\nlog_min_messages = warning\n",
+            "\n# outbox-verify throwaway cluster\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\nwal_level = logical\nmax_replication_slots = 10\nmax_wal_senders = 10\nmax_connections = 300\nwal_sender_timeout = 5s\nlog_min_messages = warning\n",
             dir.display()
         );
         let conf_path = dir.join("postgresql.conf");

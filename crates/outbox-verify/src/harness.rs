@@ -104,6 +104,9 @@ pub struct Options {
     pub drain_timeout: Duration,
     /// Sampling interval of the timeline.
     pub sample_every: Duration,
+    /// Relay mode: `poll` (claims and leases) or `wal` (logical replication; needs the
+    /// harness's own cluster, which runs with `wal_level = logical`).
+    pub mode: String,
     /// Relay lease.
     pub lease: Duration,
     /// Relay batch size.
@@ -153,6 +156,7 @@ impl Options {
             consumer_crash: 0.01,
             drain_timeout: Duration::from_secs(90),
             sample_every: Duration::from_secs(1),
+            mode: "poll".into(),
             lease: Duration::from_secs(4),
             batch_size: 200,
             pad: 64,
@@ -326,6 +330,17 @@ fn relay_config(
         },
         "retention": {"enabled": false},
     });
+    if options.mode == "wal" {
+        config["mode"] = serde_json::json!("wal");
+        config["wal"] = serde_json::json!({
+            "slot": "outbox_t_verify",
+            "publication": "outbox_t_verify",
+            "status_interval": "500ms",
+            "standby_poll_interval": "500ms",
+            "takeover_timeout": "20s",
+            "max_reconnect_backoff": "1s",
+        });
+    }
     if destinations_style {
         let mut tables = serde_json::Map::new();
         let mut routes = Vec::new();
@@ -371,6 +386,12 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
     std::fs::create_dir_all(&logs).map_err(Error::io("creating the log directory"))?;
 
     // --- the outbox's database -------------------------------------------------------------
+    if options.mode != "poll" && options.mode != "wal" {
+        return Err(Error::Invalid(format!(
+            "unknown mode `{}` (poll or wal)",
+            options.mode
+        )));
+    }
     let (cluster, url) = match &options.database_url {
         Some(url) => (None, url.clone()),
         None => {

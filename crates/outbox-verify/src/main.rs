@@ -48,6 +48,9 @@ struct Cli {
     /// Comma-separated destinations: file, nats, webhook.
     #[arg(long, value_delimiter = ',')]
     destinations: Option<Vec<String>>,
+    /// Relay mode: `poll` or `wal` (logical replication).
+    #[arg(long)]
+    mode: Option<String>,
     /// Relay processes (1–3).
     #[arg(long)]
     relays: Option<usize>,
@@ -101,6 +104,9 @@ fn options(cli: Cli) -> anyhow::Result<Options> {
     o.consumer_url = cli.consumer_url;
     if let Some(d) = cli.destinations {
         o.destinations = d;
+    }
+    if let Some(m) = cli.mode {
+        o.mode = m;
     }
     if let Some(n) = cli.relays {
         anyhow::ensure!((1..=3).contains(&n), "--relays must be 1, 2 or 3");

@@ -121,8 +121,9 @@ impl RunReport {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "outbox-verify  profile={}  seed={}  destinations={}  config={}",
+            "outbox-verify  profile={}  mode={}  seed={}  destinations={}  config={}",
             self.profile,
+            self.options["mode"].as_str().unwrap_or("poll"),
             self.seed,
             self.destinations.join(","),
             if self.destinations_config {

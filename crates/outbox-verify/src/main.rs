@@ -199,6 +199,10 @@ fn main() -> ExitCode {
             println!("{}", report.summary());
             println!("report: {}", report_path.display());
             if report.violations().is_empty() {
+                // The database and broker stores are only worth keeping to investigate.
+                for dir in ["pg", "nats"] {
+                    let _ = std::fs::remove_dir_all(PathBuf::from(&report.work_dir).join(dir));
+                }
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

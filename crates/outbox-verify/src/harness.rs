@@ -1118,7 +1118,11 @@ async fn pause_relay(ctx: &Ctx, relay: usize) -> Result<String, Error> {
     slot.paused = false;
     let mut fenced = false;
     if reclaimed > 0 {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        // A relay frozen after its claim committed but before it read the result believes,
+        // once resumed, that its lease starts then: it publishes the whole stale batch (up to a
+        // lease long) before its write-back is fenced. Wait for that too (the slot stays locked,
+        // so no kill fault cuts it short).
+        let deadline = Instant::now() + (ctx.lease * 8).max(Duration::from_secs(15));
         while Instant::now() < deadline {
             if relays::log_contains_after(&slot.log, offset, &relays::FENCED_MARKERS) {
                 fenced = true;

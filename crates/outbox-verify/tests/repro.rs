@@ -76,7 +76,7 @@ async fn a_claim_never_takes_a_later_event_while_an_earlier_one_is_skipped() {
         .execute(store.pool())
         .await;
     assert!(
-        !(ids.contains(&second.id()) && !ids.contains(&first.id())),
+        !ids.contains(&second.id()) || ids.contains(&first.id()),
         "B claimed the second event of the aggregate without the first: it will publish it first"
     );
 }

@@ -248,3 +248,86 @@ async fn migrate_relay_and_status_work_on_mysql() {
     .await
     .unwrap();
 }
+
+/// Every command that opens the database refuses an unreachable server or an unopenable file
+/// the same way: one line naming the URL (password masked), exit code 2.
+#[test]
+fn unreachable_databases_give_one_line_and_exit_2_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing_dir = format!("sqlite://{}/no/such/dir/outbox.db", dir.path().display());
+    for url in [
+        "postgres://app:s3cret@127.0.0.1:1/app",
+        "mysql://app:s3cret@127.0.0.1:1/app",
+        missing_dir.as_str(),
+    ] {
+        for command in [
+            vec!["migrate", "--database-url", url],
+            vec!["relay", "--database-url", url, "--drain"],
+            vec!["status", "--database-url", url],
+            vec!["dead", "list", "--database-url", url],
+        ] {
+            let o = outbox(&command);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{command:?}: {err}");
+            assert_eq!(
+                err.trim().lines().count(),
+                1,
+                "{command:?}: one line: {err}"
+            );
+            assert!(err.contains("cannot open database"), "{command:?}: {err}");
+            assert!(!err.contains("s3cret"), "{command:?}: {err}");
+        }
+    }
+}
+
+/// `--log-format json`: one JSON object per line, and a delivery-relevant line (here an event
+/// that no route matches, dead-lettered) carries the event's identity and the destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_event_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("outbox.db");
+    let url = format!("sqlite://{}", db.display());
+    let o = outbox(&["migrate", "--database-url", &url]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let store = outbox_sqlite::SqliteStore::connect(&url, outbox_sqlite::SqliteOutbox::new())
+        .await
+        .unwrap();
+    let event = outbox_core::NewEvent::new("user", "u7", "UserRenamed", &serde_json::json!({}))
+        .unwrap()
+        .with_idempotency_key("rename-u7-1");
+    let mut tx = store.pool().begin().await.unwrap();
+    store.outbox().enqueue(&mut *tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+    store.pool().close().await;
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{url}\"\n[destinations.a]\ntype = \"stdout\"\n[destinations.b]\ntype = \"stdout\"\n"
+        ),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["--log-format", "json", "relay", "--drain", "--config"])
+        .arg(&config)
+        .env("OUTBOX_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stderr(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect();
+    let dead = lines
+        .iter()
+        .find(|l| l["message"].as_str().unwrap_or("").contains("is dead"))
+        .unwrap_or_else(|| panic!("no dead-letter line in {lines:?}"));
+    assert_eq!(dead["event_id"], event.id().to_string(), "{dead}");
+    assert_eq!(dead["event_type"], "UserRenamed", "{dead}");
+    assert_eq!(dead["aggregate_type"], "user", "{dead}");
+    assert_eq!(dead["aggregate_id"], "u7", "{dead}");
+    assert_eq!(dead["idempotency_key"], "rename-u7-1", "{dead}");
+    assert_eq!(dead["attempts"], 1, "{dead}");
+    assert_eq!(dead["destination"], "(unroutable)", "{dead}");
+    assert_eq!(dead["level"], "WARN", "{dead}");
+}

@@ -24,7 +24,9 @@
 //! Claims are serialized across relays with a transaction-scoped advisory lock taken just before
 //! the claim statement (see `outbox_core::Store` for why that is what keeps per-aggregate order
 //! with several relays). The lock is held for the duration of one short `UPDATE … RETURNING`;
-//! publishing, acking and retrying run without it.
+//! publishing, acking and retrying run without it. Inside that statement the rows are locked with
+//! `FOR UPDATE SKIP LOCKED`, and an event skipped because someone else holds its row holds back
+//! the rest of its aggregate for that claim (see the comment on the claim SQL for why).
 
 mod error;
 mod migrations;
@@ -330,38 +332,7 @@ impl Sql {
                  DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
                  RETURNING id, idempotency_key, (xmax = 0) AS created"
             ),
-            // $1 limit, $2 owner, $3 token, $4 dead blocks, $5 lease ms.
-            // A row is due when pending and its time has come, or in flight under an expired
-            // lease (its relay died). It is held back by any earlier row of its aggregate that is
-            // in flight under a live lease, waiting for a retry, or dead when dead blocks. The
-            // blocker probe's WHERE repeats the predicate of the `_blockers` partial index.
-            claim: format!(
-                "WITH due AS (
-                     SELECT e.seq FROM {t} e
-                     WHERE e.status IN ('pending', 'in_flight')
-                       AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= statement_timestamp()
-                                ELSE e.lease_expires_at <= statement_timestamp() END
-                       AND NOT EXISTS (
-                           SELECT 1 FROM {t} b
-                           WHERE b.aggregate_type = e.aggregate_type
-                             AND b.aggregate_id = e.aggregate_id
-                             AND b.seq < e.seq
-                             AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
-                             AND CASE b.status
-                                     WHEN 'in_flight' THEN b.lease_expires_at > statement_timestamp()
-                                     WHEN 'dead' THEN $4
-                                     ELSE b.next_attempt_at > statement_timestamp() END)
-                     ORDER BY e.seq
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE {t} AS o
-                 SET status = 'in_flight', lease_owner = $2, lease_token = $3,
-                     lease_expires_at = statement_timestamp() + $5 * interval '1 millisecond'
-                 FROM due WHERE o.seq = due.seq
-                 RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
-                           o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
-            ),
+            claim: claim_sql(t, None),
             ack: format!(
                 "UPDATE {t} SET status = 'delivered', delivered_at = now(),
                      lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
@@ -415,6 +386,95 @@ impl Sql {
             ),
         }
     }
+}
+
+/// The route expressions a claim with destinations on hold compares against the paused names:
+/// the table's `CASE` over the candidate (`e`) and over the blocker probe's row (`b`), both bound
+/// to the same placeholders.
+struct HoldSql {
+    route_e: String,
+    route_b: String,
+}
+
+/// The claim statement. `$1` limit, `$2` owner, `$3` token, `$4` dead blocks, `$5` lease ms; with
+/// a hold, `$6` the paused destination names (`text[]`) and `$7…` the route table's values.
+///
+/// A row is due when pending and its time has come, or in flight under an expired lease (its
+/// relay died). It is held back by any earlier row of its aggregate that is in flight under a
+/// live lease, waiting for a retry, or dead when dead blocks. The blocker probe's WHERE repeats
+/// the predicate of the `_blockers` partial index, the scan's that of `_open`, so the cost does
+/// not grow with the delivered rows kept for retention.
+///
+/// Why three steps and not one `SELECT … FOR UPDATE SKIP LOCKED LIMIT n`: `SKIP LOCKED` silently
+/// passes over a due row that another transaction holds at this instant — a writer whose
+/// duplicate-key enqueue hit it (`ON CONFLICT DO UPDATE` locks the row until that transaction
+/// ends), a stalled relay's late retry or release of an expired lease, an operator's
+/// `SELECT … FOR UPDATE`. Such a row is neither claimed nor a blocker (a pending row with no
+/// attempt never is), so a one-step claim would hand out the *next* event of its aggregate
+/// ahead of it. Instead:
+///
+/// 1. `due`: the first `n` due, unblocked rows in seq order, read without locking;
+/// 2. `locked`: those rows locked with `SKIP LOCKED`, the due condition checked again on the
+///    latest committed version (a row acked or retried since the statement's snapshot drops out);
+/// 3. `skipped`: per aggregate, the first `due` row that did not make it into `locked`. A locked
+///    row is claimed only when no skipped row of its aggregate comes before it.
+///
+/// `SKIP LOCKED` still keeps the claim from ever waiting on a row lock; the price of a skipped
+/// row is that this claim leaves its aggregate alone, and the next claim picks it up. The claim
+/// stays serialized across relays by the advisory lock taken just before it.
+fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
+    let (hold_e, hold_b) = match hold {
+        Some(h) => (
+            format!("AND NOT (COALESCE({}, '') = ANY($6::text[]))", h.route_e),
+            format!("AND NOT (COALESCE({}, '') = ANY($6::text[]))", h.route_b),
+        ),
+        None => (String::new(), String::new()),
+    };
+    format!(
+        "WITH due AS MATERIALIZED (
+             SELECT e.seq, e.aggregate_type, e.aggregate_id FROM {t} e
+             WHERE e.status IN ('pending', 'in_flight')
+               AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= statement_timestamp()
+                        ELSE e.lease_expires_at <= statement_timestamp() END
+               {hold_e}
+               AND NOT EXISTS (
+                   SELECT 1 FROM {t} b
+                   WHERE b.aggregate_type = e.aggregate_type
+                     AND b.aggregate_id = e.aggregate_id
+                     AND b.seq < e.seq
+                     AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
+                     AND CASE b.status
+                             WHEN 'in_flight' THEN b.lease_expires_at > statement_timestamp()
+                             WHEN 'dead' THEN $4
+                             ELSE b.next_attempt_at > statement_timestamp() END
+                     {hold_b})
+             ORDER BY e.seq
+             LIMIT $1
+         ),
+         locked AS MATERIALIZED (
+             SELECT l.seq FROM {t} l JOIN due d ON d.seq = l.seq
+             WHERE l.status IN ('pending', 'in_flight')
+               AND CASE WHEN l.status = 'pending' THEN l.next_attempt_at <= statement_timestamp()
+                        ELSE l.lease_expires_at <= statement_timestamp() END
+             FOR UPDATE OF l SKIP LOCKED
+         ),
+         skipped AS (
+             SELECT d.aggregate_type, d.aggregate_id, min(d.seq) AS seq FROM due d
+             WHERE NOT EXISTS (SELECT 1 FROM locked k WHERE k.seq = d.seq)
+             GROUP BY d.aggregate_type, d.aggregate_id
+         )
+         UPDATE {t} AS o
+         SET status = 'in_flight', lease_owner = $2, lease_token = $3,
+             lease_expires_at = statement_timestamp() + $5 * interval '1 millisecond'
+         FROM locked k
+         WHERE o.seq = k.seq
+           AND NOT EXISTS (
+               SELECT 1 FROM skipped s
+               WHERE s.aggregate_type = o.aggregate_type AND s.aggregate_id = o.aggregate_id
+                 AND s.seq < o.seq)
+         RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
+                   o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
+    )
 }
 
 /// The outbox as a relay sees it: a pool and an outbox location.

@@ -381,7 +381,11 @@ impl Sql {
             // outer scan repeats the predicate of the `_open` partial index and the blocker probe
             // that of the `_blockers` one, so SQLite's planner uses both (checked by a test with
             // EXPLAIN QUERY PLAN). One statement: SQLite runs it under its single write lock, so
-            // concurrent claims are serialized and never overlap.
+            // concurrent claims are serialized and never overlap. SQLite has no row locks, so the
+            // PostgreSQL claim's hole (SKIP LOCKED passing over an earlier event another
+            // transaction holds, handing out its aggregate's next one) cannot open here: a writer
+            // holding any row holds the whole database, and the claim waits for its commit (busy
+            // timeout) and then sees every row as it is.
             claim: format!(
                 "UPDATE {t}
                  SET status = 'in_flight', lease_owner = ?2, lease_token = ?3, lease_expires_at = ?4

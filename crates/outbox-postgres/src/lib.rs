@@ -38,9 +38,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use outbox_core::route::{RouteTable, SqlDialect};
 use outbox_core::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, Event, EventId, EventRecord,
-    Headers, Lease, NewEvent, OutboxStats, RetryEvent, Store, StoreError,
+    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats, Event, EventId,
+    EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats, PausedDestination,
+    ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
@@ -94,6 +96,11 @@ struct Sql {
     purge: String,
     stats: String,
     oldest: String,
+    leases: String,
+    pause: String,
+    resume: String,
+    paused: String,
+    purge_dead: String,
 }
 
 const RECORD_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload::text AS payload, \
@@ -123,7 +130,8 @@ impl PgOutbox {
         check_identifier("schema", schema)?;
         check_identifier("table", table)?;
         let qualified = format!("\"{schema}\".\"{table}\"");
-        let sql = Sql::render(&qualified);
+        let paused = format!("\"{schema}\".\"{table}_paused\"");
+        let sql = Sql::render(&qualified, &paused);
         Ok(PgOutbox {
             inner: Arc::new(Names {
                 schema: schema.to_owned(),
@@ -313,7 +321,8 @@ impl PgOutbox {
 }
 
 impl Sql {
-    fn render(t: &str) -> Self {
+    /// `t` is the quoted outbox table, `p` the quoted paused-destinations table.
+    fn render(t: &str, p: &str) -> Self {
         Sql {
             enqueue: format!(
                 "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
@@ -366,11 +375,38 @@ impl Sql {
             discard_dead: format!(
                 "DELETE FROM {t} WHERE status = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1))"
             ),
+            // The outer WHERE repeats the condition: a row changed between the subquery's
+            // snapshot and the delete (a replay, say) is re-checked on its latest version.
             purge: format!(
                 "DELETE FROM {t} WHERE seq IN (
                      SELECT seq FROM {t}
                      WHERE status = 'delivered' AND delivered_at < now() - $1 * interval '1 millisecond'
-                     ORDER BY seq LIMIT $2)"
+                     ORDER BY seq LIMIT $2)
+                   AND status = 'delivered' AND delivered_at < now() - $1 * interval '1 millisecond'"
+            ),
+            // $1 age ms, $2 limit. Through the `_dead` partial index.
+            purge_dead: format!(
+                "DELETE FROM {t} WHERE seq IN (
+                     SELECT seq FROM {t}
+                     WHERE status = 'dead' AND dead_at < now() - $1 * interval '1 millisecond'
+                     ORDER BY seq LIMIT $2)
+                   AND status = 'dead' AND dead_at < now() - $1 * interval '1 millisecond'"
+            ),
+            // In-flight rows only (the `_open` partial index), on the database's clock.
+            leases: format!(
+                "SELECT COALESCE(lease_owner, '') AS owner, count(*) AS events,
+                        min(claimed_at) AS claimed_since, max(lease_expires_at) AS expires_at,
+                        count(*) FILTER (WHERE lease_expires_at <= now()) AS expired
+                 FROM {t} WHERE status = 'in_flight'
+                 GROUP BY 1 ORDER BY 1"
+            ),
+            pause: format!(
+                "INSERT INTO {p} (destination, paused_by) VALUES ($1, $2)
+                 ON CONFLICT (destination) DO NOTHING"
+            ),
+            resume: format!("DELETE FROM {p} WHERE destination = $1"),
+            paused: format!(
+                "SELECT destination, paused_at, paused_by FROM {p} ORDER BY destination"
             ),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
@@ -465,7 +501,8 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
          )
          UPDATE {t} AS o
          SET status = 'in_flight', lease_owner = $2, lease_token = $3,
-             lease_expires_at = statement_timestamp() + $5 * interval '1 millisecond'
+             lease_expires_at = statement_timestamp() + $5 * interval '1 millisecond',
+             claimed_at = statement_timestamp()
          FROM locked k
          WHERE o.seq = k.seq
            AND NOT EXISTS (
@@ -474,6 +511,64 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                  AND s.seq < o.seq)
          RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
                    o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
+    )
+}
+
+/// Backlog per destination: the route `CASE` (`$1…`) grouped over the undelivered rows (the
+/// `_open` partial index) and the dead ones (the `_dead` index). Delivered rows, the bulk of a
+/// table kept for retention, are never read.
+fn destination_stats_sql(t: &str, route: &str) -> String {
+    format!(
+        "SELECT x.route,
+                count(*) FILTER (WHERE x.status = 'pending') AS pending,
+                count(*) FILTER (WHERE x.status = 'pending' AND x.attempts > 0) AS retrying,
+                count(*) FILTER (WHERE x.status = 'in_flight') AS in_flight,
+                count(*) FILTER (WHERE x.status = 'dead') AS dead,
+                min(x.enqueued_at) FILTER (WHERE x.status IN ('pending', 'in_flight')) AS oldest
+         FROM (
+             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             FROM {t} e WHERE e.status IN ('pending', 'in_flight')
+             UNION ALL
+             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             FROM {t} e WHERE e.status = 'dead'
+         ) x
+         GROUP BY x.route"
+    )
+}
+
+/// One replay step. `$1` after seq, `$2` from, `$3` to, `$4` event type or NULL, `$5` limit;
+/// with a destination, `$6` its name and `$7…` the route table's values.
+///
+/// The page is the first `limit` matching delivered rows after `$1` in seq order (a walk of the
+/// primary key: delivered rows have no index of their own, which is what keeps acks cheap). The
+/// update re-checks `status` on each row's latest version, so a row purged or changed since the
+/// page was read is left alone.
+fn replay_sql(t: &str, route: Option<&str>) -> String {
+    let destination = route
+        .map(|r| format!("AND COALESCE({r}, '') = $6"))
+        .unwrap_or_default();
+    format!(
+        "WITH page AS MATERIALIZED (
+             SELECT e.seq FROM {t} e
+             WHERE e.status = 'delivered' AND e.seq > $1
+               AND e.enqueued_at >= $2 AND e.enqueued_at < $3
+               AND ($4::text IS NULL OR e.event_type = $4)
+               {destination}
+             ORDER BY e.seq
+             LIMIT $5
+         ),
+         done AS (
+             UPDATE {t} AS o
+             SET status = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL,
+                 dead_at = NULL, last_error = NULL,
+                 lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+             FROM page p
+             WHERE o.seq = p.seq AND o.status = 'delivered'
+             RETURNING o.seq
+         )
+         SELECT (SELECT count(*) FROM page) AS scanned,
+                (SELECT max(seq) FROM page) AS last_seq,
+                (SELECT count(*) FROM done) AS replayed"
     )
 }
 
@@ -601,6 +696,16 @@ fn decode_record(row: &PgRow) -> Result<EventRecord, StoreError> {
     })
 }
 
+/// A destination name to pause: any non-empty text (the route table decides what it matches).
+fn check_destination(destination: &str) -> Result<(), StoreError> {
+    if destination.is_empty() {
+        return Err(StoreError::Invalid(
+            "the destination to pause must not be empty".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
 fn dead_ids(filter: &DeadFilter) -> Option<Vec<Uuid>> {
     match filter {
         DeadFilter::All => None,
@@ -622,15 +727,37 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        let rows = sqlx::query(AssertSqlSafe(self.sql().claim.as_str()))
+        let hold = request.hold.as_deref().filter(|h| !h.paused.is_empty());
+        let held_sql;
+        let (sql, route_binds, paused) = match hold {
+            None => (self.sql().claim.as_str(), Vec::new(), None),
+            Some(hold) => {
+                let dialect = SqlDialect::Postgres { first_param: 7 };
+                let route_e = hold.routes.sql_case(dialect, Some("e"));
+                let route_b = hold.routes.sql_case(dialect, Some("b"));
+                held_sql = claim_sql(
+                    self.outbox.qualified_table(),
+                    Some(&HoldSql {
+                        route_e: route_e.sql,
+                        route_b: route_b.sql,
+                    }),
+                );
+                (held_sql.as_str(), route_e.binds, Some(&hold.paused))
+            }
+        };
+        let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(i64::from(request.limit))
             .bind(&request.owner)
             .bind(token)
             .bind(request.dead_letter == DeadLetterPolicy::Block)
-            .bind(millis(request.lease))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
+            .bind(millis(request.lease));
+        if let Some(paused) = paused {
+            query = query.bind(paused);
+            for value in route_binds {
+                query = query.bind(value);
+            }
+        }
+        let rows = query.fetch_all(&mut *tx).await.map_err(map_sqlx)?;
         tx.commit().await.map_err(map_sqlx)?;
         let mut events = rows
             .iter()
@@ -780,6 +907,147 @@ impl Store for PgStore {
 
     async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
         let done = sqlx::query(AssertSqlSafe(self.sql().purge.as_str()))
+            .bind(millis(older_than))
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn destination_stats(
+        &self,
+        routes: &RouteTable,
+    ) -> Result<Vec<DestinationStats>, StoreError> {
+        let route = routes.sql_case(SqlDialect::Postgres { first_param: 1 }, Some("e"));
+        let sql = destination_stats_sql(self.outbox.qualified_table(), &route.sql);
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for value in &route.binds {
+            query = query.bind(value);
+        }
+        let rows = query.fetch_all(&self.pool).await.map_err(map_sqlx)?;
+        let mut out = rows
+            .iter()
+            .map(|row| {
+                let count = |name: &str| -> Result<u64, StoreError> {
+                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+                    Ok(u64::try_from(n).unwrap_or(0))
+                };
+                let route: String = row.try_get("route").map_err(map_sqlx)?;
+                Ok(DestinationStats {
+                    destination: (!route.is_empty()).then_some(route),
+                    pending: count("pending")?,
+                    retrying: count("retrying")?,
+                    in_flight: count("in_flight")?,
+                    dead: count("dead")?,
+                    oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        out.sort_by(|a, b| a.destination.cmp(&b.destination));
+        Ok(out)
+    }
+
+    async fn leases(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().leases.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                let count = |name: &str| -> Result<u64, StoreError> {
+                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+                    Ok(u64::try_from(n).unwrap_or(0))
+                };
+                Ok(LeaseHolder {
+                    owner: row.try_get("owner").map_err(map_sqlx)?,
+                    events: count("events")?,
+                    claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
+                    expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
+                    expired: count("expired")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn pause(&self, destination: &str, by: &str) -> Result<bool, StoreError> {
+        check_destination(destination)?;
+        let done = sqlx::query(AssertSqlSafe(self.sql().pause.as_str()))
+            .bind(destination)
+            .bind(by)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn resume(&self, destination: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(self.sql().resume.as_str()))
+            .bind(destination)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().paused.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                Ok(PausedDestination {
+                    destination: row.try_get("destination").map_err(map_sqlx)?,
+                    paused_at: row.try_get("paused_at").map_err(map_sqlx)?,
+                    paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn replay(
+        &self,
+        filter: &ReplayFilter,
+        routes: &RouteTable,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<ReplayStep, StoreError> {
+        if limit == 0 {
+            return Ok(ReplayStep::default());
+        }
+        let route = filter
+            .destination
+            .as_ref()
+            .map(|_| routes.sql_case(SqlDialect::Postgres { first_param: 7 }, Some("e")));
+        let sql = replay_sql(
+            self.outbox.qualified_table(),
+            route.as_ref().map(|r| r.sql.as_str()),
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(after_seq.unwrap_or(0))
+            .bind(filter.from)
+            .bind(filter.to)
+            .bind(filter.event_type.as_deref())
+            .bind(i64::from(limit));
+        if let (Some(destination), Some(route)) = (&filter.destination, &route) {
+            query = query.bind(destination);
+            for value in &route.binds {
+                query = query.bind(value);
+            }
+        }
+        let row = query.fetch_one(&self.pool).await.map_err(map_sqlx)?;
+        let scanned: i64 = row.try_get("scanned").map_err(map_sqlx)?;
+        let last_seq: Option<i64> = row.try_get("last_seq").map_err(map_sqlx)?;
+        let replayed: i64 = row.try_get("replayed").map_err(map_sqlx)?;
+        Ok(ReplayStep {
+            replayed: u64::try_from(replayed).unwrap_or(0),
+            next_after: last_seq.filter(|_| scanned >= i64::from(limit)),
+        })
+    }
+
+    async fn purge_dead(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(self.sql().purge_dead.as_str()))
             .bind(millis(older_than))
             .bind(i64::from(limit))
             .execute(&self.pool)

@@ -25,10 +25,11 @@ pub(crate) struct Migration {
 }
 
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "outbox events table, claim and ordering indexes",
-    sql: r#"
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox events table, claim and ordering indexes",
+        sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- The seeds' new / sent / error are pending / delivered / dead; a pending row with attempts > 0
 -- is one waiting for a retry.
@@ -72,7 +73,50 @@ CREATE INDEX {table}_open ON {t} (seq)
 CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "claimed_at, paused destinations, dead-row index, autovacuum settings",
+        sql: r#"
+-- When the row was last claimed: `outbox status` shows which relay holds claims since when.
+-- Nullable without a default, so adding it rewrites nothing (a catalog change only). It stays
+-- set after the row leaves in_flight (the last claim's time); only in_flight rows read it.
+ALTER TABLE {t} ADD COLUMN claimed_at TIMESTAMPTZ;
+
+-- Destinations an operator paused (`outbox pause`). Relays read it every poll and claim around
+-- the paused destinations' events; the events themselves are not touched.
+CREATE TABLE "{schema}"."{table}_paused" (
+    destination TEXT        PRIMARY KEY,
+    paused_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    paused_by   TEXT        NOT NULL
+);
+
+-- Dead rows in seq order: list_dead, the per-destination dead counts and dead-letter retention
+-- read only these, however many delivered rows retention keeps. (Building it reads the table
+-- once, under a lock that holds writers back for that time.)
+CREATE INDEX {table}_dead ON {t} (seq) WHERE status = 'dead';
+
+-- Autovacuum for a queue table. Every event leaves three or more dead row versions behind
+-- (claim, ack, each retry, and the purge's delete), and none of those updates can be HOT:
+-- `status` appears in the partial indexes' predicates. With the defaults (vacuum once 20% of
+-- the table is dead) a table keeping a week of delivered events for retention collects
+-- millions of dead versions between two vacuums, and the small `_open` and `_blockers` indexes
+-- every claim reads fill with dead entries: claims slow down exactly when the backlog grows.
+-- Vacuum instead after 1000 + 1% dead rows, analyze after 1000 + 2% changed rows (the status
+-- mix shifts quickly and the planner's choice of partial index depends on it), and let the
+-- worker run with half the default cost delay so it keeps up. Setting these takes a SHARE
+-- UPDATE EXCLUSIVE lock: reads and writes go on. Tune further with `ALTER TABLE … SET`;
+-- see the crate docs.
+ALTER TABLE {t} SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_analyze_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 1
+);
+"#,
+    },
+];
 
 /// The newest schema version this build knows.
 pub(crate) fn latest_version() -> i64 {

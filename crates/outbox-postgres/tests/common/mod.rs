@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{EventId, NewEvent};
@@ -66,5 +67,23 @@ impl Harness for PgHarness {
             .unwrap();
         tx.commit().await.unwrap();
         done.into_iter().map(|e| (e.id, e.created)).collect()
+    }
+
+    async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {
+        let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET occurred_at = occurred_at - $2 * interval '1 millisecond',
+                 enqueued_at = enqueued_at - $2 * interval '1 millisecond',
+                 claimed_at = claimed_at - $2 * interval '1 millisecond',
+                 delivered_at = delivered_at - $2 * interval '1 millisecond',
+                 dead_at = dead_at - $2 * interval '1 millisecond'
+             WHERE id = ANY($1)",
+            store.outbox().qualified_table()
+        )))
+        .bind(&ids)
+        .bind(by.as_millis() as i64)
+        .execute(store.pool())
+        .await
+        .unwrap();
     }
 }

@@ -165,7 +165,11 @@ async fn migrate_is_idempotent_and_safe_to_race() {
     for t in tasks {
         applied.extend(t.await.unwrap().applied);
     }
-    assert_eq!(applied, vec![1, 2], "exactly one racer applied each version");
+    assert_eq!(
+        applied,
+        vec![1, 2],
+        "exactly one racer applied each version"
+    );
     let again = outbox.migrate(&pool).await.unwrap();
     assert!(again.applied.is_empty());
     assert_eq!(outbox.schema_version(&pool).await.unwrap(), (2, 2));

@@ -27,10 +27,85 @@
 //! publishing, acking and retrying run without it. Inside that statement the rows are locked with
 //! `FOR UPDATE SKIP LOCKED`, and an event skipped because someone else holds its row holds back
 //! the rest of its aggregate for that claim (see the comment on the claim SQL for why).
+//!
+//! ## Autovacuum
+//!
+//! The outbox is a queue table: every event is inserted, updated at least twice (claim, ack;
+//! once more per retry) and, after retention, deleted — three or more dead row versions each,
+//! and none of those updates can be HOT because `status` is part of the partial indexes'
+//! predicates. PostgreSQL's defaults vacuum a table once 20% of it is dead; for an outbox that
+//! keeps a week of delivered events that is millions of dead versions, most of them in the
+//! small `_open` and `_blockers` indexes every claim walks, so claims slow down exactly when
+//! the backlog grows. Migration 2 therefore sets, on the outbox table only:
+//!
+//! | setting | value | why |
+//! |---|---|---|
+//! | `autovacuum_vacuum_scale_factor` | 0.01 | vacuum after 1% of the table is dead, not 20% |
+//! | `autovacuum_vacuum_threshold` | 1000 | … plus 1000 rows, so a small outbox is not vacuumed constantly |
+//! | `autovacuum_analyze_scale_factor` | 0.02 | the status mix shifts fast; the planner's choice of partial index depends on it |
+//! | `autovacuum_analyze_threshold` | 1000 | as above |
+//! | `autovacuum_vacuum_cost_delay` | 1 (ms) | half the default pause, so the worker keeps up with the churn |
+//!
+//! Setting them takes only a `SHARE UPDATE EXCLUSIVE` lock (reads and writes go on). Busier
+//! outboxes can lower the scale factor further (`ALTER TABLE outbox.events SET
+//! (autovacuum_vacuum_scale_factor = 0.002)`) or raise `autovacuum_vacuum_cost_limit`; and keep
+//! long-running transactions away from the database, since vacuum cannot remove row versions a
+//! still-open snapshot may see. Past a few million events a day, the partitioned layout avoids
+//! the question: its retention deletes nothing.
+//!
+//! ## Partitioned mode
+//!
+//! [`PgOutbox::partitioned`] keeps the events in a table range-partitioned by `enqueued_at`
+//! (daily by default, see [`Partitioning`]). Retention then drops whole partitions instead of
+//! deleting rows: no `DELETE`, no dead versions, no vacuum debt. [`PgOutbox::maintain_partitions`]
+//! creates the partitions writers will need ([`Partitioning::ahead`]) and drops those whose range
+//! and every delivery are past [`Partitioning::retention`]; a partition holding any pending,
+//! in-flight or dead event is never dropped, whatever its age. Call it on a schedule (every few
+//! minutes to hourly, from one process or several: runs are serialized) and once before writers
+//! start. A default partition catches events no dated partition covers, so a late maintenance
+//! run never fails a writer.
+//!
+//! What differs from the plain layout:
+//!
+//! - PostgreSQL requires a partitioned table's unique constraints to include the partition key,
+//!   so the event `id` and the idempotency key are kept unique across partitions by a small,
+//!   unpartitioned `<table>_keys` table (id, key, enqueued_at). The enqueue statement writes it
+//!   first and the event only if that created a row, in one statement inside the caller's
+//!   transaction, with the same results as the plain layout. Its rows go with their events
+//!   (same statement for purge and discard; by `enqueued_at` range right after a partition is
+//!   dropped).
+//! - `seq` comes from a sequence, and the primary key is `(seq, enqueued_at)`.
+//! - Creating or dropping a partition takes an `ACCESS EXCLUSIVE` lock on the outbox table for
+//!   a few milliseconds, waited for at most [`Partitioning::lock_timeout`].
+//! - `purge_delivered` still works (and is how rows that landed in the default partition are
+//!   cleaned), but is not needed for dated partitions.
+//! - The WAL relay (`outbox-wal`) is not supported on the partitioned layout.
+//!
+//! Every [`Store`] operation behaves the same: the conformance suite runs against both layouts.
+//!
+//! ### Moving an existing outbox to the partitioned layout
+//!
+//! A table cannot be turned into a partitioned one in place, so the move goes through a second
+//! outbox table, without losing or reordering events:
+//!
+//! 1. Create it next to the old one: `PgOutbox::partitioned("outbox", "events_p", …)`,
+//!    `migrate`, `maintain_partitions`.
+//! 2. Deploy the writers with the new outbox. Events enqueued from then on go to the new table.
+//! 3. Drain the old table: run the relay against it with `stop_when_idle` (`outbox relay
+//!    --drain`) until no event is pending or in flight, and only then start the relay on the
+//!    new table — an aggregate's old events are then all delivered before its new ones.
+//!    (Dead events of the old table stay there; requeue or discard them first if they matter.)
+//! 4. After the retention period, drop the old table and its `_migrations` and `_paused`
+//!    tables.
+//!
+//! Idempotency keys are only checked within one table: during step 2, a writer retrying an
+//! enqueue that first reached the old table is not recognised as a duplicate by the new one;
+//! consumers deduplicate on the event id anyway (at-least-once delivery).
 
 mod error;
 mod migrations;
 mod names;
+mod partition;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,6 +124,7 @@ use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
 pub use migrations::MigrationReport;
+pub use partition::{KeepReason, KeptPartition, PartitionInterval, PartitionReport, Partitioning};
 
 use error::map_sqlx;
 use names::{check_identifier, fnv1a};
@@ -77,6 +153,8 @@ struct Names {
     table: String,
     qualified: String,
     sql: Sql,
+    /// `Some` for the partitioned layout (see [`Partitioning`]).
+    partitioning: Option<Partitioning>,
 }
 
 /// Statements rendered once per outbox (they embed the table name).
@@ -127,19 +205,81 @@ impl PgOutbox {
     /// assert!(outbox_postgres::PgOutbox::with_names("x; drop table y", "events").is_err());
     /// ```
     pub fn with_names(schema: &str, table: &str) -> Result<Self, StoreError> {
+        Self::build(schema, table, None)
+    }
+
+    /// The outbox in table `schema.table`, range-partitioned by `enqueued_at` (see the crate
+    /// docs, "Partitioned mode"). Retention then drops whole partitions
+    /// ([`PgOutbox::maintain_partitions`]) instead of deleting rows.
+    ///
+    /// ```
+    /// use outbox_postgres::{PgOutbox, Partitioning};
+    /// let outbox = PgOutbox::partitioned("outbox", "events", Partitioning::default()).unwrap();
+    /// assert!(outbox.partitioning().is_some());
+    /// ```
+    pub fn partitioned(
+        schema: &str,
+        table: &str,
+        partitioning: Partitioning,
+    ) -> Result<Self, StoreError> {
+        Self::build(schema, table, Some(partitioning))
+    }
+
+    fn build(
+        schema: &str,
+        table: &str,
+        partitioning: Option<Partitioning>,
+    ) -> Result<Self, StoreError> {
         check_identifier("schema", schema)?;
         check_identifier("table", table)?;
         let qualified = format!("\"{schema}\".\"{table}\"");
         let paused = format!("\"{schema}\".\"{table}_paused\"");
-        let sql = Sql::render(&qualified, &paused);
+        let keys = format!("\"{schema}\".\"{table}_keys\"");
+        let sql = Sql::render(
+            &qualified,
+            &paused,
+            partitioning.as_ref().map(|_| keys.as_str()),
+        );
         Ok(PgOutbox {
             inner: Arc::new(Names {
                 schema: schema.to_owned(),
                 table: table.to_owned(),
                 qualified,
                 sql,
+                partitioning,
             }),
         })
+    }
+
+    /// The partitioning settings, for an outbox in the partitioned layout.
+    pub fn partitioning(&self) -> Option<&Partitioning> {
+        self.inner.partitioning.as_ref()
+    }
+
+    /// `"schema"."table_keys"`: the partitioned layout's table of ids and idempotency keys.
+    pub(crate) fn keys_table(&self) -> String {
+        format!("\"{}\".\"{}_keys\"", self.inner.schema, self.inner.table)
+    }
+
+    /// Create the partitions due soon and drop the ones whose events are all delivered and past
+    /// retention (see [`Partitioning`]). Call it regularly (every few minutes to every hour) and
+    /// at start-up; `now` is the current time. An error for an outbox that is not partitioned.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use outbox_postgres::{PgOutbox, Partitioning};
+    /// let outbox = PgOutbox::partitioned("outbox", "events", Partitioning::default())?;
+    /// outbox.migrate(&pool).await?;
+    /// let report = outbox.maintain_partitions(&pool, chrono::Utc::now()).await?;
+    /// println!("created {:?}, dropped {:?}", report.created, report.dropped);
+    /// # Ok(()) }
+    /// ```
+    pub async fn maintain_partitions(
+        &self,
+        pool: &PgPool,
+        now: DateTime<Utc>,
+    ) -> Result<PartitionReport, StoreError> {
+        partition::maintain(self, pool, now).await
     }
 
     /// The schema name.
@@ -187,7 +327,7 @@ impl PgOutbox {
     pub async fn schema_version(&self, pool: &PgPool) -> Result<(i64, i64), StoreError> {
         Ok((
             migrations::current_version(self, pool).await?,
-            migrations::latest_version(),
+            migrations::latest_version(self),
         ))
     }
 
@@ -321,26 +461,26 @@ impl PgOutbox {
 }
 
 impl Sql {
-    /// `t` is the quoted outbox table, `p` the quoted paused-destinations table.
-    fn render(t: &str, p: &str) -> Self {
+    /// `t` is the quoted outbox table, `p` the quoted paused-destinations table, `keys` the
+    /// quoted keys table of the partitioned layout.
+    fn render(t: &str, p: &str, keys: Option<&str>) -> Self {
+        // Deletes report how many events they removed; in the partitioned layout they remove
+        // the events' ids and keys from the keys table in the same statement.
+        let counted_delete = |delete: String| match keys {
+            None => format!("WITH d AS ({delete} RETURNING id) SELECT count(*) AS n FROM d"),
+            Some(k) => format!(
+                "WITH d AS ({delete} RETURNING id),
+                      k AS (DELETE FROM {k} WHERE id IN (SELECT id FROM d))
+                 SELECT count(*) AS n FROM d"
+            ),
+        };
+        let (enqueue, enqueue_batch) = match keys {
+            None => (plain_enqueue(t), plain_enqueue_batch(t)),
+            Some(k) => (keyed_enqueue(t, k), keyed_enqueue_batch(t, k)),
+        };
         Sql {
-            enqueue: format!(
-                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
-                 VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9)
-                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-                 DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-                 RETURNING id, (xmax = 0) AS created"
-            ),
-            enqueue_batch: format!(
-                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
-                 SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at
-                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
-                      WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, ord)
-                 ORDER BY u.ord
-                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-                 DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-                 RETURNING id, idempotency_key, (xmax = 0) AS created"
-            ),
+            enqueue,
+            enqueue_batch,
             claim: claim_sql(t, None),
             ack: format!(
                 "UPDATE {t} SET status = 'delivered', delivered_at = now(),
@@ -372,26 +512,26 @@ impl Sql {
                 "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = now(), dead_at = NULL
                  WHERE status = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1))"
             ),
-            discard_dead: format!(
+            discard_dead: counted_delete(format!(
                 "DELETE FROM {t} WHERE status = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1))"
-            ),
+            )),
             // The outer WHERE repeats the condition: a row changed between the subquery's
             // snapshot and the delete (a replay, say) is re-checked on its latest version.
-            purge: format!(
+            purge: counted_delete(format!(
                 "DELETE FROM {t} WHERE seq IN (
                      SELECT seq FROM {t}
                      WHERE status = 'delivered' AND delivered_at < now() - $1 * interval '1 millisecond'
                      ORDER BY seq LIMIT $2)
                    AND status = 'delivered' AND delivered_at < now() - $1 * interval '1 millisecond'"
-            ),
+            )),
             // $1 age ms, $2 limit. Through the `_dead` partial index.
-            purge_dead: format!(
+            purge_dead: counted_delete(format!(
                 "DELETE FROM {t} WHERE seq IN (
                      SELECT seq FROM {t}
                      WHERE status = 'dead' AND dead_at < now() - $1 * interval '1 millisecond'
                      ORDER BY seq LIMIT $2)
                    AND status = 'dead' AND dead_at < now() - $1 * interval '1 millisecond'"
-            ),
+            )),
             // In-flight rows only (the `_open` partial index), on the database's clock.
             leases: format!(
                 "SELECT COALESCE(lease_owner, '') AS owner, count(*) AS events,
@@ -422,6 +562,81 @@ impl Sql {
             ),
         }
     }
+}
+
+/// Enqueue into the plain layout. `$1` id … `$9` occurred_at. A duplicate idempotency key
+/// updates nothing but locks and returns the existing row (`xmax <> 0`: not created).
+fn plain_enqueue(t: &str) -> String {
+    format!(
+        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
+         VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9)
+         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+         DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+         RETURNING id, (xmax = 0) AS created"
+    )
+}
+
+/// The events of a batch as rows, in array order (`u.ord`).
+const BATCH_UNNEST: &str = "unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
+              WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, ord)";
+
+/// A batch into the plain layout: the same columns as arrays, inserted in array order.
+fn plain_enqueue_batch(t: &str) -> String {
+    format!(
+        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
+         SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at
+         FROM {BATCH_UNNEST}
+         ORDER BY u.ord
+         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+         DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+         RETURNING id, idempotency_key, (xmax = 0) AS created"
+    )
+}
+
+/// Enqueue into the partitioned layout, one statement: the id and key go into the keys table
+/// first (its primary key and unique index are what make them unique across partitions), and
+/// the event row is written only when that insert created a keys row. Same parameters and
+/// result as [`plain_enqueue`]. The event takes the keys row's `enqueued_at`, so both agree on
+/// the partition the event lives in (retention removes a dropped partition's keys by range).
+/// A duplicate locks the keys row, never the event row.
+fn keyed_enqueue(t: &str, k: &str) -> String {
+    format!(
+        "WITH k AS (
+             INSERT INTO {k} (id, idempotency_key) VALUES ($1, $8)
+             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+             DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+             RETURNING id, enqueued_at, (xmax = 0) AS created
+         ),
+         e AS (
+             INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, enqueued_at)
+             SELECT $1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9, k.enqueued_at FROM k WHERE k.created
+             RETURNING seq
+         )
+         SELECT id, created FROM k"
+    )
+}
+
+/// A batch into the partitioned layout: keys first, then, in array order, the events whose
+/// keys row was created.
+fn keyed_enqueue_batch(t: &str, k: &str) -> String {
+    format!(
+        "WITH u AS MATERIALIZED (SELECT * FROM {BATCH_UNNEST}),
+         k AS (
+             INSERT INTO {k} (id, idempotency_key)
+             SELECT u.id, u.idempotency_key FROM u ORDER BY u.ord
+             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+             DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+             RETURNING id, idempotency_key, enqueued_at, (xmax = 0) AS created
+         ),
+         e AS (
+             INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, enqueued_at)
+             SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at, k.enqueued_at
+             FROM u JOIN k ON k.id = u.id AND k.created
+             ORDER BY u.ord
+             RETURNING seq
+         )
+         SELECT id, idempotency_key, created FROM k"
+    )
 }
 
 /// The route expressions a claim with destinations on hold compares against the paused names:
@@ -897,22 +1112,22 @@ impl Store for PgStore {
     }
 
     async fn discard_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.sql().discard_dead.as_str()))
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql().discard_dead.as_str()))
             .bind(dead_ids(filter))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.sql().purge.as_str()))
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql().purge.as_str()))
             .bind(millis(older_than))
             .bind(i64::from(limit))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn destination_stats(
@@ -1047,13 +1262,13 @@ impl Store for PgStore {
     }
 
     async fn purge_dead(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.sql().purge_dead.as_str()))
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql().purge_dead.as_str()))
             .bind(millis(older_than))
             .bind(i64::from(limit))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn check(&self) -> Result<(), StoreError> {

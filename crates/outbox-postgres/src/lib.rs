@@ -1287,6 +1287,158 @@ impl Store for PgStore {
 mod tests {
     use super::*;
 
+    /// The plan of `sql` (with `binds`), as JSON text.
+    async fn plan(pool: &PgPool, sql: &str, binds: Vec<PlanArg>) -> String {
+        let explain = format!("EXPLAIN (FORMAT JSON) {sql}");
+        let mut query = sqlx::query_scalar::<_, serde_json::Value>(AssertSqlSafe(explain.as_str()));
+        for b in binds {
+            query = match b {
+                PlanArg::Int(v) => query.bind(v),
+                PlanArg::Bool(v) => query.bind(v),
+                PlanArg::Text(v) => query.bind(v),
+                PlanArg::Texts(v) => query.bind(v),
+                PlanArg::Uuid(v) => query.bind(v),
+                PlanArg::Time(v) => query.bind(v),
+                PlanArg::NullText => query.bind(None::<String>),
+            };
+        }
+        query.fetch_one(pool).await.unwrap().to_string()
+    }
+
+    enum PlanArg {
+        Int(i64),
+        Bool(bool),
+        Text(String),
+        Texts(Vec<String>),
+        Uuid(Uuid),
+        Time(DateTime<Utc>),
+        NullText,
+    }
+
+    /// On a table that is mostly delivered rows (as retention keeps it), with fresh statistics,
+    /// the claim (with and without a hold) and the operator statements over undelivered and
+    /// dead rows never scan the table: they read the partial indexes.
+    #[tokio::test]
+    async fn statements_over_open_rows_use_the_partial_indexes() {
+        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .expect("PostgreSQL must be running on 127.0.0.1:5432");
+        let schema = format!("outbox_t_plan_{}", std::process::id());
+        let outbox = PgOutbox::with_names(&schema, "events").unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        outbox.migrate(&pool).await.unwrap();
+        let t = outbox.qualified_table();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, status, delivered_at, dead_at, attempts)
+             SELECT gen_random_uuid(), 'agg', 'a' || (n % 500), CASE WHEN n % 3 = 0 THEN 'HookSent' ELSE 'Created' END,
+                    '{{}}', CASE WHEN n < 49000 THEN 'delivered' WHEN n % 50 = 0 THEN 'dead' ELSE 'pending' END,
+                    CASE WHEN n < 49000 THEN now() END, CASE WHEN n >= 49000 AND n % 50 = 0 THEN now() END,
+                    CASE WHEN n >= 49000 AND n % 50 = 0 THEN 1 ELSE 0 END
+             FROM generate_series(1, 50000) AS n;
+             ANALYZE {t};"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let routes = RouteTable::new(
+            ["kafka", "hooks"],
+            vec![
+                outbox_core::route::RouteRule::to("hooks")
+                    .event_type(outbox_core::route::Pattern::parse("Hook*")),
+                outbox_core::route::RouteRule::to("kafka"),
+            ],
+        )
+        .unwrap();
+        let claim_args = || {
+            vec![
+                PlanArg::Int(200),
+                PlanArg::Text("o".into()),
+                PlanArg::Uuid(Uuid::nil()),
+                PlanArg::Bool(true),
+                PlanArg::Int(30_000),
+            ]
+        };
+        let dialect = SqlDialect::Postgres { first_param: 7 };
+        let (route_e, route_b) = (
+            routes.sql_case(dialect, Some("e")),
+            routes.sql_case(dialect, Some("b")),
+        );
+        let held = claim_sql(
+            t,
+            Some(&HoldSql {
+                route_e: route_e.sql.clone(),
+                route_b: route_b.sql,
+            }),
+        );
+        let mut held_args = claim_args();
+        held_args.push(PlanArg::Texts(vec!["hooks".into()]));
+        held_args.extend(route_e.binds.iter().cloned().map(PlanArg::Text));
+        let stats_route = routes.sql_case(SqlDialect::Postgres { first_param: 1 }, Some("e"));
+        let sql = &outbox.inner.sql;
+        let checks = vec![
+            ("claim", sql.claim.clone(), claim_args()),
+            ("claim with a hold", held, held_args),
+            (
+                "destination stats",
+                destination_stats_sql(t, &stats_route.sql),
+                stats_route
+                    .binds
+                    .iter()
+                    .cloned()
+                    .map(PlanArg::Text)
+                    .collect(),
+            ),
+            ("leases", sql.leases.clone(), vec![]),
+            (
+                "purge dead",
+                sql.purge_dead.clone(),
+                vec![PlanArg::Int(1000), PlanArg::Int(100)],
+            ),
+            (
+                "list dead",
+                sql.list_dead.clone(),
+                vec![PlanArg::Int(0), PlanArg::Int(100)],
+            ),
+            ("oldest", sql.oldest.clone(), vec![]),
+        ];
+        for (name, statement, binds) in checks {
+            let p = plan(&pool, &statement, binds).await;
+            assert!(!p.contains("Seq Scan"), "{name} scans the table: {p}");
+            assert!(
+                p.contains("events_open") || p.contains("events_dead"),
+                "{name} reads a partial index: {p}"
+            );
+        }
+        // A replay page walks the primary key from its start seq (delivered rows have no index
+        // of their own, by design).
+        let replay = plan(
+            &pool,
+            &replay_sql(t, None),
+            vec![
+                PlanArg::Int(0),
+                PlanArg::Time(Utc::now() - chrono::TimeDelta::hours(1)),
+                PlanArg::Time(Utc::now()),
+                PlanArg::NullText,
+                PlanArg::Int(100),
+            ],
+        )
+        .await;
+        assert!(replay.contains("events_pkey"), "{replay}");
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+
     #[test]
     fn passwords_are_redacted() {
         assert_eq!(

@@ -331,3 +331,89 @@ async fn json_logs_carry_the_event_fields() {
     assert_eq!(dead["destination"], "(unroutable)", "{dead}");
     assert_eq!(dead["level"], "WARN", "{dead}");
 }
+
+/// `database.layout = "partitioned"`: migrate creates the partitioned table and its partitions,
+/// the relay delivers from it, cleanup rotates partitions instead of deleting rows, and opening
+/// it with the wrong layout is refused with a message that names the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioned_layout_works_through_the_binary() {
+    let schema = format!("outbox_t_cliparts_{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outbox.toml");
+    let out = dir.path().join("out.jsonl");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{}\"\nschema = \"{schema}\"\nlayout = \"partitioned\"\n[database.partitions]\ninterval = \"hourly\"\nahead = 2\n[destinations.file]\ntype = \"file\"\npath = \"{}\"\n",
+            pg_url(),
+            out.display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let o = outbox(&["migrate", "--config", config]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let outbox_pg = outbox_postgres::PgOutbox::partitioned(
+        &schema,
+        "events",
+        outbox_postgres::Partitioning {
+            interval: outbox_postgres::PartitionInterval::Hourly,
+            ahead: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let store = outbox_postgres::PgStore::connect(&pg_url(), outbox_pg)
+        .await
+        .unwrap();
+    let partitions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1",
+    )
+    .bind(&schema)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert!(
+        partitions >= 3,
+        "current + 2 ahead (+ default): {partitions}"
+    );
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 0..10u32 {
+        let e = outbox_core::NewEvent::new(
+            "order",
+            "o1",
+            "OrderUpdated",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let o = outbox(&["relay", "--config", config, "--drain"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 10);
+    let o = outbox(&["status", "--config", config]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("partitioned table"));
+    let o = outbox(&["cleanup", "--config", config, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(report["dropped"].as_array().unwrap().is_empty(), "{report}");
+    let o = outbox(&["migrate", "--database-url", &pg_url(), "--schema", &schema]);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "plain layout over a partitioned table"
+    );
+    assert!(
+        stderr(&o).contains("database.layout = \"partitioned\""),
+        "{}",
+        stderr(&o)
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}

@@ -337,11 +337,11 @@ async fn check_layout(
     };
     match (partitioned, outbox.partitioning().is_some()) {
         (true, false) => Err(StoreError::NotMigrated(format!(
-            "outbox table {} is partitioned: open it with PgOutbox::partitioned",
+            "outbox table {} is partitioned: open it with PgOutbox::partitioned (the outbox binary: database.layout = \"partitioned\")",
             outbox.qualified_table()
         ))),
         (false, true) => Err(StoreError::NotMigrated(format!(
-            "outbox table {} is a plain table, not a partitioned one: open it with PgOutbox::with_names, or see the crate docs for moving to the partitioned layout",
+            "outbox table {} is a plain table, not a partitioned one: open it with PgOutbox::with_names (the outbox binary: database.layout = \"plain\"), or see the outbox-postgres crate docs for moving to the partitioned layout",
             outbox.qualified_table()
         ))),
         _ => Ok(()),

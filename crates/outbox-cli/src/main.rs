@@ -654,6 +654,11 @@ async fn pause(args: PauseArgs, pause: bool) -> anyhow::Result<()> {
     let config = args.db.load(vec![])?;
     let routes = config.route_table()?;
     ops::check_destination(&args.destination, &routes, !config.destinations.is_empty())?;
+    if pause && config.mode == config::Mode::Wal {
+        eprintln!(
+            "warning: relays in WAL mode stream in commit order and do not hold a paused destination back; the pause is recorded and honoured by polling relays"
+        );
+    }
     let store = AnyStore::open(&config).await?;
     ops::pause(
         store.dyn_store().as_ref(),

@@ -36,15 +36,15 @@ use crate::{Db, Error};
 /// `outbox demo` arguments.
 #[derive(Clone, Debug, clap::Args)]
 pub struct DemoArgs {
-    /// Order requests to make (valid, invalid and over the credit limit together) [default:
-    /// 300, or no limit with --duration].
+    /// Orders to create (a few invalid and over-limit requests come on top) [default: 300,
+    /// or no limit with --duration].
     #[arg(long)]
     pub orders: Option<u64>,
     /// Keep making requests for this long (e.g. `30s`, `2m`); with --orders too, whichever
     /// ends first.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Order requests per second (0 = as fast as the service answers).
+    /// Orders per second (0 = as fast as the service answers).
     #[arg(long, default_value_t = 100.0)]
     pub rate: f64,
     /// Concurrent HTTP clients.
@@ -209,8 +209,8 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
             load_config.clients,
             match (args.duration, load_config.rate) {
                 (Some(d), _) => format!("for {:.0} s", d.as_secs_f64()),
-                (None, Some(r)) => format!("{} order requests at {r:.0}/s", load_config.orders),
-                (None, None) => format!("{} order requests", load_config.orders),
+                (None, Some(r)) => format!("{} orders at {r:.0}/s", load_config.orders),
+                (None, None) => format!("{} orders", load_config.orders),
             },
             args.seed,
             args.redeliver * 100.0

@@ -1,6 +1,7 @@
-//! A small load generator for the order service, over real HTTP: creates orders, cancels about
-//! one in ten (and cancels some of those twice, to exercise idempotency), sends a few invalid
-//! requests and a few that break the credit limit, reads orders back, and asks for unknown ones.
+//! A small load generator for the order service, over real HTTP: creates a given number of
+//! orders, cancels about one in ten (and cancels some of those twice, to exercise idempotency),
+//! sends a few invalid requests and a few that break the credit limit on top, reads orders back,
+//! and asks for unknown ones.
 //!
 //! Every choice comes from a generator seeded with `(seed, request number)`, so a run with the
 //! same seed makes the same requests (the interleaving between clients still varies). It
@@ -25,20 +26,20 @@ use crate::Error;
 /// What to send.
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
-    /// Order requests to make (valid, invalid and over-limit together); with `duration` set,
-    /// the run ends at whichever comes first.
+    /// Orders to create; the invalid and over-limit requests come on top. With `duration`
+    /// set, the run ends at whichever comes first.
     pub orders: u64,
     /// Stop starting new requests after this long.
     pub duration: Option<Duration>,
     /// Concurrent clients.
     pub clients: usize,
-    /// Order requests per second across all clients (`None`: as fast as the service answers).
+    /// Orders per second across all clients (`None`: as fast as the service answers).
     pub rate: Option<f64>,
     /// Share of created orders that are cancelled.
     pub cancel_ratio: f64,
-    /// Share of requests that are invalid (malformed JSON or a bad field).
+    /// Invalid requests (malformed JSON or a bad field) per order, on top of the orders.
     pub invalid_ratio: f64,
-    /// Share of requests that exceed the credit limit (rolled back by the service).
+    /// Requests exceeding the credit limit (rolled back by the service) per order, on top.
     pub over_limit_ratio: f64,
     /// Seed of every choice.
     pub seed: u64,
@@ -236,12 +237,11 @@ fn unexpected(s: &Shared, what: String) {
 
 async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
     let mut rng = StdRng::seed_from_u64(s.config.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i);
-    let roll: f64 = rng.random();
-    let post = reqwest::Method::POST;
 
-    if roll < s.config.invalid_ratio {
+    if rng.random_bool(s.config.invalid_ratio.clamp(0.0, 1.0)) {
         let (body, status, field) = INVALID[rng.random_range(0..INVALID.len())];
-        let (got, answer) = send(s, post, "/orders", Some(body.to_owned())).await?;
+        let (got, answer) =
+            send(s, reqwest::Method::POST, "/orders", Some(body.to_owned())).await?;
         let field_ok = match field {
             Some(f) => answer["field"] == f,
             None => true,
@@ -255,17 +255,17 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
                 format!("invalid body {body} answered {got} {answer}, expected {status}"),
             );
         }
-        return Ok(());
     }
 
-    if roll < s.config.invalid_ratio + s.config.over_limit_ratio {
+    if rng.random_bool(s.config.over_limit_ratio.clamp(0.0, 1.0)) {
         let body = json!({
             "product": "grand piano",
             "quantity": 1,
             "customer": format!("whale-{i}"),
             "amount": 20_000.00,
         });
-        let (got, answer) = send(s, post, "/orders", Some(body.to_string())).await?;
+        let (got, answer) =
+            send(s, reqwest::Method::POST, "/orders", Some(body.to_string())).await?;
         if got == 409 && answer["field"] == "amount" {
             s.counters.declined.fetch_add(1, Ordering::Relaxed);
             s.report.lock().unwrap_or_else(|p| p.into_inner()).declined += 1;
@@ -275,7 +275,6 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
                 format!("over-limit order answered {got} {answer}, expected 409"),
             );
         }
-        return Ok(());
     }
 
     let product = PRODUCTS[rng.random_range(0..PRODUCTS.len())];
@@ -287,7 +286,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
     if rng.random_bool(0.7) {
         body["amount"] = json!(rng.random_range(500..15_000) as f64 / 100.0);
     }
-    let (got, answer) = send(s, post.clone(), "/orders", Some(body.to_string())).await?;
+    let (got, answer) = send(s, reqwest::Method::POST, "/orders", Some(body.to_string())).await?;
     if got == 409 {
         // A regular customer reached the credit limit (long runs only): declined, rolled back.
         s.counters.declined.fetch_add(1, Ordering::Relaxed);
@@ -318,8 +317,13 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
     if rng.random_bool(0.05) {
         let unknown = Uuid::now_v7();
         let (got, _) = send(s, reqwest::Method::GET, &format!("/orders/{unknown}"), None).await?;
-        let (got_cancel, _) =
-            send(s, post.clone(), &format!("/orders/{unknown}/cancel"), None).await?;
+        let (got_cancel, _) = send(
+            s,
+            reqwest::Method::POST,
+            &format!("/orders/{unknown}/cancel"),
+            None,
+        )
+        .await?;
         if got != 404 || got_cancel != 404 {
             unexpected(
                 s,
@@ -330,7 +334,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
 
     if rng.random_bool(s.config.cancel_ratio.clamp(0.0, 1.0)) {
         let path = format!("/orders/{id}/cancel");
-        let (got, answer) = send(s, post.clone(), &path, None).await?;
+        let (got, answer) = send(s, reqwest::Method::POST, &path, None).await?;
         if got == 200 && answer["status"] == "cancelled" {
             s.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             s.report
@@ -346,7 +350,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
             return Ok(());
         }
         if rng.random_bool(0.3) {
-            let (got, answer) = send(s, post, &path, None).await?;
+            let (got, answer) = send(s, reqwest::Method::POST, &path, None).await?;
             if got == 200 && answer["status"] == "cancelled" {
                 s.counters.repeat_cancels.fetch_add(1, Ordering::Relaxed);
                 s.report

@@ -18,3 +18,5 @@ psql -h 127.0.0.1 -U postgres -d test -qAt -c "
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
+# Feature-gated code the default build does not compile: the OpenTelemetry trace-context helper.
+cargo test -p outbox --features opentelemetry --test trace

@@ -398,6 +398,7 @@ async fn claim_latency(
             limit: args.batch_size,
             lease: Duration::from_secs(30),
             dead_letter: DeadLetterPolicy::Block,
+            hold: None,
         };
         let mut claim_ms = Vec::new();
         let mut cycle_ms = Vec::new();

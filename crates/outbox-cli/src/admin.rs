@@ -8,6 +8,7 @@ use outbox_core::{DeadFilter, EventId, EventRecord, Store, humantime_duration};
 use serde_json::json;
 
 use crate::config::ConfigError;
+use crate::progress::Progress;
 
 /// Parse event ids given on the command line; a malformed one is a usage error naming it.
 pub fn parse_ids(ids: &[String]) -> Result<Vec<EventId>, ConfigError> {
@@ -175,34 +176,54 @@ pub async fn act(
     Ok(())
 }
 
-/// `outbox cleanup`: delete delivered events older than `older_than`, in batches by primary key.
+/// `outbox cleanup`: delete delivered events older than `older_than` (and dead events older than
+/// `dead_older_than`, when dead retention is on), in batches by primary key.
 pub async fn cleanup(
     store: &dyn Store,
     older_than: Duration,
+    dead_older_than: Option<Duration>,
     batch: u32,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    let total = purge(store, older_than, batch, |done| {
-        if !as_json {
-            eprintln!("cleanup: {done} delivered events deleted so far");
+    let mut progress = Progress::new("delivered events deleted", as_json);
+    let total = purge(store, older_than, batch, |n| progress.add(n)).await?;
+    progress.finish();
+    let dead = match dead_older_than {
+        Some(age) => {
+            let mut progress = Progress::new("dead events deleted", as_json);
+            let n = purge_dead(store, age, batch, |n| progress.add(n)).await?;
+            progress.finish();
+            Some(n)
         }
-    })
-    .await?;
+        None => None,
+    };
     if as_json {
         println!(
             "{}",
-            json!({ "deleted": total, "older_than": humantime_duration::format_duration(older_than) })
+            json!({
+                "deleted": total,
+                "older_than": humantime_duration::format_duration(older_than),
+                "dead_deleted": dead,
+                "dead_older_than": dead_older_than.map(humantime_duration::format_duration),
+            })
         );
     } else {
         println!(
             "deleted {total} delivered event(s) older than {}",
             humantime_duration::format_duration(older_than)
         );
+        if let (Some(n), Some(age)) = (dead, dead_older_than) {
+            println!(
+                "deleted {n} dead event(s) older than {}",
+                humantime_duration::format_duration(age)
+            );
+        }
     }
     Ok(())
 }
 
-/// Purge in batches until a batch comes back short; `progress` sees the running total.
+/// Purge delivered events in batches until a batch comes back short; `progress` sees each
+/// batch's count.
 pub async fn purge(
     store: &dyn Store,
     older_than: Duration,
@@ -217,9 +238,31 @@ pub async fn purge(
             .await
             .context("deleting delivered events failed")?;
         total += n;
+        progress(n);
         if n < u64::from(batch) {
             return Ok(total);
         }
-        progress(total);
+    }
+}
+
+/// Purge dead events buried longer than `older_than` ago, in batches.
+pub async fn purge_dead(
+    store: &dyn Store,
+    older_than: Duration,
+    batch: u32,
+    mut progress: impl FnMut(u64),
+) -> anyhow::Result<u64> {
+    let batch = batch.max(1);
+    let mut total = 0u64;
+    loop {
+        let n = store
+            .purge_dead(older_than, batch)
+            .await
+            .context("deleting dead events failed")?;
+        total += n;
+        progress(n);
+        if n < u64::from(batch) {
+            return Ok(total);
+        }
     }
 }

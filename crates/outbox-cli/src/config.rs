@@ -7,36 +7,181 @@
 //! Unknown keys are errors, not silently ignored: a misspelt `bach_size` would otherwise run
 //! with the default and nobody would notice.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use outbox_core::route::{Pattern, RouteRule, RouteTable};
 use outbox_relay::RelayConfig;
 use serde::{Deserialize, Serialize};
 
 /// Top-level sections; environment variables outside them (`OUTBOX_TEST_…`, `OUTBOX_LOG`) are
 /// not configuration.
-const SECTIONS: [&str; 5] = ["database", "relay", "sink", "retention", "metrics"];
+const SECTIONS: [&str; 8] = [
+    "database",
+    "relay",
+    "destinations",
+    "routes",
+    "retention",
+    "metrics",
+    "wal",
+    "mode",
+];
 
 /// The whole file.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// How the relay finds committed events: `poll` the table (default; every database) or
+    /// stream PostgreSQL's `wal` by logical replication (settings in `[wal]`).
+    #[serde(default)]
+    pub mode: Mode,
     /// Where the outbox lives.
     #[serde(default)]
     pub database: DatabaseConfig,
     /// How the relay claims and retries.
     #[serde(default)]
     pub relay: RelayConfig,
-    /// Where events go.
+    /// Where events go: one sink per named destination. None configured means one `stdout`.
     #[serde(default)]
-    pub sink: SinkConfig,
+    pub destinations: BTreeMap<String, SinkConfig>,
+    /// Which destination each event goes to: first match wins.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
     /// How long delivered events are kept.
     #[serde(default)]
     pub retention: RetentionConfig,
     /// Prometheus and health endpoints.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// WAL mode settings (used with `mode = "wal"`).
+    #[serde(default)]
+    pub wal: WalSection,
+}
+
+/// `mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Claim due rows from the outbox table (`FOR UPDATE SKIP LOCKED`, leases).
+    #[default]
+    Poll,
+    /// Stream committed inserts and logical messages from a replication slot.
+    Wal,
+}
+
+/// `[wal]`: what only WAL mode needs. The database comes from `[database]`; relay id, batch
+/// size, publish timeout, retry policy and `--drain` come from `[relay]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WalSection {
+    /// Logical replication slot name.
+    pub slot: String,
+    /// Publication name (over the outbox table, inserts only).
+    pub publication: String,
+    /// Capture sources: `table` (outbox inserts), `messages` (`pg_logical_emit_message`).
+    pub sources: Vec<outbox_wal::Source>,
+    /// Prefix of the logical messages that carry events.
+    pub message_prefix: String,
+    /// Create the publication and slot when missing.
+    pub create_slot: bool,
+    /// Deliver rows left undelivered in the table before streaming (mode switches).
+    pub catch_up: bool,
+    /// Mark delivered table rows `delivered` before confirming their WAL position.
+    pub mark_delivered: bool,
+    /// How often the confirmed position is reported to the server.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub status_interval: std::time::Duration,
+    /// Heartbeat message interval (`0ms` = off).
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub heartbeat_interval: std::time::Duration,
+    /// Sink calls in flight at once.
+    pub max_batches_in_flight: usize,
+    /// Most decoded events in memory before the stream is paused.
+    pub max_buffered_events: usize,
+    /// Most payload bytes in memory before the stream is paused.
+    pub max_buffered_bytes: usize,
+    /// How often a standby checks whether the streamer is gone.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub standby_poll_interval: std::time::Duration,
+    /// How long a new leader waits for the server to release the dead streamer's slot.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub takeover_timeout: std::time::Duration,
+    /// Longest pause between reconnect attempts.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub max_reconnect_backoff: std::time::Duration,
+}
+
+impl Default for WalSection {
+    fn default() -> Self {
+        let d = outbox_wal::WalConfig::default();
+        WalSection {
+            slot: d.slot,
+            publication: d.publication,
+            sources: d.sources,
+            message_prefix: d.message_prefix,
+            create_slot: d.create_slot,
+            catch_up: d.catch_up,
+            mark_delivered: d.mark_delivered,
+            status_interval: d.status_interval,
+            heartbeat_interval: d.heartbeat_interval,
+            max_batches_in_flight: d.max_batches_in_flight,
+            max_buffered_events: d.max_buffered_events,
+            max_buffered_bytes: d.max_buffered_bytes,
+            standby_poll_interval: d.standby_poll_interval,
+            takeover_timeout: d.takeover_timeout,
+            max_reconnect_backoff: d.max_reconnect_backoff,
+        }
+    }
+}
+
+impl Config {
+    /// The WAL relay's settings: `[wal]`, the database of `[database]`, and the shared relay
+    /// settings of `[relay]`.
+    pub fn wal_config(&self) -> Result<outbox_wal::WalConfig, ConfigError> {
+        let url = self.database.url.trim();
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError(
+                "`mode = \"wal\"` needs a PostgreSQL `database.url` (logical replication); use `mode = \"poll\"` with other databases".into(),
+            ));
+        }
+        let w = &self.wal;
+        let r = &self.relay;
+        let config = outbox_wal::WalConfig {
+            database_url: url.to_owned(),
+            schema: self.database.schema.clone(),
+            table: self
+                .database
+                .table
+                .clone()
+                .unwrap_or_else(|| "events".to_owned()),
+            slot: w.slot.clone(),
+            publication: w.publication.clone(),
+            sources: w.sources.clone(),
+            message_prefix: w.message_prefix.clone(),
+            create_slot: w.create_slot,
+            catch_up: w.catch_up,
+            mark_delivered: w.mark_delivered,
+            status_interval: w.status_interval,
+            heartbeat_interval: w.heartbeat_interval,
+            max_batch: r.batch_size as usize,
+            max_batches_in_flight: w.max_batches_in_flight,
+            max_buffered_events: w.max_buffered_events,
+            max_buffered_bytes: w.max_buffered_bytes,
+            publish_timeout: r.publish_timeout,
+            retry: r.retry,
+            standby_poll_interval: w.standby_poll_interval,
+            takeover_timeout: w.takeover_timeout,
+            max_reconnect_backoff: w.max_reconnect_backoff,
+            relay_id: r.relay_id.clone(),
+            stop_when_caught_up: r.stop_when_idle,
+        };
+        config
+            .validate()
+            .map_err(|e| ConfigError(format!("invalid `[wal]`: {e}")))?;
+        Ok(config)
+    }
 }
 
 /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served (off unless `listen` is
@@ -75,6 +220,33 @@ pub struct RetentionConfig {
     pub interval: std::time::Duration,
     /// Rows deleted per statement (short transactions, no long locks).
     pub batch_size: u32,
+    /// Dead events: `"keep"` (default: an operator decides with `outbox dead retry|discard`) or
+    /// a duration after which they are deleted.
+    #[serde(with = "keep_or_duration")]
+    pub dead: Option<std::time::Duration>,
+}
+
+/// `"keep"` ⇄ `None`, a duration ⇄ `Some`.
+mod keep_or_duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            None => s.serialize_str("keep"),
+            Some(d) => s.serialize_str(&outbox_core::humantime_duration::format_duration(*d)),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.trim() == "keep" {
+            return Ok(None);
+        }
+        outbox_core::humantime_duration::parse_duration(&text)
+            .map(Some)
+            .map_err(|e| serde::de::Error::custom(format!("{e} (or \"keep\")")))
+    }
 }
 
 impl Default for RetentionConfig {
@@ -84,6 +256,7 @@ impl Default for RetentionConfig {
             delivered: std::time::Duration::from_secs(7 * 86_400),
             interval: std::time::Duration::from_secs(3600),
             batch_size: 5000,
+            dead: None,
         }
     }
 }
@@ -110,21 +283,121 @@ impl Default for DatabaseConfig {
     }
 }
 
-/// `[sink]`: the destination.
+/// `[destinations.NAME]`: one destination, `type` naming the sink; the other keys are that
+/// sink's own settings.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)]
 pub enum SinkConfig {
     /// JSON lines on standard output.
     #[default]
     Stdout,
     /// JSON lines appended to a file.
-    File {
-        /// The file.
-        path: PathBuf,
-        /// Force each batch to disk before it counts as delivered.
-        #[serde(default)]
-        sync: bool,
-    },
+    File(FileSinkConfig),
+    /// Apache Kafka (or a Kafka-protocol broker).
+    Kafka(outbox_sink_kafka::KafkaSinkConfig),
+    /// RabbitMQ (AMQP 0.9.1) with publisher confirms.
+    Rabbitmq(outbox_sink_rabbitmq::RabbitMqSinkConfig),
+    /// NATS JetStream.
+    Nats(outbox_sink_nats::NatsSinkConfig),
+    /// Redis Streams.
+    Redis(outbox_sink_redis::RedisSinkConfig),
+    /// HTTP webhooks.
+    Webhook(outbox_sink_webhook::WebhookSinkConfig),
+}
+
+impl SinkConfig {
+    /// The `type` as written in the file.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SinkConfig::Stdout => "stdout",
+            SinkConfig::File(_) => "file",
+            SinkConfig::Kafka(_) => "kafka",
+            SinkConfig::Rabbitmq(_) => "rabbitmq",
+            SinkConfig::Nats(_) => "nats",
+            SinkConfig::Redis(_) => "redis",
+            SinkConfig::Webhook(_) => "webhook",
+        }
+    }
+}
+
+/// `type = "file"`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSinkConfig {
+    /// The file (JSON lines, appended).
+    pub path: PathBuf,
+    /// Force each batch to disk before it counts as delivered.
+    #[serde(default)]
+    pub sync: bool,
+}
+
+/// `[[routes]]`: events matching `when` go to `to`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// What to match; every key optional; an absent `when` matches every event.
+    #[serde(default)]
+    pub when: MatchConfig,
+    /// The destination name.
+    pub to: String,
+}
+
+/// Patterns of a route: exact text, `prefix*`, or `*`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchConfig {
+    /// Over the event type, e.g. `Order*`.
+    pub event_type: Option<Pattern>,
+    /// Over the aggregate type, e.g. `order`.
+    pub aggregate_type: Option<Pattern>,
+    /// Over the event's `destination` column, e.g. `https://*`.
+    pub destination: Option<Pattern>,
+}
+
+impl Config {
+    /// The destinations in effect: those configured, or one `stdout` when none is.
+    pub fn effective_destinations(&self) -> BTreeMap<String, SinkConfig> {
+        if self.destinations.is_empty() {
+            BTreeMap::from([("stdout".to_owned(), SinkConfig::Stdout)])
+        } else {
+            self.destinations.clone()
+        }
+    }
+
+    /// Send every event to `sink` (the `--sink` flag): replaces the configured destinations and
+    /// routes.
+    pub fn override_sink(&mut self, name: &str, sink: SinkConfig) {
+        self.destinations = BTreeMap::from([(name.to_owned(), sink)]);
+        self.routes.clear();
+    }
+
+    /// The route table of the effective destinations and routes.
+    pub fn route_table(&self) -> Result<RouteTable, ConfigError> {
+        let destinations = self.effective_destinations();
+        let rules = self
+            .routes
+            .iter()
+            .map(|r| {
+                let mut rule = RouteRule::to(r.to.clone());
+                rule.event_type = r.when.event_type.clone();
+                rule.aggregate_type = r.when.aggregate_type.clone();
+                rule.destination = r.when.destination.clone();
+                rule
+            })
+            .collect();
+        RouteTable::new(destinations.keys().cloned(), rules).map_err(|e| {
+            let known: Vec<&str> = destinations.keys().map(String::as_str).collect();
+            let hint = self
+                .routes
+                .iter()
+                .find(|r| !destinations.contains_key(&r.to))
+                .and_then(|r| nearest(&r.to, &known))
+                .map(|s| format!("; did you mean `{s}`?"))
+                .unwrap_or_default();
+            ConfigError(format!("invalid `routes`: {e}{hint}"))
+        })
+    }
 }
 
 /// A configuration problem: the message names the key or value and how to fix it. Exit code 2.
@@ -156,12 +429,18 @@ pub fn load(file: Option<&Path>, overrides: Figment) -> Result<Config, ConfigErr
             Env::prefixed("OUTBOX_")
                 .filter(|key| {
                     let key = key.as_str().to_ascii_lowercase();
-                    SECTIONS.iter().any(|s| key.starts_with(&format!("{s}__")))
+                    key == "mode" || SECTIONS.iter().any(|s| key.starts_with(&format!("{s}__")))
                 })
                 .split("__"),
         )
         .merge(overrides);
     let config: Config = figment.extract().map_err(|e| ConfigError(describe(e)))?;
+    validate(&config)?;
+    Ok(config)
+}
+
+/// Checks serde cannot express: names, cross-references, sink settings.
+pub fn validate(config: &Config) -> Result<(), ConfigError> {
     if config.database.url.trim().is_empty() {
         return Err(ConfigError(
             "no database URL: set `database.url` in the config file, OUTBOX_DATABASE__URL, or --database-url".into(),
@@ -177,7 +456,35 @@ pub fn load(file: Option<&Path>, overrides: Figment) -> Result<Config, ConfigErr
             outbox_core::humantime_duration::format_duration(config.relay.publish_timeout),
         )));
     }
-    Ok(config)
+    for name in config.destinations.keys() {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+        {
+            return Err(ConfigError(format!(
+                "invalid destination name `{name}`: use letters, digits, `_`, `-` and `.`"
+            )));
+        }
+    }
+    for (name, sink) in &config.destinations {
+        validate_sink(sink)
+            .map_err(|e| ConfigError(format!("invalid `destinations.{name}`: {e}")))?;
+    }
+    config.route_table()?;
+    if config.mode == Mode::Wal {
+        config.wal_config()?;
+    }
+    Ok(())
+}
+
+/// The sink's own consistency checks, where it has them.
+fn validate_sink(sink: &SinkConfig) -> Result<(), String> {
+    match sink {
+        SinkConfig::Kafka(c) => c.validate().map_err(|e| e.to_string()),
+        SinkConfig::Rabbitmq(c) => c.validate().map_err(|e| e.to_string()),
+        _ => Ok(()),
+    }
 }
 
 /// One line per problem, naming the key.
@@ -193,6 +500,11 @@ fn describe(error: figment::Error) -> String {
                 .map(|s| format!(" (from {s})"))
                 .unwrap_or_default();
             match (key, &e.kind) {
+                (_, figment::error::Kind::UnknownField(field, _)) if field == "sink" && e.path.len() <= 1 => {
+                    format!(
+                        "invalid configuration: unknown key `sink`{source}: the single [sink] section became named destinations; write [destinations.NAME] with the same keys (`type = \"...\"` and the sink's settings)"
+                    )
+                }
                 (_, figment::error::Kind::UnknownField(field, expected)) => {
                     let suggestion = nearest(field, expected)
                         .map(|s| format!("; did you mean `{s}`?"))
@@ -219,8 +531,13 @@ fn qualified(path: &[String], field: &str) -> String {
     parts.join(".")
 }
 
+/// The name among `known` closest to `name`, if it is close enough to be a typo.
+pub fn nearest_name<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    nearest(name, known)
+}
+
 /// The expected key closest to `field` by edit distance, if it is close enough to be a typo.
-fn nearest<'a>(field: &str, expected: &'a [&'static str]) -> Option<&'a str> {
+fn nearest<'a>(field: &str, expected: &[&'a str]) -> Option<&'a str> {
     expected
         .iter()
         .map(|candidate| (levenshtein(field, candidate), *candidate))
@@ -302,10 +619,92 @@ mod tests {
     }
 
     #[test]
-    fn unknown_sink_type_is_rejected() {
-        let f = write("[database]\nurl = \"postgres://x/y\"\n[sink]\ntype = \"kafak\"\n");
+    fn unknown_sink_type_is_rejected_naming_the_destination() {
+        let f =
+            write("[database]\nurl = \"postgres://x/y\"\n[destinations.main]\ntype = \"kafak\"\n");
         let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
+        assert!(err.contains("destinations.main"), "{err}");
         assert!(err.contains("kafak"), "{err}");
+        assert!(err.contains("kafka"), "the valid types are listed: {err}");
+    }
+
+    #[test]
+    fn a_sink_setting_typo_is_named_with_a_suggestion() {
+        let f = write(
+            "[database]\nurl = \"postgres://x/y\"\n[destinations.orders]\ntype = \"nats\"\nsubjct = \"orders.>\"\n",
+        );
+        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
+        assert!(err.contains("subjct"), "{err}");
+        assert!(err.contains("destinations.orders"), "{err}");
+        assert!(err.contains("did you mean `subject`?"), "{err}");
+    }
+
+    #[test]
+    fn destinations_and_routes_build_a_route_table() {
+        let f = write(
+            r#"
+[database]
+url = "postgres://x/y"
+[destinations.orders]
+type = "nats"
+subject = "orders.${event_type}"
+[destinations.hooks]
+type = "webhook"
+url = "http://127.0.0.1:9/${event_type}"
+[[routes]]
+when = { aggregate_type = "partner", event_type = "Partner*" }
+to = "hooks"
+[[routes]]
+to = "orders"
+"#,
+        );
+        let config = load(Some(f.path()), Figment::new()).unwrap();
+        let routes = config.route_table().unwrap();
+        assert_eq!(
+            routes.resolve("PartnerPinged", "partner", None),
+            Some("hooks")
+        );
+        assert_eq!(
+            routes.resolve("PartnerPinged", "order", None),
+            Some("orders")
+        );
+        assert!(matches!(config.destinations["orders"], SinkConfig::Nats(_)));
+    }
+
+    #[test]
+    fn a_route_to_a_missing_destination_is_refused() {
+        let f = write(
+            "[database]\nurl = \"postgres://x/y\"\n[destinations.orders]\ntype = \"stdout\"\n[[routes]]\nto = \"ordres\"\n",
+        );
+        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
+        assert!(err.contains("invalid `routes`"), "{err}");
+        assert!(err.contains("`ordres`"), "{err}");
+        assert!(err.contains("did you mean `orders`?"), "{err}");
+    }
+
+    #[test]
+    fn no_destination_means_stdout_and_the_flag_replaces_them() {
+        let f = write("[database]\nurl = \"postgres://x/y\"\n");
+        let mut config = load(Some(f.path()), Figment::new()).unwrap();
+        assert_eq!(
+            config.route_table().unwrap().resolve("X", "y", None),
+            Some("stdout")
+        );
+        config.override_sink("file", SinkConfig::Stdout);
+        assert_eq!(config.route_table().unwrap().destinations(), ["file"]);
+    }
+
+    #[test]
+    fn dead_retention_is_keep_or_a_duration() {
+        let f = write("[database]\nurl = \"postgres://x/y\"\n[retention]\ndead = \"30d\"\n");
+        let config = load(Some(f.path()), Figment::new()).unwrap();
+        assert_eq!(
+            config.retention.dead,
+            Some(std::time::Duration::from_secs(30 * 86_400))
+        );
+        let f = write("[database]\nurl = \"postgres://x/y\"\n[retention]\ndead = \"forever\"\n");
+        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
+        assert!(err.contains("retention.dead"), "{err}");
     }
 }
 
@@ -319,5 +718,59 @@ mod example {
         let config = super::load(Some(&path), figment::Figment::new()).unwrap();
         assert_eq!(config.relay.batch_size, 500);
         assert_eq!(config.relay.retry.max_attempts, 10);
+    }
+
+    /// Every setting the example shows switched off (`#key = …`, `#[table]`) must be valid too:
+    /// switch them all on and load the result.
+    #[test]
+    fn the_example_config_parses_with_every_optional_setting_on() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../outbox.example.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut switched = 0;
+        let on: String = text
+            .lines()
+            .map(|line| {
+                let rest = line.strip_prefix('#').unwrap_or("");
+                let is_setting = rest.starts_with('[')
+                    || rest.split_once(" =").is_some_and(|(k, _)| {
+                        !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    });
+                if is_setting {
+                    switched += 1;
+                    format!("{rest}\n")
+                } else {
+                    format!("{line}\n")
+                }
+            })
+            .collect();
+        assert!(switched > 40, "only {switched} optional settings found");
+        for var in [
+            "KAFKA_PASSWORD",
+            "RABBITMQ_PASSWORD",
+            "NATS_TOKEN",
+            "REDIS_PASSWORD",
+            "WEBHOOK_SECRET",
+        ] {
+            // SAFETY: no other test of this binary reads or writes these variables.
+            unsafe { std::env::set_var(var, "example-secret") };
+        }
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), &on).unwrap();
+        let config = super::load(Some(file.path()), figment::Figment::new())
+            .unwrap_or_else(|e| panic!("{e}\n---\n{on}"));
+        assert_eq!(
+            config.destinations.len(),
+            7,
+            "{:?}",
+            config.destinations.keys()
+        );
+        let routes = config.route_table().unwrap();
+        assert_eq!(
+            routes.resolve("PartnerPinged", "partner", None),
+            Some("partner")
+        );
+        assert_eq!(routes.resolve("X", "y", Some("audit.log")), Some("kafka"));
+        assert_eq!(routes.resolve("X", "y", None), Some("events"));
     }
 }

@@ -7,6 +7,9 @@ mod admin;
 mod config;
 mod demo;
 mod observe;
+mod ops;
+mod progress;
+mod sinks;
 mod store;
 
 use std::path::PathBuf;
@@ -16,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox_core::{Sink, humantime_duration};
+use outbox_core::humantime_duration;
 use outbox_relay::Relay;
 use serde_json::json;
 
@@ -49,8 +52,20 @@ enum Command {
     Migrate(DbArgs),
     /// Deliver events from the outbox to the configured sink until SIGINT/SIGTERM.
     Relay(RelayArgs),
-    /// Counts per state and the age of the oldest undelivered event.
+    /// Counts per state and per destination, lag, paused destinations, and which relays hold
+    /// claims since when.
     Status(StatusArgs),
+    /// Stop delivering to a destination: running relays leave its events pending (within one
+    /// poll interval) until `outbox resume`.
+    Pause(PauseArgs),
+    /// Deliver to a paused destination again.
+    Resume(PauseArgs),
+    /// WAL mode (logical replication): slot status, preparation, recovery.
+    #[command(subcommand)]
+    Wal(WalCommand),
+    /// Send delivered events again: those written in [--from, --to) go back to pending with their
+    /// ids unchanged, so consumers deduplicate them.
+    Replay(ReplayArgs),
     /// Validate a configuration and print the effective settings (secrets masked).
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -101,6 +116,9 @@ struct RelayArgs {
     /// Exit once nothing is due instead of waiting for more events.
     #[arg(long)]
     drain: bool,
+    /// `poll` the outbox table, or stream PostgreSQL's `wal` (see `[wal]` in the config).
+    #[arg(long)]
+    mode: Option<String>,
     /// Serve /metrics, /healthz and /readyz here, e.g. `127.0.0.1:9464`.
     #[arg(long)]
     metrics_listen: Option<String>,
@@ -185,6 +203,82 @@ struct CleanupArgs {
     json: bool,
 }
 
+#[derive(Subcommand)]
+enum WalCommand {
+    /// Slot lag, retained WAL, confirmed position, decode rate, whether a relay streams.
+    Status {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Sample the decode rate over this long (e.g. `2s`); off by default.
+        #[arg(long)]
+        sample: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create the publication and the slot now (step 1 of switching from polling to WAL mode:
+    /// every commit from then on is captured).
+    Prepare {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// After a lost or invalidated slot: create a fresh slot, deliver every outbox row still
+    /// undelivered by polling the table once, then `outbox relay` resumes streaming.
+    Recover {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the slot (leaving WAL mode; stop the WAL relay first, or the server refuses).
+    DropSlot {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct PauseArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The destination (a `[destinations.NAME]` of the config).
+    destination: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Events written at or after: RFC 3339, a date (2026-11-23), `now`, or a duration ago (2h).
+    #[arg(long)]
+    from: String,
+    /// Events written before (same forms).
+    #[arg(long, default_value = "now")]
+    to: String,
+    /// Only events routed to this destination.
+    #[arg(long)]
+    destination: Option<String>,
+    /// Only events of this exact type.
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Rows updated per statement.
+    #[arg(long, default_value_t = 5000)]
+    batch_size: u32,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Args)]
 struct StatusArgs {
     #[command(flatten)]
@@ -257,6 +351,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Migrate(args) => migrate(args).await,
         Command::Relay(args) => relay(args).await,
         Command::Status(args) => status(args).await,
+        Command::Pause(args) => pause(args, true).await,
+        Command::Resume(args) => pause(args, false).await,
+        Command::Replay(args) => replay(args).await,
+        Command::Wal(command) => wal(command).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Config(ConfigCommand::Check { db, json }) => config_check(db, json),
         Command::Dead(command) => dead(command).await,
@@ -293,28 +391,117 @@ fn duration_flag(
     }
 }
 
-fn sink_flag(value: &Option<String>) -> Result<Option<serde_json::Value>, ConfigError> {
+fn mode_flag(value: &Option<String>) -> Result<Option<serde_json::Value>, ConfigError> {
     match value.as_deref() {
         None => Ok(None),
-        Some("stdout") => Ok(Some(json!({"type": "stdout"}))),
-        Some(other) => match other.strip_prefix("file:") {
-            Some(path) if !path.is_empty() => Ok(Some(json!({"type": "file", "path": path}))),
-            _ => Err(ConfigError(format!(
-                "unknown --sink `{other}`: use `stdout` or `file:PATH` (brokers are configured in the [sink] section of the config file)"
-            ))),
-        },
+        Some(m @ ("poll" | "wal")) => Ok(Some(json!(m))),
+        Some(other) => Err(ConfigError(format!(
+            "unknown --mode `{other}`: use `poll` or `wal`"
+        ))),
     }
 }
 
-async fn build_sink(config: &SinkConfig) -> anyhow::Result<Arc<dyn Sink>> {
-    Ok(match config {
-        SinkConfig::Stdout => Arc::new(outbox_sink_stdout::StdoutSink::stdout()),
-        SinkConfig::File { path, sync } => Arc::new(
-            outbox_sink_stdout::StdoutSink::file(path, *sync)
-                .await
-                .map_err(|e| ConfigError(format!("invalid `sink`: {e}")))?,
-        ),
-    })
+/// WAL errors that need a person (configuration, server setup, a lost slot) exit 2 with the
+/// message that says what to change; the rest exit 1.
+fn wal_error(error: outbox_wal::WalError) -> anyhow::Error {
+    use outbox_wal::WalError;
+    match error {
+        WalError::Config(_)
+        | WalError::ServerSetup(_)
+        | WalError::SlotLost { .. }
+        | WalError::SlotInvalidated { .. } => ConfigError(error.to_string()).into(),
+        other => anyhow::Error::new(other),
+    }
+}
+
+async fn wal(command: WalCommand) -> anyhow::Result<()> {
+    match command {
+        WalCommand::Status { db, sample, json } => {
+            let config = db.load(vec![])?;
+            let wal = config.wal_config()?;
+            let status = match &sample {
+                Some(text) => {
+                    let over = humantime_duration::parse_duration(text)
+                        .map_err(|e| ConfigError(format!("invalid --sample: {e}")))?;
+                    outbox_wal::wal_status_sampled(&wal, over).await
+                }
+                None => outbox_wal::wal_status(&wal).await,
+            }
+            .map_err(wal_error)?;
+            ops::print_wal_status(&status, json)
+        }
+        WalCommand::Prepare { db, json } => {
+            let config = db.load(vec![])?;
+            let wal = config.wal_config()?;
+            let lsn = outbox_wal::prepare(&wal).await.map_err(wal_error)?;
+            if json {
+                println!(
+                    "{}",
+                    json!({ "slot": wal.slot, "confirmed_flush_lsn": lsn.to_string() })
+                );
+            } else {
+                println!(
+                    "slot {} and publication {} are ready; every commit from {lsn} on is captured",
+                    wal.slot, wal.publication
+                );
+            }
+            Ok(())
+        }
+        WalCommand::Recover { db, json } => {
+            let config = db.load(vec![])?;
+            let wal = config.wal_config()?;
+            let (sink, _) = sinks::build(&config).await?;
+            let report = outbox_wal::recover(&wal, sink).await.map_err(wal_error)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "recovered slot {}: {}{} undelivered row(s) delivered by a table scan ({} dead); start `outbox relay` to resume streaming",
+                    wal.slot,
+                    if report.dropped_invalidated_slot {
+                        "dropped the invalidated slot, "
+                    } else {
+                        ""
+                    },
+                    report.redelivered,
+                    report.dead
+                );
+            }
+            Ok(())
+        }
+        WalCommand::DropSlot { db, json } => {
+            let config = db.load(vec![])?;
+            let wal = config.wal_config()?;
+            let dropped = outbox_wal::drop_slot(&wal).await.map_err(wal_error)?;
+            if json {
+                println!("{}", json!({ "slot": wal.slot, "dropped": dropped }));
+            } else if dropped {
+                println!("dropped slot {}", wal.slot);
+            } else {
+                println!("slot {} did not exist", wal.slot);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn sink_flag(value: &Option<String>) -> Result<Option<(String, SinkConfig)>, ConfigError> {
+    match value.as_deref() {
+        None => Ok(None),
+        Some("stdout") => Ok(Some(("stdout".into(), SinkConfig::Stdout))),
+        Some(other) => match other.strip_prefix("file:") {
+            Some(path) if !path.is_empty() => Ok(Some((
+                "file".into(),
+                SinkConfig::File(config::FileSinkConfig {
+                    path: path.into(),
+                    sync: false,
+                }),
+            ))),
+            _ => Err(ConfigError(format!(
+                "unknown --sink `{other}`: use `stdout` or `file:PATH` (brokers and webhooks are configured as [destinations.NAME] in the config file)"
+            ))),
+        },
+    }
 }
 
 async fn relay(args: RelayArgs) -> anyhow::Result<()> {
@@ -325,36 +512,78 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
             duration_flag("relay.poll_interval", &args.poll_interval)?,
         ),
         ("relay.lease", duration_flag("relay.lease", &args.lease)?),
-        ("sink", sink_flag(&args.sink)?),
         ("relay.stop_when_idle", args.drain.then_some(json!(true))),
+        ("mode", mode_flag(&args.mode)?),
         (
             "metrics.listen",
             args.metrics_listen.clone().map(|v| json!(v)),
         ),
     ];
-    let config = args.db.load(extra)?;
+    let sink_override = sink_flag(&args.sink)?;
+    let mut config = args.db.load(extra)?;
+    if let Some((name, sink)) = sink_override {
+        config.override_sink(&name, sink);
+    }
     let store = AnyStore::open(&config.database).await?;
     let dyn_store = store.dyn_store();
     dyn_store
         .check()
         .await
         .map_err(|e| ConfigError(format!("{} is not ready: {e}", store.describe())))?;
-    let sink = build_sink(&config.sink).await?;
+    let (sink, routes) = sinks::build(&config).await?;
     if let Some(listen) = config.metrics.listen {
         observe::serve(
             listen,
             config.metrics.refresh,
             dyn_store.clone(),
             sink.clone(),
+            routes.clone(),
         )
         .await?;
     }
-    tracing::info!(outbox = %store.describe(), sink = sink.name(), "Relaying.");
+    tracing::info!(
+        outbox = %store.describe(),
+        destinations = %routes.destinations().join(", "),
+        "Relaying."
+    );
     let retention = config
         .retention
         .enabled
         .then(|| tokio::spawn(retention_loop(dyn_store.clone(), config.retention.clone())));
-    let relay = Relay::new(dyn_store, sink, config.relay.clone());
+    if config.mode == config::Mode::Wal {
+        let wal = config.wal_config()?;
+        if let Some(task) = retention {
+            task.abort();
+        }
+        let retention = config
+            .retention
+            .enabled
+            .then(|| tokio::spawn(retention_loop(dyn_store.clone(), config.retention.clone())));
+        if config.metrics.listen.is_some() {
+            tokio::spawn(observe::refresh_wal_gauges(
+                wal.clone(),
+                config.metrics.refresh,
+            ));
+        }
+        tracing::info!(slot = %wal.slot, "WAL mode: streaming from the replication slot.");
+        let result = outbox_wal::WalRelay::new(wal, sink)
+            .run(shutdown_signal())
+            .await;
+        if let Some(task) = retention {
+            task.abort();
+        }
+        let report = result.map_err(wal_error)?;
+        tracing::info!(
+            delivered = report.delivered,
+            retried = report.retried,
+            dead = report.dead,
+            duplicates = report.duplicates,
+            last_acked_lsn = %report.last_acked_lsn,
+            "WAL relay exited."
+        );
+        return Ok(());
+    }
+    let relay = Relay::new(dyn_store, sink, config.relay.clone()).with_routes(routes);
     let report = relay.run(shutdown_signal()).await;
     if let Some(task) = retention {
         task.abort();
@@ -396,38 +625,61 @@ async fn shutdown_signal() {
 
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let config = args.db.load(vec![])?;
+    let routes = config.route_table()?;
     let store = AnyStore::open(&config.database).await?;
-    let stats = store
-        .dyn_store()
-        .stats()
-        .await
-        .context("reading the outbox failed")?;
-    let age = stats.oldest_pending_age();
-    if args.json {
-        let mut value = serde_json::to_value(&stats)?;
-        value["oldest_pending_age_seconds"] = json!(age.map(|a| a.as_secs_f64()));
-        value["outbox"] = json!(store.describe());
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        println!("outbox      {}", store.describe());
-        println!(
-            "pending     {} ({} waiting for a retry)",
-            stats.pending, stats.retrying
-        );
-        println!("in_flight   {}", stats.in_flight);
-        println!("delivered   {}", stats.delivered);
-        println!("dead        {}", stats.dead);
-        println!(
-            "oldest pending age  {}",
-            age.map(
-                |a| humantime_duration::format_duration(
-                    Duration::from_millis(a.as_millis() as u64)
-                )
-            )
-            .unwrap_or_else(|| "-".into())
-        );
+    let wal = match config.mode {
+        config::Mode::Wal => Some(
+            outbox_wal::wal_status(&config.wal_config()?)
+                .await
+                .map_err(wal_error)?,
+        ),
+        config::Mode::Poll => None,
+    };
+    ops::status(
+        store.dyn_store().as_ref(),
+        &store.describe(),
+        &routes,
+        wal.as_ref(),
+        args.json,
+    )
+    .await
+}
+
+async fn pause(args: PauseArgs, pause: bool) -> anyhow::Result<()> {
+    let config = args.db.load(vec![])?;
+    let routes = config.route_table()?;
+    ops::check_destination(&args.destination, &routes, !config.destinations.is_empty())?;
+    let store = AnyStore::open(&config.database).await?;
+    ops::pause(
+        store.dyn_store().as_ref(),
+        &args.destination,
+        pause,
+        args.json,
+    )
+    .await
+}
+
+async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let filter = outbox_core::ReplayFilter {
+        from: ops::parse_time("from", &args.from)?,
+        to: ops::parse_time("to", &args.to)?,
+        destination: args.destination.clone(),
+        event_type: args.event_type.clone(),
+    };
+    let config = args.db.load(vec![])?;
+    let routes = config.route_table()?;
+    if let Some(d) = &args.destination {
+        ops::check_destination(d, &routes, true)?;
     }
-    Ok(())
+    let store = AnyStore::open(&config.database).await?;
+    ops::replay(
+        store.dyn_store().as_ref(),
+        filter,
+        &routes,
+        args.batch_size,
+        args.json,
+    )
+    .await
 }
 
 async fn open(db: &DbArgs) -> anyhow::Result<(Config, AnyStore)> {
@@ -485,6 +737,7 @@ async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
     admin::cleanup(
         store.dyn_store().as_ref(),
         config.retention.delivered,
+        config.retention.dead,
         config.retention.batch_size,
         args.json,
     )
@@ -509,6 +762,15 @@ async fn retention_loop(store: Arc<dyn outbox_core::Store>, retention: config::R
             Ok(n) => tracing::info!(deleted = n, "Retention deleted delivered events."),
             Err(error) => {
                 tracing::warn!(error = %format!("{error:#}"), "Retention run failed; will try again at the next interval.")
+            }
+        }
+        if let Some(age) = retention.dead {
+            match admin::purge_dead(store.as_ref(), age, retention.batch_size, |_| {}).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "Retention deleted old dead events."),
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), "Dead-event retention failed; will try again at the next interval.")
+                }
             }
         }
     }

@@ -14,7 +14,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use outbox_core::{Sink, Store};
+use outbox_core::route::RouteTable;
+use outbox_core::{Sink, Store, StoreError};
 
 use crate::config::ConfigError;
 
@@ -32,6 +33,7 @@ pub async fn serve(
     refresh: Duration,
     store: Arc<dyn Store>,
     sink: Arc<dyn Sink>,
+    routes: Arc<RouteTable>,
 ) -> Result<SocketAddr, ConfigError> {
     let metrics = PrometheusBuilder::new()
         .set_buckets(&[
@@ -47,7 +49,7 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|e| ConfigError(format!("cannot listen on `metrics.listen` {listen}: {e}")))?;
-    tokio::spawn(refresh_gauges(store.clone(), refresh));
+    tokio::spawn(refresh_gauges(store.clone(), routes, refresh));
     let app = Router::new()
         .route("/metrics", get(render))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -71,6 +73,10 @@ fn describe() {
     describe_counter!(
         "outbox_events_published_total",
         "Events the destination confirmed."
+    );
+    describe_counter!(
+        "outbox_events_failed_total",
+        "Publish attempts that failed (retryable or rejected)."
     );
     describe_counter!(
         "outbox_events_retried_total",
@@ -99,6 +105,28 @@ fn describe() {
         "Time of one claim."
     );
     describe_histogram!("outbox_claim_batch_size", "Events per non-empty claim.");
+    describe_histogram!(
+        "outbox_relay_batch_duration_seconds",
+        Unit::Seconds,
+        "One relay loop turn for a batch: claim, publish, and the write-back of its outcomes."
+    );
+    describe_gauge!(
+        "outbox_destination_events_pending",
+        "Events waiting for delivery, per destination."
+    );
+    describe_gauge!(
+        "outbox_destination_events_dead",
+        "Dead events, per destination."
+    );
+    describe_gauge!(
+        "outbox_destination_oldest_pending_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest undelivered event of a destination (its lag)."
+    );
+    describe_gauge!(
+        "outbox_destination_paused",
+        "1 while an operator has paused the destination."
+    );
     describe_gauge!("outbox_events_pending", "Events waiting for delivery.");
     describe_gauge!("outbox_events_in_flight", "Events claimed by a relay.");
     describe_gauge!("outbox_events_dead", "Dead events waiting for an operator.");
@@ -109,8 +137,9 @@ fn describe() {
     );
 }
 
-async fn refresh_gauges(store: Arc<dyn Store>, every: Duration) {
+async fn refresh_gauges(store: Arc<dyn Store>, routes: Arc<RouteTable>, every: Duration) {
     let mut ticker = tokio::time::interval(every.max(Duration::from_millis(100)));
+    let mut per_destination = true;
     loop {
         ticker.tick().await;
         match store.stats().await {
@@ -124,10 +153,113 @@ async fn refresh_gauges(store: Arc<dyn Store>, every: Duration) {
                         .map(|a| a.as_secs_f64())
                         .unwrap_or(0.0),
                 );
+                if per_destination {
+                    let now = stats.observed_at.unwrap_or_else(chrono::Utc::now);
+                    per_destination = refresh_destinations(store.as_ref(), &routes, now).await;
+                }
             }
             Err(error) => {
                 metrics::counter!("outbox_database_errors_total").increment(1);
                 tracing::warn!(%error, "Could not read the backlog for metrics.");
+            }
+        }
+    }
+}
+
+/// Per-destination gauges; returns false when the store cannot report them (stop asking).
+async fn refresh_destinations(
+    store: &dyn Store,
+    routes: &RouteTable,
+    now: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    let stats = match store.destination_stats(routes).await {
+        Ok(stats) => stats,
+        Err(StoreError::Unsupported { .. }) => return false,
+        Err(error) => {
+            metrics::counter!("outbox_database_errors_total").increment(1);
+            tracing::warn!(%error, "Could not read the backlog per destination for metrics.");
+            return true;
+        }
+    };
+    let paused = store.paused().await.unwrap_or_default();
+    // Every configured destination gets a value, zero when it has no backlog, so a drained
+    // destination's gauge falls to 0 instead of keeping its last value.
+    let mut names: Vec<String> = routes.destinations().to_vec();
+    names.push("(no route)".into());
+    for name in names {
+        let entry = stats
+            .iter()
+            .find(|d| d.destination.as_deref().unwrap_or("(no route)") == name.as_str());
+        let pending = entry.map_or(0, |d| d.pending + d.in_flight);
+        let dead = entry.map_or(0, |d| d.dead);
+        let lag = entry
+            .and_then(|d| d.oldest_pending_enqueued_at)
+            .map_or(0.0, |t| {
+                ((now - t).num_milliseconds().max(0) as f64) / 1000.0
+            });
+        let is_paused = paused.iter().any(|p| p.destination == name);
+        metrics::gauge!("outbox_destination_events_pending", "destination" => name.clone())
+            .set(pending as f64);
+        metrics::gauge!("outbox_destination_events_dead", "destination" => name.clone())
+            .set(dead as f64);
+        metrics::gauge!("outbox_destination_oldest_pending_age_seconds", "destination" => name.clone())
+            .set(lag);
+        metrics::gauge!("outbox_destination_paused", "destination" => name).set(if is_paused {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    true
+}
+
+/// WAL mode's slot gauges, refreshed every `every` (one query each time).
+pub async fn refresh_wal_gauges(config: outbox_wal::WalConfig, every: Duration) {
+    metrics::describe_gauge!(
+        "outbox_wal_lag_bytes",
+        metrics::Unit::Bytes,
+        "Current WAL position minus the slot's confirmed position: delivery lag in bytes."
+    );
+    metrics::describe_gauge!(
+        "outbox_wal_retained_bytes",
+        metrics::Unit::Bytes,
+        "WAL kept on disk for the slot."
+    );
+    metrics::describe_gauge!(
+        "outbox_wal_confirmed_lsn",
+        "The slot's confirmed flush position (last acked LSN) as a number."
+    );
+    metrics::describe_gauge!(
+        "outbox_wal_decoded_bytes_per_second",
+        "Bytes decoded through the slot per second."
+    );
+    let mut ticker = tokio::time::interval(every.max(Duration::from_secs(1)));
+    let mut last: Option<(std::time::Instant, i64)> = None;
+    loop {
+        ticker.tick().await;
+        match outbox_wal::wal_status(&config).await {
+            Ok(s) => {
+                metrics::gauge!("outbox_wal_lag_bytes").set(s.lag_bytes.unwrap_or(0) as f64);
+                metrics::gauge!("outbox_wal_retained_bytes")
+                    .set(s.retained_wal_bytes.unwrap_or(0) as f64);
+                if let Some(lsn) = s.confirmed_flush_lsn {
+                    metrics::gauge!("outbox_wal_confirmed_lsn").set(lsn.0 as f64);
+                }
+                if let Some(total) = s.total_bytes {
+                    let now = std::time::Instant::now();
+                    if let Some((at, before)) = last {
+                        let secs = now.duration_since(at).as_secs_f64();
+                        if secs > 0.0 {
+                            metrics::gauge!("outbox_wal_decoded_bytes_per_second")
+                                .set((total - before).max(0) as f64 / secs);
+                        }
+                    }
+                    last = Some((now, total));
+                }
+            }
+            Err(error) => {
+                metrics::counter!("outbox_database_errors_total").increment(1);
+                tracing::warn!(%error, "Could not read the replication slot for metrics.");
             }
         }
     }

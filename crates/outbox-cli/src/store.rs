@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use outbox_core::{Store, StoreError};
+use outbox_mysql::{MySqlOutbox, MySqlStore};
 use outbox_postgres::{PgOutbox, PgStore, redact_url};
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
 
@@ -14,6 +15,8 @@ pub enum AnyStore {
     Postgres(PgStore),
     /// `sqlite://…` or `sqlite:…`
     Sqlite(SqliteStore),
+    /// `mysql://…` or `mariadb://…`
+    MySql(MySqlStore),
 }
 
 impl AnyStore {
@@ -39,9 +42,23 @@ impl AnyStore {
                 .await
                 .map_err(|e| unreachable(url, e))?;
             Ok(AnyStore::Sqlite(store))
+        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            let outbox = match config.table.as_deref() {
+                Some(table) => MySqlOutbox::with_table(table),
+                None => Ok(MySqlOutbox::new()),
+            }
+            .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))?;
+            let url = match url.strip_prefix("mariadb://") {
+                Some(rest) => format!("mysql://{rest}"),
+                None => url.to_owned(),
+            };
+            let store = MySqlStore::connect(&url, outbox)
+                .await
+                .map_err(|e| unreachable(&url, e))?;
+            Ok(AnyStore::MySql(store))
         } else {
             Err(ConfigError(format!(
-                "unsupported `database.url` `{}`: use postgres://user@host:5432/db or sqlite://path/to/file.db",
+                "unsupported `database.url` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
                 redact_url(url)
             )))
         }
@@ -52,6 +69,7 @@ impl AnyStore {
         match self {
             AnyStore::Postgres(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
             AnyStore::Sqlite(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
+            AnyStore::MySql(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
         }
     }
 
@@ -60,6 +78,7 @@ impl AnyStore {
         match self {
             AnyStore::Postgres(s) => Arc::new(s.clone()),
             AnyStore::Sqlite(s) => Arc::new(s.clone()),
+            AnyStore::MySql(s) => Arc::new(s.clone()),
         }
     }
 
@@ -68,6 +87,7 @@ impl AnyStore {
         match self {
             AnyStore::Postgres(s) => format!("PostgreSQL table {}", s.outbox().qualified_table()),
             AnyStore::Sqlite(s) => format!("SQLite table {}", s.outbox().quoted_table()),
+            AnyStore::MySql(s) => format!("MySQL table {}", s.outbox().quoted_table()),
         }
     }
 }

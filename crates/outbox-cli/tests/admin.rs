@@ -57,6 +57,7 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
             limit: 4,
             lease: Duration::from_secs(60),
             dead_letter: DeadLetterPolicy::Block,
+            hold: None,
         })
         .await
         .unwrap();

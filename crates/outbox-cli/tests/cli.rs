@@ -72,7 +72,7 @@ fn unreachable_database_exits_2_naming_the_url_without_its_password() {
 
 #[test]
 fn unsupported_url_and_missing_url_exit_2() {
-    let o = outbox(&["status", "--database-url", "mysql://root@127.0.0.1/test"]);
+    let o = outbox(&["status", "--database-url", "mongodb://root@127.0.0.1/test"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).contains("unsupported `database.url`"),
@@ -175,7 +175,7 @@ fn config_check_prints_the_effective_config_with_secrets_masked() {
     assert!(!out.contains("hunter2"), "{out}");
     std::fs::write(
         &file,
-        "[database]\nurl = \"x\"\n[sink]\ntype = \"file\"\npth = \"/tmp/x\"\n",
+        "[database]\nurl = \"x\"\n[destinations.log]\ntype = \"file\"\npth = \"/tmp/x\"\n",
     )
     .unwrap();
     let o = outbox(&["config", "check", "--config", file.to_str().unwrap()]);
@@ -188,4 +188,68 @@ fn the_example_config_passes_config_check() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../outbox.example.toml");
     let o = outbox(&["config", "check", "--config", example]);
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_relay_and_status_work_on_mysql() {
+    let url = std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let table = format!("ob_t_cli_{}", std::process::id());
+    let o = outbox(&["migrate", "--database-url", &url, "--table", &table]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let store = outbox_mysql::MySqlStore::connect(
+        &url,
+        outbox_mysql::MySqlOutbox::with_table(&table).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 0..20u32 {
+        let e = outbox_core::NewEvent::new(
+            "order",
+            format!("o{}", n % 4),
+            "OrderUpdated",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    let sink = format!("file:{}", out.display());
+    let o = outbox(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--table",
+        &table,
+        "--sink",
+        &sink,
+        "--drain",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(lines.lines().count(), 20, "{lines}");
+    let o = outbox(&[
+        "status",
+        "--database-url",
+        &url,
+        "--table",
+        &table,
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(status["delivered"], 20, "{status}");
+    assert!(
+        status["outbox"].as_str().unwrap().starts_with("MySQL"),
+        "{status}"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS `{table}`, `{table}_migrations`"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
 }

@@ -34,6 +34,7 @@
 mod error;
 mod event;
 mod retry;
+pub mod route;
 pub mod routing;
 mod sink;
 mod store;
@@ -41,10 +42,11 @@ mod store;
 pub use error::{EncodeError, StoreError};
 pub use event::{
     AggregateKey, Event, EventId, EventRecord, EventState, Headers, MAX_LAST_ERROR_LEN, NewEvent,
-    ParseStateError, check_first_delivery_order, truncate_error,
+    ParseStateError, check_first_delivery_order, is_valid_traceparent, truncate_error,
 };
 pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};
 pub use store::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, Lease, OutboxStats, RetryEvent, Store,
+    BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, Hold, Lease, LeaseHolder,
+    OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store,
 };

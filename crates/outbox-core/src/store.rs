@@ -25,6 +25,7 @@
 //! embedded database such as SQLite has no clock of its own: its store uses the host's, which
 //! every process sharing the file also reads.)
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -35,6 +36,7 @@ use uuid::Uuid;
 use crate::error::StoreError;
 use crate::event::{Event, EventId, EventRecord};
 use crate::retry::DeadLetterPolicy;
+use crate::route::RouteTable;
 
 /// What a relay asks for when it claims.
 #[derive(Clone, Debug)]
@@ -47,6 +49,36 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// Whether a dead event holds back the later events of its aggregate.
     pub dead_letter: DeadLetterPolicy,
+    /// Destinations whose events are not claimed now (paused by an operator).
+    pub hold: Option<Arc<Hold>>,
+}
+
+impl ClaimRequest {
+    /// A request with no destination on hold.
+    pub fn new(
+        owner: impl Into<String>,
+        limit: u32,
+        lease: Duration,
+        dead_letter: DeadLetterPolicy,
+    ) -> Self {
+        ClaimRequest {
+            owner: owner.into(),
+            limit,
+            lease,
+            dead_letter,
+            hold: None,
+        }
+    }
+}
+
+/// Destinations a claim skips: every event that `routes` sends to one of `paused` stays pending
+/// (and does not hold back other destinations' events).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    /// How events map to destinations (rendered into the claim's SQL).
+    pub routes: RouteTable,
+    /// Names of the paused destinations; never empty.
+    pub paused: Vec<String>,
 }
 
 /// Proof of a claim: the owner and the fencing token every follow-up write must present.
@@ -124,6 +156,72 @@ impl OutboxStats {
     }
 }
 
+/// Backlog of one destination, for `outbox status` and the per-destination gauges.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestinationStats {
+    /// The destination, as resolved by the route table; `None` for events no route matches.
+    pub destination: Option<String>,
+    /// Waiting for delivery (including those waiting for a retry).
+    pub pending: u64,
+    /// Pending events that already failed at least once.
+    pub retrying: u64,
+    /// Claimed by a relay right now.
+    pub in_flight: u64,
+    /// Given up on.
+    pub dead: u64,
+    /// When the oldest undelivered (pending or in-flight) event was enqueued.
+    pub oldest_pending_enqueued_at: Option<DateTime<Utc>>,
+}
+
+/// A relay holding claims, for `outbox status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseHolder {
+    /// The relay (its `relay_id`).
+    pub owner: String,
+    /// Events it holds in flight.
+    pub events: u64,
+    /// When it claimed the oldest of them.
+    pub claimed_since: Option<DateTime<Utc>>,
+    /// When its latest lease runs out.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Of its events, how many are under a lease that has already run out (the relay died or
+    /// stalled; another relay may claim them).
+    pub expired: u64,
+}
+
+/// A destination an operator paused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PausedDestination {
+    /// Its name.
+    pub destination: String,
+    /// Since when (database clock).
+    pub paused_at: DateTime<Utc>,
+    /// Who paused it (free text: user, host).
+    pub paused_by: String,
+}
+
+/// Which delivered events a replay sends again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayFilter {
+    /// Written (enqueued) at or after this time.
+    pub from: DateTime<Utc>,
+    /// Written before this time.
+    pub to: DateTime<Utc>,
+    /// Only events routed to this destination (resolved with the route table given).
+    pub destination: Option<String>,
+    /// Only events of this exact type.
+    pub event_type: Option<String>,
+}
+
+/// What one step of a replay did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayStep {
+    /// Events put back to pending by this step.
+    pub replayed: u64,
+    /// Where the next step starts (`after_seq`); `None` once the range is done.
+    pub next_after: Option<i64>,
+}
+
 /// A database that keeps the outbox.
 ///
 /// Implementations must be safe to call concurrently, from several tasks and several processes
@@ -176,4 +274,72 @@ pub trait Store: Send + Sync + 'static {
 
     /// Check the database answers and the schema is current (readiness).
     async fn check(&self) -> Result<(), StoreError>;
+
+    /// Undelivered and dead counts per destination, as `routes` resolves them (one entry per
+    /// destination that has any, plus one with `destination: None` for unroutable events).
+    async fn destination_stats(
+        &self,
+        routes: &RouteTable,
+    ) -> Result<Vec<DestinationStats>, StoreError> {
+        let _ = routes;
+        Err(self.unsupported("destination_stats"))
+    }
+
+    /// The relays holding claims right now, with how many events and since when.
+    async fn leases(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        Err(self.unsupported("leases"))
+    }
+
+    /// Pause `destination`: running relays stop claiming its events within one poll interval.
+    /// Returns false if it was already paused.
+    async fn pause(&self, destination: &str, by: &str) -> Result<bool, StoreError> {
+        let _ = (destination, by);
+        Err(self.unsupported("pause"))
+    }
+
+    /// Resume a paused destination. Returns false if it was not paused.
+    async fn resume(&self, destination: &str) -> Result<bool, StoreError> {
+        let _ = destination;
+        Err(self.unsupported("resume"))
+    }
+
+    /// The paused destinations.
+    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
+        Err(self.unsupported("paused"))
+    }
+
+    /// One step of a replay: put up to `limit` delivered events matching `filter` with
+    /// `seq > after_seq` back to `pending` (attempts reset, due now), keeping their ids and
+    /// their place in enqueue order, so consumers see them again and deduplicate on the id.
+    /// Call again with [`ReplayStep::next_after`] until it is `None`.
+    async fn replay(
+        &self,
+        filter: &ReplayFilter,
+        routes: &RouteTable,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<ReplayStep, StoreError> {
+        let _ = (filter, routes, after_seq, limit);
+        Err(self.unsupported("replay"))
+    }
+
+    /// Delete up to `limit` dead events buried longer than `older_than` ago (dead-letter
+    /// retention). Returns how many.
+    async fn purge_dead(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let _ = (older_than, limit);
+        Err(self.unsupported("purge_dead"))
+    }
+
+    /// A short name of the store for messages (`postgres`, `sqlite`, `mysql`).
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
+
+    #[doc(hidden)]
+    fn unsupported(&self, operation: &'static str) -> StoreError {
+        StoreError::Unsupported {
+            store: self.kind(),
+            operation,
+        }
+    }
 }

@@ -246,6 +246,10 @@ fn id_list(ids: &[EventId]) -> Result<String, StoreError> {
 
 #[async_trait]
 impl Store for MySqlStore {
+    fn kind(&self) -> &'static str {
+        "mysql"
+    }
+
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = Uuid::now_v7();
         let lease = Lease {

@@ -104,6 +104,7 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
             limit: 100,
             lease: std::time::Duration::from_secs(30),
             dead_letter: outbox_core::DeadLetterPolicy::Block,
+            hold: None,
         })
         .await
         .unwrap();

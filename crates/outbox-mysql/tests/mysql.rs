@@ -17,6 +17,7 @@ fn claim_all() -> ClaimRequest {
         limit: 1000,
         lease: Duration::from_secs(30),
         dead_letter: DeadLetterPolicy::Block,
+        hold: None,
     }
 }
 

@@ -550,6 +550,10 @@ fn dead_ids(filter: &DeadFilter) -> Option<Vec<Uuid>> {
 
 #[async_trait]
 impl Store for PgStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = Uuid::now_v7();
         let mut tx = self.pool.begin().await.map_err(map_sqlx)?;

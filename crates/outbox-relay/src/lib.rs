@@ -56,8 +56,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod router;
+
+use outbox_core::route::RouteTable;
 use outbox_core::{
-    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, Lease, Outcome, RetryEvent,
+    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, Hold, Lease, Outcome, RetryEvent,
     RetryPolicy, Sink, Store, StoreError, humantime_duration, truncate_error,
 };
 use serde::{Deserialize, Serialize};
@@ -197,6 +200,9 @@ pub struct Relay<S: ?Sized, K: ?Sized> {
     sink: Arc<K>,
     config: Arc<RelayConfig>,
     counters: Arc<RelayCounters>,
+    /// How events map to destinations, when the sink is a [`router::Router`]: used to skip
+    /// paused destinations at claim time and to label logs and metrics per destination.
+    routes: Option<Arc<RouteTable>>,
 }
 
 impl<S, K> Relay<S, K>
@@ -211,7 +217,17 @@ where
             sink,
             config: Arc::new(config),
             counters: Arc::new(RelayCounters::default()),
+            routes: None,
         }
+    }
+
+    /// Serve several destinations: `routes` says which one each event goes to (the sink is then
+    /// normally a [`router::Router`] over the same table). The relay then reads the paused
+    /// destinations from the store every poll interval and leaves their events unclaimed, and
+    /// labels logs and metrics with each event's destination instead of the sink's name.
+    pub fn with_routes(mut self, routes: Arc<RouteTable>) -> Self {
+        self.routes = Some(routes);
+        self
     }
 
     /// Live counters, readable while [`Relay::run`] is going.
@@ -235,13 +251,15 @@ where
             config: config.clone(),
             counters: self.counters.clone(),
             stopping: AtomicBool::new(false),
+            routes: self.routes.clone(),
         });
-        let request = ClaimRequest {
-            owner: config.relay_id.clone(),
-            limit: config.batch_size.max(1),
-            lease: config.lease,
-            dead_letter: config.dead_letter,
-        };
+        let mut request = ClaimRequest::new(
+            config.relay_id.clone(),
+            config.batch_size.max(1),
+            config.lease,
+            config.dead_letter,
+        );
+        let mut pauses = PauseWatch::new(self.routes.clone(), config.poll_interval);
         let slots = Arc::new(Semaphore::new(config.max_batches_in_flight.max(1)));
         let mut batches: JoinSet<()> = JoinSet::new();
         let mut store_failures: u32 = 0;
@@ -263,6 +281,7 @@ where
                     Err(_) => break,
                 },
             };
+            pauses.refresh(self.store.as_ref(), &mut request).await;
             // A claim is never cancelled half-way: a claim that committed but whose result
             // was dropped would leave events in flight until their lease ran out.
             let started = Instant::now();
@@ -341,6 +360,66 @@ where
     }
 }
 
+/// Which destinations are paused, re-read from the store at most once per poll interval.
+struct PauseWatch {
+    routes: Option<Arc<RouteTable>>,
+    every: Duration,
+    last: Option<Instant>,
+    current: Vec<String>,
+    unsupported: bool,
+}
+
+impl PauseWatch {
+    fn new(routes: Option<Arc<RouteTable>>, every: Duration) -> Self {
+        PauseWatch {
+            routes,
+            every,
+            last: None,
+            current: Vec::new(),
+            unsupported: false,
+        }
+    }
+
+    async fn refresh<S: Store + ?Sized>(&mut self, store: &S, request: &mut ClaimRequest) {
+        let Some(routes) = self.routes.clone() else {
+            return;
+        };
+        if self.unsupported || self.last.is_some_and(|t| t.elapsed() < self.every) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        match store.paused().await {
+            Ok(list) => {
+                let mut names: Vec<String> = list.into_iter().map(|p| p.destination).collect();
+                names.sort();
+                if names != self.current {
+                    for name in names.iter().filter(|n| !self.current.contains(n)) {
+                        info!(destination = %name, "Destination paused: its events stay pending until `outbox resume`.");
+                    }
+                    for name in self.current.iter().filter(|n| !names.contains(n)) {
+                        info!(destination = %name, "Destination resumed.");
+                    }
+                    request.hold = (!names.is_empty()).then(|| {
+                        Arc::new(Hold {
+                            routes: (*routes).clone(),
+                            paused: names.clone(),
+                        })
+                    });
+                    self.current = names;
+                }
+            }
+            Err(StoreError::Unsupported { .. }) => {
+                warn!("This store cannot pause destinations; `outbox pause` has no effect here.");
+                self.unsupported = true;
+            }
+            Err(error) => {
+                metrics::counter!("outbox_database_errors_total").increment(1);
+                warn!(%error, "Could not read paused destinations; keeping the previous list.");
+            }
+        }
+    }
+}
+
 /// Exponential pause between attempts to reach the database: 100 ms, 200 ms, … up to `max`.
 fn store_backoff(failures: u32, max: Duration) -> Duration {
     let exponent = failures.saturating_sub(1).min(20);
@@ -353,6 +432,7 @@ struct BatchContext<S: ?Sized, K: ?Sized> {
     config: Arc<RelayConfig>,
     counters: Arc<RelayCounters>,
     stopping: AtomicBool,
+    routes: Option<Arc<RouteTable>>,
 }
 
 /// What a batch decided for each of its events, written back at the end.
@@ -432,8 +512,10 @@ where
                     vec![Outcome::retry(reason); wave.len()]
                 }
             };
-            metrics::histogram!("outbox_publish_duration_seconds", "sink" => self.sink.name().to_owned())
-                .record(started.elapsed().as_secs_f64());
+            if self.routes.is_none() {
+                metrics::histogram!("outbox_publish_duration_seconds", "destination" => self.sink.name().to_owned())
+                    .record(started.elapsed().as_secs_f64());
+            }
 
             for ((&i, event), outcome) in active.iter().zip(&wave).zip(outcomes) {
                 let queue = &mut queues[i];
@@ -446,11 +528,36 @@ where
         }
 
         self.write_back(&lease, settlement, claimed_at).await;
+        metrics::histogram!("outbox_relay_batch_duration_seconds")
+            .record(claimed_at.elapsed().as_secs_f64());
+    }
+
+    /// The destination an event goes to, for logs and metrics.
+    fn destination_of<'a>(&'a self, event: &Event) -> &'a str {
+        match &self.routes {
+            Some(routes) => routes
+                .resolve_event(event)
+                .and_then(|d| routes.destinations().iter().find(|n| *n == d))
+                .map(String::as_str)
+                .unwrap_or("(unroutable)"),
+            None => self.sink.name(),
+        }
     }
 
     /// Record the outcome of one event; returns whether the rest of its aggregate must wait.
     fn settle(&self, event: &Event, outcome: Outcome, settlement: &mut Settlement) -> bool {
-        let sink = self.sink.name();
+        let sink = self.destination_of(event);
+        let label = || sink.to_owned();
+        match &outcome {
+            Outcome::Delivered => {
+                metrics::counter!("outbox_events_published_total", "destination" => label())
+                    .increment(1);
+            }
+            Outcome::Retry { .. } | Outcome::Reject { .. } => {
+                metrics::counter!("outbox_events_failed_total", "destination" => label())
+                    .increment(1);
+            }
+        }
         match outcome {
             Outcome::Delivered => {
                 debug!(
@@ -471,6 +578,8 @@ where
                 if self.config.retry.is_exhausted(failed) {
                     let error = format!("gave up after {failed} attempts: {reason}");
                     self.log_dead(event, &error);
+                    metrics::counter!("outbox_events_dead_total", "destination" => label())
+                        .increment(1);
                     settlement.buries.push(BuryEvent {
                         seq: event.seq,
                         error: truncate_error(&error),
@@ -480,6 +589,8 @@ where
                     let delay = after.unwrap_or_else(|| {
                         self.config.retry.backoff(failed, rand::random::<f64>())
                     });
+                    metrics::counter!("outbox_events_retried_total", "destination" => label())
+                        .increment(1);
                     warn!(
                         event_id = %event.id,
                         event_type = %event.event_type,
@@ -503,6 +614,8 @@ where
             Outcome::Reject { reason } => {
                 let error = format!("rejected by {sink}: {reason}");
                 self.log_dead(event, &error);
+                metrics::counter!("outbox_events_dead_total", "destination" => label())
+                    .increment(1);
                 settlement.buries.push(BuryEvent {
                     seq: event.seq,
                     error: truncate_error(&error),
@@ -520,7 +633,7 @@ where
             aggregate_id = %event.aggregate_id,
             idempotency_key = event.idempotency_key.as_deref().unwrap_or(""),
             attempts = event.attempts + 1,
-            destination = self.sink.name(),
+            destination = self.destination_of(event),
             error,
             "Event is dead; it stays in the outbox for `outbox dead retry` or `discard`."
         );
@@ -537,7 +650,6 @@ where
             buries,
             released,
         } = settlement;
-        let sink = self.sink.name().to_owned();
 
         if !delivered.is_empty() {
             let expected = delivered.len() as u64;
@@ -546,8 +658,6 @@ where
                 .await
             {
                 add(&self.counters.delivered, done);
-                metrics::counter!("outbox_events_published_total", "destination" => sink.clone())
-                    .increment(done);
                 self.note_fenced("ack", expected, done);
             }
         }
@@ -558,8 +668,6 @@ where
                 .await
             {
                 add(&self.counters.retried, done);
-                metrics::counter!("outbox_events_retried_total", "destination" => sink.clone())
-                    .increment(done);
                 self.note_fenced("retry", expected, done);
             }
         }
@@ -570,8 +678,6 @@ where
                 .await
             {
                 add(&self.counters.dead, done);
-                metrics::counter!("outbox_events_dead_total", "destination" => sink.clone())
-                    .increment(done);
                 self.note_fenced("bury", expected, done);
             }
         }

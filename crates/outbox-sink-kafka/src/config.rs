@@ -1,4 +1,4 @@
-//! The `[sink.kafka]` settings and their translation into librdkafka properties.
+//! The settings of a `type = "kafka"` destination and their translation into librdkafka properties.
 //!
 //! Validation happens here, before any client exists, so a wrong setting fails at start-up with
 //! a message that names the setting and the fix. Nothing in here touches the network: a broker
@@ -12,10 +12,10 @@ use std::time::Duration;
 use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{SinkError, humantime_duration};
 use rdkafka::ClientConfig;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BodyFormat {
     /// The stored JSON bytes, untouched.
@@ -27,7 +27,7 @@ pub enum BodyFormat {
 }
 
 /// Compression of record batches (`compression.type`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     /// No compression (librdkafka's default).
@@ -57,7 +57,7 @@ impl Compression {
 
 /// How a record's key (the aggregate id) picks its partition. Every choice hashes the key, so
 /// one aggregate always lands in one partition; `random` is not offered because it would not.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Partitioner {
     /// Murmur2 hash of the key, as the Java producer does (default): records of an aggregate go
@@ -90,7 +90,7 @@ impl Partitioner {
 }
 
 /// SASL mechanism used with `user` and a password.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub enum SaslMechanism {
     /// `PLAIN` (default): send it over TLS only.
     #[default]
@@ -119,6 +119,13 @@ impl SaslMechanism {
 #[serde(transparent)]
 pub struct Secret(String);
 
+/// Printed configurations (`outbox config check`) show `***`, never the value.
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("***")
+    }
+}
+
 impl Secret {
     /// Wrap a secret value.
     pub fn new(value: impl Into<String>) -> Self {
@@ -138,7 +145,7 @@ impl fmt::Debug for Secret {
 }
 
 /// A librdkafka property value as written in the file: text, a number or a boolean.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum PropertyValue {
     /// `"lz4"`, `"1000"`.
@@ -175,7 +182,7 @@ impl fmt::Display for PropertyValue {
 /// assert_eq!(config.brokers, vec!["k1:9092".to_owned(), "k2:9092".to_owned()]);
 /// assert!(config.validate().is_ok());
 /// ```
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSinkConfig {
     /// Bootstrap brokers as `host:port`, a list or one comma-separated string. Prefer IPv4
@@ -237,6 +244,7 @@ pub struct KafkaSinkConfig {
     /// `"queue.buffering.max.kbytes" = 65536`). Properties the sink sets from the settings above
     /// cannot be given here, and the ones its guarantees rest on (`enable.idempotence`, `acks`)
     /// cannot be changed at all.
+    #[serde(serialize_with = "masked_properties")]
     pub properties: BTreeMap<String, PropertyValue>,
 }
 
@@ -273,6 +281,28 @@ impl Default for KafkaSinkConfig {
 fn default_topic() -> Template {
     // The text parses; the fallback only keeps an `unwrap` out of library code.
     Template::parse("events.${event_type}").unwrap_or_else(|_| Template::fixed("events"))
+}
+
+/// Properties as printed by `outbox config check`: values of credential-like keys
+/// (`sasl.password`, `ssl.key.password`, `*.secret`, tokens) are masked.
+fn masked_properties<S: serde::Serializer>(
+    properties: &BTreeMap<String, PropertyValue>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(properties.len()))?;
+    for (key, value) in properties {
+        let lower = key.to_ascii_lowercase();
+        if ["password", "secret", "token", "jaas"]
+            .iter()
+            .any(|w| lower.contains(w))
+        {
+            map.serialize_entry(key, "***")?;
+        } else {
+            map.serialize_entry(key, value)?;
+        }
+    }
+    map.end()
 }
 
 fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -326,7 +356,7 @@ const MANAGED: &[(&str, Option<&str>)] = &[
 ];
 
 pub(crate) fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.kafka] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 fn millis(d: Duration) -> String {

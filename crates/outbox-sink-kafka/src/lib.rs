@@ -59,7 +59,8 @@
 //! ## Configuration
 //!
 //! ```toml
-//! [sink.kafka]
+//! [destinations.kafka]
+//! type = "kafka"
 //! brokers = ["kafka-1:9092", "kafka-2:9092"]
 //! topic = "${aggregate_type}.events"
 //! format = "raw"                 # or "cloudevents" with cloudevents_source = "/orders"

@@ -72,12 +72,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
 /// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BodyFormat {
     /// The stored JSON bytes, untouched.
@@ -92,6 +92,13 @@ pub enum BodyFormat {
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// Printed configurations (`outbox config check`) show `***`, never the value.
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("***")
+    }
+}
 
 impl Secret {
     /// Wrap a secret value.
@@ -115,7 +122,7 @@ impl fmt::Debug for Secret {
 ///
 /// Every field has a default: an empty table publishes raw JSON to `events.${event_type}` on
 /// `nats://127.0.0.1:4222` and expects a stream capturing those subjects to exist.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsSinkConfig {
     /// NATS server URLs (`nats://host:4222`, `tls://host:4222`); the client picks one and fails
@@ -244,7 +251,7 @@ impl NatsSinkConfig {
 }
 
 fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.nats] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 /// Read a secret given either inline or through an environment variable.

@@ -1,4 +1,4 @@
-//! The `[sink.rabbitmq]` settings and their checks.
+//! The settings of a `type = "rabbitmq"` destination and their checks.
 //!
 //! Validation happens here, before any connection exists, so a wrong setting fails at start-up
 //! with a message that names the setting and the fix. A broker that is down at start-up is not
@@ -11,10 +11,10 @@ use lapin::ExchangeKind;
 use lapin::uri::{AMQPScheme, AMQPUri};
 use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{SinkError, humantime_duration};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BodyFormat {
     /// The stored JSON bytes, untouched.
@@ -26,7 +26,7 @@ pub enum BodyFormat {
 }
 
 /// The type of the exchanges created with `declare = true`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ExchangeType {
     /// Routing-key patterns (`orders.*`, `#`): the default.
@@ -52,7 +52,7 @@ impl ExchangeType {
 }
 
 /// What an unroutable message (returned by RabbitMQ under `mandatory`) counts as.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Unroutable {
     /// Retry with backoff (default): a missing binding is usually a deployment-order problem
@@ -68,6 +68,13 @@ pub enum Unroutable {
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// Printed configurations (`outbox config check`) show `***`, never the value.
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("***")
+    }
+}
 
 impl Secret {
     /// Wrap a secret value.
@@ -105,7 +112,7 @@ impl fmt::Debug for Secret {
 /// }"#).unwrap();
 /// assert!(config.validate().is_ok());
 /// ```
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RabbitMqSinkConfig {
     /// `amqp://host:port/vhost` (`%2f` is the vhost `/`), or `amqps://` for TLS. Credentials are
@@ -194,7 +201,7 @@ fn default_routing_key() -> Template {
 }
 
 pub(crate) fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.rabbitmq] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 /// Everything the sink needs, checked.

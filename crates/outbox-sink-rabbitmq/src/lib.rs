@@ -67,7 +67,8 @@
 //! ## Configuration
 //!
 //! ```toml
-//! [sink.rabbitmq]
+//! [destinations.rabbitmq]
+//! type = "rabbitmq"
 //! url = "amqp://rabbit:5672/%2f"
 //! user = "relay"
 //! password_env = "RABBITMQ_PASSWORD"

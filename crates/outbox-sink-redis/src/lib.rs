@@ -69,12 +69,12 @@ use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, IntoConnectionInfo, RedisError, Value};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
 
 /// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BodyFormat {
     /// The stored JSON bytes, untouched.
@@ -89,6 +89,13 @@ pub enum BodyFormat {
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// Printed configurations (`outbox config check`) show `***`, never the value.
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("***")
+    }
+}
 
 impl Secret {
     /// Wrap a secret value.
@@ -112,7 +119,7 @@ impl fmt::Debug for Secret {
 ///
 /// Every field has a default: an empty table appends raw JSON to the stream
 /// `events.${event_type}` on `redis://127.0.0.1:6379`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSinkConfig {
     /// `redis://[user[:password]@]host[:port][/db]`; `rediss://` for TLS.
@@ -174,7 +181,7 @@ fn default_stream() -> Template {
 }
 
 fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.redis] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 impl RedisSinkConfig {

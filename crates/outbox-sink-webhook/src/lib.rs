@@ -119,13 +119,13 @@ use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use tokio::sync::Semaphore;
 use tracing::debug;
 
 /// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BodyFormat {
     /// The stored JSON bytes, untouched (`application/json`).
@@ -141,6 +141,13 @@ pub enum BodyFormat {
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// Printed configurations (`outbox config check`) show `***`, never the value.
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("***")
+    }
+}
 
 impl Secret {
     /// Wrap a secret value.
@@ -162,7 +169,7 @@ impl fmt::Debug for Secret {
 
 /// Settings of the webhook sink, as read from the relay's configuration file. Only `url` is
 /// required.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebhookSinkConfig {
     /// URL template for events that name no destination themselves, e.g.
@@ -233,7 +240,7 @@ impl Default for WebhookSinkConfig {
 }
 
 fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(format!("[sink.webhook] {}", message.into()))
+    SinkError::Config(message.into())
 }
 
 /// Read a secret given either inline or through an environment variable.

@@ -688,6 +688,10 @@ fn count(n: i64) -> u64 {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = Uuid::now_v7();
         let rows = {
@@ -987,6 +991,7 @@ mod tests {
                 limit: 550,
                 lease: Duration::from_secs(60),
                 dead_letter: DeadLetterPolicy::Block,
+                hold: None,
             })
             .await
             .unwrap();

@@ -236,6 +236,7 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
             limit: 10,
             lease: Duration::from_secs(30),
             dead_letter: outbox_core::DeadLetterPolicy::Block,
+            hold: None,
         })
         .await
         .unwrap();

@@ -49,6 +49,7 @@ async fn claim_until_done(
                 limit: 17,
                 lease: Duration::from_secs(120),
                 dead_letter: DeadLetterPolicy::Block,
+                hold: None,
             })
             .await
             .unwrap();

@@ -22,6 +22,7 @@ fn claim_all() -> ClaimRequest {
         limit: 100,
         lease: Duration::from_secs(30),
         dead_letter: DeadLetterPolicy::Block,
+        hold: None,
     }
 }
 

@@ -73,6 +73,7 @@ fn request(
         limit,
         lease,
         dead_letter,
+        hold: None,
     }
 }
 

@@ -23,7 +23,7 @@ pub enum WalError {
     /// was restored/failed over without it). Events written only to the WAL since the last
     /// confirmed position may be lost; table rows are not: run [`recover`](crate::recover).
     #[error(
-        "replication slot `{slot}` is missing although this outbox streamed from it before ({detail}); run `recover` (outbox_wal::recover) to recreate it and re-scan undelivered outbox rows"
+        "replication slot `{slot}` is missing although this outbox streamed from it before ({detail}); run `outbox wal recover` (or `outbox_wal::recover` from Rust) to recreate it and re-scan undelivered outbox rows"
     )]
     SlotLost {
         /// The slot name.
@@ -34,7 +34,7 @@ pub enum WalError {
     /// The slot exists but PostgreSQL invalidated it (it fell behind `max_slot_wal_keep_size`
     /// and the WAL it needed was removed).
     #[error(
-        "replication slot `{slot}` was invalidated by PostgreSQL (wal_status = lost: it retained more WAL than max_slot_wal_keep_size allows); run `recover` (outbox_wal::recover) to recreate it and re-scan undelivered outbox rows"
+        "replication slot `{slot}` was invalidated by PostgreSQL (wal_status = lost: it retained more WAL than max_slot_wal_keep_size allows); run `outbox wal recover` (or `outbox_wal::recover` from Rust) to recreate it and re-scan undelivered outbox rows"
     )]
     SlotInvalidated {
         /// The slot name.

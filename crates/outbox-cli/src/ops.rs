@@ -1,0 +1,405 @@
+//! Operator commands over a running outbox: `status` (per state, per destination, who holds
+//! claims, what is paused), `pause` / `resume` of a destination, and `replay` of delivered
+//! events.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, NaiveDate, Utc};
+use outbox_core::route::RouteTable;
+use outbox_core::{ReplayFilter, Store, StoreError, humantime_duration};
+use serde_json::json;
+
+use crate::config::ConfigError;
+use crate::progress::Progress;
+
+fn age(since: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+    match since {
+        Some(t) => humantime_duration::format_duration(Duration::from_millis(
+            (now - t).num_milliseconds().max(0) as u64,
+        )),
+        None => "-".into(),
+    }
+}
+
+/// Optional figures: an older store that lacks an operation shows a note instead of failing
+/// the whole status.
+fn optional<T>(result: Result<T, StoreError>) -> anyhow::Result<Option<T>> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(StoreError::Unsupported { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `outbox status`.
+pub async fn status(
+    store: &dyn Store,
+    describe: &str,
+    routes: &RouteTable,
+    wal: Option<&outbox_wal::WalStatus>,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let stats = store.stats().await.context("reading the outbox failed")?;
+    let per_destination = optional(store.destination_stats(routes).await)
+        .context("reading the backlog per destination failed")?;
+    let leases = optional(store.leases().await).context("reading the claims failed")?;
+    let paused = optional(store.paused().await).context("reading paused destinations failed")?;
+    let now = stats.observed_at.unwrap_or_else(Utc::now);
+    let oldest = stats.oldest_pending_age();
+    if as_json {
+        let mut value = json!({
+            "outbox": describe,
+            "pending": stats.pending,
+            "retrying": stats.retrying,
+            "in_flight": stats.in_flight,
+            "delivered": stats.delivered,
+            "dead": stats.dead,
+            "oldest_pending_enqueued_at": stats.oldest_pending_enqueued_at,
+            "oldest_pending_age_seconds": oldest.map(|a| a.as_secs_f64()),
+            "observed_at": stats.observed_at,
+        });
+        if let Some(list) = &per_destination {
+            value["destinations"] = json!(
+                list.iter()
+                    .map(|d| json!({
+                        "destination": d.destination,
+                        "pending": d.pending,
+                        "retrying": d.retrying,
+                        "in_flight": d.in_flight,
+                        "dead": d.dead,
+                        "oldest_pending_enqueued_at": d.oldest_pending_enqueued_at,
+                        "lag_seconds": d.oldest_pending_enqueued_at
+                            .map(|t| ((now - t).num_milliseconds().max(0) as f64) / 1000.0),
+                        "paused": paused.as_ref().is_some_and(|p| p.iter().any(|p| Some(&p.destination) == d.destination.as_ref())),
+                    }))
+                    .collect::<Vec<_>>()
+            );
+        }
+        if let Some(leases) = &leases {
+            value["claims"] = json!(leases);
+        }
+        if let Some(paused) = &paused {
+            value["paused"] = json!(paused);
+        }
+        if let Some(wal) = wal {
+            value["wal"] = serde_json::to_value(wal)?;
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    println!("outbox      {describe}");
+    println!(
+        "pending     {} ({} waiting for a retry)",
+        stats.pending, stats.retrying
+    );
+    println!("in_flight   {}", stats.in_flight);
+    println!("delivered   {}", stats.delivered);
+    println!("dead        {}", stats.dead);
+    println!(
+        "oldest pending age  {}",
+        age(stats.oldest_pending_enqueued_at, now)
+    );
+    match &per_destination {
+        Some(list) if !list.is_empty() => {
+            println!();
+            println!(
+                "{:<24} {:>10} {:>9} {:>10} {:>8} {:>10}  state",
+                "destination", "pending", "retrying", "in_flight", "dead", "lag"
+            );
+            for d in list {
+                let name = d.destination.as_deref().unwrap_or("(no route)");
+                let is_paused = paused
+                    .as_ref()
+                    .is_some_and(|p| p.iter().any(|p| p.destination == name));
+                println!(
+                    "{:<24} {:>10} {:>9} {:>10} {:>8} {:>10}  {}",
+                    name,
+                    d.pending,
+                    d.retrying,
+                    d.in_flight,
+                    d.dead,
+                    age(d.oldest_pending_enqueued_at, now),
+                    if is_paused { "paused" } else { "" }
+                );
+            }
+        }
+        Some(_) => {}
+        None => println!("(this store cannot report the backlog per destination)"),
+    }
+    if let Some(paused) = &paused
+        && !paused.is_empty()
+    {
+        println!();
+        for p in paused {
+            println!(
+                "paused: {} since {} by {}",
+                p.destination,
+                p.paused_at.to_rfc3339(),
+                p.paused_by
+            );
+        }
+    }
+    if let Some(wal) = wal {
+        println!();
+        print_wal_lines(wal);
+    }
+    if let Some(leases) = &leases
+        && !leases.is_empty()
+    {
+        println!();
+        println!(
+            "{:<36} {:>8} {:>12} {:>26}  expired",
+            "claims held by", "events", "held for", "lease until"
+        );
+        for l in leases {
+            println!(
+                "{:<36} {:>8} {:>12} {:>26}  {}",
+                l.owner,
+                l.events,
+                age(l.claimed_since, now),
+                l.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                l.expired
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bytes(n: Option<u64>) -> String {
+    match n {
+        None => "-".into(),
+        Some(n) if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
+        Some(n) if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20)),
+        Some(n) if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        Some(n) => format!("{n} B"),
+    }
+}
+
+fn print_wal_lines(s: &outbox_wal::WalStatus) {
+    println!(
+        "wal slot        {} ({}{})",
+        s.slot,
+        if s.exists { "exists" } else { "MISSING" },
+        if s.active {
+            ", streaming"
+        } else {
+            ", no relay streaming"
+        }
+    );
+    println!("wal lag         {}", bytes(s.lag_bytes));
+    println!("retained wal    {}", bytes(s.retained_wal_bytes));
+    println!(
+        "confirmed lsn   {}",
+        s.confirmed_flush_lsn
+            .map(|l| l.to_string())
+            .unwrap_or_else(|| "-".into())
+    );
+    println!("current lsn     {}", s.current_wal_lsn);
+    if let Some(status) = &s.wal_status {
+        println!("slot wal_status {status}");
+    }
+    if let Some(rate) = s.decode_bytes_per_sec {
+        println!(
+            "decode rate     {}/s, {:.0} txn/s",
+            bytes(Some(rate as u64)),
+            s.decode_txns_per_sec.unwrap_or(0.0)
+        );
+    }
+}
+
+/// `outbox wal status`.
+pub fn print_wal_status(status: &outbox_wal::WalStatus, as_json: bool) -> anyhow::Result<()> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(status)?);
+    } else {
+        print_wal_lines(status);
+    }
+    Ok(())
+}
+
+/// Check a destination name given to `pause`/`resume`/`replay` against the configuration, when
+/// the configuration names its destinations; suggest the nearest on a typo.
+pub fn check_destination(
+    name: &str,
+    routes: &RouteTable,
+    configured: bool,
+) -> Result<(), ConfigError> {
+    if !configured || routes.contains(name) {
+        return Ok(());
+    }
+    let known: Vec<&str> = routes.destinations().iter().map(String::as_str).collect();
+    let hint = crate::config::nearest_name(name, &known)
+        .map(|s| format!("; did you mean `{s}`?"))
+        .unwrap_or_default();
+    Err(ConfigError(format!(
+        "unknown destination `{name}`{hint} (configured: {})",
+        known.join(", ")
+    )))
+}
+
+/// Who is doing this, for `paused_by`.
+pub fn operator() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    if host.is_empty() {
+        user
+    } else {
+        format!("{user}@{host}")
+    }
+}
+
+/// `outbox pause` / `outbox resume`.
+pub async fn pause(
+    store: &dyn Store,
+    destination: &str,
+    pause: bool,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let changed = if pause {
+        store.pause(destination, &operator()).await
+    } else {
+        store.resume(destination).await
+    }
+    .with_context(|| {
+        format!(
+            "{} `{destination}` failed",
+            if pause { "pausing" } else { "resuming" }
+        )
+    })?;
+    let state = if pause { "paused" } else { "resumed" };
+    if as_json {
+        println!(
+            "{}",
+            json!({ "destination": destination, "state": state, "changed": changed })
+        );
+    } else if changed {
+        println!("{destination}: {state} (running relays notice within one poll interval)");
+    } else {
+        println!(
+            "{destination}: already {}",
+            if pause { "paused" } else { "running" }
+        );
+    }
+    Ok(())
+}
+
+/// A point in time on the command line: RFC 3339 (`2026-11-23T08:00:00Z`), a date
+/// (`2026-11-23`, midnight UTC), `now`, or a duration meaning that long ago (`2h`, `7d`).
+pub fn parse_time(flag: &str, text: &str) -> Result<DateTime<Utc>, ConfigError> {
+    let text = text.trim();
+    if text == "now" {
+        return Ok(Utc::now());
+    }
+    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    if let Ok(d) = NaiveDate::parse_from_str(text, "%Y-%m-%d")
+        && let Some(t) = d.and_hms_opt(0, 0, 0)
+    {
+        return Ok(t.and_utc());
+    }
+    let ago = text.strip_suffix(" ago").unwrap_or(text);
+    if let Ok(d) = humantime_duration::parse_duration(ago)
+        && let Ok(d) = chrono::Duration::from_std(d)
+    {
+        return Ok(Utc::now() - d);
+    }
+    Err(ConfigError(format!(
+        "invalid --{flag} `{text}`: use an RFC 3339 time (2026-11-23T08:00:00Z), a date (2026-11-23), `now`, or a duration ago (2h, 7d)"
+    )))
+}
+
+/// `outbox replay`.
+pub async fn replay(
+    store: &dyn Store,
+    filter: ReplayFilter,
+    routes: &RouteTable,
+    batch: u32,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    if filter.from >= filter.to {
+        return Err(ConfigError(format!(
+            "--from ({}) must be earlier than --to ({})",
+            filter.from.to_rfc3339(),
+            filter.to.to_rfc3339()
+        ))
+        .into());
+    }
+    let mut progress = Progress::new("events replayed", as_json);
+    let mut after = None;
+    loop {
+        let step = store
+            .replay(&filter, routes, after, batch.max(1))
+            .await
+            .context("replay failed")?;
+        progress.add(step.replayed);
+        match step.next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let total = progress.finish();
+    if as_json {
+        println!(
+            "{}",
+            json!({
+                "replayed": total,
+                "from": filter.from,
+                "to": filter.to,
+                "destination": filter.destination,
+                "event_type": filter.event_type,
+            })
+        );
+    } else {
+        println!(
+            "replayed {total} delivered event(s) written between {} and {}{}{}: they are pending again with their ids unchanged",
+            filter.from.to_rfc3339(),
+            filter.to.to_rfc3339(),
+            filter
+                .destination
+                .as_deref()
+                .map(|d| format!(", destination {d}"))
+                .unwrap_or_default(),
+            filter
+                .event_type
+                .as_deref()
+                .map(|t| format!(", event type {t}"))
+                .unwrap_or_default(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_in_every_documented_form() {
+        let t = parse_time("from", "2026-11-23T08:00:00Z").unwrap();
+        assert_eq!(t.to_rfc3339(), "2026-11-23T08:00:00+00:00");
+        let d = parse_time("from", "2026-11-23").unwrap();
+        assert_eq!(d.to_rfc3339(), "2026-11-23T00:00:00+00:00");
+        let ago = parse_time("from", "2h").unwrap();
+        let diff = Utc::now() - ago;
+        assert!((diff.num_seconds() - 7200).abs() < 5, "{diff}");
+        assert!(parse_time("from", "2h ago").is_ok());
+        let err = parse_time("to", "yesterday").unwrap_err().0;
+        assert!(err.contains("invalid --to `yesterday`"), "{err}");
+    }
+
+    #[test]
+    fn unknown_destination_is_named_with_a_suggestion() {
+        let routes = RouteTable::new(["orders", "audit"], vec![]).unwrap();
+        let err = check_destination("ordres", &routes, true).unwrap_err().0;
+        assert!(err.contains("unknown destination `ordres`"), "{err}");
+        assert!(err.contains("did you mean `orders`?"), "{err}");
+        assert!(check_destination("orders", &routes, true).is_ok());
+        assert!(check_destination("anything", &routes, false).is_ok());
+    }
+}

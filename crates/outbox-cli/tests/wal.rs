@@ -1,0 +1,407 @@
+//! `outbox relay` in WAL mode, as an operator runs it: `mode = "wal"` in the config file, the
+//! same destinations as polling mode, table rows and table-less logical messages both delivered,
+//! `outbox status` and `outbox wal status` showing the slot; a dropped slot is refused with the
+//! recovery named, and `outbox wal recover` delivers what the table still holds.
+//!
+//! Runs against the throwaway `wal_level=logical` cluster of `scripts/pg-logical.sh`.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_core::{NewEvent, Store};
+use outbox_postgres::{PgOutbox, PgStore};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+fn cluster_url() -> String {
+    if let Ok(url) = std::env::var("OUTBOX_WAL_TEST_URL") {
+        return url;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-logical.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg("start")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/pg-logical.sh start failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let url = Command::new("bash")
+        .arg(script)
+        .arg("url")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&url.stdout).trim().to_owned()
+}
+
+fn outbox(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .expect("the outbox binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
+    let url = cluster_url();
+    let id = std::process::id();
+    let schema = format!("outbox_t_cliwal_{id}");
+    let slot = format!("owt_cli_{id}");
+    let store = PgStore::connect(&url, PgOutbox::with_names(&schema, "events").unwrap())
+        .await
+        .unwrap();
+    store.outbox().migrate(store.pool()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("events.jsonl");
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+mode = "wal"
+
+[database]
+url = "{url}"
+schema = "{schema}"
+
+[relay]
+publish_timeout = "5s"
+
+[wal]
+slot = "{slot}"
+publication = "{slot}"
+message_prefix = "{slot}"
+status_interval = "100ms"
+
+[destinations.file]
+type = "file"
+path = "{path}"
+sync = true
+"#,
+            path = out.display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+
+    let o = outbox(&["wal", "prepare", "--config", &config]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    let relay = Killed(
+        Command::new(BIN)
+            .args(["relay", "--config", &config])
+            .env("OUTBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+
+    // Ten table rows and ten logical messages, one rolled-back transaction of each.
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 0..10u32 {
+        let e = NewEvent::new(
+            "order",
+            "o1",
+            "OrderUpdated",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 0..10u32 {
+        let e = NewEvent::new("cart", "c1", "CartUpdated", &serde_json::json!({ "n": n })).unwrap();
+        outbox_wal::enqueue_message(&mut *tx, &slot, &e)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let ghost = NewEvent::new("order", "o1", "Ghost", &serde_json::json!({})).unwrap();
+    store.outbox().enqueue(&mut *tx, &ghost).await.unwrap();
+    outbox_wal::enqueue_message(&mut *tx, &slot, &ghost)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lines(&out).len() < 20 {
+        assert!(Instant::now() < deadline, "only {:?}", lines(&out).len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = lines(&out);
+    assert!(got.iter().all(|e| e["event_type"] != "Ghost"), "{got:?}");
+    for (aggregate, kind) in [("o1", "OrderUpdated"), ("c1", "CartUpdated")] {
+        let ns: Vec<u64> = got
+            .iter()
+            .filter(|e| e["aggregate_id"] == aggregate)
+            .map(|e| e["payload"]["n"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ns, (0..10).collect::<Vec<_>>(), "{kind} in commit order");
+    }
+    // Table rows are marked delivered before their position is confirmed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.stats().await.unwrap().delivered < 10 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let o = outbox(&["status", "--config", &config, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(status["wal"]["slot"], slot.as_str(), "{status}");
+    assert_eq!(status["wal"]["exists"], true, "{status}");
+    assert_eq!(status["wal"]["active"], true, "a relay streams: {status}");
+    let o = outbox(&["wal", "status", "--config", &config]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("wal lag"), "{}", text(&o));
+
+    // Stop the relay, lose the slot, write more: a restart refuses and names the recovery.
+    drop(relay);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The slot is lost behind our back (an operator, a failover to a replica without it).
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 10..15u32 {
+        let e = NewEvent::new(
+            "order",
+            "o1",
+            "OrderUpdated",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let o = outbox(&["relay", "--config", &config, "--drain"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("outbox wal recover"), "{}", text(&o));
+
+    let o = outbox(&["wal", "recover", "--config", &config, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["redelivered"], 5, "{report}");
+    let got = lines(&out);
+    let ns: Vec<u64> = got
+        .iter()
+        .filter(|e| e["aggregate_id"] == "o1")
+        .map(|e| e["payload"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, (0..15).collect::<Vec<_>>());
+    assert_eq!(store.stats().await.unwrap().delivered, 15);
+    let o = outbox(&["wal", "drop-slot", "--config", &config]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn wal_mode_needs_postgresql_and_valid_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        "mode = \"wal\"\n[database]\nurl = \"sqlite://x.db\"\n",
+    )
+    .unwrap();
+    let o = outbox(&["relay", "--config", config.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("needs a PostgreSQL"), "{}", text(&o));
+    std::fs::write(
+        &config,
+        "mode = \"wal\"\n[database]\nurl = \"postgres://x@127.0.0.1:1/y\"\n[wal]\nslot = \"Bad-Name\"\n",
+    )
+    .unwrap();
+    let o = outbox(&["config", "check", "--config", config.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("slot"), "{}", text(&o));
+}
+
+/// Two `outbox relay` processes in WAL mode on one slot: one streams, the other stands by; the
+/// streamer is SIGKILLed mid-stream and the standby takes over within the takeover timeout,
+/// delivering everything (duplicates allowed, counted) in order per aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_relay_process_takes_over_when_the_streamer_is_killed() {
+    let url = cluster_url();
+    let id = std::process::id();
+    let schema = format!("outbox_t_cliwal2_{id}");
+    let slot = format!("owt_cli2_{id}");
+    let store = PgStore::connect(&url, PgOutbox::with_names(&schema, "events").unwrap())
+        .await
+        .unwrap();
+    store.outbox().migrate(store.pool()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out_a = dir.path().join("a.jsonl");
+    let out_b = dir.path().join("b.jsonl");
+    let write_config = |out: &std::path::Path, name: &str| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                r#"
+mode = "wal"
+[database]
+url = "{url}"
+schema = "{schema}"
+[relay]
+relay_id = "{name}"
+publish_timeout = "5s"
+[wal]
+slot = "{slot}"
+publication = "{slot}"
+message_prefix = "{slot}"
+status_interval = "100ms"
+standby_poll_interval = "200ms"
+takeover_timeout = "20s"
+[destinations.file]
+type = "file"
+path = "{}"
+sync = true
+"#,
+                out.display()
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let config_a = write_config(&out_a, "relay-a");
+    let config_b = write_config(&out_b, "relay-b");
+    let o = outbox(&["wal", "prepare", "--config", &config_a]);
+    assert!(o.status.success(), "{}", text(&o));
+    let spawn = |config: &str| {
+        Killed(
+            Command::new(BIN)
+                .args(["relay", "--config", config])
+                .env("OUTBOX_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut a = spawn(&config_a);
+    // Wait until a streams, then start the standby.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = outbox(&["wal", "status", "--config", &config_a, "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if s["active"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "relay a never streamed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _b = spawn(&config_b);
+
+    let total = 3000u32;
+    for chunk in 0..30u32 {
+        let mut tx = store.pool().begin().await.unwrap();
+        for i in 0..100u32 {
+            let n = chunk * 100 + i;
+            let e = NewEvent::new(
+                "order",
+                format!("o{}", n % 20),
+                "OrderUpdated",
+                &serde_json::json!({ "n": n / 20 }),
+            )
+            .unwrap();
+            if n % 2 == 0 {
+                store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+            } else {
+                outbox_wal::enqueue_message(&mut *tx, &slot, &e)
+                    .await
+                    .unwrap();
+            }
+        }
+        tx.commit().await.unwrap();
+        if chunk == 10 {
+            // a is mid-stream: kill it without a goodbye.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while lines(&out_a).is_empty() {
+                assert!(Instant::now() < deadline, "a delivered nothing");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            a.0.kill().unwrap();
+            a.0.wait().unwrap();
+        }
+    }
+    let killed = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut first_from_b = None;
+    loop {
+        let mut all = lines(&out_a);
+        let from_b = lines(&out_b);
+        if first_from_b.is_none() && !from_b.is_empty() {
+            first_from_b = Some(killed.elapsed());
+        }
+        all.extend(from_b);
+        let distinct: std::collections::HashSet<String> = all
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_owned())
+            .collect();
+        if distinct.len() == total as usize {
+            // Order per aggregate among first deliveries, a's file then b's.
+            let mut seen = std::collections::HashSet::new();
+            let mut last: std::collections::HashMap<String, u64> = Default::default();
+            for e in &all {
+                if !seen.insert(e["id"].as_str().unwrap().to_owned()) {
+                    continue;
+                }
+                let agg = e["aggregate_id"].as_str().unwrap().to_owned();
+                let n = e["payload"]["n"].as_u64().unwrap();
+                if let Some(prev) = last.insert(agg.clone(), n) {
+                    assert!(n > prev, "order broken for {agg}: {n} after {prev}");
+                }
+            }
+            eprintln!(
+                "standby took over {:?} after the kill; {} duplicate deliveries",
+                first_from_b,
+                all.len() - distinct.len()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {total} delivered",
+            distinct.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(first_from_b.unwrap() < Duration::from_secs(20));
+    drop(_b);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = outbox(&["wal", "drop-slot", "--config", &config_a]);
+}

@@ -14,9 +14,7 @@
 //!
 //! Variants: NATS; NATS with the relay SIGKILLed midway and restarted; Kafka (the broker from
 //! `scripts/kafka.sh`, partitions assigned directly because joining a group takes ~20 s on
-//! tansu). The `*_in_process_relay` tests run the same flow with the relay as a library
-//! (`outbox-relay` + the sink crate, configured from the very same destination table), which
-//! needs nothing from the binary.
+//! tansu).
 //!
 //! The tests take a shared lock and run one at a time: each drives a few thousand HTTP
 //! requests and transactions, and the machine is small.
@@ -29,14 +27,13 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
-use outbox_core::{Sink, Store};
+use outbox_core::Store;
 use outbox_orders::Db;
 use outbox_orders::check::CheckReport;
 use outbox_orders::consumers::{Consumer, Service};
 use outbox_orders::load::{LoadConfig, LoadCounters, LoadReport};
 use outbox_orders::order::OrderStore;
 use outbox_orders::transport::{Transport, TransportArgs};
-use outbox_relay::{Relay, RelayConfig};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -102,14 +99,6 @@ fn kafka_available() -> bool {
 enum Broker {
     Nats,
     Kafka,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum RelayKind {
-    /// `outbox relay --config …` as a child process.
-    Binary,
-    /// `outbox_relay::Relay` in this process.
-    InProcess,
 }
 
 /// The broker resources of one test: a stream and its subjects, or a topic.
@@ -283,17 +272,6 @@ struct OutboxRow {
     payload: String,
 }
 
-/// The relay, either way.
-enum RunningRelay {
-    Process {
-        child: tokio::process::Child,
-    },
-    InProcess {
-        stop: tokio::sync::oneshot::Sender<()>,
-        task: JoinHandle<outbox_relay::RelayReport>,
-    },
-}
-
 struct System {
     route: Route,
     schemas: Vec<String>,
@@ -305,14 +283,14 @@ struct System {
     stop_services: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     dir: tempfile::TempDir,
-    relay_kind: RelayKind,
-    /// Behind a lock so `wait_for` (which borrows `self`) can notice a relay process that died.
-    relay: std::sync::Mutex<Option<RunningRelay>>,
+    /// The `outbox relay` process; behind a lock so `wait_for` (which borrows `self`) can
+    /// notice when it died.
+    relay: std::sync::Mutex<Option<tokio::process::Child>>,
     relay_starts: u32,
 }
 
 impl System {
-    async fn start(broker: Broker, relay_kind: RelayKind) -> System {
+    async fn start(broker: Broker) -> System {
         let route = Route::new(broker);
         route.create().await;
         let tag = unique("outbox_t_e2e");
@@ -376,7 +354,6 @@ impl System {
             stop_services,
             tasks,
             dir: tempfile::tempdir().unwrap(),
-            relay_kind,
             relay: std::sync::Mutex::new(None),
             relay_starts: 0,
         };
@@ -410,99 +387,56 @@ impl System {
 
     async fn start_relay(&mut self) {
         self.relay_starts += 1;
-        let relay = match self.relay_kind {
-            RelayKind::Binary => {
-                let log = std::fs::File::create(self.relay_log(self.relay_starts)).unwrap();
-                let child = tokio::process::Command::new(BIN)
-                    .args(["relay", "--config"])
-                    .arg(self.config_path())
-                    .env("OUTBOX_LOG", "info")
-                    .stdout(Stdio::null())
-                    .stderr(log)
-                    .kill_on_drop(true)
-                    .spawn()
-                    .expect("the outbox binary starts");
-                RunningRelay::Process { child }
-            }
-            RelayKind::InProcess => {
-                let table: toml::Table = toml::from_str(&self.route.destination_toml()).unwrap();
-                let mut table = table;
-                table.remove("type");
-                let sink: Arc<dyn Sink> = match self.route.broker {
-                    Broker::Nats => Arc::new(
-                        outbox_sink_nats::NatsSink::connect(table.try_into().unwrap())
-                            .await
-                            .unwrap(),
-                    ),
-                    Broker::Kafka => Arc::new(
-                        outbox_sink_kafka::KafkaSink::new(&table.try_into().unwrap()).unwrap(),
-                    ),
-                };
-                let relay = Relay::new(
-                    self.store.clone(),
-                    sink,
-                    RelayConfig {
-                        relay_id: format!("e2e-{}", self.relay_starts),
-                        batch_size: 200,
-                        poll_interval: Duration::from_millis(20),
-                        lease: Duration::from_secs(5),
-                        publish_timeout: Duration::from_secs(4),
-                        ..RelayConfig::default()
-                    },
-                );
-                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                let task = tokio::spawn(relay.run(async move {
-                    let _ = stopped.await;
-                }));
-                RunningRelay::InProcess { stop, task }
-            }
-        };
+        let log = std::fs::File::create(self.relay_log(self.relay_starts)).unwrap();
+        let relay = tokio::process::Command::new(BIN)
+            .args(["relay", "--config"])
+            .arg(self.config_path())
+            .env("OUTBOX_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the outbox binary starts");
         *self.relay.get_mut().unwrap() = Some(relay);
     }
 
     /// SIGKILL the relay process and wait until it is gone.
     async fn kill_relay(&mut self) {
         match self.relay.get_mut().unwrap().take() {
-            Some(RunningRelay::Process { mut child }) => {
+            Some(mut child) => {
                 child.kill().await.unwrap();
                 let status = child.wait().await.unwrap();
                 assert!(!status.success(), "killed relay exited {status}");
             }
-            _ => panic!("only a relay process can be killed"),
+            None => panic!("no relay is running"),
         }
     }
 
-    /// Stop the relay gracefully (SIGTERM / the shutdown future).
+    /// Stop the relay gracefully (SIGTERM); it must exit 0.
     async fn stop_relay(&mut self) {
-        match self.relay.get_mut().unwrap().take() {
-            Some(RunningRelay::Process { mut child }) => {
-                if let Some(pid) = child.id() {
-                    let _ = std::process::Command::new("kill")
-                        .args(["-TERM", &pid.to_string()])
-                        .status();
-                }
-                let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-                    .await
-                    .expect("the relay stops within 30 s of SIGTERM")
-                    .unwrap();
-                assert!(
-                    status.success(),
-                    "relay exited {status}; log:\n{}",
-                    self.logs()
-                );
-            }
-            Some(RunningRelay::InProcess { stop, task }) => {
-                let _ = stop.send(());
-                task.await.unwrap();
-            }
-            None => {}
+        let Some(mut child) = self.relay.get_mut().unwrap().take() else {
+            return;
+        };
+        if let Some(pid) = child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
         }
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("the relay stops within 30 s of SIGTERM")
+            .unwrap();
+        assert!(
+            status.success(),
+            "relay exited {status}; log:\n{}",
+            self.logs()
+        );
     }
 
     /// Fail at once (with its log) when the relay process exited on its own.
     fn assert_relay_alive(&self) {
         let mut relay = self.relay.lock().unwrap();
-        if let Some(RunningRelay::Process { child }) = relay.as_mut()
+        if let Some(child) = relay.as_mut()
             && let Ok(Some(status)) = child.try_wait()
         {
             drop(relay);
@@ -659,10 +593,10 @@ fn counts(c: &Consumer) -> (u64, u64, u64, u64) {
 
 /// The whole flow; `kill_midway` SIGKILLs the relay process once a third of the events are
 /// delivered and starts a new one after the clients made 200 more orders.
-async fn exactly_once(broker: Broker, relay_kind: RelayKind, kill_midway: bool) {
+async fn exactly_once(broker: Broker, kill_midway: bool) {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
-    let mut system = System::start(broker, relay_kind).await;
+    let mut system = System::start(broker).await;
     let counters = Arc::new(LoadCounters::default());
     let load = system.load(counters.clone());
 
@@ -703,7 +637,7 @@ async fn exactly_once(broker: Broker, relay_kind: RelayKind, kill_midway: bool) 
     let stats = system.store.stats().await.unwrap();
     let events = system.outbox_rows().await.len() as u64;
     eprintln!(
-        "{broker:?} / {relay_kind:?}{}: {report}; {events} events, {replayed} replayed; outbox {stats:?}; {:.1} s",
+        "{broker:?}{}: {report}; {events} events, {replayed} replayed; outbox {stats:?}; {:.1} s",
         if kill_midway { " / relay killed" } else { "" },
         started.elapsed().as_secs_f64()
     );
@@ -717,35 +651,19 @@ async fn exactly_once(broker: Broker, relay_kind: RelayKind, kill_midway: bool) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs destinations config in outbox relay"]
 async fn nats_orders_exactly_once() {
-    exactly_once(Broker::Nats, RelayKind::Binary, false).await;
+    exactly_once(Broker::Nats, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs destinations config in outbox relay"]
 async fn nats_orders_exactly_once_with_relay_killed_midway() {
-    exactly_once(Broker::Nats, RelayKind::Binary, true).await;
+    exactly_once(Broker::Nats, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs destinations config in outbox relay"]
 async fn kafka_orders_exactly_once() {
     if !kafka_available() {
         return;
     }
-    exactly_once(Broker::Kafka, RelayKind::Binary, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn nats_orders_exactly_once_in_process_relay() {
-    exactly_once(Broker::Nats, RelayKind::InProcess, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kafka_orders_exactly_once_in_process_relay() {
-    if !kafka_available() {
-        return;
-    }
-    exactly_once(Broker::Kafka, RelayKind::InProcess, false).await;
+    exactly_once(Broker::Kafka, false).await;
 }

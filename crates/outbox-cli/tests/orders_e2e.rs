@@ -667,3 +667,25 @@ async fn kafka_orders_exactly_once() {
     }
     exactly_once(Broker::Kafka, false).await;
 }
+
+/// The relay configuration `scripts/orders.sh` uses is one the binary accepts.
+#[test]
+fn example_relay_config_is_valid() {
+    let config = repo_root().join("examples/orders/outbox.toml");
+    let out = std::process::Command::new(BIN)
+        .args(["config", "check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("[destinations.orders]"), "{text}");
+    assert!(
+        text.contains("subject = \"orders.${event_type}\""),
+        "{text}"
+    );
+}

@@ -10,7 +10,10 @@
 //! Why a credit limit: it is the one business rule decided *inside* the transaction, after the
 //! order row and its `OrderCreated` event were written. Breaking it rolls both back, so the demo
 //! and the tests show a rolled-back event never reaching a consumer, not only invalid requests
-//! that never got that far.
+//! that never got that far. (On SQLite, whose single writer serializes the transactions, the
+//! limit is exact; on PostgreSQL under read committed, two concurrent orders of one customer can
+//! both pass the check — a real service would lock a customer row first. It is a demonstration
+//! of rollback, not a credit system.)
 
 use chrono::{DateTime, SubsecRound, Utc};
 use outbox_core::{NewEvent, StoreError};

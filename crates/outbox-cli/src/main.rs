@@ -75,8 +75,9 @@ enum Command {
     /// Delete delivered events older than the retention period, now (the relay also does it on
     /// its schedule).
     Cleanup(CleanupArgs),
-    /// Write orders and events into an embedded SQLite outbox, relay them to stdout, and check
-    /// that exactly the committed events came out, in order.
+    /// Run the Order system in one process on SQLite (order service over HTTP, load generator,
+    /// relay, in-process bus, delivery and billing consumers) and check every effect happened
+    /// exactly once.
     Demo(demo::DemoArgs),
 }
 

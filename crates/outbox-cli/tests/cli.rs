@@ -128,21 +128,26 @@ fn migrate_and_status_on_postgres() {
 #[test]
 fn demo_delivers_exactly_the_committed_events() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("demo.db");
     let o = outbox(&[
         "demo",
         "--quiet",
         "--orders",
         "300",
-        "--db",
-        db.to_str().unwrap(),
+        "--rate",
+        "0",
+        "--dir",
+        dir.path().to_str().unwrap(),
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
-    assert!(out.contains("events committed          330"), "{out}");
+    assert!(out.contains("orders created            300"), "{out}");
     assert!(out.contains("lost                      0"), "{out}");
-    assert!(out.contains("phantom (rolled back)     0"), "{out}");
+    assert!(out.contains("phantom (no such order)   0"), "{out}");
+    assert!(out.contains("per-order order broken    0"), "{out}");
     assert!(out.contains("result                    OK"), "{out}");
+    for db in ["orders.db", "delivery.db", "billing.db"] {
+        assert!(dir.path().join(db).exists(), "{db} kept in --dir");
+    }
 }
 
 #[test]

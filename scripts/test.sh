@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/outbox-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
+scripts/build-deps.sh
 scripts/services.sh
 
 # Schemas left behind by earlier test runs (each test makes its own) are dropped first.

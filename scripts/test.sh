@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/outbox-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
+scripts/build-deps.sh
 scripts/services.sh
 
 # Schemas left behind by earlier test runs (each test makes its own) are dropped first.
@@ -18,4 +19,6 @@ psql -h 127.0.0.1 -U postgres -d test -qAt -c "
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
+# Feature-gated code the default build does not compile: the OpenTelemetry trace-context helper.
+cargo test -p outbox --features opentelemetry --test trace
 cargo run -q -p outbox-verify -- --profile short   # correctness harness (crates/outbox-verify/README.md)

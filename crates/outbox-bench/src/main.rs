@@ -8,8 +8,20 @@
 //!
 //! ```text
 //! cargo run --release -p outbox-bench -- drain --events 100000
+//! cargo run --release -p outbox-bench -- drain --sink nats --events 100000
+//! cargo run --release -p outbox-bench -- drain --sink all --json-out drain.jsonl
 //! cargo run --release -p outbox-bench -- claim-latency --delivered 10000,1000000
 //! ```
+//!
+//! `drain --sink nats|kafka|rabbitmq|redis|webhook` drains the same backlog through the real
+//! relay into the real broker: the parent prepares the destination (stream, topic, exchange +
+//! durable queue, stream key, or a local HTTP receiver), the relay child builds the sink from
+//! the configuration struct `outbox relay` reads and times every `publish` call, and the parent
+//! then checks the destination holds at least as many messages as events were drained and
+//! deletes what it created.
+
+mod destination;
+mod timing;
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -17,10 +29,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use outbox_core::{DeadLetterPolicy, NewEvent, Store};
+use destination::{Destination, Endpoints, SinkKind};
+use outbox_core::{DeadLetterPolicy, NewEvent, Sink, Store};
 use outbox_postgres::{PgOutbox, PgStore};
 use outbox_relay::{Relay, RelayConfig};
 use serde::{Deserialize, Serialize};
+use timing::{Percentiles, PublishStats, StoreStats, TimedSink, TimedStore};
 
 #[derive(Parser)]
 #[command(name = "outbox-bench", about = "Outbox benchmarks")]
@@ -42,7 +56,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Drain a backlog from PostgreSQL to the in-process sink: events/s, relay CPU, peak RSS.
+    /// Drain a backlog from PostgreSQL through the relay into a sink (the in-process channel, or
+    /// a real broker with `--sink`): events/s, relay CPU, peak RSS, publish latency.
     Drain(DrainArgs),
     /// Claim+ack latency of one batch with a small backlog, at several sizes of delivered
     /// history: shows whether claim cost grows with delivered rows.
@@ -52,8 +67,39 @@ enum Command {
     RelayChild(ChildArgs),
 }
 
+/// `--sink`: one destination, or all of them in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum SinkArg {
+    Channel,
+    Nats,
+    Kafka,
+    Rabbitmq,
+    Redis,
+    Webhook,
+    /// Every sink in turn, then a table.
+    All,
+}
+
+impl SinkArg {
+    fn kinds(self) -> Vec<SinkKind> {
+        match self {
+            SinkArg::Channel => vec![SinkKind::Channel],
+            SinkArg::Nats => vec![SinkKind::Nats],
+            SinkArg::Kafka => vec![SinkKind::Kafka],
+            SinkArg::Rabbitmq => vec![SinkKind::Rabbitmq],
+            SinkArg::Redis => vec![SinkKind::Redis],
+            SinkArg::Webhook => vec![SinkKind::Webhook],
+            SinkArg::All => SinkKind::ALL.to_vec(),
+        }
+    }
+}
+
 #[derive(clap::Args, Clone)]
 struct DrainArgs {
+    /// Where the relay publishes: the in-process channel (the relay's own cost), a real broker,
+    /// or `all` of them in turn.
+    #[arg(long, value_enum, default_value = "channel")]
+    sink: SinkArg,
     /// Backlog size.
     #[arg(long, default_value_t = 100_000)]
     events: u64,
@@ -66,12 +112,69 @@ struct DrainArgs {
     /// Relay batch size.
     #[arg(long, default_value_t = 1000)]
     batch_size: u32,
-    /// Batches published concurrently.
-    #[arg(long, default_value_t = 1)]
+    /// Batches published concurrently (the relay's `max_batches_in_flight`).
+    #[arg(long, alias = "max-batches-in-flight", default_value_t = 1)]
     batches_in_flight: usize,
     /// Runs (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Requests in flight of the webhook sink (`concurrency`).
+    #[arg(long, default_value_t = 64)]
+    webhook_concurrency: usize,
+    /// Partitions of the Kafka topic the bench creates.
+    #[arg(long, default_value_t = 3)]
+    kafka_partitions: i32,
+    /// NATS server with JetStream.
+    #[arg(
+        long,
+        env = "OUTBOX_BENCH_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats_url: String,
+    /// Kafka bootstrap brokers (`scripts/kafka.sh` starts tansu on 127.0.0.1:19092).
+    #[arg(
+        long,
+        env = "OUTBOX_BENCH_KAFKA_BROKERS",
+        default_value = "127.0.0.1:19092"
+    )]
+    kafka_brokers: String,
+    /// RabbitMQ.
+    #[arg(
+        long,
+        env = "OUTBOX_BENCH_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
+    /// Redis.
+    #[arg(
+        long,
+        env = "OUTBOX_BENCH_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis_url: String,
+    /// Set a field of the sink's configuration (as in the `outbox` config file), e.g.
+    /// `--sink-set linger=1ms` (Kafka) or `--sink-set persistent=false` (RabbitMQ). Repeatable;
+    /// the value is read as JSON when it is JSON, else as a string.
+    #[arg(long = "sink-set", value_name = "KEY=VALUE")]
+    sink_set: Vec<String>,
+}
+
+impl DrainArgs {
+    fn endpoints(&self) -> anyhow::Result<Endpoints> {
+        Ok(Endpoints {
+            nats_url: self.nats_url.clone(),
+            kafka_brokers: self.kafka_brokers.clone(),
+            kafka_partitions: self.kafka_partitions,
+            amqp_url: self.amqp_url.clone(),
+            redis_url: self.redis_url.clone(),
+            webhook_concurrency: self.webhook_concurrency.max(1),
+            overrides: self
+                .sink_set
+                .iter()
+                .map(|s| destination::parse_override(s))
+                .collect::<anyhow::Result<_>>()?,
+        })
+    }
 }
 
 #[derive(clap::Args, Clone)]
@@ -97,15 +200,38 @@ struct ChildArgs {
     batch_size: u32,
     #[arg(long)]
     batches_in_flight: usize,
+    #[arg(long, value_enum, default_value = "channel")]
+    sink: SinkKind,
+    /// The sink's configuration, JSON of its crate's config struct.
+    #[arg(long, default_value = "{}")]
+    sink_config: String,
 }
 
 /// What the relay child reports about itself.
 #[derive(Serialize, Deserialize, Debug)]
 struct ChildReport {
     delivered: u64,
+    /// Wall time of the drain (connecting to the broker excluded).
     seconds: f64,
     cpu_seconds: f64,
     peak_rss_kb: u64,
+    /// Time until the sink's readiness check passed (connection set-up), before the clock.
+    connect_seconds: f64,
+    relay: RelayCounts,
+    publish: PublishStats,
+    store: StoreStats,
+}
+
+/// The relay's own report (`outbox_relay::RelayReport` is not deserializable).
+#[derive(Serialize, Deserialize, Debug, Default)]
+struct RelayCounts {
+    batches: u64,
+    claimed: u64,
+    retried: u64,
+    dead: u64,
+    released: u64,
+    fenced: u64,
+    store_errors: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -214,104 +340,473 @@ fn record(json_out: Option<&std::path::Path>, value: serde_json::Value) -> anyho
     Ok(())
 }
 
+/// Figures of one drain run.
+#[derive(Serialize, Debug, Clone)]
+struct RunFigures {
+    events_per_second: f64,
+    seconds: f64,
+    relay_cpu_us_per_event: f64,
+    relay_peak_rss_mb: f64,
+    connect_ms: f64,
+    publish_calls: u64,
+    events_per_call: f64,
+    /// Latency of one `publish` call (one wave: at most one event per aggregate).
+    publish_call_ms: Percentiles,
+    /// Latency of the call that carried each event.
+    publish_event_ms: Percentiles,
+    first_call_ms: f64,
+    /// Sums of claim / publish / ack durations over the drain's wall time.
+    claim_share: f64,
+    publish_share: f64,
+    ack_share: f64,
+    claims: u64,
+    empty_claims: u64,
+    retried: u64,
+    dead: u64,
+    released: u64,
+    /// What the destination held afterwards (distinct event ids for the webhook).
+    destination_received: Option<u64>,
+    destination_duplicates: Option<u64>,
+    enqueue_events_per_second: f64,
+}
+
+/// One sink's result over all runs.
+struct SinkSummary {
+    kind: SinkKind,
+    detail: String,
+    sink_config: serde_json::Value,
+    settings: String,
+    runs: Vec<RunFigures>,
+}
+
+impl SinkSummary {
+    fn median_of(&self, f: impl Fn(&RunFigures) -> f64) -> f64 {
+        median(self.runs.iter().map(f).collect())
+    }
+}
+
 async fn drain(
     url: &str,
     json_out: Option<&std::path::Path>,
     args: DrainArgs,
 ) -> anyhow::Result<()> {
-    let schema = schema_name("drain");
-    let mut rates = Vec::new();
-    let mut cpu_per_10k = Vec::new();
-    let mut rss = Vec::new();
-    let mut fill_rates = Vec::new();
-    let mut settings = String::new();
+    let endpoints = args.endpoints()?;
+    let kinds = args.sink.kinds();
+    let mut results: Vec<(SinkKind, Result<SinkSummary, String>)> = Vec::new();
+    for &kind in &kinds {
+        match drain_sink(url, &args, &endpoints, kind).await {
+            Ok(summary) => {
+                print_summary(&args, &summary);
+                record(json_out, summary_json(&args, &summary))?;
+                results.push((kind, Ok(summary)));
+            }
+            Err(error) if kinds.len() > 1 => {
+                eprintln!("drain --sink {kind} failed: {error:#}");
+                results.push((kind, Err(format!("{error:#}"))));
+            }
+            Err(error) => return Err(error.context(format!("drain --sink {kind}"))),
+        }
+    }
+    if kinds.len() > 1 {
+        print_table(&args, &results);
+        if results.iter().any(|(_, r)| r.is_err()) {
+            bail!("some sinks failed; see above");
+        }
+    }
+    Ok(())
+}
+
+async fn drain_sink(
+    url: &str,
+    args: &DrainArgs,
+    endpoints: &Endpoints,
+    kind: SinkKind,
+) -> anyhow::Result<SinkSummary> {
+    let schema = schema_name(&format!("drain_{kind}"));
+    let mut summary = SinkSummary {
+        kind,
+        detail: String::new(),
+        sink_config: serde_json::Value::Null,
+        settings: String::new(),
+        runs: Vec::new(),
+    };
+    println!(
+        "drain --sink {kind}: {} events of {} B over {} aggregates, batch {}, {} batch(es) in flight, {} run(s)",
+        args.events,
+        args.payload_bytes,
+        args.aggregates,
+        args.batch_size,
+        args.batches_in_flight,
+        args.runs.max(1)
+    );
     for run in 0..args.runs.max(1) {
         let store = fresh(url, &schema).await?;
-        settings = server_settings(&store).await?;
-        let fill_secs = fill(&store, args.events, args.aggregates, args.payload_bytes).await?;
-        fill_rates.push(args.events as f64 / fill_secs);
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "VACUUM ANALYZE {}",
-            store.outbox().qualified_table()
-        )))
-        .execute(store.pool())
-        .await?;
-        let exe = std::env::current_exe()?;
-        let output = tokio::process::Command::new(exe)
-            .args(["--database-url", url, "relay-child", "--schema", &schema])
-            .args([
-                "--expect",
-                &args.events.to_string(),
-                "--batch-size",
-                &args.batch_size.to_string(),
-            ])
-            .args(["--batches-in-flight", &args.batches_in_flight.to_string()])
-            .stderr(Stdio::inherit())
-            .output()
-            .await?;
-        if !output.status.success() {
-            bail!("relay child failed: {:?}", output.status);
-        }
-        let report: ChildReport =
-            serde_json::from_slice(&output.stdout).context("relay child output")?;
-        let stats = store.stats().await?;
-        if stats.delivered != args.events {
-            bail!("drain incomplete: {stats:?}");
-        }
-        let rate = report.delivered as f64 / report.seconds;
-        println!(
-            "run {}: {:>9.0} events/s  cpu {:.3} s/10k events  peak RSS {:.1} MB",
-            run + 1,
-            rate,
-            report.cpu_seconds / report.delivered as f64 * 10_000.0,
-            report.peak_rss_kb as f64 / 1024.0
-        );
-        rates.push(rate);
-        cpu_per_10k.push(report.cpu_seconds / report.delivered as f64 * 10_000.0);
-        rss.push(report.peak_rss_kb as f64 / 1024.0);
-        drop_schema(&store).await?;
+        let result = drain_run(url, &store, args, endpoints, kind, run, &mut summary).await;
+        let dropped = drop_schema(&store).await;
+        let figures = result.with_context(|| format!("run {}", run + 1))?;
+        dropped?;
+        print_run(run, &figures);
+        summary.runs.push(figures);
     }
-    let summary = serde_json::json!({
-        "scenario": "drain", "sink": "in-process channel",
-        "events": args.events, "aggregates": args.aggregates, "payload_bytes": args.payload_bytes,
-        "batch_size": args.batch_size, "batches_in_flight": args.batches_in_flight, "runs": args.runs,
-        "database": settings,
-        "events_per_second_median": median(rates.clone()),
-        "relay_cpu_seconds_per_10k_median": median(cpu_per_10k.clone()),
-        "relay_peak_rss_mb_median": median(rss.clone()),
-        "enqueue_events_per_second_median": median(fill_rates.clone()),
-    });
-    println!();
+    Ok(summary)
+}
+
+async fn drain_run(
+    url: &str,
+    store: &PgStore,
+    args: &DrainArgs,
+    endpoints: &Endpoints,
+    kind: SinkKind,
+    run: usize,
+    summary: &mut SinkSummary,
+) -> anyhow::Result<RunFigures> {
+    summary.settings = server_settings(store).await?;
+    let fill_secs = fill(store, args.events, args.aggregates, args.payload_bytes).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "VACUUM ANALYZE {}",
+        store.outbox().qualified_table()
+    )))
+    .execute(store.pool())
+    .await?;
+
+    let name = format!("outbox_bench_{kind}_{}_{}", std::process::id(), run + 1);
+    let mut destination = Destination::prepare(kind, endpoints, &name)
+        .await
+        .with_context(|| format!("preparing the {kind} destination"))?;
+    summary.detail = destination.detail.clone();
+    summary.sink_config = destination.sink_config.clone();
+    let outcome = run_child(url, store.outbox().schema(), args, kind, &destination).await;
+    let received = match &outcome {
+        Ok(_) => destination.received(args.events).await,
+        Err(_) => Ok(None),
+    };
+    let duplicates = destination.duplicates();
+    let cleaned = destination.cleanup().await;
+    let report = outcome?;
+    let received = received.with_context(|| format!("counting what {kind} received"))?;
+    cleaned.with_context(|| format!("cleaning up the {kind} destination"))?;
+
+    if report.delivered < args.events {
+        bail!(
+            "the relay delivered {} of {} events (retried {}, dead {}, released {}); first failure: {}",
+            report.delivered,
+            args.events,
+            report.relay.retried,
+            report.relay.dead,
+            report.relay.released,
+            report.publish.first_failure.as_deref().unwrap_or("none")
+        );
+    }
+    let stats = store.stats().await?;
+    if stats.delivered != args.events {
+        bail!("drain incomplete: {stats:?}");
+    }
+    if let Some(n) = received
+        && n < args.events
+    {
+        bail!(
+            "silent loss: the relay and PostgreSQL count {} delivered, but the {kind} destination holds only {n}",
+            args.events
+        );
+    }
+
+    let delivered = report.delivered as f64;
+    let share = |secs: f64| {
+        if report.seconds > 0.0 {
+            secs / report.seconds
+        } else {
+            0.0
+        }
+    };
+    Ok(RunFigures {
+        events_per_second: delivered / report.seconds,
+        seconds: report.seconds,
+        relay_cpu_us_per_event: report.cpu_seconds / delivered * 1e6,
+        relay_peak_rss_mb: report.peak_rss_kb as f64 / 1024.0,
+        connect_ms: report.connect_seconds * 1e3,
+        publish_calls: report.publish.calls,
+        events_per_call: if report.publish.calls > 0 {
+            report.publish.events as f64 / report.publish.calls as f64
+        } else {
+            0.0
+        },
+        publish_call_ms: report.publish.per_call,
+        publish_event_ms: report.publish.per_event,
+        first_call_ms: report.publish.first_call_ms,
+        claim_share: share(report.store.claim_seconds),
+        publish_share: share(report.publish.seconds_total),
+        ack_share: share(report.store.ack_seconds),
+        claims: report.store.claims,
+        empty_claims: report.store.empty_claims,
+        retried: report.relay.retried,
+        dead: report.relay.dead,
+        released: report.relay.released,
+        destination_received: received,
+        destination_duplicates: duplicates,
+        enqueue_events_per_second: args.events as f64 / fill_secs,
+    })
+}
+
+async fn run_child(
+    url: &str,
+    schema: &str,
+    args: &DrainArgs,
+    kind: SinkKind,
+    destination: &Destination,
+) -> anyhow::Result<ChildReport> {
+    let exe = std::env::current_exe()?;
+    let output = tokio::process::Command::new(exe)
+        .args(["--database-url", url, "relay-child", "--schema", schema])
+        .args([
+            "--expect",
+            &args.events.to_string(),
+            "--batch-size",
+            &args.batch_size.to_string(),
+        ])
+        .args(["--batches-in-flight", &args.batches_in_flight.to_string()])
+        .args(["--sink", kind.name()])
+        .args([
+            "--sink-config",
+            &serde_json::to_string(&destination.sink_config)?,
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .await?;
+    if !output.status.success() {
+        bail!("relay child failed: {:?}", output.status);
+    }
+    serde_json::from_slice(&output.stdout).context("relay child output")
+}
+
+fn print_run(run: usize, f: &RunFigures) {
     println!(
-        "drain  PostgreSQL -> in-process sink  ({} events of {} B over {} aggregates, batch {}, {} batches in flight; {settings})",
-        args.events, args.payload_bytes, args.aggregates, args.batch_size, args.batches_in_flight
+        "  run {}: {:>8.0} events/s in {:.2} s, relay CPU {:.1} µs/event, peak RSS {:.1} MB; {} publish calls of {:.0} events, call p50 {:.1} / p99 {:.1} / max {:.1} ms, first {:.1} ms",
+        run + 1,
+        f.events_per_second,
+        f.seconds,
+        f.relay_cpu_us_per_event,
+        f.relay_peak_rss_mb,
+        f.publish_calls,
+        f.events_per_call,
+        f.publish_call_ms.p50_ms,
+        f.publish_call_ms.p99_ms,
+        f.publish_call_ms.max_ms,
+        f.first_call_ms,
     );
     println!(
-        "  median of {} runs: {:.0} events/s, relay CPU {:.3} s per 10k events ({:.1} µs/event), peak relay RSS {:.1} MB",
-        args.runs,
-        median(rates),
-        median(cpu_per_10k.clone()),
-        median(cpu_per_10k) * 100.0,
-        median(rss)
+        "         time in claim {:.0}% ({} claims, {} empty), publish {:.0}%, ack {:.0}%; connect {:.0} ms (not timed); destination holds {}",
+        f.claim_share * 100.0,
+        f.claims,
+        f.empty_claims,
+        f.publish_share * 100.0,
+        f.ack_share * 100.0,
+        f.connect_ms,
+        f.destination_received
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "(counted by the relay)".into()),
+    );
+}
+
+fn print_summary(args: &DrainArgs, s: &SinkSummary) {
+    let kind = s.kind;
+    println!();
+    println!(
+        "drain  PostgreSQL -> {kind}  ({} events of {} B over {} aggregates, batch {}, {} batch(es) in flight; relay on the bare sink, no router; {})",
+        args.events,
+        args.payload_bytes,
+        args.aggregates,
+        args.batch_size,
+        args.batches_in_flight,
+        s.settings
+    );
+    println!("  destination: {}", s.detail);
+    if kind != SinkKind::Channel {
+        println!("  sink config: {}", s.sink_config);
+    }
+    let target = kind
+        .target()
+        .map(|t| format!(" (issue 3 target ≥ {t:.0})"))
+        .unwrap_or_default();
+    println!(
+        "  median of {} run(s): {:.0} events/s{target}, relay CPU {:.1} µs/event, peak relay RSS {:.1} MB",
+        s.runs.len(),
+        s.median_of(|r| r.events_per_second),
+        s.median_of(|r| r.relay_cpu_us_per_event),
+        s.median_of(|r| r.relay_peak_rss_mb),
+    );
+    println!(
+        "  publish latency per call (one call = one wave of at most one event per aggregate; {:.0} events per call here): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        s.median_of(|r| r.events_per_call),
+        s.median_of(|r| r.publish_call_ms.p50_ms),
+        s.median_of(|r| r.publish_call_ms.p99_ms),
+        s.median_of(|r| r.publish_call_ms.max_ms),
+    );
+    println!(
+        "  publish latency per event (estimated: the latency of the call that carried it): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        s.median_of(|r| r.publish_event_ms.p50_ms),
+        s.median_of(|r| r.publish_event_ms.p99_ms),
+        s.median_of(|r| r.publish_event_ms.max_ms),
+    );
+    println!(
+        "  relay wall time in claim {:.0}%, publish {:.0}%, ack {:.0}% (sums of call durations over the drain's wall time; batches in flight overlap)",
+        s.median_of(|r| r.claim_share) * 100.0,
+        s.median_of(|r| r.publish_share) * 100.0,
+        s.median_of(|r| r.ack_share) * 100.0,
+    );
+    let retried: u64 = s.runs.iter().map(|r| r.retried).sum();
+    let dup: u64 = s.runs.iter().filter_map(|r| r.destination_duplicates).sum();
+    println!(
+        "  checked: PostgreSQL marks all {} delivered{}; relay retried {retried}{}",
+        args.events,
+        if kind == SinkKind::Channel {
+            String::new()
+        } else {
+            format!(", the destination held ≥ {} in every run", args.events)
+        },
+        if dup > 0 {
+            format!(", {dup} duplicate requests")
+        } else {
+            String::new()
+        },
     );
     println!(
         "  (backlog written with enqueue_batch of 5000 per transaction at {:.0} events/s)",
-        median(fill_rates)
+        s.median_of(|r| r.enqueue_events_per_second)
     );
-    record(json_out, summary)
+    println!();
+}
+
+fn summary_json(args: &DrainArgs, s: &SinkSummary) -> serde_json::Value {
+    serde_json::json!({
+        "scenario": "drain", "sink": s.kind.name(), "destination": s.detail,
+        "sink_config": s.sink_config,
+        "events": args.events, "aggregates": args.aggregates, "payload_bytes": args.payload_bytes,
+        "batch_size": args.batch_size, "batches_in_flight": args.batches_in_flight,
+        "runs": args.runs, "database": s.settings,
+        "target_events_per_second": s.kind.target(),
+        "events_per_second_median": s.median_of(|r| r.events_per_second),
+        "relay_cpu_seconds_per_10k_median": s.median_of(|r| r.relay_cpu_us_per_event) / 100.0,
+        "relay_cpu_us_per_event_median": s.median_of(|r| r.relay_cpu_us_per_event),
+        "relay_peak_rss_mb_median": s.median_of(|r| r.relay_peak_rss_mb),
+        "publish_call_ms_p50_median": s.median_of(|r| r.publish_call_ms.p50_ms),
+        "publish_call_ms_p99_median": s.median_of(|r| r.publish_call_ms.p99_ms),
+        "publish_call_ms_max_median": s.median_of(|r| r.publish_call_ms.max_ms),
+        "publish_event_ms_p50_median": s.median_of(|r| r.publish_event_ms.p50_ms),
+        "publish_event_ms_p99_median": s.median_of(|r| r.publish_event_ms.p99_ms),
+        "events_per_publish_call_median": s.median_of(|r| r.events_per_call),
+        "enqueue_events_per_second_median": s.median_of(|r| r.enqueue_events_per_second),
+        "per_run": s.runs,
+    })
+}
+
+fn print_table(args: &DrainArgs, results: &[(SinkKind, Result<SinkSummary, String>)]) {
+    println!(
+        "drain, every sink: {} events of {} B over {} aggregates, batch {}, {} batch(es) in flight, median of {} run(s)",
+        args.events,
+        args.payload_bytes,
+        args.aggregates,
+        args.batch_size,
+        args.batches_in_flight,
+        args.runs.max(1)
+    );
+    println!(
+        "{:<9} {:>9} {:>8} {:>9} {:>7} {:>11} {:>11} {:>11}  {:<17}",
+        "sink",
+        "events/s",
+        "target",
+        "µs/event",
+        "RSS MB",
+        "call p50 ms",
+        "call p99 ms",
+        "event p99",
+        "claim/pub/ack %"
+    );
+    for (kind, result) in results {
+        let target = kind
+            .target()
+            .map(|t| format!("{t:.0}"))
+            .unwrap_or_else(|| "-".into());
+        match result {
+            Ok(s) => {
+                let rate = s.median_of(|r| r.events_per_second);
+                let mark = match kind.target() {
+                    Some(t) if rate < t => "↓",
+                    Some(_) => "✓",
+                    None => " ",
+                };
+                println!(
+                    "{:<9} {:>8.0}{mark} {:>8} {:>9.1} {:>7.1} {:>11.2} {:>11.2} {:>11.2}  {:.0}/{:.0}/{:.0}",
+                    kind.name(),
+                    rate,
+                    target,
+                    s.median_of(|r| r.relay_cpu_us_per_event),
+                    s.median_of(|r| r.relay_peak_rss_mb),
+                    s.median_of(|r| r.publish_call_ms.p50_ms),
+                    s.median_of(|r| r.publish_call_ms.p99_ms),
+                    s.median_of(|r| r.publish_event_ms.p99_ms),
+                    s.median_of(|r| r.claim_share) * 100.0,
+                    s.median_of(|r| r.publish_share) * 100.0,
+                    s.median_of(|r| r.ack_share) * 100.0,
+                );
+            }
+            Err(error) => {
+                let short: String = error.chars().take(90).collect();
+                println!("{:<9} FAILED: {short}", kind.name());
+            }
+        }
+    }
+    println!(
+        "(✓/↓: at or below issue 3's target; figures from a busy machine mean nothing. Latency: one publish call = one wave of at most one event per aggregate.)"
+    );
 }
 
 async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()> {
-    let store =
-        Arc::new(PgStore::connect(url, PgOutbox::with_names(&args.schema, "events")?).await?);
-    let (sink, mut rx) = outbox_sink_channel::ChannelSink::new(args.batch_size as usize * 4);
-    let consumer = tokio::spawn(async move {
-        let mut n = 0u64;
-        while rx.recv().await.is_some() {
-            n += 1;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_BENCH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let pg = Arc::new(PgStore::connect(url, PgOutbox::with_names(&args.schema, "events")?).await?);
+    let store = Arc::new(TimedStore::new(pg));
+    let mut consumer = None;
+    let inner: Arc<dyn Sink> = match args.sink {
+        SinkKind::Channel => {
+            let (sink, mut rx) =
+                outbox_sink_channel::ChannelSink::new(args.batch_size as usize * 4);
+            consumer = Some(tokio::spawn(async move {
+                let mut n = 0u64;
+                while rx.recv().await.is_some() {
+                    n += 1;
+                }
+                n
+            }));
+            Arc::new(sink)
         }
-        n
-    });
+        kind => destination::build_sink(kind, &args.sink_config).await?,
+    };
+    // Connection set-up happens before the clock starts: it is not what a drain measures.
+    let connect_started = Instant::now();
+    let mut last_error = None;
+    while connect_started.elapsed() < Duration::from_secs(15) {
+        match inner.check().await {
+            Ok(()) => {
+                last_error = None;
+                break;
+            }
+            Err(e) => {
+                last_error = Some(e.to_string());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    if let Some(error) = last_error {
+        bail!("the {} sink is not ready: {error}", args.sink);
+    }
+    let connect_seconds = connect_started.elapsed().as_secs_f64();
+    let sink = Arc::new(TimedSink::new(inner));
+
     let config = RelayConfig {
         relay_id: "bench".into(),
         batch_size: args.batch_size,
@@ -321,18 +816,20 @@ async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()> {
         stop_when_idle: true,
         ..RelayConfig::default()
     };
-    let cpu_before = cpu_seconds()?;
+    let cpu_before = cpu_snapshot();
+    let cpu_ticks_before = cpu_ticks_seconds()?;
     let started = Instant::now();
-    let relay = Relay::new(store.clone(), Arc::new(sink), config);
+    let relay = Relay::new(store.clone(), sink.clone(), config);
     let report = relay.run(std::future::pending()).await;
     let seconds = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds()? - cpu_before;
-    consumer.abort();
+    let cpu = cpu_seconds_since(&cpu_before, cpu_ticks_before)?;
+    if let Some(consumer) = consumer {
+        consumer.abort();
+    }
     if report.delivered < args.expect {
-        bail!(
-            "relay child delivered {} of {}",
-            report.delivered,
-            args.expect
+        eprintln!(
+            "relay child: delivered {} of {} ({report:?})",
+            report.delivered, args.expect
         );
     }
     let out = ChildReport {
@@ -340,13 +837,61 @@ async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()> {
         seconds,
         cpu_seconds: cpu,
         peak_rss_kb: peak_rss_kb()?,
+        connect_seconds,
+        relay: RelayCounts {
+            batches: report.batches,
+            claimed: report.claimed,
+            retried: report.retried,
+            dead: report.dead,
+            released: report.released,
+            fenced: report.fenced,
+            store_errors: report.store_errors,
+        },
+        publish: sink.stats(),
+        store: store.stats(),
     };
     println!("{}", serde_json::to_string(&out)?);
     Ok(())
 }
 
+/// CPU time of this process's threads so far: nanoseconds on the CPU per thread id, from
+/// `/proc/self/task/*/schedstat`; empty where the kernel does not provide it.
+fn cpu_snapshot() -> std::collections::HashMap<String, u64> {
+    let mut threads = std::collections::HashMap::new();
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+                continue;
+            };
+            if let Some(Ok(nanos)) = text.split_whitespace().next().map(str::parse::<u64>) {
+                threads.insert(task.file_name().to_string_lossy().into_owned(), nanos);
+            }
+        }
+    }
+    threads
+}
+
+/// CPU seconds this process used since `before` (a [`cpu_snapshot`]) and `before_ticks` (a
+/// [`cpu_ticks_seconds`]): per-thread nanoseconds where available (threads that exited in
+/// between are lost, so call it while the relay and its sink are alive), else user + system
+/// time in clock ticks of 1/100 s, too coarse for short runs.
+fn cpu_seconds_since(
+    before: &std::collections::HashMap<String, u64>,
+    before_ticks: f64,
+) -> anyhow::Result<f64> {
+    let now = cpu_snapshot();
+    if before.is_empty() || now.is_empty() {
+        return Ok(cpu_ticks_seconds()? - before_ticks);
+    }
+    let nanos: u64 = now
+        .iter()
+        .map(|(tid, n)| n.saturating_sub(before.get(tid).copied().unwrap_or(0)))
+        .sum();
+    Ok(nanos as f64 / 1e9)
+}
+
 /// User + system CPU time of this process, from /proc (clock ticks of 1/100 s).
-fn cpu_seconds() -> anyhow::Result<f64> {
+fn cpu_ticks_seconds() -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
     let fields: Vec<&str> = after_comm.split_whitespace().collect();

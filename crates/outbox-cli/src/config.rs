@@ -271,6 +271,57 @@ pub struct DatabaseConfig {
     pub schema: String,
     /// Outbox table name (default `events` on PostgreSQL, `outbox_events` on SQLite).
     pub table: Option<String>,
+    /// PostgreSQL only: `plain` (default) or `partitioned` — the table range-partitioned by
+    /// time, old partitions dropped instead of rows deleted (see `[database.partitions]`).
+    pub layout: Layout,
+    /// The partitioned layout's settings.
+    pub partitions: PartitionsConfig,
+}
+
+/// `database.layout`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// One table; retention deletes delivered rows in batches.
+    #[default]
+    Plain,
+    /// Range-partitioned by enqueue time; retention drops whole partitions once every event in
+    /// them is delivered and past `retention.delivered`.
+    Partitioned,
+}
+
+/// `[database.partitions]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PartitionsConfig {
+    /// `daily` or `hourly`.
+    pub interval: PartitionEvery,
+    /// Partitions created ahead of the current one.
+    pub ahead: u32,
+    /// Longest wait for the table lock that creating or dropping a partition takes.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub lock_timeout: std::time::Duration,
+}
+
+/// `database.partitions.interval`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionEvery {
+    /// One partition per UTC day.
+    #[default]
+    Daily,
+    /// One partition per UTC hour.
+    Hourly,
+}
+
+impl Default for PartitionsConfig {
+    fn default() -> Self {
+        PartitionsConfig {
+            interval: PartitionEvery::Daily,
+            ahead: 3,
+            lock_timeout: std::time::Duration::from_secs(5),
+        }
+    }
 }
 
 impl Default for DatabaseConfig {
@@ -279,6 +330,8 @@ impl Default for DatabaseConfig {
             url: String::new(),
             schema: "outbox".into(),
             table: None,
+            layout: Layout::Plain,
+            partitions: PartitionsConfig::default(),
         }
     }
 }

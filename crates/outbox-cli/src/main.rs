@@ -75,8 +75,9 @@ enum Command {
     /// Delete delivered events older than the retention period, now (the relay also does it on
     /// its schedule).
     Cleanup(CleanupArgs),
-    /// Write orders and events into an embedded SQLite outbox, relay them to stdout, and check
-    /// that exactly the committed events came out, in order.
+    /// Run the Order system in one process on SQLite (order service over HTTP, load generator,
+    /// relay, in-process bus, delivery and billing consumers) and check every effect happened
+    /// exactly once.
     Demo(demo::DemoArgs),
 }
 
@@ -363,7 +364,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
 
 async fn migrate(args: DbArgs) -> anyhow::Result<()> {
     let config = args.load(vec![])?;
-    let store = AnyStore::open(&config.database).await?;
+    let store = AnyStore::open(&config).await?;
     let applied = store.migrate().await.context("migration failed")?;
     if applied.is_empty() {
         println!("{}: schema is current", store.describe());
@@ -523,7 +524,7 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
     if let Some((name, sink)) = sink_override {
         config.override_sink(&name, sink);
     }
-    let store = AnyStore::open(&config.database).await?;
+    let store = AnyStore::open(&config).await?;
     let dyn_store = store.dyn_store();
     dyn_store
         .check()
@@ -545,19 +546,25 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         destinations = %routes.destinations().join(", "),
         "Relaying."
     );
-    let retention = config
-        .retention
-        .enabled
-        .then(|| tokio::spawn(retention_loop(dyn_store.clone(), config.retention.clone())));
+    let retention = config.retention.enabled.then(|| {
+        tokio::spawn(retention_loop(
+            dyn_store.clone(),
+            store.partitioned(),
+            config.retention.clone(),
+        ))
+    });
     if config.mode == config::Mode::Wal {
         let wal = config.wal_config()?;
         if let Some(task) = retention {
             task.abort();
         }
-        let retention = config
-            .retention
-            .enabled
-            .then(|| tokio::spawn(retention_loop(dyn_store.clone(), config.retention.clone())));
+        let retention = config.retention.enabled.then(|| {
+            tokio::spawn(retention_loop(
+                dyn_store.clone(),
+                store.partitioned(),
+                config.retention.clone(),
+            ))
+        });
         if config.metrics.listen.is_some() {
             tokio::spawn(observe::refresh_wal_gauges(
                 wal.clone(),
@@ -625,7 +632,7 @@ async fn shutdown_signal() {
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let config = args.db.load(vec![])?;
     let routes = config.route_table()?;
-    let store = AnyStore::open(&config.database).await?;
+    let store = AnyStore::open(&config).await?;
     let wal = match config.mode {
         config::Mode::Wal => Some(
             outbox_wal::wal_status(&config.wal_config()?)
@@ -648,7 +655,12 @@ async fn pause(args: PauseArgs, pause: bool) -> anyhow::Result<()> {
     let config = args.db.load(vec![])?;
     let routes = config.route_table()?;
     ops::check_destination(&args.destination, &routes, !config.destinations.is_empty())?;
-    let store = AnyStore::open(&config.database).await?;
+    if pause && config.mode == config::Mode::Wal {
+        eprintln!(
+            "warning: relays in WAL mode stream in commit order and do not hold a paused destination back; the pause is recorded and honoured by polling relays"
+        );
+    }
+    let store = AnyStore::open(&config).await?;
     ops::pause(
         store.dyn_store().as_ref(),
         &args.destination,
@@ -670,7 +682,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     if let Some(d) = &args.destination {
         ops::check_destination(d, &routes, true)?;
     }
-    let store = AnyStore::open(&config.database).await?;
+    let store = AnyStore::open(&config).await?;
     ops::replay(
         store.dyn_store().as_ref(),
         filter,
@@ -683,7 +695,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 
 async fn open(db: &DbArgs) -> anyhow::Result<(Config, AnyStore)> {
     let config = db.load(vec![])?;
-    let store = AnyStore::open(&config.database).await?;
+    let store = AnyStore::open(&config).await?;
     Ok((config, store))
 }
 
@@ -732,7 +744,50 @@ async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
         duration_flag("retention.older_than", &args.older_than)?,
     )];
     let config = args.db.load(extra)?;
-    let store = AnyStore::open(&config.database).await?;
+    let store = AnyStore::open(&config).await?;
+    if let Some(pg) = store.partitioned() {
+        let report = pg
+            .outbox()
+            .maintain_partitions(pg.pool(), chrono::Utc::now())
+            .await
+            .context("partition rotation failed")?;
+        if args.json {
+            println!(
+                "{}",
+                json!({
+                    "created": report.created,
+                    "dropped": report.dropped,
+                    "kept": report.kept.iter().map(|k| json!({"partition": k.name, "reason": format!("{:?}", k.reason)})).collect::<Vec<_>>(),
+                    "keys_removed": report.keys_removed,
+                })
+            );
+        } else {
+            println!(
+                "partitions created: {}; dropped: {}; kept past retention: {}",
+                if report.created.is_empty() {
+                    "-".into()
+                } else {
+                    report.created.join(", ")
+                },
+                if report.dropped.is_empty() {
+                    "-".into()
+                } else {
+                    report.dropped.join(", ")
+                },
+                if report.kept.is_empty() {
+                    "-".into()
+                } else {
+                    report
+                        .kept
+                        .iter()
+                        .map(|k| format!("{} ({:?})", k.name, k.reason))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            );
+        }
+        return Ok(());
+    }
     admin::cleanup(
         store.dyn_store().as_ref(),
         config.retention.delivered,
@@ -744,23 +799,49 @@ async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
 }
 
 /// The relay's retention schedule: purge delivered events every `interval` until shutdown.
-async fn retention_loop(store: Arc<dyn outbox_core::Store>, retention: config::RetentionConfig) {
+async fn retention_loop(
+    store: Arc<dyn outbox_core::Store>,
+    partitioned: Option<outbox_postgres::PgStore>,
+    retention: config::RetentionConfig,
+) {
     let mut ticker = tokio::time::interval(retention.interval.max(Duration::from_secs(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match admin::purge(
-            store.as_ref(),
-            retention.delivered,
-            retention.batch_size,
-            |_| {},
-        )
-        .await
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(deleted = n, "Retention deleted delivered events."),
-            Err(error) => {
-                tracing::warn!(error = %format!("{error:#}"), "Retention run failed; will try again at the next interval.")
+        if let Some(pg) = &partitioned {
+            match pg
+                .outbox()
+                .maintain_partitions(pg.pool(), chrono::Utc::now())
+                .await
+            {
+                Ok(report) => {
+                    if !report.created.is_empty() || !report.dropped.is_empty() {
+                        tracing::info!(
+                            created = ?report.created,
+                            dropped = ?report.dropped,
+                            kept = report.kept.len(),
+                            "Partition rotation."
+                        );
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "Partition rotation failed; will try again at the next interval.")
+                }
+            }
+        } else {
+            match admin::purge(
+                store.as_ref(),
+                retention.delivered,
+                retention.batch_size,
+                |_| {},
+            )
+            .await
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "Retention deleted delivered events."),
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), "Retention run failed; will try again at the next interval.")
+                }
             }
         }
         if let Some(age) = retention.dead {

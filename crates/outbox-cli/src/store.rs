@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use outbox_core::{Store, StoreError};
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_postgres::{PgOutbox, PgStore, redact_url};
+use outbox_postgres::{PartitionInterval, Partitioning, PgOutbox, PgStore, redact_url};
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
 
-use crate::config::{ConfigError, DatabaseConfig};
+use crate::config::{Config, ConfigError, Layout, PartitionEvery};
 
 /// A store of whichever kind the URL names.
 pub enum AnyStore {
@@ -22,12 +22,35 @@ pub enum AnyStore {
 impl AnyStore {
     /// Connect (without migrating). A malformed URL or an unreachable database is a
     /// [`ConfigError`] naming the URL.
-    pub async fn open(config: &DatabaseConfig) -> Result<Self, ConfigError> {
+    pub async fn open(full: &Config) -> Result<Self, ConfigError> {
+        let config = &full.database;
         let url = config.url.trim();
+        if config.layout == Layout::Partitioned
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            return Err(ConfigError(
+                "`database.layout = \"partitioned\"` is a PostgreSQL layout; use `plain` with other databases".into(),
+            ));
+        }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let table = config.table.as_deref().unwrap_or("events");
-            let outbox = PgOutbox::with_names(&config.schema, table)
-                .map_err(|e| ConfigError(format!("invalid `database`: {e}")))?;
+            let outbox = match config.layout {
+                Layout::Plain => PgOutbox::with_names(&config.schema, table),
+                Layout::Partitioned => PgOutbox::partitioned(
+                    &config.schema,
+                    table,
+                    Partitioning {
+                        interval: match config.partitions.interval {
+                            PartitionEvery::Daily => PartitionInterval::Daily,
+                            PartitionEvery::Hourly => PartitionInterval::Hourly,
+                        },
+                        ahead: config.partitions.ahead,
+                        retention: full.retention.delivered,
+                        lock_timeout: config.partitions.lock_timeout,
+                    },
+                ),
+            }
+            .map_err(|e| ConfigError(format!("invalid `database`: {e}")))?;
             let store = PgStore::connect(url, outbox)
                 .await
                 .map_err(|e| unreachable(url, e))?;
@@ -64,10 +87,19 @@ impl AnyStore {
         }
     }
 
-    /// Create or upgrade the outbox schema; returns the versions applied.
+    /// Create or upgrade the outbox schema; returns the versions applied. A partitioned outbox
+    /// also gets its partitions for the coming days.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         match self {
-            AnyStore::Postgres(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
+            AnyStore::Postgres(s) => {
+                let applied = s.outbox().migrate(s.pool()).await?.applied;
+                if s.outbox().partitioning().is_some() {
+                    s.outbox()
+                        .maintain_partitions(s.pool(), chrono::Utc::now())
+                        .await?;
+                }
+                Ok(applied)
+            }
             AnyStore::Sqlite(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
             AnyStore::MySql(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
         }
@@ -82,10 +114,26 @@ impl AnyStore {
         }
     }
 
+    /// The PostgreSQL store when its outbox is partitioned: retention then rotates partitions.
+    pub fn partitioned(&self) -> Option<PgStore> {
+        match self {
+            AnyStore::Postgres(s) if s.outbox().partitioning().is_some() => Some(s.clone()),
+            _ => None,
+        }
+    }
+
     /// Where the outbox is, for messages.
     pub fn describe(&self) -> String {
         match self {
-            AnyStore::Postgres(s) => format!("PostgreSQL table {}", s.outbox().qualified_table()),
+            AnyStore::Postgres(s) => format!(
+                "PostgreSQL {}table {}",
+                if s.outbox().partitioning().is_some() {
+                    "partitioned "
+                } else {
+                    ""
+                },
+                s.outbox().qualified_table()
+            ),
             AnyStore::Sqlite(s) => format!("SQLite table {}", s.outbox().quoted_table()),
             AnyStore::MySql(s) => format!("MySQL table {}", s.outbox().quoted_table()),
         }

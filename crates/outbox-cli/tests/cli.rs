@@ -128,21 +128,26 @@ fn migrate_and_status_on_postgres() {
 #[test]
 fn demo_delivers_exactly_the_committed_events() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("demo.db");
     let o = outbox(&[
         "demo",
         "--quiet",
         "--orders",
         "300",
-        "--db",
-        db.to_str().unwrap(),
+        "--rate",
+        "0",
+        "--dir",
+        dir.path().to_str().unwrap(),
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
-    assert!(out.contains("events committed          330"), "{out}");
+    assert!(out.contains("orders created            300"), "{out}");
     assert!(out.contains("lost                      0"), "{out}");
-    assert!(out.contains("phantom (rolled back)     0"), "{out}");
+    assert!(out.contains("phantom (no such order)   0"), "{out}");
+    assert!(out.contains("per-order order broken    0"), "{out}");
     assert!(out.contains("result                    OK"), "{out}");
+    for db in ["orders.db", "delivery.db", "billing.db"] {
+        assert!(dir.path().join(db).exists(), "{db} kept in --dir");
+    }
 }
 
 #[test]
@@ -243,6 +248,175 @@ async fn migrate_relay_and_status_work_on_mysql() {
     );
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS `{table}`, `{table}_migrations`"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+/// Every command that opens the database refuses an unreachable server or an unopenable file
+/// the same way: one line naming the URL (password masked), exit code 2.
+#[test]
+fn unreachable_databases_give_one_line_and_exit_2_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing_dir = format!("sqlite://{}/no/such/dir/outbox.db", dir.path().display());
+    for url in [
+        "postgres://app:s3cret@127.0.0.1:1/app",
+        "mysql://app:s3cret@127.0.0.1:1/app",
+        missing_dir.as_str(),
+    ] {
+        for command in [
+            vec!["migrate", "--database-url", url],
+            vec!["relay", "--database-url", url, "--drain"],
+            vec!["status", "--database-url", url],
+            vec!["dead", "list", "--database-url", url],
+        ] {
+            let o = outbox(&command);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{command:?}: {err}");
+            assert_eq!(
+                err.trim().lines().count(),
+                1,
+                "{command:?}: one line: {err}"
+            );
+            assert!(err.contains("cannot open database"), "{command:?}: {err}");
+            assert!(!err.contains("s3cret"), "{command:?}: {err}");
+        }
+    }
+}
+
+/// `--log-format json`: one JSON object per line, and a delivery-relevant line (here an event
+/// that no route matches, dead-lettered) carries the event's identity and the destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_event_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("outbox.db");
+    let url = format!("sqlite://{}", db.display());
+    let o = outbox(&["migrate", "--database-url", &url]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let store = outbox_sqlite::SqliteStore::connect(&url, outbox_sqlite::SqliteOutbox::new())
+        .await
+        .unwrap();
+    let event = outbox_core::NewEvent::new("user", "u7", "UserRenamed", &serde_json::json!({}))
+        .unwrap()
+        .with_idempotency_key("rename-u7-1");
+    let mut tx = store.pool().begin().await.unwrap();
+    store.outbox().enqueue(&mut *tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+    store.pool().close().await;
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{url}\"\n[destinations.a]\ntype = \"stdout\"\n[destinations.b]\ntype = \"stdout\"\n"
+        ),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["--log-format", "json", "relay", "--drain", "--config"])
+        .arg(&config)
+        .env("OUTBOX_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stderr(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect();
+    let dead = lines
+        .iter()
+        .find(|l| l["message"].as_str().unwrap_or("").contains("is dead"))
+        .unwrap_or_else(|| panic!("no dead-letter line in {lines:?}"));
+    assert_eq!(dead["event_id"], event.id().to_string(), "{dead}");
+    assert_eq!(dead["event_type"], "UserRenamed", "{dead}");
+    assert_eq!(dead["aggregate_type"], "user", "{dead}");
+    assert_eq!(dead["aggregate_id"], "u7", "{dead}");
+    assert_eq!(dead["idempotency_key"], "rename-u7-1", "{dead}");
+    assert_eq!(dead["attempts"], 1, "{dead}");
+    assert_eq!(dead["destination"], "(unroutable)", "{dead}");
+    assert_eq!(dead["level"], "WARN", "{dead}");
+}
+
+/// `database.layout = "partitioned"`: migrate creates the partitioned table and its partitions,
+/// the relay delivers from it, cleanup rotates partitions instead of deleting rows, and opening
+/// it with the wrong layout is refused with a message that names the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioned_layout_works_through_the_binary() {
+    let schema = format!("outbox_t_cliparts_{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outbox.toml");
+    let out = dir.path().join("out.jsonl");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{}\"\nschema = \"{schema}\"\nlayout = \"partitioned\"\n[database.partitions]\ninterval = \"hourly\"\nahead = 2\n[destinations.file]\ntype = \"file\"\npath = \"{}\"\n",
+            pg_url(),
+            out.display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let o = outbox(&["migrate", "--config", config]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let outbox_pg = outbox_postgres::PgOutbox::partitioned(
+        &schema,
+        "events",
+        outbox_postgres::Partitioning {
+            interval: outbox_postgres::PartitionInterval::Hourly,
+            ahead: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let store = outbox_postgres::PgStore::connect(&pg_url(), outbox_pg)
+        .await
+        .unwrap();
+    let partitions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1",
+    )
+    .bind(&schema)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert!(
+        partitions >= 3,
+        "current + 2 ahead (+ default): {partitions}"
+    );
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 0..10u32 {
+        let e = outbox_core::NewEvent::new(
+            "order",
+            "o1",
+            "OrderUpdated",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let o = outbox(&["relay", "--config", config, "--drain"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 10);
+    let o = outbox(&["status", "--config", config]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("partitioned table"));
+    let o = outbox(&["cleanup", "--config", config, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(report["dropped"].as_array().unwrap().is_empty(), "{report}");
+    let o = outbox(&["migrate", "--database-url", &pg_url(), "--schema", &schema]);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "plain layout over a partitioned table"
+    );
+    assert!(
+        stderr(&o).contains("database.layout = \"partitioned\""),
+        "{}",
+        stderr(&o)
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
     )))
     .execute(store.pool())
     .await

@@ -44,7 +44,18 @@ impl Drop for Killed {
 type Request = (String, HashMap<String, String>, String);
 
 #[derive(Clone, Default)]
-struct Received(Arc<Mutex<Vec<Request>>>);
+struct Received(Arc<Mutex<Vec<Request>>>, Arc<std::sync::atomic::AtomicU64>);
+
+impl Received {
+    /// Make every later request take this long to answer (a slow receiver).
+    fn slow_down(&self, ms: u64) {
+        self.1.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
 
 async fn receive(
     State(received): State<Received>,
@@ -57,6 +68,10 @@ async fn receive(
         .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
         .collect();
     received.0.lock().unwrap().push((event_type, headers, body));
+    let delay = received.1.load(std::sync::atomic::Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
     "ok"
 }
 
@@ -417,4 +432,72 @@ async fn a_paused_destination_holds_its_events_while_the_others_flow() {
     let _ = relay.0.kill();
     let _ = relay.0.wait();
     let _ = f.schema;
+}
+
+/// SIGTERM and SIGINT in the middle of a batch: the relay stops claiming, lets the wave it is
+/// publishing finish, acks it, gives the rest back untouched, and exits 0 with nothing claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_and_sigint_mid_batch_finish_the_wave_and_leave_nothing_claimed() {
+    for (round, sig) in ["-TERM", "-INT"].into_iter().enumerate() {
+        let f = fixture(&format!("stop{round}")).await;
+        f.received.slow_down(200);
+        // 400 partner events of one aggregate: one per wave, each wave a slow request.
+        let partners: Vec<NewEvent> = (0..400).map(partner).collect();
+        f.enqueue(&partners, true).await;
+        let mut relay = Command::new(BIN)
+            .args(["relay", "--config", f.config_path()])
+            .env("OUTBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while f.received.len() < 3 {
+            assert!(Instant::now() < deadline, "the relay never published");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mid = f.store.stats().await.unwrap();
+        assert!(mid.in_flight > 0, "stopped mid-batch: {mid:?}");
+        let status = Command::new("kill")
+            .args([sig, &relay.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let started = Instant::now();
+        let exit = loop {
+            if let Some(exit) = relay.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the relay did not stop after {sig}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(exit.code(), Some(0), "{sig}");
+        let stats = f.store.stats().await.unwrap();
+        assert_eq!(stats.in_flight, 0, "{sig}: nothing left claimed: {stats:?}");
+        assert_eq!(stats.delivered + stats.pending, 400, "{sig}: {stats:?}");
+        assert!(
+            stats.delivered >= 3,
+            "{sig}: the wave in progress was acked: {stats:?}"
+        );
+        assert!(
+            stats.pending > 0,
+            "{sig}: stopped before the end: {stats:?}"
+        );
+        let received = f.received.len() as u64;
+        assert!(
+            received >= stats.delivered && received <= stats.delivered + 1,
+            "{sig}: delivered = what the receiver got (at most the one in progress extra): {received} vs {stats:?}"
+        );
+        let attempted: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{}\".events WHERE status = 'pending' AND attempts > 0",
+            f.schema
+        )))
+        .fetch_one(f.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(attempted, 0, "{sig}: released events count no attempt");
+    }
 }

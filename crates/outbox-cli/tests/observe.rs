@@ -139,3 +139,242 @@ async fn metrics_move_and_readiness_follows_the_database() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+fn metric_with(body: &str, name: &str, label: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Per-destination counters and gauges move with what happens to each destination's events:
+/// published on one, failed → retried → delivered and a rejected one dead on another; pausing
+/// shows in the gauge; a destination whose broker is unreachable makes `/readyz` say which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_destination_metrics_and_sink_readiness() {
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<HashSet<String>>>);
+    async fn hook(State(seen): State<Seen>, headers: axum::http::HeaderMap) -> StatusCode {
+        let id = headers["x-event-id"].to_str().unwrap().to_owned();
+        if headers["x-event-type"] == "Poison" {
+            return StatusCode::BAD_REQUEST;
+        }
+        // Every event fails once, then goes through.
+        if seen.0.lock().unwrap().insert(id) {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::OK
+        }
+    }
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(hook))
+        .with_state(Seen::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let schema = format!("outbox_t_obs2_{}", std::process::id());
+    let store = PgStore::connect(&pg_url(), PgOutbox::with_names(&schema, "events").unwrap())
+        .await
+        .unwrap();
+    store.outbox().migrate(store.pool()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let dead_nats = free_port();
+    let config = dir.path().join("outbox.toml");
+    let write = |with_nats: bool| {
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[database]
+url = "{url}"
+schema = "{schema}"
+[relay]
+poll_interval = "20ms"
+[relay.retry]
+base = "50ms"
+cap = "100ms"
+max_attempts = 5
+[metrics]
+listen = "127.0.0.1:{port}"
+refresh = "100ms"
+[destinations.ok]
+type = "file"
+path = "{out}"
+[destinations.hook]
+type = "webhook"
+url = "http://127.0.0.1:{hook_port}/hook"
+{nats}
+[[routes]]
+when = {{ aggregate_type = "partner" }}
+to = "hook"
+[[routes]]
+to = "ok"
+"#,
+                url = pg_url(),
+                out = dir.path().join("out.jsonl").display(),
+                nats = if with_nats {
+                    format!(
+                        "[destinations.nats]\ntype = \"nats\"\nservers = [\"nats://127.0.0.1:{dead_nats}\"]\nconnect_timeout = \"200ms\"\n"
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        )
+        .unwrap();
+    };
+    write(false);
+    let relay = Killed(
+        Command::new(BIN)
+            .args(["relay", "--config"])
+            .arg(&config)
+            .env("OUTBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(port, "/healthz").await.is_none() {
+        assert!(Instant::now() < deadline, "metrics endpoint never came up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut events: Vec<NewEvent> = (0..40)
+        .map(|i| outbox_testkit::numbered(&format!("o{}", i % 4), i / 4))
+        .collect();
+    for n in 0..6u32 {
+        events.push(
+            NewEvent::new(
+                "partner",
+                format!("p{n}"),
+                "PartnerPinged",
+                &serde_json::json!({ "n": n }),
+            )
+            .unwrap(),
+        );
+    }
+    events.push(NewEvent::new("partner", "px", "Poison", &serde_json::json!({})).unwrap());
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, &events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let ok = "destination=\"ok\"";
+    let hook_label = "destination=\"hook\"";
+    let body = loop {
+        let (_, body) = get(port, "/metrics").await.unwrap();
+        if metric_with(&body, "outbox_events_published_total", ok) >= 40.0
+            && metric_with(&body, "outbox_events_published_total", hook_label) >= 6.0
+            && metric_with(&body, "outbox_destination_events_dead", hook_label) >= 1.0
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "metrics never settled: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        metric_with(&body, "outbox_events_published_total", ok),
+        40.0,
+        "{body}"
+    );
+    assert_eq!(
+        metric_with(&body, "outbox_events_failed_total", ok),
+        0.0,
+        "{body}"
+    );
+    assert_eq!(
+        metric_with(&body, "outbox_events_published_total", hook_label),
+        6.0,
+        "{body}"
+    );
+    assert_eq!(
+        metric_with(&body, "outbox_events_failed_total", hook_label),
+        7.0,
+        "6 × 503 + the 400: {body}"
+    );
+    assert_eq!(
+        metric_with(&body, "outbox_events_retried_total", hook_label),
+        6.0,
+        "{body}"
+    );
+    assert_eq!(
+        metric_with(&body, "outbox_events_dead_total", hook_label),
+        1.0,
+        "{body}"
+    );
+    assert_eq!(
+        metric_with(&body, "outbox_destination_events_dead", hook_label),
+        1.0,
+        "{body}"
+    );
+    assert_eq!(
+        metric_with(&body, "outbox_destination_events_pending", ok),
+        0.0,
+        "{body}"
+    );
+    assert!(
+        body.contains("outbox_relay_batch_duration_seconds"),
+        "{body}"
+    );
+    assert!(
+        body.contains("outbox_publish_duration_seconds_bucket{destination=\"hook\""),
+        "{body}"
+    );
+
+    let o = Command::new(BIN)
+        .args(["pause", "hook", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    loop {
+        let (_, body) = get(port, "/metrics").await.unwrap();
+        if metric_with(&body, "outbox_destination_paused", hook_label) == 1.0 {
+            assert_eq!(
+                metric_with(&body, "outbox_destination_paused", ok),
+                0.0,
+                "{body}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "paused gauge never moved: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(relay);
+
+    // A destination whose broker is unreachable: the process is up, not ready, and says which.
+    write(true);
+    let port2 = free_port();
+    let _relay = Killed(
+        Command::new(BIN)
+            .args(["relay", "--config"])
+            .arg(&config)
+            .env("OUTBOX_METRICS__LISTEN", format!("127.0.0.1:{port2}"))
+            .env("OUTBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(port2, "/healthz").await.is_none() {
+        assert!(Instant::now() < deadline, "metrics endpoint never came up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = get(port2, "/readyz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("destination `nats`"), "{body}");
+}

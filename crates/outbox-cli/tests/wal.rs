@@ -249,3 +249,159 @@ fn wal_mode_needs_postgresql_and_valid_names() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("slot"), "{}", text(&o));
 }
+
+/// Two `outbox relay` processes in WAL mode on one slot: one streams, the other stands by; the
+/// streamer is SIGKILLed mid-stream and the standby takes over within the takeover timeout,
+/// delivering everything (duplicates allowed, counted) in order per aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_relay_process_takes_over_when_the_streamer_is_killed() {
+    let url = cluster_url();
+    let id = std::process::id();
+    let schema = format!("outbox_t_cliwal2_{id}");
+    let slot = format!("owt_cli2_{id}");
+    let store = PgStore::connect(&url, PgOutbox::with_names(&schema, "events").unwrap())
+        .await
+        .unwrap();
+    store.outbox().migrate(store.pool()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out_a = dir.path().join("a.jsonl");
+    let out_b = dir.path().join("b.jsonl");
+    let write_config = |out: &std::path::Path, name: &str| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                r#"
+mode = "wal"
+[database]
+url = "{url}"
+schema = "{schema}"
+[relay]
+relay_id = "{name}"
+publish_timeout = "5s"
+[wal]
+slot = "{slot}"
+publication = "{slot}"
+message_prefix = "{slot}"
+status_interval = "100ms"
+standby_poll_interval = "200ms"
+takeover_timeout = "20s"
+[destinations.file]
+type = "file"
+path = "{}"
+sync = true
+"#,
+                out.display()
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let config_a = write_config(&out_a, "relay-a");
+    let config_b = write_config(&out_b, "relay-b");
+    let o = outbox(&["wal", "prepare", "--config", &config_a]);
+    assert!(o.status.success(), "{}", text(&o));
+    let spawn = |config: &str| {
+        Killed(
+            Command::new(BIN)
+                .args(["relay", "--config", config])
+                .env("OUTBOX_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut a = spawn(&config_a);
+    // Wait until a streams, then start the standby.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = outbox(&["wal", "status", "--config", &config_a, "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if s["active"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "relay a never streamed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _b = spawn(&config_b);
+
+    let total = 3000u32;
+    for chunk in 0..30u32 {
+        let mut tx = store.pool().begin().await.unwrap();
+        for i in 0..100u32 {
+            let n = chunk * 100 + i;
+            let e = NewEvent::new(
+                "order",
+                format!("o{}", n % 20),
+                "OrderUpdated",
+                &serde_json::json!({ "n": n / 20 }),
+            )
+            .unwrap();
+            if n % 2 == 0 {
+                store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+            } else {
+                outbox_wal::enqueue_message(&mut *tx, &slot, &e)
+                    .await
+                    .unwrap();
+            }
+        }
+        tx.commit().await.unwrap();
+        if chunk == 10 {
+            // a is mid-stream: kill it without a goodbye.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while lines(&out_a).is_empty() {
+                assert!(Instant::now() < deadline, "a delivered nothing");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            a.0.kill().unwrap();
+            a.0.wait().unwrap();
+        }
+    }
+    let killed = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut first_from_b = None;
+    loop {
+        let mut all = lines(&out_a);
+        let from_b = lines(&out_b);
+        if first_from_b.is_none() && !from_b.is_empty() {
+            first_from_b = Some(killed.elapsed());
+        }
+        all.extend(from_b);
+        let distinct: std::collections::HashSet<String> = all
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_owned())
+            .collect();
+        if distinct.len() == total as usize {
+            // Order per aggregate among first deliveries, a's file then b's.
+            let mut seen = std::collections::HashSet::new();
+            let mut last: std::collections::HashMap<String, u64> = Default::default();
+            for e in &all {
+                if !seen.insert(e["id"].as_str().unwrap().to_owned()) {
+                    continue;
+                }
+                let agg = e["aggregate_id"].as_str().unwrap().to_owned();
+                let n = e["payload"]["n"].as_u64().unwrap();
+                if let Some(prev) = last.insert(agg.clone(), n) {
+                    assert!(n > prev, "order broken for {agg}: {n} after {prev}");
+                }
+            }
+            eprintln!(
+                "standby took over {:?} after the kill; {} duplicate deliveries",
+                first_from_b,
+                all.len() - distinct.len()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {total} delivered",
+            distinct.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(first_from_b.unwrap() < Duration::from_secs(20));
+    drop(_b);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = outbox(&["wal", "drop-slot", "--config", &config_a]);
+}

@@ -18,6 +18,11 @@ pub enum EncodeError {
     /// A required field is empty.
     #[error("event field `{0}` must not be empty")]
     Empty(&'static str),
+    /// A `traceparent` that is not W3C trace context.
+    #[error(
+        "`{0}` is not a W3C traceparent (expected 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>)"
+    )]
+    InvalidTraceparent(String),
 }
 
 /// A store operation failed.

@@ -19,6 +19,30 @@ pub type Headers = BTreeMap<String, String>;
 /// (a sink that echoes a 10 MB response body must not bloat the outbox table).
 pub const MAX_LAST_ERROR_LEN: usize = 2048;
 
+/// Whether `value` is a W3C `traceparent` this library can forward: version `00`,
+/// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, lowercase, ids not all zero.
+/// (Future versions may append fields; they are accepted when the first four parse.)
+pub fn is_valid_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    if parts.len() < 4 {
+        return false;
+    }
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let (version, trace, parent, flags) = (parts[0], parts[1], parts[2], parts[3]);
+    hex(version, 2)
+        && version != "ff"
+        && (version != "00" || parts.len() == 4)
+        && hex(trace, 32)
+        && trace.bytes().any(|b| b != b'0')
+        && hex(parent, 16)
+        && parent.bytes().any(|b| b != b'0')
+        && hex(flags, 2)
+}
+
 /// Cut `error` to at most [`MAX_LAST_ERROR_LEN`] bytes without splitting a UTF-8 character.
 ///
 /// ```
@@ -208,6 +232,37 @@ impl NewEvent {
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());
         self
+    }
+
+    /// Attach a W3C trace context (`traceparent`, and `tracestate` when given): stored with the
+    /// event and forwarded as headers by every sink, so the consumer's span joins the writer's
+    /// trace. A malformed `traceparent` is an error before anything is written.
+    ///
+    /// ```
+    /// use outbox_core::NewEvent;
+    /// let e = NewEvent::new("order", "1", "OrderCreated", &1)
+    ///     .unwrap()
+    ///     .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None)
+    ///     .unwrap();
+    /// assert_eq!(e.headers()["traceparent"], "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    /// assert!(NewEvent::new("order", "1", "OrderCreated", &1).unwrap().with_traceparent("00-xyz", None).is_err());
+    /// ```
+    pub fn with_traceparent(
+        mut self,
+        traceparent: &str,
+        tracestate: Option<&str>,
+    ) -> Result<Self, EncodeError> {
+        let traceparent = traceparent.trim();
+        if !is_valid_traceparent(traceparent) {
+            return Err(EncodeError::InvalidTraceparent(traceparent.to_owned()));
+        }
+        self.headers
+            .insert("traceparent".to_owned(), traceparent.to_owned());
+        if let Some(state) = tracestate.map(str::trim).filter(|s| !s.is_empty()) {
+            self.headers
+                .insert("tracestate".to_owned(), state.to_owned());
+        }
+        Ok(self)
     }
 
     /// Replace all headers.
@@ -441,6 +496,37 @@ pub fn check_first_delivery_order(delivered: &[Event]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traceparents_are_checked_against_the_w3c_format() {
+        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(is_valid_traceparent(ok));
+        assert!(is_valid_traceparent(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-extra"
+        ));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e47-00f067aa0ba902b7-01",
+        ] {
+            assert!(!is_valid_traceparent(bad), "{bad}");
+        }
+        let e = NewEvent::new("a", "1", "T", &1)
+            .unwrap()
+            .with_traceparent(ok, Some("congo=t61rcWkgMzE"))
+            .unwrap();
+        assert_eq!(e.headers()["tracestate"], "congo=t61rcWkgMzE");
+        let err = NewEvent::new("a", "1", "T", &1)
+            .unwrap()
+            .with_traceparent("nope", None)
+            .unwrap_err();
+        assert!(err.to_string().contains("not a W3C traceparent"), "{err}");
+    }
 
     #[test]
     fn unserializable_payload_is_rejected_before_any_write() {

@@ -57,7 +57,7 @@ CREATE INDEX "{table}_parked_event_id" ON {p} (event_id);
 "#,
 }];
 
-/// Where the PostgreSQL inbox lives, and the SQL to use it. Cheap to clone.
+/// Where the SQLite inbox lives, and the SQL to use it. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SqliteInbox {
     inner: Arc<Names>,
@@ -445,7 +445,7 @@ impl<F> SqliteEffect for F where
 {
 }
 
-/// An [`InboxHandler`] over PostgreSQL: claims, runs `effect`, commits; parks into
+/// An [`InboxHandler`] over SQLite: claims, runs `effect`, commits; parks into
 /// `<table>_parked`. Give it to a broker adapter.
 pub struct SqliteHandler<F> {
     pool: SqlitePool,

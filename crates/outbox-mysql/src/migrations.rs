@@ -50,13 +50,19 @@ pub(crate) struct Migration {
     pub sql: &'static str,
     /// Columns the table must have once this migration ran.
     pub columns: &'static [&'static str],
+    /// Columns this migration adds, as `(name, definition)`: each `ALTER TABLE … ADD COLUMN`
+    /// runs only when the column is missing, so a migration interrupted after adding it runs
+    /// again cleanly (MySQL 8 has no `ADD COLUMN IF NOT EXISTS`; MariaDB does). They run before
+    /// `sql`.
+    pub add_columns: &'static [(&'static str, &'static str)],
 }
 
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "outbox events table, claim and ordering indexes",
-    sql: r#"
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox events table, claim and ordering indexes",
+        sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- A pending row with attempts > 0 is one waiting for a retry.
 --
@@ -110,29 +116,53 @@ CREATE TABLE IF NOT EXISTS {t} (
     CONSTRAINT {table}_status CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = {bin} ROW_FORMAT = DYNAMIC
 "#,
-    columns: &[
-        "seq",
-        "id",
-        "aggregate_type",
-        "aggregate_id",
-        "event_type",
-        "payload",
-        "destination",
-        "headers",
-        "idempotency_key",
-        "occurred_at",
-        "enqueued_at",
-        "status",
-        "attempts",
-        "next_attempt_at",
-        "last_error",
-        "lease_owner",
-        "lease_token",
-        "lease_expires_at",
-        "delivered_at",
-        "dead_at",
-    ],
-}];
+        columns: &[
+            "seq",
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "event_type",
+            "payload",
+            "destination",
+            "headers",
+            "idempotency_key",
+            "occurred_at",
+            "enqueued_at",
+            "status",
+            "attempts",
+            "next_attempt_at",
+            "last_error",
+            "lease_owner",
+            "lease_token",
+            "lease_expires_at",
+            "delivered_at",
+            "dead_at",
+        ],
+        add_columns: &[],
+    },
+    Migration {
+        version: 2,
+        description: "claimed_at, paused destinations",
+        sql: r#"
+-- Destinations an operator paused (`outbox pause`). Relays read it every poll and claim around
+-- the paused destinations' events; the events themselves are not touched. Names compare byte
+-- for byte, like every routed field.
+CREATE TABLE IF NOT EXISTS `{table}_paused` (
+    destination VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    paused_at   DATETIME(6)  NOT NULL,
+    paused_by   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    PRIMARY KEY (destination)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = {bin}
+"#,
+        columns: &["claimed_at"],
+        // When the row was last claimed: `outbox status` shows which relay holds claims since
+        // when. It stays set after the row leaves in_flight; only in_flight rows read it. A
+        // nullable column added last is an instant change on MySQL 8.0.12+ and MariaDB 10.3+.
+        // Dead rows need no index of their own here: `open_seq (status, seq)` already serves
+        // every query over them.
+        add_columns: &[("claimed_at", "DATETIME(6) NULL")],
+    },
+];
 
 /// The binary no-pad utf8mb4 collations, in order of preference: MariaDB's, then MySQL's.
 const BINARY_COLLATIONS: [&str; 2] = ["utf8mb4_nopad_bin", "utf8mb4_0900_bin"];
@@ -251,6 +281,17 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
     let collation = binary_collation(conn).await?;
     let mut applied = Vec::with_capacity(pending.len());
     for m in pending {
+        for (column, definition) in m.add_columns {
+            if !has_column(outbox, conn, column).await? {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "ALTER TABLE {} ADD COLUMN {column} {definition}",
+                    outbox.quoted_table()
+                )))
+                .execute(&mut *conn)
+                .await
+                .map_err(map_sqlx)?;
+            }
+        }
         let ddl = outbox.render(m.sql).replace("{bin}", &collation);
         sqlx::raw_sql(AssertSqlSafe(ddl))
             .execute(&mut *conn)
@@ -290,6 +331,24 @@ async fn binary_collation(conn: &mut MySqlConnection) -> Result<String, StoreErr
                 "the server has neither utf8mb4_nopad_bin (MariaDB) nor utf8mb4_0900_bin (MySQL 8.0.17+): the outbox needs MariaDB 10.6+ or MySQL 8.0.17+".to_owned(),
             )
         })
+}
+
+/// Whether the outbox table has `column`.
+async fn has_column(
+    outbox: &MySqlOutbox,
+    conn: &mut MySqlConnection,
+    column: &str,
+) -> Result<bool, StoreError> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+    )
+    .bind(outbox.table())
+    .bind(column)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(n > 0)
 }
 
 /// After `m` ran: the table is InnoDB and has every column `m` promises.
@@ -367,6 +426,12 @@ pub(crate) async fn current_version(
     Ok(version.unwrap_or(0))
 }
 
+/// Over the SQL template and, when there are any, the added columns (so version 1's checksum,
+/// recorded before `add_columns` existed, is unchanged).
 fn checksum_of(m: &Migration) -> String {
-    format!("{:016x}", fnv1a(m.sql))
+    let mut text = m.sql.to_owned();
+    for (column, definition) in m.add_columns {
+        text.push_str(&format!("\n-- add column {column} {definition}"));
+    }
+    format!("{:016x}", fnv1a(&text))
 }

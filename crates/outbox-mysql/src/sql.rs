@@ -19,6 +19,13 @@
 //!   mixing `_bin` with `_ci` collations of one character set), so lookups stay exact and use the
 //!   index. The id columns are declared `ascii_bin` on both sides.
 
+use chrono::{DateTime, Datelike, Utc};
+use outbox_core::ReplayFilter;
+use outbox_core::route::{RouteTable, SqlDialect};
+use sqlx::mysql::MySqlArguments;
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, MySql};
+
 /// What a claim hands to a sink.
 const EVENT_COLUMNS: &str = "e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, \
      e.destination, e.headers, e.idempotency_key, e.occurred_at, e.enqueued_at, e.attempts";
@@ -62,6 +69,14 @@ pub(crate) struct Sql {
     pub discard_dead_all: String,
     pub purge: String,
     pub stats: String,
+    pub leases: String,
+    pub pause: String,
+    pub resume: String,
+    pub paused: String,
+    pub replay_update: String,
+    pub purge_dead: String,
+    /// The table, for the statements built per call around a route table.
+    t: String,
 }
 
 /// The name of a `GET_LOCK()` lock for `purpose` on this outbox. Named locks are server-wide, so
@@ -193,7 +208,8 @@ impl Sql {
                 "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS c
                  STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = c.seq
                  SET e.status = 'in_flight', e.lease_owner = ?, e.lease_token = ?,
-                     e.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"
+                     e.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+                     e.claimed_at = UTC_TIMESTAMP(6)"
             ),
             // ? = JSON seqs, token.
             ack: format!(
@@ -262,6 +278,42 @@ impl Sql {
                  WHERE status = 'delivered' AND delivered_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
                  ORDER BY seq LIMIT ?"
             ),
+            // ? = age µs, limit. A range of `open_seq` (status, seq).
+            purge_dead: format!(
+                "DELETE FROM {t}
+                 WHERE status = 'dead' AND dead_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+                 ORDER BY seq LIMIT ?"
+            ),
+            // The in-flight range of `open_seq`, on the database's clock.
+            leases: format!(
+                "SELECT COALESCE(e.lease_owner, '') AS owner, COUNT(*) AS events,
+                        MIN(e.claimed_at) AS claimed_since, MAX(e.lease_expires_at) AS expires_at,
+                        COUNT(CASE WHEN e.lease_expires_at <= UTC_TIMESTAMP(6) THEN 1 END) AS expired
+                 FROM {t} AS e FORCE INDEX (open_seq)
+                 WHERE e.status = 'in_flight'
+                 GROUP BY e.lease_owner ORDER BY e.lease_owner"
+            ),
+            // ? = destination, by. IGNORE only ever ignores the duplicate key here: both values
+            // are checked for length before they are sent.
+            pause: format!(
+                "INSERT IGNORE INTO `{table}_paused` (destination, paused_at, paused_by)
+                 VALUES (?, UTC_TIMESTAMP(6), ?)"
+            ),
+            resume: format!("DELETE FROM `{table}_paused` WHERE destination = ?"),
+            paused: format!(
+                "SELECT destination, paused_at, paused_by FROM `{table}_paused` ORDER BY destination"
+            ),
+            // The second half of a replay step: the page's rows (JSON seqs) that are still
+            // delivered go back to pending, by primary key.
+            replay_update: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS c
+                 STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = c.seq
+                 SET e.status = 'pending', e.attempts = 0, e.next_attempt_at = UTC_TIMESTAMP(6),
+                     e.delivered_at = NULL, e.dead_at = NULL, e.last_error = NULL,
+                     e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL
+                 WHERE e.status = 'delivered'"
+            ),
+            t: t.to_owned(),
             // One statement, so one consistent snapshot. Each count is a range of the
             // `(status, seq)` index; the oldest undelivered event is the smaller of the first
             // pending and the first in-flight seq, two index dives.
@@ -280,5 +332,215 @@ impl Sql {
                      UTC_TIMESTAMP(6) AS observed_at"
             ),
         }
+    }
+}
+
+/// A value for a statement built per call.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Arg {
+    Text(String),
+    Int(i64),
+    Bool(bool),
+}
+
+/// A statement built per call around a route table, with its values in placeholder order
+/// (MySQL's `?` are positional, so text and values are appended together).
+#[derive(Debug, Default)]
+pub(crate) struct Built {
+    pub sql: String,
+    pub binds: Vec<Arg>,
+}
+
+impl Built {
+    fn push(&mut self, sql: &str) {
+        self.sql.push_str(sql);
+    }
+
+    fn bind(&mut self, placeholder_sql: &str, arg: Arg) {
+        self.sql.push_str(placeholder_sql);
+        self.binds.push(arg);
+    }
+
+    /// The route table's destination of the row `alias`, as bytes (`''` when unroutable): what
+    /// is compared with paused or requested names and grouped on, byte for byte like every
+    /// routed field, whatever the collations involved.
+    fn route(&mut self, routes: &RouteTable, alias: &str) {
+        let case = routes.sql_case(SqlDialect::MySql, Some(alias));
+        self.sql
+            .push_str(&format!("CAST(COALESCE({}, '') AS BINARY)", case.sql));
+        self.binds.extend(case.binds.into_iter().map(Arg::Text));
+    }
+
+    /// ` AND <route of alias> NOT IN (paused…)`.
+    fn not_held(&mut self, routes: &RouteTable, alias: &str, paused: &[String]) {
+        self.push(" AND ");
+        self.route(routes, alias);
+        self.push(" NOT IN (");
+        for (i, name) in paused.iter().enumerate() {
+            self.bind(if i == 0 { "?" } else { ", ?" }, Arg::Text(name.clone()));
+        }
+        self.push(")");
+    }
+
+    /// The statement, ready to run.
+    pub(crate) fn query(&self) -> Query<'_, MySql, MySqlArguments> {
+        let mut query = sqlx::query(AssertSqlSafe(self.sql.as_str()));
+        for arg in &self.binds {
+            query = match arg {
+                Arg::Text(v) => query.bind(v.as_str()),
+                Arg::Int(v) => query.bind(*v),
+                Arg::Bool(v) => query.bind(*v),
+            };
+        }
+        query
+    }
+}
+
+impl Sql {
+    /// Phase 1 of a claim with destinations on hold: `claim_candidates` where rows that `routes`
+    /// sends to a `paused` destination are neither candidates nor blockers (a paused
+    /// destination's events hold back nobody).
+    pub(crate) fn held_claim_candidates(
+        &self,
+        routes: &RouteTable,
+        paused: &[String],
+        block: bool,
+        limit: i64,
+    ) -> Built {
+        let t = self.t.as_str();
+        let mut b = Built::default();
+        let probe = |b: &mut Built, status: &str, extra: &str| {
+            b.push(&format!(
+                "EXISTS (SELECT 1 FROM {t} AS b FORCE INDEX (blockers)
+                         WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                           AND b.status = '{status}' AND b.seq < e.seq{extra}"
+            ));
+            b.not_held(routes, "b", paused);
+            b.push(")");
+        };
+        let branch = |b: &mut Built, due: &str| {
+            b.push(&format!(
+                "(SELECT e.seq, e.aggregate_type, e.aggregate_id FROM {t} AS e WHERE {due}"
+            ));
+            b.not_held(routes, "e", paused);
+            b.push(" AND NOT ");
+            probe(b, "in_flight", " AND b.lease_expires_at > UTC_TIMESTAMP(6)");
+            b.push(" AND NOT ");
+            probe(
+                b,
+                "pending",
+                " AND b.attempts > 0 AND b.next_attempt_at > UTC_TIMESTAMP(6)",
+            );
+            b.bind(" AND NOT (? AND ", Arg::Bool(block));
+            probe(b, "dead", "");
+            b.bind(") ORDER BY e.seq LIMIT ?)", Arg::Int(limit));
+        };
+        b.push("SELECT d.seq, d.aggregate_type, d.aggregate_id FROM (");
+        branch(
+            &mut b,
+            "e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6)",
+        );
+        b.push(" UNION ALL ");
+        branch(
+            &mut b,
+            "e.status = 'in_flight' AND e.lease_expires_at <= UTC_TIMESTAMP(6)",
+        );
+        b.bind(") AS d ORDER BY d.seq LIMIT ?", Arg::Int(limit));
+        b
+    }
+
+    /// Backlog per destination: undelivered and dead rows only (three ranges of `open_seq`),
+    /// grouped on the route table's destination. Delivered rows are never read.
+    pub(crate) fn destination_stats(&self, routes: &RouteTable) -> Built {
+        let t = self.t.as_str();
+        let mut b = Built::default();
+        b.push(
+            "SELECT x.route,
+                COUNT(CASE WHEN x.status = 'pending' THEN 1 END) AS pending,
+                COUNT(CASE WHEN x.status = 'pending' AND x.attempts > 0 THEN 1 END) AS retrying,
+                COUNT(CASE WHEN x.status = 'in_flight' THEN 1 END) AS in_flight,
+                COUNT(CASE WHEN x.status = 'dead' THEN 1 END) AS dead,
+                MIN(CASE WHEN x.status IN ('pending', 'in_flight') THEN x.enqueued_at END) AS oldest
+         FROM (SELECT ",
+        );
+        b.route(routes, "e");
+        b.push(&format!(
+            " AS route, e.status, e.attempts, e.enqueued_at
+              FROM {t} AS e FORCE INDEX (open_seq)
+              WHERE e.status IN ('pending', 'in_flight', 'dead')) AS x
+         GROUP BY x.route"
+        ));
+        b
+    }
+
+    /// The first half of a replay step: the next page of matching delivered rows after a seq,
+    /// a range of `open_seq` (status, seq) in order. A plain read: the update that follows
+    /// re-checks each row by primary key, so no range of delivered rows is ever locked (a gap
+    /// lock there would hold up the acks that add rows to it).
+    pub(crate) fn replay_page(
+        &self,
+        filter: &ReplayFilter,
+        routes: &RouteTable,
+        after_seq: i64,
+        limit: i64,
+    ) -> Built {
+        let t = self.t.as_str();
+        let mut b = Built::default();
+        b.push(&format!(
+            "SELECT e.seq FROM {t} AS e FORCE INDEX (open_seq)
+             WHERE e.status = 'delivered'"
+        ));
+        b.bind(" AND e.seq > ?", Arg::Int(after_seq));
+        b.bind(
+            " AND e.enqueued_at >= ?",
+            Arg::Text(datetime_text(filter.from)),
+        );
+        b.bind(
+            " AND e.enqueued_at < ?",
+            Arg::Text(datetime_text(filter.to)),
+        );
+        if let Some(event_type) = &filter.event_type {
+            b.bind(" AND e.event_type = ?", Arg::Text(event_type.clone()));
+        }
+        if let Some(destination) = &filter.destination {
+            b.push(" AND ");
+            b.route(routes, "e");
+            b.bind(" = CAST(? AS BINARY)", Arg::Text(destination.clone()));
+        }
+        b.bind(" ORDER BY e.seq LIMIT ?", Arg::Int(limit));
+        b
+    }
+}
+
+/// A UTC time as text for a comparison with a `DATETIME(6)` column (the server converts the
+/// constant to a datetime), clamped to DATETIME's years 1000–9999 so "from the beginning" or
+/// "until the end" bounds stay valid.
+fn datetime_text(at: DateTime<Utc>) -> String {
+    let year = at.year();
+    if year < 1000 {
+        "1000-01-01 00:00:00.000000".to_owned()
+    } else if year > 9999 {
+        "9999-12-31 23:59:59.999999".to_owned()
+    } else {
+        at.format("%Y-%m-%d %H:%M:%S%.6f").to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_bounds_are_valid_datetimes() {
+        let at = DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        assert_eq!(datetime_text(at), "2023-11-14 22:13:20.123456");
+        assert_eq!(
+            datetime_text(DateTime::<Utc>::MIN_UTC),
+            "1000-01-01 00:00:00.000000"
+        );
+        assert_eq!(
+            datetime_text(DateTime::<Utc>::MAX_UTC),
+            "9999-12-31 23:59:59.999999"
+        );
     }
 }

@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use outbox_core::route::RouteTable;
 use outbox_core::{
-    AggregateKey, BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, Event, EventId,
-    EventRecord, Headers, Lease, OutboxStats, RetryEvent, Store, StoreError,
+    AggregateKey, BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats,
+    Event, EventId, EventRecord, Headers, Lease, LeaseHolder, OutboxStats, PausedDestination,
+    ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
@@ -23,6 +25,9 @@ pub const CLAIM_LOCK_WAIT_SECONDS: u32 = 5;
 
 /// The longest lease owner stored; the [`Lease`] handed back keeps the whole name.
 const MAX_OWNER_CHARS: usize = 255;
+
+/// The longest paused destination name and "paused by" text.
+const MAX_NAME_CHARS: usize = 255;
 
 /// The outbox as a relay sees it: a pool and an outbox location.
 #[derive(Clone, Debug)]
@@ -87,15 +92,23 @@ impl MySqlStore {
         let block = request.dead_letter == DeadLetterPolicy::Block;
         let limit = i64::from(request.limit);
         // A plain read outside any transaction: what is due now, unblocked, in seq order.
-        let candidates = sqlx::query(AssertSqlSafe(sql.claim_candidates.as_str()))
-            .bind(block)
-            .bind(limit)
-            .bind(block)
-            .bind(limit)
-            .bind(limit)
-            .fetch_all(session.conn())
-            .await
-            .map_err(map_sqlx)?;
+        let candidates = match request.hold.as_deref().filter(|h| !h.paused.is_empty()) {
+            None => {
+                sqlx::query(AssertSqlSafe(sql.claim_candidates.as_str()))
+                    .bind(block)
+                    .bind(limit)
+                    .bind(block)
+                    .bind(limit)
+                    .bind(limit)
+                    .fetch_all(session.conn())
+                    .await
+            }
+            Some(hold) => {
+                let built = sql.held_claim_candidates(&hold.routes, &hold.paused, block, limit);
+                built.query().fetch_all(session.conn()).await
+            }
+        }
+        .map_err(map_sqlx)?;
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
@@ -460,6 +473,147 @@ impl Store for MySqlStore {
         Ok(done.rows_affected())
     }
 
+    async fn destination_stats(
+        &self,
+        routes: &RouteTable,
+    ) -> Result<Vec<DestinationStats>, StoreError> {
+        let built = self.sql().destination_stats(routes);
+        let rows = built
+            .query()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        let mut out = rows
+            .iter()
+            .map(|row| {
+                let route: Vec<u8> = row.try_get("route").map_err(map_sqlx)?;
+                let route = String::from_utf8(route).map_err(|e| {
+                    StoreError::Database(format!("a routed destination is not UTF-8: {e}"))
+                })?;
+                Ok(DestinationStats {
+                    destination: (!route.is_empty()).then_some(route),
+                    pending: count(row, "pending")?,
+                    retrying: count(row, "retrying")?,
+                    in_flight: count(row, "in_flight")?,
+                    dead: count(row, "dead")?,
+                    oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        out.sort_by(|a, b| a.destination.cmp(&b.destination));
+        Ok(out)
+    }
+
+    async fn leases(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().leases.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                Ok(LeaseHolder {
+                    owner: row.try_get("owner").map_err(map_sqlx)?,
+                    events: count(row, "events")?,
+                    claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
+                    expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
+                    expired: count(row, "expired")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn pause(&self, destination: &str, by: &str) -> Result<bool, StoreError> {
+        if destination.is_empty() || destination.chars().count() > MAX_NAME_CHARS {
+            return Err(StoreError::Invalid(format!(
+                "the destination to pause must be 1 to {MAX_NAME_CHARS} characters long"
+            )));
+        }
+        let by: String = by.chars().take(MAX_NAME_CHARS).collect();
+        let done = sqlx::query(AssertSqlSafe(self.sql().pause.as_str()))
+            .bind(destination)
+            .bind(by)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn resume(&self, destination: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(self.sql().resume.as_str()))
+            .bind(destination)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().paused.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                Ok(PausedDestination {
+                    destination: row.try_get("destination").map_err(map_sqlx)?,
+                    paused_at: row.try_get("paused_at").map_err(map_sqlx)?,
+                    paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn replay(
+        &self,
+        filter: &ReplayFilter,
+        routes: &RouteTable,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<ReplayStep, StoreError> {
+        if limit == 0 {
+            return Ok(ReplayStep::default());
+        }
+        let page = self
+            .sql()
+            .replay_page(filter, routes, after_seq.unwrap_or(0), i64::from(limit));
+        let seqs: Vec<i64> = page
+            .query()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?
+            .iter()
+            .map(|row| row.try_get("seq").map_err(map_sqlx))
+            .collect::<Result<_, _>>()?;
+        if seqs.is_empty() {
+            return Ok(ReplayStep::default());
+        }
+        let done = sqlx::query(AssertSqlSafe(self.sql().replay_update.as_str()))
+            .bind(json_text(&seqs)?)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(ReplayStep {
+            replayed: done.rows_affected(),
+            next_after: seqs
+                .last()
+                .copied()
+                .filter(|_| seqs.len() >= limit as usize),
+        })
+    }
+
+    async fn purge_dead(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let done = sqlx::query(AssertSqlSafe(self.sql().purge_dead.as_str()))
+            .bind(micros(older_than))
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
     async fn check(&self) -> Result<(), StoreError> {
         let (current, latest) = self.outbox.schema_version(&self.pool).await?;
         if current < latest {
@@ -586,6 +740,74 @@ mod tests {
                 probes.iter().all(|(_, k)| k == "blockers"),
                 "round {round}: {candidates:?}"
             );
+            // The statements built around a route table read through the same indexes.
+            let routes = RouteTable::new(
+                ["kafka", "hooks"],
+                vec![
+                    outbox_core::route::RouteRule::to("hooks")
+                        .event_type(outbox_core::route::Pattern::parse("Hook*")),
+                    outbox_core::route::RouteRule::to("kafka"),
+                ],
+            )
+            .unwrap();
+            let built = |b: crate::sql::Built| -> (String, Vec<serde_json::Value>) {
+                let binds = b
+                    .binds
+                    .iter()
+                    .map(|a| match a {
+                        crate::sql::Arg::Text(v) => serde_json::json!(v),
+                        crate::sql::Arg::Int(v) => serde_json::json!(v),
+                        crate::sql::Arg::Bool(v) => serde_json::json!(v),
+                    })
+                    .collect();
+                (b.sql, binds)
+            };
+            let (held, held_binds) =
+                built(sql.held_claim_candidates(&routes, &["hooks".into()], true, 200));
+            let held_plan = plan(&pool, &held, &held_binds).await;
+            assert!(
+                held_plan
+                    .iter()
+                    .filter(|(t, _)| t == "e")
+                    .all(|(_, k)| k == "open_seq"),
+                "round {round}: {held_plan:?}"
+            );
+            let held_probes: Vec<_> = held_plan.iter().filter(|(t, _)| t == "b").collect();
+            assert_eq!(held_probes.len(), 6, "round {round}: {held_plan:?}");
+            assert!(
+                held_probes.iter().all(|(_, k)| k == "blockers"),
+                "round {round}: {held_plan:?}"
+            );
+            let filter = outbox_core::ReplayFilter {
+                from: chrono::DateTime::<Utc>::MIN_UTC,
+                to: Utc::now(),
+                destination: Some("kafka".into()),
+                event_type: Some("E".into()),
+            };
+            for (name, (statement, binds)) in [
+                ("destination stats", built(sql.destination_stats(&routes))),
+                (
+                    "replay page",
+                    built(sql.replay_page(&filter, &routes, 0, 100)),
+                ),
+            ] {
+                let p = plan(&pool, &statement, &binds).await;
+                let e: Vec<_> = p.iter().filter(|(t, _)| t == "e").collect();
+                assert!(
+                    !e.is_empty() && e.iter().all(|(_, k)| k == "open_seq"),
+                    "{name}, round {round}: {p:?}"
+                );
+            }
+            for (name, statement, binds) in [
+                ("leases", &sql.leases, vec![]),
+                ("purge dead", &sql.purge_dead, vec![1.into(), 10.into()]),
+            ] {
+                let p = plan(&pool, statement, &binds).await;
+                assert!(
+                    p.iter().any(|(_, k)| k == "open_seq"),
+                    "{name}, round {round}: {p:?}"
+                );
+            }
             for (name, statement, binds) in [
                 ("lock rows", &sql.claim_lock_rows, vec![seqs.clone()]),
                 (
@@ -595,6 +817,7 @@ mod tests {
                 ),
                 ("ack", &sql.ack, vec![seqs.clone(), token.clone()]),
                 ("release", &sql.release, vec![seqs.clone(), token.clone()]),
+                ("replay update", &sql.replay_update, vec![seqs.clone()]),
                 ("requeue", &sql.requeue_dead_ids, vec![ids.clone()]),
                 ("discard", &sql.discard_dead_ids, vec![ids.clone()]),
                 ("resolve ids", &sql.resolve_ids, vec![ids.clone()]),
@@ -614,8 +837,9 @@ mod tests {
             }
         }
         sqlx::query(AssertSqlSafe(format!(
-            "DROP TABLE {t}, {}",
-            outbox.migrations_table()
+            "DROP TABLE {t}, {}, `{}_paused`",
+            outbox.migrations_table(),
+            outbox.table()
         )))
         .execute(&pool)
         .await

@@ -314,6 +314,57 @@ async fn a_locked_due_event_holds_back_its_aggregate_and_nothing_else() {
 }
 
 #[tokio::test]
+async fn a_locked_expired_lease_holds_back_its_aggregate() {
+    // The stalled-relay variant: a/1's lease expired, and the stalled relay's late retry holds
+    // its row lock at the moment of the next claim. a/2 must not overtake it.
+    let store = common::fresh_store().await;
+    store
+        .outbox()
+        .enqueue_batch(
+            store.pool(),
+            &[numbered("a", 1), numbered("b", 1), numbered("a", 2)],
+        )
+        .await
+        .unwrap();
+    let stalled = store
+        .claim(&ClaimRequest {
+            limit: 1,
+            lease: Duration::from_millis(100),
+            ..claim_all()
+        })
+        .await
+        .unwrap();
+    assert_eq!(stalled.events.len(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut late = connect().await;
+    late.execute("START TRANSACTION").await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT seq FROM {} WHERE seq = ? FOR UPDATE",
+        store.outbox().quoted_table()
+    )))
+    .bind(stalled.events[0].seq)
+    .fetch_one(&mut late)
+    .await
+    .unwrap();
+
+    let claim = store.claim(&claim_all()).await.unwrap();
+    let got: Vec<&str> = claim
+        .events
+        .iter()
+        .map(|e| e.aggregate_id.as_str())
+        .collect();
+    assert_eq!(got, vec!["b"], "a/1 is locked, so a/2 must wait too");
+    late.execute("ROLLBACK").await.unwrap();
+    let claim = store.claim(&claim_all()).await.unwrap();
+    let got: Vec<&str> = claim
+        .events
+        .iter()
+        .map(|e| e.aggregate_id.as_str())
+        .collect();
+    assert_eq!(got, vec!["a", "a"]);
+}
+
+#[tokio::test]
 async fn claims_go_on_without_the_claim_lock_when_its_holder_hangs() {
     let store = common::fresh_store().await;
     store

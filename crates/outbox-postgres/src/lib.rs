@@ -24,11 +24,88 @@
 //! Claims are serialized across relays with a transaction-scoped advisory lock taken just before
 //! the claim statement (see `outbox_core::Store` for why that is what keeps per-aggregate order
 //! with several relays). The lock is held for the duration of one short `UPDATE … RETURNING`;
-//! publishing, acking and retrying run without it.
+//! publishing, acking and retrying run without it. Inside that statement the rows are locked with
+//! `FOR UPDATE SKIP LOCKED`, and an event skipped because someone else holds its row holds back
+//! the rest of its aggregate for that claim (see the comment on the claim SQL for why).
+//!
+//! ## Autovacuum
+//!
+//! The outbox is a queue table: every event is inserted, updated at least twice (claim, ack;
+//! once more per retry) and, after retention, deleted — three or more dead row versions each,
+//! and none of those updates can be HOT because `status` is part of the partial indexes'
+//! predicates. PostgreSQL's defaults vacuum a table once 20% of it is dead; for an outbox that
+//! keeps a week of delivered events that is millions of dead versions, most of them in the
+//! small `_open` and `_blockers` indexes every claim walks, so claims slow down exactly when
+//! the backlog grows. Migration 2 therefore sets, on the outbox table only:
+//!
+//! | setting | value | why |
+//! |---|---|---|
+//! | `autovacuum_vacuum_scale_factor` | 0.01 | vacuum after 1% of the table is dead, not 20% |
+//! | `autovacuum_vacuum_threshold` | 1000 | … plus 1000 rows, so a small outbox is not vacuumed constantly |
+//! | `autovacuum_analyze_scale_factor` | 0.02 | the status mix shifts fast; the planner's choice of partial index depends on it |
+//! | `autovacuum_analyze_threshold` | 1000 | as above |
+//! | `autovacuum_vacuum_cost_delay` | 1 (ms) | half the default pause, so the worker keeps up with the churn |
+//!
+//! Setting them takes only a `SHARE UPDATE EXCLUSIVE` lock (reads and writes go on). Busier
+//! outboxes can lower the scale factor further (`ALTER TABLE outbox.events SET
+//! (autovacuum_vacuum_scale_factor = 0.002)`) or raise `autovacuum_vacuum_cost_limit`; and keep
+//! long-running transactions away from the database, since vacuum cannot remove row versions a
+//! still-open snapshot may see. Past a few million events a day, the partitioned layout avoids
+//! the question: its retention deletes nothing.
+//!
+//! ## Partitioned mode
+//!
+//! [`PgOutbox::partitioned`] keeps the events in a table range-partitioned by `enqueued_at`
+//! (daily by default, see [`Partitioning`]). Retention then drops whole partitions instead of
+//! deleting rows: no `DELETE`, no dead versions, no vacuum debt. [`PgOutbox::maintain_partitions`]
+//! creates the partitions writers will need ([`Partitioning::ahead`]) and drops those whose range
+//! and every delivery are past [`Partitioning::retention`]; a partition holding any pending,
+//! in-flight or dead event is never dropped, whatever its age. Call it on a schedule (every few
+//! minutes to hourly, from one process or several: runs are serialized) and once before writers
+//! start. A default partition catches events no dated partition covers, so a late maintenance
+//! run never fails a writer.
+//!
+//! What differs from the plain layout:
+//!
+//! - PostgreSQL requires a partitioned table's unique constraints to include the partition key,
+//!   so the event `id` and the idempotency key are kept unique across partitions by a small,
+//!   unpartitioned `<table>_keys` table (id, key, enqueued_at). The enqueue statement writes it
+//!   first and the event only if that created a row, in one statement inside the caller's
+//!   transaction, with the same results as the plain layout. Its rows go with their events
+//!   (same statement for purge and discard; by `enqueued_at` range right after a partition is
+//!   dropped).
+//! - `seq` comes from a sequence, and the primary key is `(seq, enqueued_at)`.
+//! - Creating or dropping a partition takes an `ACCESS EXCLUSIVE` lock on the outbox table for
+//!   a few milliseconds, waited for at most [`Partitioning::lock_timeout`].
+//! - `purge_delivered` still works (and is how rows that landed in the default partition are
+//!   cleaned), but is not needed for dated partitions.
+//! - The WAL relay (`outbox-wal`) is not supported on the partitioned layout.
+//!
+//! Every [`Store`] operation behaves the same: the conformance suite runs against both layouts.
+//!
+//! ### Moving an existing outbox to the partitioned layout
+//!
+//! A table cannot be turned into a partitioned one in place, so the move goes through a second
+//! outbox table, without losing or reordering events:
+//!
+//! 1. Create it next to the old one: `PgOutbox::partitioned("outbox", "events_p", …)`,
+//!    `migrate`, `maintain_partitions`.
+//! 2. Deploy the writers with the new outbox. Events enqueued from then on go to the new table.
+//! 3. Drain the old table: run the relay against it with `stop_when_idle` (`outbox relay
+//!    --drain`) until no event is pending or in flight, and only then start the relay on the
+//!    new table — an aggregate's old events are then all delivered before its new ones.
+//!    (Dead events of the old table stay there; requeue or discard them first if they matter.)
+//! 4. After the retention period, drop the old table and its `_migrations` and `_paused`
+//!    tables.
+//!
+//! Idempotency keys are only checked within one table: during step 2, a writer retrying an
+//! enqueue that first reached the old table is not recognised as a duplicate by the new one;
+//! consumers deduplicate on the event id anyway (at-least-once delivery).
 
 mod error;
 mod migrations;
 mod names;
+mod partition;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,15 +113,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use outbox_core::route::{RouteTable, SqlDialect};
 use outbox_core::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, Event, EventId, EventRecord,
-    Headers, Lease, NewEvent, OutboxStats, RetryEvent, Store, StoreError,
+    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats, Event, EventId,
+    EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats, PausedDestination,
+    ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
 pub use migrations::MigrationReport;
+pub use partition::{KeepReason, KeptPartition, PartitionInterval, PartitionReport, Partitioning};
 
 use error::map_sqlx;
 use names::{check_identifier, fnv1a};
@@ -73,6 +153,8 @@ struct Names {
     table: String,
     qualified: String,
     sql: Sql,
+    /// `Some` for the partitioned layout (see [`Partitioning`]).
+    partitioning: Option<Partitioning>,
 }
 
 /// Statements rendered once per outbox (they embed the table name).
@@ -92,6 +174,11 @@ struct Sql {
     purge: String,
     stats: String,
     oldest: String,
+    leases: String,
+    pause: String,
+    resume: String,
+    paused: String,
+    purge_dead: String,
 }
 
 const RECORD_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload::text AS payload, \
@@ -118,18 +205,81 @@ impl PgOutbox {
     /// assert!(outbox_postgres::PgOutbox::with_names("x; drop table y", "events").is_err());
     /// ```
     pub fn with_names(schema: &str, table: &str) -> Result<Self, StoreError> {
+        Self::build(schema, table, None)
+    }
+
+    /// The outbox in table `schema.table`, range-partitioned by `enqueued_at` (see the crate
+    /// docs, "Partitioned mode"). Retention then drops whole partitions
+    /// ([`PgOutbox::maintain_partitions`]) instead of deleting rows.
+    ///
+    /// ```
+    /// use outbox_postgres::{PgOutbox, Partitioning};
+    /// let outbox = PgOutbox::partitioned("outbox", "events", Partitioning::default()).unwrap();
+    /// assert!(outbox.partitioning().is_some());
+    /// ```
+    pub fn partitioned(
+        schema: &str,
+        table: &str,
+        partitioning: Partitioning,
+    ) -> Result<Self, StoreError> {
+        Self::build(schema, table, Some(partitioning))
+    }
+
+    fn build(
+        schema: &str,
+        table: &str,
+        partitioning: Option<Partitioning>,
+    ) -> Result<Self, StoreError> {
         check_identifier("schema", schema)?;
         check_identifier("table", table)?;
         let qualified = format!("\"{schema}\".\"{table}\"");
-        let sql = Sql::render(&qualified);
+        let paused = format!("\"{schema}\".\"{table}_paused\"");
+        let keys = format!("\"{schema}\".\"{table}_keys\"");
+        let sql = Sql::render(
+            &qualified,
+            &paused,
+            partitioning.as_ref().map(|_| keys.as_str()),
+        );
         Ok(PgOutbox {
             inner: Arc::new(Names {
                 schema: schema.to_owned(),
                 table: table.to_owned(),
                 qualified,
                 sql,
+                partitioning,
             }),
         })
+    }
+
+    /// The partitioning settings, for an outbox in the partitioned layout.
+    pub fn partitioning(&self) -> Option<&Partitioning> {
+        self.inner.partitioning.as_ref()
+    }
+
+    /// `"schema"."table_keys"`: the partitioned layout's table of ids and idempotency keys.
+    pub(crate) fn keys_table(&self) -> String {
+        format!("\"{}\".\"{}_keys\"", self.inner.schema, self.inner.table)
+    }
+
+    /// Create the partitions due soon and drop the ones whose events are all delivered and past
+    /// retention (see [`Partitioning`]). Call it regularly (every few minutes to every hour) and
+    /// at start-up; `now` is the current time. An error for an outbox that is not partitioned.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use outbox_postgres::{PgOutbox, Partitioning};
+    /// let outbox = PgOutbox::partitioned("outbox", "events", Partitioning::default())?;
+    /// outbox.migrate(&pool).await?;
+    /// let report = outbox.maintain_partitions(&pool, chrono::Utc::now()).await?;
+    /// println!("created {:?}, dropped {:?}", report.created, report.dropped);
+    /// # Ok(()) }
+    /// ```
+    pub async fn maintain_partitions(
+        &self,
+        pool: &PgPool,
+        now: DateTime<Utc>,
+    ) -> Result<PartitionReport, StoreError> {
+        partition::maintain(self, pool, now).await
     }
 
     /// The schema name.
@@ -177,7 +327,7 @@ impl PgOutbox {
     pub async fn schema_version(&self, pool: &PgPool) -> Result<(i64, i64), StoreError> {
         Ok((
             migrations::current_version(self, pool).await?,
-            migrations::latest_version(),
+            migrations::latest_version(self),
         ))
     }
 
@@ -311,57 +461,27 @@ impl PgOutbox {
 }
 
 impl Sql {
-    fn render(t: &str) -> Self {
+    /// `t` is the quoted outbox table, `p` the quoted paused-destinations table, `keys` the
+    /// quoted keys table of the partitioned layout.
+    fn render(t: &str, p: &str, keys: Option<&str>) -> Self {
+        // Deletes report how many events they removed; in the partitioned layout they remove
+        // the events' ids and keys from the keys table in the same statement.
+        let counted_delete = |delete: String| match keys {
+            None => format!("WITH d AS ({delete} RETURNING id) SELECT count(*) AS n FROM d"),
+            Some(k) => format!(
+                "WITH d AS ({delete} RETURNING id),
+                      k AS (DELETE FROM {k} WHERE id IN (SELECT id FROM d))
+                 SELECT count(*) AS n FROM d"
+            ),
+        };
+        let (enqueue, enqueue_batch) = match keys {
+            None => (plain_enqueue(t), plain_enqueue_batch(t)),
+            Some(k) => (keyed_enqueue(t, k), keyed_enqueue_batch(t, k)),
+        };
         Sql {
-            enqueue: format!(
-                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
-                 VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9)
-                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-                 DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-                 RETURNING id, (xmax = 0) AS created"
-            ),
-            enqueue_batch: format!(
-                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
-                 SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at
-                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
-                      WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, ord)
-                 ORDER BY u.ord
-                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-                 DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-                 RETURNING id, idempotency_key, (xmax = 0) AS created"
-            ),
-            // $1 limit, $2 owner, $3 token, $4 dead blocks, $5 lease ms.
-            // A row is due when pending and its time has come, or in flight under an expired
-            // lease (its relay died). It is held back by any earlier row of its aggregate that is
-            // in flight under a live lease, waiting for a retry, or dead when dead blocks. The
-            // blocker probe's WHERE repeats the predicate of the `_blockers` partial index.
-            claim: format!(
-                "WITH due AS (
-                     SELECT e.seq FROM {t} e
-                     WHERE e.status IN ('pending', 'in_flight')
-                       AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= statement_timestamp()
-                                ELSE e.lease_expires_at <= statement_timestamp() END
-                       AND NOT EXISTS (
-                           SELECT 1 FROM {t} b
-                           WHERE b.aggregate_type = e.aggregate_type
-                             AND b.aggregate_id = e.aggregate_id
-                             AND b.seq < e.seq
-                             AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
-                             AND CASE b.status
-                                     WHEN 'in_flight' THEN b.lease_expires_at > statement_timestamp()
-                                     WHEN 'dead' THEN $4
-                                     ELSE b.next_attempt_at > statement_timestamp() END)
-                     ORDER BY e.seq
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE {t} AS o
-                 SET status = 'in_flight', lease_owner = $2, lease_token = $3,
-                     lease_expires_at = statement_timestamp() + $5 * interval '1 millisecond'
-                 FROM due WHERE o.seq = due.seq
-                 RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
-                           o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
-            ),
+            enqueue,
+            enqueue_batch,
+            claim: claim_sql(t, None),
             ack: format!(
                 "UPDATE {t} SET status = 'delivered', delivered_at = now(),
                      lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
@@ -392,14 +512,41 @@ impl Sql {
                 "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = now(), dead_at = NULL
                  WHERE status = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1))"
             ),
-            discard_dead: format!(
+            discard_dead: counted_delete(format!(
                 "DELETE FROM {t} WHERE status = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1))"
-            ),
-            purge: format!(
+            )),
+            // The outer WHERE repeats the condition: a row changed between the subquery's
+            // snapshot and the delete (a replay, say) is re-checked on its latest version.
+            purge: counted_delete(format!(
                 "DELETE FROM {t} WHERE seq IN (
                      SELECT seq FROM {t}
                      WHERE status = 'delivered' AND delivered_at < now() - $1 * interval '1 millisecond'
-                     ORDER BY seq LIMIT $2)"
+                     ORDER BY seq LIMIT $2)
+                   AND status = 'delivered' AND delivered_at < now() - $1 * interval '1 millisecond'"
+            )),
+            // $1 age ms, $2 limit. Through the `_dead` partial index.
+            purge_dead: counted_delete(format!(
+                "DELETE FROM {t} WHERE seq IN (
+                     SELECT seq FROM {t}
+                     WHERE status = 'dead' AND dead_at < now() - $1 * interval '1 millisecond'
+                     ORDER BY seq LIMIT $2)
+                   AND status = 'dead' AND dead_at < now() - $1 * interval '1 millisecond'"
+            )),
+            // In-flight rows only (the `_open` partial index), on the database's clock.
+            leases: format!(
+                "SELECT COALESCE(lease_owner, '') AS owner, count(*) AS events,
+                        min(claimed_at) AS claimed_since, max(lease_expires_at) AS expires_at,
+                        count(*) FILTER (WHERE lease_expires_at <= now()) AS expired
+                 FROM {t} WHERE status = 'in_flight'
+                 GROUP BY 1 ORDER BY 1"
+            ),
+            pause: format!(
+                "INSERT INTO {p} (destination, paused_by) VALUES ($1, $2)
+                 ON CONFLICT (destination) DO NOTHING"
+            ),
+            resume: format!("DELETE FROM {p} WHERE destination = $1"),
+            paused: format!(
+                "SELECT destination, paused_at, paused_by FROM {p} ORDER BY destination"
             ),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
@@ -415,6 +562,234 @@ impl Sql {
             ),
         }
     }
+}
+
+/// Enqueue into the plain layout. `$1` id … `$9` occurred_at. A duplicate idempotency key
+/// updates nothing but locks and returns the existing row (`xmax <> 0`: not created).
+fn plain_enqueue(t: &str) -> String {
+    format!(
+        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
+         VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9)
+         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+         DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+         RETURNING id, (xmax = 0) AS created"
+    )
+}
+
+/// The events of a batch as rows, in array order (`u.ord`).
+const BATCH_UNNEST: &str = "unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
+              WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, ord)";
+
+/// A batch into the plain layout: the same columns as arrays, inserted in array order.
+fn plain_enqueue_batch(t: &str) -> String {
+    format!(
+        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
+         SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at
+         FROM {BATCH_UNNEST}
+         ORDER BY u.ord
+         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+         DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+         RETURNING id, idempotency_key, (xmax = 0) AS created"
+    )
+}
+
+/// Enqueue into the partitioned layout, one statement: the id and key go into the keys table
+/// first (its primary key and unique index are what make them unique across partitions), and
+/// the event row is written only when that insert created a keys row. Same parameters and
+/// result as [`plain_enqueue`]. The event takes the keys row's `enqueued_at`, so both agree on
+/// the partition the event lives in (retention removes a dropped partition's keys by range).
+/// A duplicate locks the keys row, never the event row.
+fn keyed_enqueue(t: &str, k: &str) -> String {
+    format!(
+        "WITH k AS (
+             INSERT INTO {k} (id, idempotency_key) VALUES ($1, $8)
+             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+             DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+             RETURNING id, enqueued_at, (xmax = 0) AS created
+         ),
+         e AS (
+             INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, enqueued_at)
+             SELECT $1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9, k.enqueued_at FROM k WHERE k.created
+             RETURNING seq
+         )
+         SELECT id, created FROM k"
+    )
+}
+
+/// A batch into the partitioned layout: keys first, then, in array order, the events whose
+/// keys row was created.
+fn keyed_enqueue_batch(t: &str, k: &str) -> String {
+    format!(
+        "WITH u AS MATERIALIZED (SELECT * FROM {BATCH_UNNEST}),
+         k AS (
+             INSERT INTO {k} (id, idempotency_key)
+             SELECT u.id, u.idempotency_key FROM u ORDER BY u.ord
+             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+             DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+             RETURNING id, idempotency_key, enqueued_at, (xmax = 0) AS created
+         ),
+         e AS (
+             INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, enqueued_at)
+             SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at, k.enqueued_at
+             FROM u JOIN k ON k.id = u.id AND k.created
+             ORDER BY u.ord
+             RETURNING seq
+         )
+         SELECT id, idempotency_key, created FROM k"
+    )
+}
+
+/// The route expressions a claim with destinations on hold compares against the paused names:
+/// the table's `CASE` over the candidate (`e`) and over the blocker probe's row (`b`), both bound
+/// to the same placeholders.
+struct HoldSql {
+    route_e: String,
+    route_b: String,
+}
+
+/// The claim statement. `$1` limit, `$2` owner, `$3` token, `$4` dead blocks, `$5` lease ms; with
+/// a hold, `$6` the paused destination names (`text[]`) and `$7…` the route table's values.
+///
+/// A row is due when pending and its time has come, or in flight under an expired lease (its
+/// relay died). It is held back by any earlier row of its aggregate that is in flight under a
+/// live lease, waiting for a retry, or dead when dead blocks. The blocker probe's WHERE repeats
+/// the predicate of the `_blockers` partial index, the scan's that of `_open`, so the cost does
+/// not grow with the delivered rows kept for retention.
+///
+/// Why three steps and not one `SELECT … FOR UPDATE SKIP LOCKED LIMIT n`: `SKIP LOCKED` silently
+/// passes over a due row that another transaction holds at this instant — a writer whose
+/// duplicate-key enqueue hit it (`ON CONFLICT DO UPDATE` locks the row until that transaction
+/// ends), a stalled relay's late retry or release of an expired lease, an operator's
+/// `SELECT … FOR UPDATE`. Such a row is neither claimed nor a blocker (a pending row with no
+/// attempt never is), so a one-step claim would hand out the *next* event of its aggregate
+/// ahead of it. Instead:
+///
+/// 1. `due`: the first `n` due, unblocked rows in seq order, read without locking;
+/// 2. `locked`: those rows locked with `SKIP LOCKED`, the due condition checked again on the
+///    latest committed version (a row acked or retried since the statement's snapshot drops out);
+/// 3. `skipped`: per aggregate, the first `due` row that did not make it into `locked`. A locked
+///    row is claimed only when no skipped row of its aggregate comes before it.
+///
+/// `SKIP LOCKED` still keeps the claim from ever waiting on a row lock; the price of a skipped
+/// row is that this claim leaves its aggregate alone, and the next claim picks it up. The claim
+/// stays serialized across relays by the advisory lock taken just before it.
+fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
+    let (hold_e, hold_b) = match hold {
+        Some(h) => (
+            format!("AND NOT (COALESCE({}, '') = ANY($6::text[]))", h.route_e),
+            format!("AND NOT (COALESCE({}, '') = ANY($6::text[]))", h.route_b),
+        ),
+        None => (String::new(), String::new()),
+    };
+    format!(
+        "WITH due AS MATERIALIZED (
+             SELECT e.seq, e.aggregate_type, e.aggregate_id FROM {t} e
+             WHERE e.status IN ('pending', 'in_flight')
+               AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= statement_timestamp()
+                        ELSE e.lease_expires_at <= statement_timestamp() END
+               {hold_e}
+               AND NOT EXISTS (
+                   SELECT 1 FROM {t} b
+                   WHERE b.aggregate_type = e.aggregate_type
+                     AND b.aggregate_id = e.aggregate_id
+                     AND b.seq < e.seq
+                     AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
+                     AND CASE b.status
+                             WHEN 'in_flight' THEN b.lease_expires_at > statement_timestamp()
+                             WHEN 'dead' THEN $4
+                             ELSE b.next_attempt_at > statement_timestamp() END
+                     {hold_b}
+                   -- OFFSET 0 keeps this a per-row probe of the `_blockers` index: flattened
+                   -- into an anti-join, statistics gathered while nothing was in flight let
+                   -- the planner join every due row against every blocker (seconds on a
+                   -- 100k backlog, measured by outbox-bench).
+                   OFFSET 0)
+             ORDER BY e.seq
+             LIMIT $1
+         ),
+         locked AS MATERIALIZED (
+             SELECT l.seq FROM {t} l JOIN due d ON d.seq = l.seq
+             WHERE l.status IN ('pending', 'in_flight')
+               AND CASE WHEN l.status = 'pending' THEN l.next_attempt_at <= statement_timestamp()
+                        ELSE l.lease_expires_at <= statement_timestamp() END
+             FOR UPDATE OF l SKIP LOCKED
+         ),
+         skipped AS (
+             SELECT d.aggregate_type, d.aggregate_id, min(d.seq) AS seq FROM due d
+             WHERE NOT EXISTS (SELECT 1 FROM locked k WHERE k.seq = d.seq)
+             GROUP BY d.aggregate_type, d.aggregate_id
+         )
+         UPDATE {t} AS o
+         SET status = 'in_flight', lease_owner = $2, lease_token = $3,
+             lease_expires_at = statement_timestamp() + $5 * interval '1 millisecond',
+             claimed_at = statement_timestamp()
+         FROM locked k
+         WHERE o.seq = k.seq
+           AND NOT EXISTS (
+               SELECT 1 FROM skipped s
+               WHERE s.aggregate_type = o.aggregate_type AND s.aggregate_id = o.aggregate_id
+                 AND s.seq < o.seq)
+         RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
+                   o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
+    )
+}
+
+/// Backlog per destination: the route `CASE` (`$1…`) grouped over the undelivered rows (the
+/// `_open` partial index) and the dead ones (the `_dead` index). Delivered rows, the bulk of a
+/// table kept for retention, are never read.
+fn destination_stats_sql(t: &str, route: &str) -> String {
+    format!(
+        "SELECT x.route,
+                count(*) FILTER (WHERE x.status = 'pending') AS pending,
+                count(*) FILTER (WHERE x.status = 'pending' AND x.attempts > 0) AS retrying,
+                count(*) FILTER (WHERE x.status = 'in_flight') AS in_flight,
+                count(*) FILTER (WHERE x.status = 'dead') AS dead,
+                min(x.enqueued_at) FILTER (WHERE x.status IN ('pending', 'in_flight')) AS oldest
+         FROM (
+             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             FROM {t} e WHERE e.status IN ('pending', 'in_flight')
+             UNION ALL
+             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             FROM {t} e WHERE e.status = 'dead'
+         ) x
+         GROUP BY x.route"
+    )
+}
+
+/// One replay step. `$1` after seq, `$2` from, `$3` to, `$4` event type or NULL, `$5` limit;
+/// with a destination, `$6` its name and `$7…` the route table's values.
+///
+/// The page is the first `limit` matching delivered rows after `$1` in seq order (a walk of the
+/// primary key: delivered rows have no index of their own, which is what keeps acks cheap). The
+/// update re-checks `status` on each row's latest version, so a row purged or changed since the
+/// page was read is left alone.
+fn replay_sql(t: &str, route: Option<&str>) -> String {
+    let destination = route
+        .map(|r| format!("AND COALESCE({r}, '') = $6"))
+        .unwrap_or_default();
+    format!(
+        "WITH page AS MATERIALIZED (
+             SELECT e.seq FROM {t} e
+             WHERE e.status = 'delivered' AND e.seq > $1
+               AND e.enqueued_at >= $2 AND e.enqueued_at < $3
+               AND ($4::text IS NULL OR e.event_type = $4)
+               {destination}
+             ORDER BY e.seq
+             LIMIT $5
+         ),
+         done AS (
+             UPDATE {t} AS o
+             SET status = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL,
+                 dead_at = NULL, last_error = NULL,
+                 lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+             FROM page p
+             WHERE o.seq = p.seq AND o.status = 'delivered'
+             RETURNING o.seq
+         )
+         SELECT (SELECT count(*) FROM page) AS scanned,
+                (SELECT max(seq) FROM page) AS last_seq,
+                (SELECT count(*) FROM done) AS replayed"
+    )
 }
 
 /// The outbox as a relay sees it: a pool and an outbox location.
@@ -541,6 +916,16 @@ fn decode_record(row: &PgRow) -> Result<EventRecord, StoreError> {
     })
 }
 
+/// A destination name to pause: any non-empty text (the route table decides what it matches).
+fn check_destination(destination: &str) -> Result<(), StoreError> {
+    if destination.is_empty() {
+        return Err(StoreError::Invalid(
+            "the destination to pause must not be empty".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
 fn dead_ids(filter: &DeadFilter) -> Option<Vec<Uuid>> {
     match filter {
         DeadFilter::All => None,
@@ -562,15 +947,37 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        let rows = sqlx::query(AssertSqlSafe(self.sql().claim.as_str()))
+        let hold = request.hold.as_deref().filter(|h| !h.paused.is_empty());
+        let held_sql;
+        let (sql, route_binds, paused) = match hold {
+            None => (self.sql().claim.as_str(), Vec::new(), None),
+            Some(hold) => {
+                let dialect = SqlDialect::Postgres { first_param: 7 };
+                let route_e = hold.routes.sql_case(dialect, Some("e"));
+                let route_b = hold.routes.sql_case(dialect, Some("b"));
+                held_sql = claim_sql(
+                    self.outbox.qualified_table(),
+                    Some(&HoldSql {
+                        route_e: route_e.sql,
+                        route_b: route_b.sql,
+                    }),
+                );
+                (held_sql.as_str(), route_e.binds, Some(&hold.paused))
+            }
+        };
+        let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(i64::from(request.limit))
             .bind(&request.owner)
             .bind(token)
             .bind(request.dead_letter == DeadLetterPolicy::Block)
-            .bind(millis(request.lease))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
+            .bind(millis(request.lease));
+        if let Some(paused) = paused {
+            query = query.bind(paused);
+            for value in route_binds {
+                query = query.bind(value);
+            }
+        }
+        let rows = query.fetch_all(&mut *tx).await.map_err(map_sqlx)?;
         tx.commit().await.map_err(map_sqlx)?;
         let mut events = rows
             .iter()
@@ -710,22 +1117,163 @@ impl Store for PgStore {
     }
 
     async fn discard_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.sql().discard_dead.as_str()))
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql().discard_dead.as_str()))
             .bind(dead_ids(filter))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.sql().purge.as_str()))
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql().purge.as_str()))
             .bind(millis(older_than))
             .bind(i64::from(limit))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn destination_stats(
+        &self,
+        routes: &RouteTable,
+    ) -> Result<Vec<DestinationStats>, StoreError> {
+        let route = routes.sql_case(SqlDialect::Postgres { first_param: 1 }, Some("e"));
+        let sql = destination_stats_sql(self.outbox.qualified_table(), &route.sql);
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for value in &route.binds {
+            query = query.bind(value);
+        }
+        let rows = query.fetch_all(&self.pool).await.map_err(map_sqlx)?;
+        let mut out = rows
+            .iter()
+            .map(|row| {
+                let count = |name: &str| -> Result<u64, StoreError> {
+                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+                    Ok(u64::try_from(n).unwrap_or(0))
+                };
+                let route: String = row.try_get("route").map_err(map_sqlx)?;
+                Ok(DestinationStats {
+                    destination: (!route.is_empty()).then_some(route),
+                    pending: count("pending")?,
+                    retrying: count("retrying")?,
+                    in_flight: count("in_flight")?,
+                    dead: count("dead")?,
+                    oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        out.sort_by(|a, b| a.destination.cmp(&b.destination));
+        Ok(out)
+    }
+
+    async fn leases(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().leases.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                let count = |name: &str| -> Result<u64, StoreError> {
+                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+                    Ok(u64::try_from(n).unwrap_or(0))
+                };
+                Ok(LeaseHolder {
+                    owner: row.try_get("owner").map_err(map_sqlx)?,
+                    events: count("events")?,
+                    claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
+                    expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
+                    expired: count("expired")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn pause(&self, destination: &str, by: &str) -> Result<bool, StoreError> {
+        check_destination(destination)?;
+        let done = sqlx::query(AssertSqlSafe(self.sql().pause.as_str()))
+            .bind(destination)
+            .bind(by)
             .execute(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn resume(&self, destination: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(self.sql().resume.as_str()))
+            .bind(destination)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().paused.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                Ok(PausedDestination {
+                    destination: row.try_get("destination").map_err(map_sqlx)?,
+                    paused_at: row.try_get("paused_at").map_err(map_sqlx)?,
+                    paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn replay(
+        &self,
+        filter: &ReplayFilter,
+        routes: &RouteTable,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<ReplayStep, StoreError> {
+        if limit == 0 {
+            return Ok(ReplayStep::default());
+        }
+        let route = filter
+            .destination
+            .as_ref()
+            .map(|_| routes.sql_case(SqlDialect::Postgres { first_param: 7 }, Some("e")));
+        let sql = replay_sql(
+            self.outbox.qualified_table(),
+            route.as_ref().map(|r| r.sql.as_str()),
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(after_seq.unwrap_or(0))
+            .bind(filter.from)
+            .bind(filter.to)
+            .bind(filter.event_type.as_deref())
+            .bind(i64::from(limit));
+        if let (Some(destination), Some(route)) = (&filter.destination, &route) {
+            query = query.bind(destination);
+            for value in &route.binds {
+                query = query.bind(value);
+            }
+        }
+        let row = query.fetch_one(&self.pool).await.map_err(map_sqlx)?;
+        let scanned: i64 = row.try_get("scanned").map_err(map_sqlx)?;
+        let last_seq: Option<i64> = row.try_get("last_seq").map_err(map_sqlx)?;
+        let replayed: i64 = row.try_get("replayed").map_err(map_sqlx)?;
+        Ok(ReplayStep {
+            replayed: u64::try_from(replayed).unwrap_or(0),
+            next_after: last_seq.filter(|_| scanned >= i64::from(limit)),
+        })
+    }
+
+    async fn purge_dead(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql().purge_dead.as_str()))
+            .bind(millis(older_than))
+            .bind(i64::from(limit))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn check(&self) -> Result<(), StoreError> {
@@ -743,6 +1291,158 @@ impl Store for PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plan of `sql` (with `binds`), as JSON text.
+    async fn plan(pool: &PgPool, sql: &str, binds: Vec<PlanArg>) -> String {
+        let explain = format!("EXPLAIN (FORMAT JSON) {sql}");
+        let mut query = sqlx::query_scalar::<_, serde_json::Value>(AssertSqlSafe(explain.as_str()));
+        for b in binds {
+            query = match b {
+                PlanArg::Int(v) => query.bind(v),
+                PlanArg::Bool(v) => query.bind(v),
+                PlanArg::Text(v) => query.bind(v),
+                PlanArg::Texts(v) => query.bind(v),
+                PlanArg::Uuid(v) => query.bind(v),
+                PlanArg::Time(v) => query.bind(v),
+                PlanArg::NullText => query.bind(None::<String>),
+            };
+        }
+        query.fetch_one(pool).await.unwrap().to_string()
+    }
+
+    enum PlanArg {
+        Int(i64),
+        Bool(bool),
+        Text(String),
+        Texts(Vec<String>),
+        Uuid(Uuid),
+        Time(DateTime<Utc>),
+        NullText,
+    }
+
+    /// On a table that is mostly delivered rows (as retention keeps it), with fresh statistics,
+    /// the claim (with and without a hold) and the operator statements over undelivered and
+    /// dead rows never scan the table: they read the partial indexes.
+    #[tokio::test]
+    async fn statements_over_open_rows_use_the_partial_indexes() {
+        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .expect("PostgreSQL must be running on 127.0.0.1:5432");
+        let schema = format!("outbox_t_plan_{}", std::process::id());
+        let outbox = PgOutbox::with_names(&schema, "events").unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        outbox.migrate(&pool).await.unwrap();
+        let t = outbox.qualified_table();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, status, delivered_at, dead_at, attempts)
+             SELECT gen_random_uuid(), 'agg', 'a' || (n % 500), CASE WHEN n % 3 = 0 THEN 'HookSent' ELSE 'Created' END,
+                    '{{}}', CASE WHEN n < 49000 THEN 'delivered' WHEN n % 50 = 0 THEN 'dead' ELSE 'pending' END,
+                    CASE WHEN n < 49000 THEN now() END, CASE WHEN n >= 49000 AND n % 50 = 0 THEN now() END,
+                    CASE WHEN n >= 49000 AND n % 50 = 0 THEN 1 ELSE 0 END
+             FROM generate_series(1, 50000) AS n;
+             ANALYZE {t};"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let routes = RouteTable::new(
+            ["kafka", "hooks"],
+            vec![
+                outbox_core::route::RouteRule::to("hooks")
+                    .event_type(outbox_core::route::Pattern::parse("Hook*")),
+                outbox_core::route::RouteRule::to("kafka"),
+            ],
+        )
+        .unwrap();
+        let claim_args = || {
+            vec![
+                PlanArg::Int(200),
+                PlanArg::Text("o".into()),
+                PlanArg::Uuid(Uuid::nil()),
+                PlanArg::Bool(true),
+                PlanArg::Int(30_000),
+            ]
+        };
+        let dialect = SqlDialect::Postgres { first_param: 7 };
+        let (route_e, route_b) = (
+            routes.sql_case(dialect, Some("e")),
+            routes.sql_case(dialect, Some("b")),
+        );
+        let held = claim_sql(
+            t,
+            Some(&HoldSql {
+                route_e: route_e.sql.clone(),
+                route_b: route_b.sql,
+            }),
+        );
+        let mut held_args = claim_args();
+        held_args.push(PlanArg::Texts(vec!["hooks".into()]));
+        held_args.extend(route_e.binds.iter().cloned().map(PlanArg::Text));
+        let stats_route = routes.sql_case(SqlDialect::Postgres { first_param: 1 }, Some("e"));
+        let sql = &outbox.inner.sql;
+        let checks = vec![
+            ("claim", sql.claim.clone(), claim_args()),
+            ("claim with a hold", held, held_args),
+            (
+                "destination stats",
+                destination_stats_sql(t, &stats_route.sql),
+                stats_route
+                    .binds
+                    .iter()
+                    .cloned()
+                    .map(PlanArg::Text)
+                    .collect(),
+            ),
+            ("leases", sql.leases.clone(), vec![]),
+            (
+                "purge dead",
+                sql.purge_dead.clone(),
+                vec![PlanArg::Int(1000), PlanArg::Int(100)],
+            ),
+            (
+                "list dead",
+                sql.list_dead.clone(),
+                vec![PlanArg::Int(0), PlanArg::Int(100)],
+            ),
+            ("oldest", sql.oldest.clone(), vec![]),
+        ];
+        for (name, statement, binds) in checks {
+            let p = plan(&pool, &statement, binds).await;
+            assert!(!p.contains("Seq Scan"), "{name} scans the table: {p}");
+            assert!(
+                p.contains("events_open") || p.contains("events_dead"),
+                "{name} reads a partial index: {p}"
+            );
+        }
+        // A replay page walks the primary key from its start seq (delivered rows have no index
+        // of their own, by design).
+        let replay = plan(
+            &pool,
+            &replay_sql(t, None),
+            vec![
+                PlanArg::Int(0),
+                PlanArg::Time(Utc::now() - chrono::TimeDelta::hours(1)),
+                PlanArg::Time(Utc::now()),
+                PlanArg::NullText,
+                PlanArg::Int(100),
+            ],
+        )
+        .await;
+        assert!(replay.contains("events_pkey"), "{replay}");
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
 
     #[test]
     fn passwords_are_redacted() {

@@ -25,10 +25,11 @@ pub(crate) struct Migration {
 }
 
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "outbox events table, claim and ordering indexes",
-    sql: r#"
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox events table, claim and ordering indexes",
+        sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- The seeds' new / sent / error are pending / delivered / dead; a pending row with attempts > 0
 -- is one waiting for a retry.
@@ -72,11 +73,146 @@ CREATE INDEX {table}_open ON {t} (seq)
 CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
 "#,
+    },
+    Migration {
+        version: 2,
+        description: "claimed_at, paused destinations, dead-row index, autovacuum settings",
+        sql: r#"
+-- When the row was last claimed: `outbox status` shows which relay holds claims since when.
+-- Nullable without a default, so adding it rewrites nothing (a catalog change only). It stays
+-- set after the row leaves in_flight (the last claim's time); only in_flight rows read it.
+ALTER TABLE {t} ADD COLUMN claimed_at TIMESTAMPTZ;
+
+-- Destinations an operator paused (`outbox pause`). Relays read it every poll and claim around
+-- the paused destinations' events; the events themselves are not touched.
+CREATE TABLE "{schema}"."{table}_paused" (
+    destination TEXT        PRIMARY KEY,
+    paused_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    paused_by   TEXT        NOT NULL
+);
+
+-- Dead rows in seq order: list_dead, the per-destination dead counts and dead-letter retention
+-- read only these, however many delivered rows retention keeps. (Building it reads the table
+-- once, under a lock that holds writers back for that time.)
+CREATE INDEX {table}_dead ON {t} (seq) WHERE status = 'dead';
+
+-- Autovacuum for a queue table. Every event leaves three or more dead row versions behind
+-- (claim, ack, each retry, and the purge's delete), and none of those updates can be HOT:
+-- `status` appears in the partial indexes' predicates. With the defaults (vacuum once 20% of
+-- the table is dead) a table keeping a week of delivered events for retention collects
+-- millions of dead versions between two vacuums, and the small `_open` and `_blockers` indexes
+-- every claim reads fill with dead entries: claims slow down exactly when the backlog grows.
+-- Vacuum instead after 1000 + 1% dead rows, analyze after 1000 + 2% changed rows (the status
+-- mix shifts quickly and the planner's choice of partial index depends on it), and let the
+-- worker run with half the default cost delay so it keeps up. Setting these takes a SHARE
+-- UPDATE EXCLUSIVE lock: reads and writes go on. Tune further with `ALTER TABLE … SET`;
+-- see the crate docs.
+ALTER TABLE {t} SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_analyze_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 1
+);
+"#,
+    },
+];
+
+/// The partitioned layout (see [`crate::Partitioning`]), oldest first. A separate list: the
+/// tables differ from the plain layout's from the first version on. Never edit a released entry.
+pub(crate) const PARTITIONED_MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "partitioned outbox: events range-partitioned by enqueued_at, keys table, paused destinations",
+    sql: r#"
+-- Lifecycle and columns as in the plain layout (pending -> in_flight -> delivered | dead).
+--
+-- Range-partitioned by enqueued_at, so retention drops whole partitions: no DELETE of delivered
+-- rows, no dead versions for vacuum to clean, no index bloat from them. A partitioned table's
+-- unique constraints must contain the partition key, so:
+-- - seq comes from a sequence (identity columns on partitioned tables need PostgreSQL 17), and
+--   the primary key is (seq, enqueued_at); seq alone is still unique, since only the sequence
+--   writes it;
+-- - the id and the idempotency key are kept unique across partitions by the small,
+--   unpartitioned `_keys` table, written by the same enqueue statement.
+CREATE SEQUENCE "{schema}"."{table}_seq";
+
+CREATE TABLE {t} (
+    seq              BIGINT      NOT NULL DEFAULT nextval('"{schema}"."{table}_seq"'),
+    id               UUID        NOT NULL,
+    aggregate_type   TEXT        NOT NULL,
+    aggregate_id     TEXT        NOT NULL,
+    event_type       TEXT        NOT NULL,
+    payload          JSON        NOT NULL,
+    destination      TEXT,
+    headers          JSONB       NOT NULL DEFAULT '{}',
+    idempotency_key  TEXT,
+    occurred_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    enqueued_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    status           TEXT        NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead')),
+    attempts         INTEGER     NOT NULL DEFAULT 0,
+    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_error       TEXT,
+    lease_owner      TEXT,
+    lease_token      UUID,
+    lease_expires_at TIMESTAMPTZ,
+    delivered_at     TIMESTAMPTZ,
+    dead_at          TIMESTAMPTZ,
+    claimed_at       TIMESTAMPTZ,
+    PRIMARY KEY (seq, enqueued_at)
+) PARTITION BY RANGE (enqueued_at);
+
+ALTER SEQUENCE "{schema}"."{table}_seq" OWNED BY {t}.seq;
+
+-- Catches rows no dated partition covers (maintenance fell behind): a writer never fails for
+-- want of a partition. Rotation never drops it; purge_delivered cleans it row by row.
+CREATE TABLE "{schema}"."{table}_default" PARTITION OF {t} DEFAULT;
+
+-- get() by id (uniqueness is the keys table's job).
+CREATE INDEX {table}_id ON {t} (id);
+
+-- The same partial indexes as the plain layout, created on every partition.
+CREATE INDEX {table}_open ON {t} (seq)
+    WHERE status IN ('pending', 'in_flight');
+CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
+CREATE INDEX {table}_dead ON {t} (seq) WHERE status = 'dead';
+
+-- One row per event: its id and idempotency key, and the enqueued_at that says which
+-- partition it lives in. Rows go when their event is deleted (same statement) or, for a
+-- dropped partition, by enqueued_at range right after the drop.
+CREATE TABLE "{schema}"."{table}_keys" (
+    id              UUID        PRIMARY KEY,
+    idempotency_key TEXT,
+    enqueued_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX {table}_keys_idempotency_key ON "{schema}"."{table}_keys" (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX {table}_keys_enqueued_at ON "{schema}"."{table}_keys" (enqueued_at);
+
+CREATE TABLE "{schema}"."{table}_paused" (
+    destination TEXT        PRIMARY KEY,
+    paused_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    paused_by   TEXT        NOT NULL
+);
+"#,
 }];
 
-/// The newest schema version this build knows.
-pub(crate) fn latest_version() -> i64 {
-    MIGRATIONS.last().map(|m| m.version).unwrap_or(0)
+/// The migrations of `outbox`'s layout.
+pub(crate) fn migrations_for(outbox: &PgOutbox) -> &'static [Migration] {
+    if outbox.partitioning().is_some() {
+        PARTITIONED_MIGRATIONS
+    } else {
+        MIGRATIONS
+    }
+}
+
+/// The newest schema version this build knows for `outbox`'s layout.
+pub(crate) fn latest_version(outbox: &PgOutbox) -> i64 {
+    migrations_for(outbox)
+        .last()
+        .map(|m| m.version)
+        .unwrap_or(0)
 }
 
 /// What [`PgOutbox::migrate`] did.
@@ -116,6 +252,8 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
     .fetch_all(&mut *tx)
     .await
     .map_err(map_sqlx)?;
+    check_layout(outbox, &mut tx).await?;
+    let migrations = migrations_for(outbox);
     let mut applied_before = Vec::with_capacity(rows.len());
     for row in rows {
         let version: i64 = row.try_get("version").map_err(map_sqlx)?;
@@ -124,11 +262,11 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
     }
 
     for (version, checksum) in &applied_before {
-        match MIGRATIONS.iter().find(|m| m.version == *version) {
+        match migrations.iter().find(|m| m.version == *version) {
             None => {
                 return Err(StoreError::NotMigrated(format!(
                     "the database has outbox schema version {version}, newer than this build knows ({}); upgrade the outbox binary or library",
-                    latest_version()
+                    latest_version(outbox)
                 )));
             }
             Some(m) if checksum_of(m) != *checksum => {
@@ -142,7 +280,7 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
     }
 
     let mut applied = Vec::new();
-    for m in MIGRATIONS {
+    for m in migrations {
         if applied_before.iter().any(|(v, _)| *v == m.version) {
             continue;
         }
@@ -172,8 +310,42 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
     }
     Ok(MigrationReport {
         applied,
-        current: latest_version(),
+        current: latest_version(outbox),
     })
+}
+
+/// An outbox table that exists must have the layout `outbox` expects: a plain table for a plain
+/// outbox, a partitioned one for a partitioned outbox (the migrations of one layout would
+/// otherwise be checked against the other's, with a misleading "migration differs" error).
+async fn check_layout(
+    outbox: &PgOutbox,
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+) -> Result<(), StoreError> {
+    let kind: Option<String> = sqlx::query_scalar(
+        "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = $2",
+    )
+    .bind(outbox.schema())
+    .bind(outbox.table())
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map_sqlx)?;
+    let partitioned = match kind.as_deref() {
+        None => return Ok(()),
+        Some("p") => true,
+        Some(_) => false,
+    };
+    match (partitioned, outbox.partitioning().is_some()) {
+        (true, false) => Err(StoreError::NotMigrated(format!(
+            "outbox table {} is partitioned: open it with PgOutbox::partitioned (the outbox binary: database.layout = \"partitioned\")",
+            outbox.qualified_table()
+        ))),
+        (false, true) => Err(StoreError::NotMigrated(format!(
+            "outbox table {} is a plain table, not a partitioned one: open it with PgOutbox::with_names (the outbox binary: database.layout = \"plain\"), or see the outbox-postgres crate docs for moving to the partitioned layout",
+            outbox.qualified_table()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The schema version the database is at, `0` when the outbox was never migrated there.

@@ -165,10 +165,14 @@ async fn migrate_is_idempotent_and_safe_to_race() {
     for t in tasks {
         applied.extend(t.await.unwrap().applied);
     }
-    assert_eq!(applied, vec![1], "exactly one racer applied version 1");
+    assert_eq!(
+        applied,
+        vec![1, 2],
+        "exactly one racer applied each version"
+    );
     let again = outbox.migrate(&pool).await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (1, 1));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (2, 2));
     // The bookkeeping table sits next to the outbox, not in the application's `_sqlx_migrations`.
     let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
         .bind(format!("{}.my_events_migrations", outbox.schema()))

@@ -6,8 +6,8 @@
 //! cargo run --release -p outbox-sink-nats --example drain -- [EVENTS] [BATCH] [IN_FLIGHT]
 //! ```
 //!
-//! Defaults: 100000 events, batches of 500, 2 batches in flight (the relay's default
-//! `max_batches_in_flight`). Needs NATS with JetStream on `NATS_URL` (default
+//! Defaults: 100000 events, batches of 500, 2 batches in flight (the relay's default is 1; this measures the sink
+//! with two overlapping, as `max_batches_in_flight = 2` would). Needs NATS with JetStream on `NATS_URL` (default
 //! `nats://127.0.0.1:4222`); it creates a stream of its own and deletes it at the end.
 
 use std::sync::Arc;

@@ -6,8 +6,8 @@
 //! cargo run --release -p outbox-sink-redis --example drain -- [EVENTS] [BATCH] [IN_FLIGHT]
 //! ```
 //!
-//! Defaults: 100000 events, batches of 500, 2 batches in flight (the relay's default
-//! `max_batches_in_flight`). Needs Redis on `REDIS_URL` (default `redis://127.0.0.1:6379`); it
+//! Defaults: 100000 events, batches of 500, 2 batches in flight (the relay's default is 1; this measures the sink
+//! with two overlapping, as `max_batches_in_flight = 2` would). Needs Redis on `REDIS_URL` (default `redis://127.0.0.1:6379`); it
 //! appends to a stream key of its own and deletes it at the end.
 
 use std::sync::Arc;

@@ -7,8 +7,8 @@
 //! cargo run --release -p outbox-sink-webhook --example drain -- [EVENTS] [BATCH] [IN_FLIGHT] [CONCURRENCY]
 //! ```
 //!
-//! Defaults: 100000 events, batches of 500, 2 batches in flight (the relay's default
-//! `max_batches_in_flight`), 64 concurrent requests. The server runs in this process on its own
+//! Defaults: 100000 events, batches of 500, 2 batches in flight (the relay's default is 1; this measures the sink
+//! with two overlapping, as `max_batches_in_flight = 2` would), 64 concurrent requests. The server runs in this process on its own
 //! single-threaded runtime (its own OS thread), so it competes for the same cores.
 
 use std::sync::Arc;

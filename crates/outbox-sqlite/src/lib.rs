@@ -81,9 +81,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use outbox_core::route::{RouteTable, SqlDialect};
 use outbox_core::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, Event, EventId, EventRecord,
-    Headers, Lease, NewEvent, OutboxStats, RetryEvent, Store, StoreError,
+    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats, Event, EventId,
+    EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats, PausedDestination,
+    ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -147,6 +149,11 @@ struct Sql {
     discard_dead_all: String,
     purge: String,
     stats: String,
+    leases: String,
+    pause: String,
+    resume: String,
+    paused: String,
+    purge_dead: String,
 }
 
 const EVENT_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload, \
@@ -179,7 +186,7 @@ impl SqliteOutbox {
     pub fn with_table(table: &str) -> Result<Self, StoreError> {
         check_table_name(table)?;
         let quoted = format!("\"{table}\"");
-        let sql = Sql::render(&quoted);
+        let sql = Sql::render(&quoted, &format!("\"{table}_paused\""));
         Ok(SqliteOutbox {
             inner: Arc::new(Names {
                 table: table.to_owned(),
@@ -343,7 +350,8 @@ fn batch_row(e: &NewEvent) -> serde_json::Value {
 }
 
 impl Sql {
-    fn render(t: &str) -> Self {
+    /// `t` is the quoted outbox table, `p` the quoted paused-destinations table.
+    fn render(t: &str, p: &str) -> Self {
         // The upsert only touches the existing row when its id differs from ours: then the row
         // comes back and its id (not ours) says "not created". When the key belongs to a row with
         // our own id (the same event enqueued twice) no row comes back, which says the same.
@@ -374,36 +382,7 @@ impl Sql {
                  {UPSERT}
                  RETURNING id, idempotency_key"
             ),
-            // ?1 limit, ?2 owner, ?3 token, ?4 lease expiry, ?5 now, ?6 dead blocks (0/1).
-            // A row is due when pending and its time has come, or in flight under an expired
-            // lease (its relay died). It is held back by any earlier row of its aggregate that is
-            // in flight under a live lease, waiting for a retry, or dead when dead blocks. The
-            // outer scan repeats the predicate of the `_open` partial index and the blocker probe
-            // that of the `_blockers` one, so SQLite's planner uses both (checked by a test with
-            // EXPLAIN QUERY PLAN). One statement: SQLite runs it under its single write lock, so
-            // concurrent claims are serialized and never overlap.
-            claim: format!(
-                "UPDATE {t}
-                 SET status = 'in_flight', lease_owner = ?2, lease_token = ?3, lease_expires_at = ?4
-                 WHERE seq IN (
-                     SELECT e.seq FROM {t} AS e
-                     WHERE e.status IN ('pending', 'in_flight')
-                       AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= ?5
-                                ELSE e.lease_expires_at <= ?5 END
-                       AND NOT EXISTS (
-                           SELECT 1 FROM {t} AS b
-                           WHERE b.aggregate_type = e.aggregate_type
-                             AND b.aggregate_id = e.aggregate_id
-                             AND b.seq < e.seq
-                             AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
-                             AND CASE b.status
-                                     WHEN 'in_flight' THEN b.lease_expires_at > ?5
-                                     WHEN 'dead' THEN ?6
-                                     ELSE b.next_attempt_at > ?5 END)
-                     ORDER BY e.seq
-                     LIMIT ?1)
-                 RETURNING {EVENT_COLUMNS}"
-            ),
+            claim: claim_sql(t, None),
             // ?1 JSON array of seqs, ?2 token, ?3 now.
             ack: format!(
                 "UPDATE {t} SET status = 'delivered', delivered_at = ?3,
@@ -455,6 +434,32 @@ impl Sql {
                      WHERE status = 'delivered' AND delivered_at < ?1
                      ORDER BY seq LIMIT ?2)"
             ),
+            // ?1 cut-off, ?2 limit. Through the `_dead` partial index.
+            purge_dead: format!(
+                "DELETE FROM {t} WHERE seq IN (
+                     SELECT seq FROM {t}
+                     WHERE status = 'dead' AND dead_at < ?1
+                     ORDER BY seq LIMIT ?2)"
+            ),
+            // ?1 now. The first condition is the `_open` index's predicate, repeated so the
+            // planner reads in-flight rows through it.
+            leases: format!(
+                "SELECT COALESCE(lease_owner, '') AS owner, count(*) AS events,
+                        min(claimed_at) AS claimed_since, max(lease_expires_at) AS expires_at,
+                        count(*) FILTER (WHERE lease_expires_at <= ?1) AS expired
+                 FROM {t}
+                 WHERE status IN ('pending', 'in_flight') AND status = 'in_flight'
+                 GROUP BY 1 ORDER BY 1"
+            ),
+            // ?1 destination, ?2 now, ?3 by.
+            pause: format!(
+                "INSERT INTO {p} (destination, paused_at, paused_by) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (destination) DO NOTHING"
+            ),
+            resume: format!("DELETE FROM {p} WHERE destination = ?1"),
+            paused: format!(
+                "SELECT destination, paused_at, paused_by FROM {p} ORDER BY destination"
+            ),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
                         count(*) FILTER (WHERE status = 'pending' AND attempts > 0) AS retrying,
@@ -467,6 +472,134 @@ impl Sql {
             ),
         }
     }
+}
+
+/// The route expressions a claim with destinations on hold compares against the paused names:
+/// the table's `CASE` over the candidate (`e`) and over the blocker probe's row (`b`), both
+/// numbered from `?8` so they share their values.
+struct HoldSql {
+    route_e: String,
+    route_b: String,
+}
+
+/// A route fragment's `?` placeholders as `?first`, `?first+1`, …: numbered, the fragment can
+/// sit anywhere in a statement that also uses numbered parameters (a bare `?` takes the number
+/// after the largest one used *before it in the text*, which would collide), and can appear
+/// twice with the same values. Route values are always bound, so every `?` is a placeholder.
+fn number_placeholders(sql: &str, first: usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = first;
+    for c in sql.chars() {
+        if c == '?' {
+            out.push_str(&format!("?{n}"));
+            n += 1;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The claim statement. ?1 limit, ?2 owner, ?3 token, ?4 lease expiry, ?5 now, ?6 dead blocks
+/// (0/1); with a hold, ?7 the paused names (a JSON array) and ?8… the route table's values.
+///
+/// A row is due when pending and its time has come, or in flight under an expired lease (its
+/// relay died). It is held back by any earlier row of its aggregate that is in flight under a
+/// live lease, waiting for a retry, or dead when dead blocks — unless that row's destination is
+/// on hold (a paused destination's events hold back nobody). The outer scan repeats the
+/// predicate of the `_open` partial index and the blocker probe that of the `_blockers` one, so
+/// SQLite's planner uses both (checked by a test with EXPLAIN QUERY PLAN). One statement:
+/// SQLite runs it under its single write lock, so concurrent claims are serialized and never
+/// overlap. SQLite has no row locks, so the PostgreSQL claim's hole (SKIP LOCKED passing over an
+/// earlier event another transaction holds, handing out its aggregate's next one) cannot open
+/// here: a writer holding any row holds the whole database, and the claim waits for its commit
+/// (busy timeout) and then sees every row as it is.
+fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
+    let (hold_e, hold_b) = match hold {
+        Some(h) => (
+            format!(
+                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?7))",
+                h.route_e
+            ),
+            format!(
+                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?7))",
+                h.route_b
+            ),
+        ),
+        None => (String::new(), String::new()),
+    };
+    format!(
+        "UPDATE {t}
+         SET status = 'in_flight', lease_owner = ?2, lease_token = ?3, lease_expires_at = ?4,
+             claimed_at = ?5
+         WHERE seq IN (
+             SELECT e.seq FROM {t} AS e
+             WHERE e.status IN ('pending', 'in_flight')
+               AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= ?5
+                        ELSE e.lease_expires_at <= ?5 END
+               {hold_e}
+               AND NOT EXISTS (
+                   SELECT 1 FROM {t} AS b
+                   WHERE b.aggregate_type = e.aggregate_type
+                     AND b.aggregate_id = e.aggregate_id
+                     AND b.seq < e.seq
+                     AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
+                     AND CASE b.status
+                             WHEN 'in_flight' THEN b.lease_expires_at > ?5
+                             WHEN 'dead' THEN ?6
+                             ELSE b.next_attempt_at > ?5 END
+                     {hold_b})
+             ORDER BY e.seq
+             LIMIT ?1)
+         RETURNING {EVENT_COLUMNS}"
+    )
+}
+
+/// Backlog per destination: the route `CASE` (numbered from ?1) grouped over the undelivered
+/// rows (the `_open` partial index) and the dead ones (the `_dead` index). Delivered rows, the
+/// bulk of a table kept for retention, are never read.
+fn destination_stats_sql(t: &str, route: &str) -> String {
+    format!(
+        "SELECT x.route AS route,
+                count(*) FILTER (WHERE x.status = 'pending') AS pending,
+                count(*) FILTER (WHERE x.status = 'pending' AND x.attempts > 0) AS retrying,
+                count(*) FILTER (WHERE x.status = 'in_flight') AS in_flight,
+                count(*) FILTER (WHERE x.status = 'dead') AS dead,
+                min(x.enqueued_at) FILTER (WHERE x.status IN ('pending', 'in_flight')) AS oldest
+         FROM (
+             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             FROM {t} AS e WHERE e.status IN ('pending', 'in_flight')
+             UNION ALL
+             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             FROM {t} AS e WHERE e.status = 'dead'
+         ) AS x
+         GROUP BY x.route"
+    )
+}
+
+/// One replay step, one statement (so the page and the update are one atomic write). ?1 after
+/// seq, ?2 from, ?3 to, ?4 event type or NULL, ?5 limit, ?6 now; with a destination, ?7 its name
+/// and ?8… the route table's values. The page walks the primary key from ?1: delivered rows have
+/// no index of their own, which keeps acks cheap.
+fn replay_sql(t: &str, route: Option<&str>) -> String {
+    let destination = route
+        .map(|r| format!("AND COALESCE({r}, '') = ?7"))
+        .unwrap_or_default();
+    format!(
+        "UPDATE {t}
+         SET status = 'pending', attempts = 0, next_attempt_at = ?6, delivered_at = NULL,
+             dead_at = NULL, last_error = NULL,
+             lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+         WHERE seq IN (
+             SELECT e.seq FROM {t} AS e
+             WHERE e.status = 'delivered' AND e.seq > ?1
+               AND e.enqueued_at >= ?2 AND e.enqueued_at < ?3
+               AND (?4 IS NULL OR e.event_type = ?4)
+               {destination}
+             ORDER BY e.seq
+             LIMIT ?5)
+         RETURNING seq"
+    )
 }
 
 /// The outbox as a relay sees it: a pool and an outbox location.
@@ -694,19 +827,40 @@ impl Store for SqliteStore {
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = Uuid::now_v7();
+        let hold = request.hold.as_deref().filter(|h| !h.paused.is_empty());
+        let (sql, held) = match hold {
+            None => (std::borrow::Cow::Borrowed(&self.sql().claim), None),
+            Some(hold) => {
+                let route_e = hold.routes.sql_case(SqlDialect::Sqlite, Some("e"));
+                let route_b = hold.routes.sql_case(SqlDialect::Sqlite, Some("b"));
+                let sql = claim_sql(
+                    self.outbox.quoted_table(),
+                    Some(&HoldSql {
+                        route_e: number_placeholders(&route_e.sql, 8),
+                        route_b: number_placeholders(&route_b.sql, 8),
+                    }),
+                );
+                let paused = json_array(serde_json::to_string(&hold.paused))?;
+                (std::borrow::Cow::Owned(sql), Some((paused, route_e.binds)))
+            }
+        };
         let rows = {
             let _turn = self.writes.lock().await;
             let now = now_micros();
-            sqlx::query(AssertSqlSafe(self.sql().claim.as_str()))
+            let mut query = sqlx::query(AssertSqlSafe(sql.as_str()))
                 .bind(i64::from(request.limit))
                 .bind(&request.owner)
                 .bind(token.to_string())
                 .bind(after(now, request.lease))
                 .bind(now)
-                .bind(request.dead_letter == DeadLetterPolicy::Block)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(map_sqlx)?
+                .bind(request.dead_letter == DeadLetterPolicy::Block);
+            if let Some((paused, binds)) = &held {
+                query = query.bind(paused.as_str());
+                for value in binds {
+                    query = query.bind(value.as_str());
+                }
+            }
+            query.fetch_all(&self.pool).await.map_err(map_sqlx)?
         };
         let mut events = rows
             .iter()
@@ -909,6 +1063,167 @@ impl Store for SqliteStore {
         Ok(done.rows_affected())
     }
 
+    async fn destination_stats(
+        &self,
+        routes: &RouteTable,
+    ) -> Result<Vec<DestinationStats>, StoreError> {
+        let route = routes.sql_case(SqlDialect::Sqlite, Some("e"));
+        let sql = destination_stats_sql(
+            self.outbox.quoted_table(),
+            &number_placeholders(&route.sql, 1),
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for value in &route.binds {
+            query = query.bind(value.as_str());
+        }
+        let rows = query.fetch_all(&self.pool).await.map_err(map_sqlx)?;
+        let mut out = rows
+            .iter()
+            .map(|row| {
+                let get = |name: &str| -> Result<u64, StoreError> {
+                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+                    Ok(count(n))
+                };
+                let route: String = row.try_get("route").map_err(map_sqlx)?;
+                Ok(DestinationStats {
+                    destination: (!route.is_empty()).then_some(route),
+                    pending: get("pending")?,
+                    retrying: get("retrying")?,
+                    in_flight: get("in_flight")?,
+                    dead: get("dead")?,
+                    oldest_pending_enqueued_at: get_opt_time(row, 0, "oldest")?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        out.sort_by(|a, b| a.destination.cmp(&b.destination));
+        Ok(out)
+    }
+
+    async fn leases(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().leases.as_str()))
+            .bind(now_micros())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                let get = |name: &str| -> Result<u64, StoreError> {
+                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+                    Ok(count(n))
+                };
+                Ok(LeaseHolder {
+                    owner: row.try_get("owner").map_err(map_sqlx)?,
+                    events: get("events")?,
+                    claimed_since: get_opt_time(row, 0, "claimed_since")?,
+                    expires_at: get_opt_time(row, 0, "expires_at")?,
+                    expired: get("expired")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn pause(&self, destination: &str, by: &str) -> Result<bool, StoreError> {
+        if destination.is_empty() {
+            return Err(StoreError::Invalid(
+                "the destination to pause must not be empty".to_owned(),
+            ));
+        }
+        let _turn = self.writes.lock().await;
+        let done = sqlx::query(AssertSqlSafe(self.sql().pause.as_str()))
+            .bind(destination)
+            .bind(now_micros())
+            .bind(by)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn resume(&self, destination: &str) -> Result<bool, StoreError> {
+        let _turn = self.writes.lock().await;
+        let done = sqlx::query(AssertSqlSafe(self.sql().resume.as_str()))
+            .bind(destination)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().paused.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                Ok(PausedDestination {
+                    destination: row.try_get("destination").map_err(map_sqlx)?,
+                    paused_at: get_time(row, 0, "paused_at")?,
+                    paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn replay(
+        &self,
+        filter: &ReplayFilter,
+        routes: &RouteTable,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<ReplayStep, StoreError> {
+        if limit == 0 {
+            return Ok(ReplayStep::default());
+        }
+        let route = filter
+            .destination
+            .as_ref()
+            .map(|_| routes.sql_case(SqlDialect::Sqlite, Some("e")));
+        let sql = replay_sql(
+            self.outbox.quoted_table(),
+            route
+                .as_ref()
+                .map(|r| number_placeholders(&r.sql, 8))
+                .as_deref(),
+        );
+        let _turn = self.writes.lock().await;
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(after_seq.unwrap_or(0))
+            .bind(clamp_micros(filter.from.timestamp_micros()))
+            .bind(clamp_micros(filter.to.timestamp_micros()))
+            .bind(filter.event_type.as_deref())
+            .bind(i64::from(limit))
+            .bind(now_micros());
+        if let (Some(destination), Some(route)) = (&filter.destination, &route) {
+            query = query.bind(destination.as_str());
+            for value in &route.binds {
+                query = query.bind(value.as_str());
+            }
+        }
+        let rows = query.fetch_all(&self.pool).await.map_err(map_sqlx)?;
+        let mut last = None;
+        for row in &rows {
+            let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+            last = last.max(Some(seq));
+        }
+        Ok(ReplayStep {
+            replayed: rows.len() as u64,
+            next_after: last.filter(|_| rows.len() >= limit as usize),
+        })
+    }
+
+    async fn purge_dead(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let _turn = self.writes.lock().await;
+        let cutoff = now_micros().saturating_sub(micros(older_than));
+        let done = sqlx::query(AssertSqlSafe(self.sql().purge_dead.as_str()))
+            .bind(cutoff)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
     async fn check(&self) -> Result<(), StoreError> {
         let (current, latest) = self.outbox.schema_version(&self.pool).await?;
         if current < latest {
@@ -1022,6 +1337,56 @@ mod tests {
                 "{name}: {p}"
             );
         }
+        // The operator statements read undelivered and dead rows through the partial indexes,
+        // never the delivered bulk; a claim with a destination on hold still does too.
+        let routes = RouteTable::new(
+            ["kafka", "hooks"],
+            vec![
+                outbox_core::route::RouteRule::to("hooks")
+                    .event_type(outbox_core::route::Pattern::parse("Hook*")),
+                outbox_core::route::RouteRule::to("kafka"),
+            ],
+        )
+        .unwrap();
+        let route_e = routes.sql_case(SqlDialect::Sqlite, Some("e"));
+        let route_b = routes.sql_case(SqlDialect::Sqlite, Some("b"));
+        let held = claim_sql(
+            store.outbox().quoted_table(),
+            Some(&HoldSql {
+                route_e: number_placeholders(&route_e.sql, 8),
+                route_b: number_placeholders(&route_b.sql, 8),
+            }),
+        );
+        let held_plan = plan(store.pool(), &held, 7 + route_e.binds.len()).await;
+        assert!(
+            held_plan.contains("SCAN e USING INDEX outbox_events_open"),
+            "{held_plan}"
+        );
+        assert!(
+            held_plan.contains("SEARCH b USING INDEX outbox_events_blockers"),
+            "{held_plan}"
+        );
+        let stats = destination_stats_sql(
+            store.outbox().quoted_table(),
+            &number_placeholders(&route_e.sql, 1),
+        );
+        let stats_plan = plan(store.pool(), &stats, route_e.binds.len()).await;
+        assert!(
+            stats_plan.contains("USING INDEX outbox_events_open")
+                && stats_plan.contains("USING INDEX outbox_events_dead"),
+            "{stats_plan}"
+        );
+        let leases = plan(store.pool(), &sql.leases, 1).await;
+        assert!(
+            leases.contains("USING INDEX outbox_events_open"),
+            "{leases}"
+        );
+        let purge_dead = plan(store.pool(), &sql.purge_dead, 2).await;
+        assert!(
+            purge_dead.contains("USING INDEX outbox_events_dead"),
+            "{purge_dead}"
+        );
+
         let get = plan(store.pool(), &sql.get, 1).await;
         assert!(get.contains("SEARCH outbox_events USING INDEX"), "{get}");
         let enqueue = plan(store.pool(), &sql.enqueue, 10).await;
@@ -1032,6 +1397,11 @@ mod tests {
     fn sql_embeds_the_quoted_table() {
         let outbox = SqliteOutbox::with_table("my_events").unwrap();
         assert!(outbox.inner.sql.claim.contains("UPDATE \"my_events\""));
+        assert!(outbox.inner.sql.pause.contains("\"my_events_paused\""));
+        assert_eq!(
+            number_placeholders("a = ? AND b IN (?, ?)", 8),
+            "a = ?8 AND b IN (?9, ?10)"
+        );
         assert_eq!(outbox.migrations_table(), "\"my_events_migrations\"");
     }
 }

@@ -32,10 +32,11 @@ pub(crate) struct Migration {
 }
 
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "outbox events table, claim and ordering indexes",
-    sql: r#"
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox events table, claim and ordering indexes",
+        sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- A pending row with attempts > 0 is one waiting for a retry.
 --
@@ -92,7 +93,30 @@ CREATE INDEX "{table}_open" ON {t} (seq)
 CREATE INDEX "{table}_blockers" ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "claimed_at, paused destinations, dead-row index",
+        sql: r#"
+-- When the row was last claimed (microseconds, like every time here): `outbox status` shows
+-- which relay holds claims since when. It stays set after the row leaves in_flight; only
+-- in_flight rows read it. Adding a nullable column rewrites no row.
+ALTER TABLE {t} ADD COLUMN claimed_at INTEGER;
+
+-- Destinations an operator paused (`outbox pause`). Relays read it every poll and claim around
+-- the paused destinations' events; the events themselves are not touched.
+CREATE TABLE "{table}_paused" (
+    destination TEXT    PRIMARY KEY,
+    paused_at   INTEGER NOT NULL,
+    paused_by   TEXT    NOT NULL
+) STRICT;
+
+-- Dead rows in seq order: list_dead, the per-destination dead counts and dead-letter retention
+-- read only these. Queries repeat the predicate word for word, as SQLite's planner needs.
+CREATE INDEX "{table}_dead" ON {t} (seq) WHERE status = 'dead';
+"#,
+    },
+];
 
 /// The newest schema version this build knows.
 pub(crate) fn latest_version() -> i64 {

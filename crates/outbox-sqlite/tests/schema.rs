@@ -32,11 +32,11 @@ async fn migrate_twice_is_a_no_op() {
     let store = common::open(&path, SqliteOutbox::new()).await;
     assert_eq!(
         store.outbox().schema_version(store.pool()).await.unwrap(),
-        (0, 1)
+        (0, 2)
     );
     let first = store.outbox().migrate(store.pool()).await.unwrap();
-    assert_eq!(first.applied, vec![1]);
-    assert_eq!(first.current, 1);
+    assert_eq!(first.applied, vec![1, 2]);
+    assert_eq!(first.current, 2);
     let id = store
         .outbox()
         .enqueue(store.pool(), &outbox_testkit::numbered("a", 1))
@@ -45,10 +45,10 @@ async fn migrate_twice_is_a_no_op() {
         .id;
     let again = store.outbox().migrate(store.pool()).await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.current, 1);
+    assert_eq!(again.current, 2);
     assert_eq!(
         store.outbox().schema_version(store.pool()).await.unwrap(),
-        (1, 1)
+        (2, 2)
     );
     assert!(
         store.get(id).await.unwrap().is_some(),
@@ -85,7 +85,11 @@ async fn migrations_racing_from_several_pools_apply_once() {
     for t in tasks {
         applied.extend(t.await.unwrap().applied);
     }
-    assert_eq!(applied, vec![1], "exactly one racer applied version 1");
+    assert_eq!(
+        applied,
+        vec![1, 2],
+        "exactly one racer applied each version"
+    );
 }
 
 #[tokio::test]

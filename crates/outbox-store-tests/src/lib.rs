@@ -27,6 +27,11 @@ pub trait Harness: Send + Sync + 'static {
     /// Enqueue `events` in one committed transaction through the store's enqueue API; returns
     /// `(id, created)` per event.
     async fn enqueue(&self, store: &Self::Store, events: &[NewEvent]) -> Vec<(EventId, bool)>;
+    /// Move every time recorded for these events (`occurred_at`, `enqueued_at`, `claimed_at`,
+    /// `delivered_at`, `dead_at`) `by` into the past, as if it all had happened that much
+    /// earlier. Lease expiries and due times stay as they are. Lets the suite test retention and
+    /// time ranges without waiting.
+    async fn backdate(&self, store: &Self::Store, ids: &[EventId], by: Duration);
 }
 
 /// Expand to one test per property of the store contract, using `$harness` (an expression
@@ -48,8 +53,19 @@ macro_rules! conformance {
             last_error_is_truncated,
             concurrent_claims_never_hand_out_an_event_twice,
             three_relays_deliver_everything_in_order_despite_failures,
+            three_relays_deliver_in_order_under_the_block_policy,
             dead_policy_block_holds_the_aggregate_in_a_relay_run,
+            relay_gives_up_after_max_attempts,
             shutdown_leaves_nothing_claimed,
+            pause_holds_only_that_destinations_events,
+            held_events_do_not_block_other_destinations,
+            hold_respects_the_dead_letter_policy,
+            routes_in_sql_agree_with_resolve,
+            destination_stats_count_each_state,
+            leases_report_who_holds_what_since_when,
+            replay_sends_delivered_events_again,
+            purge_dead_deletes_only_old_dead_events,
+            purge_never_deletes_an_undelivered_event,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {
@@ -61,6 +77,10 @@ macro_rules! conformance {
         )*
     };
 }
+
+mod admin;
+
+pub use admin::*;
 
 fn request(
     owner: &str,
@@ -77,7 +97,7 @@ fn request(
     }
 }
 
-fn req(limit: u32) -> ClaimRequest {
+pub(crate) fn req(limit: u32) -> ClaimRequest {
     request(
         "test-relay",
         limit,
@@ -86,7 +106,7 @@ fn req(limit: u32) -> ClaimRequest {
     )
 }
 
-fn payload_n(e: &outbox_core::Event) -> u64 {
+pub(crate) fn payload_n(e: &outbox_core::Event) -> u64 {
     let value: serde_json::Value = serde_json::from_str(&e.payload).unwrap_or_default();
     value["n"].as_u64().unwrap_or(u64::MAX)
 }
@@ -658,24 +678,44 @@ fn relay_config(id: &str) -> RelayConfig {
 }
 
 /// The proof: 3 relays, 20k events over 500 aggregates, 10% random transient failures
-/// and a few poison events. Every healthy event is delivered, first deliveries keep
-/// per-aggregate order, no event is ever in flight twice at once, and exactly the poison events
-/// end up dead.
+/// and a few poison events. Every healthy event is delivered exactly once, first deliveries keep
+/// per-aggregate order, no event is ever in flight twice at once, exactly the poison events end
+/// up dead, and the relays' counters balance.
 pub async fn three_relays_deliver_everything_in_order_despite_failures<H: Harness>(h: &H) {
+    three_relays(h, DeadLetterPolicy::Skip).await;
+}
+
+/// The same run under the default `Block` policy: a poison event's aggregate stops behind it,
+/// every other aggregate is delivered in full.
+pub async fn three_relays_deliver_in_order_under_the_block_policy<H: Harness>(h: &H) {
+    three_relays(h, DeadLetterPolicy::Block).await;
+}
+
+async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
+    const AGGREGATES: u64 = 500;
+    const PER_AGGREGATE: u64 = 40;
+    const POISON_N: u64 = 13;
+    let total = AGGREGATES * PER_AGGREGATE;
     let store = h.fresh().await;
-    let mut events = Vec::with_capacity(20_000);
-    for n in 0..40u64 {
-        for a in 0..500 {
+    let mut events = Vec::with_capacity(total as usize);
+    for n in 0..PER_AGGREGATE {
+        for a in 0..AGGREGATES {
             events.push(numbered(&format!("r{a}"), n));
         }
     }
     for chunk in events.chunks(2_000) {
         h.enqueue(&store, chunk).await;
     }
-    let poison = |e: &outbox_core::Event| e.aggregate_id.ends_with('7') && payload_n(e) == 13;
+    let poisoned_aggregate = |aggregate_id: &str| aggregate_id.ends_with('7');
+    let poison = move |e: &outbox_core::Event| {
+        poisoned_aggregate(&e.aggregate_id) && payload_n(e) == POISON_N
+    };
+    // A publish takes a moment, so two publishes of one event at once would overlap and be
+    // caught by the sink.
     let sink = Arc::new(RecordingSink::with_faults(Faults {
         retry_rate: 0.10,
         reject: Some(Arc::new(poison)),
+        delay: Duration::from_millis(1),
         seed: 7,
         ..Faults::default()
     }));
@@ -685,21 +725,32 @@ pub async fn three_relays_deliver_everything_in_order_despite_failures<H: Harnes
         let relay = Relay::new(
             store.clone(),
             sink.clone(),
-            relay_config(&format!("relay-{i}")),
+            RelayConfig {
+                dead_letter: policy,
+                ..relay_config(&format!("relay-{i}"))
+            },
         );
         let mut stop = stop_tx.subscribe();
         relays.push(tokio::spawn(relay.run(async move {
             let _ = stop.recv().await;
         })));
     }
-    let expected_dead = events
-        .iter()
-        .filter(|e| e.aggregate_id().ends_with('7') && e.payload().contains("\"n\":13}"))
+    let poisoned = (0..AGGREGATES)
+        .filter(|a| poisoned_aggregate(&format!("r{a}")))
         .count() as u64;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    let expected_dead = poisoned;
+    // Under Block, everything after the poison event of its aggregate stays pending.
+    let expected_held = match policy {
+        DeadLetterPolicy::Block => poisoned * (PER_AGGREGATE - POISON_N - 1),
+        DeadLetterPolicy::Skip => 0,
+    };
+    let expected_delivered = total - expected_dead - expected_held;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
     loop {
         let stats = store.stats().await.unwrap();
-        if stats.pending == 0 && stats.in_flight == 0 {
+        if stats.delivered + stats.dead == expected_delivered + expected_dead
+            && stats.in_flight == 0
+        {
             break;
         }
         assert!(
@@ -718,12 +769,29 @@ pub async fn three_relays_deliver_everything_in_order_despite_failures<H: Harnes
         stats.dead, expected_dead,
         "exactly the poison events are dead: {stats:?}"
     );
-    assert_eq!(stats.delivered, 20_000 - expected_dead);
-    let delivered = sink.delivered();
+    assert_eq!(stats.delivered, expected_delivered, "{stats:?}");
     assert_eq!(
-        sink.distinct_delivered().len() as u64,
-        20_000 - expected_dead
+        (stats.pending, stats.in_flight),
+        (expected_held, 0),
+        "{stats:?}"
     );
+
+    let delivered = sink.delivered();
+    let distinct = sink.distinct_delivered();
+    assert_eq!(distinct.len() as u64, expected_delivered);
+    assert_eq!(
+        delivered.len(),
+        distinct.len(),
+        "no event delivered twice: no lease ran out, so no relay may publish another's event"
+    );
+    if policy == DeadLetterPolicy::Block {
+        assert!(
+            delivered
+                .iter()
+                .all(|e| !poisoned_aggregate(&e.aggregate_id) || payload_n(e) < POISON_N),
+            "nothing after a poison event was delivered under Block"
+        );
+    }
     let violations = check_first_delivery_order(&delivered);
     assert!(
         violations.is_empty(),
@@ -735,7 +803,24 @@ pub async fn three_relays_deliver_everything_in_order_despite_failures<H: Harnes
         "events in flight twice: {:?}",
         sink.overlaps()
     );
-    let retried: u64 = reports.iter().map(|r| r.retried).sum();
+
+    // The relays' books balance: every claimed event was settled exactly one way, every
+    // delivery and burial was recorded once, and nothing was fenced under a 30 s lease.
+    let sum = |f: fn(&outbox_relay::RelayReport) -> u64| reports.iter().map(f).sum::<u64>();
+    assert_eq!(sum(|r| r.fenced), 0, "{reports:?}");
+    assert_eq!(sum(|r| r.delivered), expected_delivered, "{reports:?}");
+    assert_eq!(sum(|r| r.dead), expected_dead, "{reports:?}");
+    assert_eq!(
+        sum(|r| r.claimed),
+        sum(|r| r.delivered) + sum(|r| r.retried) + sum(|r| r.dead) + sum(|r| r.released),
+        "{reports:?}"
+    );
+    assert_eq!(
+        sink.attempts(),
+        sum(|r| r.delivered) + sum(|r| r.retried) + sum(|r| r.dead),
+        "each publish attempt was settled as delivered, retried or dead: {reports:?}"
+    );
+    let retried = sum(|r| r.retried);
     assert!(
         retried > 1_000,
         "the failure path was exercised: {retried} retries"
@@ -750,6 +835,61 @@ pub async fn three_relays_deliver_everything_in_order_despite_failures<H: Harnes
         dead.iter()
             .all(|r| r.last_error.as_deref().unwrap_or("").contains("rejected"))
     );
+}
+
+/// A relay gives up on an event that fails every time once it reached `max_attempts`: the event
+/// is dead with the attempt count and a "gave up after" error, and under `Block` its aggregate's
+/// later events wait behind it.
+pub async fn relay_gives_up_after_max_attempts<H: Harness>(h: &H) {
+    let store = h.fresh().await;
+    let ids = h
+        .enqueue(
+            &store,
+            &[numbered("m", 1), numbered("m", 2), numbered("n", 1)],
+        )
+        .await;
+    let sink = Arc::new(RecordingSink::with_faults(Faults {
+        fail: Some(Arc::new(|e: &outbox_core::Event| {
+            e.aggregate_id == "m" && payload_n(e) == 1
+        })),
+        ..Faults::default()
+    }));
+    let config = RelayConfig {
+        retry: RetryPolicy {
+            base: Duration::from_millis(1),
+            cap: Duration::from_millis(5),
+            max_attempts: 3,
+        },
+        dead_letter: DeadLetterPolicy::Block,
+        ..relay_config("giver-upper")
+    };
+    let relay = Relay::new(store.clone(), sink.clone(), config);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = store.stats().await.unwrap();
+        if stats.dead == 1 && stats.delivered == 1 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tx.send(()).unwrap();
+    let report = run.await.unwrap();
+    assert_eq!((report.retried, report.dead, report.delivered), (2, 1, 1));
+    let m1 = store.get(ids[0].0).await.unwrap().unwrap();
+    assert_eq!(m1.state, EventState::Dead);
+    assert_eq!(m1.event.attempts, 3);
+    let error = m1.last_error.unwrap_or_default();
+    assert!(error.contains("gave up after 3 attempts"), "{error}");
+    assert!(error.contains("failing by test predicate"), "{error}");
+    let m2 = store.get(ids[1].0).await.unwrap().unwrap();
+    assert_eq!(m2.state, EventState::Pending, "m/2 waits behind dead m/1");
+    assert_eq!(m2.event.attempts, 0);
+    assert_eq!(sink.attempts(), 4, "three tries of m/1, one of n/1");
 }
 
 /// Under the default `Block` policy a poison event stops its aggregate (and only it) in a real

@@ -13,7 +13,7 @@
 
 mod proxy;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -48,6 +48,8 @@ pub struct Faults {
     pub retry_rate: f64,
     /// Events answered with a permanent rejection, every time.
     pub reject: Option<EventPredicate>,
+    /// Events answered with a retryable failure, every time (until the relay gives up on them).
+    pub fail: Option<EventPredicate>,
     /// Time each publish call takes.
     pub delay: Duration,
     /// Seed of the failure dice, so a failing run can be replayed.
@@ -56,7 +58,8 @@ pub struct Faults {
 
 #[derive(Default)]
 struct State {
-    in_flight: HashSet<EventId>,
+    /// Publishes of each event under way right now.
+    in_flight: HashMap<EventId, u32>,
     overlaps: Vec<EventId>,
     attempts: u64,
     delivered: Vec<Event>,
@@ -133,13 +136,20 @@ impl Sink for RecordingSink {
         {
             let mut state = self.state();
             for e in events {
-                if !state.in_flight.insert(e.id) {
+                let running = state.in_flight.entry(e.id).or_insert(0);
+                *running += 1;
+                if *running > 1 {
                     state.overlaps.push(e.id);
                 }
             }
             state.attempts += events.len() as u64;
         }
-        if !self.faults.delay.is_zero() {
+        // A publish always gives other tasks a turn while its events are marked in flight (and
+        // waits `delay` when set): a second publish of the same event running at the same moment
+        // then finds the mark, so the overlap check can fail, not just pass.
+        if self.faults.delay.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
             tokio::time::sleep(self.faults.delay).await;
         }
         let rolls: Vec<f64> = {
@@ -151,10 +161,17 @@ impl Sink for RecordingSink {
             .iter()
             .zip(rolls)
             .map(|(e, roll)| {
-                state.in_flight.remove(&e.id);
+                if let Some(running) = state.in_flight.get_mut(&e.id) {
+                    *running -= 1;
+                    if *running == 0 {
+                        state.in_flight.remove(&e.id);
+                    }
+                }
                 if self.faults.reject.as_ref().is_some_and(|f| f(e)) {
                     state.rejected.push(e.clone());
                     Outcome::reject("rejected by test predicate")
+                } else if self.faults.fail.as_ref().is_some_and(|f| f(e)) {
+                    Outcome::retry("failing by test predicate")
                 } else if roll < self.faults.retry_rate {
                     Outcome::retry("injected transient failure")
                 } else {
@@ -163,5 +180,62 @@ impl Sink for RecordingSink {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(n: u64) -> Event {
+        let e = numbered("a", n);
+        Event {
+            seq: n as i64,
+            id: e.id(),
+            aggregate_type: e.aggregate_type().to_owned(),
+            aggregate_id: e.aggregate_id().to_owned(),
+            event_type: e.event_type().to_owned(),
+            payload: e.payload().to_owned(),
+            destination: None,
+            headers: Default::default(),
+            idempotency_key: None,
+            occurred_at: e.occurred_at(),
+            enqueued_at: e.occurred_at(),
+            attempts: 0,
+        }
+    }
+
+    /// The overlap check is only worth something if it fires: two publishes of one event at the
+    /// same moment are caught, with or without a publish delay; one after the other are not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_publishes_of_one_event_are_caught() {
+        for delay in [Duration::ZERO, Duration::from_millis(5)] {
+            let sink = Arc::new(RecordingSink::with_faults(Faults {
+                delay,
+                ..Faults::default()
+            }));
+            let e = event(1);
+            sink.publish(std::slice::from_ref(&e)).await;
+            sink.publish(std::slice::from_ref(&e)).await;
+            assert!(sink.overlaps().is_empty(), "sequential publishes overlap");
+            let pair = [e.clone(), event(2)];
+            let (first, second) =
+                tokio::join!(sink.publish(std::slice::from_ref(&e)), sink.publish(&pair));
+            assert_eq!((first.len(), second.len()), (1, 2));
+            assert_eq!(sink.overlaps(), vec![e.id], "delay {delay:?}");
+            assert_eq!(sink.delivered().len(), 5);
+            assert_eq!(sink.distinct_delivered().len(), 2);
+        }
+    }
+
+    #[tokio::test]
+    async fn failing_events_always_retry() {
+        let sink = RecordingSink::with_faults(Faults {
+            fail: Some(Arc::new(|e: &Event| e.seq == 1)),
+            ..Faults::default()
+        });
+        let outcomes = sink.publish(&[event(1), event(2)]).await;
+        assert!(matches!(outcomes[0], Outcome::Retry { .. }));
+        assert!(matches!(outcomes[1], Outcome::Delivered));
     }
 }

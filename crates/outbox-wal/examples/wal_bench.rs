@@ -9,8 +9,12 @@
 //! cargo run --release -p outbox-wal --example wal_bench -- latency --rate 5000 --seconds 10
 //! ```
 //!
+//! Add `--sink nats` to either scenario to deliver to the NATS JetStream on 127.0.0.1:4222
+//! instead (a stream of the run's own, created by the sink, deleted afterwards; an event counts
+//! as received when its PubAck came back).
+//!
 //! Workload: 400-byte JSON payloads, 1000 aggregates, the in-process channel sink (the child
-//! drains its receiver). Drain: the backlog is committed in transactions of 1000 events before
+//! drains its receiver) unless `--sink nats`. Drain: the backlog is committed in transactions of 1000 events before
 //! the relay starts (catch-up scan off, so every event comes through the WAL). Latency: single-
 //! event transactions from 8 paced writer connections; latency = wall-clock time the child's
 //! sink receiver got the event − wall-clock time the writer's COMMIT returned.
@@ -20,7 +24,8 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use outbox_core::{EventId, NewEvent};
+use async_trait::async_trait;
+use outbox_core::{Event, EventId, NewEvent, Outcome, Sink};
 use outbox_postgres::PgOutbox;
 use outbox_wal::{Source, WalConfig, WalRelay};
 use sqlx::postgres::PgPoolOptions;
@@ -103,13 +108,72 @@ fn proc_figures() -> (f64, u64) {
     (cpu, hwm)
 }
 
+/// A real sink whose confirmed events are also handed to the bench's receiver, so "received"
+/// means "the broker acknowledged it".
+struct Acked<S> {
+    inner: S,
+    tx: tokio::sync::mpsc::UnboundedSender<Event>,
+}
+
+#[async_trait]
+impl<S: Sink> Sink for Acked<S> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let outcomes = self.inner.publish(events).await;
+        for (e, o) in events.iter().zip(&outcomes) {
+            if *o == Outcome::Delivered {
+                let _ = self.tx.send(e.clone());
+            }
+        }
+        outcomes
+    }
+}
+
+/// The NATS sink settings of a run: its own subject and stream.
+fn nats_config(name: &str) -> Res<outbox_sink_nats::NatsSinkConfig> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "servers": ["nats://127.0.0.1:4222"],
+        "subject": format!("{name}.events"),
+        "create_stream": true,
+        "stream_name": name.to_uppercase(),
+        "stream_subjects": [format!("{name}.>")],
+    }))?)
+}
+
+/// Messages in the run's NATS stream, then delete it.
+async fn nats_count_and_delete(name: &str) -> Res<u64> {
+    let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+    let mut stream = js.get_stream(name.to_uppercase()).await?;
+    let count = stream.info().await?.state.messages;
+    js.delete_stream(name.to_uppercase()).await?;
+    Ok(count)
+}
+
 /// The relay process: deliver until `events` distinct events arrived, then stop gracefully.
 async fn child(args: &[String]) -> Res<()> {
     let cfg: WalConfig = serde_json::from_str(&arg(args, "--config", "{}"))?;
     let n: usize = arg(args, "--events", "0").parse()?;
     let out = arg(args, "--out", "/dev/null");
-    let (sink, mut rx) = outbox_sink_channel::ChannelSink::new(10_000);
-    let relay = WalRelay::new(cfg, Arc::new(sink));
+    let (sink, mut rx): (Arc<dyn Sink>, _) = match arg(args, "--sink", "channel").as_str() {
+        "nats" => {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let inner = outbox_sink_nats::NatsSink::connect(nats_config(&cfg.slot)?).await?;
+            (Arc::new(Acked { inner, tx }), rx)
+        }
+        _ => {
+            let (sink, mut channel) = outbox_sink_channel::ChannelSink::new(10_000);
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                while let Some(e) = channel.recv().await {
+                    let _ = tx.send(e);
+                }
+            });
+            (Arc::new(sink), rx)
+        }
+    };
+    let relay = WalRelay::new(cfg, sink);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let started = Instant::now();
     let (cpu0, _) = proc_figures();
@@ -160,10 +224,17 @@ async fn child(args: &[String]) -> Res<()> {
     Ok(())
 }
 
-fn spawn_child(cfg: &WalConfig, events: usize, out: &std::path::Path) -> Res<std::process::Child> {
+fn spawn_child(
+    cfg: &WalConfig,
+    events: usize,
+    out: &std::path::Path,
+    sink: &str,
+) -> Res<std::process::Child> {
     Ok(std::process::Command::new(std::env::current_exe()?)
         .args([
             "relay-child",
+            "--sink",
+            sink,
             "--config",
             &serde_json::to_string(cfg)?,
             "--events",
@@ -245,13 +316,20 @@ async fn drain(args: &[String]) -> Res<()> {
     }
     eprintln!("backlog of {n} committed in {:?}", loading.elapsed());
     let dir = tempfile_dir()?;
-    let child = spawn_child(&cfg, n as usize, &dir.join("recv.txt"))?;
+    let sink = arg(args, "--sink", "channel");
+    let child = spawn_child(&cfg, n as usize, &dir.join("recv.txt"), &sink)?;
     let figures = child_figures(child)?;
     let events = figures["events"].as_f64().unwrap_or(0.0);
     let total = figures["since_start_s"].as_f64().unwrap_or(0.0);
     let cpu = figures["cpu_s"].as_f64().unwrap_or(0.0);
+    if sink == "nats" {
+        let stored = nats_count_and_delete(&cfg.slot).await?;
+        if stored < n {
+            return Err(format!("NATS stream holds {stored} of {n} events").into());
+        }
+    }
     println!(
-        "drain source={source:?} mark_delivered={} events={n} aggregates={aggregates} payload={size}B: {:.0} events/s (relay start → last ack {:.2} s; first → last {:.2} s), CPU {:.1} µs/event, peak RSS {:.1} MB",
+        "drain sink={sink} source={source:?} mark_delivered={} events={n} aggregates={aggregates} payload={size}B: {:.0} events/s (relay start → last ack {:.2} s; first → last {:.2} s), CPU {:.1} µs/event, peak RSS {:.1} MB",
         cfg.mark_delivered,
         events / total.max(1e-9),
         total,
@@ -285,7 +363,8 @@ async fn latency(args: &[String]) -> Res<()> {
     let n = per_writer * writers;
     let dir = tempfile_dir()?;
     let recv_file = dir.join("recv.txt");
-    let child = spawn_child(&cfg, n as usize, &recv_file)?;
+    let sink = arg(args, "--sink", "channel");
+    let child = spawn_child(&cfg, n as usize, &recv_file, &sink)?;
     // Let the child connect and start streaming.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let interval = Duration::from_secs_f64(writers as f64 / rate as f64);
@@ -347,8 +426,14 @@ async fn latency(args: &[String]) -> Res<()> {
             .unwrap_or(f64::NAN)
     };
     let events = figures["events"].as_f64().unwrap_or(0.0);
+    if sink == "nats" {
+        let stored = nats_count_and_delete(&cfg.slot).await?;
+        if stored < n {
+            return Err(format!("NATS stream holds {stored} of {n} events").into());
+        }
+    }
     println!(
-        "latency source={source:?} target={rate}/s achieved={:.0}/s events={} writers={writers} payload={size}B: commit→sink p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; relay CPU {:.1} µs/event, peak RSS {:.1} MB",
+        "latency sink={sink} source={source:?} target={rate}/s achieved={:.0}/s events={} writers={writers} payload={size}B: commit→sink p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; relay CPU {:.1} µs/event, peak RSS {:.1} MB",
         commits.len() as f64 / write_secs,
         lat.len(),
         pct(0.50),

@@ -241,6 +241,7 @@ async fn sink_outage_pauses_the_stream_with_bounded_memory_and_resumes() {
     };
     let sink = Arc::new(SwitchSink::new(RecordingSink::new()));
     sink.down.store(true, Ordering::SeqCst);
+    let outage = Instant::now();
     let relay = start(config.clone(), sink.clone());
     let before = outbox_wal::wal_status(&config).await.unwrap();
     // One huge transaction of messages plus table rows, written while the sink is down.
@@ -266,7 +267,8 @@ async fn sink_outage_pauses_the_stream_with_bounded_memory_and_resumes() {
         || sink.calls_while_down.load(Ordering::Relaxed) > 20,
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A ten-second outage: long enough for many retry rounds and status updates.
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(outage.elapsed())).await;
     let during = relay.counters.report();
     assert_eq!(during.delivered, 0);
     assert!(
@@ -277,7 +279,8 @@ async fn sink_outage_pauses_the_stream_with_bounded_memory_and_resumes() {
     assert!(status.lag_bytes.unwrap() > 0);
     assert!(status.restart_lsn.unwrap() <= first_lsn, "{status:?}");
 
-    // The destination comes back: the same stream resumes.
+    // The destination comes back after 10 s: the same stream resumes.
+    assert!(outage.elapsed() >= Duration::from_secs(10));
     sink.down.store(false, Ordering::SeqCst);
     let mut expected = ids(&big);
     expected.extend(ids(&rows));

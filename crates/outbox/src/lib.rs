@@ -31,7 +31,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Features: `postgres` and `sqlite` (both on by default) select the stores.
+//! Features: `postgres` and `sqlite` (both on by default), `mysql` select the stores; `wal`
+//! adds WAL mode (logical replication, PostgreSQL); `inbox` the consumer-side inbox;
+//! `opentelemetry` lets [`trace::current_traceparent`] read the W3C trace context of the current
+//! `tracing` span, to store with an event ([`NewEvent::with_traceparent`]).
 
 pub use outbox_core::*;
 
@@ -45,3 +48,53 @@ pub use outbox_postgres as postgres;
 /// SQLite: [`sqlite::SqliteOutbox`] to migrate and enqueue, [`sqlite::SqliteStore`] for relays.
 #[cfg(feature = "sqlite")]
 pub use outbox_sqlite as sqlite;
+
+/// MySQL / MariaDB: [`mysql::MySqlOutbox`] to migrate and enqueue, [`mysql::MySqlStore`] for
+/// relays.
+#[cfg(feature = "mysql")]
+pub use outbox_mysql as mysql;
+
+/// WAL mode: deliver from PostgreSQL's write-ahead log; [`wal::enqueue_message`] writes a
+/// table-less event.
+#[cfg(feature = "wal")]
+pub use outbox_wal as wal;
+
+/// The consumer side: record `(event_id, handler)` in the effect's own transaction.
+#[cfg(feature = "inbox")]
+pub use outbox_inbox as inbox;
+
+/// W3C trace context for events, from the current `tracing` span when OpenTelemetry is in use.
+#[cfg(feature = "opentelemetry")]
+pub mod trace {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    /// The `traceparent` of an OpenTelemetry context, if it carries a valid span.
+    pub fn traceparent_of(cx: &opentelemetry::Context) -> Option<String> {
+        let span = cx.span();
+        let sc = span.span_context();
+        sc.is_valid().then(|| {
+            format!(
+                "00-{}-{}-{:02x}",
+                sc.trace_id(),
+                sc.span_id(),
+                sc.trace_flags().to_u8()
+            )
+        })
+    }
+
+    /// The `traceparent` of the current `tracing` span (through `tracing-opentelemetry`), if
+    /// the span is recorded by an OpenTelemetry layer.
+    ///
+    /// ```no_run
+    /// # fn f(event: outbox::NewEvent) -> Result<(), outbox::EncodeError> {
+    /// let event = match outbox::trace::current_traceparent() {
+    ///     Some(tp) => event.with_traceparent(&tp, None)?,
+    ///     None => event,
+    /// };
+    /// # Ok(()) }
+    /// ```
+    pub fn current_traceparent() -> Option<String> {
+        traceparent_of(&tracing::Span::current().context())
+    }
+}

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{EventId, NewEvent};
@@ -102,5 +103,27 @@ impl Harness for MySqlHarness {
             .unwrap();
         tx.commit().await.unwrap();
         done.into_iter().map(|e| (e.id, e.created)).collect()
+    }
+
+    async fn backdate(&self, store: &MySqlStore, ids: &[EventId], by: Duration) {
+        let ids: Vec<String> = ids.iter().map(EventId::to_string).collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET occurred_at = occurred_at - INTERVAL ? MICROSECOND,
+                 enqueued_at = enqueued_at - INTERVAL ? MICROSECOND,
+                 claimed_at = claimed_at - INTERVAL ? MICROSECOND,
+                 delivered_at = delivered_at - INTERVAL ? MICROSECOND,
+                 dead_at = dead_at - INTERVAL ? MICROSECOND
+             WHERE JSON_CONTAINS(?, JSON_QUOTE(id))",
+            store.outbox().quoted_table()
+        )))
+        .bind(by.as_micros() as i64)
+        .bind(by.as_micros() as i64)
+        .bind(by.as_micros() as i64)
+        .bind(by.as_micros() as i64)
+        .bind(by.as_micros() as i64)
+        .bind(serde_json::to_string(&ids).unwrap())
+        .execute(store.pool())
+        .await
+        .unwrap();
     }
 }

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{EventId, NewEvent};
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgres::{Partitioning, PgOutbox, PgStore};
 use outbox_store_tests::Harness;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -47,7 +48,53 @@ pub async fn fresh_store() -> PgStore {
     PgStore::new(pool, outbox)
 }
 
+/// A fresh migrated outbox in the partitioned layout, with its current partitions created.
+pub async fn fresh_partitioned_store(partitioning: Partitioning) -> PgStore {
+    let pool = pool(10).await;
+    let outbox = PgOutbox::partitioned(&unique_schema(), "events", partitioning).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    outbox
+        .maintain_partitions(&pool, chrono::Utc::now())
+        .await
+        .unwrap();
+    PgStore::new(pool, outbox)
+}
+
 pub struct PgHarness;
+
+/// The same contract against the partitioned layout.
+pub struct PgPartitionedHarness;
+
+#[async_trait]
+impl Harness for PgPartitionedHarness {
+    type Store = PgStore;
+
+    async fn fresh(&self) -> Arc<PgStore> {
+        Arc::new(fresh_partitioned_store(Partitioning::default()).await)
+    }
+
+    async fn enqueue(&self, store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
+        PgHarness.enqueue(store, events).await
+    }
+
+    async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {
+        // Moving enqueued_at moves the rows to the partition of their new time (or the default
+        // one); the keys rows follow, as an enqueue at that time would have written them.
+        PgHarness.backdate(store, ids, by).await;
+        let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE \"{}\".\"{}_keys\" SET enqueued_at = enqueued_at - $2 * interval '1 millisecond'
+             WHERE id = ANY($1)",
+            store.outbox().schema(),
+            store.outbox().table()
+        )))
+        .bind(&ids)
+        .bind(by.as_millis() as i64)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+}
 
 #[async_trait]
 impl Harness for PgHarness {
@@ -66,5 +113,23 @@ impl Harness for PgHarness {
             .unwrap();
         tx.commit().await.unwrap();
         done.into_iter().map(|e| (e.id, e.created)).collect()
+    }
+
+    async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {
+        let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET occurred_at = occurred_at - $2 * interval '1 millisecond',
+                 enqueued_at = enqueued_at - $2 * interval '1 millisecond',
+                 claimed_at = claimed_at - $2 * interval '1 millisecond',
+                 delivered_at = delivered_at - $2 * interval '1 millisecond',
+                 dead_at = dead_at - $2 * interval '1 millisecond'
+             WHERE id = ANY($1)",
+            store.outbox().qualified_table()
+        )))
+        .bind(&ids)
+        .bind(by.as_millis() as i64)
+        .execute(store.pool())
+        .await
+        .unwrap();
     }
 }

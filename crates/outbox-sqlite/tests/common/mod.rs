@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_core::route::RouteTable;
 use outbox_core::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, EventId, EventRecord, Lease, NewEvent, OutboxStats,
-    RetryEvent, Store, StoreError,
+    BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, EventId, EventRecord, Lease,
+    LeaseHolder, NewEvent, OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent,
+    Store, StoreError,
 };
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
 use outbox_store_tests::Harness;
@@ -114,6 +116,39 @@ impl Store for TempStore {
     async fn check(&self) -> Result<(), StoreError> {
         self.store.check().await
     }
+    async fn destination_stats(
+        &self,
+        routes: &RouteTable,
+    ) -> Result<Vec<DestinationStats>, StoreError> {
+        self.store.destination_stats(routes).await
+    }
+    async fn leases(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        self.store.leases().await
+    }
+    async fn pause(&self, destination: &str, by: &str) -> Result<bool, StoreError> {
+        self.store.pause(destination, by).await
+    }
+    async fn resume(&self, destination: &str) -> Result<bool, StoreError> {
+        self.store.resume(destination).await
+    }
+    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
+        self.store.paused().await
+    }
+    async fn replay(
+        &self,
+        filter: &ReplayFilter,
+        routes: &RouteTable,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<ReplayStep, StoreError> {
+        self.store.replay(filter, routes, after_seq, limit).await
+    }
+    async fn purge_dead(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        self.store.purge_dead(older_than, limit).await
+    }
+    fn kind(&self) -> &'static str {
+        self.store.kind()
+    }
 }
 
 /// Enqueue `events` in one committed transaction, the way a writer would.
@@ -140,5 +175,21 @@ impl Harness for SqliteHarness {
 
     async fn enqueue(&self, store: &TempStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
         enqueue_committed(store, events).await
+    }
+
+    async fn backdate(&self, store: &TempStore, ids: &[EventId], by: Duration) {
+        let ids: Vec<String> = ids.iter().map(EventId::to_string).collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET occurred_at = occurred_at - ?2, enqueued_at = enqueued_at - ?2,
+                 claimed_at = claimed_at - ?2, delivered_at = delivered_at - ?2,
+                 dead_at = dead_at - ?2
+             WHERE id IN (SELECT value FROM json_each(?1))",
+            store.outbox().quoted_table()
+        )))
+        .bind(serde_json::to_string(&ids).unwrap())
+        .bind(by.as_micros() as i64)
+        .execute(store.pool())
+        .await
+        .unwrap();
     }
 }

@@ -1,0 +1,231 @@
+//! Which database a service runs on, picked from its URL, and the services' own embedded
+//! migrations.
+//!
+//! Why an enum and not sqlx's `Any` driver: the outbox and the inbox have one type per database
+//! (`PgOutbox` / `SqliteOutbox`, `PgInbox` / `SqliteInbox`) whose `enqueue` and `claim` take
+//! that database's executor, so the business write and the event share a real transaction. A
+//! two-armed enum keeps that typing; each arm's SQL is written for its database.
+//!
+//! Why our own tiny migrator and not `sqlx::migrate!`: each service keeps its bookkeeping in a
+//! table named after it (`orders_migrations`, `delivery_migrations`, …), next to the outbox's
+//! and the inbox's own, so nothing clashes when a service shares a database or schema with
+//! another; and the SQL differs per database, which one list with two texts per step states
+//! plainly.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::{AssertSqlSafe, PgPool, Row, SqlitePool};
+
+use crate::Error;
+
+/// A connection pool to one of the supported databases.
+#[derive(Clone, Debug)]
+pub enum Db {
+    /// PostgreSQL; the service's tables live in the connection's `search_path` schema.
+    Postgres(PgPool),
+    /// SQLite (a file in WAL mode with a busy timeout).
+    Sqlite(SqlitePool),
+}
+
+impl Db {
+    /// Connect to `url`: `postgres://…` / `postgresql://…`, or `sqlite://path` / `sqlite:path`.
+    /// On PostgreSQL, `schema` (created if missing) becomes the connections' `search_path`, so
+    /// the service's unqualified table names land there; on SQLite it is ignored.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), outbox_orders::Error> {
+    /// let db = outbox_orders::Db::connect("sqlite://orders.db", None, 4).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(
+        url: &str,
+        schema: Option<&str>,
+        max_connections: u32,
+    ) -> Result<Db, Error> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let mut options = PgConnectOptions::from_str(url).map_err(|e| {
+                Error::Invalid(format!(
+                    "invalid PostgreSQL URL `{}`: {e}",
+                    outbox_postgres::redact_url(url)
+                ))
+            })?;
+            if let Some(schema) = schema {
+                check_identifier("schema", schema)?;
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
+                    .await
+                    .map_err(Error::Database)?;
+                sqlx::query(AssertSqlSafe(format!(
+                    "CREATE SCHEMA IF NOT EXISTS \"{schema}\""
+                )))
+                .execute(&mut conn)
+                .await
+                .map_err(Error::Database)?;
+                let _ = sqlx::Connection::close(conn).await;
+                options = options.options([("search_path", schema)]);
+            }
+            let pool = PgPoolOptions::new()
+                .max_connections(max_connections.max(1))
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(options)
+                .await
+                .map_err(Error::Database)?;
+            Ok(Db::Postgres(pool))
+        } else if url.starts_with("sqlite:") {
+            let options = outbox_sqlite::SqliteStore::connect_options(url)?;
+            let pool = SqlitePoolOptions::new()
+                .max_connections(max_connections.max(1))
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(options)
+                .await
+                .map_err(Error::Database)?;
+            Ok(Db::Sqlite(pool))
+        } else {
+            Err(Error::Invalid(format!(
+                "unsupported database URL `{}`: use postgres://… or sqlite://path",
+                outbox_postgres::redact_url(url)
+            )))
+        }
+    }
+
+    /// Close the pool (waits for connections in use to come back).
+    pub async fn close(&self) {
+        match self {
+            Db::Postgres(pool) => pool.close().await,
+            Db::Sqlite(pool) => pool.close().await,
+        }
+    }
+}
+
+/// A plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most 63 bytes), safe to quote into SQL.
+pub(crate) fn check_identifier(what: &str, name: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let ok = name.len() <= 63
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{what} `{name}` is not a plain identifier ([a-z_][a-z0-9_]*, at most 63 characters)"
+        )))
+    }
+}
+
+/// One schema change, in both dialects.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub description: &'static str,
+    pub postgres: &'static str,
+    pub sqlite: &'static str,
+}
+
+/// Apply the `migrations` not yet recorded in `<name>_migrations`, in one transaction that is
+/// serialized against other processes migrating the same service (an advisory lock on
+/// PostgreSQL, `BEGIN IMMEDIATE` on SQLite). Idempotent; returns the versions applied.
+pub(crate) async fn migrate(
+    db: &Db,
+    name: &str,
+    migrations: &[Migration],
+) -> Result<Vec<i64>, Error> {
+    check_identifier("migration set", name)?;
+    let book = format!("\"{name}_migrations\"");
+    let mut applied = Vec::new();
+    match db {
+        Db::Postgres(pool) => {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.' || $1))")
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {book} (
+                     version     BIGINT PRIMARY KEY,
+                     description TEXT NOT NULL,
+                     applied_at  TIMESTAMPTZ NOT NULL DEFAULT now())"
+            )))
+            .execute(&mut *tx)
+            .await?;
+            let done: Vec<i64> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {book}")))
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<Result<_, _>>()?;
+            for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
+                sqlx::raw_sql(AssertSqlSafe(m.postgres))
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(AssertSqlSafe(format!(
+                    "INSERT INTO {book} (version, description) VALUES ($1, $2)"
+                )))
+                .bind(m.version)
+                .bind(m.description)
+                .execute(&mut *tx)
+                .await?;
+                applied.push(m.version);
+            }
+            tx.commit().await?;
+        }
+        Db::Sqlite(pool) => {
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {book} (
+                     version     INTEGER PRIMARY KEY,
+                     description TEXT NOT NULL,
+                     applied_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
+            )))
+            .execute(&mut *tx)
+            .await?;
+            let done: Vec<i64> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {book}")))
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<Result<_, _>>()?;
+            for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
+                sqlx::raw_sql(AssertSqlSafe(m.sqlite))
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(AssertSqlSafe(format!(
+                    "INSERT INTO {book} (version, description) VALUES (?1, ?2)"
+                )))
+                .bind(m.version)
+                .bind(m.description)
+                .execute(&mut *tx)
+                .await?;
+                applied.push(m.version);
+            }
+            tx.commit().await?;
+        }
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers() {
+        assert!(check_identifier("schema", "outbox_t_orders_1").is_ok());
+        assert!(check_identifier("schema", "Orders").is_err());
+        assert!(check_identifier("schema", "a\"; drop").is_err());
+        assert!(check_identifier("schema", "").is_err());
+    }
+
+    #[tokio::test]
+    async fn unknown_url_scheme_is_refused() {
+        let err = Db::connect("mysql://root@localhost/x", None, 1)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("unsupported database URL"),
+            "{err}"
+        );
+    }
+}

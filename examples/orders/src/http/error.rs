@@ -1,0 +1,101 @@
+//! The HTTP API's error: one variant per answer a client can get, mapped to a status code and a
+//! JSON body `{"error": "...", "field": "..."}`.
+//!
+//! Modelled on sqlx's `axum-social-with-tests` example: internal failures (database, outbox)
+//! are logged with their cause and answered with a fixed "internal error" text, so a client
+//! never sees SQL, table names or connection strings.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::order::RequestError;
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not a JSON object (400).
+    #[error("{0}")]
+    Malformed(String),
+    /// A field is missing, mistyped or out of range (422).
+    #[error("{message}")]
+    Invalid {
+        /// The field at fault.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The customer's open orders would exceed the credit limit (409). The order and its event
+    /// were rolled back.
+    #[error("credit limit exceeded: the customer's open orders would total {open} (limit {limit})")]
+    CreditLimitExceeded {
+        /// Open orders including this one, as a decimal amount.
+        open: String,
+        /// The limit, as a decimal amount.
+        limit: String,
+    },
+    /// No order with that id (404).
+    #[error("order not found")]
+    NotFound,
+    /// Anything on our side (500); the cause is logged, not returned.
+    #[error("an internal error occurred")]
+    Internal(#[from] crate::Error),
+}
+
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> Self {
+        match e {
+            RequestError::Malformed(m) => ApiError::Malformed(m),
+            RequestError::Invalid { field, message } => ApiError::Invalid { field, message },
+        }
+    }
+}
+
+impl ApiError {
+    /// The status code of this error.
+    ///
+    /// ```
+    /// use outbox_orders::http::ApiError;
+    /// assert_eq!(ApiError::NotFound.status().as_u16(), 404);
+    /// assert_eq!(ApiError::Malformed("x".into()).status().as_u16(), 400);
+    /// ```
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Malformed(_) => StatusCode::BAD_REQUEST,
+            ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::CreditLimitExceeded { .. } => StatusCode::CONFLICT,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        match self {
+            ApiError::Invalid { field, .. } => Some(field),
+            ApiError::CreditLimitExceeded { .. } => Some("amount"),
+            _ => None,
+        }
+    }
+}
+
+/// The JSON body of every error answer.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(cause) = &self {
+            tracing::warn!(error = %cause, "Request failed on the server side; answered 500.");
+        }
+        let body = ErrorBody {
+            error: self.to_string(),
+            field: self.field(),
+        };
+        (self.status(), Json(body)).into_response()
+    }
+}

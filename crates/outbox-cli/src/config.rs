@@ -499,6 +499,28 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "no database URL: set `database.url` in the config file, OUTBOX_DATABASE__URL, or --database-url".into(),
         ));
     }
+    let url = config.database.url.trim();
+    if ![
+        "postgres://",
+        "postgresql://",
+        "mysql://",
+        "mariadb://",
+        "sqlite:",
+    ]
+    .iter()
+    .any(|p| url.starts_with(p))
+    {
+        return Err(ConfigError(format!(
+            "unsupported `database.url` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
+            outbox_postgres::redact_url(url)
+        )));
+    }
+    if config.relay.retry.max_attempts == 0 {
+        return Err(ConfigError(
+            "`relay.retry.max_attempts` must be at least 1 (the first delivery is an attempt)"
+                .into(),
+        ));
+    }
     if config.relay.batch_size == 0 {
         return Err(ConfigError("`relay.batch_size` must be at least 1".into()));
     }

@@ -356,7 +356,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Replay(args) => replay(args).await,
         Command::Wal(command) => wal(command).await,
         Command::Demo(args) => demo::run(args).await,
-        Command::Config(ConfigCommand::Check { db, json }) => config_check(db, json),
+        Command::Config(ConfigCommand::Check { db, json }) => config_check(db, json).await,
         Command::Dead(command) => dead(command).await,
         Command::Cleanup(args) => cleanup(args).await,
     }
@@ -856,8 +856,11 @@ async fn retention_loop(
     }
 }
 
-fn config_check(db: DbArgs, as_json: bool) -> anyhow::Result<()> {
+async fn config_check(db: DbArgs, as_json: bool) -> anyhow::Result<()> {
     let mut config = db.load(vec![])?;
+    // Build every destination's sink exactly as `outbox relay` does (no broker is contacted:
+    // sinks connect lazily), so the check refuses what the relay would refuse.
+    sinks::build(&config).await?;
     config.database.url = outbox_postgres::redact_url(&config.database.url);
     if as_json {
         println!("{}", serde_json::to_string_pretty(&config)?);

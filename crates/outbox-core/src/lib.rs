@@ -48,5 +48,5 @@ pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};
 pub use store::{
     BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, Hold, Lease, LeaseHolder,
-    OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store,
+    OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store, bury_malformed,
 };

@@ -110,6 +110,18 @@ pub struct RetryEvent {
     pub error: String,
 }
 
+/// A claimed row that cannot be decoded into an [`Event`] (edited by hand, written by a foreign
+/// writer): the store buries it at once instead of failing the whole claim, so one bad row
+/// never stops the outbox — it waits among the dead events for an operator.
+pub fn bury_malformed(seq: i64, error: &StoreError) -> BuryEvent {
+    BuryEvent {
+        seq,
+        error: format!(
+            "the stored row cannot be read as an event ({error}); fix the row and run `outbox dead retry`, or `outbox dead discard` it"
+        ),
+    }
+}
+
 /// A delivery given up on.
 #[derive(Clone, Debug)]
 pub struct BuryEvent {

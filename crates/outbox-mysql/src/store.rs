@@ -87,7 +87,7 @@ impl MySqlStore {
         session: &mut Session,
         request: &ClaimRequest,
         token: Uuid,
-    ) -> Result<Vec<Event>, StoreError> {
+    ) -> Result<(Vec<Event>, Vec<BuryEvent>), StoreError> {
         let sql = self.sql();
         let block = request.dead_letter == DeadLetterPolicy::Block;
         let limit = i64::from(request.limit);
@@ -110,7 +110,7 @@ impl MySqlStore {
         }
         .map_err(map_sqlx)?;
         if candidates.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let mut wanted = Vec::with_capacity(candidates.len());
         for row in &candidates {
@@ -129,17 +129,31 @@ impl MySqlStore {
             .fetch_all(session.conn())
             .await
             .map_err(map_sqlx)?;
-        let mut locked = locked
-            .iter()
-            .map(decode_event)
-            .collect::<Result<Vec<_>, _>>()?;
-        let keep = keep_in_order(&wanted, locked.iter().map(|e| e.seq).collect());
-        locked.retain(|e| keep.contains(&e.seq));
-        if locked.is_empty() {
-            session.rollback().await?;
-            return Ok(Vec::new());
+        let mut decoded = Vec::with_capacity(locked.len());
+        for row in &locked {
+            let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+            decoded.push((seq, decode_event(row)));
         }
-        let kept: Vec<i64> = locked.iter().map(|e| e.seq).collect();
+        let keep = keep_in_order(&wanted, decoded.iter().map(|(seq, _)| *seq).collect());
+        decoded.retain(|(seq, _)| keep.contains(seq));
+        if decoded.is_empty() {
+            session.rollback().await?;
+            return Ok((Vec::new(), Vec::new()));
+        }
+        // Malformed rows are claimed with the rest and buried right after, so one bad row
+        // neither fails the claim nor lets its aggregate's later events overtake it.
+        let kept: Vec<i64> = decoded.iter().map(|(seq, _)| *seq).collect();
+        let mut locked = Vec::with_capacity(decoded.len());
+        let mut malformed = Vec::new();
+        for (seq, event) in decoded {
+            match event {
+                Ok(event) => locked.push(event),
+                Err(error) => {
+                    tracing::warn!(seq, %error, "Claimed a row that cannot be read as an event; it is dead-lettered.");
+                    malformed.push(outbox_core::bury_malformed(seq, &error));
+                }
+            }
+        }
         let owner: String = request.owner.chars().take(MAX_OWNER_CHARS).collect();
         let done = sqlx::query(AssertSqlSafe(sql.claim_update.as_str()))
             .bind(json_text(&kept)?)
@@ -158,7 +172,7 @@ impl MySqlStore {
         }
         session.commit().await?;
         locked.sort_unstable_by_key(|e| e.seq);
-        Ok(locked)
+        Ok((locked, malformed))
     }
 }
 
@@ -295,11 +309,14 @@ impl Store for MySqlStore {
             );
         }
         match self.claim_rows(&mut session, request, token).await {
-            Ok(events) => {
+            Ok((events, malformed)) => {
                 // The claim is committed: hand it out even if the release fails. The session then
                 // still counts as holding the lock and is closed on drop, which releases it.
                 if let Err(error) = session.release_lock(&sql.claim_unlock).await {
                     tracing::warn!(%error, "Releasing the outbox claim lock failed; closing the connection.");
+                }
+                if !malformed.is_empty() {
+                    self.bury(&lease, &malformed).await?;
                 }
                 Ok(Claim { lease, events })
             }

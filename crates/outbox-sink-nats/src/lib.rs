@@ -32,7 +32,8 @@
 //! |---|---|
 //! | `PubAck` received (also for a duplicate) | `Delivered` |
 //! | server unreachable, connection lost, no `PubAck` in time, JetStream busy | `Retry` |
-//! | no stream captures the subject ("no responders") | `Reject`, naming the subject and how to create the stream |
+//! | no stream captures the subject ("no responders", and a stream lookup confirms it) | `Reject`, naming the subject and how to create the stream |
+//! | "no responders" while a stream does capture the subject, or JetStream cannot answer the lookup (a server restarting) | `Retry` |
 //! | message larger than the server's `max_payload` or the stream's `max_msg_size` | `Reject` |
 //! | subject or header that cannot travel in NATS (a space, a wildcard, a line break) | `Reject` |
 //!
@@ -66,7 +67,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::connection::State;
-use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::{self, context::GetStreamByNameErrorKind, context::PublishErrorKind};
 use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -228,6 +229,16 @@ impl NatsSinkConfig {
                 PayloadFormat::CloudEvents { source }
             }
         };
+        let subject = self.subject.as_str();
+        if subject.chars().any(char::is_whitespace)
+            || subject.starts_with('.')
+            || subject.ends_with('.')
+            || subject.contains("..")
+        {
+            return Err(config_error(format!(
+                "`subject = \"{subject}\"` cannot be a NATS subject: no spaces, no empty `.`-separated tokens (e.g. `events.${{event_type}}`)"
+            )));
+        }
         Ok(Routing::new(self.subject.clone()).with_format(format))
     }
 
@@ -705,6 +716,7 @@ impl Sink for NatsSink {
         // Write every message first; the acks come back while the rest is being written.
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut pending = Vec::with_capacity(events.len());
+        let mut no_responders: Vec<(usize, String)> = Vec::new();
         for (i, event) in events.iter().enumerate() {
             let (subject, headers, body) = match self.message(event) {
                 Ok(m) => m,
@@ -718,7 +730,12 @@ impl Sink for NatsSink {
                 .headers(headers);
             match self.jetstream.send_publish(subject.clone(), message).await {
                 Ok(ack) => pending.push((i, subject, ack)),
-                Err(e) => outcomes[i] = Some(self.classify(&subject, &e)),
+                Err(e) => {
+                    if e.kind() == PublishErrorKind::StreamNotFound {
+                        no_responders.push((i, subject.clone()));
+                    }
+                    outcomes[i] = Some(self.classify(&subject, &e));
+                }
             }
         }
 
@@ -737,13 +754,48 @@ impl Sink for NatsSink {
                     Outcome::Delivered
                 }
                 Err(e) => {
-                    let outcome = self.classify(&subject, &e);
-                    if matches!(outcome, Outcome::Reject { .. }) {
-                        warn!(event_id = %events[i].id, %subject, error = %e, "NATS refused the event");
+                    if e.kind() == PublishErrorKind::StreamNotFound {
+                        no_responders.push((i, subject.clone()));
                     }
-                    outcome
+                    self.classify(&subject, &e)
                 }
             });
+        }
+        // "No responders" means no stream captures the subject — or that JetStream cannot
+        // answer at this moment (a server restarting, a leader election). Only a stream lookup
+        // tells them apart; everything short of a definite "not found" is retried.
+        let mut checked: std::collections::HashMap<String, Option<String>> = Default::default();
+        for (i, subject) in no_responders {
+            let transient = match checked.get(&subject) {
+                Some(t) => t.clone(),
+                None => {
+                    let t = match tokio::time::timeout(
+                        self.ack_timeout,
+                        self.jetstream.stream_by_subject(subject.clone()),
+                    )
+                    .await
+                    {
+                        Ok(Err(e)) if e.kind() == GetStreamByNameErrorKind::NotFound => None,
+                        Ok(Ok(stream)) => Some(format!(
+                            "JetStream answered \"no responders\" for `{subject}` although stream `{stream}` captures it (server restarting or electing a leader?)"
+                        )),
+                        Ok(Err(e)) => Some(format!(
+                            "JetStream answered \"no responders\" for `{subject}` and cannot list its streams right now ({e})"
+                        )),
+                        Err(_) => Some(format!(
+                            "JetStream answered \"no responders\" for `{subject}` and did not answer a stream lookup in time"
+                        )),
+                    };
+                    checked.insert(subject.clone(), t.clone());
+                    t
+                }
+            };
+            match transient {
+                Some(reason) => outcomes[i] = Some(Outcome::retry(reason)),
+                None => {
+                    warn!(event_id = %events[i].id, %subject, "No JetStream stream captures the subject; the event is rejected.")
+                }
+            }
         }
         outcomes
             .into_iter()

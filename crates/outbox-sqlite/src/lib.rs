@@ -862,19 +862,27 @@ impl Store for SqliteStore {
             }
             query.fetch_all(&self.pool).await.map_err(map_sqlx)?
         };
-        let mut events = rows
-            .iter()
-            .map(decode_event)
-            .collect::<Result<Vec<_>, _>>()?;
-        // RETURNING comes back in no particular order.
+        let mut events = Vec::with_capacity(rows.len());
+        let mut malformed = Vec::new();
+        for row in &rows {
+            match decode_event(row) {
+                Ok(event) => events.push(event),
+                Err(error) => {
+                    let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+                    tracing::warn!(seq, %error, "Claimed a row that cannot be read as an event; it is dead-lettered.");
+                    malformed.push(outbox_core::bury_malformed(seq, &error));
+                }
+            }
+        }
         events.sort_unstable_by_key(|e| e.seq);
-        Ok(Claim {
-            lease: Lease {
-                owner: request.owner.clone(),
-                token,
-            },
-            events,
-        })
+        let lease = Lease {
+            owner: request.owner.clone(),
+            token,
+        };
+        if !malformed.is_empty() {
+            self.bury(&lease, &malformed).await?;
+        }
+        Ok(Claim { lease, events })
     }
 
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {

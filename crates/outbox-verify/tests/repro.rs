@@ -20,7 +20,6 @@ fn database_url() -> String {
 /// count it as a blocker (an expired in-flight row never blocks), so it claims #N+1 alone and
 /// publishes it first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a claim skips a locked earlier event of the aggregate yet claims the later one"]
 async fn a_claim_never_takes_a_later_event_while_an_earlier_one_is_skipped() {
     let schema = format!("outbox_t_repro_{}", std::process::id());
     let store = PgStore::connect(

@@ -3,10 +3,12 @@
 //! [`run`] reads a [`StreamConsumer`] (configure it with `enable.auto.commit=false`);
 //! [`handle_message`] settles one message. The event id comes from the `outbox-event-id`
 //! header. The [`InboxHandler`] claims it and runs the effect in one committed transaction;
-//! only then is the message's offset committed (`commit_message`, synchronous: the call
-//! returns once the broker confirmed, blocking the task for that round trip). A duplicate is
-//! committed without running the effect. After a crash, uncommitted offsets are read again and
-//! the inbox drops what was already applied.
+//! only then is the message's offset committed (`commit_message` in asynchronous mode: the
+//! commit is requested after the database commit and librdkafka sends it in the background; a
+//! synchronous commit would block a runtime worker thread inside async code for the broker's
+//! round trip — or for good, when a broker never answers). A duplicate is committed without
+//! running the effect. After a crash, or a commit the broker never got, uncommitted offsets are
+//! read again and the inbox drops what was already applied.
 //!
 //! **Attempts.** Kafka has no per-message redelivery (a partition is a log; not committing only
 //! matters after a restart or rebalance), so the adapter retries a failed message in place,
@@ -80,7 +82,7 @@ pub async fn handle_message<H: InboxHandler + ?Sized>(
             Outcome::Retry(error) => return Err(error),
             outcome => {
                 consumer
-                    .commit_message(message, CommitMode::Sync)
+                    .commit_message(message, CommitMode::Async)
                     .map_err(|e| Error::Broker(format!("Kafka offset commit failed: {e}")))?;
                 return Ok(outcome);
             }

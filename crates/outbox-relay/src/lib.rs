@@ -311,7 +311,7 @@ where
                     add(&self.counters.claimed, claim.events.len() as u64);
                     let ctx = ctx.clone();
                     batches.spawn(async move {
-                        ctx.process(claim).await;
+                        ctx.process(claim, started).await;
                         drop(slot);
                     });
                     (!full).then_some(config.poll_interval)
@@ -449,8 +449,10 @@ where
     S: Store + ?Sized,
     K: Sink + ?Sized,
 {
-    async fn process(&self, claim: Claim) {
-        let claimed_at = Instant::now();
+    /// `claimed_at` is when the claim was *sent*: the lease runs from the database's commit,
+    /// which can be long before the result reached this process (a pause, a slow network), and
+    /// counting from the send keeps the stop-publishing deadline inside the lease.
+    async fn process(&self, claim: Claim, claimed_at: Instant) {
         // Stop starting publishes a little before the lease runs out, so an event is not being
         // published here after another relay may have claimed it.
         let margin = (self.config.lease / 5).min(Duration::from_secs(5));

@@ -209,12 +209,18 @@ impl KafkaSink {
 
     /// After a fatal error the idempotent producer cannot go on: swap in a fresh one (once, even
     /// when several publishes notice at the same time).
-    fn replace_if_fatal(&self, used: &Client) {
-        let Some((code, reason)) = used.client().fatal_error() else {
-            return;
+    ///
+    /// `fenced` forces the swap: a broker may answer `ProducerFenced` / `InvalidProducerEpoch`
+    /// per record without librdkafka raising its fatal flag, and every later record of that
+    /// producer then fails the same way (seen with the Kafka-protocol broker used in tests).
+    fn replace_if_fatal(&self, used: &Client, fenced: bool) {
+        let (code, reason) = match used.client().fatal_error() {
+            Some((code, reason)) => (Some(code), reason),
+            None if fenced => (None, "the broker fenced this producer".to_owned()),
+            None => return,
         };
         let mut slot = self.producer.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.client().fatal_error().is_none() {
+        if !std::ptr::eq(slot.client(), used.client()) {
             return; // someone else already replaced it
         }
         match create_producer(&self.client_config, &self.news) {
@@ -423,6 +429,8 @@ impl Sink for KafkaSink {
         // Every record is queued; librdkafka batches them. Wait for all reports together. The
         // extra second covers the report of a record that times out right at the deadline.
         let wait_until = tokio::time::Instant::from_std(until + Duration::from_secs(1));
+        let fenced = std::sync::atomic::AtomicBool::new(false);
+        let fenced = &fenced;
         let outcomes = join_all(slots.into_iter().map(|slot| async move {
             match slot {
                 Slot::Done(outcome) => outcome,
@@ -432,7 +440,12 @@ impl Sink for KafkaSink {
                     delivery,
                 } => match tokio::time::timeout_at(wait_until, delivery).await {
                     Ok(Ok(Ok(_))) => Outcome::Delivered,
-                    Ok(Ok(Err((error, _)))) => self.classify(&error, &topic, size),
+                    Ok(Ok(Err((error, _)))) => {
+                        if is_fenced(&error) {
+                            fenced.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        self.classify(&error, &topic, size)
+                    }
                     Ok(Err(_canceled)) => Outcome::retry(format!(
                         "the Kafka producer was shut down before topic `{topic}` confirmed the record"
                     )),
@@ -449,7 +462,7 @@ impl Sink for KafkaSink {
             }
         }))
         .await;
-        self.replace_if_fatal(&producer);
+        self.replace_if_fatal(&producer, fenced.load(std::sync::atomic::Ordering::Relaxed));
         debug!(
             events = events.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -487,9 +500,43 @@ impl Sink for KafkaSink {
     }
 }
 
+/// Whether a delivery error means this producer instance can no longer produce (its producer
+/// id or epoch was superseded): the fix is a fresh producer, not a retry with the same one.
+fn is_fenced(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let code = match error {
+        KafkaError::MessageProduction(code) => Some(*code),
+        other => other.rdkafka_error_code(),
+    };
+    matches!(
+        code,
+        Some(C::Fatal | C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fenced_producers_are_recognised_for_replacement() {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        for code in [
+            C::ProducerFenced,
+            C::InvalidProducerEpoch,
+            C::Fenced,
+            C::Fatal,
+        ] {
+            assert!(is_fenced(&KafkaError::MessageProduction(code)), "{code:?}");
+        }
+        for code in [
+            C::MessageSizeTooLarge,
+            C::MessageTimedOut,
+            C::UnknownTopicOrPartition,
+        ] {
+            assert!(!is_fenced(&KafkaError::MessageProduction(code)), "{code:?}");
+        }
+    }
 
     fn sink() -> KafkaSink {
         // A port nothing listens on: creating the sink must still work.

@@ -80,7 +80,11 @@ fn config(url: &str, name: &str, source: Source) -> WalConfig {
         sources: vec![source],
         catch_up: false,
         max_batch: 1000,
-        max_batches_in_flight: 4,
+        // WAL_BENCH_IN_FLIGHT overrides the sink calls in flight (the relay's default is 4).
+        max_batches_in_flight: std::env::var("WAL_BENCH_IN_FLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4),
         status_interval: Duration::from_millis(200),
         ..WalConfig::new(url)
     }

@@ -136,15 +136,22 @@
 //! ## Performance
 //!
 //! `examples/wal_bench.rs` runs the relay in a child process (its own CPU time and peak RSS) on
-//! a current-thread tokio runtime, to the in-process channel sink, 400-byte payloads, 1000
-//! aggregates, on the 2-core development machine with PostgreSQL on the same machine (and other
-//! work going on). Measured:
+//! a current-thread tokio runtime, 400-byte payloads, 1000 aggregates, on the 2-core development
+//! machine with PostgreSQL (the throwaway `wal_level=logical` cluster, `synchronous_commit=on`)
+//! and NATS on the same machine. Measured on 2026-11-23, one run each:
 //!
-//! | scenario | table source | message source |
+//! | scenario | in-process sink | NATS JetStream (PubAck) |
 //! |---|---|---|
-//! | drain 100k backlog | 73k–106k events/s, 5.7–6.5 µs CPU/event, 17 MB peak RSS | 155k–192k events/s, 4.8–5.3 µs/event, 14 MB |
-//! | 1,000 events/s, one event per transaction | commit→sink p50 0.22 ms, p99 1.4 ms; 57 µs CPU/event; 7 MB | p50 0.18 ms, p99 0.8 ms; 38 µs/event; 7 MB |
-//! | 5,000 events/s target (writers reached 3.2k–4.6k/s) | p99 4.3 ms; 30 µs/event; 9 MB | p99 3.7 ms; 22 µs/event; 9 MB |
+//! | drain 100k backlog, table rows | 133k events/s, 4.2 µs CPU/event, 19 MB peak RSS | 41k events/s, 13.9 µs/event, 27 MB |
+//! | drain 100k backlog, logical messages | 242k events/s, 3.8 µs/event, 15 MB | 70k events/s, 11.8 µs/event, 28 MB |
+//! | 1,000 events/s, table rows, one event per transaction, 8 writers | commit→sink p50 0.14 ms, p99 0.93 ms; 42 µs CPU/event; 8 MB | p50 0.57 ms, p99 1.84 ms; 74 µs/event; 9 MB |
+//! | 1,000 events/s, logical messages | p50 0.13 ms, p99 0.58 ms; 28 µs/event; 8 MB | – |
+//! | 5,000 events/s, 16 writers, table rows (writers reached 4.8k/s) | p50 0.03 ms, p99 4.7 ms; 22 µs/event; 10 MB | (3.6k/s reached) p50 3.0 ms, p99 35 ms; 44 µs/event |
+//! | 5,000 events/s, 16 writers, logical messages | p50 0.12 ms, p99 2.0 ms; 22 µs/event; 10 MB | p50 1.4 ms, p99 22–29 ms; 42 µs/event |
+//!
+//! With NATS at 5,000 events/s the two cores are shared by 16 writers, PostgreSQL, the NATS
+//! server and the relay; the p99 is queueing for CPU, and raising the sink calls in flight from 4
+//! to 16 (`WAL_BENCH_IN_FLIGHT=16`) moved it from 29 ms to 22 ms.
 //!
 //! At a trickle the CPU per event is the fixed cost of waking up per transaction (the socket
 //! read, the replication worker's channel hand-off, the session task, the sink call: runtime

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! scripts/kafka.sh   # the test broker on 127.0.0.1:19092
-//! cargo run --release -p outbox-sink-kafka --example drain -- [EVENTS] [BATCH] [IN_FLIGHT] [COMPRESSION]
+//! cargo run --release -p outbox-sink-kafka --example kafka_drain -- [EVENTS] [BATCH] [IN_FLIGHT] [COMPRESSION]
 //! ```
 //!
 //! Defaults: 100000 events, batches of 500 over 10000 aggregates, 1 batch in flight (the

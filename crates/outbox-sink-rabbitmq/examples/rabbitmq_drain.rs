@@ -4,7 +4,7 @@
 //! durable queue, and prints events/s and the per-batch latency (p50, p99, max).
 //!
 //! ```text
-//! cargo run --release -p outbox-sink-rabbitmq --example drain -- [EVENTS] [BATCH] [IN_FLIGHT] [persistent|transient]
+//! cargo run --release -p outbox-sink-rabbitmq --example rabbitmq_drain -- [EVENTS] [BATCH] [IN_FLIGHT] [persistent|transient]
 //! ```
 //!
 //! Defaults: 100000 events, batches of 500 over 10000 aggregates, 1 batch in flight (the

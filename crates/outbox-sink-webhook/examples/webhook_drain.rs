@@ -4,7 +4,7 @@
 //! per-batch publish latency. Requests are signed (HMAC-SHA256), as in production.
 //!
 //! ```text
-//! cargo run --release -p outbox-sink-webhook --example drain -- [EVENTS] [BATCH] [IN_FLIGHT] [CONCURRENCY]
+//! cargo run --release -p outbox-sink-webhook --example webhook_drain -- [EVENTS] [BATCH] [IN_FLIGHT] [CONCURRENCY]
 //! ```
 //!
 //! Defaults: 100000 events, batches of 500, 2 batches in flight (the relay's default is 1; this measures the sink

@@ -1,20 +1,20 @@
-//! Throughput of the NATS sink: publishes synthetic 400-byte events through
-//! [`NatsSink::publish`] in relay-sized batches (one event per aggregate per batch, as the relay
+//! Throughput of the Redis sink: publishes synthetic 400-byte events through
+//! [`RedisSink::publish`] in relay-sized batches (one event per aggregate per batch, as the relay
 //! hands them) and prints events/s and the per-batch publish latency.
 //!
 //! ```text
-//! cargo run --release -p outbox-sink-nats --example drain -- [EVENTS] [BATCH] [IN_FLIGHT]
+//! cargo run --release -p outbox-sink-redis --example redis_drain -- [EVENTS] [BATCH] [IN_FLIGHT]
 //! ```
 //!
 //! Defaults: 100000 events, batches of 500, 2 batches in flight (the relay's default is 1; this measures the sink
-//! with two overlapping, as `max_batches_in_flight = 2` would). Needs NATS with JetStream on `NATS_URL` (default
-//! `nats://127.0.0.1:4222`); it creates a stream of its own and deletes it at the end.
+//! with two overlapping, as `max_batches_in_flight = 2` would). Needs Redis on `REDIS_URL` (default `redis://127.0.0.1:6379`); it
+//! appends to a stream key of its own and deletes it at the end.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{Event, EventId, Outcome, Sink};
-use outbox_sink_nats::{NatsSink, NatsSinkConfig};
+use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
 fn arg(n: usize, default: usize) -> usize {
     std::env::args()
@@ -62,17 +62,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let total = arg(1, 100_000);
     let batch_size = arg(2, 500).max(1);
     let in_flight = arg(3, 2).max(1);
-    let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
-    let id = std::process::id();
-    let stream = format!("DRAIN_{id}");
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let key = format!("drain:{}", std::process::id());
 
-    let config: NatsSinkConfig = serde_json::from_value(serde_json::json!({
-        "servers": [url],
-        "subject": format!("drain_{id}.${{event_type}}"),
-        "create_stream": true,
-        "stream_name": stream,
+    let config: RedisSinkConfig = serde_json::from_value(serde_json::json!({
+        "url": url,
+        "stream": key,
+        "maxlen": 1_000_000,
     }))?;
-    let sink = Arc::new(NatsSink::connect(config).await?);
+    let sink = Arc::new(RedisSink::connect(config)?);
 
     let batches: Vec<Vec<Event>> = (0..total.div_ceil(batch_size))
         .map(|b| {
@@ -80,7 +78,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             (0..n).map(|i| synthetic(b, i, 400)).collect()
         })
         .collect();
-    // Warm-up: connection, stream creation.
+    // Warm-up: connection.
     let warm = sink
         .publish(&[synthetic(usize::MAX / 200_000, 0, 400)])
         .await;
@@ -132,10 +130,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     latencies.sort();
 
     println!(
-        "nats: {delivered} delivered, {failed} failed, {total} events of 400 B in batches of {batch_size}, {in_flight} in flight"
+        "redis: {delivered} delivered, {failed} failed, {total} events of 400 B in batches of {batch_size}, {in_flight} in flight"
     );
     println!(
-        "nats: {:.0} events/s over {:.2} s; per-batch publish latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        "redis: {:.0} events/s over {:.2} s; per-batch publish latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         delivered as f64 / elapsed.as_secs_f64(),
         elapsed.as_secs_f64(),
         percentile(&latencies, 50.0).as_secs_f64() * 1e3,
@@ -143,7 +141,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
     );
 
-    let js = async_nats::jetstream::new(sink.client().clone());
-    js.delete_stream(&stream).await?;
+    let mut con = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let _: () = redis::cmd("DEL").arg(&key).query_async(&mut con).await?;
     Ok(())
 }

@@ -1,0 +1,588 @@
+//! The writer-side scenarios: what enqueueing costs a business transaction (`write-overhead`),
+//! and how the relay behaves while writers run at a fixed rate or flat out (`steady`).
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use outbox_postgres::PgStore;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+
+use crate::load::{self, Variant, WriterPlan};
+use crate::{
+    RelayArg, RelayKind, drop_schema, fresh, median, record, schema_name, server_settings,
+};
+
+#[derive(clap::Args, Clone)]
+pub struct WriteArgs {
+    /// Concurrent writers, one connection each.
+    #[arg(long, default_value_t = 16)]
+    writers: usize,
+    /// Seconds each variant runs per run.
+    #[arg(long, default_value_t = 15)]
+    seconds: u64,
+    /// Event payload size in bytes.
+    #[arg(long, default_value_t = 400)]
+    payload_bytes: usize,
+    /// Runs (the median is reported); variants are interleaved within a run.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+/// Scenario 1: commits/s of the business transaction alone, with `PgOutbox::enqueue`, and with
+/// a hand-written `INSERT` of the same event row.
+pub async fn write_overhead(
+    url: &str,
+    json_out: Option<&std::path::Path>,
+    args: WriteArgs,
+) -> anyhow::Result<()> {
+    let schema = schema_name("write");
+    let store = fresh(url, &schema).await?;
+    load::create_orders(&store).await?;
+    let settings = server_settings(&store).await?;
+    println!(
+        "write-overhead: {} writers, one connection each, {} s per variant, {} run(s); a transaction inserts one order row and, per variant, one {} B event; {settings}",
+        args.writers,
+        args.seconds,
+        args.runs.max(1),
+        args.payload_bytes
+    );
+    let variants = [Variant::OrderOnly, Variant::Outbox, Variant::RawInsert];
+    let plan = |variant, seconds| WriterPlan {
+        variant,
+        writers: args.writers,
+        rate: 0.0,
+        duration: Duration::from_secs(seconds),
+        payload_bytes: args.payload_bytes,
+        record_commits: false,
+    };
+    // Warm-up: connections, prepared statements, the tables' first pages.
+    for variant in variants {
+        load::run_writers(&store, &plan(variant, 2)).await?;
+    }
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for run in 0..args.runs.max(1) {
+        // A different variant goes first in each run, so drift over time does not favour one.
+        for k in 0..variants.len() {
+            let i = (k + run) % variants.len();
+            load::truncate(&store).await?;
+            sqlx::query("CHECKPOINT").execute(store.pool()).await?;
+            let result = load::run_writers(&store, &plan(variants[i], args.seconds)).await?;
+            if result.errors > 0 {
+                bail!(
+                    "{}: {} transactions failed; first: {}",
+                    variants[i].name(),
+                    result.errors,
+                    result.first_error.unwrap_or_default()
+                );
+            }
+            let rate = result.commits as f64 / result.seconds;
+            println!(
+                "  run {}: {:<20} {:>7.0} commits/s",
+                run + 1,
+                variants[i].name(),
+                rate
+            );
+            rates[i].push(rate);
+        }
+    }
+    let [alone, outbox, raw] = [0, 1, 2].map(|i| median(rates[i].clone()));
+    println!();
+    println!("write-overhead, median of {} run(s):", args.runs.max(1));
+    println!("  {:<20} {:>9}  vs order only", "transaction", "commits/s");
+    for (i, variant) in variants.iter().enumerate() {
+        let r = median(rates[i].clone());
+        println!(
+            "  {:<20} {:>9.0}  {:>6.1}%",
+            variant.name(),
+            r,
+            r / alone * 100.0
+        );
+    }
+    let overhead = (raw - outbox) / raw * 100.0;
+    println!(
+        "  library overhead over the hand-written INSERT: {overhead:.1}% (target ≤ 3%); outbox cost over the order alone: {:.1}%",
+        (alone - outbox) / alone * 100.0
+    );
+    record(
+        json_out,
+        serde_json::json!({
+            "scenario": "write-overhead", "writers": args.writers, "seconds": args.seconds,
+            "payload_bytes": args.payload_bytes, "runs": args.runs, "database": settings,
+            "order_only_commits_per_second": alone, "outbox_commits_per_second": outbox,
+            "raw_insert_commits_per_second": raw, "library_overhead_percent": overhead,
+            "per_run": {"order_only": rates[0], "outbox": rates[1], "raw_insert": rates[2]},
+        }),
+    )?;
+    drop_schema(&store).await
+}
+
+/// A steady-state rate: a number of transactions per second, or as fast as the database goes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rate {
+    Fixed(f64),
+    Max,
+}
+
+fn parse_rate(s: &str) -> Result<Rate, String> {
+    if s.eq_ignore_ascii_case("max") {
+        return Ok(Rate::Max);
+    }
+    s.parse::<f64>()
+        .ok()
+        .filter(|r| *r > 0.0)
+        .map(Rate::Fixed)
+        .ok_or_else(|| format!("`{s}` is neither a positive rate nor `max`"))
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rate::Fixed(r) => write!(f, "{r:.0}/s"),
+            Rate::Max => f.write_str("max"),
+        }
+    }
+}
+
+#[derive(clap::Args, Clone)]
+pub struct SteadyArgs {
+    /// Total event rates to hold (one event per transaction), comma separated; `max` = writers
+    /// as fast as the database goes, measured also without the relay for the ratio.
+    #[arg(long, value_delimiter = ',', value_parser = parse_rate, default_value = "1000,5000,max")]
+    rates: Vec<Rate>,
+    /// The relay: ours, the seeds' naive poller, or both.
+    #[arg(long, value_enum, default_value = "ours")]
+    relay: RelayArg,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 16)]
+    writers: usize,
+    /// Seconds the writers run per run.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Events committed in the first seconds are left out of the latency figures.
+    #[arg(long, default_value_t = 3)]
+    warmup_seconds: u64,
+    /// Runs per rate (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long, default_value_t = 400)]
+    payload_bytes: usize,
+    /// Relay batch size.
+    #[arg(long, default_value_t = 500)]
+    batch_size: u32,
+    /// Our relay's pause after a claim that came back short, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    poll_interval_ms: u64,
+    /// Longest wait for the relay to deliver what was written, after the writers stop.
+    #[arg(long, default_value_t = 180)]
+    drain_timeout_seconds: u64,
+}
+
+/// Figures of one steady-state run.
+#[derive(serde::Serialize, Clone, Debug, Default)]
+struct SteadyRun {
+    target_rate: Option<f64>,
+    commits_per_second: f64,
+    /// Writers' commit rate with no relay running (rate `max` only).
+    commits_per_second_without_relay: Option<f64>,
+    events: u64,
+    late_transactions: u64,
+    latency_ms_p50: f64,
+    latency_ms_p95: f64,
+    latency_ms_p99: f64,
+    latency_ms_max: f64,
+    measured_events: u64,
+    undelivered: u64,
+    backlog_max: u64,
+    /// Largest backlog in the first and in the second half of the writing.
+    backlog_max_first_half: u64,
+    backlog_max_second_half: u64,
+    backlog_at_stop: u64,
+    drain_after_stop_seconds: f64,
+    relay_cpu_us_per_event: f64,
+    relay_peak_rss_mb: f64,
+    relay_rss_mb_first: f64,
+    relay_rss_mb_last: f64,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn rss_mb(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+async fn backlog(store: &PgStore) -> anyhow::Result<u64> {
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} WHERE status IN ('pending', 'in_flight')",
+        store.outbox().qualified_table()
+    )))
+    .fetch_one(store.pool())
+    .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Scenario 3: writers at fixed rates with the relay running; commit → sink ack latency,
+/// backlog, relay CPU and memory; at `max`, the writers' rate with and without the relay.
+pub async fn steady(
+    url: &str,
+    json_out: Option<&std::path::Path>,
+    args: SteadyArgs,
+) -> anyhow::Result<()> {
+    let schema = schema_name("steady");
+    let probe = fresh(url, &schema).await?;
+    let settings = server_settings(&probe).await?;
+    drop_schema(&probe).await?;
+    println!(
+        "steady: {} writers, one {} B event per transaction (order row + enqueue), {} s per run after which the relay drains what is left, {} run(s) per rate; relay batch {}, poll interval {} ms (ours) / idle sleep 5 s (naive); sink: in-process channel; latency = sink ack − COMMIT returned, events of the first {} s left out; {settings}",
+        args.writers,
+        args.payload_bytes,
+        args.seconds,
+        args.runs.max(1),
+        args.batch_size,
+        args.poll_interval_ms,
+        args.warmup_seconds
+    );
+    let mut table = Vec::new();
+    for relay in args.relay.kinds() {
+        for &rate in &args.rates {
+            let mut runs = Vec::new();
+            for run in 0..args.runs.max(1) {
+                let figures = steady_run(url, &args, relay, rate).await.with_context(|| {
+                    format!("steady {rate}, {} relay, run {}", relay.name(), run + 1)
+                })?;
+                print_steady_run(relay, rate, run, &figures);
+                runs.push(figures);
+            }
+            let m = |f: fn(&SteadyRun) -> f64| median(runs.iter().map(f).collect());
+            let summary = SteadyRun {
+                target_rate: match rate {
+                    Rate::Fixed(r) => Some(r),
+                    Rate::Max => None,
+                },
+                commits_per_second: m(|r| r.commits_per_second),
+                commits_per_second_without_relay: (rate == Rate::Max)
+                    .then(|| m(|r| r.commits_per_second_without_relay.unwrap_or(0.0))),
+                events: m(|r| r.events as f64) as u64,
+                late_transactions: m(|r| r.late_transactions as f64) as u64,
+                latency_ms_p50: m(|r| r.latency_ms_p50),
+                latency_ms_p95: m(|r| r.latency_ms_p95),
+                latency_ms_p99: m(|r| r.latency_ms_p99),
+                latency_ms_max: m(|r| r.latency_ms_max),
+                measured_events: m(|r| r.measured_events as f64) as u64,
+                undelivered: runs.iter().map(|r| r.undelivered).max().unwrap_or(0),
+                backlog_max: m(|r| r.backlog_max as f64) as u64,
+                backlog_max_first_half: m(|r| r.backlog_max_first_half as f64) as u64,
+                backlog_max_second_half: m(|r| r.backlog_max_second_half as f64) as u64,
+                backlog_at_stop: m(|r| r.backlog_at_stop as f64) as u64,
+                drain_after_stop_seconds: m(|r| r.drain_after_stop_seconds),
+                relay_cpu_us_per_event: m(|r| r.relay_cpu_us_per_event),
+                relay_peak_rss_mb: m(|r| r.relay_peak_rss_mb),
+                relay_rss_mb_first: m(|r| r.relay_rss_mb_first),
+                relay_rss_mb_last: m(|r| r.relay_rss_mb_last),
+            };
+            record(
+                json_out,
+                serde_json::json!({
+                    "scenario": "steady", "relay": relay.name(), "rate": rate.to_string(),
+                    "writers": args.writers, "seconds": args.seconds, "payload_bytes": args.payload_bytes,
+                    "batch_size": args.batch_size, "poll_interval_ms": args.poll_interval_ms,
+                    "runs": args.runs, "database": settings, "median": summary, "per_run": runs,
+                }),
+            )?;
+            table.push((relay, rate, summary));
+        }
+    }
+    println!();
+    println!(
+        "steady state, median of {} run(s) ({} writers, in-process sink):",
+        args.runs.max(1),
+        args.writers
+    );
+    println!(
+        "{:<6} {:>7} {:>9} {:>8} {:>8} {:>8} {:>9} {:>11} {:>9} {:>8} {:>7}",
+        "relay",
+        "rate",
+        "commits/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "max ms",
+        "backlog max",
+        "bounded",
+        "µs/event",
+        "RSS MB"
+    );
+    for (relay, rate, s) in &table {
+        println!(
+            "{:<6} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>11} {:>9} {:>8.1} {:>7.1}",
+            relay.name(),
+            rate.to_string(),
+            s.commits_per_second,
+            s.latency_ms_p50,
+            s.latency_ms_p95,
+            s.latency_ms_p99,
+            s.latency_ms_max,
+            s.backlog_max,
+            if bounded(s) { "yes" } else { "NO" },
+            s.relay_cpu_us_per_event,
+            s.relay_peak_rss_mb,
+        );
+        if let Some(alone) = s.commits_per_second_without_relay
+            && alone > 0.0
+        {
+            println!(
+                "       writers flat out: {:.0} commits/s without the relay, {:.0} with it: {:.1}% (target ≥ 85%)",
+                alone,
+                s.commits_per_second,
+                s.commits_per_second / alone * 100.0
+            );
+        }
+    }
+    for rate in &args.rates {
+        let find = |k| {
+            table
+                .iter()
+                .find(|(r, q, _)| *r == k && q == rate)
+                .map(|(_, _, s)| s)
+        };
+        if let (Some(ours), Some(naive)) = (find(RelayKind::Ours), find(RelayKind::Naive))
+            && ours.latency_ms_p99 > 0.0
+        {
+            println!(
+                "at {rate}: naive p99 {:.1} ms vs ours {:.2} ms ({:.0}x); naive backlog max {} vs ours {}",
+                naive.latency_ms_p99,
+                ours.latency_ms_p99,
+                naive.latency_ms_p99 / ours.latency_ms_p99,
+                naive.backlog_max,
+                ours.backlog_max
+            );
+        }
+    }
+    println!(
+        "(bounded: the largest backlog of the second half of the writing is at most 1.5x that of the first half plus one second of writes, and everything was delivered.)"
+    );
+    Ok(())
+}
+
+/// Backlog bounded: it did not keep growing over the run, and everything got delivered.
+fn bounded(s: &SteadyRun) -> bool {
+    let one_second = s.commits_per_second;
+    s.undelivered == 0
+        && (s.backlog_max_second_half as f64) <= 1.5 * s.backlog_max_first_half as f64 + one_second
+}
+
+fn print_steady_run(relay: RelayKind, rate: Rate, run: usize, r: &SteadyRun) {
+    println!(
+        "  {} {rate} run {}: {:.0} commits/s{}, latency p50 {:.2} / p95 {:.2} / p99 {:.2} / max {:.1} ms over {} events, {} undelivered; backlog max {} (halves {} → {}), {} at stop, drained {:.1} s later; relay {:.1} µs CPU/event, RSS {:.1} → {:.1} MB (peak {:.1})",
+        relay.name(),
+        run + 1,
+        r.commits_per_second,
+        r.commits_per_second_without_relay
+            .map(|a| format!(" ({a:.0} without the relay)"))
+            .unwrap_or_default(),
+        r.latency_ms_p50,
+        r.latency_ms_p95,
+        r.latency_ms_p99,
+        r.latency_ms_max,
+        r.measured_events,
+        r.undelivered,
+        r.backlog_max,
+        r.backlog_max_first_half,
+        r.backlog_max_second_half,
+        r.backlog_at_stop,
+        r.drain_after_stop_seconds,
+        r.relay_cpu_us_per_event,
+        r.relay_rss_mb_first,
+        r.relay_rss_mb_last,
+        r.relay_peak_rss_mb,
+    );
+}
+
+async fn steady_run(
+    url: &str,
+    args: &SteadyArgs,
+    relay: RelayKind,
+    rate: Rate,
+) -> anyhow::Result<SteadyRun> {
+    let schema = schema_name("steady");
+    let store = fresh(url, &schema).await?;
+    load::create_orders(&store).await?;
+    let result = steady_run_in(url, &store, args, relay, rate).await;
+    let dropped = drop_schema(&store).await;
+    let figures = result?;
+    dropped?;
+    Ok(figures)
+}
+
+async fn steady_run_in(
+    url: &str,
+    store: &PgStore,
+    args: &SteadyArgs,
+    relay: RelayKind,
+    rate: Rate,
+) -> anyhow::Result<SteadyRun> {
+    let plan = WriterPlan {
+        variant: Variant::Outbox,
+        writers: args.writers,
+        rate: match rate {
+            Rate::Fixed(r) => r,
+            Rate::Max => 0.0,
+        },
+        duration: Duration::from_secs(args.seconds),
+        payload_bytes: args.payload_bytes,
+        record_commits: true,
+    };
+    let mut figures = SteadyRun::default();
+    if rate == Rate::Max {
+        // The same writers with no relay: the rate the relay's presence is compared with.
+        let alone = load::run_writers(
+            store,
+            &WriterPlan {
+                record_commits: false,
+                ..plan.clone()
+            },
+        )
+        .await?;
+        figures.commits_per_second_without_relay = Some(alone.commits as f64 / alone.seconds);
+        load::truncate(store).await?;
+        sqlx::query("CHECKPOINT").execute(store.pool()).await?;
+    }
+
+    let acks_file = std::env::temp_dir().join(format!("{}.acks", store.outbox().schema()));
+    let exe = std::env::current_exe()?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["--database-url", url, "relay-child"])
+        .args(["--schema", store.outbox().schema(), "--expect", "0"])
+        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--batches-in-flight", "1", "--sink", "channel"])
+        .args(["--relay", relay.name()])
+        .args(["--poll-interval-ms", &args.poll_interval_ms.to_string()])
+        .arg("--until-stdin-eof")
+        .arg("--record-acks")
+        .arg(&acks_file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().context("relay child pid")?;
+    let stdin = child.stdin.take().context("relay child stdin")?;
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().context("relay child stdout")?);
+    let mut first = String::new();
+    tokio::time::timeout(Duration::from_secs(30), stdout.read_line(&mut first))
+        .await
+        .context("the relay child did not get ready within 30 s")??;
+    if first.trim() != "READY" {
+        bail!("the relay child said `{}` instead of READY", first.trim());
+    }
+
+    // Backlog and relay RSS once a second while the writers run.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let store = store.clone();
+        let sampling = sampling.clone();
+        tokio::spawn(async move {
+            let mut samples: Vec<(f64, u64, f64)> = Vec::new();
+            let started = Instant::now();
+            while sampling.load(Ordering::Relaxed) {
+                let b = backlog(&store).await.unwrap_or(0);
+                let rss = rss_mb(pid).unwrap_or(0.0);
+                samples.push((started.elapsed().as_secs_f64(), b, rss));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            samples
+        })
+    };
+    let writing_started = crate::load::now_micros();
+    let writers = load::run_writers(store, &plan).await?;
+    sampling.store(false, Ordering::Relaxed);
+    let samples = sampler.await?;
+    if writers.errors > 0 {
+        bail!(
+            "{} writer transactions failed; first: {}",
+            writers.errors,
+            writers.first_error.unwrap_or_default()
+        );
+    }
+    figures.backlog_at_stop = backlog(store).await?;
+    let stopped = Instant::now();
+    let timeout = Duration::from_secs(args.drain_timeout_seconds);
+    while backlog(store).await? > 0 && stopped.elapsed() < timeout {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    figures.drain_after_stop_seconds = stopped.elapsed().as_secs_f64();
+    drop(stdin);
+    let mut out = Vec::new();
+    stdout.read_to_end(&mut out).await?;
+    let status = child.wait().await?;
+    if !status.success() {
+        bail!("relay child failed: {status:?}");
+    }
+    let report = crate::parse_child_report(&out)?;
+    let acks = load::read_acks(&acks_file)?;
+    let _ = std::fs::remove_file(&acks_file);
+
+    let warm_until = writing_started + i64::try_from(args.warmup_seconds).unwrap_or(0) * 1_000_000;
+    let mut latencies = Vec::with_capacity(writers.committed_at.len());
+    for (id, committed) in &writers.committed_at {
+        match acks.get(id) {
+            Some(acked) if *committed >= warm_until => {
+                latencies.push((acked - committed) as f64 / 1000.0);
+            }
+            Some(_) => {}
+            None => figures.undelivered += 1,
+        }
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    figures.target_rate = match rate {
+        Rate::Fixed(r) => Some(r),
+        Rate::Max => None,
+    };
+    figures.commits_per_second = writers.commits as f64 / writers.seconds;
+    figures.events = writers.commits;
+    figures.late_transactions = writers.late;
+    figures.measured_events = latencies.len() as u64;
+    figures.latency_ms_p50 = percentile(&latencies, 0.50);
+    figures.latency_ms_p95 = percentile(&latencies, 0.95);
+    figures.latency_ms_p99 = percentile(&latencies, 0.99);
+    figures.latency_ms_max = latencies.last().copied().unwrap_or(0.0);
+    let half = args.seconds as f64 / 2.0;
+    figures.backlog_max = samples.iter().map(|s| s.1).max().unwrap_or(0);
+    figures.backlog_max_first_half = samples
+        .iter()
+        .filter(|s| s.0 < half)
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(0);
+    figures.backlog_max_second_half = samples
+        .iter()
+        .filter(|s| s.0 >= half)
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(0);
+    figures.relay_rss_mb_first = samples.first().map(|s| s.2).unwrap_or(0.0);
+    figures.relay_rss_mb_last = samples.last().map(|s| s.2).unwrap_or(0.0);
+    figures.relay_peak_rss_mb = report.peak_rss_kb as f64 / 1024.0;
+    figures.relay_cpu_us_per_event = if report.delivered > 0 {
+        report.cpu_seconds / report.delivered as f64 * 1e6
+    } else {
+        0.0
+    };
+    Ok(figures)
+}

@@ -162,6 +162,11 @@ struct Names {
 struct Sql {
     enqueue: String,
     enqueue_batch: String,
+    /// Plain layout only: the same rows when no event carries an idempotency key, as a plain
+    /// `INSERT` (an `ON CONFLICT` insert goes through PostgreSQL's speculative-insertion path,
+    /// which costs a writer's transaction measurably more; see `outbox-bench write-overhead`).
+    enqueue_unkeyed: Option<String>,
+    enqueue_batch_unkeyed: Option<String>,
     claim: String,
     ack: String,
     retry: String,
@@ -342,6 +347,26 @@ impl PgOutbox {
         executor: E,
         event: &NewEvent,
     ) -> Result<Enqueued, StoreError> {
+        if event.idempotency_key().is_none()
+            && let Some(sql) = &self.inner.sql.enqueue_unkeyed
+        {
+            sqlx::query(AssertSqlSafe(sql.as_str()))
+                .bind(event.id().as_uuid())
+                .bind(event.aggregate_type())
+                .bind(event.aggregate_id())
+                .bind(event.event_type())
+                .bind(event.payload())
+                .bind(event.destination())
+                .bind(event.headers_json())
+                .bind(event.occurred_at())
+                .execute(executor)
+                .await
+                .map_err(map_sqlx)?;
+            return Ok(Enqueued {
+                id: event.id(),
+                created: true,
+            });
+        }
         let row = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue.as_str()))
             .bind(event.id().as_uuid())
             .bind(event.aggregate_type())
@@ -406,6 +431,29 @@ impl PgOutbox {
             headers.push(e.headers_json());
             keys.push(e.idempotency_key());
             occurred.push(e.occurred_at());
+        }
+        if first_with_key.is_empty()
+            && let Some(sql) = &self.inner.sql.enqueue_batch_unkeyed
+        {
+            sqlx::query(AssertSqlSafe(sql.as_str()))
+                .bind(&ids)
+                .bind(&aggregate_types)
+                .bind(&aggregate_ids)
+                .bind(&event_types)
+                .bind(&payloads)
+                .bind(&destinations)
+                .bind(&headers)
+                .bind(&occurred)
+                .execute(executor)
+                .await
+                .map_err(map_sqlx)?;
+            return Ok(events
+                .iter()
+                .map(|e| Enqueued {
+                    id: e.id(),
+                    created: true,
+                })
+                .collect());
         }
         let rows = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue_batch.as_str()))
             .bind(&ids)
@@ -478,9 +526,20 @@ impl Sql {
             None => (plain_enqueue(t), plain_enqueue_batch(t)),
             Some(k) => (keyed_enqueue(t, k), keyed_enqueue_batch(t, k)),
         };
+        // The partitioned layout needs the keys table even without a key: it is what keeps ids
+        // unique across partitions.
+        let (enqueue_unkeyed, enqueue_batch_unkeyed) = match keys {
+            None => (
+                Some(plain_enqueue_unkeyed(t)),
+                Some(plain_enqueue_batch_unkeyed(t)),
+            ),
+            Some(_) => (None, None),
+        };
         Sql {
             enqueue,
             enqueue_batch,
+            enqueue_unkeyed,
+            enqueue_batch_unkeyed,
             claim: claim_sql(t, None),
             ack: format!(
                 "UPDATE {t} SET status = 'delivered', delivered_at = now(),
@@ -573,6 +632,26 @@ fn plain_enqueue(t: &str) -> String {
          ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
          DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
          RETURNING id, (xmax = 0) AS created"
+    )
+}
+
+/// [`plain_enqueue`] for an event without an idempotency key: nothing to conflict on, so a plain
+/// `INSERT` (a duplicate id still fails on the unique constraint, as it does there).
+fn plain_enqueue_unkeyed(t: &str) -> String {
+    format!(
+        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, occurred_at)
+         VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8)"
+    )
+}
+
+/// [`plain_enqueue_batch`] for a batch in which no event has an idempotency key.
+fn plain_enqueue_batch_unkeyed(t: &str) -> String {
+    format!(
+        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, occurred_at)
+         SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.occurred_at
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
+              WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers, occurred_at, ord)
+         ORDER BY u.ord"
     )
 }
 

@@ -15,6 +15,7 @@ use outbox_postgres::{PgOutbox, PgStore};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::postgres::PgPoolOptions;
@@ -140,7 +141,14 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
         .await
         .unwrap();
     for r in results {
-        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+        match r {
+            Ok(_) => {}
+            // The names are unique per test, so an existing topic is this test's own: a
+            // producer that was retrying against a broker just started can have had it
+            // auto-created by its metadata request first.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => panic!("create topic {t}: {e}"),
+        }
     }
 }
 

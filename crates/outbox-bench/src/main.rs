@@ -1082,16 +1082,19 @@ fn cpu_ticks_seconds() -> anyhow::Result<f64> {
 }
 
 fn peak_rss_kb() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let line = status
+    status_kb("self", "VmHWM").context("VmHWM in /proc/self/status")
+}
+
+/// A `kB` field (`VmRSS`, `VmHWM`, …) of `/proc/<pid>/status`.
+fn status_kb(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .context("VmHWM")?;
-    Ok(line
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
         .split_whitespace()
-        .nth(1)
-        .context("VmHWM value")?
-        .parse()?)
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Claim + ack one batch at a time until nothing is pending: (claim ms per batch, claim+ack ms

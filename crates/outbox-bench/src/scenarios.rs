@@ -216,15 +216,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 fn rss_mb(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
+    crate::status_kb(&pid.to_string(), "VmRSS").map(|kb| kb as f64 / 1024.0)
 }
 
 async fn backlog(store: &PgStore) -> anyhow::Result<u64> {

@@ -347,39 +347,31 @@ impl PgOutbox {
         executor: E,
         event: &NewEvent,
     ) -> Result<Enqueued, StoreError> {
-        if event.idempotency_key().is_none()
-            && let Some(sql) = &self.inner.sql.enqueue_unkeyed
-        {
-            sqlx::query(AssertSqlSafe(sql.as_str()))
-                .bind(event.id().as_uuid())
-                .bind(event.aggregate_type())
-                .bind(event.aggregate_id())
-                .bind(event.event_type())
-                .bind(event.payload())
-                .bind(event.destination())
-                .bind(event.headers_json())
-                .bind(event.occurred_at())
-                .execute(executor)
-                .await
-                .map_err(map_sqlx)?;
+        // Both statements take the same parameters; only the keyed one reports back.
+        let unkeyed = match event.idempotency_key() {
+            None => self.inner.sql.enqueue_unkeyed.as_ref(),
+            Some(_) => None,
+        };
+        let query = sqlx::query(AssertSqlSafe(
+            unkeyed.unwrap_or(&self.inner.sql.enqueue).as_str(),
+        ))
+        .bind(event.id().as_uuid())
+        .bind(event.aggregate_type())
+        .bind(event.aggregate_id())
+        .bind(event.event_type())
+        .bind(event.payload())
+        .bind(event.destination())
+        .bind(event.headers_json())
+        .bind(event.idempotency_key())
+        .bind(event.occurred_at());
+        if unkeyed.is_some() {
+            query.execute(executor).await.map_err(map_sqlx)?;
             return Ok(Enqueued {
                 id: event.id(),
                 created: true,
             });
         }
-        let row = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue.as_str()))
-            .bind(event.id().as_uuid())
-            .bind(event.aggregate_type())
-            .bind(event.aggregate_id())
-            .bind(event.event_type())
-            .bind(event.payload())
-            .bind(event.destination())
-            .bind(event.headers_json())
-            .bind(event.idempotency_key())
-            .bind(event.occurred_at())
-            .fetch_one(executor)
-            .await
-            .map_err(map_sqlx)?;
+        let row = query.fetch_one(executor).await.map_err(map_sqlx)?;
         let id: Uuid = row.try_get("id").map_err(map_sqlx)?;
         let created: bool = row.try_get("created").map_err(map_sqlx)?;
         Ok(Enqueued {
@@ -432,21 +424,25 @@ impl PgOutbox {
             keys.push(e.idempotency_key());
             occurred.push(e.occurred_at());
         }
-        if first_with_key.is_empty()
-            && let Some(sql) = &self.inner.sql.enqueue_batch_unkeyed
-        {
-            sqlx::query(AssertSqlSafe(sql.as_str()))
-                .bind(&ids)
-                .bind(&aggregate_types)
-                .bind(&aggregate_ids)
-                .bind(&event_types)
-                .bind(&payloads)
-                .bind(&destinations)
-                .bind(&headers)
-                .bind(&occurred)
-                .execute(executor)
-                .await
-                .map_err(map_sqlx)?;
+        let unkeyed = if first_with_key.is_empty() {
+            self.inner.sql.enqueue_batch_unkeyed.as_ref()
+        } else {
+            None
+        };
+        let query = sqlx::query(AssertSqlSafe(
+            unkeyed.unwrap_or(&self.inner.sql.enqueue_batch).as_str(),
+        ))
+        .bind(&ids)
+        .bind(&aggregate_types)
+        .bind(&aggregate_ids)
+        .bind(&event_types)
+        .bind(&payloads)
+        .bind(&destinations)
+        .bind(&headers)
+        .bind(&keys)
+        .bind(&occurred);
+        if unkeyed.is_some() {
+            query.execute(executor).await.map_err(map_sqlx)?;
             return Ok(events
                 .iter()
                 .map(|e| Enqueued {
@@ -455,19 +451,7 @@ impl PgOutbox {
                 })
                 .collect());
         }
-        let rows = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue_batch.as_str()))
-            .bind(&ids)
-            .bind(&aggregate_types)
-            .bind(&aggregate_ids)
-            .bind(&event_types)
-            .bind(&payloads)
-            .bind(&destinations)
-            .bind(&headers)
-            .bind(&keys)
-            .bind(&occurred)
-            .fetch_all(executor)
-            .await
-            .map_err(map_sqlx)?;
+        let rows = query.fetch_all(executor).await.map_err(map_sqlx)?;
         let mut by_key: HashMap<String, Enqueued> = HashMap::new();
         for row in rows {
             let key: Option<String> = row.try_get("idempotency_key").map_err(map_sqlx)?;
@@ -636,21 +620,21 @@ fn plain_enqueue(t: &str) -> String {
 }
 
 /// [`plain_enqueue`] for an event without an idempotency key: nothing to conflict on, so a plain
-/// `INSERT` (a duplicate id still fails on the unique constraint, as it does there).
+/// `INSERT` (a duplicate id still fails on the unique constraint, as it does there). Same
+/// parameters, `$8` being NULL.
 fn plain_enqueue_unkeyed(t: &str) -> String {
     format!(
-        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, occurred_at)
-         VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8)"
+        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
+         VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9)"
     )
 }
 
-/// [`plain_enqueue_batch`] for a batch in which no event has an idempotency key.
+/// [`plain_enqueue_batch`] for a batch in which no event has an idempotency key; same parameters.
 fn plain_enqueue_batch_unkeyed(t: &str) -> String {
     format!(
-        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, occurred_at)
-         SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.occurred_at
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
-              WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers, occurred_at, ord)
+        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
+         SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at
+         FROM {BATCH_UNNEST}
          ORDER BY u.ord"
     )
 }

@@ -212,7 +212,10 @@ impl Default for MetricsConfig {
 pub struct RetentionConfig {
     /// Run retention inside `outbox relay`.
     pub enabled: bool,
-    /// Delivered events older than this are deleted.
+    /// Delivered events older than this are deleted. `"0s"` keeps nothing: on PostgreSQL the
+    /// ack deletes each event's row instead of marking it delivered (about half the ack's
+    /// writes); SQLite and MySQL delete them at the next retention run. `outbox replay` then
+    /// has no delivered events to replay.
     #[serde(with = "outbox_core::humantime_duration")]
     pub delivered: std::time::Duration,
     /// How often the relay runs retention.

@@ -25,14 +25,16 @@ impl AnyStore {
     pub async fn open(full: &Config) -> Result<Self, ConfigError> {
         let config = &full.database;
         let url = config.url.trim();
-        if config.layout == Layout::Partitioned
-            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
-        {
+        let is_postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+        if config.layout == Layout::Partitioned && !is_postgres {
             return Err(ConfigError(
                 "`database.layout = \"partitioned\"` is a PostgreSQL layout; use `plain` with other databases".into(),
             ));
         }
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        // `retention.delivered = "0s"` keeps nothing delivered: on PostgreSQL the ack deletes
+        // the row; SQLite and MySQL mark it delivered and the next retention run deletes it.
+        let delete_on_ack = full.retention.enabled && full.retention.delivered.is_zero();
+        if is_postgres {
             let table = config.table.as_deref().unwrap_or("events");
             let outbox = match config.layout {
                 Layout::Plain => PgOutbox::with_names(&config.schema, table),
@@ -53,7 +55,8 @@ impl AnyStore {
             .map_err(|e| ConfigError(format!("invalid `database`: {e}")))?;
             let store = PgStore::connect(url, outbox)
                 .await
-                .map_err(|e| unreachable(url, e))?;
+                .map_err(|e| unreachable(url, e))?
+                .with_delete_on_ack(delete_on_ack);
             Ok(AnyStore::Postgres(store))
         } else if url.starts_with("sqlite:") {
             let outbox = match config.table.as_deref() {

@@ -17,6 +17,42 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A config in `dir` with a file destination (`out.jsonl` in `dir`), `database` as the body of
+/// its `[database]` table and `extra` appended; returns the config and output paths.
+fn file_sink_config(
+    dir: &std::path::Path,
+    database: &str,
+    extra: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let config = dir.join("outbox.toml");
+    let out = dir.join("out.jsonl");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\n{database}[destinations.file]\ntype = \"file\"\npath = \"{}\"\n{extra}",
+            out.display()
+        ),
+    )
+    .unwrap();
+    (config, out)
+}
+
+/// Enqueue `count` updates of order `o1` in one transaction.
+async fn enqueue_order_updates(store: &outbox_postgres::PgStore, count: u32) {
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 0..count {
+        let e = outbox_core::NewEvent::new(
+            "order",
+            "o1",
+            "OrderUpdated",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
 fn pg_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
@@ -344,17 +380,14 @@ async fn json_logs_carry_the_event_fields() {
 async fn the_partitioned_layout_works_through_the_binary() {
     let schema = format!("outbox_t_cliparts_{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("outbox.toml");
-    let out = dir.path().join("out.jsonl");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\nurl = \"{}\"\nschema = \"{schema}\"\nlayout = \"partitioned\"\n[database.partitions]\ninterval = \"hourly\"\nahead = 2\n[destinations.file]\ntype = \"file\"\npath = \"{}\"\n",
-            pg_url(),
-            out.display()
+    let (config, out) = file_sink_config(
+        dir.path(),
+        &format!(
+            "url = \"{}\"\nschema = \"{schema}\"\nlayout = \"partitioned\"\n[database.partitions]\ninterval = \"hourly\"\nahead = 2\n",
+            pg_url()
         ),
-    )
-    .unwrap();
+        "",
+    );
     let config = config.to_str().unwrap();
     let o = outbox(&["migrate", "--config", config]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -383,18 +416,7 @@ async fn the_partitioned_layout_works_through_the_binary() {
         partitions >= 3,
         "current + 2 ahead (+ default): {partitions}"
     );
-    let mut tx = store.pool().begin().await.unwrap();
-    for n in 0..10u32 {
-        let e = outbox_core::NewEvent::new(
-            "order",
-            "o1",
-            "OrderUpdated",
-            &serde_json::json!({ "n": n }),
-        )
-        .unwrap();
-        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    enqueue_order_updates(&store, 10).await;
     let o = outbox(&["relay", "--config", config, "--drain"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 10);
@@ -421,4 +443,52 @@ async fn the_partitioned_layout_works_through_the_binary() {
     .execute(store.pool())
     .await
     .unwrap();
+}
+
+/// `retention.delivered = "0s"` on PostgreSQL: the relay delivers every event and the acks
+/// delete the rows, so nothing delivered is left; with the default retention the rows stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
+    for (tag, retention, left) in [
+        ("zero", "[retention]\ndelivered = \"0s\"\n", 0),
+        ("keep", "", 10),
+    ] {
+        let schema = format!("outbox_t_cliack_{tag}_{}", std::process::id());
+        let dir = tempfile::tempdir().unwrap();
+        let (config, out) = file_sink_config(
+            dir.path(),
+            &format!("url = \"{}\"\nschema = \"{schema}\"\n", pg_url()),
+            retention,
+        );
+        let config = config.to_str().unwrap();
+        let o = outbox(&["migrate", "--config", config]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let store = outbox_postgres::PgStore::connect(
+            &pg_url(),
+            outbox_postgres::PgOutbox::with_names(&schema, "events").unwrap(),
+        )
+        .await
+        .unwrap();
+        enqueue_order_updates(&store, 10).await;
+        let o = outbox(&["relay", "--config", config, "--drain"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap().lines().count(),
+            10,
+            "{tag}"
+        );
+        let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{schema}\".\"events\""
+        )))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(rows, left, "{tag}: rows left after the drain");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE"
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
 }

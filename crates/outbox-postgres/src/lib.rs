@@ -169,6 +169,7 @@ struct Sql {
     enqueue_batch_unkeyed: Option<String>,
     claim: String,
     ack: String,
+    ack_delete: String,
     retry: String,
     bury: String,
     release: String,
@@ -530,6 +531,12 @@ impl Sql {
                      lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
                  WHERE seq = ANY($1) AND lease_token = $2 AND status = 'in_flight'"
             ),
+            // The ack of a store that keeps nothing delivered: the row goes at once. A delete
+            // writes one small WAL record per row where the update writes a whole new row
+            // version and its index entries (measured by `outbox-bench drain --delete-on-ack`).
+            ack_delete: counted_delete(format!(
+                "DELETE FROM {t} WHERE seq = ANY($1) AND lease_token = $2 AND status = 'in_flight'"
+            )),
             retry: format!(
                 "UPDATE {t} AS o SET status = 'pending', attempts = o.attempts + 1,
                      next_attempt_at = now() + r.delay_ms * interval '1 millisecond', last_error = r.error,
@@ -860,12 +867,34 @@ fn replay_sql(t: &str, route: Option<&str>) -> String {
 pub struct PgStore {
     pool: PgPool,
     outbox: PgOutbox,
+    delete_on_ack: bool,
 }
 
 impl PgStore {
     /// A store over an existing pool.
     pub fn new(pool: PgPool, outbox: PgOutbox) -> Self {
-        PgStore { pool, outbox }
+        PgStore {
+            pool,
+            outbox,
+            delete_on_ack: false,
+        }
+    }
+
+    /// Delete each event when it is acked instead of marking it `delivered` (the relay's
+    /// `retention.delivered = "0s"`). Nothing delivered is kept, so `outbox replay` has nothing
+    /// to replay and `outbox status` counts no delivered events; in exchange the ack writes one
+    /// small WAL record per event instead of a new row version with its index entries, and
+    /// retention has nothing left to delete. Retried, dead and in-flight events are unaffected.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let store = outbox_postgres::PgStore::new(pool, outbox_postgres::PgOutbox::new())
+    ///     .with_delete_on_ack(true);
+    /// # }
+    /// ```
+    pub fn with_delete_on_ack(mut self, delete: bool) -> Self {
+        self.delete_on_ack = delete;
+        self
     }
 
     /// Connect with settings suited to a relay (small pool, short acquire timeout so a database
@@ -890,7 +919,7 @@ impl PgStore {
             .connect_with(options)
             .await
             .map_err(unreachable)?;
-        Ok(PgStore { pool, outbox })
+        Ok(PgStore::new(pool, outbox))
     }
 
     /// The pool.
@@ -1068,6 +1097,15 @@ impl Store for PgStore {
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
         if seqs.is_empty() {
             return Ok(0);
+        }
+        if self.delete_on_ack {
+            let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql().ack_delete.as_str()))
+                .bind(seqs)
+                .bind(lease.token)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(map_sqlx)?;
+            return Ok(u64::try_from(n).unwrap_or(0));
         }
         let done = sqlx::query(AssertSqlSafe(self.sql().ack.as_str()))
             .bind(seqs)
@@ -1490,8 +1528,12 @@ mod tests {
         for (name, statement, binds) in checks {
             let p = plan(&pool, &statement, binds).await;
             assert!(!p.contains("Seq Scan"), "{name} scans the table: {p}");
+            // Any of the three partial indexes will do: which one the planner picks for a
+            // status filter depends on its estimates (CI once chose `_blockers` for leases).
             assert!(
-                p.contains("events_open") || p.contains("events_dead"),
+                ["events_open", "events_blockers", "events_dead"]
+                    .iter()
+                    .any(|index| p.contains(index)),
                 "{name} reads a partial index: {p}"
             );
         }

@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use outbox_core::EventId;
 use serde::Serialize;
 
-use crate::history::{History, TxnOutcome, WrittenEvent};
+use crate::history::{History, LateWrites, TxnOutcome, WrittenEvent};
 
 /// At most this many examples of each violation are kept in the report.
 const EXAMPLES: usize = 20;
@@ -89,6 +89,11 @@ pub struct Verdict {
     pub dead: u64,
     /// Committed, never received.
     pub lost: Finding,
+    /// Of the lost events, those the broker's log holds (read back after the run, where the
+    /// destination allows it): the consumer side never read them.
+    pub lost_held_by_broker: u64,
+    /// Of the lost events, those the broker's log does not hold: never stored, or dropped.
+    pub lost_not_in_broker: u64,
     /// Received, never committed.
     pub phantom: Finding,
     /// First deliveries of an aggregate out of sequence order.
@@ -314,10 +319,26 @@ pub fn check(history: &History) -> Verdict {
                 .get(id)
                 .map(|r| r.status.as_str())
                 .unwrap_or("missing");
+            let in_broker = history
+                .broker_held
+                .get(&event.destination)
+                .map(|held| held.contains(id));
+            match in_broker {
+                Some(true) => verdict.lost_held_by_broker += 1,
+                Some(false) => verdict.lost_not_in_broker += 1,
+                None => {}
+            }
             verdict.lost.add(|| {
                 format!(
-                    "event {id} ({} #{}, for {}) committed, never received; outbox state {state}",
-                    event.aggregate, event.seq, event.destination
+                    "event {id} ({} #{}, for {}) committed, never received; outbox state {state}{}",
+                    event.aggregate,
+                    event.seq,
+                    event.destination,
+                    match in_broker {
+                        Some(true) => "; the broker holds it (the consumer never read it)",
+                        Some(false) => "; the broker does not hold it",
+                        None => "",
+                    }
                 )
             });
         }
@@ -377,11 +398,16 @@ pub fn check(history: &History) -> Verdict {
     }
 
     for fault in &history.lease_faults {
-        if fault.reclaimed > 0 && !fault.fenced_after_resume {
+        if fault.reclaimed > 0
+            && matches!(
+                fault.late_writes,
+                LateWrites::Unfenced | LateWrites::Pending
+            )
+        {
             verdict.unfenced.add(|| {
                 format!(
-                    "relay {} held {} events, {} were re-claimed while it was paused, and its late writes were not fenced",
-                    fault.relay, fault.held, fault.reclaimed
+                    "relay {} held {} events, {} were re-claimed while it was paused, and its log never shows its late writes fenced ({:?})",
+                    fault.relay, fault.held, fault.reclaimed, fault.late_writes
                 )
             });
         }
@@ -392,7 +418,7 @@ pub fn check(history: &History) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{LeaseFault, Observed, OutboxRow, Txn};
+    use crate::history::{LateWrites, LeaseFault, Observed, OutboxRow, Txn};
     use uuid::Uuid;
 
     /// A small clean history: two aggregates, three committed transactions, one rolled back,
@@ -495,6 +521,45 @@ mod tests {
         assert_eq!(v.lost.count, 1, "{v:?}");
         assert!(v.lost.examples[0].contains(&lost.to_string()));
         assert_eq!(v.violations(), vec![("lost", 1)]);
+        assert_eq!((v.lost_held_by_broker, v.lost_not_in_broker), (0, 0));
+    }
+
+    #[test]
+    fn a_lost_event_is_placed_by_what_the_broker_holds() {
+        let mut f = fixture();
+        let (consumer_side, broker_side) = (f.ids[2], f.ids[3]);
+        for lost in [consumer_side, broker_side] {
+            f.history.observed.retain(|o| o.event_id != Some(lost));
+            f.history.effects.remove(&lost);
+        }
+        let held: HashSet<EventId> = f
+            .ids
+            .iter()
+            .copied()
+            .filter(|id| *id != broker_side)
+            .collect();
+        f.history.broker_held.insert("file".into(), held);
+        let v = check(&f.history);
+        assert_eq!(v.lost.count, 2, "{v:?}");
+        assert_eq!((v.lost_held_by_broker, v.lost_not_in_broker), (1, 1));
+        let about = |id: EventId| {
+            v.lost
+                .examples
+                .iter()
+                .find(|e| e.contains(&id.to_string()))
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert!(
+            about(consumer_side).contains("the consumer never read it"),
+            "{:?}",
+            v.lost
+        );
+        assert!(
+            about(broker_side).contains("does not hold it"),
+            "{:?}",
+            v.lost
+        );
     }
 
     #[test]
@@ -609,13 +674,29 @@ mod tests {
             relay: "r1".into(),
             held: 10,
             reclaimed: 4,
-            fenced_after_resume: false,
+            late_writes: LateWrites::Unfenced,
+            log: None,
         });
         f.history.lease_faults.push(LeaseFault {
             relay: "r2".into(),
             held: 10,
             reclaimed: 0,
-            fenced_after_resume: false,
+            late_writes: LateWrites::Pending,
+            log: None,
+        });
+        f.history.lease_faults.push(LeaseFault {
+            relay: "r3".into(),
+            held: 10,
+            reclaimed: 10,
+            late_writes: LateWrites::NeverWritten,
+            log: None,
+        });
+        f.history.lease_faults.push(LeaseFault {
+            relay: "r4".into(),
+            held: 10,
+            reclaimed: 10,
+            late_writes: LateWrites::Fenced,
+            log: None,
         });
         let v = check(&f.history);
         assert_eq!(v.misrouted.count, 1);

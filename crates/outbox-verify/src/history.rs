@@ -104,6 +104,11 @@ pub struct History {
     pub business_rows: HashSet<Uuid>,
     /// One entry per lease-clock fault (a relay paused past its lease, then resumed).
     pub lease_faults: Vec<LeaseFault>,
+    /// Per destination whose broker can be read back independently of the consumer (Kafka's
+    /// log from offset 0): every event id the broker holds at the end. For a lost event it
+    /// tells whether the broker never stored it or the consumer never read it.
+    #[serde(default)]
+    pub broker_held: HashMap<String, HashSet<EventId>>,
 }
 
 /// What a lease-clock fault did: a relay was paused (SIGSTOP) past its lease while it held
@@ -117,7 +122,31 @@ pub struct LeaseFault {
     /// How many of those another relay had claimed (a different lease token) by the time it was
     /// resumed.
     pub reclaimed: u64,
-    /// Whether its log, after it resumed, shows its late writes fenced ("Lease expired before
-    /// the write") or given up. Must be true whenever `reclaimed > 0`.
-    pub fenced_after_resume: bool,
+    /// What its log, from the moment it was resumed to the end of that process, shows about
+    /// its late writes. Must be [`LateWrites::Fenced`] (or [`LateWrites::NeverWritten`])
+    /// whenever `reclaimed > 0`.
+    pub late_writes: LateWrites,
+    /// Its log file and the byte offset at which it was resumed, so the verdict can be settled
+    /// from the whole log after the run (a stale batch can take longer than the fault waits).
+    #[serde(default)]
+    pub log: Option<(String, u64)>,
+}
+
+/// What became of a resumed relay's writes for a batch it no longer owned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LateWrites {
+    /// Its log says a write was fenced ("Lease expired before the write") or given up
+    /// ("Could not record the batch before its lease ran out").
+    Fenced,
+    /// The process was killed (its log has no "Relay stopped.") before it logged a fenced
+    /// write: it did not get to write that batch back, or wrote it and was killed before it
+    /// could log anything; the harness cannot tell these apart from outside (the stores'
+    /// fencing tests cover the write itself), so it counts them apart.
+    NeverWritten,
+    /// The process went on and stopped normally ("Relay stopped.") and never logged a fenced
+    /// write: a write for events another relay owned went through, or was silently dropped.
+    Unfenced,
+    /// Not settled yet (the process is still running and has not written back).
+    Pending,
 }

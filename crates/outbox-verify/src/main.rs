@@ -45,7 +45,8 @@ struct Cli {
     /// The consumer's database (inbox and effects tables go in a schema of their own).
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     consumer_url: String,
-    /// Comma-separated destinations: file, nats, webhook.
+    /// Comma-separated destinations: file, nats, webhook, kafka (default: all four; the load
+    /// profile leaves Kafka out).
     #[arg(long, value_delimiter = ',')]
     destinations: Option<Vec<String>>,
     /// Relay mode: `poll` or `wal` (logical replication).

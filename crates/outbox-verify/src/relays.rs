@@ -24,6 +24,10 @@ pub const FENCED_MARKERS: [&str; 2] = [
     "Could not record the batch before its lease ran out",
 ];
 
+/// What the log of a relay says when it stopped normally (it finished and wrote back every batch
+/// it had started).
+pub const STOPPED_MARKER: &str = "Relay stopped.";
+
 /// Where the `outbox` binary is: `--outbox-bin`, else `OUTBOX_BIN`, else next to the running
 /// executable (same target directory), else one directory up (tests run from `deps/`).
 pub fn locate_outbox_bin(explicit: Option<&Path>) -> Result<PathBuf, Error> {

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::checker::{Finding, Verdict};
 use crate::faults::Scheduled;
-use crate::history::LeaseFault;
+use crate::history::{LateWrites, LeaseFault};
 use crate::relays::UnexpectedExit;
 
 /// One sample of the system's state while it runs.
@@ -186,16 +186,22 @@ impl RunReport {
         let fenced = self
             .lease_faults
             .iter()
-            .filter(|l| l.reclaimed > 0 && l.fenced_after_resume)
+            .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::Fenced)
+            .count();
+        let never_written = self
+            .lease_faults
+            .iter()
+            .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::NeverWritten)
             .count();
         let with_reclaim = self.lease_faults.iter().filter(|l| l.reclaimed > 0).count();
         let _ = writeln!(
             s,
-            "lease faults: {} pauses, {} with events re-claimed ({} events), {} of those fenced",
+            "lease faults: {} pauses, {} with events re-claimed ({} events), {} of those fenced, {} killed before any late write",
             self.lease_faults.len(),
             with_reclaim,
             reclaimed,
-            fenced
+            fenced,
+            never_written
         );
         if let (Some(max_backlog), Some(rss)) = (
             self.timeline.iter().filter_map(|x| x.backlog).max(),
@@ -234,6 +240,13 @@ impl RunReport {
         for (name, finding, rule) in rows {
             let mark = if finding.count == 0 { "ok  " } else { "FAIL" };
             let _ = writeln!(s, "  {mark} {name:<18} {:>6}   ({rule})", finding.count);
+            if name == "lost" && v.lost_held_by_broker + v.lost_not_in_broker > 0 {
+                let _ = writeln!(
+                    s,
+                    "         read back from the broker: {} held by it (never consumed), {} not in it",
+                    v.lost_held_by_broker, v.lost_not_in_broker
+                );
+            }
             for e in finding.examples.iter().take(3) {
                 let _ = writeln!(s, "         {e}");
             }

@@ -14,6 +14,7 @@
 //! Poison: the sink's `max_message_bytes` is 200 000 and a poison payload is bigger; the sink
 //! must reject it and the relay bury it.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -21,12 +22,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use outbox_core::EventId;
+use outbox_core::routing::header;
 use outbox_inbox::{AdapterOptions, Delivery, InboxHandler, ParkedMessage, Processed};
 use outbox_testkit::TcpProxy;
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Headers;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use tokio::process::{Child, Command};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
@@ -139,6 +144,64 @@ async fn consume(
             }
         }
     }
+}
+
+/// Every event id in `topic`, read from offset 0 to each partition's high watermark by a
+/// consumer outside any group (it assigns the partitions itself and commits nothing).
+fn read_back(brokers: &str, topic: &str) -> Result<HashSet<EventId>, String> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("{topic}_read_back"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create()
+        .map_err(|e| format!("Kafka read-back consumer: {e}"))?;
+    let timeout = Duration::from_secs(10);
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining = HashSet::new();
+    for partition in 0..PARTITIONS {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, timeout)
+            .map_err(|e| format!("watermarks of {topic}/{partition}: {e}"))?;
+        if high > low {
+            assignment
+                .add_partition_offset(topic, partition, Offset::Beginning)
+                .map_err(|e| format!("assigning {topic}/{partition}: {e}"))?;
+            remaining.insert(partition);
+        }
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|e| format!("assigning {topic}: {e}"))?;
+    let mut held = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !remaining.is_empty() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "partitions {remaining:?} of {topic} not read to the end within 120 s"
+            ));
+        }
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(message)) => {
+                let id = message.headers().and_then(|hs| {
+                    hs.iter()
+                        .find(|h| h.key == header::EVENT_ID)
+                        .and_then(|h| h.value)
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|v| v.parse::<EventId>().ok())
+                });
+                if let Some(id) = id {
+                    held.insert(id);
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                remaining.remove(&partition);
+            }
+            Some(Err(error)) => tracing::debug!(%error, "Kafka read-back."),
+            None => {}
+        }
+    }
+    Ok(held)
 }
 
 impl KafkaDestination {
@@ -272,6 +335,22 @@ impl Destination for KafkaDestination {
         Ok(tokio::spawn(async move {
             let _ = done_rx.await;
         }))
+    }
+
+    async fn held_by_broker(&self) -> Option<HashSet<EventId>> {
+        let brokers = self.proxy.addr().to_string();
+        let topic = self.topic.clone();
+        match tokio::task::spawn_blocking(move || read_back(&brokers, &topic)).await {
+            Ok(Ok(held)) => Some(held),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "Could not read the Kafka topic back.");
+                None
+            }
+            Err(error) => {
+                tracing::warn!(%error, "Reading the Kafka topic back panicked.");
+                None
+            }
+        }
     }
 
     async fn shutdown(&self) {

@@ -20,6 +20,7 @@ pub mod kafka;
 pub mod nats;
 pub mod webhook;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,6 +86,13 @@ pub trait Destination: Send + Sync {
         handler: Arc<DestinationHandler>,
         stop: watch::Receiver<bool>,
     ) -> Result<JoinHandle<()>, Error>;
+
+    /// Every event id the broker holds, read back from it directly rather than through the
+    /// consumer, or `None` where the broker cannot be read that way. It places a lost event:
+    /// never stored by the broker, or stored and never consumed.
+    async fn held_by_broker(&self) -> Option<HashSet<outbox_core::EventId>> {
+        None
+    }
 
     /// Release what it started (broker processes, servers).
     async fn shutdown(&self) {}

@@ -116,14 +116,28 @@ ALTER TABLE {t} SET (
 );
 "#,
     },
+    Migration {
+        version: 3,
+        description: "open rows by aggregate, for claims behind held aggregates",
+        sql: r#"
+-- Open rows by aggregate, in seq order. A claim that finds the front of the queue held back (one
+-- relay holds the head of every aggregate, or a few aggregates wait behind a retry or a dead
+-- event with long queues behind them) walks the aggregates through this index, one probe each,
+-- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
+-- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
+CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('pending', 'in_flight');
+"#,
+    },
 ];
 
 /// The partitioned layout (see [`crate::Partitioning`]), oldest first. A separate list: the
 /// tables differ from the plain layout's from the first version on. Never edit a released entry.
-pub(crate) const PARTITIONED_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "partitioned outbox: events range-partitioned by enqueued_at, keys table, paused destinations",
-    sql: r#"
+pub(crate) const PARTITIONED_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "partitioned outbox: events range-partitioned by enqueued_at, keys table, paused destinations",
+        sql: r#"
 -- Lifecycle and columns as in the plain layout (pending -> in_flight -> delivered | dead).
 --
 -- Range-partitioned by enqueued_at, so retention drops whole partitions: no DELETE of delivered
@@ -196,7 +210,22 @@ CREATE TABLE "{schema}"."{table}_paused" (
     paused_by   TEXT        NOT NULL
 );
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "open rows by aggregate, for claims behind held aggregates",
+        sql: r#"
+-- Open rows by aggregate, in seq order. A claim that finds the front of the queue held back (one
+-- relay holds the head of every aggregate, or a few aggregates wait behind a retry or a dead
+-- event with long queues behind them) walks the aggregates through this index, one probe each,
+-- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
+-- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
+-- Created on every partition.
+CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('pending', 'in_flight');
+"#,
+    },
+];
 
 /// The migrations of `outbox`'s layout.
 pub(crate) fn migrations_for(outbox: &PgOutbox) -> &'static [Migration] {

@@ -66,6 +66,7 @@ macro_rules! conformance {
             replay_sends_delivered_events_again,
             purge_dead_deletes_only_old_dead_events,
             purge_never_deletes_an_undelivered_event,
+            aggregates_behind_a_long_held_run_are_still_claimed,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {
@@ -675,6 +676,92 @@ fn relay_config(id: &str) -> RelayConfig {
         dead_letter: DeadLetterPolicy::Skip,
         ..RelayConfig::default()
     }
+}
+
+/// Aggregates whose events sit behind a long held-back run still get claimed, and in order. In
+/// front of them: 600 events behind a dead event (dead blocks), 600 behind an event waiting an
+/// hour for its retry, 600 behind an event another relay holds — far more than one claim looks
+/// at in seq order. Each claim must still hand out the later aggregates' events, never a held
+/// one, and each aggregate's events in order, until all of them are delivered.
+pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: &H) {
+    const HELD: u64 = 600;
+    let store = h.fresh().await;
+    h.enqueue(&store, &[numbered("dead", 0), numbered("retry", 0)])
+        .await;
+    let first = store.claim(&req(2)).await.unwrap();
+    assert_eq!(first.events.len(), 2);
+    let bury = BuryEvent {
+        seq: first.events[0].seq,
+        error: "payload rejected".into(),
+    };
+    assert_eq!(store.bury(&first.lease, &[bury]).await.unwrap(), 1);
+    let retry = RetryEvent {
+        seq: first.events[1].seq,
+        delay: Duration::from_secs(3600),
+        error: "broker unavailable".into(),
+    };
+    assert_eq!(store.retry(&first.lease, &[retry]).await.unwrap(), 1);
+    h.enqueue(&store, &[numbered("held", 0)]).await;
+    let other = request(
+        "other-relay",
+        1,
+        Duration::from_secs(600),
+        DeadLetterPolicy::Block,
+    );
+    let held = store.claim(&other).await.unwrap();
+    assert_eq!(held.events.len(), 1);
+    let mut behind = Vec::new();
+    for n in 1..=HELD {
+        for aggregate in ["dead", "retry", "held"] {
+            behind.push(numbered(aggregate, n));
+        }
+    }
+    for chunk in behind.chunks(600) {
+        h.enqueue(&store, chunk).await;
+    }
+    let late = ["late-a", "late-b", "late-c"];
+    let mut tail = Vec::new();
+    for n in 0..3 {
+        for aggregate in late {
+            tail.push(numbered(aggregate, n));
+        }
+    }
+    h.enqueue(&store, &tail).await;
+
+    let mut next = std::collections::HashMap::new();
+    let mut delivered = 0;
+    for _ in 0..20 {
+        if delivered == tail.len() {
+            break;
+        }
+        let claim = store.claim(&req(10)).await.unwrap();
+        assert!(
+            !claim.events.is_empty(),
+            "a claim found nothing while {} later events were due",
+            tail.len() - delivered
+        );
+        for e in &claim.events {
+            assert!(
+                late.contains(&e.aggregate_id.as_str()),
+                "claimed {}/{} from behind a held event",
+                e.aggregate_id,
+                payload_n(e)
+            );
+            let expected = next.entry(e.aggregate_id.clone()).or_insert(0);
+            assert_eq!(payload_n(e), *expected, "{} out of order", e.aggregate_id);
+            *expected += 1;
+        }
+        let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+        assert_eq!(
+            store.ack(&claim.lease, &seqs).await.unwrap(),
+            seqs.len() as u64
+        );
+        delivered += seqs.len();
+    }
+    assert_eq!(delivered, tail.len(), "every later event was delivered");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.pending, HELD * 3 + 1, "the held runs are untouched");
+    assert_eq!(stats.in_flight, 1);
 }
 
 /// The proof: 3 relays, 20k events over 500 aggregates, 10% random transient failures

@@ -84,6 +84,10 @@ pub struct Options {
     pub relays: usize,
     /// Concurrent writers.
     pub writers: u32,
+    /// Aggregates per destination the writers spread their events over. Few aggregates make
+    /// long per-aggregate sequences (the order check has much to check) and keep every
+    /// aggregate's head in flight at once.
+    pub aggregates: u32,
     /// Transactions per second per writer (`None`: as fast as possible).
     pub rate: Option<f64>,
     /// How long writers run.
@@ -146,6 +150,7 @@ impl Options {
             consumer_url: "postgres://postgres@127.0.0.1:5432/test".into(),
             relays: 2,
             writers: 16,
+            aggregates: 48,
             rate: Some(12.0),
             duration: Duration::from_secs(75),
             destinations: default_destinations(),
@@ -183,6 +188,11 @@ impl Options {
                 drain_timeout: Duration::from_secs(600),
                 sample_every: Duration::from_secs(5),
                 batch_size: 500,
+                // An order-like spread: many aggregates, a few events each per minute. With 48
+                // per destination, flat-out writers keep every aggregate's head in flight and a
+                // relay sends a batch in sequential waves per aggregate; `--aggregates 48`
+                // measures that case (crates/outbox-verify/README.md).
+                aggregates: 1024,
                 // The harness's Kafka consumer settles one message at a time (~300/s), far below
                 // what flat-out writers produce; it would measure the consumer, not the relay.
                 destinations: vec!["file".into(), "nats".into(), "webhook".into()],
@@ -501,7 +511,7 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
         rollback: options.rollback,
         crash: options.crash,
         max_events: 3,
-        aggregates: 48,
+        aggregates: options.aggregates,
         destinations: dests.iter().map(|d| d.name().to_owned()).collect(),
         pad: options.pad,
         outbox: outbox.clone(),

@@ -58,6 +58,9 @@ struct Cli {
     /// Concurrent writers.
     #[arg(long)]
     writers: Option<u32>,
+    /// Aggregates per destination the writers spread their events over.
+    #[arg(long)]
+    aggregates: Option<u32>,
     /// Transactions per second per writer; 0 = as fast as possible.
     #[arg(long)]
     rate: Option<f64>,
@@ -116,6 +119,10 @@ fn options(cli: Cli) -> anyhow::Result<Options> {
     if let Some(n) = cli.writers {
         anyhow::ensure!(n >= 1, "--writers must be at least 1");
         o.writers = n;
+    }
+    if let Some(n) = cli.aggregates {
+        anyhow::ensure!(n >= 1, "--aggregates must be at least 1");
+        o.aggregates = n;
     }
     if let Some(r) = cli.rate {
         anyhow::ensure!(r >= 0.0, "--rate must not be negative");

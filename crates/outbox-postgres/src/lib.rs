@@ -774,6 +774,12 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
     // OFFSET 0 keeps the probe a per-row lookup in the `_blockers` index: flattened into an
     // anti-join, statistics gathered while nothing was in flight let the planner join every
     // candidate against every blocker (seconds on a 100k backlog, measured by outbox-bench).
+    // The probe walks the index downwards from the candidate: a blocker is usually just before
+    // it (its aggregate's head, in flight), while below that lie the entries every delivered
+    // event of the aggregate left behind until vacuum removes them (one per claim). Walking up
+    // from the aggregate's first entry passed all of them: with 144 aggregates and 475k
+    // delivered events, 1.2 ms per probe and claims of seconds that held back vacuum and grew
+    // (the load profile); downwards, 0.03 ms.
     let unblocked = format!(
         "NOT EXISTS (
              SELECT 1 FROM {t} b
@@ -786,6 +792,7 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                        WHEN 'dead' THEN $4
                        ELSE b.next_attempt_at > statement_timestamp() END
                {hold_b}
+             ORDER BY b.seq DESC
              OFFSET 0)"
     );
     format!(

@@ -125,8 +125,10 @@ ALTER TABLE {t} SET (
 -- event with long queues behind them) walks the aggregates through this index, one probe each,
 -- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
 -- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
+-- Its rows are `_open`'s, but the predicate is written so that the planner cannot use `_open`
+-- in its place (see the claim statement).
 CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
-    WHERE status IN ('pending', 'in_flight');
+    WHERE status NOT IN ('delivered', 'dead');
 "#,
     },
 ];
@@ -220,9 +222,11 @@ CREATE TABLE "{schema}"."{table}_paused" (
 -- event with long queues behind them) walks the aggregates through this index, one probe each,
 -- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
 -- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
+-- Its rows are `_open`'s, but the predicate is written so that the planner cannot use `_open`
+-- in its place (see the claim statement).
 -- Created on every partition.
 CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
-    WHERE status IN ('pending', 'in_flight');
+    WHERE status NOT IN ('delivered', 'dead');
 "#,
     },
 ];

@@ -209,8 +209,8 @@ impl RunReport {
         ) {
             let _ = writeln!(
                 s,
-                "backlog max {max_backlog}; relay RSS {} → {} KiB (first → last sample, max {})",
-                rss.0, rss.1, rss.2
+                "backlog max {max_backlog}; relay RSS, all relays together: {} → {} → {} KiB (first sample → after 60 s → last, max {})",
+                rss.first, rss.warm, rss.last, rss.max
             );
         }
         let _ = writeln!(
@@ -263,18 +263,34 @@ impl RunReport {
     }
 }
 
-/// (first, last, max) total relay RSS over the samples that had every relay running.
-fn rss_range(timeline: &[Sample]) -> Option<(u64, u64, u64)> {
-    let totals: Vec<u64> = timeline
+/// Total relay RSS over the samples that had every relay running: the first (start-up), the
+/// first one 60 s or more into the run (warmed up: pools and caches filled), the last and the
+/// maximum. Flat memory means the last is close to the warmed-up value.
+struct RssRange {
+    first: u64,
+    warm: u64,
+    last: u64,
+    max: u64,
+}
+
+fn rss_range(timeline: &[Sample]) -> Option<RssRange> {
+    let totals: Vec<(f64, u64)> = timeline
         .iter()
         .filter(|s| !s.relay_rss_kib.is_empty() && s.relay_rss_kib.iter().all(Option::is_some))
-        .map(|s| s.relay_rss_kib.iter().flatten().sum())
+        .map(|s| (s.t_s, s.relay_rss_kib.iter().flatten().sum()))
         .collect();
-    Some((
-        *totals.first()?,
-        *totals.last()?,
-        totals.iter().copied().max()?,
-    ))
+    let (_, first) = *totals.first()?;
+    let (_, last) = *totals.last()?;
+    let warm = totals
+        .iter()
+        .find(|(t, _)| *t >= 60.0)
+        .map_or(last, |(_, kib)| *kib);
+    Some(RssRange {
+        first,
+        warm,
+        last,
+        max: totals.iter().map(|(_, kib)| *kib).max()?,
+    })
 }
 
 /// Summarize relay log files (JSON lines as `outbox --log-format json` writes them).

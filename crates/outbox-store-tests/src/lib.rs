@@ -730,11 +730,13 @@ pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: 
 
     let mut next = std::collections::HashMap::new();
     let mut delivered = 0;
+    let mut claims = 0;
     for _ in 0..20 {
         if delivered == tail.len() {
             break;
         }
         let claim = store.claim(&req(10)).await.unwrap();
+        claims += 1;
         assert!(
             !claim.events.is_empty(),
             "a claim found nothing while {} later events were due",
@@ -759,6 +761,10 @@ pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: 
         delivered += seqs.len();
     }
     assert_eq!(delivered, tail.len(), "every later event was delivered");
+    assert_eq!(
+        claims, 1,
+        "one claim of 10 takes all 9 due events, several per aggregate"
+    );
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.pending, HELD * 3 + 1, "the held runs are untouched");
     assert_eq!(stats.in_flight, 1);

@@ -757,9 +757,8 @@ const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 ///   rows that are due and unblocked (`runs`, the same test the window applies). Every
 ///   aggregate is reached within a few claims whatever is held in front of it; a head never
 ///   passes an earlier row of its aggregate (the rows before it are delivered, dead, or on
-///   hold). With heads alone, the long harness profile (brokers' aggregates waiting for retries
-///   in front) gave the healthy aggregates one event each per claim, and its backlog grew for
-///   all 30 minutes; that this was the cause is likely but not yet re-measured.
+///   hold). Heads alone would give each aggregate one event per claim while the front of the
+///   queue stays held (e.g. a broker's aggregates waiting for retries).
 ///
 /// Why the due rows are then locked in separate steps and not with one `SELECT … FOR UPDATE SKIP
 /// LOCKED LIMIT n`: `SKIP LOCKED` silently passes over a due row that another transaction holds

@@ -789,9 +789,17 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
         ),
         None => (String::new(), String::new()),
     };
-    let due_by_time =
-        "CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= statement_timestamp()
-                            ELSE e.lease_expires_at <= statement_timestamp() END";
+    // Due by time (pending and its time has come, or in flight under an expired lease), for
+    // the row aliased `a`: read on the snapshot by the scans, re-checked on the latest version
+    // by the lock step.
+    let due_by_time_of = |a: &str| {
+        format!(
+            "CASE WHEN {a}.status = 'pending' THEN {a}.next_attempt_at <= statement_timestamp()
+                  ELSE {a}.lease_expires_at <= statement_timestamp() END"
+        )
+    };
+    let due_by_time = due_by_time_of("e");
+    let due_on_latest = due_by_time_of("l");
     // OFFSET 0 keeps the probe a per-row lookup in the `_blockers` index: flattened into an
     // anti-join, statistics gathered while nothing was in flight let the planner join every
     // candidate against every blocker (seconds on a 100k backlog, measured by outbox-bench).
@@ -830,6 +838,9 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
          ),
          start AS MATERIALIZED (
              SELECT s.aggregate_type, s.aggregate_id FROM {t} s
+             -- Only when the window gave too few: was it full (more due rows lie beyond)?
+             -- This re-walks the window's cheap part; materializing the window instead would
+             -- make every claim read all 4 x limit rows.
              WHERE (SELECT count(*) FROM window_due) < $1
                AND EXISTS (
                    SELECT 1 FROM {t} e
@@ -906,8 +917,7 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                  SELECT l.seq FROM {t} l
                  WHERE l.seq = d.seq
                    AND l.status IN ('pending', 'in_flight')
-                   AND CASE WHEN l.status = 'pending' THEN l.next_attempt_at <= statement_timestamp()
-                            ELSE l.lease_expires_at <= statement_timestamp() END
+                   AND {due_on_latest}
                  FOR UPDATE OF l SKIP LOCKED
              ) l
          ),
@@ -1547,6 +1557,38 @@ mod tests {
         query.fetch_one(pool).await.unwrap().to_string()
     }
 
+    /// A migrated outbox `events` table in a schema of its own (`outbox_t_<name>_<pid>`),
+    /// dropped first if an earlier run left it.
+    async fn fresh_outbox(name: &str) -> (PgPool, PgOutbox) {
+        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .expect("PostgreSQL must be running on 127.0.0.1:5432");
+        let schema = format!("outbox_t_{name}_{}", std::process::id());
+        let outbox = PgOutbox::with_names(&schema, "events").unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        outbox.migrate(&pool).await.unwrap();
+        (pool, outbox)
+    }
+
+    async fn drop_outbox(pool: &PgPool, outbox: &PgOutbox) {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            outbox.schema()
+        )))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
     enum PlanArg {
         Int(i64),
         Bool(bool),
@@ -1562,22 +1604,7 @@ mod tests {
     /// dead rows never scan the table: they read the partial indexes.
     #[tokio::test]
     async fn statements_over_open_rows_use_the_partial_indexes() {
-        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let pool = PgPoolOptions::new()
-            .max_connections(2)
-            .connect(&url)
-            .await
-            .expect("PostgreSQL must be running on 127.0.0.1:5432");
-        let schema = format!("outbox_t_plan_{}", std::process::id());
-        let outbox = PgOutbox::with_names(&schema, "events").unwrap();
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        outbox.migrate(&pool).await.unwrap();
+        let (pool, outbox) = fresh_outbox("plan").await;
         let t = outbox.qualified_table();
         sqlx::raw_sql(AssertSqlSafe(format!(
             "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, status, delivered_at, dead_at, attempts)
@@ -1684,10 +1711,7 @@ mod tests {
         )
         .await;
         assert!(replay.contains("events_pkey"), "{replay}");
-        sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&pool)
-            .await
-            .unwrap();
+        drop_outbox(&pool, &outbox).await;
     }
 
     /// Buffers one claim touches, from `EXPLAIN (ANALYZE, BUFFERS)`, and how many rows it
@@ -1728,22 +1752,7 @@ mod tests {
     ///   open row exists.
     #[tokio::test]
     async fn claim_cost_does_not_grow_with_the_backlog() {
-        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let pool = PgPoolOptions::new()
-            .max_connections(2)
-            .connect(&url)
-            .await
-            .expect("PostgreSQL must be running on 127.0.0.1:5432");
-        let schema = format!("outbox_t_heads_{}", std::process::id());
-        let outbox = PgOutbox::with_names(&schema, "events").unwrap();
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        outbox.migrate(&pool).await.unwrap();
+        let (pool, outbox) = fresh_outbox("heads").await;
         let t = outbox.qualified_table().to_owned();
         sqlx::raw_sql(AssertSqlSafe(format!(
             "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, status, delivered_at)
@@ -1804,10 +1813,7 @@ mod tests {
             full_large < full_small * 3,
             "a claim of 100 read {full_small} buffers at a 4k backlog and {full_large} at 80k"
         );
-        sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&pool)
-            .await
-            .unwrap();
+        drop_outbox(&pool, &outbox).await;
     }
 
     #[test]

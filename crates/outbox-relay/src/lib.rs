@@ -39,10 +39,23 @@
 //!
 //! The store never claims an event while an earlier event of its aggregate is in flight, waiting
 //! for a retry, or dead (under [`DeadLetterPolicy::Block`]). Inside a batch the relay publishes in
-//! *waves*: each wave holds the next event of every aggregate in the batch, so aggregates proceed
-//! in parallel while one aggregate's events go out one after the other, each only after the
-//! previous was confirmed. When an event fails, the rest of its aggregate in this batch is
-//! released untouched and waits behind it.
+//! *waves*: a wave holds the next event of every aggregate whose next event goes to the same
+//! destination, so aggregates proceed in parallel while one aggregate's events go out one after
+//! the other, each only after the previous was confirmed. When an event fails, the rest of its
+//! aggregate in this batch is released untouched and waits behind it.
+//!
+//! ## One failing destination does not stall the others
+//!
+//! With several destinations ([`Relay::with_routes`]) each destination's waves run on their own,
+//! each publish with its own timeout: a broker that hangs delays only the aggregates whose next
+//! event goes to it. (One wave across all destinations, under one timeout, made a hanging broker
+//! fail every event of the wave, delivered ones included, so under broker faults a relay
+//! delivered almost nothing.) A destination that times out, or fails every event of three calls
+//! in a row, is *failing*: for a cooldown (from 500 ms, doubling while it keeps failing, up to
+//! [`RelayConfig::destination_cooldown`]) the relay does not call it and records its events as
+//! failed attempts at once, so batches do not wait out its timeout again and again. The first
+//! call after the cooldown tries it for real; one delivery ends the failing state. Its events stay
+//! in the outbox and keep their order; the other destinations keep flowing.
 //!
 //! ## Shutdown
 //!
@@ -58,6 +71,7 @@ use std::time::{Duration, Instant};
 
 pub mod router;
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use outbox_core::route::RouteTable;
 use outbox_core::{
     BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, Hold, Lease, Outcome, RetryEvent,
@@ -100,6 +114,11 @@ pub struct RelayConfig {
     /// Longest pause between attempts to reach a database that is down.
     #[serde(with = "humantime_duration")]
     pub max_store_backoff: Duration,
+    /// Longest time a failing destination is left alone before it is tried again (only with
+    /// several destinations; see the crate docs). Its events are retried without calling it
+    /// meanwhile. `0s` turns this off: every wave calls every destination.
+    #[serde(with = "humantime_duration")]
+    pub destination_cooldown: Duration,
     /// Return once a claim finds nothing due and no batch is in flight (`outbox relay --drain`).
     pub stop_when_idle: bool,
 }
@@ -116,6 +135,7 @@ impl Default for RelayConfig {
             retry: RetryPolicy::default(),
             dead_letter: DeadLetterPolicy::default(),
             max_store_backoff: Duration::from_secs(10),
+            destination_cooldown: Duration::from_secs(10),
             stop_when_idle: false,
         }
     }
@@ -151,6 +171,8 @@ pub struct RelayReport {
     pub delivered: u64,
     /// Failed attempts sent back for a later retry.
     pub retried: u64,
+    /// Of `retried`: attempts recorded without calling the destination, because it was failing.
+    pub short_circuited: u64,
     /// Events buried (rejected, or out of attempts).
     pub dead: u64,
     /// Events given back unpublished (held behind a failure of their aggregate, or shutdown).
@@ -168,6 +190,7 @@ pub struct RelayCounters {
     claimed: AtomicU64,
     delivered: AtomicU64,
     retried: AtomicU64,
+    short_circuited: AtomicU64,
     dead: AtomicU64,
     released: AtomicU64,
     fenced: AtomicU64,
@@ -182,6 +205,7 @@ impl RelayCounters {
             claimed: self.claimed.load(Ordering::Relaxed),
             delivered: self.delivered.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
+            short_circuited: self.short_circuited.load(Ordering::Relaxed),
             dead: self.dead.load(Ordering::Relaxed),
             released: self.released.load(Ordering::Relaxed),
             fenced: self.fenced.load(Ordering::Relaxed),
@@ -251,6 +275,7 @@ where
             config: config.clone(),
             counters: self.counters.clone(),
             stopping: AtomicBool::new(false),
+            lanes: Lanes::new(self.routes.clone(), self.sink.name()),
             routes: self.routes.clone(),
         });
         let mut request = ClaimRequest::new(
@@ -432,7 +457,138 @@ struct BatchContext<S: ?Sized, K: ?Sized> {
     config: Arc<RelayConfig>,
     counters: Arc<RelayCounters>,
     stopping: AtomicBool,
+    lanes: Lanes,
     routes: Option<Arc<RouteTable>>,
+}
+
+/// The destinations a batch is published to, each with its failure state. Without routes there
+/// is one lane, the sink; with routes one per destination plus one for events no route matches
+/// (the router rejects those).
+struct Lanes {
+    names: Vec<String>,
+    routes: Option<Arc<RouteTable>>,
+    health: std::sync::Mutex<Vec<Health>>,
+}
+
+/// How a destination has been answering lately.
+#[derive(Clone, Default)]
+struct Health {
+    /// Calls in a row that failed every event (a timeout counts), since the last delivery.
+    failed_calls: u32,
+    /// Times it was found failing since the last delivery; sets the cooldown.
+    trips: u32,
+    /// Not called before this instant.
+    open_until: Option<Instant>,
+    last_error: String,
+}
+
+/// Calls in a row that fail every event before a destination counts as failing (one timeout is
+/// enough). One failed call says little: a batch of one event may fail on its own.
+const FAILED_CALLS_TO_TRIP: u32 = 3;
+
+impl Lanes {
+    fn new(routes: Option<Arc<RouteTable>>, sink_name: &str) -> Self {
+        let names: Vec<String> = match &routes {
+            Some(routes) => routes
+                .destinations()
+                .iter()
+                .cloned()
+                .chain(std::iter::once("(unroutable)".to_owned()))
+                .collect(),
+            None => vec![sink_name.to_owned()],
+        };
+        let health = std::sync::Mutex::new(vec![Health::default(); names.len()]);
+        Lanes {
+            names,
+            routes,
+            health,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.names.len()
+    }
+
+    fn name(&self, lane: usize) -> &str {
+        self.names.get(lane).map(String::as_str).unwrap_or("")
+    }
+
+    /// The lane an event goes to.
+    fn of(&self, event: &Event) -> usize {
+        let Some(routes) = &self.routes else {
+            return 0;
+        };
+        let unroutable = self.names.len() - 1;
+        routes
+            .resolve_event(event)
+            .and_then(|d| routes.destinations().iter().position(|n| n == d))
+            .unwrap_or(unroutable)
+    }
+
+    /// Whether the failure state applies: only several destinations have others to protect.
+    fn guarded(&self, lane: usize, cooldown: Duration) -> bool {
+        self.routes.is_some() && !cooldown.is_zero() && lane + 1 < self.names.len()
+    }
+
+    /// Why `lane` is not to be called now, and for how much longer, if it is failing.
+    fn refusal(&self, lane: usize, now: Instant) -> Option<(String, Duration)> {
+        let health = self.health.lock().ok()?;
+        let h = health.get(lane)?;
+        let until = h.open_until.filter(|&t| t > now)?;
+        let remaining = until - now;
+        let reason = format!(
+            "destination `{}` is failing ({}); not called for another {} ms",
+            self.name(lane),
+            h.last_error,
+            remaining.as_millis()
+        );
+        Some((reason, remaining))
+    }
+
+    /// Record how a call to `lane` went.
+    fn record(&self, lane: usize, outcomes: &[Outcome], timed_out: bool, max_cooldown: Duration) {
+        let Ok(mut health) = self.health.lock() else {
+            return;
+        };
+        let Some(h) = health.get_mut(lane) else {
+            return;
+        };
+        let name = self.names.get(lane).map(String::as_str).unwrap_or("");
+        let answered = outcomes
+            .iter()
+            .any(|o| matches!(o, Outcome::Delivered | Outcome::Reject { .. }));
+        if answered || outcomes.is_empty() {
+            if h.trips > 0 {
+                info!(
+                    destination = name,
+                    "Destination answers again; publishing to it resumes."
+                );
+                metrics::gauge!("outbox_destination_failing", "destination" => name.to_owned())
+                    .set(0.0);
+            }
+            *h = Health::default();
+            return;
+        }
+        h.failed_calls += 1;
+        if let Some(Outcome::Retry { reason, .. }) = outcomes.first() {
+            h.last_error = truncate_error(reason);
+        }
+        if timed_out || h.failed_calls >= FAILED_CALLS_TO_TRIP {
+            h.trips += 1;
+            let exponent = (h.trips - 1).min(16);
+            let cooldown = Duration::from_millis(500u64 << exponent).min(max_cooldown);
+            h.open_until = Some(Instant::now() + cooldown);
+            h.failed_calls = 0;
+            metrics::gauge!("outbox_destination_failing", "destination" => name.to_owned())
+                .set(1.0);
+            warn!(
+                destination = name,
+                cooldown_ms = cooldown.as_millis() as u64,
+                error = %h.last_error,
+                "Destination is failing: its events are retried without calling it until the cooldown ends; other destinations keep flowing."
+            );
+        }
+    }
 }
 
 /// What a batch decided for each of its events, written back at the end.
@@ -471,67 +627,119 @@ where
         }
         drop(index);
 
+        // Per destination, the aggregates whose next event goes there; at most one call per
+        // destination is out at a time, and an aggregate is in at most one call.
+        let lanes = &self.lanes;
+        let mut ready: Vec<Vec<usize>> = vec![Vec::new(); lanes.count()];
+        for (i, queue) in queues.iter().enumerate() {
+            if let Some(event) = queue.front() {
+                ready[lanes.of(event)].push(i);
+            }
+        }
+        let mut busy = vec![false; lanes.count()];
+        let mut calls = FuturesUnordered::new();
         let mut settlement = Settlement::default();
         loop {
-            let active: Vec<usize> = (0..queues.len())
-                .filter(|&i| !queues[i].is_empty())
-                .collect();
-            if active.is_empty() {
-                break;
-            }
             let now = Instant::now();
-            if self.stopping.load(Ordering::SeqCst) || now >= deadline {
-                for &i in &active {
-                    settlement
-                        .released
-                        .extend(queues[i].drain(..).map(|e| e.seq));
+            if !self.stopping.load(Ordering::SeqCst) && now < deadline {
+                for lane in 0..lanes.count() {
+                    if busy[lane] || ready[lane].is_empty() {
+                        continue;
+                    }
+                    let mut members = std::mem::take(&mut ready[lane]);
+                    members.sort_unstable();
+                    let wave: Vec<Event> = members
+                        .iter()
+                        .filter_map(|&i| queues[i].pop_front())
+                        .collect();
+                    busy[lane] = true;
+                    calls.push(self.publish_wave(lane, members, wave, deadline - now));
                 }
+            }
+            // Nothing out means nothing is ready either: every aggregate left is released below.
+            let Some((lane, members, wave, outcomes)) = calls.next().await else {
                 break;
-            }
-            let wave: Vec<Event> = active
-                .iter()
-                .filter_map(|&i| queues[i].front().cloned())
-                .collect();
-            let budget = self.config.publish_timeout.min(deadline - now);
-            let started = Instant::now();
-            let outcomes = match tokio::time::timeout(budget, self.sink.publish(&wave)).await {
-                Ok(outcomes) if outcomes.len() == wave.len() => outcomes,
-                Ok(outcomes) => {
-                    let reason = format!(
-                        "sink `{}` returned {} outcomes for {} events (a sink bug); retrying all",
-                        self.sink.name(),
-                        outcomes.len(),
-                        wave.len()
-                    );
-                    vec![Outcome::retry(reason); wave.len()]
-                }
-                Err(_) => {
-                    let reason = format!(
-                        "publish to `{}` timed out after {} ms",
-                        self.sink.name(),
-                        budget.as_millis()
-                    );
-                    vec![Outcome::retry(reason); wave.len()]
-                }
             };
-            if self.routes.is_none() {
-                metrics::histogram!("outbox_publish_duration_seconds", "destination" => self.sink.name().to_owned())
-                    .record(started.elapsed().as_secs_f64());
-            }
-
-            for ((&i, event), outcome) in active.iter().zip(&wave).zip(outcomes) {
+            busy[lane] = false;
+            for ((i, event), outcome) in members.into_iter().zip(&wave).zip(outcomes) {
                 let queue = &mut queues[i];
-                queue.pop_front();
-                let blocked = self.settle(event, outcome, &mut settlement);
-                if blocked {
+                if self.settle(event, outcome, &mut settlement) {
                     settlement.released.extend(queue.drain(..).map(|e| e.seq));
+                } else if let Some(next) = queue.front() {
+                    ready[lanes.of(next)].push(i);
                 }
             }
+        }
+        // Shutdown or the lease's end stopped new waves: what was not published goes back.
+        for queue in &mut queues {
+            settlement.released.extend(queue.drain(..).map(|e| e.seq));
         }
 
         self.write_back(&lease, settlement, claimed_at).await;
         metrics::histogram!("outbox_relay_batch_duration_seconds")
             .record(claimed_at.elapsed().as_secs_f64());
+    }
+
+    /// Publish one wave to one destination (`lane`) within `remaining` of the lease, unless that
+    /// destination is failing; returns the wave with one outcome per event.
+    async fn publish_wave(
+        &self,
+        lane: usize,
+        members: Vec<usize>,
+        wave: Vec<Event>,
+        remaining: Duration,
+    ) -> (usize, Vec<usize>, Vec<Event>, Vec<Outcome>) {
+        let guarded = self.lanes.guarded(lane, self.config.destination_cooldown);
+        if guarded && let Some((reason, remaining)) = self.lanes.refusal(lane, Instant::now()) {
+            add(&self.counters.short_circuited, wave.len() as u64);
+            // Not due again before the destination is tried again, nor before its own backoff.
+            let outcomes = wave
+                .iter()
+                .map(|event| Outcome::Retry {
+                    reason: reason.clone(),
+                    after: Some(
+                        self.config
+                            .retry
+                            .backoff(event.attempts + 1, rand::random::<f64>())
+                            .max(remaining),
+                    ),
+                })
+                .collect();
+            return (lane, members, wave, outcomes);
+        }
+        let budget = self.config.publish_timeout.min(remaining);
+        let started = Instant::now();
+        let mut timed_out = false;
+        let outcomes = match tokio::time::timeout(budget, self.sink.publish(&wave)).await {
+            Ok(outcomes) if outcomes.len() == wave.len() => outcomes,
+            Ok(outcomes) => {
+                let reason = format!(
+                    "sink `{}` returned {} outcomes for {} events (a sink bug); retrying all",
+                    self.lanes.name(lane),
+                    outcomes.len(),
+                    wave.len()
+                );
+                vec![Outcome::retry(reason); wave.len()]
+            }
+            Err(_) => {
+                timed_out = true;
+                let reason = format!(
+                    "publish to `{}` timed out after {} ms",
+                    self.lanes.name(lane),
+                    budget.as_millis()
+                );
+                vec![Outcome::retry(reason); wave.len()]
+            }
+        };
+        if self.routes.is_none() {
+            metrics::histogram!("outbox_publish_duration_seconds", "destination" => self.sink.name().to_owned())
+                .record(started.elapsed().as_secs_f64());
+        }
+        if guarded {
+            self.lanes
+                .record(lane, &outcomes, timed_out, self.config.destination_cooldown);
+        }
+        (lane, members, wave, outcomes)
     }
 
     /// The destination an event goes to, for logs and metrics.
@@ -755,6 +963,88 @@ mod tests {
         assert_eq!(store_backoff(1, max), Duration::from_millis(100));
         assert_eq!(store_backoff(2, max), Duration::from_millis(200));
         assert_eq!(store_backoff(30, max), max);
+    }
+
+    fn two_destinations() -> Lanes {
+        use outbox_core::route::RouteRule;
+        let routes = RouteTable::new(["a", "b"], vec![RouteRule::to("a")]).unwrap();
+        Lanes::new(Some(Arc::new(routes)), "router")
+    }
+
+    fn failed(n: usize) -> Vec<Outcome> {
+        vec![Outcome::retry("connection refused"); n]
+    }
+
+    #[test]
+    fn a_destination_fails_after_three_failed_calls_or_one_timeout() {
+        let max = Duration::from_secs(10);
+        let lanes = two_destinations();
+        assert!(lanes.guarded(0, max) && lanes.guarded(1, max));
+        assert!(
+            !lanes.guarded(2, max),
+            "unroutable events are rejected, never guarded"
+        );
+        assert!(
+            !lanes.guarded(0, Duration::ZERO),
+            "a zero cooldown turns it off"
+        );
+        lanes.record(0, &failed(5), false, max);
+        lanes.record(0, &failed(1), false, max);
+        assert!(
+            lanes.refusal(0, Instant::now()).is_none(),
+            "two failed calls are not enough"
+        );
+        lanes.record(0, &failed(2), false, max);
+        let (refusal, remaining) = lanes.refusal(0, Instant::now()).unwrap();
+        assert!(remaining <= Duration::from_millis(500), "{remaining:?}");
+        assert!(
+            refusal.contains("destination `a` is failing (connection refused)"),
+            "{refusal}"
+        );
+        assert!(
+            lanes.refusal(1, Instant::now()).is_none(),
+            "only that destination"
+        );
+        assert!(
+            lanes
+                .refusal(0, Instant::now() + Duration::from_millis(501))
+                .is_none(),
+            "the first cooldown is 500 ms"
+        );
+
+        lanes.record(1, &failed(1), true, max);
+        assert!(
+            lanes.refusal(1, Instant::now()).is_some(),
+            "one timeout is enough"
+        );
+    }
+
+    #[test]
+    fn cooldown_doubles_up_to_the_cap_and_an_answer_ends_it() {
+        let max = Duration::from_secs(3);
+        let lanes = two_destinations();
+        let open_for = |lanes: &Lanes| {
+            let h = lanes.health.lock().unwrap()[0].clone();
+            h.open_until
+                .unwrap()
+                .saturating_duration_since(Instant::now())
+        };
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            lanes.record(0, &failed(1), true, max);
+            seen.push(open_for(&lanes).as_millis().div_ceil(100) * 100);
+        }
+        assert_eq!(seen, [500, 1000, 2000, 3000, 3000]);
+        // A rejection is an answer: the destination is up, the event is bad.
+        lanes.record(0, &[Outcome::reject("too large")], false, max);
+        assert!(lanes.refusal(0, Instant::now()).is_none());
+        lanes.record(0, &failed(1), true, max);
+        assert!(
+            open_for(&lanes) <= Duration::from_millis(500),
+            "the schedule starts again"
+        );
+        lanes.record(0, &[Outcome::Delivered, Outcome::retry("x")], false, max);
+        assert!(lanes.refusal(0, Instant::now()).is_none());
     }
 
     #[test]

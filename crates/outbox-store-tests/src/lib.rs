@@ -67,6 +67,7 @@ macro_rules! conformance {
             purge_dead_deletes_only_old_dead_events,
             purge_never_deletes_an_undelivered_event,
             aggregates_behind_a_long_held_run_are_still_claimed,
+            a_hanging_destination_does_not_hold_back_the_others,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {
@@ -1063,5 +1064,153 @@ pub async fn shutdown_leaves_nothing_claimed<H: Harness>(h: &H) {
         sink.distinct_delivered().len() as u64,
         report.delivered,
         "every published event was acked"
+    );
+}
+
+/// A destination whose publish never returns (a broker behind a cut link).
+struct Hanging {
+    calls: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait]
+impl outbox_core::Sink for Hanging {
+    fn name(&self) -> &str {
+        "stuck"
+    }
+    async fn publish(&self, _events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::pending().await
+    }
+}
+
+/// With two destinations, one of which hangs, the other's events are each published once, in
+/// order, while the hanging one's wait in the outbox: a wave of the healthy destination never
+/// shares a timeout with the hanging one, and once it timed out the hanging destination is left
+/// alone for a cooldown instead of being waited on by every batch.
+pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: &H) {
+    use outbox_core::route::{Pattern, RouteRule, RouteTable};
+    const GOOD: u64 = 40;
+    const STUCK: u64 = 8;
+    const PER_AGGREGATE: u64 = 10;
+    let store = h.fresh().await;
+    let event = |aggregate_type: &str, a: u64, n: u64| {
+        NewEvent::new(
+            aggregate_type,
+            format!("{aggregate_type}{a}"),
+            "Numbered",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap()
+    };
+    let mut events = Vec::new();
+    for n in 0..PER_AGGREGATE {
+        for a in 0..GOOD {
+            events.push(event("good", a, n));
+            if a < STUCK {
+                events.push(event("stuck", a, n));
+            }
+        }
+    }
+    h.enqueue(&store, &events).await;
+    let routes = RouteTable::new(
+        ["good", "stuck"],
+        vec![
+            RouteRule::to("stuck").aggregate_type(Pattern::parse("stuck")),
+            RouteRule::to("good"),
+        ],
+    )
+    .unwrap();
+    let good = Arc::new(RecordingSink::new());
+    let stuck = Arc::new(Hanging {
+        calls: Default::default(),
+    });
+    let router = outbox_relay::router::Router::new(
+        routes.clone(),
+        vec![
+            (
+                "good".to_owned(),
+                good.clone() as Arc<dyn outbox_core::Sink>,
+            ),
+            (
+                "stuck".to_owned(),
+                stuck.clone() as Arc<dyn outbox_core::Sink>,
+            ),
+        ],
+    )
+    .unwrap();
+    let relay = Relay::new(
+        store.clone(),
+        Arc::new(router),
+        RelayConfig {
+            batch_size: 100,
+            publish_timeout: Duration::from_secs(1),
+            destination_cooldown: Duration::from_secs(30),
+            retry: RetryPolicy {
+                base: Duration::from_millis(5),
+                cap: Duration::from_millis(20),
+                max_attempts: 10_000,
+            },
+            ..relay_config("isolated")
+        },
+    )
+    .with_routes(Arc::new(routes));
+    let counters = relay.counters();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let started = std::time::Instant::now();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while (good.distinct_delivered().len() as u64) < GOOD * PER_AGGREGATE {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the healthy destination got {} of {} events: {:?}",
+            good.distinct_delivered().len(),
+            GOOD * PER_AGGREGATE,
+            counters.report()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let the stuck destination's events be claimed while it is in its cooldown.
+    while counters.report().short_circuited < STUCK {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            counters.report()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.send(()).unwrap();
+    let report = run.await.unwrap();
+
+    assert_eq!(
+        good.attempts(),
+        GOOD * PER_AGGREGATE,
+        "each healthy event was published exactly once: none shared a timeout with the hanging \
+         destination ({report:?})"
+    );
+    let violations = check_first_delivery_order(&good.delivered());
+    assert!(violations.is_empty(), "{violations:?}");
+    let calls = stuck.calls.load(std::sync::atomic::Ordering::SeqCst);
+    // Calls start at 0 s, then after each 1 s timeout plus a cooldown of 0.5 s, 1 s, 2 s …: by
+    // 6.5 s at most 4. Without the cooldown every batch would call it again.
+    let elapsed = started.elapsed().as_secs_f64();
+    let allowed = if elapsed < 6.0 {
+        4
+    } else {
+        2 + (elapsed / 2.0) as u64
+    };
+    assert!(
+        (1..=allowed).contains(&calls),
+        "after its first timeout the hanging destination was left alone for the cooldown: \
+         {calls} calls in {elapsed:.1} s ({report:?})"
+    );
+    assert!(report.short_circuited >= STUCK, "{report:?}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, GOOD * PER_AGGREGATE, "{stats:?}");
+    assert_eq!(
+        (stats.pending, stats.in_flight, stats.dead),
+        (STUCK * PER_AGGREGATE, 0, 0),
+        "the hanging destination's events all wait in the outbox: {stats:?}"
     );
 }

@@ -431,7 +431,7 @@ impl Sink for KafkaSink {
         let wait_until = tokio::time::Instant::from_std(until + Duration::from_secs(1));
         let fenced = std::sync::atomic::AtomicBool::new(false);
         let fenced = &fenced;
-        let outcomes = join_all(slots.into_iter().map(|slot| async move {
+        let outcomes = join_all(slots.into_iter().zip(events).map(|(slot, event)| async move {
             match slot {
                 Slot::Done(outcome) => outcome,
                 Slot::Waiting {
@@ -439,7 +439,19 @@ impl Sink for KafkaSink {
                     size,
                     delivery,
                 } => match tokio::time::timeout_at(wait_until, delivery).await {
-                    Ok(Ok(Ok(_))) => Outcome::Delivered,
+                    Ok(Ok(Ok(delivery))) => {
+                        // Where the broker says it put the record: lets a record missing from
+                        // the topic later be told apart as overwritten, truncated or never
+                        // written (the correctness harness reads these back).
+                        debug!(
+                            event_id = %event.id,
+                            topic = %topic,
+                            partition = delivery.partition,
+                            offset = delivery.offset,
+                            "Kafka record acknowledged."
+                        );
+                        Outcome::Delivered
+                    }
                     Ok(Ok(Err((error, _)))) => {
                         if is_fenced(&error) {
                             fenced.store(true, std::sync::atomic::Ordering::Relaxed);

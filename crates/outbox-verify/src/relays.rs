@@ -153,7 +153,9 @@ impl Relays {
             .args(["--log-format", "json", "relay", "--config"])
             .arg(&self.config)
             .env("OUTBOX_RELAY__RELAY_ID", &slot.relay_id)
-            .env("OUTBOX_LOG", "info")
+            // Each Kafka record's partition and offset (debug lines of the Kafka sink), to
+            // match against `kafka-read-back.tsv` when a Kafka event goes missing.
+            .env("OUTBOX_LOG", "info,outbox_sink_kafka=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

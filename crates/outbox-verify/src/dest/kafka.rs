@@ -47,6 +47,8 @@ pub const MAX_MESSAGE: usize = 200_000;
 /// A private tansu broker.
 pub struct KafkaDestination {
     name: String,
+    /// Where the broker log and the read-back listing go.
+    log_dir: PathBuf,
     topic: String,
     broker: Mutex<Option<Child>>,
     proxy: TcpProxy,
@@ -147,8 +149,18 @@ async fn consume(
 }
 
 /// Every event id in `topic`, read from offset 0 to each partition's high watermark by a
-/// consumer outside any group (it assigns the partitions itself and commits nothing).
-fn read_back(brokers: &str, topic: &str) -> Result<HashSet<EventId>, String> {
+/// consumer outside any group (it assigns the partitions itself and commits nothing). Each
+/// record's partition, offset and event id also go to `listing` (tab-separated), to compare
+/// with the offsets the relays' Kafka sink logged for the records it saw acknowledged.
+fn read_back(
+    brokers: &str,
+    topic: &str,
+    listing: &std::path::Path,
+) -> Result<HashSet<EventId>, String> {
+    use std::io::Write;
+    let file = std::fs::File::create(listing)
+        .map_err(|e| format!("creating {}: {e}", listing.display()))?;
+    let mut listing_out = std::io::BufWriter::new(file);
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("{topic}_read_back"))
@@ -190,6 +202,13 @@ fn read_back(brokers: &str, topic: &str) -> Result<HashSet<EventId>, String> {
                         .and_then(|v| std::str::from_utf8(v).ok())
                         .and_then(|v| v.parse::<EventId>().ok())
                 });
+                let _ = writeln!(
+                    listing_out,
+                    "{}\t{}\t{}",
+                    message.partition(),
+                    message.offset(),
+                    id.map(|id| id.to_string()).unwrap_or_else(|| "-".into())
+                );
                 if let Some(id) = id {
                     held.insert(id);
                 }
@@ -201,6 +220,9 @@ fn read_back(brokers: &str, topic: &str) -> Result<HashSet<EventId>, String> {
             None => {}
         }
     }
+    listing_out
+        .flush()
+        .map_err(|e| format!("writing {}: {e}", listing.display()))?;
     Ok(held)
 }
 
@@ -238,6 +260,7 @@ impl KafkaDestination {
         let topic = format!("outbox_t_verify_{}", std::process::id());
         let me = KafkaDestination {
             name: name.to_owned(),
+            log_dir: log_dir.clone(),
             topic,
             broker: Mutex::new(Some(child)),
             proxy,
@@ -340,7 +363,8 @@ impl Destination for KafkaDestination {
     async fn held_by_broker(&self) -> Option<HashSet<EventId>> {
         let brokers = self.proxy.addr().to_string();
         let topic = self.topic.clone();
-        match tokio::task::spawn_blocking(move || read_back(&brokers, &topic)).await {
+        let listing = self.log_dir.join("kafka-read-back.tsv");
+        match tokio::task::spawn_blocking(move || read_back(&brokers, &topic, &listing)).await {
             Ok(Ok(held)) => Some(held),
             Ok(Err(error)) => {
                 tracing::warn!(%error, "Could not read the Kafka topic back.");

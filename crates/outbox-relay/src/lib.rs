@@ -57,6 +57,12 @@
 //! call after the cooldown tries it for real; one delivery ends the failing state. Its events stay
 //! in the outbox and keep their order; the other destinations keep flowing.
 //!
+//! A batch still waits for its slowest call before it is done. So once everything left in a
+//! batch waits for a call that has been out for a quarter of the publish timeout, the batch
+//! writes back what it has settled (freeing those aggregates) and gives its
+//! [`RelayConfig::max_batches_in_flight`] slot back: the relay claims on while it waits. At most
+//! four batches per slot are alive at once.
+//!
 //! ## Shutdown
 //!
 //! When the shutdown future completes the relay stops claiming, lets every batch finish the wave
@@ -103,7 +109,8 @@ pub struct RelayConfig {
     #[serde(with = "humantime_duration")]
     pub publish_timeout: Duration,
     /// Batches being published at the same time (pipelining: the next claim overlaps the
-    /// current publish). Worth raising only when batches span many more aggregates than
+    /// current publish). A batch left waiting only on a slow destination gives its slot back
+    /// early (up to four batches per slot stay alive). Worth raising only when batches span many more aggregates than
     /// `batch_size`: a claim skips every aggregate that has an event in flight, and with few hot
     /// aggregates an overlapping claim finds little and scans the whole backlog to find it.
     pub max_batches_in_flight: usize,
@@ -286,6 +293,9 @@ where
         );
         let mut pauses = PauseWatch::new(self.routes.clone(), config.poll_interval);
         let slots = Arc::new(Semaphore::new(config.max_batches_in_flight.max(1)));
+        // Batches alive at once, counting those that gave their slot back while they wait for a
+        // slow destination (see `BatchContext::process`).
+        let max_alive = config.max_batches_in_flight.max(1) * MAX_ALIVE_PER_SLOT;
         let mut batches: JoinSet<()> = JoinSet::new();
         let mut store_failures: u32 = 0;
         tokio::pin!(shutdown);
@@ -298,6 +308,14 @@ where
 
         loop {
             while batches.try_join_next().is_some() {}
+            if batches.len() >= max_alive {
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break,
+                    _ = batches.join_next() => {}
+                }
+                continue;
+            }
             let slot = tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
@@ -336,8 +354,7 @@ where
                     add(&self.counters.claimed, claim.events.len() as u64);
                     let ctx = ctx.clone();
                     batches.spawn(async move {
-                        ctx.process(claim, started).await;
-                        drop(slot);
+                        ctx.process(claim, started, slot).await;
                     });
                     (!full).then_some(config.poll_interval)
                 }
@@ -482,6 +499,11 @@ struct Health {
     last_error: String,
 }
 
+/// How many batches may be alive per slot of [`RelayConfig::max_batches_in_flight`]: a batch
+/// whose remaining events all wait for a slow call gives its slot back early (see
+/// `BatchContext::process`), and this bounds how many such batches pile up.
+const MAX_ALIVE_PER_SLOT: usize = 4;
+
 /// Calls in a row that fail every event before a destination counts as failing (one timeout is
 /// enough). One failed call says little: a batch of one event may fail on its own.
 const FAILED_CALLS_TO_TRIP: u32 = 3;
@@ -608,7 +630,21 @@ where
     /// `claimed_at` is when the claim was *sent*: the lease runs from the database's commit,
     /// which can be long before the result reached this process (a pause, a slow network), and
     /// counting from the send keeps the stop-publishing deadline inside the lease.
-    async fn process(&self, claim: Claim, claimed_at: Instant) {
+    ///
+    /// `slot` is this batch's share of [`RelayConfig::max_batches_in_flight`]. When everything
+    /// left in the batch waits for a call that has been out for a quarter of the publish timeout
+    /// (a destination that hangs), the batch writes back what is settled so far — those
+    /// aggregates are free again — and gives the slot back, so the relay claims on while this
+    /// batch waits; otherwise one hanging destination would hold up every other destination's
+    /// next batch until its timeout.
+    async fn process(
+        &self,
+        claim: Claim,
+        claimed_at: Instant,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let mut slot = Some(slot);
+        let slow_after = self.config.publish_timeout / 4;
         // Stop starting publishes a little before the lease runs out, so an event is not being
         // published here after another relay may have claimed it.
         let margin = (self.config.lease / 5).min(Duration::from_secs(5));
@@ -636,14 +672,15 @@ where
                 ready[lanes.of(event)].push(i);
             }
         }
-        let mut busy = vec![false; lanes.count()];
+        // When each lane's call went out, while it is out.
+        let mut busy: Vec<Option<Instant>> = vec![None; lanes.count()];
         let mut calls = FuturesUnordered::new();
         let mut settlement = Settlement::default();
         loop {
             let now = Instant::now();
             if !self.stopping.load(Ordering::SeqCst) && now < deadline {
                 for lane in 0..lanes.count() {
-                    if busy[lane] || ready[lane].is_empty() {
+                    if busy[lane].is_some() || ready[lane].is_empty() {
                         continue;
                     }
                     let mut members = std::mem::take(&mut ready[lane]);
@@ -652,15 +689,33 @@ where
                         .iter()
                         .filter_map(|&i| queues[i].pop_front())
                         .collect();
-                    busy[lane] = true;
+                    busy[lane] = Some(now);
                     calls.push(self.publish_wave(lane, members, wave, deadline - now));
                 }
             }
+            // Everything startable is out; wait for a call to come back. A batch still holding
+            // its slot stops waiting on it once the oldest call is slow.
+            let oldest = busy.iter().flatten().min().copied();
+            let next = match (slot.is_some(), oldest) {
+                (true, Some(oldest)) => {
+                    tokio::select! {
+                        biased;
+                        next = calls.next() => next,
+                        _ = tokio::time::sleep_until((oldest + slow_after).into()) => {
+                            let settled = std::mem::take(&mut settlement);
+                            self.write_back(&lease, settled, claimed_at).await;
+                            slot = None;
+                            continue;
+                        }
+                    }
+                }
+                _ => calls.next().await,
+            };
             // Nothing out means nothing is ready either: every aggregate left is released below.
-            let Some((lane, members, wave, outcomes)) = calls.next().await else {
+            let Some((lane, members, wave, outcomes)) = next else {
                 break;
             };
-            busy[lane] = false;
+            busy[lane] = None;
             for ((i, event), outcome) in members.into_iter().zip(&wave).zip(outcomes) {
                 let queue = &mut queues[i];
                 if self.settle(event, outcome, &mut settlement) {
@@ -676,6 +731,7 @@ where
         }
 
         self.write_back(&lease, settlement, claimed_at).await;
+        drop(slot);
         metrics::histogram!("outbox_relay_batch_duration_seconds")
             .record(claimed_at.elapsed().as_secs_f64());
     }

@@ -68,6 +68,7 @@ macro_rules! conformance {
             purge_never_deletes_an_undelivered_event,
             aggregates_behind_a_long_held_run_are_still_claimed,
             a_hanging_destination_does_not_hold_back_the_others,
+            a_batch_waiting_on_a_hanging_destination_gives_its_slot_back,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {
@@ -1067,9 +1068,22 @@ pub async fn shutdown_leaves_nothing_claimed<H: Harness>(h: &H) {
     );
 }
 
-/// A destination whose publish never returns (a broker behind a cut link).
+/// A destination whose publish never returns (a broker behind a cut link). Counts its calls
+/// and how many were out at once.
+#[derive(Default)]
 struct Hanging {
     calls: std::sync::atomic::AtomicU64,
+    out: std::sync::atomic::AtomicU64,
+    most_out: std::sync::atomic::AtomicU64,
+}
+
+/// Decrements `out` when a hanging call is dropped (its timeout fired).
+struct OutGuard<'a>(&'a Hanging);
+
+impl Drop for OutGuard<'_> {
+    fn drop(&mut self) {
+        self.0.out.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[async_trait]
@@ -1078,20 +1092,34 @@ impl outbox_core::Sink for Hanging {
         "stuck"
     }
     async fn publish(&self, _events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
-        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        use std::sync::atomic::Ordering::SeqCst;
+        self.calls.fetch_add(1, SeqCst);
+        let out = self.out.fetch_add(1, SeqCst) + 1;
+        self.most_out.fetch_max(out, SeqCst);
+        let _guard = OutGuard(self);
         std::future::pending().await
     }
 }
 
-/// With two destinations, one of which hangs, the other's events are each published once, in
-/// order, while the hanging one's wait in the outbox: a wave of the healthy destination never
-/// shares a timeout with the hanging one, and once it timed out the hanging destination is left
-/// alone for a cooldown instead of being waited on by every batch.
-pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: &H) {
+const GOOD: u64 = 40;
+const STUCK: u64 = 8;
+const PER_AGGREGATE: u64 = 10;
+
+/// A relay over two destinations, `good` (a [`RecordingSink`]) and `stuck` (a [`Hanging`]
+/// one), with 40 good and 8 stuck aggregates of 10 events each enqueued interleaved, run with
+/// `config` until `done` says so; returns the sinks, the report, and how long it took.
+async fn run_with_a_hanging_destination<H: Harness>(
+    h: &H,
+    config: RelayConfig,
+    done: impl Fn(&RecordingSink, &outbox_relay::RelayReport) -> bool,
+) -> (
+    Arc<H::Store>,
+    Arc<RecordingSink>,
+    Arc<Hanging>,
+    outbox_relay::RelayReport,
+    Duration,
+) {
     use outbox_core::route::{Pattern, RouteRule, RouteTable};
-    const GOOD: u64 = 40;
-    const STUCK: u64 = 8;
-    const PER_AGGREGATE: u64 = 10;
     let store = h.fresh().await;
     let event = |aggregate_type: &str, a: u64, n: u64| {
         NewEvent::new(
@@ -1121,9 +1149,7 @@ pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: 
     )
     .unwrap();
     let good = Arc::new(RecordingSink::new());
-    let stuck = Arc::new(Hanging {
-        calls: Default::default(),
-    });
+    let stuck = Arc::new(Hanging::default());
     let router = outbox_relay::router::Router::new(
         routes.clone(),
         vec![
@@ -1138,22 +1164,7 @@ pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: 
         ],
     )
     .unwrap();
-    let relay = Relay::new(
-        store.clone(),
-        Arc::new(router),
-        RelayConfig {
-            batch_size: 100,
-            publish_timeout: Duration::from_secs(1),
-            destination_cooldown: Duration::from_secs(30),
-            retry: RetryPolicy {
-                base: Duration::from_millis(5),
-                cap: Duration::from_millis(20),
-                max_attempts: 10_000,
-            },
-            ..relay_config("isolated")
-        },
-    )
-    .with_routes(Arc::new(routes));
+    let relay = Relay::new(store.clone(), Arc::new(router), config).with_routes(Arc::new(routes));
     let counters = relay.counters();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let started = std::time::Instant::now();
@@ -1161,7 +1172,7 @@ pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: 
         let _ = rx.await;
     }));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while (good.distinct_delivered().len() as u64) < GOOD * PER_AGGREGATE {
+    while !done(&good, &counters.report()) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the healthy destination got {} of {} events: {:?}",
@@ -1171,18 +1182,31 @@ pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: 
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Let the stuck destination's events be claimed while it is in its cooldown.
-    while counters.report().short_circuited < STUCK {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{:?}",
-            counters.report()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let elapsed = started.elapsed();
     tx.send(()).unwrap();
     let report = run.await.unwrap();
+    (store, good, stuck, report, elapsed)
+}
 
+fn hanging_config(id: &str) -> RelayConfig {
+    RelayConfig {
+        publish_timeout: Duration::from_secs(1),
+        retry: RetryPolicy {
+            base: Duration::from_millis(5),
+            cap: Duration::from_millis(20),
+            max_attempts: 10_000,
+        },
+        ..relay_config(id)
+    }
+}
+
+/// The healthy destination's events were each published once and in order, and the hanging
+/// one's all wait in the outbox.
+async fn check_isolation<S: Store + ?Sized>(
+    store: &S,
+    good: &RecordingSink,
+    report: &outbox_relay::RelayReport,
+) {
     assert_eq!(
         good.attempts(),
         GOOD * PER_AGGREGATE,
@@ -1191,10 +1215,37 @@ pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: 
     );
     let violations = check_first_delivery_order(&good.delivered());
     assert!(violations.is_empty(), "{violations:?}");
-    let calls = stuck.calls.load(std::sync::atomic::Ordering::SeqCst);
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, GOOD * PER_AGGREGATE, "{stats:?}");
+    assert_eq!(
+        (stats.pending, stats.in_flight, stats.dead),
+        (STUCK * PER_AGGREGATE, 0, 0),
+        "the hanging destination's events all wait in the outbox: {stats:?}"
+    );
+}
+
+/// With two destinations, one of which hangs, the other's events are each published once, in
+/// order, while the hanging one's wait in the outbox: a wave of the healthy destination never
+/// shares a timeout with the hanging one, and once it timed out the hanging destination is left
+/// alone for a cooldown instead of being waited on by every batch.
+pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: &H) {
+    let config = RelayConfig {
+        batch_size: 100,
+        destination_cooldown: Duration::from_secs(30),
+        ..hanging_config("isolated")
+    };
+    // Wait until the stuck destination's events were also claimed during its cooldown.
+    let (store, good, stuck, report, elapsed) =
+        run_with_a_hanging_destination(h, config, |g, r| {
+            g.distinct_delivered().len() as u64 >= GOOD * PER_AGGREGATE
+                && r.short_circuited >= STUCK
+        })
+        .await;
+    check_isolation(store.as_ref(), &good, &report).await;
     // Calls start at 0 s, then after each 1 s timeout plus a cooldown of 0.5 s, 1 s, 2 s …: by
     // 6.5 s at most 4. Without the cooldown every batch would call it again.
-    let elapsed = started.elapsed().as_secs_f64();
+    let calls = stuck.calls.load(std::sync::atomic::Ordering::SeqCst);
+    let elapsed = elapsed.as_secs_f64();
     let allowed = if elapsed < 6.0 {
         4
     } else {
@@ -1206,11 +1257,29 @@ pub async fn a_hanging_destination_does_not_hold_back_the_others<H: Harness>(h: 
          {calls} calls in {elapsed:.1} s ({report:?})"
     );
     assert!(report.short_circuited >= STUCK, "{report:?}");
-    let stats = store.stats().await.unwrap();
-    assert_eq!(stats.delivered, GOOD * PER_AGGREGATE, "{stats:?}");
-    assert_eq!(
-        (stats.pending, stats.in_flight, stats.dead),
-        (STUCK * PER_AGGREGATE, 0, 0),
-        "the hanging destination's events all wait in the outbox: {stats:?}"
+}
+
+/// A batch whose remaining events all wait for a hanging destination writes back what it
+/// settled and gives its slot back, so the relay claims the next batch meanwhile: with one slot
+/// and the cooldown off, calls to the hanging destination from several batches are out at
+/// once (never more than the four batches a slot may have alive), and the healthy destination
+/// is served in full.
+pub async fn a_batch_waiting_on_a_hanging_destination_gives_its_slot_back<H: Harness>(h: &H) {
+    let config = RelayConfig {
+        batch_size: 10,
+        max_batches_in_flight: 1,
+        destination_cooldown: Duration::ZERO,
+        ..hanging_config("slot-giver")
+    };
+    let (store, good, stuck, report, _) = run_with_a_hanging_destination(h, config, |g, _| {
+        g.distinct_delivered().len() as u64 >= GOOD * PER_AGGREGATE
+    })
+    .await;
+    check_isolation(store.as_ref(), &good, &report).await;
+    let most_out = stuck.most_out.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (2..=4).contains(&most_out),
+        "calls to the hanging destination out at once: {most_out} ({report:?})"
     );
+    assert_eq!(report.short_circuited, 0, "the cooldown is off: {report:?}");
 }

@@ -5,7 +5,8 @@
 //! statement, **retry** the failed ones with backoff, **bury** the hopeless ones, **release** the
 //! ones held back by an earlier failure of their aggregate. While claims come back full the loop
 //! claims again at once (up to [`RelayConfig::max_batches_in_flight`] batches are published
-//! concurrently); when a claim comes back short it waits [`RelayConfig::poll_interval`].
+//! concurrently, plus batches left waiting only on a slow destination, below); when a claim comes
+//! back short it waits [`RelayConfig::poll_interval`].
 //!
 //! ```no_run
 //! # async fn demo(store: std::sync::Arc<dyn outbox_core::Store>, sink: std::sync::Arc<dyn outbox_core::Sink>) {
@@ -53,15 +54,19 @@
 //! delivered almost nothing.) A destination that times out, or fails every event of three calls
 //! in a row, is *failing*: for a cooldown (from 500 ms, doubling while it keeps failing, up to
 //! [`RelayConfig::destination_cooldown`]) the relay does not call it and records its events as
-//! failed attempts at once, so batches do not wait out its timeout again and again. The first
-//! call after the cooldown tries it for real; one delivery ends the failing state. Its events stay
-//! in the outbox and keep their order; the other destinations keep flowing.
+//! failed attempts at once (each due again after the cooldown, spread over half as long again),
+//! so batches do not wait out its timeout again and again. After the cooldown one call tries it
+//! for real while the others are still refused; an answer (a delivery, or a rejection of an
+//! event) ends the failing state, another failure starts the next, longer cooldown. Its events
+//! stay in the outbox and keep their order (unless one runs out of attempts under
+//! [`DeadLetterPolicy::Skip`]); the other destinations keep flowing. A timeout cut short by the
+//! lease's end does not count.
 //!
-//! A batch still waits for its slowest call before it is done. So once everything left in a
-//! batch waits for a call that has been out for a quarter of the publish timeout, the batch
+//! A batch still waits for its slowest call before it is done. So, with several destinations,
+//! once every call a batch has out has been out for a quarter of the publish timeout, the batch
 //! writes back what it has settled (freeing those aggregates) and gives its
 //! [`RelayConfig::max_batches_in_flight`] slot back: the relay claims on while it waits. At most
-//! four batches per slot are alive at once.
+//! four batches per slot are alive at once, the one holding it included.
 //!
 //! ## Shutdown
 //!
@@ -109,8 +114,8 @@ pub struct RelayConfig {
     #[serde(with = "humantime_duration")]
     pub publish_timeout: Duration,
     /// Batches being published at the same time (pipelining: the next claim overlaps the
-    /// current publish). A batch left waiting only on a slow destination gives its slot back
-    /// early (up to four batches per slot stay alive). Worth raising only when batches span many more aggregates than
+    /// current publish). With several destinations, a batch left waiting only on slow calls gives
+    /// its slot back early (up to four batches per slot stay alive). Worth raising only when batches span many more aggregates than
     /// `batch_size`: a claim skips every aggregate that has an event in flight, and with few hot
     /// aggregates an overlapping claim finds little and scans the whole backlog to find it.
     pub max_batches_in_flight: usize,
@@ -178,7 +183,8 @@ pub struct RelayReport {
     pub delivered: u64,
     /// Failed attempts sent back for a later retry.
     pub retried: u64,
-    /// Of `retried`: attempts recorded without calling the destination, because it was failing.
+    /// Events answered without calling their destination, because it was failing (each then
+    /// retried, or buried if out of attempts).
     pub short_circuited: u64,
     /// Events buried (rejected, or out of attempts).
     pub dead: u64,
@@ -490,14 +496,19 @@ struct Lanes {
 /// How a destination has been answering lately.
 #[derive(Clone, Default)]
 struct Health {
-    /// Calls in a row that failed every event (a timeout counts), since the last delivery.
+    /// Calls in a row that failed every event (a timeout counts), since it last answered.
     failed_calls: u32,
-    /// Times it was found failing since the last delivery; sets the cooldown.
+    /// Times it was found failing since it last answered; sets the cooldown.
     trips: u32,
     /// Not called before this instant.
     open_until: Option<Instant>,
+    /// After the cooldown, one call tries it; the others are refused until that one is back.
+    trying: bool,
     last_error: String,
 }
+
+/// How long events are put off while the one trial call after a cooldown is out.
+const WHILE_TRYING: Duration = Duration::from_millis(500);
 
 /// How many batches may be alive per slot of [`RelayConfig::max_batches_in_flight`]: a batch
 /// whose remaining events all wait for a slow call gives its slot back early (see
@@ -549,15 +560,30 @@ impl Lanes {
 
     /// Whether the failure state applies: only several destinations have others to protect.
     fn guarded(&self, lane: usize, cooldown: Duration) -> bool {
-        self.routes.is_some() && !cooldown.is_zero() && lane + 1 < self.names.len()
+        self.several() && !cooldown.is_zero() && lane + 1 < self.names.len()
     }
 
-    /// Why `lane` is not to be called now, and for how much longer, if it is failing.
+    /// Whether there are several destinations (the CLI routes even a single `[sink]`).
+    fn several(&self) -> bool {
+        self.routes
+            .as_ref()
+            .is_some_and(|r| r.destinations().len() > 1)
+    }
+
+    /// Why `lane` is not to be called now, and for how much longer, if it is failing. Once its
+    /// cooldown is over, the first caller gets `None` and makes the one trial call.
     fn refusal(&self, lane: usize, now: Instant) -> Option<(String, Duration)> {
-        let health = self.health.lock().ok()?;
-        let h = health.get(lane)?;
-        let until = h.open_until.filter(|&t| t > now)?;
-        let remaining = until - now;
+        let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let h = health.get_mut(lane)?;
+        let until = h.open_until?;
+        let remaining = if until > now {
+            until - now
+        } else if h.trying {
+            WHILE_TRYING
+        } else {
+            h.trying = true;
+            return None;
+        };
         let reason = format!(
             "destination `{}` is failing ({}); not called for another {} ms",
             self.name(lane),
@@ -569,44 +595,59 @@ impl Lanes {
 
     /// Record how a call to `lane` went.
     fn record(&self, lane: usize, outcomes: &[Outcome], timed_out: bool, max_cooldown: Duration) {
-        let Ok(mut health) = self.health.lock() else {
-            return;
-        };
-        let Some(h) = health.get_mut(lane) else {
-            return;
-        };
         let name = self.names.get(lane).map(String::as_str).unwrap_or("");
         let answered = outcomes
             .iter()
             .any(|o| matches!(o, Outcome::Delivered | Outcome::Reject { .. }));
-        if answered || outcomes.is_empty() {
-            if h.trips > 0 {
-                info!(
-                    destination = name,
-                    "Destination answers again; publishing to it resumes."
-                );
-                metrics::gauge!("outbox_destination_failing", "destination" => name.to_owned())
-                    .set(0.0);
+        let now = Instant::now();
+        let tripped = {
+            let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(h) = health.get_mut(lane) else {
+                return;
+            };
+            if answered || outcomes.is_empty() {
+                let was_failing = h.trips > 0;
+                *h = Health::default();
+                drop(health);
+                if was_failing {
+                    info!(
+                        destination = name,
+                        "Destination answers again; publishing to it resumes."
+                    );
+                    metrics::gauge!("outbox_destination_failing", "destination" => name.to_owned())
+                        .set(0.0);
+                }
+                return;
             }
-            *h = Health::default();
-            return;
-        }
-        h.failed_calls += 1;
-        if let Some(Outcome::Retry { reason, .. }) = outcomes.first() {
-            h.last_error = truncate_error(reason);
-        }
-        if timed_out || h.failed_calls >= FAILED_CALLS_TO_TRIP {
-            h.trips += 1;
-            let exponent = (h.trips - 1).min(16);
-            let cooldown = Duration::from_millis(500u64 << exponent).min(max_cooldown);
-            h.open_until = Some(Instant::now() + cooldown);
-            h.failed_calls = 0;
+            if let Some(Outcome::Retry { reason, .. }) = outcomes.first() {
+                h.last_error = truncate_error(reason);
+            }
+            // Calls that were out while it tripped come back failed too: one trip, not one each.
+            if h.open_until.is_some_and(|t| t > now) {
+                return;
+            }
+            h.failed_calls += 1;
+            if timed_out || h.failed_calls >= FAILED_CALLS_TO_TRIP {
+                h.trips += 1;
+                let exponent = (h.trips - 1).min(16);
+                let cooldown = Duration::from_millis(500u64 << exponent).min(max_cooldown);
+                h.open_until = Some(now + cooldown);
+                h.trying = false;
+                h.failed_calls = 0;
+                Some((cooldown, h.last_error.clone()))
+            } else {
+                // The trial call failed without tripping it again: let the next call try.
+                h.trying = false;
+                None
+            }
+        };
+        if let Some((cooldown, error)) = tripped {
             metrics::gauge!("outbox_destination_failing", "destination" => name.to_owned())
                 .set(1.0);
             warn!(
                 destination = name,
                 cooldown_ms = cooldown.as_millis() as u64,
-                error = %h.last_error,
+                %error,
                 "Destination is failing: its events are retried without calling it until the cooldown ends; other destinations keep flowing."
             );
         }
@@ -631,9 +672,9 @@ where
     /// which can be long before the result reached this process (a pause, a slow network), and
     /// counting from the send keeps the stop-publishing deadline inside the lease.
     ///
-    /// `slot` is this batch's share of [`RelayConfig::max_batches_in_flight`]. When everything
-    /// left in the batch waits for a call that has been out for a quarter of the publish timeout
-    /// (a destination that hangs), the batch writes back what is settled so far — those
+    /// `slot` is this batch's share of [`RelayConfig::max_batches_in_flight`]. With several
+    /// destinations, once every call the batch has out has been out for a quarter of the publish
+    /// timeout (a destination that hangs), the batch writes back what is settled so far — those
     /// aggregates are free again — and gives the slot back, so the relay claims on while this
     /// batch waits; otherwise one hanging destination would hold up every other destination's
     /// next batch until its timeout.
@@ -675,6 +716,8 @@ where
         // When each lane's call went out, while it is out.
         let mut busy: Vec<Option<Instant>> = vec![None; lanes.count()];
         let mut calls = FuturesUnordered::new();
+        // Calls that came back while an early write-back was going on, not yet settled.
+        let mut finished = Vec::new();
         let mut settlement = Settlement::default();
         loop {
             let now = Instant::now();
@@ -693,17 +736,29 @@ where
                     calls.push(self.publish_wave(lane, members, wave, deadline - now));
                 }
             }
-            // Everything startable is out; wait for a call to come back. A batch still holding
-            // its slot stops waiting on it once the oldest call is slow.
-            let oldest = busy.iter().flatten().min().copied();
-            let next = match (slot.is_some(), oldest) {
-                (true, Some(oldest)) => {
+            // Everything startable is out; wait for a call to come back. With several
+            // destinations, a batch still holding its slot stops waiting once every call it has
+            // out is slow: it writes back what is settled and gives the slot back.
+            let newest = busy.iter().flatten().max().copied();
+            let next = match (slot.is_some() && lanes.several(), newest) {
+                _ if !finished.is_empty() => finished.pop(),
+                (true, Some(newest)) => {
                     tokio::select! {
                         biased;
                         next = calls.next() => next,
-                        _ = tokio::time::sleep_until((oldest + slow_after).into()) => {
+                        _ = tokio::time::sleep_until((newest + slow_after).into()) => {
                             let settled = std::mem::take(&mut settlement);
-                            self.write_back(&lease, settled, claimed_at).await;
+                            let write = self.write_back(&lease, settled, claimed_at);
+                            tokio::pin!(write);
+                            // Keep the calls going meanwhile (a sink's call may need polling
+                            // to make progress); what comes back is settled afterwards.
+                            loop {
+                                tokio::select! {
+                                    biased;
+                                    _ = &mut write => break,
+                                    Some(done) = calls.next(), if !calls.is_empty() => finished.push(done),
+                                }
+                            }
                             slot = None;
                             continue;
                         }
@@ -753,11 +808,13 @@ where
                 .iter()
                 .map(|event| Outcome::Retry {
                     reason: reason.clone(),
+                    // Spread over up to half the cooldown again, so its events do not all come
+                    // due the instant it ends.
                     after: Some(
                         self.config
                             .retry
                             .backoff(event.attempts + 1, rand::random::<f64>())
-                            .max(remaining),
+                            .max(remaining.mul_f64(1.0 + rand::random::<f64>() / 2.0)),
                     ),
                 })
                 .collect();
@@ -778,7 +835,8 @@ where
                 vec![Outcome::retry(reason); wave.len()]
             }
             Err(_) => {
-                timed_out = true;
+                // Cut short by the lease's end, it says nothing about the destination.
+                timed_out = budget >= self.config.publish_timeout;
                 let reason = format!(
                     "publish to `{}` timed out after {} ms",
                     self.lanes.name(lane),
@@ -1085,10 +1143,24 @@ mod tests {
                 .unwrap()
                 .saturating_duration_since(Instant::now())
         };
+        // Let the cooldown run out: the next call is the one trial, the others are refused.
+        let expire = |lanes: &Lanes| {
+            lanes.health.lock().unwrap()[0].open_until = Some(Instant::now());
+            assert!(lanes.refusal(0, Instant::now()).is_none(), "the trial call");
+            let (_, wait) = lanes.refusal(0, Instant::now()).unwrap();
+            assert_eq!(wait, WHILE_TRYING, "only one trial call at a time");
+        };
         let mut seen = Vec::new();
         for _ in 0..5 {
             lanes.record(0, &failed(1), true, max);
             seen.push(open_for(&lanes).as_millis().div_ceil(100) * 100);
+            // Calls that were out when it tripped come back failed too: no second trip.
+            lanes.record(0, &failed(1), true, max);
+            assert_eq!(
+                open_for(&lanes).as_millis().div_ceil(100) * 100,
+                seen[seen.len() - 1]
+            );
+            expire(&lanes);
         }
         assert_eq!(seen, [500, 1000, 2000, 3000, 3000]);
         // A rejection is an answer: the destination is up, the event is bad.

@@ -114,10 +114,11 @@ pub struct RelayConfig {
     #[serde(with = "humantime_duration")]
     pub publish_timeout: Duration,
     /// Batches being published at the same time (pipelining: the next claim overlaps the
-    /// current publish). With several destinations, a batch left waiting only on slow calls gives
-    /// its slot back early (up to four batches per slot stay alive). Worth raising only when batches span many more aggregates than
-    /// `batch_size`: a claim skips every aggregate that has an event in flight, and with few hot
-    /// aggregates an overlapping claim finds little and scans the whole backlog to find it.
+    /// current publish). With several destinations, a batch left waiting only on slow calls
+    /// gives its slot back early (up to four batches per slot stay alive). Worth raising only
+    /// when batches span many more aggregates than `batch_size`: a claim skips every aggregate
+    /// that has an event in flight, and with few hot aggregates an overlapping claim finds little
+    /// and scans the whole backlog to find it.
     pub max_batches_in_flight: usize,
     /// Backoff and attempt limit for failed deliveries.
     pub retry: RetryPolicy,
@@ -289,7 +290,6 @@ where
             counters: self.counters.clone(),
             stopping: AtomicBool::new(false),
             lanes: Lanes::new(self.routes.clone(), self.sink.name()),
-            routes: self.routes.clone(),
         });
         let mut request = ClaimRequest::new(
             config.relay_id.clone(),
@@ -480,8 +480,8 @@ struct BatchContext<S: ?Sized, K: ?Sized> {
     config: Arc<RelayConfig>,
     counters: Arc<RelayCounters>,
     stopping: AtomicBool,
+    /// The destinations, from the routes when there are any (else the sink alone).
     lanes: Lanes,
-    routes: Option<Arc<RouteTable>>,
 }
 
 /// The destinations a batch is published to, each with its failure state. Without routes there
@@ -595,7 +595,7 @@ impl Lanes {
 
     /// Record how a call to `lane` went.
     fn record(&self, lane: usize, outcomes: &[Outcome], timed_out: bool, max_cooldown: Duration) {
-        let name = self.names.get(lane).map(String::as_str).unwrap_or("");
+        let name = self.name(lane);
         let answered = outcomes
             .iter()
             .any(|o| matches!(o, Outcome::Delivered | Outcome::Reject { .. }));
@@ -845,7 +845,8 @@ where
                 vec![Outcome::retry(reason); wave.len()]
             }
         };
-        if self.routes.is_none() {
+        // With routes, the router records this per destination.
+        if self.lanes.routes.is_none() {
             metrics::histogram!("outbox_publish_duration_seconds", "destination" => self.sink.name().to_owned())
                 .record(started.elapsed().as_secs_f64());
         }
@@ -857,15 +858,8 @@ where
     }
 
     /// The destination an event goes to, for logs and metrics.
-    fn destination_of<'a>(&'a self, event: &Event) -> &'a str {
-        match &self.routes {
-            Some(routes) => routes
-                .resolve_event(event)
-                .and_then(|d| routes.destinations().iter().find(|n| *n == d))
-                .map(String::as_str)
-                .unwrap_or("(unroutable)"),
-            None => self.sink.name(),
-        }
+    fn destination_of(&self, event: &Event) -> &str {
+        self.lanes.name(self.lanes.of(event))
     }
 
     /// Record the outcome of one event; returns whether the rest of its aggregate must wait.

@@ -34,6 +34,7 @@
 mod error;
 mod event;
 mod retry;
+pub mod redact;
 pub mod route;
 pub mod routing;
 mod sink;

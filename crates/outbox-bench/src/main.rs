@@ -1138,6 +1138,8 @@ async fn claim_drain(
         lease: Duration::from_secs(30),
         dead_letter: DeadLetterPolicy::Block,
         hold: None,
+        max_batch_bytes: u64::MAX,
+        max_payload_bytes: u64::MAX,
     };
     let mut claim_ms = Vec::new();
     let mut cycle_ms = Vec::new();

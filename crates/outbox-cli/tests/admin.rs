@@ -58,6 +58,8 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
             lease: Duration::from_secs(60),
             dead_letter: DeadLetterPolicy::Block,
             hold: None,
+            max_batch_bytes: u64::MAX,
+            max_payload_bytes: u64::MAX,
         })
         .await
         .unwrap();

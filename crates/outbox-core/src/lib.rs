@@ -33,8 +33,8 @@
 
 mod error;
 mod event;
-mod retry;
 pub mod redact;
+mod retry;
 pub mod route;
 pub mod routing;
 mod sink;
@@ -50,4 +50,5 @@ pub use sink::{Outcome, Sink, SinkError};
 pub use store::{
     BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, Hold, Lease, LeaseHolder,
     OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store, bury_malformed,
+    bury_oversized, held_behind_buried,
 };

@@ -102,11 +102,7 @@ pub fn is_secret_key(key: &str) -> bool {
 /// ```
 pub fn redact_url(url: &str) -> String {
     if url.contains(',') {
-        return url
-            .split(',')
-            .map(redact_one)
-            .collect::<Vec<_>>()
-            .join(",");
+        return url.split(',').map(redact_one).collect::<Vec<_>>().join(",");
     }
     redact_one(url).into_owned()
 }
@@ -136,8 +132,15 @@ fn redact_one(url: &str) -> Cow<'_, str> {
                     let scheme = url[..authority_start.saturating_sub(3)].to_ascii_lowercase();
                     let names_a_user = matches!(
                         scheme.as_str(),
-                        "postgres" | "postgresql" | "mysql" | "mariadb" | "amqp" | "amqps"
-                            | "redis" | "rediss" | "sqlite"
+                        "postgres"
+                            | "postgresql"
+                            | "mysql"
+                            | "mariadb"
+                            | "amqp"
+                            | "amqps"
+                            | "redis"
+                            | "rediss"
+                            | "sqlite"
                     );
                     if names_a_user {
                         out.push_str(userinfo);
@@ -327,7 +330,10 @@ mod tests {
                 "postgres://h/db?sslpassword=p&sslmode=verify-full",
                 "postgres://h/db?sslpassword=***&sslmode=verify-full",
             ),
-            ("mysql://root:@127.0.0.1/test", "mysql://root:***@127.0.0.1/test"),
+            (
+                "mysql://root:@127.0.0.1/test",
+                "mysql://root:***@127.0.0.1/test",
+            ),
             ("sqlite://outbox.db?mode=rwc", "sqlite://outbox.db?mode=rwc"),
             ("u:p@host:4222", "u:***@host:4222"),
             ("nats://tok@host:4222", "nats://***@host:4222"),
@@ -349,7 +355,8 @@ mod tests {
 
     #[test]
     fn urls_inside_text_are_masked_and_the_rest_kept() {
-        let text = "cannot connect to postgres://app:s3cr3t@db/app (timeout); retry \"nats://x:y@n\"";
+        let text =
+            "cannot connect to postgres://app:s3cr3t@db/app (timeout); retry \"nats://x:y@n\"";
         let out = redact_in_text(text);
         assert!(!out.contains("s3cr3t") && !out.contains(":y@"), "{out}");
         assert!(out.contains("(timeout); retry"), "{out}");
@@ -389,7 +396,10 @@ mod tests {
 
     #[test]
     fn escapes_every_control_character() {
-        for c in (0u32..0x20).chain([0x7f, 0x85, 0x9b]).filter_map(char::from_u32) {
+        for c in (0u32..0x20)
+            .chain([0x7f, 0x85, 0x9b])
+            .filter_map(char::from_u32)
+        {
             let text = format!("a{c}b");
             let escaped = escape_control(&text);
             assert!(!escaped.chars().any(char::is_control), "{c:?}");

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::event::{Event, EventId, EventRecord};
+use crate::event::{AggregateKey, Event, EventId, EventRecord};
 use crate::retry::DeadLetterPolicy;
 use crate::route::RouteTable;
 
@@ -51,6 +51,13 @@ pub struct ClaimRequest {
     pub dead_letter: DeadLetterPolicy,
     /// Destinations whose events are not claimed now (paused by an operator).
     pub hold: Option<Arc<Hold>>,
+    /// Most payload bytes one claim returns: events are taken in `seq` order while the payloads
+    /// before them add up to less than this (the first one always), so a relay's memory is
+    /// bounded by bytes and not only by `limit`. `u64::MAX`: no bound.
+    pub max_batch_bytes: u64,
+    /// An event whose payload is larger than this is not loaded: the claim buries it at once
+    /// with a reason that names the limit ([`bury_oversized`]). `u64::MAX`: no bound.
+    pub max_payload_bytes: u64,
 }
 
 impl ClaimRequest {
@@ -67,7 +74,17 @@ impl ClaimRequest {
             lease,
             dead_letter,
             hold: None,
+            max_batch_bytes: u64::MAX,
+            max_payload_bytes: u64::MAX,
         }
+    }
+
+    /// Bound the claim by payload bytes (see [`ClaimRequest::max_batch_bytes`] and
+    /// [`ClaimRequest::max_payload_bytes`]).
+    pub fn with_byte_limits(mut self, max_batch_bytes: u64, max_payload_bytes: u64) -> Self {
+        self.max_batch_bytes = max_batch_bytes;
+        self.max_payload_bytes = max_payload_bytes;
+        self
     }
 }
 
@@ -120,6 +137,63 @@ pub fn bury_malformed(seq: i64, error: &StoreError) -> BuryEvent {
             "the stored row cannot be read as an event ({error}); fix the row and run `outbox dead retry`, or `outbox dead discard` it"
         ),
     }
+}
+
+/// A claimed event whose payload is above [`ClaimRequest::max_payload_bytes`]: the store buries
+/// it without loading the payload, so one huge row cannot exhaust the relay's memory, and its
+/// aggregate waits behind it like behind any dead event.
+pub fn bury_oversized(seq: i64, bytes: u64, limit: u64) -> BuryEvent {
+    BuryEvent {
+        seq,
+        error: format!(
+            "the payload is {bytes} bytes, above relay.max_payload_bytes = {limit}: the relay does not load it; \
+             raise relay.max_payload_bytes (if the destination accepts such messages) and run `outbox dead retry`, \
+             or `outbox dead discard` it"
+        ),
+    }
+}
+
+/// The events of a claim that must wait behind a row the same claim buried (malformed or
+/// oversized): under [`DeadLetterPolicy::Block`], every event of `events` that comes after a
+/// buried row of its aggregate. They are taken out of `events` and their seqs returned, for the
+/// store to release them (no attempt counted); under `Skip` nothing is held.
+///
+/// Without this, the claim would hand out an aggregate's later events while its earlier one
+/// went dead in the same statement: an order violation the relay cannot see.
+///
+/// ```
+/// use outbox_core::{AggregateKey, DeadLetterPolicy, held_behind_buried};
+/// # fn ev(seq: i64, agg: &str) -> outbox_core::Event { outbox_core::Event { seq, id: outbox_core::EventId::new(),
+/// #   aggregate_type: "t".into(), aggregate_id: agg.into(), event_type: "E".into(), payload: "{}".into(),
+/// #   destination: None, headers: Default::default(), idempotency_key: None,
+/// #   occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 } }
+/// let mut events = vec![ev(1, "a"), ev(3, "a"), ev(4, "b")];
+/// let buried = [(2, AggregateKey { aggregate_type: "t".into(), aggregate_id: "a".into() })];
+/// let held = held_behind_buried(&mut events, &buried, DeadLetterPolicy::Block);
+/// assert_eq!(held, vec![3]);
+/// assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 4]);
+/// ```
+pub fn held_behind_buried(
+    events: &mut Vec<Event>,
+    buried: &[(i64, AggregateKey)],
+    policy: DeadLetterPolicy,
+) -> Vec<i64> {
+    if buried.is_empty() || policy != DeadLetterPolicy::Block {
+        return Vec::new();
+    }
+    let mut held = Vec::new();
+    events.retain(|e| {
+        let behind = buried.iter().any(|(seq, key)| {
+            e.seq > *seq
+                && e.aggregate_type == key.aggregate_type
+                && e.aggregate_id == key.aggregate_id
+        });
+        if behind {
+            held.push(e.seq);
+        }
+        !behind
+    });
+    held
 }
 
 /// A delivery given up on.

@@ -87,7 +87,7 @@ impl MySqlStore {
         session: &mut Session,
         request: &ClaimRequest,
         token: Uuid,
-    ) -> Result<(Vec<Event>, Vec<BuryEvent>), StoreError> {
+    ) -> Result<Claimed, StoreError> {
         let sql = self.sql();
         let block = request.dead_letter == DeadLetterPolicy::Block;
         let limit = i64::from(request.limit);
@@ -110,10 +110,26 @@ impl MySqlStore {
         }
         .map_err(map_sqlx)?;
         if candidates.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Claimed::default());
         }
         let mut wanted = Vec::with_capacity(candidates.len());
+        // The byte budget: candidates in seq order while the payloads before them add up to
+        // less than `max_batch_bytes` (the first always). What it leaves out comes after
+        // everything it keeps. A payload above `max_payload_bytes` counts as nothing: it is
+        // locked without its payload and buried.
+        let mut running: u64 = 0;
         for row in &candidates {
+            let size: Option<i64> = row.try_get("bytes").map_err(map_sqlx)?;
+            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
+            let size = if size > request.max_payload_bytes {
+                0
+            } else {
+                size
+            };
+            if !wanted.is_empty() && running >= request.max_batch_bytes {
+                break;
+            }
+            running = running.saturating_add(size);
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
             let aggregate = AggregateKey {
                 aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
@@ -125,6 +141,7 @@ impl MySqlStore {
 
         session.begin().await?;
         let locked = sqlx::query(AssertSqlSafe(sql.claim_lock_rows.as_str()))
+            .bind(i64::try_from(request.max_payload_bytes).unwrap_or(i64::MAX))
             .bind(json_text(&seqs)?)
             .fetch_all(session.conn())
             .await
@@ -132,25 +149,50 @@ impl MySqlStore {
         let mut decoded = Vec::with_capacity(locked.len());
         for row in &locked {
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
-            decoded.push((seq, decode_event(row)));
+            let size: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
+            if size > request.max_payload_bytes {
+                decoded.push((seq, Err(Oversized(size))));
+            } else {
+                decoded.push((seq, decode_event(row).map_err(Malformed)));
+            }
         }
         let keep = keep_in_order(&wanted, decoded.iter().map(|(seq, _)| *seq).collect());
         decoded.retain(|(seq, _)| keep.contains(seq));
         if decoded.is_empty() {
             session.rollback().await?;
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Claimed::default());
         }
         // Malformed rows are claimed with the rest and buried right after, so one bad row
         // neither fails the claim nor lets its aggregate's later events overtake it.
         let kept: Vec<i64> = decoded.iter().map(|(seq, _)| *seq).collect();
         let mut locked = Vec::with_capacity(decoded.len());
         let mut malformed = Vec::new();
+        let mut buried = Vec::new();
         for (seq, event) in decoded {
+            if event.is_err()
+                && let Some((_, key)) = wanted.iter().find(|(s, _)| *s == seq)
+            {
+                buried.push((seq, key.clone()));
+            }
             match event {
                 Ok(event) => locked.push(event),
-                Err(error) => {
+                Err(Malformed(error)) => {
                     tracing::warn!(seq, %error, "Claimed a row that cannot be read as an event; it is dead-lettered.");
                     malformed.push(outbox_core::bury_malformed(seq, &error));
+                }
+                Err(Oversized(size)) => {
+                    tracing::warn!(
+                        seq,
+                        bytes = size,
+                        limit = request.max_payload_bytes,
+                        "Claimed an event whose payload is above the limit; it is dead-lettered unread."
+                    );
+                    malformed.push(outbox_core::bury_oversized(
+                        seq,
+                        size,
+                        request.max_payload_bytes,
+                    ));
                 }
             }
         }
@@ -172,7 +214,11 @@ impl MySqlStore {
         }
         session.commit().await?;
         locked.sort_unstable_by_key(|e| e.seq);
-        Ok((locked, malformed))
+        Ok(Claimed {
+            events: locked,
+            malformed,
+            buried,
+        })
     }
 }
 
@@ -213,6 +259,23 @@ pub fn redact_url(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
+
+/// What a claim took: the events to hand out, the rows to bury, and those rows' aggregates.
+#[derive(Default)]
+struct Claimed {
+    events: Vec<Event>,
+    malformed: Vec<BuryEvent>,
+    buried: Vec<(i64, AggregateKey)>,
+}
+
+/// Why a locked row is buried instead of handed out.
+enum Unusable {
+    /// It cannot be read as an event.
+    Malformed(StoreError),
+    /// Its payload (this many bytes) is above the claim's `max_payload_bytes`.
+    Oversized(u64),
+}
+use Unusable::{Malformed, Oversized};
 
 fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
@@ -309,7 +372,11 @@ impl Store for MySqlStore {
             );
         }
         match self.claim_rows(&mut session, request, token).await {
-            Ok((events, malformed)) => {
+            Ok(Claimed {
+                mut events,
+                malformed,
+                buried,
+            }) => {
                 // The claim is committed: hand it out even if the release fails. The session then
                 // still counts as holding the lock and is closed on drop, which releases it.
                 if let Err(error) = session.release_lock(&sql.claim_unlock).await {
@@ -317,6 +384,11 @@ impl Store for MySqlStore {
                 }
                 if !malformed.is_empty() {
                     self.bury(&lease, &malformed).await?;
+                    let held =
+                        outbox_core::held_behind_buried(&mut events, &buried, request.dead_letter);
+                    if !held.is_empty() {
+                        self.release(&lease, &held).await?;
+                    }
                 }
                 Ok(Claim { lease, events })
             }
@@ -826,7 +898,11 @@ mod tests {
                 );
             }
             for (name, statement, binds) in [
-                ("lock rows", &sql.claim_lock_rows, vec![seqs.clone()]),
+                (
+                    "lock rows",
+                    &sql.claim_lock_rows,
+                    vec![i64::MAX.into(), seqs.clone()],
+                ),
                 (
                     "claim update",
                     &sql.claim_update,

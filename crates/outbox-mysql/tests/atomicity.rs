@@ -105,6 +105,8 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
             lease: std::time::Duration::from_secs(30),
             dead_letter: outbox_core::DeadLetterPolicy::Block,
             hold: None,
+            max_batch_bytes: u64::MAX,
+            max_payload_bytes: u64::MAX,
         })
         .await
         .unwrap();

@@ -115,9 +115,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::route::{RouteTable, SqlDialect};
 use outbox_core::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats, Event, EventId,
-    EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats, PausedDestination,
-    ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
+    AggregateKey, BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats,
+    Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats,
+    PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
@@ -726,8 +726,9 @@ struct HoldSql {
 /// sequential scan of the whole table. The `_heads` predicate, below, does it instead.)
 const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 
-/// The claim statement. `$1` limit, `$2` owner, `$3` token, `$4` dead blocks, `$5` lease ms; with
-/// a hold, `$6` the paused destination names (`text[]`) and `$7…` the route table's values.
+/// The claim statement. `$1` limit, `$2` owner, `$3` token, `$4` dead blocks, `$5` lease ms, `$6`
+/// most payload bytes in the batch, `$7` most payload bytes of one event; with a hold, `$8` the
+/// paused destination names (`text[]`) and `$9…` the route table's values.
 ///
 /// A row is due when pending and its time has come, or in flight under an expired lease (its
 /// relay died). It is held back by any earlier row of its aggregate that is in flight under a
@@ -784,8 +785,8 @@ const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
     let (hold_e, hold_b) = match hold {
         Some(h) => (
-            format!("AND NOT (COALESCE({}, '') = ANY($6::text[]))", h.route_e),
-            format!("AND NOT (COALESCE({}, '') = ANY($6::text[]))", h.route_b),
+            format!("AND NOT (COALESCE({}, '') = ANY($8::text[]))", h.route_e),
+            format!("AND NOT (COALESCE({}, '') = ANY($8::text[]))", h.route_b),
         ),
         None => (String::new(), String::new()),
     };
@@ -912,14 +913,26 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
              LIMIT $1
          ),
          locked AS MATERIALIZED (
-             SELECT l.seq FROM due d
+             SELECT l.seq, l.bytes FROM due d
              CROSS JOIN LATERAL (
-                 SELECT l.seq FROM {t} l
+                 SELECT l.seq, octet_length(l.payload::text) AS bytes FROM {t} l
                  WHERE l.seq = d.seq
                    AND l.status IN ('pending', 'in_flight')
                    AND {due_on_latest}
                  FOR UPDATE OF l SKIP LOCKED
              ) l
+         ),
+         -- The byte budget: locked rows in seq order while the payloads before them stay under
+         -- $6 (the first always). What it leaves out comes after everything it keeps, so no
+         -- aggregate's later event is claimed without its earlier one. A payload above $7 counts
+         -- as nothing: it is returned without its payload and buried.
+         budget AS (
+             SELECT x.seq FROM (
+                 SELECT k.seq, k.b,
+                        sum(k.b) OVER (ORDER BY k.seq ROWS UNBOUNDED PRECEDING) AS running
+                 FROM (SELECT seq, CASE WHEN bytes > $7 THEN 0 ELSE bytes END AS b FROM locked) k
+             ) x
+             WHERE x.running - x.b < $6
          ),
          skipped AS (
              SELECT d.aggregate_type, d.aggregate_id, min(d.seq) AS seq FROM due d
@@ -930,13 +943,15 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
          SET status = 'in_flight', lease_owner = $2, lease_token = $3,
              lease_expires_at = statement_timestamp() + $5 * interval '1 millisecond',
              claimed_at = statement_timestamp()
-         FROM locked k
+         FROM budget k
          WHERE o.seq = k.seq
            AND NOT EXISTS (
                SELECT 1 FROM skipped s
                WHERE s.aggregate_type = o.aggregate_type AND s.aggregate_id = o.aggregate_id
                  AND s.seq < o.seq)
-         RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
+         RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+                   CASE WHEN octet_length(o.payload::text) > $7 THEN NULL ELSE o.payload::text END AS payload,
+                   octet_length(o.payload::text) AS payload_bytes,
                    o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
     )
 }
@@ -1097,6 +1112,11 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A byte limit as a bind parameter (`u64::MAX`, no limit, becomes `i64::MAX`).
+fn bytes(limit: u64) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
 fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
         seq,
@@ -1181,7 +1201,7 @@ impl Store for PgStore {
         let (sql, route_binds, paused) = match hold {
             None => (self.sql().claim.as_str(), Vec::new(), None),
             Some(hold) => {
-                let dialect = SqlDialect::Postgres { first_param: 7 };
+                let dialect = SqlDialect::Postgres { first_param: 9 };
                 let route_e = hold.routes.sql_case(dialect, Some("e"));
                 let route_b = hold.routes.sql_case(dialect, Some("b"));
                 held_sql = claim_sql(
@@ -1199,7 +1219,9 @@ impl Store for PgStore {
             .bind(&request.owner)
             .bind(token)
             .bind(request.dead_letter == DeadLetterPolicy::Block)
-            .bind(millis(request.lease));
+            .bind(millis(request.lease))
+            .bind(bytes(request.max_batch_bytes))
+            .bind(bytes(request.max_payload_bytes));
         if let Some(paused) = paused {
             query = query.bind(paused);
             for value in route_binds {
@@ -1210,13 +1232,38 @@ impl Store for PgStore {
         tx.commit().await.map_err(map_sqlx)?;
         let mut events = Vec::with_capacity(rows.len());
         let mut malformed = Vec::new();
+        let mut buried = Vec::new();
         for row in &rows {
+            let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+            let size: Option<i32> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
+            let aggregate = || -> Result<AggregateKey, StoreError> {
+                Ok(AggregateKey {
+                    aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
+                    aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
+                })
+            };
+            if size > request.max_payload_bytes {
+                tracing::warn!(
+                    seq,
+                    bytes = size,
+                    limit = request.max_payload_bytes,
+                    "Claimed an event whose payload is above the limit; it is dead-lettered unread."
+                );
+                malformed.push(outbox_core::bury_oversized(
+                    seq,
+                    size,
+                    request.max_payload_bytes,
+                ));
+                buried.push((seq, aggregate()?));
+                continue;
+            }
             match decode_event(row) {
                 Ok(event) => events.push(event),
                 Err(error) => {
-                    let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
                     tracing::warn!(seq, %error, "Claimed a row that cannot be read as an event; it is dead-lettered.");
                     malformed.push(outbox_core::bury_malformed(seq, &error));
+                    buried.push((seq, aggregate()?));
                 }
             }
         }
@@ -1227,6 +1274,10 @@ impl Store for PgStore {
         };
         if !malformed.is_empty() {
             self.bury(&lease, &malformed).await?;
+            let held = outbox_core::held_behind_buried(&mut events, &buried, request.dead_letter);
+            if !held.is_empty() {
+                self.release(&lease, &held).await?;
+            }
         }
         Ok(Claim { lease, events })
     }
@@ -1634,9 +1685,11 @@ mod tests {
                 PlanArg::Uuid(Uuid::nil()),
                 PlanArg::Bool(true),
                 PlanArg::Int(30_000),
+                PlanArg::Int(i64::MAX),
+                PlanArg::Int(i64::MAX),
             ]
         };
-        let dialect = SqlDialect::Postgres { first_param: 7 };
+        let dialect = SqlDialect::Postgres { first_param: 9 };
         let (route_e, route_b) = (
             routes.sql_case(dialect, Some("e")),
             routes.sql_case(dialect, Some("b")),
@@ -1730,6 +1783,8 @@ mod tests {
             .bind(Uuid::now_v7())
             .bind(true)
             .bind(30_000_i64)
+            .bind(i64::MAX)
+            .bind(i64::MAX)
             .fetch_one(&mut *tx)
             .await
             .unwrap();
@@ -1781,6 +1836,8 @@ mod tests {
                     lease: std::time::Duration::from_secs(600),
                     dead_letter: DeadLetterPolicy::Block,
                     hold: None,
+                    max_batch_bytes: u64::MAX,
+                    max_payload_bytes: u64::MAX,
                 })
                 .await
                 .unwrap();

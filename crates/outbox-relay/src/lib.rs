@@ -82,6 +82,7 @@ use std::time::{Duration, Instant};
 
 pub mod router;
 
+use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use outbox_core::route::RouteTable;
 use outbox_core::{
@@ -102,6 +103,15 @@ pub struct RelayConfig {
     pub relay_id: String,
     /// Most events claimed at once.
     pub batch_size: u32,
+    /// Most payload bytes claimed at once: a claim stops adding events once their payloads
+    /// reach this (the first event always comes back), so memory is bounded by bytes, not
+    /// only by `batch_size`. Expect the relay to hold up to about three times this per batch
+    /// alive (the stored payload, the message the sink builds, the sink client's buffer).
+    pub max_batch_bytes: u64,
+    /// An event whose payload is larger is not loaded: it is dead-lettered at claim time with a
+    /// reason that names this limit (raise it and `outbox dead retry` the event if the
+    /// destination accepts such messages).
+    pub max_payload_bytes: u64,
     /// Pause after a claim that came back short, before claiming again. Bounds the delivery
     /// latency of a quiet outbox; shorter costs one cheap indexed query per interval.
     #[serde(with = "humantime_duration")]
@@ -141,6 +151,8 @@ impl Default for RelayConfig {
         RelayConfig {
             relay_id: default_relay_id(),
             batch_size: 500,
+            max_batch_bytes: 32 * 1024 * 1024,
+            max_payload_bytes: 16 * 1024 * 1024,
             poll_interval: Duration::from_millis(100),
             lease: Duration::from_secs(30),
             publish_timeout: Duration::from_secs(10),
@@ -296,6 +308,10 @@ where
             config.batch_size.max(1),
             config.lease,
             config.dead_letter,
+        )
+        .with_byte_limits(
+            config.max_batch_bytes.max(1),
+            config.max_payload_bytes.max(1),
         );
         let mut pauses = PauseWatch::new(self.routes.clone(), config.poll_interval);
         let slots = Arc::new(Semaphore::new(config.max_batches_in_flight.max(1)));
@@ -465,6 +481,17 @@ impl PauseWatch {
                 warn!(%error, "Could not read paused destinations; keeping the previous list.");
             }
         }
+    }
+}
+
+/// The text of a panic's payload (`panic!("…")` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(no message)".to_owned()
     }
 }
 
@@ -823,9 +850,23 @@ where
         let budget = self.config.publish_timeout.min(remaining);
         let started = Instant::now();
         let mut timed_out = false;
-        let outcomes = match tokio::time::timeout(budget, self.sink.publish(&wave)).await {
-            Ok(outcomes) if outcomes.len() == wave.len() => outcomes,
-            Ok(outcomes) => {
+        // A sink that panics fails this call, not the batch: caught here, every event of the
+        // call counts a failed attempt (the panic may be caused by one of them, which then
+        // ends dead after its attempts instead of being re-claimed forever), and the batch
+        // settles and writes back as usual.
+        let call = std::panic::AssertUnwindSafe(self.sink.publish(&wave)).catch_unwind();
+        let outcomes = match tokio::time::timeout(budget, call).await {
+            Ok(Ok(outcomes)) if outcomes.len() == wave.len() => outcomes,
+            Ok(Err(panic)) => {
+                let reason = format!(
+                    "sink of `{}` panicked: {} (a bug in the sink; please report it)",
+                    self.lanes.name(lane),
+                    panic_message(panic.as_ref())
+                );
+                tracing::error!(destination = self.lanes.name(lane), events = wave.len(), %reason, "Sink panicked; its events are retried.");
+                vec![Outcome::retry(reason); wave.len()]
+            }
+            Ok(Ok(outcomes)) => {
                 let reason = format!(
                     "sink `{}` returned {} outcomes for {} events (a sink bug); retrying all",
                     self.lanes.name(lane),

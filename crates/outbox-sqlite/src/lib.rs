@@ -83,9 +83,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::route::{RouteTable, SqlDialect};
 use outbox_core::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats, Event, EventId,
-    EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats, PausedDestination,
-    ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
+    AggregateKey, BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats,
+    Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats,
+    PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -156,7 +156,11 @@ struct Sql {
     purge_dead: String,
 }
 
-const EVENT_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload, \
+/// What a claim returns: the event's columns, with the payload left out (NULL) when it is above
+/// the claim's `?8` bytes, and its size.
+const CLAIMED_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, \
+     CASE WHEN length(CAST(payload AS BLOB)) > ?8 THEN NULL ELSE payload END AS payload, \
+     length(CAST(payload AS BLOB)) AS payload_bytes, \
      destination, headers, idempotency_key, occurred_at, enqueued_at, attempts";
 
 const RECORD_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload, \
@@ -518,11 +522,11 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
     let (hold_e, hold_b) = match hold {
         Some(h) => (
             format!(
-                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?7))",
+                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?9))",
                 h.route_e
             ),
             format!(
-                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?7))",
+                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?9))",
                 h.route_b
             ),
         ),
@@ -533,7 +537,17 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
          SET status = 'in_flight', lease_owner = ?2, lease_token = ?3, lease_expires_at = ?4,
              claimed_at = ?5
          WHERE seq IN (
-             SELECT e.seq FROM {t} AS e
+           -- The byte budget (?7 per batch, ?8 per event; see `ClaimRequest`): the due rows in
+           -- seq order while the payloads before them add up to less than ?7, the first always.
+           -- What it leaves out comes after everything it keeps. A payload above ?8 counts as
+           -- nothing: it comes back without its payload and is buried.
+           SELECT c.seq FROM (
+             SELECT c.seq, c.b, sum(c.b) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS running
+             FROM (
+             SELECT e.seq,
+                    CASE WHEN length(CAST(e.payload AS BLOB)) > ?8 THEN 0
+                         ELSE length(CAST(e.payload AS BLOB)) END AS b
+             FROM {t} AS e
              WHERE e.status IN ('pending', 'in_flight')
                AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= ?5
                         ELSE e.lease_expires_at <= ?5 END
@@ -550,8 +564,10 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                              ELSE b.next_attempt_at > ?5 END
                      {hold_b})
              ORDER BY e.seq
-             LIMIT ?1)
-         RETURNING {EVENT_COLUMNS}"
+             LIMIT ?1) AS c
+           ) AS c
+           WHERE c.running - c.b < ?7)
+         RETURNING {CLAIMED_COLUMNS}"
     )
 }
 
@@ -836,8 +852,8 @@ impl Store for SqliteStore {
                 let sql = claim_sql(
                     self.outbox.quoted_table(),
                     Some(&HoldSql {
-                        route_e: number_placeholders(&route_e.sql, 8),
-                        route_b: number_placeholders(&route_b.sql, 8),
+                        route_e: number_placeholders(&route_e.sql, 10),
+                        route_b: number_placeholders(&route_b.sql, 10),
                     }),
                 );
                 let paused = json_array(serde_json::to_string(&hold.paused))?;
@@ -853,7 +869,9 @@ impl Store for SqliteStore {
                 .bind(token.to_string())
                 .bind(after(now, request.lease))
                 .bind(now)
-                .bind(request.dead_letter == DeadLetterPolicy::Block);
+                .bind(request.dead_letter == DeadLetterPolicy::Block)
+                .bind(i64::try_from(request.max_batch_bytes).unwrap_or(i64::MAX))
+                .bind(i64::try_from(request.max_payload_bytes).unwrap_or(i64::MAX));
             if let Some((paused, binds)) = &held {
                 query = query.bind(paused.as_str());
                 for value in binds {
@@ -864,13 +882,38 @@ impl Store for SqliteStore {
         };
         let mut events = Vec::with_capacity(rows.len());
         let mut malformed = Vec::new();
+        let mut buried = Vec::new();
         for row in &rows {
+            let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+            let size: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
+            let aggregate = || -> Result<AggregateKey, StoreError> {
+                Ok(AggregateKey {
+                    aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
+                    aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
+                })
+            };
+            if size > request.max_payload_bytes {
+                tracing::warn!(
+                    seq,
+                    bytes = size,
+                    limit = request.max_payload_bytes,
+                    "Claimed an event whose payload is above the limit; it is dead-lettered unread."
+                );
+                malformed.push(outbox_core::bury_oversized(
+                    seq,
+                    size,
+                    request.max_payload_bytes,
+                ));
+                buried.push((seq, aggregate()?));
+                continue;
+            }
             match decode_event(row) {
                 Ok(event) => events.push(event),
                 Err(error) => {
-                    let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
                     tracing::warn!(seq, %error, "Claimed a row that cannot be read as an event; it is dead-lettered.");
                     malformed.push(outbox_core::bury_malformed(seq, &error));
+                    buried.push((seq, aggregate()?));
                 }
             }
         }
@@ -881,6 +924,10 @@ impl Store for SqliteStore {
         };
         if !malformed.is_empty() {
             self.bury(&lease, &malformed).await?;
+            let held = outbox_core::held_behind_buried(&mut events, &buried, request.dead_letter);
+            if !held.is_empty() {
+                self.release(&lease, &held).await?;
+            }
         }
         Ok(Claim { lease, events })
     }
@@ -1315,6 +1362,8 @@ mod tests {
                 lease: Duration::from_secs(60),
                 dead_letter: DeadLetterPolicy::Block,
                 hold: None,
+                max_batch_bytes: u64::MAX,
+                max_payload_bytes: u64::MAX,
             })
             .await
             .unwrap();
@@ -1323,7 +1372,7 @@ mod tests {
         sqlx::query("ANALYZE").execute(store.pool()).await.unwrap();
 
         let sql = store.sql();
-        let claim_plan = plan(store.pool(), &sql.claim, 6).await;
+        let claim_plan = plan(store.pool(), &sql.claim, 8).await;
         assert!(
             claim_plan.contains("SCAN e USING INDEX outbox_events_open"),
             "{claim_plan}"
@@ -1361,11 +1410,11 @@ mod tests {
         let held = claim_sql(
             store.outbox().quoted_table(),
             Some(&HoldSql {
-                route_e: number_placeholders(&route_e.sql, 8),
-                route_b: number_placeholders(&route_b.sql, 8),
+                route_e: number_placeholders(&route_e.sql, 10),
+                route_b: number_placeholders(&route_b.sql, 10),
             }),
         );
-        let held_plan = plan(store.pool(), &held, 7 + route_e.binds.len()).await;
+        let held_plan = plan(store.pool(), &held, 9 + route_e.binds.len()).await;
         assert!(
             held_plan.contains("SCAN e USING INDEX outbox_events_open"),
             "{held_plan}"

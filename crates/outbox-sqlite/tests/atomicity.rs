@@ -237,6 +237,8 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
             lease: Duration::from_secs(30),
             dead_letter: outbox_core::DeadLetterPolicy::Block,
             hold: None,
+            max_batch_bytes: u64::MAX,
+            max_payload_bytes: u64::MAX,
         })
         .await
         .unwrap();

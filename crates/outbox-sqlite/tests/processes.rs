@@ -50,6 +50,8 @@ async fn claim_until_done(
                 lease: Duration::from_secs(120),
                 dead_letter: DeadLetterPolicy::Block,
                 hold: None,
+                max_batch_bytes: u64::MAX,
+                max_payload_bytes: u64::MAX,
             })
             .await
             .unwrap();

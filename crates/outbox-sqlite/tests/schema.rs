@@ -23,6 +23,8 @@ fn claim_all() -> ClaimRequest {
         lease: Duration::from_secs(30),
         dead_letter: DeadLetterPolicy::Block,
         hold: None,
+        max_batch_bytes: u64::MAX,
+        max_payload_bytes: u64::MAX,
     }
 }
 

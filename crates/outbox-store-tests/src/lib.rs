@@ -69,6 +69,9 @@ macro_rules! conformance {
             aggregates_behind_a_long_held_run_are_still_claimed,
             a_hanging_destination_does_not_hold_back_the_others,
             a_batch_waiting_on_a_hanging_destination_gives_its_slot_back,
+            claims_are_bounded_by_payload_bytes,
+            oversized_payloads_are_buried_unread_and_hold_their_aggregate,
+            a_panicking_sink_costs_attempts_not_a_stuck_claim,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {
@@ -97,6 +100,8 @@ fn request(
         lease,
         dead_letter,
         hold: None,
+        max_batch_bytes: u64::MAX,
+        max_payload_bytes: u64::MAX,
     }
 }
 
@@ -1282,4 +1287,162 @@ pub async fn a_batch_waiting_on_a_hanging_destination_gives_its_slot_back<H: Har
         "calls to the hanging destination out at once: {most_out} ({report:?})"
     );
     assert_eq!(report.short_circuited, 0, "the cooldown is off: {report:?}");
+}
+
+/// An event whose payload is exactly `bytes` long (`{"p":"xxx…"}`).
+fn sized(aggregate_id: &str, bytes: usize) -> NewEvent {
+    let pad = "x".repeat(bytes - r#"{"p":""}"#.len());
+    NewEvent::from_json("agg", aggregate_id, "Sized", format!(r#"{{"p":"{pad}"}}"#))
+        .unwrap_or_else(|e| panic!("a sized payload is JSON: {e}"))
+}
+
+/// A claim stops adding events once their payloads reach `max_batch_bytes` (the first always
+/// comes back), takes them in seq order so no aggregate's later event comes without its earlier
+/// one, and the next claim goes on where it stopped.
+pub async fn claims_are_bounded_by_payload_bytes<H: Harness>(h: &H) {
+    let store = h.fresh().await;
+    let mut events = Vec::new();
+    for n in 0..10 {
+        events.push(sized(&format!("a{}", n % 3), 1000));
+    }
+    h.enqueue(&store, &events).await;
+    let request = req(100).with_byte_limits(3500, 1_000_000);
+    let first = store.claim(&request).await.unwrap();
+    // 0, 1000, 2000 and 3000 bytes before each: four events; the fifth would start at 4000.
+    assert_eq!(
+        first.events.len(),
+        4,
+        "{:?}",
+        first.events.iter().map(|e| e.seq).collect::<Vec<_>>()
+    );
+    let seqs: Vec<i64> = first.events.iter().map(|e| e.seq).collect();
+    store.ack(&first.lease, &seqs).await.unwrap();
+    let second = store.claim(&request).await.unwrap();
+    assert_eq!(second.events.len(), 4);
+    assert!(
+        second.events[0].seq > seqs[3],
+        "the next claim goes on in seq order"
+    );
+    let seqs: Vec<i64> = second.events.iter().map(|e| e.seq).collect();
+    store.ack(&second.lease, &seqs).await.unwrap();
+    // Two 1000-byte events left, then one larger than the whole budget: it still comes back,
+    // alone.
+    h.enqueue(&store, &[sized("big", 5000)]).await;
+    let third = store
+        .claim(&req(100).with_byte_limits(1000, 1_000_000))
+        .await
+        .unwrap();
+    assert_eq!(third.events.len(), 1, "1000 bytes before the second: one");
+    let seqs: Vec<i64> = third.events.iter().map(|e| e.seq).collect();
+    store.ack(&third.lease, &seqs).await.unwrap();
+    let fourth = store
+        .claim(&req(100).with_byte_limits(1000, 1_000_000))
+        .await
+        .unwrap();
+    assert_eq!(fourth.events.len(), 1);
+    let last = store
+        .claim(&req(100).with_byte_limits(1000, 1_000_000))
+        .await
+        .unwrap();
+    assert_eq!(last.events.len(), 1);
+    assert_eq!(last.events[0].aggregate_id, "big");
+    assert_eq!(last.events[0].payload.len(), 5000);
+}
+
+/// A payload above `max_payload_bytes` is never handed out: the claim buries it with a reason
+/// that names the limit, and under `Block` the later events of its aggregate in the same claim
+/// wait behind it (released, no attempt counted) while other aggregates go on; under `Skip`
+/// they go on too.
+pub async fn oversized_payloads_are_buried_unread_and_hold_their_aggregate<H: Harness>(h: &H) {
+    for policy in [DeadLetterPolicy::Block, DeadLetterPolicy::Skip] {
+        let store = h.fresh().await;
+        let ids = h
+            .enqueue(
+                &store,
+                &[
+                    sized("a", 100),
+                    sized("a", 5000),
+                    sized("a", 100),
+                    sized("b", 100),
+                ],
+            )
+            .await;
+        let request = ClaimRequest {
+            dead_letter: policy,
+            ..req(100).with_byte_limits(1_000_000, 1000)
+        };
+        let claim = store.claim(&request).await.unwrap();
+        let got: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
+        let big = store.get(ids[1].0).await.unwrap().unwrap();
+        assert_eq!(big.state, EventState::Dead, "{policy:?}");
+        let error = big.last_error.unwrap_or_default();
+        assert!(
+            error.contains("5000 bytes") && error.contains("max_payload_bytes = 1000"),
+            "{error}"
+        );
+        match policy {
+            DeadLetterPolicy::Block => {
+                assert_eq!(
+                    got,
+                    vec![ids[0].0, ids[3].0],
+                    "a's third event waits behind the dead one"
+                );
+                let behind = store.get(ids[2].0).await.unwrap().unwrap();
+                assert_eq!(behind.state, EventState::Pending);
+                assert_eq!(behind.event.attempts, 0);
+            }
+            DeadLetterPolicy::Skip => {
+                assert_eq!(got, vec![ids[0].0, ids[2].0, ids[3].0]);
+            }
+        }
+    }
+}
+
+/// A sink that panics fails its call, not the relay: the events of the call count an attempt
+/// each and are retried, the poison one ends dead after `max_attempts`, the others are
+/// delivered, and nothing stays in flight.
+pub async fn a_panicking_sink_costs_attempts_not_a_stuck_claim<H: Harness>(h: &H) {
+    let store = h.fresh().await;
+    let ids = h
+        .enqueue(
+            &store,
+            &[numbered("p", 1), numbered("q", 1), numbered("q", 2)],
+        )
+        .await;
+    let sink = Arc::new(RecordingSink::with_faults(Faults {
+        panic: Some(Arc::new(|e: &outbox_core::Event| e.aggregate_id == "p")),
+        ..Faults::default()
+    }));
+    let config = RelayConfig {
+        retry: RetryPolicy {
+            base: Duration::from_millis(1),
+            cap: Duration::from_millis(5),
+            max_attempts: 3,
+        },
+        // One event per call, so the panic is the poison event's alone.
+        batch_size: 1,
+        stop_when_idle: true,
+        ..relay_config("panicker")
+    };
+    let report = tokio::time::timeout(
+        Duration::from_secs(60),
+        Relay::new(store.clone(), sink.clone(), config).run(std::future::pending()),
+    )
+    .await
+    .expect("the relay finishes although its sink panics");
+    assert_eq!(report.dead, 1, "{report:?}");
+    let poison = store.get(ids[0].0).await.unwrap().unwrap();
+    assert_eq!(poison.state, EventState::Dead);
+    assert_eq!(poison.event.attempts, 3);
+    let error = poison.last_error.unwrap_or_default();
+    assert!(
+        error.contains("panicked: panicking by test predicate"),
+        "{error}"
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.delivered, stats.in_flight, stats.pending),
+        (2, 0, 0),
+        "{stats:?}"
+    );
 }

@@ -50,6 +50,8 @@ pub struct Faults {
     pub reject: Option<EventPredicate>,
     /// Events answered with a retryable failure, every time (until the relay gives up on them).
     pub fail: Option<EventPredicate>,
+    /// A publish call that holds one of these events panics (a sink bug).
+    pub panic: Option<EventPredicate>,
     /// Time each publish call takes.
     pub delay: Duration,
     /// Seed of the failure dice, so a failing run can be replayed.
@@ -133,6 +135,12 @@ impl Sink for RecordingSink {
     }
 
     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        if let Some(panics) = &self.faults.panic
+            && events.iter().any(|e| panics(e))
+        {
+            self.state().attempts += events.len() as u64;
+            panic!("panicking by test predicate");
+        }
         {
             let mut state = self.state();
             for e in events {

@@ -556,12 +556,7 @@ fn find_long_string(bytes: &[u8], key: &[u8]) -> Option<String> {
 }
 
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
+    outbox_core::redact::redact_url(url)
 }
 
 async fn prepare_redis(endpoints: &Endpoints, name: &str) -> anyhow::Result<Prepared> {

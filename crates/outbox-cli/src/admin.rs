@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use outbox_core::redact::escape_control;
 use outbox_core::{DeadFilter, EventId, EventRecord, Store, humantime_duration};
 use serde_json::json;
 
@@ -25,6 +26,7 @@ fn one_line(text: &str, max: usize) -> String {
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
+    let flat = escape_control(&flat).into_owned();
     if flat.chars().count() <= max {
         flat
     } else {
@@ -93,48 +95,57 @@ pub async fn show(store: &dyn Store, id: EventId, as_json: bool) -> anyhow::Resu
     Ok(())
 }
 
+/// One `label value` line of `outbox dead show`, the value with control characters escaped: a
+/// row's text must not drive the operator's terminal.
+fn field(label: &str, value: &str) {
+    println!("{label:<17}{}", escape_control(value));
+}
+
 fn print_record(r: &EventRecord) {
     let e = &r.event;
-    println!("id               {}", e.id);
-    println!("seq              {}", e.seq);
-    println!("state            {}", r.state);
-    println!("aggregate        {}/{}", e.aggregate_type, e.aggregate_id);
-    println!("event type       {}", e.event_type);
-    println!(
-        "destination      {}",
-        e.destination.as_deref().unwrap_or("(routing decides)")
+    field("id", &e.id.to_string());
+    field("seq", &e.seq.to_string());
+    field("state", &r.state.to_string());
+    field(
+        "aggregate",
+        &format!("{}/{}", e.aggregate_type, e.aggregate_id),
     );
-    println!(
-        "idempotency key  {}",
-        e.idempotency_key.as_deref().unwrap_or("-")
+    field("event type", &e.event_type);
+    field(
+        "destination",
+        e.destination.as_deref().unwrap_or("(routing decides)"),
     );
-    println!("occurred at      {}", e.occurred_at.to_rfc3339());
-    println!("enqueued at      {}", e.enqueued_at.to_rfc3339());
-    println!("attempts         {}", e.attempts);
-    println!("next attempt at  {}", r.next_attempt_at.to_rfc3339());
+    field(
+        "idempotency key",
+        e.idempotency_key.as_deref().unwrap_or("-"),
+    );
+    field("occurred at", &e.occurred_at.to_rfc3339());
+    field("enqueued at", &e.enqueued_at.to_rfc3339());
+    field("attempts", &e.attempts.to_string());
+    field("next attempt at", &r.next_attempt_at.to_rfc3339());
     if let Some(at) = r.delivered_at {
-        println!("delivered at     {}", at.to_rfc3339());
+        field("delivered at", &at.to_rfc3339());
     }
     if let Some(at) = r.dead_at {
-        println!("dead at          {}", at.to_rfc3339());
+        field("dead at", &at.to_rfc3339());
     }
     if let Some(owner) = &r.lease_owner {
-        println!(
-            "lease            {owner} until {}",
-            r.lease_expires_at
-                .map(|t| t.to_rfc3339())
-                .unwrap_or_default()
+        field(
+            "lease",
+            &format!(
+                "{owner} until {}",
+                r.lease_expires_at
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_default()
+            ),
         );
     }
-    println!(
-        "headers          {}",
-        serde_json::to_string(&e.headers).unwrap_or_default()
+    field(
+        "headers",
+        &serde_json::to_string(&e.headers).unwrap_or_default(),
     );
-    println!(
-        "last error       {}",
-        r.last_error.as_deref().unwrap_or("-")
-    );
-    println!("payload          {}", e.payload);
+    field("last error", r.last_error.as_deref().unwrap_or("-"));
+    field("payload", &e.payload);
 }
 
 /// `outbox dead retry` / `discard`.

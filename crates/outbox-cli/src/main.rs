@@ -6,6 +6,7 @@
 mod admin;
 mod config;
 mod demo;
+mod logging;
 mod observe;
 mod ops;
 mod progress;
@@ -86,7 +87,9 @@ struct DbArgs {
     /// Config file (TOML). Keys can also come from OUTBOX_SECTION__KEY environment variables.
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// Database URL: postgres://… or sqlite://path.
+    /// Database URL: postgres://… or sqlite://path. Keep passwords out of it: a command line
+    /// is readable by every user of the machine (`ps`); put the URL in OUTBOX_DATABASE__URL or
+    /// the config file instead.
     #[arg(long)]
     database_url: Option<String>,
     /// PostgreSQL schema of the outbox.
@@ -301,6 +304,14 @@ impl DbArgs {
         &self,
         extra: Vec<(&'static str, Option<serde_json::Value>)>,
     ) -> Result<Config, ConfigError> {
+        if let Some(url) = &self.database_url
+            && outbox_core::redact::redact_url(url) != *url
+        {
+            tracing::warn!(
+                url = %outbox_core::redact::redact_url(url),
+                "--database-url carries a password, which every user of this machine can read from the process list; set OUTBOX_DATABASE__URL or `database.url` in the config file instead."
+            );
+        }
         let mut pairs = self.layer();
         pairs.extend(extra);
         config::load(self.config.as_deref(), config::flags(pairs))
@@ -341,7 +352,12 @@ fn init_logging(format: LogFormat) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Human => builder.init(),
+        // Colour only on a terminal (a file or a log collector gets plain text), and every
+        // control character a row could smuggle into a field escaped (see `logging`).
+        LogFormat::Human => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .fmt_fields(logging::SafeFields)
+            .init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
 }
@@ -858,9 +874,9 @@ async fn retention_loop(
 
 async fn config_check(db: DbArgs, as_json: bool) -> anyhow::Result<()> {
     let mut config = db.load(vec![])?;
-    // Build every destination's sink exactly as `outbox relay` does (no broker is contacted:
-    // sinks connect lazily), so the check refuses what the relay would refuse.
-    sinks::build(&config).await?;
+    // Check every destination's sink as `outbox relay` builds it, without contacting any
+    // broker, so the check refuses what the relay would refuse.
+    sinks::check(&config).await?;
     config.database.url = outbox_postgres::redact_url(&config.database.url);
     if as_json {
         println!("{}", serde_json::to_string_pretty(&config)?);

@@ -22,8 +22,81 @@ use crate::config::ConfigError;
 #[derive(Clone)]
 struct Probe {
     metrics: PrometheusHandle,
+    readiness: Arc<Readiness>,
+}
+
+/// The answer of `/readyz`, worked out at most once per [`Readiness::FRESH_FOR`].
+///
+/// A check queries the database and asks every sink; done per request, anyone who can reach the
+/// port could make the relay hammer its database and brokers (and concurrent probes would each
+/// run their own). One check runs at a time, and its answer is served to every request for a
+/// second. The body names what is not ready but never the error itself (which can quote hosts,
+/// users or broker replies): that goes to the log.
+pub struct Readiness {
     store: Arc<dyn Store>,
     sink: Arc<dyn Sink>,
+    last: tokio::sync::Mutex<Option<(std::time::Instant, StatusCode, String)>>,
+}
+
+impl Readiness {
+    /// How long one answer is served.
+    pub const FRESH_FOR: Duration = Duration::from_secs(1);
+
+    /// Readiness of `store` and `sink`.
+    pub fn new(store: Arc<dyn Store>, sink: Arc<dyn Sink>) -> Self {
+        Readiness {
+            store,
+            sink,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The status and body of `/readyz`.
+    pub async fn answer(&self) -> (StatusCode, String) {
+        let mut last = self.last.lock().await;
+        if let Some((at, status, body)) = last.as_ref()
+            && at.elapsed() < Self::FRESH_FOR
+        {
+            return (*status, body.clone());
+        }
+        let (status, body) = self.check().await;
+        *last = Some((std::time::Instant::now(), status, body.clone()));
+        (status, body)
+    }
+
+    async fn check(&self) -> (StatusCode, String) {
+        if let Err(error) = self.store.check().await {
+            tracing::warn!(%error, "Not ready: the database does not answer or its schema is not current.");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database not ready (see the relay's log)\n".to_owned(),
+            );
+        }
+        if let Err(error) = self.sink.check().await {
+            let error = outbox_core::redact::redact_in_text(&error.to_string());
+            tracing::warn!(sink = self.sink.name(), %error, "Not ready: a destination is not reachable.");
+            // The router names each failing destination as "destination `NAME`".
+            let names: Vec<&str> = error
+                .split("destination `")
+                .skip(1)
+                .filter_map(|rest| rest.split('`').next())
+                .collect();
+            let what = if names.is_empty() {
+                format!("sink `{}`", self.sink.name())
+            } else {
+                names
+                    .iter()
+                    .map(|n| format!("destination `{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{what} not ready (see the relay's log)\n"),
+            );
+        }
+        (StatusCode::OK, "ready\n".to_owned())
+    }
 }
 
 /// Install the Prometheus recorder, start refreshing backlog gauges every `refresh`, and serve
@@ -56,8 +129,7 @@ pub async fn serve(
         .route("/readyz", get(ready))
         .with_state(Probe {
             metrics,
-            store,
-            sink,
+            readiness: Arc::new(Readiness::new(store, sink)),
         });
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
@@ -270,17 +342,53 @@ async fn render(State(probe): State<Probe>) -> String {
 }
 
 async fn ready(State(probe): State<Probe>) -> (StatusCode, String) {
-    if let Err(e) = probe.store.check().await {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("database not ready: {e}\n"),
-        );
+    probe.readiness.answer().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A sink that counts readiness checks and answers them after a pause.
+    struct Counting(AtomicU32);
+
+    #[async_trait::async_trait]
+    impl Sink for Counting {
+        fn name(&self) -> &str {
+            "counting"
+        }
+        async fn publish(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+            vec![outbox_core::Outcome::Delivered; events.len()]
+        }
+        async fn check(&self) -> Result<(), outbox_core::SinkError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Err(outbox_core::SinkError::Unavailable(
+                "cannot connect to nats://relay:s3cret@broker.internal:4222".into(),
+            ))
+        }
     }
-    if let Err(e) = probe.sink.check().await {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("sink `{}` not ready: {e}\n", probe.sink.name()),
-        );
+
+    #[tokio::test]
+    async fn readiness_is_checked_once_per_second_and_hides_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
+        let store = outbox_sqlite::SqliteStore::connect(&url, outbox_sqlite::SqliteOutbox::new())
+            .await
+            .unwrap();
+        store.outbox().migrate(store.pool()).await.unwrap();
+        let sink = Arc::new(Counting(AtomicU32::new(0)));
+        let readiness = Arc::new(Readiness::new(Arc::new(store), sink.clone()));
+        let answers = futures::future::join_all((0..50).map(|_| {
+            let readiness = readiness.clone();
+            async move { readiness.answer().await }
+        }))
+        .await;
+        assert_eq!(sink.0.load(Ordering::SeqCst), 1, "50 probes, one check");
+        for (status, body) in answers {
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(body, "sink `counting` not ready (see the relay's log)\n");
+        }
     }
-    (StatusCode::OK, "ready\n".to_owned())
 }

@@ -28,6 +28,37 @@ pub async fn build(config: &Config) -> Result<(Arc<dyn Sink>, Arc<RouteTable>), 
     Ok((Arc::new(router), routes))
 }
 
+/// Check every destination as [`build`] would, without contacting any broker (what
+/// `outbox config check` runs): the sinks that would connect at once (NATS, Kafka) are only
+/// checked; the others connect lazily, so building them contacts nothing.
+pub async fn check(config: &Config) -> Result<(), ConfigError> {
+    let routes = config.route_table()?;
+    let mut sinks = Vec::new();
+    for (name, sink) in config.effective_destinations() {
+        let invalid = |e: String| {
+            ConfigError(format!(
+                "invalid `destinations.{name}` ({}): {e}",
+                sink.kind()
+            ))
+        };
+        let built: Arc<dyn Sink> = match &sink {
+            SinkConfig::Nats(c) => {
+                outbox_sink_nats::check_config(c).map_err(|e| invalid(e.to_string()))?;
+                Arc::new(outbox_sink_stdout::StdoutSink::stdout())
+            }
+            SinkConfig::Kafka(c) => {
+                outbox_sink_kafka::KafkaSink::check_config(c)
+                    .map_err(|e| invalid(e.to_string()))?;
+                Arc::new(outbox_sink_stdout::StdoutSink::stdout())
+            }
+            other => build_one(other).await.map_err(invalid)?,
+        };
+        sinks.push((name, built));
+    }
+    Router::new(routes, sinks).map_err(|e| ConfigError(e.to_string()))?;
+    Ok(())
+}
+
 async fn build_one(sink: &SinkConfig) -> Result<Arc<dyn Sink>, String> {
     Ok(match sink {
         SinkConfig::Stdout => Arc::new(outbox_sink_stdout::StdoutSink::stdout()),

@@ -145,7 +145,8 @@ impl AnyStore {
 
 fn unreachable(url: &str, error: StoreError) -> ConfigError {
     ConfigError(format!(
-        "cannot open database `{}`: {error} — check `database.url` and that the server is running",
-        redact_url(url)
+        "cannot open database `{}`: {} — check `database.url` and that the server is running",
+        redact_url(url),
+        outbox_core::redact::redact_in_text(&error.to_string())
     ))
 }

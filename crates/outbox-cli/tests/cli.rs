@@ -104,6 +104,16 @@ fn unreachable_database_exits_2_naming_the_url_without_its_password() {
     assert!(err.contains("postgres://app:***@127.0.0.1:1/app"), "{err}");
     assert!(!err.contains("s3cret"), "{err}");
     assert!(err.contains("refused") || err.contains("connect"), "{err}");
+    // A password given as a query parameter is masked as well.
+    let o = outbox(&[
+        "status",
+        "--database-url",
+        "postgres://app@127.0.0.1:1/app?password=qu3ry&sslmode=disable",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(!err.contains("qu3ry"), "{err}");
+    assert!(err.contains("password=***&sslmode=disable"), "{err}");
 }
 
 #[test]
@@ -310,8 +320,9 @@ fn unreachable_databases_give_one_line_and_exit_2_for_every_command() {
             let o = outbox(&command);
             let err = stderr(&o);
             assert_eq!(o.status.code(), Some(2), "{command:?}: {err}");
+            // One line of error (the warning about a password on the command line aside).
             assert_eq!(
-                err.trim().lines().count(),
+                err.trim().lines().filter(|l| !l.contains(" WARN ")).count(),
                 1,
                 "{command:?}: one line: {err}"
             );
@@ -491,4 +502,82 @@ async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
         .await
         .unwrap();
     }
+}
+
+/// `outbox config check` prints no secret from any place a config can hold one (URLs' userinfo
+/// and query, client properties holding credentials or inline PEM), and contacts no broker: a
+/// listener standing in for NATS and Kafka sees no connection.
+#[test]
+fn config_check_masks_every_secret_and_contacts_no_broker() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("outbox.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+[database]
+url = "postgres://app@db:5432/app?sslmode=prefer&password=dbquerypw"
+
+[destinations.nats]
+type = "nats"
+servers = ["nats://natsuser:natspw@127.0.0.1:{port}"]
+subject = "events.${{event_type}}"
+
+[destinations.rabbit]
+type = "rabbitmq"
+url = "amqp://rabbit:rabbitpw@127.0.0.1:{port}/%2f"
+exchange = "events"
+
+[destinations.redis]
+type = "redis"
+url = "redis://:redispw@127.0.0.1:{port}/0"
+
+[destinations.kafka]
+type = "kafka"
+brokers = "127.0.0.1:{port}"
+tls = true
+user = "kafkauser"
+password = "kafkapw"
+[destinations.kafka.properties]
+"ssl.key.pem" = "-----BEGIN PRIVATE KEY-----kafkapem"
+"sasl.oauthbearer.config" = "clientSecret=oauthsecret"
+
+[[routes]]
+to = "nats"
+"#
+        ),
+    )
+    .unwrap();
+    for format in [None, Some("--json")] {
+        let mut args = vec!["config", "check", "--config", file.to_str().unwrap()];
+        args.extend(format);
+        let o = outbox(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+        for secret in [
+            "dbquerypw",
+            "natspw",
+            "rabbitpw",
+            "redispw",
+            "kafkapem",
+            "oauthsecret",
+            "kafkapw",
+        ] {
+            assert!(!out.contains(secret), "{secret} printed: {out}");
+        }
+        assert!(
+            out.contains("sslmode=prefer"),
+            "the rest stays readable: {out}"
+        );
+        assert!(out.contains("natsuser:***@"), "{out}");
+    }
+    // Give any background connection attempt a moment to arrive.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        listener.accept().is_err(),
+        "config check connected to a broker"
+    );
 }

@@ -230,6 +230,11 @@ pub fn serialize_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::
     s.serialize_str(&redact_url(url))
 }
 
+/// Serde helper for a list of URLs (`Vec<String>`), each through [`redact_url`].
+pub fn serialize_url_list<S: serde::Serializer>(urls: &[String], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(urls.iter().map(|u| redact_url(u)))
+}
+
 /// Serde helper for `Option<String>` URLs.
 pub fn serialize_optional_url<S: serde::Serializer>(
     url: &Option<String>,
@@ -239,6 +244,25 @@ pub fn serialize_optional_url<S: serde::Serializer>(
         Some(url) => s.serialize_some(&redact_url(url)),
         None => s.serialize_none(),
     }
+}
+
+/// The warning a sink logs when it would send credentials without TLS, or `None`: `what` names
+/// the credential (`the NATS password`), `url` where it goes (printed redacted), `fix` the
+/// setting that turns TLS on.
+///
+/// ```
+/// use outbox_core::redact::cleartext_warning;
+/// let w = cleartext_warning("the Redis password", "redis://:pw@cache:6379", false, "`rediss://` or `tls = true`");
+/// assert!(w.unwrap().contains("redis://:***@cache:6379"));
+/// assert!(cleartext_warning("the Redis password", "rediss://cache", true, "").is_none());
+/// ```
+pub fn cleartext_warning(what: &str, url: &str, encrypted: bool, fix: &str) -> Option<String> {
+    (!encrypted).then(|| {
+        format!(
+            "{what} goes to {} without TLS: anyone on the network path can read it; use {fix}",
+            redact_url(url)
+        )
+    })
 }
 
 /// A secret read from configuration. Its `Debug` and `Serialize` print `***`, so a config that

@@ -241,24 +241,9 @@ fn keep_in_order(wanted: &[(i64, AggregateKey)], locked: HashSet<i64>) -> HashSe
     keep
 }
 
-/// `mysql://user:secret@host/db` → `mysql://user:***@host/db`.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let credentials = &url[scheme_end + 3..at];
-            match credentials.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &credentials[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
+/// `scheme://user:secret@host/db?password=…` with both masked: the one redactor of
+/// [`outbox_core::redact`], re-exported where callers have always found it.
+pub use outbox_core::redact::redact_url;
 
 /// What a claim took: the events to hand out, the rows to bury, and those rows' aggregates.
 #[derive(Default)]

@@ -1089,24 +1089,9 @@ impl PgStore {
     }
 }
 
-/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let credentials = &url[scheme_end + 3..at];
-            match credentials.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &credentials[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
+/// `scheme://user:secret@host/db?password=…` with both masked: the one redactor of
+/// [`outbox_core::redact`], re-exported where callers have always found it.
+pub use outbox_core::redact::redact_url;
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

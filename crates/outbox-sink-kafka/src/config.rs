@@ -187,7 +187,10 @@ impl fmt::Display for PropertyValue {
 pub struct KafkaSinkConfig {
     /// Bootstrap brokers as `host:port`, a list or one comma-separated string. Prefer IPv4
     /// literals or names that resolve to the address the broker listens on.
-    #[serde(deserialize_with = "string_or_list")]
+    #[serde(
+        deserialize_with = "string_or_list",
+        serialize_with = "outbox_core::redact::serialize_url_list"
+    )]
     pub brokers: Vec<String>,
     /// Topic template for events that name no destination themselves.
     pub topic: Template,
@@ -284,7 +287,8 @@ fn default_topic() -> Template {
 }
 
 /// Properties as printed by `outbox config check`: values of credential-like keys
-/// (`sasl.password`, `ssl.key.password`, `*.secret`, tokens) are masked.
+/// (`sasl.password`, `ssl.key.password`, `*.secret`, tokens, inline `*.pem`,
+/// `sasl.oauthbearer.config`: [`outbox_core::redact::is_secret_key`]) are masked.
 fn masked_properties<S: serde::Serializer>(
     properties: &BTreeMap<String, PropertyValue>,
     s: S,
@@ -292,12 +296,8 @@ fn masked_properties<S: serde::Serializer>(
     use serde::ser::SerializeMap;
     let mut map = s.serialize_map(Some(properties.len()))?;
     for (key, value) in properties {
-        let lower = key.to_ascii_lowercase();
-        if ["password", "secret", "token", "jaas"]
-            .iter()
-            .any(|w| lower.contains(w))
-        {
-            map.serialize_entry(key, "***")?;
+        if outbox_core::redact::is_secret_key(key) {
+            map.serialize_entry(key, outbox_core::redact::MASK)?;
         } else {
             map.serialize_entry(key, value)?;
         }
@@ -561,6 +561,21 @@ impl KafkaSinkConfig {
     }
 }
 
+impl KafkaSinkConfig {
+    /// Why these settings would send a credential in clear text, if they would: SASL `PLAIN`
+    /// without TLS puts the password on the wire as it is (SCRAM sends only a proof of it).
+    pub fn cleartext_warning(&self) -> Option<String> {
+        if self.tls || self.user.is_none() || self.sasl_mechanism != SaslMechanism::Plain {
+            return None;
+        }
+        Some(format!(
+            "SASL PLAIN without TLS sends the Kafka password for `{}` in clear text to {}: set `tls = true` (or use `sasl_mechanism = \"SCRAM-SHA-512\"`)",
+            self.user.as_deref().unwrap_or_default(),
+            self.brokers.join(",")
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,6 +614,20 @@ mod tests {
         assert!(err.contains("no scheme"), "{err}");
         let err = message(parse(r#"{"brokers": []}"#).client_config());
         assert!(err.contains("`brokers` is empty"), "{err}");
+    }
+
+    #[test]
+    fn plain_sasl_without_tls_is_warned_about() {
+        let warning = |json: &str| parse(json).cleartext_warning();
+        let w = warning(r#"{"user": "relay", "password": "pw"}"#).unwrap();
+        assert!(w.contains("clear text") && w.contains("tls = true"), "{w}");
+        assert!(!w.contains("pw\""), "{w}");
+        assert!(warning(r#"{"user": "relay", "password": "pw", "tls": true}"#).is_none());
+        assert!(
+            warning(r#"{"user": "relay", "password": "pw", "sasl_mechanism": "SCRAM-SHA-256"}"#)
+                .is_none()
+        );
+        assert!(warning("{}").is_none());
     }
 
     #[test]

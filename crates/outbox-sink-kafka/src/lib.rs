@@ -182,6 +182,9 @@ impl KafkaSink {
     /// Fails only on configuration that cannot work, with a message naming the setting.
     pub fn new(config: &KafkaSinkConfig) -> Result<Self, SinkError> {
         let routing = config.routing()?;
+        if let Some(warning) = config.cleartext_warning() {
+            tracing::warn!("{warning}");
+        }
         let client_config = config.client_config()?;
         let news = Arc::new(BrokerNews::default());
         let producer = create_producer(&client_config, &news)?;
@@ -193,6 +196,25 @@ impl KafkaSink {
             brokers: config.bootstrap_servers()?,
             delivery_timeout: config.delivery_timeout,
         })
+    }
+
+    /// Check `config` as [`KafkaSink::new`] does, without creating a producer (a producer
+    /// starts connecting to the brokers at once): the settings, the routing, and every client
+    /// property as librdkafka's own configuration parser takes it. What only a client can
+    /// check (an inline PEM that does not parse, say) is left to the relay's start. This is
+    /// what `outbox config check` runs.
+    pub fn check_config(config: &KafkaSinkConfig) -> Result<(), SinkError> {
+        config.routing()?;
+        config.bootstrap_servers()?;
+        config
+            .client_config()?
+            .create_native_config()
+            .map(|_| ())
+            .map_err(|e| {
+                config_error(format!(
+                    "librdkafka refused the configuration: {e} (check `properties` and the settings it names)"
+                ))
+            })
     }
 
     /// The routing in use.

@@ -71,6 +71,7 @@ use async_nats::jetstream::{self, context::GetStreamByNameErrorKind, context::Pu
 use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
+use outbox_core::redact::redact_url as redact;
 use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use serde::{Deserialize, Serialize};
@@ -127,7 +128,8 @@ impl fmt::Debug for Secret {
 #[serde(deny_unknown_fields, default)]
 pub struct NatsSinkConfig {
     /// NATS server URLs (`nats://host:4222`, `tls://host:4222`); the client picks one and fails
-    /// over to the others.
+    /// over to the others. Printed with passwords and tokens masked.
+    #[serde(serialize_with = "outbox_core::redact::serialize_url_list")]
     pub servers: Vec<String>,
     /// Subject template for events that name no destination themselves.
     pub subject: Template,
@@ -290,17 +292,6 @@ fn resolve_secret(
     }
 }
 
-/// A server URL without its `user:password@` part, for logs and error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        (None, Some(at)) => format!("***@{}", &url[at + 1..]),
-        _ => url.to_owned(),
-    }
-}
-
 /// Whether `subject` can be published to: non-empty tokens, no whitespace, no wildcards.
 fn check_subject(subject: &str) -> Result<(), String> {
     if subject.is_empty() {
@@ -362,136 +353,14 @@ impl NatsSink {
     /// secret variable, an unusable template); a server that is down at start-up is not an
     /// error. Must be called inside a Tokio runtime.
     pub async fn connect(config: NatsSinkConfig) -> Result<Self, SinkError> {
-        ensure_crypto_provider();
-        let routing = config.routing()?;
-        if config.servers.is_empty() {
-            return Err(config_error(
-                "`servers` is empty: list at least one, e.g. `servers = [\"nats://127.0.0.1:4222\"]`",
-            ));
-        }
-        let mut addrs = Vec::with_capacity(config.servers.len());
-        for url in &config.servers {
-            let addr = ServerAddr::from_str(url).map_err(|e| {
-                config_error(format!(
-                    "`servers` entry `{}` is not a NATS URL ({e}): write e.g. `nats://host:4222` or `tls://host:4222`",
-                    redact(url)
-                ))
-            })?;
-            addrs.push(addr);
-        }
-        let servers = config
-            .servers
-            .iter()
-            .map(|u| redact(u))
-            .collect::<Vec<_>>()
-            .join(", ");
-
-        let password = resolve_secret(
-            "password",
-            config.password.as_ref(),
-            "password_env",
-            config.password_env.as_deref(),
-        )?;
-        let token = resolve_secret(
-            "token",
-            config.token.as_ref(),
-            "token_env",
-            config.token_env.as_deref(),
-        )?;
-        let mut options = async_nats::ConnectOptions::new();
-        match (config.user.clone(), password, token) {
-            (Some(_), _, Some(_)) => {
-                return Err(config_error(
-                    "both `user` and `token` are set: authenticate with one of them",
-                ));
-            }
-            (None, Some(_), _) => {
-                return Err(config_error(
-                    "a password is set but `user` is not: add `user = \"…\"`",
-                ));
-            }
-            (Some(_), None, None) => {
-                return Err(config_error(
-                    "`user` is set without a password: add `password_env = \"VAR\"` (or `password`)",
-                ));
-            }
-            (Some(user), Some(password), None) => {
-                options = options.user_and_password(user, password);
-            }
-            (None, None, Some(token)) => options = options.token(token),
-            (None, None, None) => {}
-        }
-
-        let stream = if config.create_stream {
-            let name = config.stream_name.trim();
-            if name.is_empty()
-                || name
-                    .chars()
-                    .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\'))
-            {
-                return Err(config_error(format!(
-                    "`stream_name = \"{name}\"` is not a valid stream name: use letters, digits, `-` and `_` (e.g. `OUTBOX`)"
-                )));
-            }
-            let subjects = config.stream_subjects()?;
-            Some(StreamSpec {
-                name: name.to_owned(),
-                subjects,
-                duplicate_window: config.duplicate_window,
-            })
-        } else {
-            None
-        };
-        if config.ack_timeout.is_zero() {
-            return Err(config_error(
-                "`ack_timeout` is zero: give JetStream time to answer, e.g. `ack_timeout = \"5s\"`",
-            ));
-        }
-
-        if let Some(ca) = &config.tls_ca_file {
-            if !ca.is_file() {
-                return Err(config_error(format!(
-                    "`tls_ca_file = \"{}\"` is not a readable file: point it at a PEM file of CA certificates",
-                    ca.display()
-                )));
-            }
-            options = options.add_root_certificates(ca.clone());
-        }
-
-        let news = Arc::new(Mutex::new(ConnectionNews::default()));
-        let max_delay = config.max_reconnect_delay.max(Duration::from_millis(10));
-        let callback_news = news.clone();
-        let options = options
-            .name(&config.client_name)
-            .connection_timeout(config.connect_timeout)
-            .require_tls(config.tls)
-            .retry_on_initial_connect()
-            .max_reconnects(None)
-            .reconnect_delay_callback(move |attempts| {
-                let exp = u32::try_from(attempts.saturating_sub(1))
-                    .unwrap_or(u32::MAX)
-                    .min(16);
-                Duration::from_millis(50u64.saturating_mul(1u64 << exp)).min(max_delay)
-            })
-            .event_callback(move |event| {
-                let news = callback_news.clone();
-                async move {
-                    let mut news = news.lock().unwrap_or_else(|p| p.into_inner());
-                    match event {
-                        async_nats::Event::Connected => news.last_problem = None,
-                        async_nats::Event::Disconnected if news.last_problem.is_none() => {
-                            news.last_problem = Some("connection lost".to_owned());
-                        }
-                        async_nats::Event::ServerError(e) => {
-                            news.last_problem = Some(format!("server error: {e}"));
-                        }
-                        async_nats::Event::ClientError(e) => {
-                            news.last_problem = Some(format!("{e}"));
-                        }
-                        _ => {}
-                    }
-                }
-            });
+        let Prepared {
+            routing,
+            addrs,
+            servers,
+            options,
+            stream,
+            news,
+        } = prepare(&config)?;
         let client = options.connect(addrs).await.map_err(|e| {
             config_error(format!("cannot set up the NATS client for {servers}: {e}"))
         })?;
@@ -811,6 +680,182 @@ impl Sink for NatsSink {
     }
 }
 
+/// A NATS sink's settings checked and turned into client options, before any connection.
+struct Prepared {
+    routing: Routing,
+    addrs: Vec<ServerAddr>,
+    servers: String,
+    options: async_nats::ConnectOptions,
+    stream: Option<StreamSpec>,
+    news: Arc<Mutex<ConnectionNews>>,
+}
+
+/// Check `config` exactly as [`NatsSink::connect`] does, without contacting a server (what
+/// `outbox config check` runs).
+pub fn check_config(config: &NatsSinkConfig) -> Result<(), SinkError> {
+    prepare(config).map(|_| ())
+}
+
+/// Warn when `what` would reach a server without TLS (`tls = false` and a `nats://` URL).
+fn warn_cleartext(config: &NatsSinkConfig, what: &str) {
+    for url in &config.servers {
+        let encrypted = config.tls || url.starts_with("tls://") || url.starts_with("wss://");
+        if let Some(warning) = outbox_core::redact::cleartext_warning(
+            what,
+            url,
+            encrypted,
+            "`tls = true` or a `tls://` URL",
+        ) {
+            tracing::warn!("{warning}");
+        }
+    }
+}
+
+fn prepare(config: &NatsSinkConfig) -> Result<Prepared, SinkError> {
+    ensure_crypto_provider();
+    let routing = config.routing()?;
+    if config.servers.is_empty() {
+        return Err(config_error(
+            "`servers` is empty: list at least one, e.g. `servers = [\"nats://127.0.0.1:4222\"]`",
+        ));
+    }
+    let mut addrs = Vec::with_capacity(config.servers.len());
+    for url in &config.servers {
+        let addr = ServerAddr::from_str(url).map_err(|e| {
+                config_error(format!(
+                    "`servers` entry `{}` is not a NATS URL ({e}): write e.g. `nats://host:4222` or `tls://host:4222`",
+                    redact(url)
+                ))
+            })?;
+        addrs.push(addr);
+    }
+    let servers = config
+        .servers
+        .iter()
+        .map(|u| redact(u))
+        .collect::<Vec<_>>()
+        .join(", ");
+
+    let password = resolve_secret(
+        "password",
+        config.password.as_ref(),
+        "password_env",
+        config.password_env.as_deref(),
+    )?;
+    let token = resolve_secret(
+        "token",
+        config.token.as_ref(),
+        "token_env",
+        config.token_env.as_deref(),
+    )?;
+    let mut options = async_nats::ConnectOptions::new();
+    match (config.user.clone(), password, token) {
+        (Some(_), _, Some(_)) => {
+            return Err(config_error(
+                "both `user` and `token` are set: authenticate with one of them",
+            ));
+        }
+        (None, Some(_), _) => {
+            return Err(config_error(
+                "a password is set but `user` is not: add `user = \"…\"`",
+            ));
+        }
+        (Some(_), None, None) => {
+            return Err(config_error(
+                "`user` is set without a password: add `password_env = \"VAR\"` (or `password`)",
+            ));
+        }
+        (Some(user), Some(password), None) => {
+            warn_cleartext(config, "the NATS password");
+            options = options.user_and_password(user, password);
+        }
+        (None, None, Some(token)) => {
+            warn_cleartext(config, "the NATS token");
+            options = options.token(token);
+        }
+        (None, None, None) => {}
+    }
+
+    let stream = if config.create_stream {
+        let name = config.stream_name.trim();
+        if name.is_empty()
+            || name
+                .chars()
+                .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\'))
+        {
+            return Err(config_error(format!(
+                "`stream_name = \"{name}\"` is not a valid stream name: use letters, digits, `-` and `_` (e.g. `OUTBOX`)"
+            )));
+        }
+        let subjects = config.stream_subjects()?;
+        Some(StreamSpec {
+            name: name.to_owned(),
+            subjects,
+            duplicate_window: config.duplicate_window,
+        })
+    } else {
+        None
+    };
+    if config.ack_timeout.is_zero() {
+        return Err(config_error(
+            "`ack_timeout` is zero: give JetStream time to answer, e.g. `ack_timeout = \"5s\"`",
+        ));
+    }
+
+    if let Some(ca) = &config.tls_ca_file {
+        if !ca.is_file() {
+            return Err(config_error(format!(
+                "`tls_ca_file = \"{}\"` is not a readable file: point it at a PEM file of CA certificates",
+                ca.display()
+            )));
+        }
+        options = options.add_root_certificates(ca.clone());
+    }
+
+    let news = Arc::new(Mutex::new(ConnectionNews::default()));
+    let max_delay = config.max_reconnect_delay.max(Duration::from_millis(10));
+    let callback_news = news.clone();
+    let options = options
+        .name(&config.client_name)
+        .connection_timeout(config.connect_timeout)
+        .require_tls(config.tls)
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .reconnect_delay_callback(move |attempts| {
+            let exp = u32::try_from(attempts.saturating_sub(1))
+                .unwrap_or(u32::MAX)
+                .min(16);
+            Duration::from_millis(50u64.saturating_mul(1u64 << exp)).min(max_delay)
+        })
+        .event_callback(move |event| {
+            let news = callback_news.clone();
+            async move {
+                let mut news = news.lock().unwrap_or_else(|p| p.into_inner());
+                match event {
+                    async_nats::Event::Connected => news.last_problem = None,
+                    async_nats::Event::Disconnected if news.last_problem.is_none() => {
+                        news.last_problem = Some("connection lost".to_owned());
+                    }
+                    async_nats::Event::ServerError(e) => {
+                        news.last_problem = Some(format!("server error: {e}"));
+                    }
+                    async_nats::Event::ClientError(e) => {
+                        news.last_problem = Some(format!("{e}"));
+                    }
+                    _ => {}
+                }
+            }
+        });
+    Ok(Prepared {
+        routing,
+        addrs,
+        servers,
+        options,
+        stream,
+        news,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -868,7 +913,7 @@ mod tests {
 
     #[test]
     fn urls_are_redacted() {
-        assert_eq!(redact("nats://u:p@host:4222"), "nats://***@host:4222");
+        assert_eq!(redact("nats://u:p@host:4222"), "nats://u:***@host:4222");
         assert_eq!(redact("nats://host:4222"), "nats://host:4222");
     }
 

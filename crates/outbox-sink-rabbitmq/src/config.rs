@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use lapin::ExchangeKind;
 use lapin::uri::{AMQPScheme, AMQPUri};
+use outbox_core::redact::redact_url as redact;
 use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{SinkError, humantime_duration};
 use serde::{Deserialize, Serialize};
@@ -116,7 +117,9 @@ impl fmt::Debug for Secret {
 #[serde(deny_unknown_fields, default)]
 pub struct RabbitMqSinkConfig {
     /// `amqp://host:port/vhost` (`%2f` is the vhost `/`), or `amqps://` for TLS. Credentials are
-    /// best given with `user` and `password_env` instead of inside the URL.
+    /// best given with `user` and `password_env` instead of inside the URL. Printed with its
+    /// password masked.
+    #[serde(serialize_with = "outbox_core::redact::serialize_url")]
     pub url: String,
     /// Talk TLS: turns an `amqp://` URL into `amqps://` (port 5672 becomes 5671).
     pub tls: bool,
@@ -373,16 +376,6 @@ impl RabbitMqSinkConfig {
             display_url,
             ca_pem,
         })
-    }
-}
-
-/// A URL without its `user:password@` part.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
     }
 }
 

@@ -156,6 +156,20 @@ impl RabbitMqSink {
     pub fn new(config: &RabbitMqSinkConfig) -> Result<Self, SinkError> {
         let resolved = config.resolve()?;
         let user = resolved.uri.authority.userinfo.username.clone();
+        // AMQP's PLAIN authentication sends the password as it is: say so unless TLS carries it
+        // (the default guest/guest of a local broker is not a secret worth a warning).
+        let password = &resolved.uri.authority.userinfo.password;
+        if !password.is_empty()
+            && password != "guest"
+            && let Some(warning) = outbox_core::redact::cleartext_warning(
+                "the RabbitMQ password",
+                &resolved.display_url,
+                resolved.uri.scheme == lapin::uri::AMQPScheme::AMQPS,
+                "an `amqps://` URL or `tls = true`",
+            )
+        {
+            tracing::warn!("{warning}");
+        }
         Ok(RabbitMqSink {
             routing: resolved.routing,
             exchange: resolved.exchange,

@@ -65,6 +65,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_core::redact::redact_url as redact;
 use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use redis::aio::MultiplexedConnection;
@@ -122,7 +123,9 @@ impl fmt::Debug for Secret {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSinkConfig {
-    /// `redis://[user[:password]@]host[:port][/db]`; `rediss://` for TLS.
+    /// `redis://[user[:password]@]host[:port][/db]`; `rediss://` for TLS. Printed with its
+    /// password masked.
+    #[serde(serialize_with = "outbox_core::redact::serialize_url")]
     pub url: String,
     /// Stream key template for events that name no destination themselves.
     pub stream: Template,
@@ -231,16 +234,6 @@ fn resolve_secret(
     }
 }
 
-/// A URL without its `user:password@` part, for logs and error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// The fields of one stream entry, in order.
 type Fields = Vec<(&'static str, Vec<u8>)>;
 
@@ -297,6 +290,16 @@ impl RedisSink {
             config.password_env.as_deref(),
         )? {
             settings = settings.set_password(password);
+        }
+        if settings.password().is_some()
+            && let Some(warning) = outbox_core::redact::cleartext_warning(
+                "the Redis password",
+                &url,
+                url.starts_with("rediss://"),
+                "a `rediss://` URL or `tls = true`",
+            )
+        {
+            tracing::warn!("{warning}");
         }
         let info = info.set_redis_settings(settings);
         let client = Client::open(info).map_err(|e| {
@@ -655,7 +658,10 @@ mod tests {
 
     #[test]
     fn urls_are_redacted_and_secrets_hidden() {
-        assert_eq!(redact("redis://u:p@host:6379/0"), "redis://***@host:6379/0");
+        assert_eq!(
+            redact("redis://u:p@host:6379/0"),
+            "redis://u:***@host:6379/0"
+        );
         let config: RedisSinkConfig = serde_json::from_str(r#"{"password": "hunter2"}"#).unwrap();
         assert!(!format!("{config:?}").contains("hunter2"));
     }

@@ -138,24 +138,71 @@ impl Template {
         &self.source
     }
 
-    /// Fill the placeholders from `event`.
+    /// Fill the placeholders from `event`, values as they are: for topic, subject and stream
+    /// names, where every character of a value is just a character.
     pub fn render(&self, event: &Event) -> String {
+        self.render_with(event, |out, value| out.push_str(value))
+    }
+
+    /// Fill the placeholders from `event` with every value percent-encoded: each byte except the
+    /// RFC 3986 unreserved characters `A-Z a-z 0-9 - . _ ~` is written as `%XX`. The template's
+    /// own text is kept as written.
+    ///
+    /// For URLs: a value then stays inside the one path segment or query value it was put in.
+    /// With [`render`](Template::render), an aggregate id `../../admin?debug=1#` in
+    /// `/orders/${aggregate_id}/events` would end the path, start a query and cut the rest off
+    /// as a fragment. Encoding leaves `.` alone (it is unreserved), so a value that is exactly
+    /// `.` or `..` still makes a dot segment; a caller building a URL refuses those.
+    ///
+    /// ```
+    /// use outbox_core::routing::Template;
+    /// # let mut event = outbox_core::Event { seq: 1, id: outbox_core::EventId::new(), aggregate_type: "order".into(),
+    /// #   aggregate_id: "42".into(), event_type: "OrderCreated".into(), payload: "{}".into(), destination: None,
+    /// #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 };
+    /// event.aggregate_id = "../../admin?debug=1#".into();
+    /// let t = Template::parse("https://h.example/orders/${aggregate_id}/events").unwrap();
+    /// assert_eq!(
+    ///     t.render_url_encoded(&event),
+    ///     "https://h.example/orders/..%2F..%2Fadmin%3Fdebug%3D1%23/events"
+    /// );
+    /// assert_eq!(t.render(&event), "https://h.example/orders/../../admin?debug=1#/events");
+    /// ```
+    pub fn render_url_encoded(&self, event: &Event) -> String {
+        self.render_with(event, percent_encode_into)
+    }
+
+    fn render_with(&self, event: &Event, put: impl Fn(&mut String, &str)) -> String {
         let mut out = String::with_capacity(self.source.len() + 16);
         for part in &self.parts {
             match part {
                 Part::Text(t) => out.push_str(t),
-                Part::EventType => out.push_str(&event.event_type),
-                Part::AggregateType => out.push_str(&event.aggregate_type),
-                Part::AggregateId => out.push_str(&event.aggregate_id),
-                Part::EventId => out.push_str(&event.id.to_string()),
+                Part::EventType => put(&mut out, &event.event_type),
+                Part::AggregateType => put(&mut out, &event.aggregate_type),
+                Part::AggregateId => put(&mut out, &event.aggregate_id),
+                Part::EventId => put(&mut out, &event.id.to_string()),
                 Part::Header(name) => {
                     if let Some(v) = event.headers.get(name) {
-                        out.push_str(v);
+                        put(&mut out, v);
                     }
                 }
             }
         }
         out
+    }
+}
+
+/// Append `value` to `out` with every byte outside the RFC 3986 unreserved set
+/// (`A-Z a-z 0-9 - . _ ~`) written as `%XX` (upper-case hex), UTF-8 byte by byte.
+fn percent_encode_into(out: &mut String, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in value.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0x0f)]));
+        }
     }
 }
 
@@ -339,6 +386,25 @@ mod tests {
         assert_eq!(t.render(&e), "x.OrderCreated.order.42.00-abc-def-01.");
         assert!(Template::parse("a.${event_type").is_err());
         assert!(Template::parse("").is_err());
+    }
+
+    #[test]
+    fn url_rendering_encodes_every_value_byte_outside_the_unreserved_set() {
+        let mut e = event();
+        e.aggregate_id = "a/b?c=d#e f%2e%2E\\ü@:".into();
+        e.event_type = "Az09-._~".into();
+        e.headers.insert("tenant".into(), "x&y=z".into());
+        let t = Template::parse("http://h:8080/p/${aggregate_id}/${event_type}?t=${header.tenant}")
+            .unwrap();
+        assert_eq!(
+            t.render_url_encoded(&e),
+            "http://h:8080/p/a%2Fb%3Fc%3Dd%23e%20f%252e%252E%5C%C3%BC%40%3A/Az09-._~?t=x%26y%3Dz"
+        );
+        // The template's own text is not touched, and the raw rendering is unchanged.
+        assert_eq!(
+            t.render(&e),
+            "http://h:8080/p/a/b?c=d#e f%2e%2E\\ü@:/Az09-._~?t=x&y=z"
+        );
     }
 
     #[test]

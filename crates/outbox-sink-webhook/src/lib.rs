@@ -3,24 +3,47 @@
 //! Delivers each outbox event as an HTTP `POST` to a URL. An event counts as delivered only when
 //! the receiver answered `2xx`; anything else is data for the relay's retry and dead-letter path.
 //!
+//! ## Where requests go
+//!
+//! The sink holds credentials (`Authorization`, the signing secret), and anyone who can insert
+//! an outbox row controls the row's fields. So the host of every request is fixed by
+//! configuration, never by a row:
+//!
+//! - The [`url`](WebhookSinkConfig::url) template fixes the **origin** (scheme, host, port).
+//!   Placeholders may only appear after the host (`https://hooks.example.com/orders/${event_type}`);
+//!   one in the scheme or host is refused unless [`allowed_hosts`](WebhookSinkConfig::allowed_hosts)
+//!   lists the hosts it may produce. Placeholder values are **percent-encoded** (every byte but
+//!   `A-Z a-z 0-9 - . _ ~`), so an `aggregate_id` of `../../admin?debug=1#` stays one path
+//!   segment (`..%2F..%2Fadmin%3Fdebug%3D1%23`) instead of climbing to `/admin`.
+//! - An event's own **`destination` column** (the relay's router clears it when it names a
+//!   configured destination) may be a path starting with `/` (with a query if wanted), sent to
+//!   the configured origin; or an absolute `http(s)://` URL whose origin is the configured one or
+//!   whose host is in `allowed_hosts`. Anything else — another host, another scheme, user info in
+//!   the URL — is rejected (the event is dead, its `last_error` names the host and
+//!   `allowed_hosts`) and **nothing is sent** to that host.
+//! - A path with a dot segment (`.`, `..`, or `%2e` spellings, which URL parsers resolve) is
+//!   rejected too, whether it came from the template or from the row.
+//! - Hosts in `allowed_hosts` are the operator's own: they get the same `Authorization` and
+//!   signature as the configured origin (one sink, one set of credentials; list only hosts you
+//!   would give those credentials to). No other host ever gets them.
+//! - Redirects are not followed (a `3xx` is a permanent failure naming the new location), so a
+//!   signed request is never replayed to a host nobody configured.
+//!
+//! Every URL the sink writes into a reason (and so into `last_error`) or a log goes through
+//! [`outbox_core::redact::redact_url`]: a password or token in the URL never shows.
+//!
 //! ## The request
 //!
-//! - **URL**: the event's own `destination` if the writer set one, else the
-//!   [`url`](WebhookSinkConfig::url) template rendered over the event (e.g.
-//!   `https://hooks.example.com/orders/${event_type}`); both come from
-//!   [`outbox_core::routing`], shared by every sink.
 //! - **Headers**: `Content-Type` (`application/json`, or `application/cloudevents+json`),
 //!   `Idempotency-Key` (the writer's idempotency key if it set one, else the event id: the
 //!   receiver deduplicates on it), `X-Event-Id`, `X-Event-Type`, the routing headers
 //!   (`outbox-event-id`, `outbox-aggregate-id` — the key —, …, and the event's own headers such
-//!   as `traceparent`), `Authorization` when configured, and the signature header when a secret
+//!   as `traceparent`), `Authorization` when configured, and the signature headers when a secret
 //!   is configured. An event header that would change how the request is framed or routed
 //!   (`Host`, `Content-Length`, `Transfer-Encoding`, `Connection`, …) or that would replace one
-//!   of the sink's own is not forwarded.
+//!   of the sink's own (including `webhook-id`, `webhook-timestamp`, `webhook-signature`) is not
+//!   forwarded.
 //! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope.
-//!
-//! Redirects are not followed (a `3xx` is a permanent failure naming the new location), so a
-//! signed request is never replayed to a host nobody configured.
 //!
 //! ## Outcomes
 //!
@@ -29,7 +52,7 @@
 //! | `2xx` | `Delivered` |
 //! | `408`, `429`, `5xx` | `Retry`; a `Retry-After` header (seconds or HTTP date) sets when |
 //! | no response: refused, reset, DNS failure, timeout | `Retry` |
-//! | other `4xx`, `3xx`, a URL or header that cannot be sent | `Reject` |
+//! | other `4xx`, `3xx`, a URL or header that cannot be sent, a host nobody configured | `Reject` |
 //!
 //! The start of the response body goes into the reason (and so into the event's `last_error`),
 //! cut with [`outbox_core::truncate_error`].
@@ -40,26 +63,39 @@
 //! at most [`concurrency`](WebhookSinkConfig::concurrency) (default 64) at a time across every
 //! batch of this sink, over pooled keep-alive connections.
 //!
-//! ## Verifying the signature
+//! ## Signatures
 //!
-//! With a `secret` configured, every request carries
+//! With a `secret` (or `secret_env`) configured, every request is signed with HMAC-SHA256.
+//! [`signature_scheme`](WebhookSinkConfig::signature_scheme) picks how:
 //!
-//! ```text
-//! X-Outbox-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
-//! ```
+//! - **`"standard-webhooks"`** (recommended) — [Standard Webhooks](https://www.standardwebhooks.com/):
 //!
-//! A receiver should:
+//!   ```text
+//!   webhook-id: <event id>
+//!   webhook-timestamp: <unix seconds>
+//!   webhook-signature: v1,<base64 HMAC-SHA256(key, "<webhook-id>.<webhook-timestamp>.<raw body>")>
+//!   ```
 //!
-//! 1. take `t` and every `v1` from the header (there may be several `v1` while a secret is being
-//!    rotated),
-//! 2. compute `HMAC-SHA256(secret, t + "." + body)` over the **raw** request body bytes (before
-//!    any JSON parsing),
-//! 3. compare it in constant time with each `v1`, and accept if one matches,
-//! 4. refuse `t` too far from its own clock (e.g. 5 minutes), so a captured request cannot be
-//!    replayed later,
-//! 5. deduplicate on `Idempotency-Key`: delivery is at least once.
+//!   The event id is signed with the body, so a captured signature cannot be replayed with a
+//!   different id, and a raw body (which carries no id) is still tied to its event. A secret
+//!   written `whsec_<base64>` (the spec's format) is base64-decoded to the key; any other secret
+//!   is used as its raw bytes. Receivers can use any Standard Webhooks library, or
+//!   [`verify_standard_webhook`]. Deduplicate on `webhook-id`.
+//! - **`"outbox-v1"`** (the default, kept for existing receivers) —
+//!   `X-Outbox-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>`
+//!   (the header name is `signature_header`). It covers timestamp and body only, **not** the
+//!   event id or `Idempotency-Key`; [`verify_signature`] checks it.
 //!
-//! In Rust, [`verify_signature`] does steps 1–4; by hand it is:
+//! A receiver should, for either scheme: compute the HMAC over the **raw** request body bytes
+//! (before any JSON parsing), compare in constant time with each signature given (there may be
+//! several while a secret is rotated), refuse a timestamp too far from its own clock (e.g. 5
+//! minutes) so a captured request cannot be replayed later, and deduplicate: delivery is at
+//! least once.
+//!
+//! A signature proves who sent a request, not that nobody read it: with a secret or credentials
+//! over plain `http://` the sink logs a warning at start-up; use `https://` and `tls = true`.
+//!
+//! By hand, the outbox-v1 check is:
 //!
 //! ```
 //! use hmac::{Hmac, KeyInit, Mac};
@@ -102,27 +138,40 @@
 //! ```
 //! let config: outbox_sink_webhook::WebhookSinkConfig = serde_json::from_str(r#"{
 //!     "url": "https://hooks.example.com/orders/${event_type}",
+//!     "allowed_hosts": ["audit.example.com", "*.hooks.example.net"],
 //!     "secret_env": "OUTBOX_WEBHOOK_SECRET",
+//!     "signature_scheme": "standard-webhooks",
+//!     "tls": true,
 //!     "concurrency": 32,
 //!     "request_timeout": "3s"
 //! }"#).unwrap();
 //! assert_eq!(config.concurrency, 32);
 //! ```
 
-use std::fmt;
+mod signature;
+mod target;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use hmac::{Hmac, KeyInit, Mac};
+use outbox_core::redact::{redact_in_text, redact_url};
 use outbox_core::routing::{PayloadFormat, Routing, Template};
 use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
+use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 use tokio::sync::Semaphore;
-use tracing::debug;
+use tracing::{debug, warn};
+
+/// A secret read from configuration; prints as `***` (the shared
+/// [`outbox_core::redact::Secret`], re-exported under its old name).
+pub use outbox_core::redact::Secret;
+pub use signature::{
+    SignatureError, SignatureScheme, sign, sign_standard_webhook, standard_webhooks_key,
+    verify_signature, verify_standard_webhook,
+};
+use target::Targets;
 
 /// The body format named in configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -137,33 +186,15 @@ pub enum BodyFormat {
     Cloudevents,
 }
 
-/// A secret read from configuration; never printed.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-/// Printed configurations (`outbox config check`) show `***`, never the value.
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("***")
-    }
-}
-
-impl Secret {
-    /// Wrap a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    /// The value itself.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
+/// Printed configurations (`outbox config check`) show the `url` template with a password,
+/// token or credential-like query value masked.
+fn serialize_template<S: serde::Serializer>(
+    url: &Option<Template>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(template) => s.serialize_some(&redact_url(template.as_str())),
+        None => s.serialize_none(),
     }
 }
 
@@ -172,9 +203,17 @@ impl fmt::Debug for Secret {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebhookSinkConfig {
-    /// URL template for events that name no destination themselves, e.g.
-    /// `https://hooks.example.com/orders/${event_type}`. Required.
+    /// URL template for events, e.g. `https://hooks.example.com/orders/${event_type}`. Its
+    /// scheme, host and port are the configured origin: placeholders go after the host (values
+    /// are percent-encoded). Required.
+    #[serde(serialize_with = "serialize_template")]
     pub url: Option<Template>,
+    /// Hosts other than the `url`'s own that an event's `destination` column may name (and a
+    /// placeholder in the `url`'s host may produce): `hooks.example.com`, `*.example.com` (any
+    /// subdomain), either with `:port` (without, only the scheme's default port). They get the
+    /// same `Authorization` and signature: list only your own hosts. Empty by default: a row
+    /// may only pick a path under the `url`'s origin.
+    pub allowed_hosts: Vec<String>,
     /// `raw` (default) or `cloudevents`.
     pub format: BodyFormat,
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
@@ -192,11 +231,16 @@ pub struct WebhookSinkConfig {
     pub bearer_token: Option<Secret>,
     /// Name of an environment variable holding the bearer token.
     pub bearer_token_env: Option<String>,
-    /// HMAC-SHA256 signing secret; requests are signed when one is set.
+    /// HMAC-SHA256 signing secret; requests are signed when one is set. With
+    /// `signature_scheme = "standard-webhooks"`, `whsec_<base64>` is decoded to the key.
     pub secret: Option<Secret>,
     /// Name of an environment variable holding the signing secret.
     pub secret_env: Option<String>,
-    /// Header carrying the signature.
+    /// `"outbox-v1"` (default, `X-Outbox-Signature`) or `"standard-webhooks"` (recommended:
+    /// `webhook-id`, `webhook-timestamp`, `webhook-signature`, the event id signed too). See
+    /// the [crate docs](crate#signatures).
+    pub signature_scheme: SignatureScheme,
+    /// Header carrying the outbox-v1 signature.
     pub signature_header: String,
     /// `User-Agent` of the requests.
     pub client_name: String,
@@ -215,10 +259,13 @@ pub struct WebhookSinkConfig {
     pub max_retry_after: Duration,
 }
 
+const DEFAULT_SIGNATURE_HEADER: &str = "X-Outbox-Signature";
+
 impl Default for WebhookSinkConfig {
     fn default() -> Self {
         WebhookSinkConfig {
             url: None,
+            allowed_hosts: Vec::new(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
             tls: false,
@@ -229,7 +276,8 @@ impl Default for WebhookSinkConfig {
             bearer_token_env: None,
             secret: None,
             secret_env: None,
-            signature_header: "X-Outbox-Signature".to_owned(),
+            signature_scheme: SignatureScheme::OutboxV1,
+            signature_header: DEFAULT_SIGNATURE_HEADER.to_owned(),
             client_name: concat!("outbox-relay/", env!("CARGO_PKG_VERSION")).to_owned(),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
@@ -243,7 +291,8 @@ fn config_error(message: impl Into<String>) -> SinkError {
     SinkError::Config(message.into())
 }
 
-/// Read a secret given either inline or through an environment variable.
+/// Read a secret given either inline or through an environment variable. An empty value is a
+/// mistake either way (an empty signing key signs nothing anyone could not forge).
 fn resolve_secret(
     inline_key: &str,
     inline: Option<&Secret>,
@@ -253,6 +302,9 @@ fn resolve_secret(
     match (inline, env) {
         (Some(_), Some(_)) => Err(config_error(format!(
             "both `{inline_key}` and `{env_key}` are set: keep one (prefer `{env_key}`, so the secret stays out of the file)"
+        ))),
+        (Some(secret), None) if secret.is_empty() => Err(config_error(format!(
+            "`{inline_key} = \"\"` is empty: set the value (better: `{env_key} = \"VAR\"`), or remove the key"
         ))),
         (Some(secret), None) => Ok(Some(secret.expose().to_owned())),
         (None, Some(var)) => match std::env::var(var) {
@@ -268,83 +320,12 @@ fn resolve_secret(
     }
 }
 
-/// A signature header value is malformed, wrong, or too old. Returned by [`verify_signature`].
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SignatureError {
-    /// The header lacks `t=` or `v1=`, or they do not parse.
-    #[error("malformed signature header (expected `t=<unix seconds>,v1=<hex>`)")]
-    Malformed,
-    /// No `v1` matches the body and timestamp: wrong secret, or the body was changed.
-    #[error("signature does not match the body")]
-    Mismatch,
-    /// The timestamp is further from now than the tolerance: a replay, or a skewed clock.
-    #[error("signature timestamp is {skew_seconds} s away from now, beyond the tolerance")]
-    Stale {
-        /// How far `t` is from now.
-        skew_seconds: u64,
-    },
-}
-
-fn mac(secret: &[u8], timestamp: u64, body: &[u8]) -> Hmac<Sha256> {
-    // HMAC accepts keys of any length, so this never falls back in practice.
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret)
-        .unwrap_or_else(|_| Hmac::<Sha256>::new(&Default::default()));
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    mac
-}
-
-/// The signature header value for `body` sent at `timestamp` (unix seconds):
-/// `t=<timestamp>,v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>`.
-///
-/// ```
-/// let header = outbox_sink_webhook::sign(b"secret", 1_700_000_000, b"{}");
-/// assert!(header.starts_with("t=1700000000,v1="));
-/// assert_eq!(header.len(), "t=1700000000,v1=".len() + 64);
-/// ```
-pub fn sign(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
-    let tag = mac(secret, timestamp, body).finalize().into_bytes();
-    format!("t={timestamp},v1={}", hex::encode(tag))
-}
-
-/// Check a signature header against the raw `body`, in constant time, accepting a timestamp at
-/// most `tolerance` away from `now` (unix seconds). Any of several `v1` entries may match (secret
-/// rotation).
-pub fn verify_signature(
-    secret: &[u8],
-    header: &str,
-    body: &[u8],
-    now: u64,
-    tolerance: Duration,
-) -> Result<(), SignatureError> {
-    let mut timestamp = None;
-    let mut candidates = Vec::new();
-    for part in header.split(',') {
-        match part.trim().split_once('=') {
-            Some(("t", v)) => timestamp = v.parse::<u64>().ok(),
-            Some(("v1", v)) => {
-                candidates.push(hex::decode(v).map_err(|_| SignatureError::Malformed)?)
-            }
-            _ => {}
-        }
-    }
-    let timestamp = timestamp.ok_or(SignatureError::Malformed)?;
-    if candidates.is_empty() {
-        return Err(SignatureError::Malformed);
-    }
-    let matched = candidates
-        .iter()
-        .any(|tag| mac(secret, timestamp, body).verify_slice(tag).is_ok());
-    if !matched {
-        return Err(SignatureError::Mismatch);
-    }
-    let skew = now.abs_diff(timestamp);
-    if skew > tolerance.as_secs() {
-        return Err(SignatureError::Stale { skew_seconds: skew });
-    }
-    Ok(())
+/// How requests are signed, with the key resolved.
+enum Signing {
+    /// `header: t=…,v1=…`.
+    OutboxV1 { secret: Vec<u8>, header: HeaderName },
+    /// `webhook-id`, `webhook-timestamp`, `webhook-signature`.
+    StandardWebhooks { key: Vec<u8> },
 }
 
 /// The delay a `Retry-After` value asks for: delta-seconds (`120`) or an HTTP date
@@ -392,30 +373,36 @@ const RESERVED: &[&str] = &[
     "idempotency-key",
     "x-event-id",
     "x-event-type",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
 ];
 
 /// Posts events to a webhook. See the [crate docs](crate).
 pub struct WebhookSink {
     routing: Routing,
+    /// Decides each event's URL; the only way to get a URL credentials may go to.
+    targets: Targets,
     client: reqwest::Client,
     limit: Arc<Semaphore>,
-    https_only: bool,
     authorization: Option<HeaderValue>,
-    signing: Option<(Vec<u8>, HeaderName)>,
+    signing: Option<Signing>,
     request_timeout: Duration,
     max_retry_after: Duration,
 }
 
 impl WebhookSink {
     /// Validate `config` and build the HTTP client. Nothing is sent: a receiver that is down at
-    /// start-up is not an error.
+    /// start-up is not an error. Credentials or a secret over plain `http://` are allowed, with
+    /// a warning in the log.
     pub fn connect(config: WebhookSinkConfig) -> Result<Self, SinkError> {
         let template = config.url.clone().ok_or_else(|| {
             config_error(
                 "`url` is required, e.g. `url = \"https://hooks.example.com/orders/${event_type}\"`",
             )
         })?;
-        let text = template.as_str();
+        let text = template.as_str().to_owned();
+        let shown = redact_url(&text);
         let scheme_ok = if config.tls {
             text.starts_with("https://")
         } else {
@@ -424,14 +411,16 @@ impl WebhookSink {
         if !scheme_ok {
             return Err(config_error(if config.tls {
                 format!(
-                    "`url = \"{text}\"` must start with `https://` because `tls = true` (or set `tls = false` to allow `http://`)"
+                    "`url = \"{shown}\"` must start with `https://` because `tls = true` (or set `tls = false` to allow `http://`)"
                 )
             } else {
                 format!(
-                    "`url = \"{text}\"` must start with `http://` or `https://` (placeholders may come after the host)"
+                    "`url = \"{shown}\"` must start with `http://` or `https://` (placeholders may come after the host)"
                 )
             }));
         }
+        let targets = Targets::new(template.clone(), &config.allowed_hosts, config.tls)
+            .map_err(config_error)?;
         let format = match config.format {
             BodyFormat::Raw => PayloadFormat::Raw,
             BodyFormat::Cloudevents => {
@@ -494,17 +483,34 @@ impl WebhookSink {
             "secret_env",
             config.secret_env.as_deref(),
         )?;
-        let signing = match secret {
-            Some(secret) => {
+        let signing = match (secret, config.signature_scheme) {
+            (None, _) => None,
+            (Some(secret), SignatureScheme::OutboxV1) => {
                 let header = HeaderName::from_bytes(config.signature_header.as_bytes()).map_err(|_| {
                     config_error(format!(
                         "`signature_header = \"{}\"` is not a valid header name (e.g. `X-Outbox-Signature`)",
                         config.signature_header
                     ))
                 })?;
-                Some((secret.into_bytes(), header))
+                Some(Signing::OutboxV1 {
+                    secret: secret.into_bytes(),
+                    header,
+                })
             }
-            None => None,
+            (Some(secret), SignatureScheme::StandardWebhooks) => {
+                if config.signature_header != DEFAULT_SIGNATURE_HEADER {
+                    return Err(config_error(format!(
+                        "`signature_header = \"{}\"` applies to `signature_scheme = \"outbox-v1\"` only; standard-webhooks always uses `webhook-signature`: remove `signature_header`",
+                        config.signature_header
+                    )));
+                }
+                let key = standard_webhooks_key(&secret).ok_or_else(|| {
+                    config_error(
+                        "the signing secret starts with `whsec_` but the rest is not base64 of a non-empty key: use `whsec_` + base64 of 24 to 64 random bytes (e.g. `whsec_$(openssl rand -base64 32)`), or a secret without the `whsec_` prefix, which is used as raw bytes",
+                    )
+                })?;
+                Some(Signing::StandardWebhooks { key })
+            }
         };
         if config.concurrency == 0 {
             return Err(config_error(
@@ -516,6 +522,27 @@ impl WebhookSink {
                 "`connect_timeout` and `request_timeout` must be above zero, e.g. `\"5s\"`",
             ));
         }
+        let credentials = match (&authorization, &signing) {
+            (Some(_), Some(_)) => {
+                Some("the `Authorization` header and the signing secret's signatures")
+            }
+            (Some(_), None) => Some("the `Authorization` header"),
+            (None, Some(_)) => Some("signatures made with the secret"),
+            (None, None) => None,
+        };
+        if let Some(credentials) = credentials {
+            if text.starts_with("http://") {
+                warn!(
+                    url = %shown,
+                    "The webhook destination {shown} is plain http://: {credentials} travel unencrypted, readable and reusable by anyone on the path. Use an https:// URL and set `tls = true`."
+                );
+            } else if !config.tls && !config.allowed_hosts.is_empty() {
+                warn!(
+                    url = %shown,
+                    "The webhook destination {shown} has `allowed_hosts` but not `tls = true`: an event may name an http:// URL on an allowed host, and {credentials} would travel unencrypted. Set `tls = true`."
+                );
+            }
+        }
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .retry(reqwest::retry::never())
@@ -526,12 +553,17 @@ impl WebhookSink {
             .tcp_nodelay(true)
             .https_only(config.tls)
             .build()
-            .map_err(|e| config_error(format!("cannot build the HTTP client: {}", chain(&e))))?;
+            .map_err(|e| {
+                config_error(format!(
+                    "cannot build the HTTP client: {}",
+                    redact_in_text(&chain(&e))
+                ))
+            })?;
         Ok(WebhookSink {
             routing,
+            targets,
             client,
             limit: Arc::new(Semaphore::new(config.concurrency)),
-            https_only: config.tls,
             authorization,
             signing,
             request_timeout: config.request_timeout,
@@ -539,39 +571,19 @@ impl WebhookSink {
         })
     }
 
-    /// The request for one event; `Err` is a permanent rejection.
-    fn request(&self, event: &Event) -> Result<(Url, HeaderMap, Vec<u8>), String> {
-        let target = self.routing.destination(event);
-        let url = Url::parse(&target).map_err(|e| {
-            format!(
-                "`{target}` is not a valid URL ({e}); check the event's destination or `url = \"{}\"`",
-                self.routing.destination.as_str()
-            )
-        })?;
-        match url.scheme() {
-            "https" => {}
-            "http" if !self.https_only => {}
-            other => {
-                return Err(format!(
-                    "`{target}` uses `{other}://`, but only {} is allowed",
-                    if self.https_only {
-                        "`https://` (tls = true)"
-                    } else {
-                        "`http://` or `https://`"
-                    }
-                ));
-            }
-        }
+    /// The request for one event; `Err` is a permanent rejection, and nothing was sent.
+    fn request(&self, event: &Event) -> Result<(reqwest::Url, HeaderMap, Vec<u8>), String> {
+        // The URL first: a host nobody configured is refused before anything is built for it.
+        let target = self.targets.resolve(event)?;
         let body = self.routing.body(event);
         let mut headers = HeaderMap::with_capacity(16);
+        let signature_header = match &self.signing {
+            Some(Signing::OutboxV1 { header, .. }) => Some(header.as_str()),
+            _ => None,
+        };
         for (name, value) in unique_headers(self.routing.headers(event)) {
             let lower = name.to_ascii_lowercase();
-            if RESERVED.contains(&lower.as_str())
-                || self
-                    .signing
-                    .as_ref()
-                    .is_some_and(|(_, h)| h.as_str() == lower)
-            {
+            if RESERVED.contains(&lower.as_str()) || signature_header == Some(lower.as_str()) {
                 debug!(event_id = %event.id, header = %name, "event header not forwarded");
                 continue;
             }
@@ -606,18 +618,39 @@ impl WebhookSink {
             HeaderName::from_static("x-event-type"),
             text(&event.event_type, "event type")?,
         );
+        // `target` is the configured origin or an allowed host (see `target`): the only
+        // places the credentials may go.
         if let Some(auth) = &self.authorization {
             headers.insert(reqwest::header::AUTHORIZATION, auth.clone());
         }
-        if let Some((secret, header)) = &self.signing {
+        if let Some(signing) = &self.signing {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0);
-            let signature = sign(secret, now, &body);
-            headers.insert(header.clone(), text(&signature, "signature")?);
+            match signing {
+                Signing::OutboxV1 { secret, header } => {
+                    let signature = sign(secret, now, &body);
+                    headers.insert(header.clone(), text(&signature, "signature")?);
+                }
+                Signing::StandardWebhooks { key } => {
+                    let signature = sign_standard_webhook(key, &id, now, &body);
+                    headers.insert(
+                        HeaderName::from_static("webhook-id"),
+                        text(&id, "event id")?,
+                    );
+                    headers.insert(
+                        HeaderName::from_static("webhook-timestamp"),
+                        text(&now.to_string(), "timestamp")?,
+                    );
+                    headers.insert(
+                        HeaderName::from_static("webhook-signature"),
+                        text(&signature, "signature")?,
+                    );
+                }
+            }
         }
-        Ok((url, headers, body))
+        Ok((target.into_url(), headers, body))
     }
 
     /// Post one event and classify what came back.
@@ -637,18 +670,20 @@ impl WebhookSink {
             .body(body)
             .send()
             .await;
+        // Every URL in a reason ends up in `last_error`: never with its user info.
+        let shown = redact_url(url.as_str());
         let mut response = match sent {
             Ok(r) => r,
             Err(e) => {
                 let why = if e.is_timeout() {
                     format!(
-                        "no response from {url} within {} ms",
+                        "no response from {shown} within {} ms",
                         self.request_timeout.as_millis()
                     )
                 } else if e.is_connect() {
-                    format!("cannot connect to {url}: {}", chain(&e))
+                    format!("cannot connect to {shown}: {}", redact_in_text(&chain(&e)))
                 } else {
-                    format!("request to {url} failed: {}", chain(&e))
+                    format!("request to {shown} failed: {}", redact_in_text(&chain(&e)))
                 };
                 return Outcome::retry(truncate_error(&why));
             }
@@ -668,7 +703,7 @@ impl WebhookSink {
         if status.is_success() {
             return Outcome::Delivered;
         }
-        let mut reason = format!("HTTP {status} from {url}");
+        let mut reason = format!("HTTP {status} from {shown}");
         if !body.trim().is_empty() {
             reason.push_str(": ");
             reason.push_str(body.trim());
@@ -683,8 +718,11 @@ impl WebhookSink {
             }
         } else if status.is_redirection() {
             Outcome::reject(truncate_error(&format!(
-                "HTTP {status} from {url} redirects to {}: redirects are not followed; set `url` to the final address",
-                location.as_deref().unwrap_or("(no Location)")
+                "HTTP {status} from {shown} redirects to {}: redirects are not followed; set `url` to the final address",
+                location
+                    .as_deref()
+                    .map(redact_url)
+                    .unwrap_or_else(|| "(no Location)".to_owned())
             )))
         } else if status.is_client_error() {
             Outcome::reject(truncate_error(&reason))
@@ -707,26 +745,9 @@ fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
 
 /// `Authorization: Basic base64(user:password)`.
 fn basic_auth(user: &str, password: &str) -> Result<HeaderValue, SinkError> {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let input = format!("{user}:{password}").into_bytes();
-    let mut out = String::with_capacity(input.len().div_ceil(3) * 4 + 6);
-    out.push_str("Basic ");
-    for chunk in input.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    let mut value = HeaderValue::from_str(&out)
+    use base64::Engine;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}"))
         .map_err(|_| config_error("the HTTP Basic credentials cannot be sent as a header"))?;
     value.set_sensitive(true);
     Ok(value)
@@ -785,40 +806,6 @@ mod tests {
     }
 
     #[test]
-    fn signatures_verify_and_detect_tampering_and_replays() {
-        let header = sign(b"s3cret", 1_000, b"{\"a\":1}");
-        let tolerance = Duration::from_secs(300);
-        assert_eq!(
-            verify_signature(b"s3cret", &header, b"{\"a\":1}", 1_100, tolerance),
-            Ok(())
-        );
-        assert_eq!(
-            verify_signature(b"s3cret", &header, b"{\"a\":2}", 1_100, tolerance),
-            Err(SignatureError::Mismatch)
-        );
-        assert_eq!(
-            verify_signature(b"other", &header, b"{\"a\":1}", 1_100, tolerance),
-            Err(SignatureError::Mismatch)
-        );
-        assert_eq!(
-            verify_signature(b"s3cret", &header, b"{\"a\":1}", 2_000, tolerance),
-            Err(SignatureError::Stale {
-                skew_seconds: 1_000
-            })
-        );
-        assert_eq!(
-            verify_signature(b"s3cret", "v1=00", b"{}", 0, tolerance),
-            Err(SignatureError::Malformed)
-        );
-        // Rotation: a second v1 that matches is enough.
-        let rotated = format!("{header},v1={}", "ab".repeat(32));
-        assert_eq!(
-            verify_signature(b"s3cret", &rotated, b"{\"a\":1}", 1_000, tolerance),
-            Ok(())
-        );
-    }
-
-    #[test]
     fn retry_after_reads_seconds_and_dates_and_is_capped() {
         let now = SystemTime::now();
         let max = Duration::from_secs(60);
@@ -871,6 +858,37 @@ mod tests {
                 r#"{"url": "http://x", "secret": "s", "signature_header": "bad header"}"#,
                 "signature_header",
             ),
+            // An empty signing secret (or token, or password) signs nothing: refused.
+            (
+                r#"{"url": "http://x", "secret": ""}"#,
+                "`secret = \"\"` is empty",
+            ),
+            (
+                r#"{"url": "http://x", "bearer_token": ""}"#,
+                "`bearer_token = \"\"` is empty",
+            ),
+            // The host of a request is the configuration's, not an event's.
+            (
+                r#"{"url": "https://${header.tenant}.example.com/hooks"}"#,
+                "allowed_hosts",
+            ),
+            (
+                r#"{"url": "https://x:${header.port}/hooks"}"#,
+                "allowed_hosts",
+            ),
+            (
+                r#"{"url": "https://x", "allowed_hosts": ["https://y/"]}"#,
+                "`allowed_hosts` entry `https://y/`",
+            ),
+            (r#"{"url": "https://x/a/../${event_type}"}"#, "dot segment"),
+            (
+                r#"{"url": "https://x", "secret": "whsec_!!", "signature_scheme": "standard-webhooks"}"#,
+                "whsec_",
+            ),
+            (
+                r#"{"url": "https://x", "secret": "s", "signature_scheme": "standard-webhooks", "signature_header": "X-Sig"}"#,
+                "signature_header",
+            ),
         ];
         for (json, expected) in cases {
             let err = match WebhookSink::connect(config(json)) {
@@ -881,6 +899,104 @@ mod tests {
         }
         let err = serde_json::from_str::<WebhookSinkConfig>(r#"{"uri": "http://x"}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field `uri`"), "{err}");
+    }
+
+    #[test]
+    fn a_placeholder_in_the_host_needs_allowed_hosts() {
+        let ok = config(
+            r#"{"url": "https://${header.tenant}.example.com/hooks", "allowed_hosts": ["*.example.com"]}"#,
+        );
+        assert!(WebhookSink::connect(ok).is_ok());
+    }
+
+    /// `outbox config check` prints the sink configuration through `Serialize`: the `url`
+    /// template's password, token and credential-like query values are masked, and so is every
+    /// secret field.
+    #[test]
+    fn printed_configuration_masks_the_url_credentials_and_every_secret() {
+        let c = config(
+            r#"{"url": "https://user:pw-in-url@hooks.example.com/o/${event_type}?token=tok-in-query&region=eu",
+                "username": "user", "password": "basic-pw", "secret": "hunter2"}"#,
+        );
+        let text = serde_json::to_string(&c).unwrap();
+        for secret in ["pw-in-url", "tok-in-query", "basic-pw", "hunter2"] {
+            assert!(!text.contains(secret), "{secret} printed: {text}");
+        }
+        assert!(
+            text.contains(
+                r#""url":"https://user:***@hooks.example.com/o/${event_type}?token=***&region=eu""#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#""password":"***""#), "{text}");
+        assert!(text.contains(r#""secret":"***""#), "{text}");
+        let c = config(r#"{"url": "https://h/x", "bearer_token": "bearer-tok"}"#);
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(text.contains(r#""bearer_token":"***""#), "{text}");
+        assert!(!text.contains("bearer-tok"), "{text}");
+    }
+
+    /// Collects what `warn!` writes while `f` runs.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(data);
+                Ok(data.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn credentials_over_plain_http_are_warned_about_with_the_fix() {
+        for json in [
+            r#"{"url": "http://user:pw@hooks.example.com/x", "secret": "s"}"#,
+            r#"{"url": "http://user:pw@hooks.example.com/x", "bearer_token": "t"}"#,
+            r#"{"url": "http://user:pw@hooks.example.com/x", "username": "u", "password": "p"}"#,
+        ] {
+            let out = logged(|| {
+                WebhookSink::connect(config(json)).unwrap();
+            });
+            assert!(out.contains("WARN"), "{json}: {out}");
+            assert!(
+                out.contains("http://user:***@hooks.example.com/x"),
+                "{json}: {out}"
+            );
+            assert!(
+                out.contains("https://") && out.contains("tls = true"),
+                "{out}"
+            );
+            assert!(!out.contains("pw@"), "{out}");
+        }
+        let out = logged(|| {
+            WebhookSink::connect(config(
+                r#"{"url": "https://h/x", "allowed_hosts": ["a.example"], "secret": "s"}"#,
+            ))
+            .unwrap();
+        });
+        assert!(out.contains("tls = true"), "{out}");
+        for quiet in [
+            r#"{"url": "https://hooks.example.com/x", "secret": "s"}"#,
+            r#"{"url": "http://hooks.example.com/x"}"#,
+        ] {
+            let out = logged(|| {
+                WebhookSink::connect(config(quiet)).unwrap();
+            });
+            assert!(!out.contains("WARN"), "{quiet}: {out}");
+        }
     }
 
     #[test]

@@ -1,0 +1,468 @@
+//! What a row cannot make the webhook sink do, against real HTTP listeners on 127.0.0.1 (and the
+//! real PostgreSQL outbox for the end-to-end case): send the sink's `Authorization` and signature
+//! to a host nobody configured (the listener there sees no connection at all), climb out of the
+//! template's path with `..` or `?`, or put URL credentials into `last_error`. And what it can
+//! do: name a path under the configured origin, or a host in `allowed_hosts`; Standard Webhooks
+//! signatures that an independent HMAC check accepts.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, State};
+use axum::http::{HeaderMap, StatusCode};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use hmac::{Hmac, KeyInit, Mac};
+use outbox_core::{Event, EventState, Outcome, RetryPolicy, Sink, Store};
+use outbox_relay::{Relay, RelayConfig};
+use outbox_sink_webhook::{
+    WebhookSink, WebhookSinkConfig, standard_webhooks_key, verify_signature,
+    verify_standard_webhook,
+};
+use outbox_testkit::numbered;
+use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "tok-only-for-the-configured-origin";
+const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+#[derive(Clone, Debug)]
+struct Recorded {
+    /// The request target exactly as sent (path and query, still percent-encoded).
+    uri: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// An HTTP receiver answering 200 to every POST, recording each request.
+#[derive(Default)]
+struct Receiver {
+    requests: Mutex<Vec<Recorded>>,
+}
+
+impl Receiver {
+    fn requests(&self) -> Vec<Recorded> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+async fn record(
+    State(receiver): State<Arc<Receiver>>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    receiver.requests.lock().unwrap().push(Recorded {
+        uri: uri.to_string(),
+        headers,
+        body,
+    });
+    StatusCode::OK
+}
+
+async fn start_receiver() -> (Arc<Receiver>, std::net::SocketAddr) {
+    let receiver = Arc::new(Receiver::default());
+    let app = Router::new().fallback(record).with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (receiver, addr)
+}
+
+/// A plain TCP listener standing for an internal service or an attacker's collector: counts
+/// connections and keeps every byte it was sent (it answers `200` so a request that does reach
+/// it completes, and is recorded before the sink's call returns).
+#[derive(Default)]
+struct Trap {
+    connections: AtomicUsize,
+    bytes: Mutex<Vec<u8>>,
+}
+
+async fn start_trap() -> (Arc<Trap>, std::net::SocketAddr) {
+    let trap = Arc::new(Trap::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let t = trap.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            t.connections.fetch_add(1, Ordering::SeqCst);
+            let t = t.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut seen = Vec::new();
+                while let Ok(Ok(n)) =
+                    tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buf)).await
+                {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    t.bytes.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    (trap, addr)
+}
+
+impl Trap {
+    fn assert_untouched(&self) {
+        let bytes = String::from_utf8_lossy(&self.bytes.lock().unwrap()).to_lowercase();
+        assert!(
+            !bytes.contains("authorization")
+                && !bytes.contains(&TOKEN.to_lowercase())
+                && !bytes.contains("x-outbox-signature")
+                && !bytes.contains("webhook-signature"),
+            "credentials reached the trap: {bytes}"
+        );
+        assert_eq!(
+            self.connections.load(Ordering::SeqCst),
+            0,
+            "the trap was connected to; it received: {bytes}"
+        );
+    }
+}
+
+fn config(json: serde_json::Value) -> WebhookSinkConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+fn header(r: &Recorded, name: &str) -> Option<String> {
+    r.headers.get(name).map(|v| v.to_str().unwrap().to_owned())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn with_destination(mut event: Event, destination: &str) -> Event {
+    event.destination = Some(destination.to_owned());
+    event
+}
+
+fn rejection(outcome: &Outcome) -> &str {
+    match outcome {
+        Outcome::Reject { reason } => reason,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+/// Issue 22 item 1, end to end: rows whose destination column names another local listener
+/// (in several spellings) are dead with a reason naming the host and `allowed_hosts`; that
+/// listener sees no connection, so no `Authorization` and no signature; the row without a
+/// destination is delivered to the configured receiver with both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_cannot_send_the_credentials_to_a_host_nobody_configured() {
+    let (receiver, addr) = start_receiver().await;
+    let (trap, trap_addr) = start_trap().await;
+    let store = Arc::new(common::fresh_store().await);
+    let port = trap_addr.port();
+    let hostile = [
+        format!("http://127.0.0.1:{port}/steal"),
+        format!("http://localhost:{port}/steal"),
+        format!("HTTP://127.0.0.1:{port}/steal"),
+        format!("http:/127.0.0.1:{port}/steal"),
+        format!("http://{addr}@127.0.0.1:{port}/steal"),
+        format!(
+            "http://{}:{port}/steal",
+            u32::from(std::net::Ipv4Addr::LOCALHOST)
+        ),
+    ];
+    let mut events = vec![numbered("plain", 0)];
+    for (i, destination) in hostile.iter().enumerate() {
+        events.push(numbered(&format!("hostile{i}"), 0).with_destination(destination.clone()));
+    }
+    let ids = common::enqueue_committed(&store, &events).await;
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{addr}/hooks/${{aggregate_id}}"),
+        "bearer_token": TOKEN,
+        "secret": SECRET,
+    })))
+    .unwrap();
+    let relay_config = RelayConfig {
+        relay_id: "webhook-security".into(),
+        poll_interval: Duration::from_millis(20),
+        retry: RetryPolicy {
+            base: Duration::from_millis(50),
+            cap: Duration::from_millis(100),
+            max_attempts: 3,
+        },
+        stop_when_idle: true,
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config);
+    let report = tokio::time::timeout(Duration::from_secs(60), relay.run(std::future::pending()))
+        .await
+        .expect("relay drained");
+    assert_eq!(report.delivered, 1, "{report:?}");
+    assert_eq!(report.dead, hostile.len() as u64, "{report:?}");
+
+    trap.assert_untouched();
+    for (id, destination) in ids[1..].iter().zip(&hostile) {
+        let record = store.get(*id).await.unwrap().unwrap();
+        assert_eq!(record.state, EventState::Dead, "{destination}");
+        let error = record.last_error.unwrap_or_default();
+        assert!(
+            error.contains(&format!(":{port}`")) && error.contains("allowed_hosts"),
+            "{destination}: {error}"
+        );
+    }
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].uri, "/hooks/plain");
+    assert_eq!(
+        header(&requests[0], "authorization"),
+        Some(format!("Bearer {TOKEN}"))
+    );
+    assert!(header(&requests[0], "x-outbox-signature").is_some());
+}
+
+/// A destination column that is a path (with a query) or a URL on the configured origin goes
+/// there, with the credentials; another scheme or a bare name is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_destination_goes_to_the_configured_origin_with_the_credentials() {
+    let (receiver, addr) = start_receiver().await;
+    let (trap, trap_addr) = start_trap().await;
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{addr}/hooks/${{event_type}}"),
+        "bearer_token": TOKEN,
+        "secret": SECRET,
+    })))
+    .unwrap();
+    let events = [
+        with_destination(common::event("a", 0), "/audit/special?tenant=7"),
+        with_destination(
+            common::event("b", 0),
+            &format!("http://{addr}/absolute/same-origin"),
+        ),
+        with_destination(common::event("c", 0), "audit.events"),
+        with_destination(common::event("d", 0), &format!("ftp://{trap_addr}/x")),
+        with_destination(common::event("e", 0), "/a/%2E%2e/admin"),
+        with_destination(common::event("f", 0), &format!("http://u:p@{addr}/x")),
+    ];
+    let outcomes = sink.publish(&events).await;
+    assert_eq!(outcomes[0], Outcome::Delivered);
+    assert_eq!(outcomes[1], Outcome::Delivered);
+    assert!(rejection(&outcomes[2]).contains("path starting with `/`"));
+    assert!(rejection(&outcomes[3]).contains("path starting with `/`"));
+    assert!(rejection(&outcomes[4]).contains("dot segment"));
+    assert!(rejection(&outcomes[5]).contains("user info"));
+    trap.assert_untouched();
+
+    let mut uris: Vec<_> = receiver.requests().iter().map(|r| r.uri.clone()).collect();
+    uris.sort();
+    assert_eq!(uris, ["/absolute/same-origin", "/audit/special?tenant=7"]);
+    for r in receiver.requests() {
+        assert_eq!(header(&r, "authorization"), Some(format!("Bearer {TOKEN}")));
+        let signature = header(&r, "x-outbox-signature").expect("signed");
+        verify_signature(
+            SECRET.as_bytes(),
+            &signature,
+            &r.body,
+            unix_now(),
+            Duration::from_secs(300),
+        )
+        .unwrap();
+    }
+}
+
+/// A host in `allowed_hosts` is the operator's own: it gets the request and the credentials.
+/// The same host on another port, and any other host, get nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_host_gets_the_request_and_the_credentials_others_get_nothing() {
+    let (configured, addr) = start_receiver().await;
+    let (partner, partner_addr) = start_receiver().await;
+    let (trap, trap_addr) = start_trap().await;
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{addr}/hooks"),
+        "allowed_hosts": [format!("127.0.0.1:{}", partner_addr.port()), "*.example.invalid"],
+        "bearer_token": TOKEN,
+    })))
+    .unwrap();
+    let events = [
+        with_destination(
+            common::event("a", 0),
+            &format!("http://{partner_addr}/partner/in?x=1"),
+        ),
+        with_destination(common::event("b", 0), &format!("http://{trap_addr}/steal")),
+        with_destination(
+            common::event("c", 0),
+            &format!("http://localhost:{}/steal", trap_addr.port()),
+        ),
+    ];
+    let outcomes = sink.publish(&events).await;
+    assert_eq!(outcomes[0], Outcome::Delivered);
+    for outcome in &outcomes[1..] {
+        let reason = rejection(outcome);
+        assert!(
+            reason.contains(&format!(":{}`", trap_addr.port()))
+                && reason.contains("not the configured origin")
+                && reason.contains("allowed_hosts"),
+            "{reason}"
+        );
+    }
+    trap.assert_untouched();
+    assert!(configured.requests().is_empty());
+    let requests = partner.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].uri, "/partner/in?x=1");
+    assert_eq!(
+        header(&requests[0], "authorization"),
+        Some(format!("Bearer {TOKEN}"))
+    );
+}
+
+/// Issue 22 item 7: an `aggregate_id` of `../../admin?debug=1#` stays one encoded path segment;
+/// a value that is exactly `..` is rejected; nothing reaches `/admin`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_values_are_percent_encoded_and_cannot_leave_their_segment() {
+    let (receiver, addr) = start_receiver().await;
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{addr}/orders/${{aggregate_id}}/events"),
+        "bearer_token": TOKEN,
+    })))
+    .unwrap();
+    let events = [
+        common::event("../../admin?debug=1#", 0),
+        common::event("..", 0),
+        common::event("%2e%2e", 0),
+        common::event("a b/ü", 0),
+    ];
+    let outcomes = sink.publish(&events).await;
+    let mut uris: Vec<_> = receiver.requests().iter().map(|r| r.uri.clone()).collect();
+    uris.sort();
+    assert!(!uris.iter().any(|u| u.starts_with("/admin")), "{uris:?}");
+    assert_eq!(outcomes[0], Outcome::Delivered);
+    let reason = rejection(&outcomes[1]);
+    assert!(reason.contains("dot segment"), "{reason}");
+    assert_eq!(outcomes[2], Outcome::Delivered);
+    assert_eq!(outcomes[3], Outcome::Delivered);
+    assert_eq!(
+        uris,
+        [
+            "/orders/%252e%252e/events",
+            "/orders/..%2F..%2Fadmin%3Fdebug%3D1%23/events",
+            "/orders/a%20b%2F%C3%BC/events",
+        ]
+    );
+}
+
+/// `signature_scheme = "standard-webhooks"`: the request the sink really sent carries
+/// `webhook-id` (the event id), `webhook-timestamp` and `webhook-signature`, which both an HMAC
+/// computed here from the spec's definition and `verify_standard_webhook` accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_webhooks_requests_verify_independently() {
+    let (receiver, addr) = start_receiver().await;
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{addr}/hooks"),
+        "secret": SECRET,
+        "signature_scheme": "standard-webhooks",
+    })))
+    .unwrap();
+    let mut event = common::event("a", 1);
+    event.headers.insert("webhook-id".into(), "forged".into());
+    event
+        .headers
+        .insert("webhook-signature".into(), "v1,forged".into());
+    let outcomes = sink.publish(std::slice::from_ref(&event)).await;
+    assert_eq!(outcomes, [Outcome::Delivered]);
+    let requests = receiver.requests();
+    let r = &requests[0];
+    let id = header(r, "webhook-id").expect("webhook-id");
+    assert_eq!(id, event.id.to_string());
+    assert_eq!(r.headers.get_all("webhook-id").iter().count(), 1);
+    let timestamp = header(r, "webhook-timestamp").expect("webhook-timestamp");
+    let signature = header(r, "webhook-signature").expect("webhook-signature");
+    assert!(header(r, "x-outbox-signature").is_none());
+    assert!(unix_now().abs_diff(timestamp.parse().unwrap()) < 60);
+
+    // Independent check, from the spec: key = base64 of what follows `whsec_`, signed content
+    // = "{id}.{timestamp}.{body}", header = "v1," + base64(HMAC-SHA256).
+    let key = BASE64.decode(SECRET.trim_start_matches("whsec_")).unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(&r.body);
+    let expected = format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()));
+    assert_eq!(signature, expected);
+
+    let key = standard_webhooks_key(SECRET).unwrap();
+    let tolerance = Duration::from_secs(300);
+    verify_standard_webhook(
+        &key,
+        &id,
+        &timestamp,
+        &signature,
+        &r.body,
+        unix_now(),
+        tolerance,
+    )
+    .unwrap();
+    assert!(
+        verify_standard_webhook(
+            &key,
+            "other-id",
+            &timestamp,
+            &signature,
+            &r.body,
+            unix_now(),
+            tolerance
+        )
+        .is_err()
+    );
+}
+
+/// A URL with user info in the configuration never reaches `last_error` with its password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasons_show_urls_without_their_credentials() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://hook-user:pw-in-url@{closed}/hooks?token=query-token"),
+    })))
+    .unwrap();
+    let outcomes = sink.publish(&[common::event("x", 1)]).await;
+    let Outcome::Retry { reason, .. } = &outcomes[0] else {
+        panic!("expected a retry, got {:?}", outcomes[0]);
+    };
+    assert!(reason.contains("cannot connect"), "{reason}");
+    assert!(reason.contains("hook-user:***@"), "{reason}");
+    assert!(
+        !reason.contains("pw-in-url") && !reason.contains("query-token"),
+        "{reason}"
+    );
+
+    // A rejected row destination is shown redacted too.
+    let (_receiver, addr) = start_receiver().await;
+    let sink = WebhookSink::connect(config(serde_json::json!({
+        "url": format!("http://{addr}/hooks"),
+    })))
+    .unwrap();
+    let event = with_destination(
+        common::event("x", 1),
+        "http://row-user:row-pw@elsewhere.invalid/x?sig=row-sig",
+    );
+    let outcomes = sink.publish(&[event]).await;
+    let reason = rejection(&outcomes[0]);
+    assert!(
+        !reason.contains("row-pw") && !reason.contains("row-sig"),
+        "{reason}"
+    );
+}

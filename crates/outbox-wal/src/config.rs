@@ -28,6 +28,9 @@ pub enum Source {
 pub struct WalConfig {
     /// PostgreSQL URL, e.g. `postgres://relay:secret@db:5432/app`. The role needs the
     /// `REPLICATION` attribute (or superuser) and a `host replication` line in `pg_hba.conf`.
+    /// TLS settings (`sslmode`, `sslrootcert`, or `PGSSLMODE`, `PGSSLROOTCERT`) apply to the
+    /// replication session too; the default is `prefer`. Serialized with the password masked.
+    #[serde(serialize_with = "outbox_core::redact::serialize_url")]
     pub database_url: String,
     /// Schema of the outbox table.
     pub schema: String,

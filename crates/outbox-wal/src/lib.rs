@@ -77,6 +77,20 @@
 //!   so a slot on a busy cluster does not retain WAL forever. Keepalives with nothing
 //!   outstanding are confirmed too.
 //!
+//! ## TLS
+//!
+//! The replication session carries every payload, so it is encrypted like the pool: `sslmode`
+//! defaults to `prefer` (TLS when the server offers it), and `sslmode`, `sslrootcert`,
+//! `sslcert`/`sslkey` in the URL, or `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`/`PGSSLKEY`,
+//! apply to both connections, read as libpq reads them. `allow` is read as `prefer` (the client
+//! cannot retry a refused plain session with TLS, and `prefer` protects at least as much);
+//! `verify-ca`/`verify-full` without a root certificate trust the Mozilla root set where libpq
+//! would refuse; `verify-full` to an IP address checks the certificate's IP entries. A
+//! certificate that does not verify is [`WalError::Config`] naming `sslrootcert`, not a
+//! reconnect loop. [`check_replication_connection`] (run by `outbox wal prepare`) reports
+//! whether the server sees the session encrypted. Use `verify-full` where the network is not
+//! trusted: `prefer` and `require` stop eavesdroppers, not an active man in the middle.
+//!
 //! ## One streamer per slot, standby and takeover
 //!
 //! An instance streams only while it holds a session-level advisory lock for the slot on a
@@ -175,7 +189,9 @@
 //!
 //! The shared PostgreSQL of the development machines runs with `wal_level = replica`; the tests
 //! use `scripts/pg-logical.sh start` (a throwaway cluster on port 54329 with
-//! `wal_level = logical`), or `OUTBOX_WAL_TEST_URL`.
+//! `wal_level = logical`, TLS with a generated CA, and `pg_logical_emit_message` revoked from
+//! PUBLIC in database `outbox`), or `OUTBOX_WAL_TEST_URL` (the TLS tests are then skipped, and
+//! that database needs the same `REVOKE` for the message-source tests).
 
 mod config;
 mod conn;
@@ -196,6 +212,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 pub use config::{Source, WalConfig};
+pub use conn::{ReplicationConnection, SslMode};
 pub use engine::{WalCounters, WalReport};
 pub use error::WalError;
 pub use lsn::Lsn;
@@ -253,6 +270,28 @@ pub async fn prepare(config: &WalConfig) -> Result<Lsn, WalError> {
     let lsn = slot::ensure_slot(&pool, config).await;
     pool.close().await;
     lsn
+}
+
+/// Open a replication connection the way the relay does (same URL, same TLS settings; see the
+/// crate docs, "TLS"), without starting replication, and report whether the server sees it
+/// encrypted. `outbox wal prepare` runs it, so a `pg_hba.conf` without a replication line, a
+/// server certificate that does not verify, or a session that fell back to plain text shows
+/// before the relay starts. Errors are the relay's: [`WalError::Config`] names the TLS setting
+/// to change.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), outbox_wal::WalError> {
+/// let config = outbox_wal::WalConfig::new("postgres://relay@db/app?sslmode=verify-full");
+/// let conn = outbox_wal::check_replication_connection(&config).await?;
+/// assert!(conn.tls, "{conn:?}");
+/// # Ok(()) }
+/// ```
+pub async fn check_replication_connection(
+    config: &WalConfig,
+) -> Result<ReplicationConnection, WalError> {
+    config.validate()?;
+    let target = Target::parse(&config.database_url)?;
+    conn::check_replication(&target, config).await
 }
 
 /// Drop the slot and its record (leaving WAL mode). Fails while a session streams from it.

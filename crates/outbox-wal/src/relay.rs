@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{Source, WalConfig};
-use crate::conn::Target;
+use crate::conn::{Target, wire_error};
 use crate::db;
 use crate::engine::{
     Engine, Item, Meta, Origin, Settle, WalCounters, WalReport, WriteBackDone, add,
@@ -94,6 +94,11 @@ impl WalRelay {
         let pool = loop {
             match target.pool(&cfg.database_url, 4).await {
                 Ok(pool) => break pool,
+                // TLS or settings that cannot work: retrying would only repeat it.
+                Err(e) if !e.is_transient() => {
+                    error!(error = %e, "WAL relay cannot start.");
+                    return Err(e);
+                }
                 Err(e) => {
                     failures += 1;
                     let pause = db::backoff(failures, cfg.max_reconnect_backoff);
@@ -500,13 +505,13 @@ impl Session {
             };
             let mut client = ReplicationClient::connect(target.replication(cfg, confirmed))
                 .await
-                .map_err(map_wire)?;
+                .map_err(|e| wire_error(e, &target.tls))?;
             match client.wait_started().await {
                 Ok(()) => {
                     info!(slot = %cfg.slot, %confirmed, "Streaming from the slot.");
                     return Ok(client);
                 }
-                Err(e) => match with_slot(map_wire(e), &cfg.slot) {
+                Err(e) => match with_slot(wire_error(e, &target.tls), &cfg.slot) {
                     WalError::SlotBusy { .. } if Instant::now() < deadline && !*stop.borrow() => {
                         debug!(
                             "Slot still active for the previous streamer; waiting for it to let go."

@@ -335,7 +335,14 @@ async fn sink_outage_pauses_the_stream_with_bounded_memory_and_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_connections_cut_and_restored_lose_nothing() {
     let fx = Fixture::new(BOTH).await;
-    let upstream: std::net::SocketAddr = "127.0.0.1:54329".parse().unwrap();
+    let cluster = url::Url::parse(&cluster_url()).unwrap();
+    let upstream: std::net::SocketAddr = format!(
+        "{}:{}",
+        cluster.host_str().unwrap(),
+        cluster.port().unwrap_or(5432)
+    )
+    .parse()
+    .unwrap();
     let proxy = outbox_testkit::TcpProxy::start(upstream).await.unwrap();
     let mut config = fx.config.clone();
     config.database_url = format!("postgres://postgres@{}/outbox", proxy.addr());
@@ -809,5 +816,110 @@ async fn heartbeats_keep_an_idle_slot_confirmed() {
         .unwrap();
     assert!(sampled.decode_txns_per_sec.is_some(), "{sampled:?}");
     relay.stop().await;
+    fx.cleanup().await;
+}
+
+/// The `ssl` of the replication session of the relay with `relay_id`, per the server.
+async fn replication_ssl(pool: &sqlx::PgPool, relay_id: &str) -> Option<bool> {
+    let app = format!("outbox-wal {relay_id}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ssl: Option<bool> = sqlx::query_scalar(
+            "SELECT ssl FROM pg_stat_ssl JOIN pg_stat_replication USING (pid) WHERE application_name = $1",
+        )
+        .bind(&app)
+        .fetch_optional(pool)
+        .await
+        .unwrap();
+        if ssl.is_some() || Instant::now() > deadline {
+            return ssl;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 22, item 6: with nothing configured, the replication session (which carries every
+/// payload) uses TLS when the server offers it, like libpq's `prefer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replication_connection_uses_tls_by_default() {
+    if cluster_cert("rootcert").is_none() {
+        eprintln!("skipped: OUTBOX_WAL_TEST_URL is not the TLS-enabled throwaway cluster");
+        return;
+    }
+    let fx = Fixture::new(&[Source::Table]).await;
+    assert!(!fx.config.database_url.contains("ssl"));
+    let relay = start(fx.config.clone(), Arc::new(RecordingSink::new()));
+    assert_eq!(
+        replication_ssl(&fx.pool, &fx.config.relay_id).await,
+        Some(true)
+    );
+    relay.stop().await;
+    let conn = outbox_wal::check_replication_connection(&fx.config)
+        .await
+        .unwrap();
+    assert_eq!(conn.sslmode, outbox_wal::SslMode::Prefer);
+    assert!(conn.tls && conn.tls_version.is_some(), "{conn:?}");
+    fx.cleanup().await;
+}
+
+/// `verify-full` checks the server's certificate against `sslrootcert`, by IP address and by
+/// name; a CA that did not sign it is a configuration error that names the setting, not an
+/// endless reconnect loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_full_checks_the_server_certificate_against_sslrootcert() {
+    let (Some(ca), Some(wrong)) = (cluster_cert("rootcert"), cluster_cert("wrong-rootcert")) else {
+        eprintln!("skipped: OUTBOX_WAL_TEST_URL is not the TLS-enabled throwaway cluster");
+        return;
+    };
+    let fx = Fixture::new(&[Source::Table]).await;
+    let with = |host: &str, root: &str| outbox_wal::WalConfig {
+        database_url: cluster_url_with(
+            Some(host),
+            None,
+            Some(&format!("sslmode=verify-full&sslrootcert={root}")),
+        ),
+        ..fx.config.clone()
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let conn = outbox_wal::check_replication_connection(&with(host, &ca))
+            .await
+            .unwrap_or_else(|e| panic!("{host}: {e}"));
+        assert_eq!(conn.sslmode, outbox_wal::SslMode::VerifyFull);
+        assert!(conn.tls, "{host}: {conn:?}");
+    }
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(with("127.0.0.1", &ca), sink.clone());
+    let event = numbered("v", 0);
+    fx.enqueue_table(std::slice::from_ref(&event)).await;
+    wait_for(
+        "delivery over verified TLS",
+        Duration::from_secs(20),
+        || sink.distinct_delivered().contains(&event.id()),
+    )
+    .await;
+    assert_eq!(
+        replication_ssl(&fx.pool, &fx.config.relay_id).await,
+        Some(true)
+    );
+    relay.stop().await;
+
+    let bad = with("127.0.0.1", &wrong);
+    match outbox_wal::check_replication_connection(&bad).await {
+        Err(WalError::Config(msg)) => assert!(
+            msg.contains("certificate") && msg.contains("sslrootcert") && msg.contains(&wrong),
+            "{msg}"
+        ),
+        other => panic!("expected a TLS configuration error, got {other:?}"),
+    }
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        outbox_wal::WalRelay::new(bad, sink.clone()).run(std::future::pending()),
+    )
+    .await
+    .expect("the relay gives up instead of retrying");
+    match refused {
+        Err(WalError::Config(msg)) => assert!(msg.contains("sslrootcert"), "{msg}"),
+        other => panic!("expected a TLS configuration error, got {other:?}"),
+    }
     fx.cleanup().await;
 }

@@ -99,6 +99,7 @@ publish_timeout = "5s"
 [wal]
 slot = "{slot}"
 publication = "{slot}"
+sources = ["table", "messages"]
 message_prefix = "{slot}"
 status_interval = "100ms"
 
@@ -282,6 +283,7 @@ publish_timeout = "5s"
 [wal]
 slot = "{slot}"
 publication = "{slot}"
+sources = ["table", "messages"]
 message_prefix = "{slot}"
 status_interval = "100ms"
 standby_poll_interval = "200ms"

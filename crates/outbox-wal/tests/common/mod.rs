@@ -343,3 +343,14 @@ pub fn cluster_url_with(host: Option<&str>, database: Option<&str>, query: Optio
     }
     url.to_string()
 }
+
+/// Rows of `SELECT status, last_error FROM <outbox> ORDER BY seq`.
+pub async fn statuses(fx: &Fixture) -> Vec<(i64, String, Option<String>)> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT seq, status, last_error FROM {} ORDER BY seq",
+        fx.outbox.qualified_table()
+    )))
+    .fetch_all(&fx.pool)
+    .await
+    .unwrap()
+}

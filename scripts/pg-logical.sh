@@ -7,12 +7,24 @@
 #   scripts/pg-logical.sh stop    # stops it if it runs
 #   scripts/pg-logical.sh url     # prints the connection URL (database `outbox`)
 #   scripts/pg-logical.sh status  # exit 0 when it is up
+#   scripts/pg-logical.sh rootcert       # prints the path of the CA that signed the server's certificate
+#   scripts/pg-logical.sh wrong-rootcert # prints the path of an unrelated CA (for failing verification)
 #
 # Settings: wal_level=logical, max_replication_slots=10, max_wal_senders=10, trust auth for user
 # `postgres`, databases `postgres` and `outbox`. Data in $PG_LOGICAL_DIR (default
 # <repo>/.cache/pg-logical, ignored by git), port $PG_LOGICAL_PORT (default 54329), listening on
 # 127.0.0.1 and a unix socket in the data directory. initdb refuses to run as root, so the server
 # runs as the `postgres` OS user when the script is run by root.
+#
+# TLS: `ssl = on` with a certificate for `localhost` and 127.0.0.1, signed by a throwaway CA that
+# is generated with openssl the first time (`rootcert` prints where it is). Clients may connect
+# with or without TLS (the pg_hba lines are `host`, not `hostssl`). A cluster created by an older
+# version of this script, or already running without TLS, gets it on the next `start` (a reload,
+# no restart).
+#
+# Database `outbox` has EXECUTE on pg_logical_emit_message revoked from PUBLIC, as WAL mode's
+# message source requires (the superuser `postgres` keeps it); tests that need the open default
+# create their own database.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -47,6 +59,85 @@ ensure_outbox_db() {
   if [ "$(sql "SELECT 1 FROM pg_database WHERE datname = 'outbox'")" != 1 ]; then
     sql 'CREATE DATABASE outbox' 2>/dev/null || [ "$(sql "SELECT 1 FROM pg_database WHERE datname = 'outbox'")" = 1 ]
   fi
+  # Any role could otherwise inject events through WAL mode's message source (see the
+  # outbox-wal crate docs, "Capture sources"). Every overload, whatever this server version has.
+  local open
+  open="$(sql "SELECT count(*) FROM pg_proc WHERE proname = 'pg_logical_emit_message'
+                 AND pronamespace = 'pg_catalog'::regnamespace
+                 AND has_function_privilege('public', oid, 'EXECUTE')" outbox)"
+  if [ "$open" != 0 ]; then
+    sql "DO \$\$ DECLARE f regprocedure; BEGIN
+           FOR f IN SELECT oid::regprocedure FROM pg_proc
+                    WHERE proname = 'pg_logical_emit_message' AND pronamespace = 'pg_catalog'::regnamespace
+           LOOP EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); END LOOP;
+         END \$\$" outbox
+  fi
+}
+
+# The server certificate (CN and SAN localhost, SAN IP 127.0.0.1) and its CA, in the data
+# directory $1; an unrelated CA next to them for tests that must fail verification. Created only
+# when one of them is missing.
+ensure_certs() {
+  local d="$1"
+  if as_pg test -s "$d/server.crt" && as_pg test -s "$d/server.key" \
+    && as_pg test -s "$d/outbox-test-ca.crt" && as_pg test -s "$d/outbox-test-wrong-ca.crt"; then
+    return 0
+  fi
+  if ! command -v openssl >/dev/null; then
+    echo "pg-logical: openssl not found; install it (apt-get install openssl) for the TLS test certificate" >&2
+    return 1
+  fi
+  # shellcheck disable=SC2016
+  as_pg bash -c '
+    set -euo pipefail
+    cd "$1"
+    umask 077
+    tmp="$(mktemp -d)"
+    trap "rm -rf \"$tmp\"" EXIT
+    ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    openssl req -x509 $ec -days 3650 -subj "/CN=outbox pg-logical test CA" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout "$tmp/ca.key" -out "$tmp/ca.crt" 2>/dev/null
+    openssl req -x509 $ec -days 3650 -subj "/CN=outbox pg-logical unrelated CA" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout "$tmp/wrong.key" -out "$tmp/wrong.crt" 2>/dev/null
+    openssl req $ec -subj "/CN=localhost" -keyout "$tmp/server.key" -out "$tmp/server.csr" 2>/dev/null
+    printf "%s\n" "subjectAltName=DNS:localhost,IP:127.0.0.1" "basicConstraints=critical,CA:FALSE" \
+      "keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth" >"$tmp/ext"
+    openssl x509 -req -in "$tmp/server.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -set_serial "0x$(openssl rand -hex 8)" \
+      -days 3650 -extfile "$tmp/ext" -out "$tmp/server.crt" 2>/dev/null
+    install -m 600 "$tmp/server.key" server.key
+    install -m 644 "$tmp/server.crt" server.crt
+    install -m 644 "$tmp/ca.crt" outbox-test-ca.crt
+    install -m 644 "$tmp/wrong.crt" outbox-test-wrong-ca.crt
+  ' ensure-certs "$d"
+}
+
+# TLS on, on a cluster that runs: certificates in its data directory, `ssl = on`, reload.
+ensure_ssl() {
+  if [ "$(sql 'SHOW ssl')" = on ]; then
+    return 0
+  fi
+  local data
+  data="$(sql 'SHOW data_directory')"
+  ensure_certs "$data"
+  sql "ALTER SYSTEM SET ssl = on"
+  sql "SELECT pg_reload_conf()" >/dev/null
+  for _ in $(seq 50); do
+    [ "$(sql 'SHOW ssl')" = on ] && return 0
+    sleep 0.1
+  done
+  echo "pg-logical: could not turn TLS on (see $data/log or the server log)" >&2
+  return 1
+}
+
+# Path of a CA file in the running cluster's data directory.
+cert_path() {
+  up || { echo "pg-logical: not running; run \`$0 start\` first" >&2; return 1; }
+  local data
+  data="$(sql 'SHOW data_directory')"
+  as_pg test -s "$data/$1" || { echo "pg-logical: $data/$1 is missing; run \`$0 start\`" >&2; return 1; }
+  echo "$data/$1"
 }
 
 start() {
@@ -56,6 +147,7 @@ start() {
   flock 9
   if up; then
     check_ours
+    ensure_ssl
     ensure_outbox_db
     echo "pg-logical: up on 127.0.0.1:$PORT ($DIR)"
     return 0
@@ -95,6 +187,7 @@ EOF
   as_pg "$PGBIN/pg_ctl" -D "$DIR" -l "$DIR/server.log" -w -t 60 start >/dev/null 9>&- \
     || { tail -20 "$DIR/server.log" >&2; return 1; }
   check_ours
+  ensure_ssl
   ensure_outbox_db
   echo "pg-logical: started on 127.0.0.1:$PORT ($DIR)"
 }
@@ -113,8 +206,10 @@ case "${1:-}" in
   stop) stop ;;
   url) echo "$URL" ;;
   status) up && check_ours ;;
+  rootcert) cert_path outbox-test-ca.crt ;;
+  wrong-rootcert) cert_path outbox-test-wrong-ca.crt ;;
   *)
-    echo "usage: $0 start|stop|url|status" >&2
+    echo "usage: $0 start|stop|url|status|rootcert|wrong-rootcert" >&2
     exit 2
     ;;
 esac

@@ -80,7 +80,9 @@ pub struct WalSection {
     pub slot: String,
     /// Publication name (over the outbox table, inserts only).
     pub publication: String,
-    /// Capture sources: `table` (outbox inserts), `messages` (`pg_logical_emit_message`).
+    /// Capture sources: `table` (outbox inserts, the default), `messages`
+    /// (`pg_logical_emit_message`, opt-in: the relay refuses it while every role may call that
+    /// function; `outbox wal prepare` prints the statements that restrict it).
     pub sources: Vec<outbox_wal::Source>,
     /// Prefix of the logical messages that carry events.
     pub message_prefix: String,

@@ -450,16 +450,29 @@ async fn wal(command: WalCommand) -> anyhow::Result<()> {
             let config = db.load(vec![])?;
             let wal = config.wal_config()?;
             let lsn = outbox_wal::prepare(&wal).await.map_err(wal_error)?;
+            let access = outbox_wal::message_source_access(&wal)
+                .await
+                .map_err(wal_error)?;
+            let connection = outbox_wal::check_replication_connection(&wal)
+                .await
+                .map_err(wal_error)?;
             if json {
                 println!(
                     "{}",
-                    json!({ "slot": wal.slot, "confirmed_flush_lsn": lsn.to_string() })
+                    json!({
+                        "slot": wal.slot,
+                        "confirmed_flush_lsn": lsn.to_string(),
+                        "message_source": access,
+                        "replication_connection": connection,
+                    })
                 );
             } else {
                 println!(
                     "slot {} and publication {} are ready; every commit from {lsn} on is captured",
                     wal.slot, wal.publication
                 );
+                ops::print_replication_connection(&connection);
+                ops::print_message_source_fix(&access);
             }
             Ok(())
         }

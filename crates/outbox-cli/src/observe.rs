@@ -305,6 +305,10 @@ pub async fn refresh_wal_gauges(config: outbox_wal::WalConfig, every: Duration) 
         "outbox_wal_decoded_bytes_per_second",
         "Bytes decoded through the slot per second."
     );
+    metrics::describe_counter!(
+        "outbox_wal_messages_ignored_total",
+        "Logical messages with the outbox prefix skipped because the message source is off."
+    );
     let mut ticker = tokio::time::interval(every.max(Duration::from_secs(1)));
     let mut last: Option<(std::time::Instant, i64)> = None;
     loop {

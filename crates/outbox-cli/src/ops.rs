@@ -199,12 +199,74 @@ fn print_wal_lines(s: &outbox_wal::WalStatus) {
     if let Some(status) = &s.wal_status {
         println!("slot wal_status {status}");
     }
+    println!("message source  {}", message_source_line(&s.message_source));
     if let Some(rate) = s.decode_bytes_per_sec {
         println!(
             "decode rate     {}/s, {:.0} txn/s",
             bytes(Some(rate as u64)),
             s.decode_txns_per_sec.unwrap_or(0.0)
         );
+    }
+}
+
+/// The message source in one line of `outbox wal status`.
+fn message_source_line(access: &outbox_wal::MessageSourceAccess) -> String {
+    let who = if access.open_to_public() {
+        "every role may write messages (EXECUTE on pg_logical_emit_message is granted to PUBLIC)"
+            .to_owned()
+    } else if access.granted_to.is_empty() {
+        "only superusers may write messages".to_owned()
+    } else {
+        format!(
+            "messages may be written by {} and superusers",
+            access.granted_to.join(", ")
+        )
+    };
+    match (access.enabled, access.open_to_public()) {
+        (true, true) => format!("ON but REFUSED: {who}; `outbox wal prepare` prints the fix"),
+        (true, false) => format!("on; {who}"),
+        (false, _) => format!("off; {who}"),
+    }
+}
+
+/// `outbox wal prepare`: whether the replication connection is encrypted.
+pub fn print_replication_connection(connection: &outbox_wal::ReplicationConnection) {
+    let mode = serde_json::to_value(connection.sslmode)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    if connection.tls {
+        println!(
+            "replication connection: TLS ({}), sslmode {mode}",
+            connection
+                .tls_version
+                .as_deref()
+                .unwrap_or("version unknown")
+        );
+    } else {
+        println!(
+            "replication connection: NOT encrypted (sslmode {mode}): every event's payload crosses the network in clear text; turn on ssl in PostgreSQL and set sslmode=verify-full (or require) in the URL"
+        );
+    }
+}
+
+/// `outbox wal prepare`: what to run so that only chosen roles can write events as messages,
+/// and so that the relay may write its heartbeats.
+pub fn print_message_source_fix(access: &outbox_wal::MessageSourceAccess) {
+    if access.enabled && access.open_to_public() {
+        println!(
+            "the relay will refuse to start with `messages` in [wal] sources: every role may call pg_logical_emit_message, so any role that can log in could publish events. Run as a superuser in this database (<writer roles>: the roles that call enqueue_message):"
+        );
+    } else if !access.relay_can_emit && !access.fix.is_empty() {
+        println!(
+            "heartbeats are off: role {} may not call pg_logical_emit_message. Run as a superuser in this database:",
+            access.relay_role
+        );
+    } else {
+        return;
+    }
+    for statement in &access.fix {
+        println!("  {statement}");
     }
 }
 

@@ -99,6 +99,7 @@ publish_timeout = "5s"
 [wal]
 slot = "{slot}"
 publication = "{slot}"
+sources = ["table", "messages"]
 message_prefix = "{slot}"
 status_interval = "100ms"
 
@@ -113,8 +114,18 @@ sync = true
     .unwrap();
     let config = config.to_str().unwrap().to_owned();
 
+    // The suite's database allows only superusers to write messages (scripts/pg-logical.sh):
+    // nothing to fix, and the replication connection is encrypted without being asked to.
     let o = outbox(&["wal", "prepare", "--config", &config]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("REVOKE"), "{}", text(&o));
+    if std::env::var("OUTBOX_WAL_TEST_URL").is_err() {
+        assert!(
+            text(&o).contains("replication connection: TLS"),
+            "{}",
+            text(&o)
+        );
+    }
 
     let relay = Killed(
         Command::new(BIN)
@@ -186,6 +197,11 @@ sync = true
     let o = outbox(&["wal", "status", "--config", &config]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("wal lag"), "{}", text(&o));
+    assert!(
+        text(&o).contains("message source  on; only superusers may write messages"),
+        "{}",
+        text(&o)
+    );
 
     // Stop the relay, lose the slot, write more: a restart refuses and names the recovery.
     drop(relay);
@@ -226,6 +242,117 @@ sync = true
     assert_eq!(store.stats().await.unwrap().delivered, 15);
     let o = outbox(&["wal", "drop-slot", "--config", &config]);
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// Issue 22, item 2, as an operator meets it: in a database where every role may call
+/// pg_logical_emit_message, `outbox wal prepare` prints the statements that restrict it,
+/// `outbox wal status` shows it, and `outbox relay` with the message source refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_message_source_is_reported_with_the_fix_and_refused() {
+    let url = cluster_url();
+    let id = std::process::id();
+    let db = format!("owt_cli_open_{id}");
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+        format!("CREATE DATABASE {db}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let db_url = format!("{base}/{db}");
+    let store = PgStore::connect(&db_url, PgOutbox::with_names("outbox", "events").unwrap())
+        .await
+        .unwrap();
+    store.outbox().migrate(store.pool()).await.unwrap();
+    store.pool().close().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+mode = "wal"
+
+[database]
+url = "{db_url}"
+
+[wal]
+slot = "{db}"
+publication = "{db}"
+sources = ["table", "messages"]
+message_prefix = "{db}"
+
+[destinations.out]
+type = "stdout"
+"#
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+
+    let o = outbox(&["wal", "prepare", "--config", &config]);
+    assert!(o.status.success(), "{}", text(&o));
+    for statement in [
+        "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,bytea) FROM PUBLIC;",
+        "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,text) FROM PUBLIC;",
+        "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,bytea) TO <writer roles>;",
+    ] {
+        assert!(text(&o).contains(statement), "{statement}: {}", text(&o));
+    }
+    let o = outbox(&["wal", "prepare", "--config", &config, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let prepared: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        prepared["message_source"]["public_overloads"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "{prepared}"
+    );
+    assert!(
+        prepared["replication_connection"]["tls"].is_boolean(),
+        "{prepared}"
+    );
+
+    let o = outbox(&["wal", "status", "--config", &config, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(status["message_source"]["enabled"], true, "{status}");
+    assert!(
+        status["message_source"]["fix"][0]
+            .as_str()
+            .is_some_and(|s| s.starts_with("REVOKE")),
+        "{status}"
+    );
+    let o = outbox(&["wal", "status", "--config", &config]);
+    assert!(
+        text(&o).contains("message source  ON but REFUSED"),
+        "{}",
+        text(&o)
+    );
+
+    let o = outbox(&["relay", "--config", &config, "--drain"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,text) FROM PUBLIC;"
+        ),
+        "{}",
+        text(&o)
+    );
+
+    let o = outbox(&["wal", "drop-slot", "--config", &config]);
+    assert!(o.status.success(), "{}", text(&o));
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
 }
 
 #[test]
@@ -282,6 +409,7 @@ publish_timeout = "5s"
 [wal]
 slot = "{slot}"
 publication = "{slot}"
+sources = ["table", "messages"]
 message_prefix = "{slot}"
 status_interval = "100ms"
 standby_poll_interval = "200ms"

@@ -28,6 +28,9 @@ pub enum Source {
 pub struct WalConfig {
     /// PostgreSQL URL, e.g. `postgres://relay:secret@db:5432/app`. The role needs the
     /// `REPLICATION` attribute (or superuser) and a `host replication` line in `pg_hba.conf`.
+    /// TLS settings (`sslmode`, `sslrootcert`, or `PGSSLMODE`, `PGSSLROOTCERT`) apply to the
+    /// replication session too; the default is `prefer`. Serialized with the password masked.
+    #[serde(serialize_with = "outbox_core::redact::serialize_url")]
     pub database_url: String,
     /// Schema of the outbox table.
     pub schema: String,
@@ -37,7 +40,9 @@ pub struct WalConfig {
     pub slot: String,
     /// Publication name (lowercase letters, digits, `_`).
     pub publication: String,
-    /// Which capture sources to deliver.
+    /// Which capture sources to deliver. Default: `[table]`. `messages` is opt-in: the relay
+    /// refuses to start with it while every role may call `pg_logical_emit_message` (see the
+    /// crate docs, "Capture sources"); with it off, messages with the prefix are ignored.
     pub sources: Vec<Source>,
     /// Prefix of the logical messages that carry events; other prefixes are ignored.
     pub message_prefix: String,
@@ -99,7 +104,7 @@ impl Default for WalConfig {
             table: "events".to_owned(),
             slot: "outbox_wal".to_owned(),
             publication: "outbox_wal".to_owned(),
-            sources: vec![Source::Table, Source::Messages],
+            sources: vec![Source::Table],
             message_prefix: crate::message::DEFAULT_PREFIX.to_owned(),
             create_slot: true,
             catch_up: true,
@@ -224,6 +229,17 @@ mod tests {
         assert_eq!(cfg.heartbeat_interval, Duration::from_secs(60));
         assert!(cfg.captures(Source::Messages) && !cfg.captures(Source::Table));
         cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn the_message_source_is_opt_in_and_the_url_is_masked() {
+        let cfg = WalConfig::new("postgres://relay:hunter2@db/app");
+        assert_eq!(cfg.sources, [Source::Table]);
+        let json = serde_json::to_string(&cfg).unwrap();
+        assert!(
+            !json.contains("hunter2") && json.contains("relay:***@db"),
+            "{json}"
+        );
     }
 
     #[test]

@@ -13,8 +13,12 @@ use crate::engine::{Dead, Meta, Origin, WriteBack, WriteBackDone};
 use crate::error::{WalError, map_sqlx};
 use crate::slot::outbox_table;
 
-const EVENT_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload::text AS payload, \
-     destination, headers::text AS headers, idempotency_key, occurred_at, enqueued_at, attempts";
+/// Read as text where a hand-altered table could hold anything (`id`, `payload`, `headers`), so
+/// a bad value is reported for its column instead of failing the whole statement.
+const EVENT_COLUMNS: &str = "seq, id::text AS id, aggregate_type::text AS aggregate_type, \
+     aggregate_id::text AS aggregate_id, event_type::text AS event_type, payload::text AS payload, \
+     destination::text AS destination, headers::text AS headers, idempotency_key::text AS idempotency_key, \
+     occurred_at, enqueued_at, attempts";
 
 /// Run `update` (an `UPDATE … WHERE seq = ANY(…) … RETURNING seq`) over `seqs` until every row
 /// is either updated or found already `delivered`/`dead`. Returns `(updated, already_done)`.
@@ -350,16 +354,27 @@ pub(crate) async fn max_seq(pool: &PgPool, cfg: &WalConfig) -> Result<i64, WalEr
     .map_err(map_sqlx)
 }
 
+/// A row of the catch-up scan that cannot be read as an event.
+pub(crate) struct MalformedRow {
+    pub seq: i64,
+    pub attempts: u32,
+    /// What is wrong, naming the column.
+    pub reason: String,
+}
+
 /// Undelivered rows (`pending` or `in_flight`) after `after`, up to `high_water`, in seq order.
+/// A row that cannot be read is returned as a [`MalformedRow`], so one bad row never fails the
+/// page (and with it every start of the relay).
 pub(crate) async fn undelivered(
     pool: &PgPool,
     cfg: &WalConfig,
     after: i64,
     high_water: i64,
     limit: i64,
-) -> Result<Vec<Event>, WalError> {
+) -> Result<Vec<Result<Event, MalformedRow>>, WalError> {
     let rows = sqlx::query(AssertSqlSafe(format!(
-        "SELECT {EVENT_COLUMNS} FROM {} WHERE status IN ('pending', 'in_flight') AND seq > $1 AND seq <= $2
+        "SELECT {EVENT_COLUMNS}, pg_typeof(payload) IN ('json'::regtype, 'jsonb'::regtype) AS payload_is_json
+         FROM {} WHERE status IN ('pending', 'in_flight') AND seq > $1 AND seq <= $2
          ORDER BY seq LIMIT $3",
         outbox_table(cfg)
     )))
@@ -372,30 +387,67 @@ pub(crate) async fn undelivered(
     rows.iter()
         .map(|row| {
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
-            let headers: String = row.try_get("headers").map_err(map_sqlx)?;
-            let headers: Headers = serde_json::from_str(&headers).map_err(|e| {
-                WalError::Store(outbox_core::StoreError::Corrupt {
+            let attempts = row
+                .try_get::<Option<i32>, _>("attempts")
+                .ok()
+                .flatten()
+                .and_then(|a| u32::try_from(a).ok())
+                .unwrap_or(0);
+            Ok(
+                decode_row(row, seq, attempts).map_err(|reason| MalformedRow {
                     seq,
-                    reason: format!("headers are not a JSON object of strings: {e}"),
-                })
-            })?;
-            let attempts: i32 = row.try_get("attempts").map_err(map_sqlx)?;
-            Ok(Event {
-                seq,
-                id: EventId::from_uuid(row.try_get::<Uuid, _>("id").map_err(map_sqlx)?),
-                aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
-                aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
-                event_type: row.try_get("event_type").map_err(map_sqlx)?,
-                payload: row.try_get("payload").map_err(map_sqlx)?,
-                destination: row.try_get("destination").map_err(map_sqlx)?,
-                headers,
-                idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
-                occurred_at: row.try_get("occurred_at").map_err(map_sqlx)?,
-                enqueued_at: row.try_get("enqueued_at").map_err(map_sqlx)?,
-                attempts: u32::try_from(attempts).unwrap_or(0),
-            })
+                    attempts,
+                    reason,
+                }),
+            )
         })
         .collect()
+}
+
+/// One catch-up row as an event; the error names the column and what is wrong with it, in the
+/// words the stream decoder uses.
+fn decode_row(row: &sqlx::postgres::PgRow, seq: i64, attempts: u32) -> Result<Event, String> {
+    fn column<'r, T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>>(
+        row: &'r sqlx::postgres::PgRow,
+        name: &str,
+    ) -> Result<T, String> {
+        row.try_get(name).map_err(|e| match e {
+            sqlx::Error::ColumnDecode { source, .. }
+                if source.is::<sqlx::error::UnexpectedNullError>() =>
+            {
+                format!("column `{name}` is NULL; it needs a value")
+            }
+            sqlx::Error::ColumnDecode { source, .. } => {
+                format!("column `{name}` cannot be read ({source})")
+            }
+            other => format!("column `{name}` cannot be read ({other})"),
+        })
+    }
+    let id: String = column(row, "id")?;
+    let id = Uuid::parse_str(&id).map_err(|e| format!("column `id` is not a UUID ({e})"))?;
+    let headers = match column::<Option<String>>(row, "headers")? {
+        Some(json) if json != "{}" => crate::pgoutput::parse_headers(&json)?,
+        _ => Headers::new(),
+    };
+    let payload: String = column(row, "payload")?;
+    if !column::<bool>(row, "payload_is_json")? {
+        crate::pgoutput::check_json(&payload)?;
+    }
+    let now = chrono::Utc::now();
+    Ok(Event {
+        seq,
+        id: EventId::from_uuid(id),
+        aggregate_type: column(row, "aggregate_type")?,
+        aggregate_id: column(row, "aggregate_id")?,
+        event_type: column(row, "event_type")?,
+        payload,
+        destination: column(row, "destination")?,
+        headers,
+        idempotency_key: column(row, "idempotency_key")?,
+        occurred_at: column::<Option<_>>(row, "occurred_at")?.unwrap_or(now),
+        enqueued_at: column::<Option<_>>(row, "enqueued_at")?.unwrap_or(now),
+        attempts,
+    })
 }
 
 /// Write a heartbeat: a transactional logical message that gives the slot a commit to confirm.

@@ -131,6 +131,7 @@ pub struct WalCounters {
     pub(crate) marked_delivered: AtomicU64,
     pub(crate) caught_up: AtomicU64,
     pub(crate) undecodable: AtomicU64,
+    pub(crate) messages_ignored: AtomicU64,
     pub(crate) heartbeats: AtomicU64,
     pub(crate) sessions: AtomicU64,
     pub(crate) errors: AtomicU64,
@@ -160,8 +161,12 @@ pub struct WalReport {
     pub marked_delivered: u64,
     /// Events delivered by the catch-up scan of the table (see the crate docs).
     pub caught_up: u64,
-    /// Stream items that could not be decoded (logged with their position).
+    /// Table rows and messages that could not be read as events; each is dead-lettered with
+    /// the reason (or, when even its `seq` is unreadable, logged with its position).
     pub undecodable: u64,
+    /// Logical messages with the outbox prefix that were ignored because the message source is
+    /// off (see the crate docs, "Capture sources").
+    pub messages_ignored: u64,
     /// Heartbeat messages seen.
     pub heartbeats: u64,
     /// Transactions seen.
@@ -196,6 +201,7 @@ impl WalCounters {
             marked_delivered: load(&self.marked_delivered),
             caught_up: load(&self.caught_up),
             undecodable: load(&self.undecodable),
+            messages_ignored: load(&self.messages_ignored),
             heartbeats: load(&self.heartbeats),
             transactions: load(&self.transactions),
             sessions: load(&self.sessions),
@@ -345,9 +351,10 @@ impl Engine {
         }
     }
 
-    /// Add an event of the current transaction (`in_tx`), of a standalone non-transactional
-    /// message that ends at `standalone_end`, or of the catch-up scan (neither).
-    pub fn push(&mut self, event: Event, origin: Origin, in_tx: bool, standalone_end: Option<Lsn>) {
+    /// The transaction an event joins: the current one (`in_tx`), a standalone
+    /// non-transactional message that ends at `standalone_end`, or none (the catch-up scan).
+    /// The transaction's position is held until the event settles.
+    fn join_tx(&mut self, in_tx: bool, standalone_end: Option<Lsn>) -> Option<u64> {
         let tx = if in_tx {
             self.current_tx
         } else if let Some(end) = standalone_end {
@@ -365,6 +372,13 @@ impl Engine {
         {
             t.open += 1;
         }
+        tx
+    }
+
+    /// Add an event of the current transaction (`in_tx`), of a standalone non-transactional
+    /// message that ends at `standalone_end`, or of the catch-up scan (neither).
+    pub fn push(&mut self, event: Event, origin: Origin, in_tx: bool, standalone_end: Option<Lsn>) {
+        let tx = self.join_tx(in_tx, standalone_end);
         let check = origin == Origin::Table && tx.is_some() && event.seq <= self.check_high_water;
         let meta = Meta {
             tx,
@@ -410,6 +424,43 @@ impl Engine {
         if was_empty && !agg.busy {
             self.ready.push_back(slot);
         }
+    }
+
+    /// An item that cannot be read as an event (a malformed row or message): it goes straight
+    /// to the dead letters with `error`, never to the sink, and holds its transaction's
+    /// position only until the dead letter is written. Its aggregate is not held either.
+    pub fn push_dead(
+        &mut self,
+        event: Event,
+        origin: Origin,
+        in_tx: bool,
+        standalone_end: Option<Lsn>,
+        error: String,
+    ) {
+        let tx = self.join_tx(in_tx, standalone_end);
+        let meta = Meta {
+            tx,
+            origin,
+            bytes: event.payload.len() + 64,
+            check: false,
+            decoded_at: Instant::now(),
+        };
+        add(&self.counters.decoded, 1);
+        add(&self.counters.undecodable, 1);
+        self.buffered_events += 1;
+        self.buffered_bytes += meta.bytes;
+        tracing::warn!(
+            seq = event.seq,
+            origin = ?origin,
+            error = %error,
+            "An outbox item cannot be read as an event; it is dead-lettered (`outbox dead list` shows it) and the stream moves on."
+        );
+        self.writeback_since.get_or_insert_with(Instant::now);
+        self.writeback.dead.push(Dead {
+            event,
+            meta,
+            error: truncate_error(&error),
+        });
     }
 
     /// The next wave, if an aggregate is ready.
@@ -718,6 +769,44 @@ mod tests {
         );
         let wb = e.take_writeback(true).unwrap();
         assert_eq!(wb.dead.len(), 1);
+        let metas: Vec<Meta> = wb.dead.iter().map(|d| d.meta).collect();
+        e.on_writeback(
+            WriteBackDone {
+                txs: wb.dead.iter().map(|d| d.meta.tx).collect(),
+                marked: 0,
+                already_done: 0,
+                dead: 1,
+            },
+            &metas,
+        );
+        assert_eq!(e.ack(), Lsn(100));
+        assert!(e.is_idle());
+    }
+
+    #[test]
+    fn undecodable_items_hold_the_position_only_until_their_dead_letter_is_written() {
+        let mut e = engine();
+        e.begin(Utc::now());
+        e.push(event("x", 1), Origin::Table, true, None);
+        e.push_dead(
+            event("y", 2),
+            Origin::Table,
+            true,
+            None,
+            "column `headers` is bad".into(),
+        );
+        e.push(event("y", 3), Origin::Table, true, None);
+        e.commit(Lsn(100));
+        // The bad row holds nothing back: both aggregates go out at once.
+        let wave = e.next_wave().unwrap();
+        let seqs: Vec<i64> = wave.iter().map(|i| i.event.seq).collect();
+        assert_eq!(seqs, [1, 3]);
+        deliver(&mut e, wave);
+        assert_eq!(e.ack(), Lsn(10), "not past the bad row before it is buried");
+        let wb = e.take_writeback(true).unwrap();
+        assert_eq!(wb.dead.len(), 1);
+        assert_eq!(wb.dead[0].event.seq, 2);
+        assert!(wb.dead[0].error.contains("headers"));
         let metas: Vec<Meta> = wb.dead.iter().map(|d| d.meta).collect();
         e.on_writeback(
             WriteBackDone {

@@ -141,6 +141,11 @@ pub(crate) fn map_wire(error: pgwire_replication::PgWireError) -> WalError {
             ))
         }
         E::Auth(msg) => WalError::Config(format!("authentication failed: {msg}")),
+        // A refused or unverifiable certificate, a server without TLS under `require`: wrong
+        // settings, not a network blip; retrying would only repeat it.
+        E::Tls(msg) if crate::conn::is_tls_setup_error(msg) => {
+            WalError::Config(format!("replication connection: TLS failed: {msg}"))
+        }
         E::Server(msg) if msg.contains("57P01") || msg.contains("terminating connection") => {
             WalError::Replication(error.to_string())
         }

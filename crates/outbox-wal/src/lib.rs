@@ -26,26 +26,70 @@
 //!   (`pg_current_wal_lsn() - confirmed_flush_lsn`), retained WAL, confirmed (last acked) LSN,
 //!   decode rate.
 //! - [`recover`] after a lost or invalidated slot; [`drop_slot`] when leaving WAL mode.
+//! - [`message_source_access`]: who may write events as logical messages, and the statements
+//!   that restrict it; [`check_replication_connection`]: whether the replication session
+//!   connects and is encrypted. `outbox wal prepare` prints both.
 //! - Writers: [`PgOutbox::enqueue`](outbox_postgres::PgOutbox::enqueue) (table source) or
 //!   [`enqueue_message`] (message source), both inside the caller's transaction.
 //!
 //! ## Capture sources
 //!
-//! - **table** ([`Source::Table`]): inserts into the outbox table, through a publication on that
-//!   table with `publish = 'insert'`. The row is the durable record: it is marked `delivered`
-//!   (one `UPDATE` per batch) or `dead`, so `outbox status` and `outbox dead …` keep working.
-//! - **messages** ([`Source::Messages`]): [`enqueue_message`] writes the event with
+//! - **table** ([`Source::Table`], the default): inserts into the outbox table, through a
+//!   publication on that table with `publish = 'insert'`. The row is the durable record: it is
+//!   marked `delivered` (one `UPDATE` per batch) or `dead`, so `outbox status` and
+//!   `outbox dead …` keep working. Who may write events is who may `INSERT` into the table.
+//! - **messages** ([`Source::Messages`], opt-in): [`enqueue_message`] writes the event with
 //!   `pg_logical_emit_message(true, 'outbox', <json envelope>)`. It commits or rolls back with the
 //!   transaction and never becomes a row, so there is nothing to update, delete or vacuum. A dead
 //!   message event is inserted into the outbox table as a `dead` row, where
 //!   `outbox dead list/retry` finds it. Event `seq` is the message's LSN.
 //!
-//! Both are on by default; they share the slot and are delivered in commit order. Two things to
-//! know about messages:
+//! Both share the slot and are delivered in commit order. Three things to know about messages:
+//! - **who may write them.** PostgreSQL lets every role (PUBLIC) execute
+//!   `pg_logical_emit_message`, and a message needs no privilege on any table: with the message
+//!   source on, any role that can log in — a reporting user, a read-only application role — could
+//!   publish arbitrary events to every destination. The relay authenticates messages by the
+//!   database's own privileges: at the start of every session (start, reconnect, takeover) it
+//!   checks every overload of the function in `pg_proc` (PostgreSQL 17 added ones with a `flush`
+//!   argument) and refuses to start ([`WalError::ServerSetup`], with the statements) while PUBLIC
+//!   may execute any of them. Run once per database, as a superuser:
+//!   ```sql
+//!   REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;
+//!   REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC;
+//!   -- PostgreSQL 17+: the same for the (…, boolean) overloads
+//!   GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) TO app_writer, outbox_relay;
+//!   ```
+//!   `outbox wal prepare` prints these statements for the server at hand, and `outbox wal status`
+//!   ([`WalStatus::message_source`], [`message_source_access`]) shows who may write. Grant the
+//!   function as you would grant `INSERT` on the outbox table: a role that may call it may
+//!   publish any event. The relay's own role needs it too, for its heartbeats (superusers always
+//!   may); without it heartbeats are turned off with a warning, and a drain
+//!   (`stop_when_caught_up`) refuses to start. A signed envelope was the alternative; it was
+//!   not taken because its key would have to live in every writer's configuration, while the
+//!   privilege check needs nothing new and treats both sources alike.
+//! - **with the source off**, a message with the outbox prefix is never delivered. It is
+//!   counted ([`WalReport::messages_ignored`], the metric `outbox_wal_messages_ignored_total`)
+//!   and logged as a warning at most once a minute that says how to turn the source on safely
+//!   (for upgrades from versions that captured messages by default). The confirmed position
+//!   moves past it like past any other transaction: holding it would let whoever can write such
+//!   messages hold the slot, and with it the server's WAL.
 //! - they are database-wide: every slot in the database sees every message. Outboxes sharing a
-//!   database need distinct `message_prefix`es (the relay ignores other prefixes).
-//! - a message is captured only if the slot already existed when it was written. Create the slot
+//!   database need distinct `message_prefix`es (the relay ignores other prefixes). And a
+//!   message is captured only if the slot already existed when it was written: create the slot
 //!   ([`prepare`], or one start of the relay) before writers switch to [`enqueue_message`].
+//!
+//! ## Malformed rows and messages
+//!
+//! A row that cannot be read as an event — headers that are not a JSON object of strings, a NULL
+//! required column, an `id` that is not a UUID, a payload that is not JSON (possible in a
+//! hand-altered table), anything the decoder refuses — is dead-lettered at once, whether it is
+//! streamed or met by the catch-up scan, with a `last_error` that names the column and the fix:
+//! the text the polling relay writes for the same row (`outbox_core::bury_malformed`). It never
+//! fails a page or stops the relay, and it holds no aggregate back; the position moves past it
+//! once its `dead` mark is written, so a restart neither redelivers nor revives it. A message
+//! with the prefix that is not a valid envelope becomes a `dead` row the same way: its content
+//! is the row's payload, its id is derived from the slot and the LSN (one row however often the
+//! message is re-sent), and what can be read of it (aggregate, event type) is kept.
 //!
 //! `seq` of a table event is its row's primary key; of a message event, its LSN. Both grow in
 //! commit order within one aggregate *per source*; do not compare a table `seq` with a message
@@ -76,6 +120,20 @@
 //!   message (prefix `outbox.heartbeat`); its commit gives an idle outbox a position to confirm,
 //!   so a slot on a busy cluster does not retain WAL forever. Keepalives with nothing
 //!   outstanding are confirmed too.
+//!
+//! ## TLS
+//!
+//! The replication session carries every payload, so it is encrypted like the pool: `sslmode`
+//! defaults to `prefer` (TLS when the server offers it), and `sslmode`, `sslrootcert`,
+//! `sslcert`/`sslkey` in the URL, or `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`/`PGSSLKEY`,
+//! apply to both connections, read as libpq reads them. `allow` is read as `prefer` (the client
+//! cannot retry a refused plain session with TLS, and `prefer` protects at least as much);
+//! `verify-ca`/`verify-full` without a root certificate trust the Mozilla root set where libpq
+//! would refuse; `verify-full` to an IP address checks the certificate's IP entries. A
+//! certificate that does not verify is [`WalError::Config`] naming `sslrootcert`, not a
+//! reconnect loop. [`check_replication_connection`] (run by `outbox wal prepare`) reports
+//! whether the server sees the session encrypted. Use `verify-full` where the network is not
+//! trusted: `prefer` and `require` stop eavesdroppers, not an active man in the middle.
 //!
 //! ## One streamer per slot, standby and takeover
 //!
@@ -175,7 +233,9 @@
 //!
 //! The shared PostgreSQL of the development machines runs with `wal_level = replica`; the tests
 //! use `scripts/pg-logical.sh start` (a throwaway cluster on port 54329 with
-//! `wal_level = logical`), or `OUTBOX_WAL_TEST_URL`.
+//! `wal_level = logical`, TLS with a generated CA, and `pg_logical_emit_message` revoked from
+//! PUBLIC in database `outbox`), or `OUTBOX_WAL_TEST_URL` (the TLS tests are then skipped, and
+//! that database needs the same `REVOKE` for the message-source tests).
 
 mod config;
 mod conn;
@@ -196,6 +256,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 pub use config::{Source, WalConfig};
+pub use conn::{ReplicationConnection, SslMode};
 pub use engine::{WalCounters, WalReport};
 pub use error::WalError;
 pub use lsn::Lsn;
@@ -203,7 +264,7 @@ pub use message::{
     DEFAULT_PREFIX, EnqueuedMessage, encode_envelope, enqueue_message, enqueue_messages,
 };
 pub use relay::WalRelay;
-pub use slot::WalStatus;
+pub use slot::{MessageSourceAccess, WalStatus};
 
 use conn::Target;
 
@@ -253,6 +314,52 @@ pub async fn prepare(config: &WalConfig) -> Result<Lsn, WalError> {
     let lsn = slot::ensure_slot(&pool, config).await;
     pool.close().await;
     lsn
+}
+
+/// Who may write events into the message source: which overloads of
+/// `pg_logical_emit_message` every role (PUBLIC) may call, who else holds EXECUTE, whether the
+/// relay's own role may (heartbeats), and the statements that allow only the writers and the
+/// relay. [`WalRelay::run`] refuses to start with the message source on while PUBLIC may;
+/// `outbox wal prepare` prints the statements; [`WalStatus::message_source`] carries the same.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), outbox_wal::WalError> {
+/// let config = outbox_wal::WalConfig::new("postgres://relay@db/app");
+/// let access = outbox_wal::message_source_access(&config).await?;
+/// for statement in &access.fix {
+///     println!("{statement}");
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn message_source_access(config: &WalConfig) -> Result<MessageSourceAccess, WalError> {
+    config.validate()?;
+    let target = Target::parse(&config.database_url)?;
+    let pool = target.pool(&config.database_url, 1).await?;
+    let access = slot::message_source_access(&pool, config).await;
+    pool.close().await;
+    access
+}
+
+/// Open a replication connection the way the relay does (same URL, same TLS settings; see the
+/// crate docs, "TLS"), without starting replication, and report whether the server sees it
+/// encrypted. `outbox wal prepare` runs it, so a `pg_hba.conf` without a replication line, a
+/// server certificate that does not verify, or a session that fell back to plain text shows
+/// before the relay starts. Errors are the relay's: [`WalError::Config`] names the TLS setting
+/// to change.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), outbox_wal::WalError> {
+/// let config = outbox_wal::WalConfig::new("postgres://relay@db/app?sslmode=verify-full");
+/// let conn = outbox_wal::check_replication_connection(&config).await?;
+/// assert!(conn.tls, "{conn:?}");
+/// # Ok(()) }
+/// ```
+pub async fn check_replication_connection(
+    config: &WalConfig,
+) -> Result<ReplicationConnection, WalError> {
+    config.validate()?;
+    let target = Target::parse(&config.database_url)?;
+    conn::check_replication(&target, config).await
 }
 
 /// Drop the slot and its record (leaving WAL mode). Fails while a session streams from it.

@@ -12,7 +12,7 @@
 //! carried as a JSON *string* so the bytes the writer produced are the bytes a sink publishes.
 
 use chrono::{DateTime, Utc};
-use outbox_core::{EventId, Headers, NewEvent};
+use outbox_core::{Event, EventId, Headers, NewEvent};
 use serde::{Deserialize, Serialize};
 use sqlx::PgExecutor;
 use uuid::Uuid;
@@ -89,15 +89,117 @@ pub fn encode_envelope(event: &NewEvent) -> Result<String, WalError> {
 }
 
 pub(crate) fn decode_envelope(content: &[u8]) -> Result<Envelope, String> {
-    let envelope: Envelope =
-        serde_json::from_slice(content).map_err(|e| format!("not an outbox envelope: {e}"))?;
+    let envelope: Envelope = serde_json::from_slice(content).map_err(|e| {
+        format!(
+            "not an outbox envelope ({}); write messages with outbox_wal::enqueue_message",
+            envelope_problem(content).unwrap_or_else(|| e.to_string())
+        )
+    })?;
     if envelope.v != 1 {
         return Err(format!(
-            "envelope version {} is newer than this build knows (1)",
+            "envelope version {} is newer than this build knows (1); upgrade the relay",
             envelope.v
         ));
     }
+    // The table's payload column is `json`; a message must not carry less (and its dead letter
+    // could not be written otherwise).
+    crate::pgoutput::check_json(&envelope.payload)
+        .map_err(|_| "the envelope's `payload` is not JSON text; write messages with outbox_wal::enqueue_message".to_owned())?;
     Ok(envelope)
+}
+
+/// Which field of a refused envelope is wrong (serde's own error does not say), for the dead
+/// letter's reason. Runs only for refused envelopes.
+fn envelope_problem(content: &[u8]) -> Option<String> {
+    use serde_json::Value;
+    let map: serde_json::Map<String, Value> = match serde_json::from_slice::<Value>(content) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => return Some("the content is JSON but not an object".to_owned()),
+        Err(e) => return Some(format!("the content is not JSON: {e}")),
+    };
+    fn check<T: serde::de::DeserializeOwned>(
+        map: &serde_json::Map<String, Value>,
+        field: &str,
+        required: bool,
+    ) -> Option<String> {
+        match map.get(field) {
+            None if required => Some(format!("field `{field}` is missing")),
+            None => None,
+            Some(value) => serde_json::from_value::<T>(value.clone())
+                .err()
+                .map(|e| format!("field `{field}`: {e}")),
+        }
+    }
+    check::<u8>(&map, "v", true)
+        .or_else(|| check::<Uuid>(&map, "id", true))
+        .or_else(|| check::<String>(&map, "aggregate_type", true))
+        .or_else(|| check::<String>(&map, "aggregate_id", true))
+        .or_else(|| check::<String>(&map, "event_type", true))
+        .or_else(|| check::<String>(&map, "payload", true))
+        .or_else(|| check::<Option<String>>(&map, "destination", false))
+        .or_else(|| {
+            check::<Headers>(&map, "headers", false)
+                .map(|e| format!("{e} (header values must be strings)"))
+        })
+        .or_else(|| check::<Option<String>>(&map, "idempotency_key", false))
+        .or_else(|| check::<DateTime<Utc>>(&map, "occurred_at", true))
+}
+
+/// A logical message with the outbox prefix that is not a valid envelope, as the dead event it
+/// becomes, with its `last_error`.
+///
+/// Its id is derived from the slot and the message's LSN, so a message seen again after a
+/// restart maps to the same dead row (written once). Whatever can be read of the envelope
+/// (aggregate and event type) is kept so `outbox dead list` shows where it belongs; the content
+/// itself becomes the payload (as is when it is JSON, else as a JSON string).
+pub(crate) fn malformed_message(
+    slot: &str,
+    lsn: Lsn,
+    content: &[u8],
+    reason: &str,
+    committed_at: DateTime<Utc>,
+) -> (Event, String) {
+    let parsed: Option<serde_json::Map<String, serde_json::Value>> =
+        serde_json::from_slice(content).ok();
+    let field = |name: &str| {
+        parsed
+            .as_ref()
+            .and_then(|m| m.get(name))
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    let text = String::from_utf8_lossy(content);
+    let payload = if serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok() {
+        text.into_owned()
+    } else {
+        serde_json::Value::String(text.into_owned()).to_string()
+    };
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&crate::slot::fnv1a(slot).to_be_bytes());
+    bytes[8..].copy_from_slice(&lsn.0.to_be_bytes());
+    let id = uuid::Builder::from_custom_bytes(bytes).into_uuid();
+    let writer_id = field("id")
+        .map(|id| format!(" (the writer's id was {id})"))
+        .unwrap_or_default();
+    let error = format!(
+        "the logical message at {lsn} cannot be read as an event: {reason}{writer_id}. Its content is kept as this row's payload; fix the writer, then `outbox dead discard` this row (or correct it and `outbox dead retry`)"
+    );
+    let event = Event {
+        seq: i64::try_from(lsn.0).unwrap_or(i64::MAX),
+        id: EventId::from_uuid(id),
+        aggregate_type: field("aggregate_type").unwrap_or_else(|| "outbox.malformed".to_owned()),
+        aggregate_id: field("aggregate_id").unwrap_or_else(|| lsn.to_string()),
+        event_type: field("event_type").unwrap_or_else(|| "outbox.malformed_message".to_owned()),
+        payload,
+        destination: None,
+        headers: Headers::new(),
+        idempotency_key: None,
+        occurred_at: committed_at,
+        enqueued_at: committed_at,
+        attempts: 0,
+    };
+    (event, error)
 }
 
 /// Add `event` to the WAL through `executor` — normally `&mut *tx` of the caller's own
@@ -195,8 +297,46 @@ mod tests {
     }
 
     #[test]
+    fn malformed_messages_become_dead_events_with_a_stable_id() {
+        let now = Utc::now();
+        let content = br#"{"v":1,"aggregate_type":"order","aggregate_id":"7","event_type":"T","headers":{"retry":3}}"#;
+        let reason = decode_envelope(content).unwrap_err();
+        assert!(reason.contains("field `id` is missing"), "{reason}");
+        let with_id = br#"{"v":1,"id":"00000000-0000-0000-0000-000000000000","aggregate_type":"order","aggregate_id":"7","event_type":"T","payload":"{}","headers":{"retry":3},"occurred_at":"2024-01-01T00:00:00Z"}"#;
+        let headers = decode_envelope(with_id).unwrap_err();
+        assert!(headers.contains("field `headers`"), "{headers}");
+        let (event, error) = malformed_message("slot_a", Lsn(0x1234), content, &reason, now);
+        assert_eq!(event.aggregate_type, "order");
+        assert_eq!(event.aggregate_id, "7");
+        assert_eq!(event.payload.as_bytes(), content, "JSON content kept as is");
+        assert!(
+            error.contains("0/1234") && error.contains("outbox dead"),
+            "{error}"
+        );
+        let (again, _) = malformed_message("slot_a", Lsn(0x1234), content, &reason, now);
+        assert_eq!(
+            event.id, again.id,
+            "the same message maps to the same dead row"
+        );
+        let (other, _) = malformed_message("slot_b", Lsn(0x1234), content, &reason, now);
+        assert_ne!(event.id, other.id);
+        let (raw, _) = malformed_message("slot_a", Lsn(1), b"\xffnot json", "x", now);
+        assert!(
+            serde_json::from_str::<String>(&raw.payload).is_ok(),
+            "{}",
+            raw.payload
+        );
+        assert_eq!(raw.aggregate_type, "outbox.malformed");
+    }
+
+    #[test]
     fn foreign_content_is_refused() {
         assert!(decode_envelope(b"hello").is_err());
+        assert!(
+            decode_envelope(br#"{"v":1,"id":"00000000-0000-0000-0000-000000000000","aggregate_type":"a","aggregate_id":"1","event_type":"T","payload":"{not json","occurred_at":"2024-01-01T00:00:00Z"}"#)
+                .unwrap_err()
+                .contains("payload")
+        );
         assert!(
             decode_envelope(br#"{"v":2,"id":"00000000-0000-0000-0000-000000000000","aggregate_type":"a","aggregate_id":"1","event_type":"T","payload":"{}","occurred_at":"2024-01-01T00:00:00Z"}"#)
                 .unwrap_err()

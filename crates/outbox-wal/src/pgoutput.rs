@@ -34,6 +34,8 @@ pub(crate) struct Relation {
     pub namespace: String,
     pub name: String,
     pub columns: Vec<String>,
+    /// The type OID of each column.
+    pub types: Vec<u32>,
 }
 
 struct Reader<'a> {
@@ -87,10 +89,11 @@ pub(crate) fn decode(data: &[u8]) -> Result<Decoded<'_>, String> {
             let _replica_identity = r.u8()?;
             let ncols = r.i16()?.max(0) as usize;
             let mut columns = Vec::with_capacity(ncols);
+            let mut types = Vec::with_capacity(ncols);
             for _ in 0..ncols {
                 let _flags = r.u8()?;
                 columns.push(r.cstr()?);
-                let _type_oid = r.i32()?;
+                types.push(r.i32()? as u32);
                 let _typmod = r.i32()?;
             }
             Ok(Decoded::Relation(Relation {
@@ -98,6 +101,7 @@ pub(crate) fn decode(data: &[u8]) -> Result<Decoded<'_>, String> {
                 namespace,
                 name,
                 columns,
+                types,
             }))
         }
         b'I' => {
@@ -148,6 +152,68 @@ pub(crate) struct OutboxLayout {
     enqueued_at: Option<usize>,
     status: Option<usize>,
     attempts: Option<usize>,
+    /// Whether `payload` is a `json`/`jsonb` column (PostgreSQL checked it) or must be checked.
+    payload_is_json: bool,
+}
+
+/// `json` and `jsonb`.
+const JSON_TYPES: [u32; 2] = [114, 3802];
+
+/// An inserted outbox row that cannot be read as an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BadRow {
+    /// Its primary key, when even that cannot be read (then it cannot be dead-lettered).
+    pub seq: Option<i64>,
+    /// Its `attempts`, to keep when it is dead-lettered.
+    pub attempts: u32,
+    /// What is wrong, naming the column.
+    pub reason: String,
+}
+
+/// The text every malformed row gets as `last_error`, in polling and WAL mode alike: what is
+/// wrong and what to do about it.
+pub(crate) fn malformed_error(seq: i64, reason: &str) -> String {
+    outbox_core::bury_malformed(
+        seq,
+        &outbox_core::StoreError::Corrupt {
+            seq,
+            reason: reason.to_owned(),
+        },
+    )
+    .error
+}
+
+/// A stand-in event for a row that cannot be decoded, carrying what the dead-letter write
+/// needs: its `seq` and `attempts`.
+pub(crate) fn placeholder(seq: i64, attempts: u32) -> Event {
+    Event {
+        seq,
+        id: EventId::from_uuid(Uuid::nil()),
+        aggregate_type: String::new(),
+        aggregate_id: String::new(),
+        event_type: String::new(),
+        payload: "null".to_owned(),
+        destination: None,
+        headers: Headers::new(),
+        idempotency_key: None,
+        occurred_at: Utc::now(),
+        enqueued_at: Utc::now(),
+        attempts,
+    }
+}
+
+/// Check that a payload stored in a column that is not `json` is JSON after all.
+pub(crate) fn check_json(payload: &str) -> Result<(), String> {
+    serde_json::from_str::<serde::de::IgnoredAny>(payload)
+        .map(|_| ())
+        .map_err(|e| format!("column `payload` is not JSON ({e})"))
+}
+
+/// Headers as stored (JSON text) into [`Headers`].
+pub(crate) fn parse_headers(json: &str) -> Result<Headers, String> {
+    serde_json::from_str(json).map_err(|e| {
+        format!("column `headers` is not a JSON object of strings ({e}); store every header value as a string")
+    })
 }
 
 impl OutboxLayout {
@@ -181,72 +247,115 @@ impl OutboxLayout {
             enqueued_at: index.get("enqueued_at").copied(),
             status: index.get("status").copied(),
             attempts: index.get("attempts").copied(),
+            payload_is_json: index
+                .get("payload")
+                .and_then(|&i| relation.types.get(i))
+                .is_some_and(|t| JSON_TYPES.contains(t)),
         })
     }
 
     /// Turn an inserted row into an event. Returns `None` for rows not inserted as `pending`
-    /// (dead-letter rows that WAL mode itself inserts for message events).
-    pub fn event(&self, values: &[Option<&[u8]>]) -> Result<Option<Event>, String> {
-        let text = |i: usize| -> Result<Option<&str>, String> {
-            match values.get(i).copied().flatten() {
-                None => Ok(None),
-                Some(bytes) => std::str::from_utf8(bytes)
-                    .map(Some)
-                    .map_err(|e| format!("column {i} is not UTF-8: {e}")),
-            }
+    /// (dead-letter rows that WAL mode itself inserts for message events). A row that cannot be
+    /// read is a [`BadRow`] whose reason names the column.
+    pub fn event(&self, values: &[Option<&[u8]>]) -> Result<Option<Event>, BadRow> {
+        let row = Columns { values };
+        let bad = |seq: Option<i64>, attempts: u32, reason: String| BadRow {
+            seq,
+            attempts,
+            reason,
         };
-        let required = |i: usize, name: &str| -> Result<&str, String> {
-            text(i)?.ok_or_else(|| format!("outbox column `{name}` is NULL"))
-        };
-        let optional = |i: Option<usize>| -> Result<Option<&str>, String> {
-            match i {
-                Some(i) => text(i),
-                None => Ok(None),
-            }
-        };
-        if let Some(status) = optional(self.status)?
+        if let Some(status) = row
+            .optional(self.status, "status")
+            .map_err(|r| bad(None, 0, r))?
             && status != "pending"
         {
             return Ok(None);
         }
-        let seq: i64 = required(self.seq, "seq")?
-            .parse()
-            .map_err(|e| format!("outbox column `seq`: {e}"))?;
-        let id = Uuid::parse_str(required(self.id, "id")?)
-            .map_err(|e| format!("outbox row {seq}: column `id`: {e}"))?;
-        let headers: Headers = match optional(self.headers)? {
-            Some(json) if json != "{}" => serde_json::from_str(json).map_err(|e| {
-                format!("outbox row {seq}: headers are not an object of strings: {e}")
-            })?,
+        let seq: i64 = row
+            .required(self.seq, "seq")
+            .and_then(|s| {
+                s.parse()
+                    .map_err(|e| format!("column `seq` is not a number ({e})"))
+            })
+            .map_err(|r| bad(None, 0, r))?;
+        let attempts = row
+            .optional(self.attempts, "attempts")
+            .ok()
+            .flatten()
+            .and_then(|a| a.parse::<u32>().ok())
+            .unwrap_or(0);
+        self.read(&row, seq, attempts)
+            .map(Some)
+            .map_err(|reason| bad(Some(seq), attempts, reason))
+    }
+
+    fn read(&self, row: &Columns<'_, '_>, seq: i64, attempts: u32) -> Result<Event, String> {
+        let id = row.required(self.id, "id")?;
+        let id = Uuid::parse_str(id).map_err(|e| format!("column `id` is not a UUID ({e})"))?;
+        let headers = match row.optional(self.headers, "headers")? {
+            Some(json) if json != "{}" => parse_headers(json)?,
             _ => Headers::new(),
         };
+        let payload = row.required(self.payload, "payload")?;
+        if !self.payload_is_json {
+            check_json(payload)?;
+        }
         let time = |i: Option<usize>, name: &str| -> Result<Option<DateTime<Utc>>, String> {
-            optional(i)?
-                .map(|t| {
-                    parse_timestamptz(t).map_err(|e| format!("outbox row {seq}: `{name}`: {e}"))
-                })
+            row.optional(i, name)?
+                .map(|t| parse_timestamptz(t).map_err(|e| format!("column `{name}`: {e}")))
                 .transpose()
         };
         let now = Utc::now();
         let occurred_at = time(self.occurred_at, "occurred_at")?.unwrap_or(now);
         let enqueued_at = time(self.enqueued_at, "enqueued_at")?.unwrap_or(now);
-        let attempts = optional(self.attempts)?
-            .and_then(|a| a.parse::<u32>().ok())
-            .unwrap_or(0);
-        Ok(Some(Event {
+        Ok(Event {
             seq,
             id: EventId::from_uuid(id),
-            aggregate_type: required(self.aggregate_type, "aggregate_type")?.to_owned(),
-            aggregate_id: required(self.aggregate_id, "aggregate_id")?.to_owned(),
-            event_type: required(self.event_type, "event_type")?.to_owned(),
-            payload: required(self.payload, "payload")?.to_owned(),
-            destination: optional(self.destination)?.map(str::to_owned),
+            aggregate_type: row
+                .required(self.aggregate_type, "aggregate_type")?
+                .to_owned(),
+            aggregate_id: row.required(self.aggregate_id, "aggregate_id")?.to_owned(),
+            event_type: row.required(self.event_type, "event_type")?.to_owned(),
+            payload: payload.to_owned(),
+            destination: row
+                .optional(self.destination, "destination")?
+                .map(str::to_owned),
             headers,
-            idempotency_key: optional(self.idempotency_key)?.map(str::to_owned),
+            idempotency_key: row
+                .optional(self.idempotency_key, "idempotency_key")?
+                .map(str::to_owned),
             occurred_at,
             enqueued_at,
             attempts,
-        }))
+        })
+    }
+}
+
+/// The text-form column values of one inserted row.
+struct Columns<'r, 'v> {
+    values: &'r [Option<&'v [u8]>],
+}
+
+impl<'v> Columns<'_, 'v> {
+    fn text(&self, i: usize, name: &str) -> Result<Option<&'v str>, String> {
+        match self.values.get(i).copied().flatten() {
+            None => Ok(None),
+            Some(bytes) => std::str::from_utf8(bytes)
+                .map(Some)
+                .map_err(|e| format!("column `{name}` is not UTF-8 ({e})")),
+        }
+    }
+
+    fn required(&self, i: usize, name: &str) -> Result<&'v str, String> {
+        self.text(i, name)?
+            .ok_or_else(|| format!("column `{name}` is NULL; it needs a value"))
+    }
+
+    fn optional(&self, i: Option<usize>, name: &str) -> Result<Option<&'v str>, String> {
+        match i {
+            Some(i) => self.text(i, name),
+            None => Ok(None),
+        }
     }
 }
 
@@ -362,6 +471,86 @@ mod tests {
         assert!(
             decode(&ins[..ins.len() - 3]).is_err(),
             "truncation is detected"
+        );
+    }
+
+    #[test]
+    fn malformed_rows_name_the_column_and_keep_their_seq() {
+        let columns = [
+            "seq",
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "event_type",
+            "payload",
+            "headers",
+            "status",
+            "attempts",
+        ];
+        let relation = |payload_type: u32| Relation {
+            relid: 1,
+            namespace: "outbox".into(),
+            name: "events".into(),
+            columns: columns.iter().map(|c| (*c).to_owned()).collect(),
+            types: columns
+                .iter()
+                .map(|c| if *c == "payload" { payload_type } else { 25 })
+                .collect(),
+        };
+        let json_layout = OutboxLayout::of(&relation(114)).unwrap();
+        let text_layout = OutboxLayout::of(&relation(25)).unwrap();
+        let id = Uuid::now_v7().to_string();
+        let row = |changes: &[(usize, Option<&'static str>)]| -> Vec<Option<Vec<u8>>> {
+            let mut values: Vec<Option<&str>> = vec![
+                Some("9"),
+                Some(id.as_str()),
+                Some("order"),
+                Some("1"),
+                Some("T"),
+                Some("{}"),
+                Some("{}"),
+                Some("pending"),
+                Some("2"),
+            ];
+            for (i, v) in changes {
+                values[*i] = *v;
+            }
+            values
+                .into_iter()
+                .map(|v| v.map(|v| v.as_bytes().to_vec()))
+                .collect()
+        };
+        let check = |layout: &OutboxLayout, values: Vec<Option<Vec<u8>>>| {
+            let refs: Vec<Option<&[u8]>> = values.iter().map(|v| v.as_deref()).collect();
+            layout.event(&refs)
+        };
+        assert!(check(&json_layout, row(&[])).unwrap().is_some());
+        for (changes, column) in [
+            (
+                vec![(6, Some(r#"{"retry": 3}"#))],
+                "column `headers` is not a JSON object of strings",
+            ),
+            (vec![(4, None)], "column `event_type` is NULL"),
+            (vec![(1, Some("not-a-uuid"))], "column `id` is not a UUID"),
+        ] {
+            let bad = check(&json_layout, row(&changes)).unwrap_err();
+            assert_eq!(bad.seq, Some(9));
+            assert_eq!(bad.attempts, 2);
+            assert!(bad.reason.contains(column), "{}", bad.reason);
+        }
+        // A payload column that is not `json` is checked here; a `json` one was by PostgreSQL.
+        let bad = check(&text_layout, row(&[(5, Some("{oops"))])).unwrap_err();
+        assert!(
+            bad.reason.contains("column `payload` is not JSON"),
+            "{}",
+            bad.reason
+        );
+        assert!(check(&json_layout, row(&[(5, Some("{oops"))])).is_ok());
+        // The shared wording: what is wrong and what to do.
+        let error = malformed_error(9, &bad.reason);
+        assert!(
+            error.contains("column `payload`") && error.contains("outbox dead retry"),
+            "{error}"
         );
     }
 

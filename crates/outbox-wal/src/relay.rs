@@ -18,15 +18,15 @@ use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{Source, WalConfig};
-use crate::conn::Target;
+use crate::conn::{Target, wire_error};
 use crate::db;
 use crate::engine::{
     Engine, Item, Meta, Origin, Settle, WalCounters, WalReport, WriteBackDone, add,
 };
 use crate::error::{WalError, map_wire};
 use crate::lsn::Lsn;
-use crate::message::{HEARTBEAT_SUFFIX, decode_envelope};
-use crate::pgoutput::{self, Decoded, OutboxLayout, pg_epoch_micros};
+use crate::message::{HEARTBEAT_SUFFIX, decode_envelope, malformed_message};
+use crate::pgoutput::{self, BadRow, Decoded, OutboxLayout, pg_epoch_micros};
 use crate::slot;
 
 /// Delivers outbox events from the WAL to a [`Sink`]. See the crate docs.
@@ -94,6 +94,11 @@ impl WalRelay {
         let pool = loop {
             match target.pool(&cfg.database_url, 4).await {
                 Ok(pool) => break pool,
+                // TLS or settings that cannot work: retrying would only repeat it.
+                Err(e) if !e.is_transient() => {
+                    error!(error = %e, "WAL relay cannot start.");
+                    return Err(e);
+                }
                 Err(e) => {
                     failures += 1;
                     let pause = db::backoff(failures, cfg.max_reconnect_backoff);
@@ -204,6 +209,7 @@ impl WalRelay {
     ) -> Result<End, WalError> {
         let cfg = self.config.clone();
         slot::check_server(pool).await?;
+        let heartbeats = self.check_message_access(pool).await?;
         let confirmed = slot::ensure_slot(pool, &cfg).await?;
         let caught_up_target = if cfg.stop_when_caught_up {
             // A commit at or past the target, so an idle outbox gets there too.
@@ -219,6 +225,7 @@ impl WalRelay {
             self.counters.clone(),
         );
         session.engine = Engine::new(cfg.clone(), self.counters.clone(), confirmed);
+        session.heartbeats = heartbeats;
         if cfg.catch_up && cfg.captures(Source::Table) {
             let high_water = session.catch_up(stop).await?;
             if *stop.borrow() {
@@ -227,6 +234,45 @@ impl WalRelay {
             session.engine.check_high_water = high_water;
         }
         session.stream(target, lock, stop, caught_up_target).await
+    }
+}
+
+impl WalRelay {
+    /// Refuse to capture messages any role could write; find out whether the relay may write
+    /// its heartbeats. Runs at the start of every session (start, reconnect, takeover), so a
+    /// grant to PUBLIC made while the relay runs stops it at its next reconnect at the latest.
+    /// Returns whether heartbeats are on.
+    async fn check_message_access(&self, pool: &PgPool) -> Result<bool, WalError> {
+        let cfg = &self.config;
+        let access = slot::message_source_access(pool, cfg).await?;
+        if cfg.captures(Source::Messages) && access.open_to_public() {
+            let database: String = sqlx::query_scalar("SELECT current_database()::text")
+                .fetch_one(pool)
+                .await
+                .map_err(crate::error::map_sqlx)?;
+            return Err(WalError::ServerSetup(access.refusal(&database)));
+        }
+        if access.relay_can_emit {
+            return Ok(!cfg.heartbeat_interval.is_zero());
+        }
+        let grant = format!(
+            "GRANT EXECUTE ON FUNCTION {} TO {}",
+            slot::EMIT_BYTEA,
+            slot::quote_role(&access.relay_role)
+        );
+        if cfg.stop_when_caught_up {
+            return Err(WalError::ServerSetup(format!(
+                "role `{}` may not call pg_logical_emit_message, which a drain (`stop_when_caught_up`) needs to mark the position to catch up to: run `{grant}` as a superuser",
+                access.relay_role
+            )));
+        }
+        if !cfg.heartbeat_interval.is_zero() {
+            warn!(
+                role = %access.relay_role,
+                "Heartbeats are off: this role may not call pg_logical_emit_message. An idle outbox on a busy server then lets its slot retain WAL until the next event. Run `{grant}` as a superuser, or set `heartbeat_interval = \"0ms\"` to silence this."
+            );
+        }
+        Ok(false)
     }
 }
 
@@ -251,6 +297,8 @@ pub(crate) struct Session {
     waves: FuturesUnordered<BoxFuture<'static, Result<WaveResult, String>>>,
     writeback: JoinSet<(WriteBackDone, Vec<Meta>)>,
     aux: JoinSet<()>,
+    /// Write heartbeat messages (off when `heartbeat_interval` is 0 or the role may not).
+    heartbeats: bool,
 }
 
 impl Session {
@@ -269,6 +317,7 @@ impl Session {
             waves: FuturesUnordered::new(),
             writeback: JoinSet::new(),
             aux: JoinSet::new(),
+            heartbeats: false,
         }
     }
 
@@ -440,9 +489,24 @@ impl Session {
             if !exhausted && self.engine.has_room() {
                 let rows = db::undelivered(&self.pool, &self.cfg, after, high_water, page).await?;
                 exhausted = (rows.len() as i64) < page;
-                for event in rows {
-                    after = event.seq;
-                    self.engine.push(event, Origin::Table, false, None);
+                for row in rows {
+                    match row {
+                        Ok(event) => {
+                            after = event.seq;
+                            self.engine.push(event, Origin::Table, false, None);
+                        }
+                        // One bad row is dead-lettered; it never fails the page.
+                        Err(bad) => {
+                            after = bad.seq;
+                            self.engine.push_dead(
+                                pgoutput::placeholder(bad.seq, bad.attempts),
+                                Origin::Table,
+                                false,
+                                None,
+                                pgoutput::malformed_error(bad.seq, &bad.reason),
+                            );
+                        }
+                    }
                 }
             }
             self.pump(!*stop.borrow());
@@ -500,13 +564,13 @@ impl Session {
             };
             let mut client = ReplicationClient::connect(target.replication(cfg, confirmed))
                 .await
-                .map_err(map_wire)?;
+                .map_err(|e| wire_error(e, &target.tls))?;
             match client.wait_started().await {
                 Ok(()) => {
                     info!(slot = %cfg.slot, %confirmed, "Streaming from the slot.");
                     return Ok(client);
                 }
-                Err(e) => match with_slot(map_wire(e), &cfg.slot) {
+                Err(e) => match with_slot(wire_error(e, &target.tls), &cfg.slot) {
                     WalError::SlotBusy { .. } if Instant::now() < deadline && !*stop.borrow() => {
                         debug!(
                             "Slot still active for the previous streamer; waiting for it to let go."
@@ -576,10 +640,11 @@ impl Session {
     ) -> Result<End, WalError> {
         let cfg = self.cfg.clone();
         let mut decoder = Decoder::new(cfg.clone(), self.counters.clone());
-        let mut heartbeat = tokio::time::interval(if cfg.heartbeat_interval.is_zero() {
-            Duration::from_secs(3600)
-        } else {
+        let heartbeats = self.heartbeats;
+        let mut heartbeat = tokio::time::interval(if heartbeats {
             cfg.heartbeat_interval
+        } else {
+            Duration::from_secs(3600)
         });
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         heartbeat.tick().await;
@@ -638,7 +703,7 @@ impl Session {
                         }
                     }
                 }
-                _ = heartbeat.tick(), if !cfg.heartbeat_interval.is_zero() => {
+                _ = heartbeat.tick(), if heartbeats => {
                     let pool = self.pool.clone();
                     let prefix = cfg.message_prefix.clone();
                     while self.aux.try_join_next().is_some() {}
@@ -694,7 +759,14 @@ struct Decoder {
     heartbeat_prefix: String,
     tables: bool,
     messages: bool,
+    ignored: metrics::Counter,
+    /// When the last warning about ignored messages was logged, and how many came since.
+    ignored_warned: Option<Instant>,
+    ignored_since_warning: u64,
 }
+
+/// At most one warning about ignored messages per this long.
+const IGNORED_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 impl Decoder {
     fn new(cfg: Arc<WalConfig>, counters: Arc<WalCounters>) -> Self {
@@ -706,7 +778,35 @@ impl Decoder {
             counters,
             relid: None,
             layout: None,
+            ignored: metrics::counter!("outbox_wal_messages_ignored_total"),
+            ignored_warned: None,
+            ignored_since_warning: 0,
         }
+    }
+
+    /// A message with the outbox prefix while the message source is off: never delivered.
+    /// Nothing of it is held, so the confirmed position moves past it like past any other
+    /// transaction; holding it would let whoever can write such messages hold the slot and
+    /// with it the server's WAL.
+    fn ignore_message(&mut self, lsn: Lsn) {
+        add(&self.counters.messages_ignored, 1);
+        self.ignored.increment(1);
+        self.ignored_since_warning += 1;
+        let now = Instant::now();
+        if self
+            .ignored_warned
+            .is_some_and(|at| now.duration_since(at) < IGNORED_WARNING_EVERY)
+        {
+            return;
+        }
+        warn!(
+            %lsn,
+            prefix = %self.cfg.message_prefix,
+            ignored = self.ignored_since_warning,
+            "Ignored a logical message with the outbox prefix: the message source is off (`[wal] sources` defaults to [\"table\"]). If your writers use enqueue_message, revoke EXECUTE on pg_logical_emit_message from PUBLIC, grant it to the writers and the relay (`outbox wal status` prints the statements), then add \"messages\" to `sources`. Messages written meanwhile are not delivered."
+        );
+        self.ignored_warned = Some(now);
+        self.ignored_since_warning = 0;
     }
 
     fn handle(&mut self, event: ReplicationEvent, engine: &mut Engine) -> Result<(), WalError> {
@@ -733,9 +833,24 @@ impl Decoder {
                         match layout.event(&values) {
                             Ok(Some(event)) => engine.push(event, Origin::Table, true, None),
                             Ok(None) => {}
-                            Err(reason) => {
+                            // Dead-lettered like the polling relay does, so one bad row
+                            // neither stops the stream nor waits for the next catch-up scan.
+                            Err(BadRow {
+                                seq: Some(seq),
+                                attempts,
+                                reason,
+                            }) => engine.push_dead(
+                                pgoutput::placeholder(seq, attempts),
+                                Origin::Table,
+                                true,
+                                None,
+                                pgoutput::malformed_error(seq, &reason),
+                            ),
+                            Err(BadRow {
+                                seq: None, reason, ..
+                            }) => {
                                 add(&self.counters.undecodable, 1);
-                                error!(lsn = %Lsn::from(wal_start), %reason, "Outbox row cannot be decoded; it stays pending in the table.");
+                                error!(lsn = %Lsn::from(wal_start), %reason, "Outbox row cannot be decoded and has no readable seq; it stays in the table.");
                             }
                         }
                     }
@@ -750,8 +865,11 @@ impl Decoder {
             } => {
                 if prefix == self.heartbeat_prefix {
                     add(&self.counters.heartbeats, 1);
-                } else if self.messages && prefix == self.cfg.message_prefix {
+                } else if prefix == self.cfg.message_prefix && !self.messages {
+                    self.ignore_message(Lsn::from(lsn));
+                } else if prefix == self.cfg.message_prefix {
                     let lsn = Lsn::from(lsn);
+                    let standalone_end = (!transactional).then_some(Lsn(lsn.0 + 1));
                     match decode_envelope(&content) {
                         Ok(envelope) => {
                             let event = Event {
@@ -768,17 +886,23 @@ impl Decoder {
                                 enqueued_at: engine.commit_time().unwrap_or_else(chrono::Utc::now),
                                 attempts: 0,
                             };
-                            if transactional {
-                                engine.push(event, Origin::Message, true, None);
-                            } else {
-                                engine.push(event, Origin::Message, false, Some(Lsn(lsn.0 + 1)));
-                            }
+                            engine.push(event, Origin::Message, transactional, standalone_end);
                         }
                         Err(reason) => {
-                            add(&self.counters.undecodable, 1);
-                            let shown = String::from_utf8_lossy(&content[..content.len().min(200)])
-                                .into_owned();
-                            error!(%lsn, %reason, content = %shown, "Logical message with the outbox prefix cannot be decoded; skipped.");
+                            let (event, error) = malformed_message(
+                                &self.cfg.slot,
+                                lsn,
+                                &content,
+                                &reason,
+                                engine.commit_time().unwrap_or_else(chrono::Utc::now),
+                            );
+                            engine.push_dead(
+                                event,
+                                Origin::Message,
+                                transactional,
+                                standalone_end,
+                                error,
+                            );
                         }
                     }
                 }

@@ -33,7 +33,7 @@ pub(crate) fn outbox_table(config: &WalConfig) -> String {
     format!("\"{}\".\"{}\"", config.schema, config.table)
 }
 
-fn fnv1a(text: &str) -> u64 {
+pub(crate) fn fnv1a(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in text.as_bytes() {
         hash ^= u64::from(*byte);
@@ -87,6 +87,137 @@ pub(crate) async fn check_server(pool: &PgPool) -> Result<(), WalError> {
         )));
     }
     Ok(())
+}
+
+/// Who may write logical messages, and so events into the message source: the overloads of
+/// `pg_logical_emit_message` and their `EXECUTE` privilege. PostgreSQL grants it to PUBLIC by
+/// default, which lets every role that can log in — with no privilege on any table — emit a
+/// message with the outbox prefix. See the crate docs, "Capture sources".
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MessageSourceAccess {
+    /// Whether this configuration captures the message source (`sources` has `messages`).
+    pub enabled: bool,
+    /// Overloads every role may execute (PUBLIC holds EXECUTE), e.g.
+    /// `pg_logical_emit_message(boolean,text,text)`. Must be empty for the relay to start with
+    /// the message source on.
+    pub public_overloads: Vec<String>,
+    /// Roles granted EXECUTE on some overload, superusers (who always may) left out.
+    pub granted_to: Vec<String>,
+    /// The role the relay connects as.
+    pub relay_role: String,
+    /// Whether that role may execute the `bytea` overload, which heartbeats use.
+    pub relay_can_emit: bool,
+    /// The statements to run (as a superuser, in this database) to allow only chosen roles:
+    /// a `REVOKE … FROM PUBLIC` per open overload, a `GRANT` to the writers and the relay.
+    /// Empty when there is nothing to do.
+    pub fix: Vec<String>,
+}
+
+/// The overload writers ([`enqueue_message`](crate::enqueue_message)) and heartbeats call.
+pub(crate) const EMIT_BYTEA: &str = "pg_logical_emit_message(boolean,text,bytea)";
+
+impl MessageSourceAccess {
+    /// Whether any role may write events into the message source.
+    pub fn open_to_public(&self) -> bool {
+        !self.public_overloads.is_empty()
+    }
+
+    /// The refusal the relay gives when the message source is on and open: what the risk is and
+    /// the statements that close it.
+    pub(crate) fn refusal(&self, database: &str) -> String {
+        format!(
+            "the message source is on (`sources` includes `messages`), but every role may call pg_logical_emit_message (EXECUTE is granted to PUBLIC on {}), so any role that can log in, without any other privilege, could publish events to every destination. Run as a superuser in database `{database}`: {} — or take `messages` out of `[wal] sources` if writers only insert into the outbox table",
+            self.public_overloads.join(", "),
+            self.fix.join(" ")
+        )
+    }
+}
+
+/// Read who may execute `pg_logical_emit_message`, and build the statements that allow only the
+/// writers and the relay.
+pub(crate) async fn message_source_access(
+    pool: &PgPool,
+    config: &WalConfig,
+) -> Result<MessageSourceAccess, WalError> {
+    // Every overload this server has (PostgreSQL 17 added one with a `flush` argument), not a
+    // hard-coded list. proacl NULL means the default ACL, which grants EXECUTE to PUBLIC.
+    let rows = sqlx::query(
+        "SELECT p.oid::regprocedure::text AS signature,
+                has_function_privilege('public', p.oid, 'EXECUTE') AS public_can,
+                has_function_privilege(current_user, p.oid, 'EXECUTE') AS relay_can,
+                coalesce((SELECT array_agg(DISTINCT r.rolname::text)
+                          FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                          JOIN pg_roles r ON r.oid = a.grantee
+                          WHERE a.privilege_type = 'EXECUTE' AND NOT r.rolsuper), '{}') AS grantees,
+                current_user::text AS relay_role,
+                (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) AS relay_super
+         FROM pg_proc p
+         WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace
+         ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(map_sqlx)?;
+    let mut access = MessageSourceAccess {
+        enabled: config.captures(Source::Messages),
+        ..MessageSourceAccess::default()
+    };
+    let mut relay_super = false;
+    let mut granted = std::collections::BTreeSet::new();
+    for row in &rows {
+        let signature: String = row.try_get("signature").map_err(map_sqlx)?;
+        let public_can: bool = row.try_get("public_can").map_err(map_sqlx)?;
+        let relay_can: bool = row.try_get("relay_can").map_err(map_sqlx)?;
+        let grantees: Vec<String> = row.try_get("grantees").map_err(map_sqlx)?;
+        access.relay_role = row.try_get("relay_role").map_err(map_sqlx)?;
+        relay_super = row
+            .try_get::<Option<bool>, _>("relay_super")
+            .map_err(map_sqlx)?
+            .unwrap_or(false);
+        if public_can {
+            access.public_overloads.push(signature.clone());
+        }
+        if signature == EMIT_BYTEA {
+            access.relay_can_emit = relay_can;
+        }
+        granted.extend(grantees);
+    }
+    access.granted_to = granted.into_iter().collect();
+    for overload in &access.public_overloads {
+        access.fix.push(format!(
+            "REVOKE EXECUTE ON FUNCTION {overload} FROM PUBLIC;"
+        ));
+    }
+    // Writers need the overload enqueue_message calls; so does the relay, for heartbeats,
+    // unless it is a superuser.
+    let relay_needs_grant = !relay_super && (!access.relay_can_emit || access.open_to_public());
+    if access.open_to_public() || relay_needs_grant {
+        let mut to = Vec::new();
+        if access.open_to_public() {
+            to.push("<writer roles>".to_owned());
+        }
+        if relay_needs_grant {
+            to.push(quote_role(&access.relay_role));
+        }
+        access.fix.push(format!(
+            "GRANT EXECUTE ON FUNCTION {EMIT_BYTEA} TO {};",
+            to.join(", ")
+        ));
+    }
+    Ok(access)
+}
+
+/// A role name as SQL: bare when it is a plain lowercase identifier, quoted otherwise.
+pub(crate) fn quote_role(role: &str) -> String {
+    let plain = role.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && role
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        role.to_owned()
+    } else {
+        format!("\"{}\"", role.replace('"', "\"\""))
+    }
 }
 
 pub(crate) async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, WalError> {
@@ -361,6 +492,9 @@ pub struct WalStatus {
     pub decode_txns_per_sec: Option<f64>,
     /// Whether the publication exists.
     pub publication_exists: bool,
+    /// Who may write events into the message source (`pg_logical_emit_message`), and what to
+    /// run when every role may.
+    pub message_source: MessageSourceAccess,
     /// When the figures were read (database clock).
     pub observed_at: Option<DateTime<Utc>>,
 }
@@ -415,6 +549,7 @@ pub(crate) async fn read_status(pool: &PgPool, config: &WalConfig) -> Result<Wal
         decode_bytes_per_sec: None,
         decode_txns_per_sec: None,
         publication_exists: row.try_get("publication_exists").map_err(map_sqlx)?,
+        message_source: message_source_access(pool, config).await?,
         observed_at: Some(row.try_get("observed_at").map_err(map_sqlx)?),
     })
 }

@@ -335,7 +335,14 @@ async fn sink_outage_pauses_the_stream_with_bounded_memory_and_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_connections_cut_and_restored_lose_nothing() {
     let fx = Fixture::new(BOTH).await;
-    let upstream: std::net::SocketAddr = "127.0.0.1:54329".parse().unwrap();
+    let cluster = url::Url::parse(&cluster_url()).unwrap();
+    let upstream: std::net::SocketAddr = format!(
+        "{}:{}",
+        cluster.host_str().unwrap(),
+        cluster.port().unwrap_or(5432)
+    )
+    .parse()
+    .unwrap();
     let proxy = outbox_testkit::TcpProxy::start(upstream).await.unwrap();
     let mut config = fx.config.clone();
     config.database_url = format!("postgres://postgres@{}/outbox", proxy.addr());
@@ -809,5 +816,541 @@ async fn heartbeats_keep_an_idle_slot_confirmed() {
         .unwrap();
     assert!(sampled.decode_txns_per_sec.is_some(), "{sampled:?}");
     relay.stop().await;
+    fx.cleanup().await;
+}
+
+/// aggregate_id, id (None: a fresh UUID), event_type, payload, headers, and the column a bad
+/// row's `last_error` must name (None: a good row).
+type MixRow = (
+    &'static str,
+    Option<&'static str>,
+    Option<&'static str>,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+);
+
+/// One transaction of good and malformed rows written with raw SQL, as a foreign writer or a
+/// hand edit would: returns the ids of the good rows and, per bad row, its seq and the column
+/// its `last_error` must name. The table is loosened first (`loosen`) so that a NULL
+/// `event_type`, a non-UUID `id` and a non-JSON `payload` can be stored at all.
+async fn insert_mix(fx: &Fixture) -> (Vec<outbox_core::EventId>, Vec<(i64, &'static str)>) {
+    let table = fx.outbox.qualified_table();
+    let sql = format!(
+        "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ($1, 'agg', $2, $3, $4, $5::jsonb) RETURNING seq"
+    );
+    let mut tx = fx.pool.begin().await.unwrap();
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    let rows: [MixRow; 7] = [
+        ("a", None, Some("T"), r#"{"n":1}"#, "{}", None),
+        (
+            "a",
+            None,
+            Some("T"),
+            r#"{"n":2}"#,
+            r#"{"retry": 3}"#,
+            Some("column `headers`"),
+        ),
+        ("a", None, Some("T"), r#"{"n":3}"#, r#"{"k": "v"}"#, None),
+        (
+            "b",
+            None,
+            None,
+            r#"{"n":1}"#,
+            "{}",
+            Some("column `event_type` is NULL"),
+        ),
+        (
+            "c",
+            Some("not-a-uuid"),
+            Some("T"),
+            r#"{"n":1}"#,
+            "{}",
+            Some("column `id` is not a UUID"),
+        ),
+        (
+            "d",
+            None,
+            Some("T"),
+            "{oops",
+            "{}",
+            Some("column `payload` is not JSON"),
+        ),
+        ("b", None, Some("T"), r#"{"n":2}"#, "{}", None),
+    ];
+    for (agg, id, event_type, payload, headers, problem) in rows {
+        let uuid = uuid::Uuid::now_v7();
+        let id_text = id
+            .map(|id| format!("{id}-{}", uuid.simple()))
+            .unwrap_or_else(|| uuid.to_string());
+        let seq: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(&id_text)
+            .bind(agg)
+            .bind(event_type)
+            .bind(payload)
+            .bind(headers)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        match problem {
+            None => good.push(outbox_core::EventId::from_uuid(uuid)),
+            Some(column) => bad.push((seq, column)),
+        }
+    }
+    tx.commit().await.unwrap();
+    (good, bad)
+}
+
+/// What a hand-altered outbox table allows (the stock one refuses these values outright).
+async fn loosen(fx: &Fixture) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {} ALTER COLUMN event_type DROP NOT NULL,
+             ALTER COLUMN id TYPE text, ALTER COLUMN payload TYPE text",
+        fx.outbox.qualified_table()
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
+}
+
+/// Issue 22, item 3: a row whose headers are not an object of strings (or any row the decoder
+/// refuses) used to stay pending in the stream and fail the whole page of the next catch-up
+/// scan, so the relay exited at every start. Now each is dead-lettered with the column named,
+/// in the scan and in the stream, and the rows around it keep flowing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_rows_are_dead_lettered_in_the_catch_up_scan_and_in_the_stream() {
+    let fx = Fixture::new(&[Source::Table]).await;
+    loosen(&fx).await;
+    // Written before the relay starts: the catch-up scan meets them first.
+    let (mut good, mut bad) = insert_mix(&fx).await;
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+    let dead_count = |rows: &[(i64, String, Option<String>)]| {
+        rows.iter()
+            .filter(|(_, status, _)| status == "dead")
+            .count()
+    };
+    let mut rows = Vec::new();
+    for round in 0..2 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            rows = statuses(&fx).await;
+            let delivered = sink.distinct_delivered();
+            if dead_count(&rows) == bad.len() && good.iter().all(|id| delivered.contains(id)) {
+                break;
+            }
+            assert!(
+                !relay.handle.is_finished(),
+                "the relay stopped (round {round})"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {rows:?}, delivered {delivered:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if round == 0 {
+            // Written while the relay streams.
+            let (g, b) = insert_mix(&fx).await;
+            good.extend(g);
+            bad.extend(b);
+        }
+    }
+    for (seq, column) in &bad {
+        let (_, status, error) = rows.iter().find(|(s, _, _)| s == seq).unwrap();
+        let error = error.as_deref().unwrap_or_default();
+        assert_eq!(status, "dead", "row {seq}");
+        assert!(
+            error.contains(column) && error.contains("outbox dead retry"),
+            "row {seq}: {error}"
+        );
+    }
+    assert_eq!(sink.distinct_delivered().len(), good.len(), "nothing else");
+    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
+    let report = relay.stop().await;
+    assert!(report.undecodable >= 8, "{report:?}");
+
+    // A restart runs, delivers what is new, and neither redelivers nor revives anything.
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+    let fresh = numbered("e", 0);
+    fx.enqueue_table(std::slice::from_ref(&fresh)).await;
+    wait_for("the new event", Duration::from_secs(20), || {
+        sink.distinct_delivered().contains(&fresh.id())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.delivered().len(), 1, "{:?}", sink.delivered());
+    relay.stop().await;
+    assert_eq!(
+        fx.status_counts().await,
+        (0, good.len() as i64 + 1, bad.len() as i64)
+    );
+    fx.cleanup().await;
+}
+
+/// Malformed message envelopes are dead-lettered too: inserted as `dead` rows with the reason,
+/// where `outbox dead list` finds them, and the messages around them are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_are_dead_lettered_and_the_stream_moves_on() {
+    let fx = Fixture::new(BOTH).await;
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+    let prefix = fx.config.message_prefix.clone();
+    let good = [numbered("m", 0), numbered("m", 1)];
+    let mut tx = fx.pool.begin().await.unwrap();
+    outbox_wal::enqueue_message(&mut *tx, &prefix, &good[0])
+        .await
+        .unwrap();
+    for content in [
+        r#"{"v":1,"id":"00000000-0000-0000-0000-000000000001","aggregate_type":"order","aggregate_id":"7","event_type":"T","payload":"{}","headers":{"retry":3},"occurred_at":"2024-01-01T00:00:00Z"}"#,
+        "not an envelope",
+    ] {
+        sqlx::query("SELECT pg_logical_emit_message(true, $1, $2::text)")
+            .bind(&prefix)
+            .bind(content)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    outbox_wal::enqueue_message(&mut *tx, &prefix, &good[1])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    wait_for("2 delivered, 2 buried", Duration::from_secs(20), || {
+        let r = relay.counters.report();
+        r.dead == 2 && sink.distinct_delivered().len() == 2
+    })
+    .await;
+    assert_eq!(sink.distinct_delivered(), ids(&good));
+    let report = relay.stop().await;
+    assert_eq!(report.undecodable, 2, "{report:?}");
+    let store = outbox_postgres::PgStore::new(fx.pool.clone(), fx.outbox.clone());
+    let dead = store.list_dead(None, 10).await.unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for record in &dead {
+        let error = record.last_error.as_deref().unwrap_or_default();
+        assert!(
+            error.contains("cannot be read as an event") && error.contains("outbox dead"),
+            "{error}"
+        );
+    }
+    let order = dead.iter().find(|r| r.event.aggregate_id == "7").unwrap();
+    assert_eq!(order.event.aggregate_type, "order");
+    assert!(order.last_error.as_deref().unwrap().contains("headers"));
+
+    // After a restart: nothing redelivered, nothing buried twice.
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+    fx.enqueue_messages(&[numbered("m", 2)]).await;
+    wait_for("the new message", Duration::from_secs(20), || {
+        sink.distinct_delivered().len() == 1
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(sink.delivered().len(), 1);
+    assert_eq!(store.list_dead(None, 10).await.unwrap().len(), 2);
+    fx.cleanup().await;
+}
+
+/// Issue 22, item 2: the message source is opt-in. With the default `sources`, a message with
+/// the outbox prefix is never delivered, is counted, and does not hold the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_message_source_is_off_by_default_and_its_messages_are_passed_over() {
+    let fx = Fixture::new(&outbox_wal::WalConfig::default().sources).await;
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+    let message = numbered("m", 0);
+    let row = numbered("t", 0);
+    let mut tx = fx.pool.begin().await.unwrap();
+    let written = outbox_wal::enqueue_message(&mut *tx, &fx.config.message_prefix, &message)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    fx.enqueue_table(std::slice::from_ref(&row)).await;
+    wait_for("the table event", Duration::from_secs(20), || {
+        sink.distinct_delivered().contains(&row.id())
+    })
+    .await;
+    wait_for("the message counted", Duration::from_secs(5), || {
+        relay.counters.report().messages_ignored == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!sink.distinct_delivered().contains(&message.id()));
+    let report = relay.stop().await;
+    assert_eq!(report.messages_ignored, 1, "{report:?}");
+    assert!(
+        report.last_acked_lsn > written.lsn,
+        "the slot moved past the ignored message: {report:?}, message at {}",
+        written.lsn
+    );
+    fx.cleanup().await;
+}
+
+/// Issue 22, item 2: with the message source on, the relay refuses to start while every role
+/// may call pg_logical_emit_message, and says what to run; after that, only granted roles can
+/// write events. Its own database: function privileges are per database, and the suite's
+/// `outbox` database is locked down already.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_message_source_is_refused_while_every_role_may_write_messages() {
+    let admin = pool(2).await;
+    let n = std::process::id();
+    let db = format!("owt_open_{n}");
+    let (nobody, writer) = (format!("owt_nobody_{n}"), format!("owt_writer_{n}"));
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS {nobody}"),
+        format!("DROP ROLE IF EXISTS {writer}"),
+        format!("CREATE DATABASE {db}"),
+        format!("CREATE ROLE {nobody} LOGIN"),
+        format!("CREATE ROLE {writer} LOGIN"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    let url = cluster_url_with(None, Some(&db), None);
+    let as_role = |role: &str| {
+        let mut u = url::Url::parse(&url).unwrap();
+        u.set_username(role).unwrap();
+        u.to_string()
+    };
+    let db_pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let outbox = outbox_postgres::PgOutbox::with_names("outbox", "events").unwrap();
+    outbox.migrate(&db_pool).await.unwrap();
+    let config = outbox_wal::WalConfig {
+        sources: BOTH.to_vec(),
+        slot: db.clone(),
+        publication: db.clone(),
+        message_prefix: db.clone(),
+        status_interval: Duration::from_millis(100),
+        heartbeat_interval: Duration::from_millis(500),
+        ..outbox_wal::WalConfig::new(url.clone())
+    };
+
+    // The open default: a role without any privilege writes an event.
+    let nobody_pool = sqlx::PgPool::connect(&as_role(&nobody)).await.unwrap();
+    outbox_wal::enqueue_message(&nobody_pool, &config.message_prefix, &numbered("evil", 0))
+        .await
+        .expect("PUBLIC may call pg_logical_emit_message by default");
+    let access = outbox_wal::message_source_access(&config).await.unwrap();
+    assert!(access.enabled && access.open_to_public(), "{access:?}");
+    for overload in ["(boolean,text,bytea)", "(boolean,text,text)"] {
+        let revoke =
+            format!("REVOKE EXECUTE ON FUNCTION pg_logical_emit_message{overload} FROM PUBLIC;");
+        assert!(access.fix.contains(&revoke), "{access:?}");
+    }
+    assert!(
+        access
+            .fix
+            .iter()
+            .any(|s| s.starts_with("GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,bytea) TO <writer roles>")),
+        "{access:?}"
+    );
+
+    // The relay refuses, with the statements.
+    let sink = Arc::new(RecordingSink::new());
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        outbox_wal::WalRelay::new(config.clone(), sink.clone()).run(std::future::pending()),
+    )
+    .await
+    .expect("the relay gives up at once");
+    match refused {
+        Err(WalError::ServerSetup(msg)) => assert!(
+            msg.contains(
+                "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,text) FROM PUBLIC;"
+            ) && msg.contains(&format!("database `{db}`"))
+                && msg.contains("any role"),
+            "{msg}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    // Locked down as told: only the writer (and superusers) may write messages.
+    for statement in access.fix.iter().filter(|s| s.starts_with("REVOKE")) {
+        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&db_pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) TO {writer}"
+    )))
+    .execute(&db_pool)
+    .await
+    .unwrap();
+    let err =
+        outbox_wal::enqueue_message(&nobody_pool, &config.message_prefix, &numbered("evil", 1))
+            .await
+            .unwrap_err();
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    let access = outbox_wal::message_source_access(&config).await.unwrap();
+    assert!(
+        !access.open_to_public() && access.fix.is_empty(),
+        "{access:?}"
+    );
+    assert_eq!(access.granted_to, std::slice::from_ref(&writer));
+    // A relay role that is no superuser is told to grant itself the heartbeat overload.
+    let as_nobody = outbox_wal::WalConfig {
+        database_url: as_role(&nobody),
+        ..config.clone()
+    };
+    let access = outbox_wal::message_source_access(&as_nobody).await.unwrap();
+    assert!(!access.relay_can_emit, "{access:?}");
+    assert_eq!(
+        access.fix,
+        [format!(
+            "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,bytea) TO {nobody};"
+        )]
+    );
+
+    // Now the relay starts and delivers what the writer writes.
+    let relay = start(config.clone(), sink.clone());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !outbox_wal::wal_status(&config).await.unwrap().active {
+        assert!(Instant::now() < deadline, "the relay streams");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let writer_pool = sqlx::PgPool::connect(&as_role(&writer)).await.unwrap();
+    let event = numbered("w", 0);
+    outbox_wal::enqueue_message(&writer_pool, &config.message_prefix, &event)
+        .await
+        .unwrap();
+    wait_for("the writer's event", Duration::from_secs(20), || {
+        sink.distinct_delivered().contains(&event.id())
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(sink.delivered().len(), 1);
+
+    writer_pool.close().await;
+    nobody_pool.close().await;
+    db_pool.close().await;
+    for _ in 0..50 {
+        if outbox_wal::drop_slot(&config).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS {nobody}"),
+        format!("DROP ROLE IF EXISTS {writer}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+}
+
+/// The `ssl` of the replication session of the relay with `relay_id`, per the server.
+async fn replication_ssl(pool: &sqlx::PgPool, relay_id: &str) -> Option<bool> {
+    let app = format!("outbox-wal {relay_id}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ssl: Option<bool> = sqlx::query_scalar(
+            "SELECT ssl FROM pg_stat_ssl JOIN pg_stat_replication USING (pid) WHERE application_name = $1",
+        )
+        .bind(&app)
+        .fetch_optional(pool)
+        .await
+        .unwrap();
+        if ssl.is_some() || Instant::now() > deadline {
+            return ssl;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 22, item 6: with nothing configured, the replication session (which carries every
+/// payload) uses TLS when the server offers it, like libpq's `prefer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replication_connection_uses_tls_by_default() {
+    if cluster_cert("rootcert").is_none() {
+        eprintln!("skipped: OUTBOX_WAL_TEST_URL is not the TLS-enabled throwaway cluster");
+        return;
+    }
+    let fx = Fixture::new(&[Source::Table]).await;
+    assert!(!fx.config.database_url.contains("ssl"));
+    let relay = start(fx.config.clone(), Arc::new(RecordingSink::new()));
+    assert_eq!(
+        replication_ssl(&fx.pool, &fx.config.relay_id).await,
+        Some(true)
+    );
+    relay.stop().await;
+    let conn = outbox_wal::check_replication_connection(&fx.config)
+        .await
+        .unwrap();
+    assert_eq!(conn.sslmode, outbox_wal::SslMode::Prefer);
+    assert!(conn.tls && conn.tls_version.is_some(), "{conn:?}");
+    fx.cleanup().await;
+}
+
+/// `verify-full` checks the server's certificate against `sslrootcert`, by IP address and by
+/// name; a CA that did not sign it is a configuration error that names the setting, not an
+/// endless reconnect loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_full_checks_the_server_certificate_against_sslrootcert() {
+    let (Some(ca), Some(wrong)) = (cluster_cert("rootcert"), cluster_cert("wrong-rootcert")) else {
+        eprintln!("skipped: OUTBOX_WAL_TEST_URL is not the TLS-enabled throwaway cluster");
+        return;
+    };
+    let fx = Fixture::new(&[Source::Table]).await;
+    let with = |host: &str, root: &str| outbox_wal::WalConfig {
+        database_url: cluster_url_with(
+            Some(host),
+            None,
+            Some(&format!("sslmode=verify-full&sslrootcert={root}")),
+        ),
+        ..fx.config.clone()
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let conn = outbox_wal::check_replication_connection(&with(host, &ca))
+            .await
+            .unwrap_or_else(|e| panic!("{host}: {e}"));
+        assert_eq!(conn.sslmode, outbox_wal::SslMode::VerifyFull);
+        assert!(conn.tls, "{host}: {conn:?}");
+    }
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(with("127.0.0.1", &ca), sink.clone());
+    let event = numbered("v", 0);
+    fx.enqueue_table(std::slice::from_ref(&event)).await;
+    wait_for(
+        "delivery over verified TLS",
+        Duration::from_secs(20),
+        || sink.distinct_delivered().contains(&event.id()),
+    )
+    .await;
+    assert_eq!(
+        replication_ssl(&fx.pool, &fx.config.relay_id).await,
+        Some(true)
+    );
+    relay.stop().await;
+
+    let bad = with("127.0.0.1", &wrong);
+    match outbox_wal::check_replication_connection(&bad).await {
+        Err(WalError::Config(msg)) => assert!(
+            msg.contains("certificate") && msg.contains("sslrootcert") && msg.contains(&wrong),
+            "{msg}"
+        ),
+        other => panic!("expected a TLS configuration error, got {other:?}"),
+    }
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        outbox_wal::WalRelay::new(bad, sink.clone()).run(std::future::pending()),
+    )
+    .await
+    .expect("the relay gives up instead of retrying");
+    match refused {
+        Err(WalError::Config(msg)) => assert!(msg.contains("sslrootcert"), "{msg}"),
+        other => panic!("expected a TLS configuration error, got {other:?}"),
+    }
     fx.cleanup().await;
 }

@@ -306,3 +306,51 @@ pub fn duplicates(delivered: &[Event]) -> usize {
 }
 
 pub type Shared<T> = Arc<Mutex<T>>;
+
+/// A file of the throwaway cluster's TLS setup: `rootcert` (the CA that signed the server's
+/// certificate) or `wrong-rootcert` (an unrelated CA). `None` with `OUTBOX_WAL_TEST_URL`, whose
+/// server this suite did not set up.
+pub fn cluster_cert(which: &str) -> Option<String> {
+    if std::env::var("OUTBOX_WAL_TEST_URL").is_ok() {
+        return None;
+    }
+    cluster_url();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-logical.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .arg(which)
+        .output()
+        .expect("run scripts/pg-logical.sh");
+    assert!(
+        out.status.success(),
+        "scripts/pg-logical.sh {which} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The cluster's URL with another host, database or query.
+pub fn cluster_url_with(host: Option<&str>, database: Option<&str>, query: Option<&str>) -> String {
+    let mut url = url::Url::parse(&cluster_url()).expect("a URL");
+    if let Some(host) = host {
+        url.set_host(Some(host)).expect("a host");
+    }
+    if let Some(database) = database {
+        url.set_path(&format!("/{database}"));
+    }
+    if let Some(query) = query {
+        url.set_query(Some(query));
+    }
+    url.to_string()
+}
+
+/// Rows of `SELECT status, last_error FROM <outbox> ORDER BY seq`.
+pub async fn statuses(fx: &Fixture) -> Vec<(i64, String, Option<String>)> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT seq, status, last_error FROM {} ORDER BY seq",
+        fx.outbox.qualified_table()
+    )))
+    .fetch_all(&fx.pool)
+    .await
+    .unwrap()
+}

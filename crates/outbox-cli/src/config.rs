@@ -171,6 +171,7 @@ impl Config {
             max_batches_in_flight: w.max_batches_in_flight,
             max_buffered_events: w.max_buffered_events,
             max_buffered_bytes: w.max_buffered_bytes,
+            max_payload_bytes: r.max_payload_bytes,
             publish_timeout: r.publish_timeout,
             retry: r.retry,
             standby_poll_interval: w.standby_poll_interval,

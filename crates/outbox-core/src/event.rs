@@ -15,6 +15,31 @@ use crate::error::EncodeError;
 /// A sorted map, so the stored form and what a sink emits are stable.
 pub type Headers = BTreeMap<String, String>;
 
+/// Stored headers as an operator should see them in `outbox dead list|show`, even when the text
+/// is not a JSON object of strings (a foreign writer's row, dead-lettered for exactly that):
+/// other values are shown as their JSON text, and text that is no JSON object at all under
+/// `outbox-unreadable-headers`. Never used for delivery, which refuses such rows.
+///
+/// ```
+/// let h = outbox_core::headers_for_display(r#"{"retry": 3, "tenant": "acme"}"#);
+/// assert_eq!(h["retry"], "3");
+/// assert_eq!(h["tenant"], "acme");
+/// let h = outbox_core::headers_for_display("[1,2");
+/// assert_eq!(h["outbox-unreadable-headers"], "[1,2");
+/// ```
+pub fn headers_for_display(text: &str) -> Headers {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        _ => Headers::from([("outbox-unreadable-headers".to_owned(), text.to_owned())]),
+    }
+}
+
 /// The longest `last_error` a store keeps, in bytes. Longer errors are cut at a character boundary
 /// (a sink that echoes a 10 MB response body must not bloat the outbox table).
 pub const MAX_LAST_ERROR_LEN: usize = 2048;

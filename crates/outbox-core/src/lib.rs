@@ -43,7 +43,8 @@ mod store;
 pub use error::{EncodeError, StoreError};
 pub use event::{
     AggregateKey, Event, EventId, EventRecord, EventState, Headers, MAX_LAST_ERROR_LEN, NewEvent,
-    ParseStateError, check_first_delivery_order, is_valid_traceparent, truncate_error,
+    ParseStateError, check_first_delivery_order, headers_for_display, is_valid_traceparent,
+    truncate_error,
 };
 pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};

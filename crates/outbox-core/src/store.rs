@@ -146,7 +146,7 @@ pub fn bury_oversized(seq: i64, bytes: u64, limit: u64) -> BuryEvent {
     BuryEvent {
         seq,
         error: format!(
-            "the payload is {bytes} bytes, above relay.max_payload_bytes = {limit}: the relay does not load it; \
+            "the payload is {bytes} bytes, above relay.max_payload_bytes = {limit}: the relay does not deliver it; \
              raise relay.max_payload_bytes (if the destination accepts such messages) and run `outbox dead retry`, \
              or `outbox dead discard` it"
         ),

@@ -270,18 +270,52 @@ fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
 }
 
 fn decode_event(row: &MySqlRow) -> Result<Event, StoreError> {
+    decode_event_as(row, Reading::Delivery)
+}
+
+/// The payload column holds text, not a JSON type, so a foreign writer can store anything in
+/// it; a payload that is not JSON is not delivered (every sink labels it JSON).
+fn checked_payload(seq: i64, payload: String, reading: Reading) -> Result<String, StoreError> {
+    if reading == Reading::Delivery
+        && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&payload)
+    {
+        return Err(StoreError::Corrupt {
+            seq,
+            reason: format!("payload is not JSON ({e})"),
+        });
+    }
+    Ok(payload)
+}
+
+/// Why a row is read: to deliver it (anything malformed is an error, and the claim buries the
+/// row), or to show it to an operator (a malformed id or headers shown as well as they can be;
+/// the row is probably dead for exactly that reason, and `outbox dead list` must still list it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    Delivery,
+    Display,
+}
+
+fn decode_event_as(row: &MySqlRow, reading: Reading) -> Result<Event, StoreError> {
     let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
     let headers: String = row.try_get("headers").map_err(map_sqlx)?;
     let attempts: i32 = row.try_get("attempts").map_err(map_sqlx)?;
+    let (id, headers) = match reading {
+        Reading::Delivery => (decode_id(row, "id", seq)?, decode_headers(seq, &headers)?),
+        Reading::Display => (
+            decode_id(row, "id", seq).unwrap_or_else(|_| EventId::from_uuid(Uuid::nil())),
+            outbox_core::headers_for_display(&headers),
+        ),
+    };
     Ok(Event {
         seq,
-        id: decode_id(row, "id", seq)?,
+        id,
         aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
         aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
         event_type: row.try_get("event_type").map_err(map_sqlx)?,
-        payload: row.try_get("payload").map_err(map_sqlx)?,
+        payload: checked_payload(seq, row.try_get("payload").map_err(map_sqlx)?, reading)?,
         destination: row.try_get("destination").map_err(map_sqlx)?,
-        headers: decode_headers(seq, &headers)?,
+        headers,
         idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
         occurred_at: row.try_get("occurred_at").map_err(map_sqlx)?,
         enqueued_at: row.try_get("enqueued_at").map_err(map_sqlx)?,
@@ -290,7 +324,7 @@ fn decode_event(row: &MySqlRow) -> Result<Event, StoreError> {
 }
 
 fn decode_record(row: &MySqlRow) -> Result<EventRecord, StoreError> {
-    let event = decode_event(row)?;
+    let event = decode_event_as(row, Reading::Display)?;
     let status: String = row.try_get("status").map_err(map_sqlx)?;
     let state = status
         .parse()

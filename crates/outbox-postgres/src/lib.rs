@@ -1110,8 +1110,25 @@ fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
 }
 
 fn decode_event(row: &PgRow) -> Result<Event, StoreError> {
+    decode_event_as(row, Reading::Delivery)
+}
+
+/// Why a row is read: to deliver it (anything malformed is an error, and the claim buries the
+/// row), or to show it to an operator (malformed headers shown as they are; the row is
+/// probably dead for exactly that reason, and `outbox dead list` must still list it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    Delivery,
+    Display,
+}
+
+fn decode_event_as(row: &PgRow, reading: Reading) -> Result<Event, StoreError> {
     let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
     let headers: String = row.try_get("headers").map_err(map_sqlx)?;
+    let headers = match reading {
+        Reading::Delivery => decode_headers(seq, &headers)?,
+        Reading::Display => outbox_core::headers_for_display(&headers),
+    };
     let attempts: i32 = row.try_get("attempts").map_err(map_sqlx)?;
     Ok(Event {
         seq,
@@ -1121,7 +1138,7 @@ fn decode_event(row: &PgRow) -> Result<Event, StoreError> {
         event_type: row.try_get("event_type").map_err(map_sqlx)?,
         payload: row.try_get("payload").map_err(map_sqlx)?,
         destination: row.try_get("destination").map_err(map_sqlx)?,
-        headers: decode_headers(seq, &headers)?,
+        headers,
         idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
         occurred_at: row.try_get("occurred_at").map_err(map_sqlx)?,
         enqueued_at: row.try_get("enqueued_at").map_err(map_sqlx)?,
@@ -1130,7 +1147,7 @@ fn decode_event(row: &PgRow) -> Result<Event, StoreError> {
 }
 
 fn decode_record(row: &PgRow) -> Result<EventRecord, StoreError> {
-    let event = decode_event(row)?;
+    let event = decode_event_as(row, Reading::Display)?;
     let status: String = row.try_get("status").map_err(map_sqlx)?;
     let state = status
         .parse()

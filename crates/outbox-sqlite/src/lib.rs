@@ -784,19 +784,81 @@ fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
 }
 
 fn decode_event(row: &SqliteRow) -> Result<Event, StoreError> {
+    decode_event_as(row, Reading::Delivery)
+}
+
+/// The payload column holds text, not a JSON type, so a foreign writer can store anything in
+/// it; a payload that is not JSON is not delivered (every sink labels it JSON).
+fn checked_payload(seq: i64, payload: String, reading: Reading) -> Result<String, StoreError> {
+    if reading == Reading::Delivery
+        && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&payload)
+    {
+        return Err(StoreError::Corrupt {
+            seq,
+            reason: format!("payload is not JSON ({e})"),
+        });
+    }
+    Ok(payload)
+}
+
+/// Why a row is read: to deliver it (anything malformed is an error, and the claim buries the
+/// row), or to show it to an operator (a malformed id, headers or text that is not UTF-8 shown
+/// as well as they can be; the row is probably dead for exactly that reason, and
+/// `outbox dead list` must still list it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    Delivery,
+    Display,
+}
+
+/// A text column; for display, bytes that are not UTF-8 are replaced rather than refused.
+fn text_as(row: &SqliteRow, column: &str, reading: Reading) -> Result<String, StoreError> {
+    match row.try_get::<String, _>(column) {
+        Ok(text) => Ok(text),
+        Err(_) if reading == Reading::Display => {
+            let bytes: Vec<u8> = row.try_get_unchecked(column).map_err(map_sqlx)?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        }
+        Err(e) => Err(StoreError::Corrupt {
+            seq: row.try_get("seq").unwrap_or(0),
+            reason: format!("column `{column}` cannot be read as text ({e})"),
+        }),
+    }
+}
+
+fn opt_text_as(
+    row: &SqliteRow,
+    column: &str,
+    reading: Reading,
+) -> Result<Option<String>, StoreError> {
+    let present: Option<Vec<u8>> = row.try_get_unchecked(column).map_err(map_sqlx)?;
+    match present {
+        None => Ok(None),
+        Some(_) => text_as(row, column, reading).map(Some),
+    }
+}
+
+fn decode_event_as(row: &SqliteRow, reading: Reading) -> Result<Event, StoreError> {
     let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
-    let headers: String = row.try_get("headers").map_err(map_sqlx)?;
+    let headers = text_as(row, "headers", reading)?;
     let attempts: i64 = row.try_get("attempts").map_err(map_sqlx)?;
+    let (id, headers) = match reading {
+        Reading::Delivery => (decode_id(row, "id", seq)?, decode_headers(seq, &headers)?),
+        Reading::Display => (
+            decode_id(row, "id", seq).unwrap_or_else(|_| EventId::from_uuid(Uuid::nil())),
+            outbox_core::headers_for_display(&headers),
+        ),
+    };
     Ok(Event {
         seq,
-        id: decode_id(row, "id", seq)?,
-        aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
-        aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
-        event_type: row.try_get("event_type").map_err(map_sqlx)?,
-        payload: row.try_get("payload").map_err(map_sqlx)?,
-        destination: row.try_get("destination").map_err(map_sqlx)?,
-        headers: decode_headers(seq, &headers)?,
-        idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
+        id,
+        aggregate_type: text_as(row, "aggregate_type", reading)?,
+        aggregate_id: text_as(row, "aggregate_id", reading)?,
+        event_type: text_as(row, "event_type", reading)?,
+        payload: checked_payload(seq, text_as(row, "payload", reading)?, reading)?,
+        destination: opt_text_as(row, "destination", reading)?,
+        headers,
+        idempotency_key: opt_text_as(row, "idempotency_key", reading)?,
         occurred_at: get_time(row, seq, "occurred_at")?,
         enqueued_at: get_time(row, seq, "enqueued_at")?,
         attempts: u32::try_from(attempts).unwrap_or(0),
@@ -804,7 +866,7 @@ fn decode_event(row: &SqliteRow) -> Result<Event, StoreError> {
 }
 
 fn decode_record(row: &SqliteRow) -> Result<EventRecord, StoreError> {
-    let event = decode_event(row)?;
+    let event = decode_event_as(row, Reading::Display)?;
     let seq = event.seq;
     let status: String = row.try_get("status").map_err(map_sqlx)?;
     let state = status
@@ -887,10 +949,12 @@ impl Store for SqliteStore {
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
             let size: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
             let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
+            // Read as an operator would see it: the row may be buried for bytes that are
+            // not UTF-8 in exactly these columns.
             let aggregate = || -> Result<AggregateKey, StoreError> {
                 Ok(AggregateKey {
-                    aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
-                    aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
+                    aggregate_type: text_as(row, "aggregate_type", Reading::Display)?,
+                    aggregate_id: text_as(row, "aggregate_id", Reading::Display)?,
                 })
             };
             if size > request.max_payload_bytes {

@@ -73,6 +73,10 @@ pub struct WalConfig {
     pub max_buffered_events: usize,
     /// Most payload bytes held in memory, same effect as `max_buffered_events`.
     pub max_buffered_bytes: usize,
+    /// An event whose payload is larger is not delivered: it is dead-lettered with a reason
+    /// naming the limit, as in polling mode (`relay.max_payload_bytes`). The catch-up scan does
+    /// not even load it.
+    pub max_payload_bytes: u64,
     /// Longest wait for one sink call; past it, its events count as failed.
     #[serde(with = "humantime_duration")]
     pub publish_timeout: Duration,
@@ -115,6 +119,7 @@ impl Default for WalConfig {
             max_batches_in_flight: 4,
             max_buffered_events: 20_000,
             max_buffered_bytes: 32 * 1024 * 1024,
+            max_payload_bytes: 16 * 1024 * 1024,
             publish_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
             standby_poll_interval: Duration::from_secs(1),

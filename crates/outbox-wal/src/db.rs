@@ -15,8 +15,11 @@ use crate::slot::outbox_table;
 
 /// Read as text where a hand-altered table could hold anything (`id`, `payload`, `headers`), so
 /// a bad value is reported for its column instead of failing the whole statement.
-const EVENT_COLUMNS: &str = "seq, id::text AS id, aggregate_type::text AS aggregate_type, \
-     aggregate_id::text AS aggregate_id, event_type::text AS event_type, payload::text AS payload, \
+/// The event's columns for the catch-up page, each as text so one bad value fails only its
+/// row; a payload above the limit (`$4`) is not read.
+const PAGE_COLUMNS: &str = "seq, id::text AS id, aggregate_type::text AS aggregate_type, \
+     aggregate_id::text AS aggregate_id, event_type::text AS event_type, \
+     CASE WHEN payload_bytes > $4 THEN NULL ELSE payload::text END AS payload, \
      destination::text AS destination, headers::text AS headers, idempotency_key::text AS idempotency_key, \
      occurred_at, enqueued_at, attempts";
 
@@ -360,31 +363,79 @@ pub(crate) struct MalformedRow {
     pub attempts: u32,
     /// What is wrong, naming the column.
     pub reason: String,
+    /// Not malformed but too large: its payload's size, above `max_payload_bytes`.
+    pub oversized: Option<u64>,
 }
 
-/// Undelivered rows (`pending` or `in_flight`) after `after`, up to `high_water`, in seq order.
-/// A row that cannot be read is returned as a [`MalformedRow`], so one bad row never fails the
-/// page (and with it every start of the relay).
+impl MalformedRow {
+    /// The dead letter's `last_error`.
+    pub fn error(&self, max_payload_bytes: u64) -> String {
+        match self.oversized {
+            Some(size) => outbox_core::bury_oversized(self.seq, size, max_payload_bytes).error,
+            None => crate::pgoutput::malformed_error(self.seq, &self.reason),
+        }
+    }
+}
+
+/// One page of the catch-up scan.
+pub(crate) struct Page {
+    /// The rows, in seq order.
+    pub rows: Vec<Result<Event, MalformedRow>>,
+    /// Whether rows past this page may remain (the page was full, or cut by bytes).
+    pub more: bool,
+}
+
+/// Undelivered rows (`pending` or `in_flight`) after `after`, up to `high_water`, in seq order:
+/// at most `limit`, and while the payloads before a row add up to less than
+/// `max_buffered_bytes` (the first row always). A row that cannot be read is returned as a
+/// [`MalformedRow`], so one bad row never fails the page (and with it every start of the
+/// relay); so is one whose payload is above `max_payload_bytes`, without loading the payload.
 pub(crate) async fn undelivered(
     pool: &PgPool,
     cfg: &WalConfig,
     after: i64,
     high_water: i64,
     limit: i64,
-) -> Result<Vec<Result<Event, MalformedRow>>, WalError> {
+) -> Result<Page, WalError> {
     let rows = sqlx::query(AssertSqlSafe(format!(
-        "SELECT {EVENT_COLUMNS}, pg_typeof(payload) IN ('json'::regtype, 'jsonb'::regtype) AS payload_is_json
-         FROM {} WHERE status IN ('pending', 'in_flight') AND seq > $1 AND seq <= $2
-         ORDER BY seq LIMIT $3",
-        outbox_table(cfg)
+        "WITH page AS (
+             SELECT seq FROM {t} WHERE status IN ('pending', 'in_flight') AND seq > $1 AND seq <= $2
+             ORDER BY seq LIMIT $3
+         ),
+         sized AS (
+             SELECT e.*, octet_length(e.payload::text) AS payload_bytes,
+                    pg_typeof(e.payload) IN ('json'::regtype, 'jsonb'::regtype) AS payload_is_json,
+                    count(*) OVER () AS page_rows
+             FROM page p JOIN {t} e ON e.seq = p.seq
+         ),
+         counted AS (
+             SELECT s.*, CASE WHEN s.payload_bytes > $4 THEN 0 ELSE s.payload_bytes END AS b
+             FROM sized s
+         ),
+         kept AS (
+             SELECT c.*, sum(c.b) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS running
+             FROM counted c
+         )
+         SELECT {PAGE_COLUMNS}, payload_bytes, payload_is_json, page_rows
+         FROM kept WHERE running - b < $5
+         ORDER BY seq",
+        t = outbox_table(cfg)
     )))
     .bind(after)
     .bind(high_water)
     .bind(limit)
+    .bind(i64::try_from(cfg.max_payload_bytes).unwrap_or(i64::MAX))
+    .bind(i64::try_from(cfg.max_buffered_bytes).unwrap_or(i64::MAX))
     .fetch_all(pool)
     .await
     .map_err(map_sqlx)?;
-    rows.iter()
+    let page_rows = match rows.first() {
+        Some(row) => row.try_get::<i64, _>("page_rows").map_err(map_sqlx)?,
+        None => 0,
+    };
+    let more = page_rows >= limit || (rows.len() as i64) < page_rows;
+    let rows = rows
+        .iter()
         .map(|row| {
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
             let attempts = row
@@ -393,15 +444,27 @@ pub(crate) async fn undelivered(
                 .flatten()
                 .and_then(|a| u32::try_from(a).ok())
                 .unwrap_or(0);
+            let size: Option<i32> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
+            if size > cfg.max_payload_bytes {
+                return Ok(Err(MalformedRow {
+                    seq,
+                    attempts,
+                    reason: String::new(),
+                    oversized: Some(size),
+                }));
+            }
             Ok(
                 decode_row(row, seq, attempts).map_err(|reason| MalformedRow {
                     seq,
                     attempts,
                     reason,
+                    oversized: None,
                 }),
             )
         })
-        .collect()
+        .collect::<Result<_, WalError>>()?;
+    Ok(Page { rows, more })
 }
 
 /// One catch-up row as an event; the error names the column and what is wrong with it, in the

@@ -377,7 +377,24 @@ impl Engine {
 
     /// Add an event of the current transaction (`in_tx`), of a standalone non-transactional
     /// message that ends at `standalone_end`, or of the catch-up scan (neither).
-    pub fn push(&mut self, event: Event, origin: Origin, in_tx: bool, standalone_end: Option<Lsn>) {
+    pub fn push(
+        &mut self,
+        mut event: Event,
+        origin: Origin,
+        in_tx: bool,
+        standalone_end: Option<Lsn>,
+    ) {
+        let size = event.payload.len() as u64;
+        if size > self.cfg.max_payload_bytes {
+            let error =
+                outbox_core::bury_oversized(event.seq, size, self.cfg.max_payload_bytes).error;
+            // A table row keeps its payload in the table; a message's dead row needs it.
+            if origin == Origin::Table {
+                event.payload = String::new();
+            }
+            self.push_dead(event, origin, in_tx, standalone_end, error);
+            return;
+        }
         let tx = self.join_tx(in_tx, standalone_end);
         let check = origin == Origin::Table && tx.is_some() && event.seq <= self.check_high_water;
         let meta = Meta {

@@ -487,9 +487,10 @@ impl Session {
         let started = Instant::now();
         loop {
             if !exhausted && self.engine.has_room() {
-                let rows = db::undelivered(&self.pool, &self.cfg, after, high_water, page).await?;
-                exhausted = (rows.len() as i64) < page;
-                for row in rows {
+                let fetched =
+                    db::undelivered(&self.pool, &self.cfg, after, high_water, page).await?;
+                exhausted = !fetched.more;
+                for row in fetched.rows {
                     match row {
                         Ok(event) => {
                             after = event.seq;
@@ -498,12 +499,13 @@ impl Session {
                         // One bad row is dead-lettered; it never fails the page.
                         Err(bad) => {
                             after = bad.seq;
+                            let error = bad.error(self.cfg.max_payload_bytes);
                             self.engine.push_dead(
                                 pgoutput::placeholder(bad.seq, bad.attempts),
                                 Origin::Table,
                                 false,
                                 None,
-                                pgoutput::malformed_error(bad.seq, &bad.reason),
+                                error,
                             );
                         }
                     }

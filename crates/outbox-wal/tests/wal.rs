@@ -1354,3 +1354,54 @@ async fn verify_full_checks_the_server_certificate_against_sslrootcert() {
     }
     fx.cleanup().await;
 }
+
+/// A payload above `max_payload_bytes` is dead-lettered with the limit named, whether the
+/// catch-up scan meets it (without loading it) or the stream does; the catch-up scan reads its
+/// pages by bytes (`max_buffered_bytes`), so a backlog of large rows comes a few at a time, in
+/// order, and nothing else is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_payloads_are_dead_lettered_and_the_catch_up_pages_by_bytes() {
+    let mut fx = Fixture::new(&[Source::Table]).await;
+    fx.config.max_payload_bytes = 8_000;
+    fx.config.max_buffered_bytes = 10_000;
+    // Written before the relay starts: twelve 2 kB rows (about five per page) and one too large.
+    let mut backlog: Vec<outbox_core::NewEvent> = (0..12)
+        .map(|n| sized(&format!("a{}", n % 3), n, 2_000))
+        .collect();
+    backlog.insert(5, sized("big", 0, 20_000));
+    fx.enqueue_table(&backlog).await;
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone());
+    wait_for("the backlog", Duration::from_secs(20), || {
+        sink.distinct_delivered().len() == 12
+    })
+    .await;
+    // And one more of each while it streams.
+    let streamed = [sized("b", 0, 2_000), sized("big", 1, 9_000)];
+    fx.enqueue_table(&streamed).await;
+    wait_for("the streamed one", Duration::from_secs(20), || {
+        sink.distinct_delivered().contains(&streamed[0].id())
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fx.status_counts().await != (0, 13, 2) {
+        assert!(Instant::now() < deadline, "{:?}", fx.status_counts().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.stop().await;
+    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
+    assert!(
+        !sink.distinct_delivered().contains(&backlog[5].id())
+            && !sink.distinct_delivered().contains(&streamed[1].id())
+    );
+    for (_, status, error) in statuses(&fx).await {
+        if status == "dead" {
+            let error = error.unwrap_or_default();
+            assert!(
+                error.contains("bytes, above relay.max_payload_bytes = 8000"),
+                "{error}"
+            );
+        }
+    }
+    fx.cleanup().await;
+}

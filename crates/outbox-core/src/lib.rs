@@ -49,7 +49,7 @@ pub use event::{
 pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};
 pub use store::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, Hold, Lease, LeaseHolder,
-    OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store, bury_malformed,
-    bury_oversized, held_behind_buried,
+    BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DestinationStats, Hold, Lease,
+    LeaseHolder, OutboxStats, PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent,
+    SortedClaim, Store, bury_malformed, bury_oversized, check_payload, held_behind_buried,
 };

@@ -114,6 +114,9 @@ pub struct Claim {
     pub lease: Lease,
     /// Claimed events, in enqueue (`seq`) order.
     pub events: Vec<Event>,
+    /// Rows this claim took and buried at once instead of handing them out (malformed, or a
+    /// payload above [`ClaimRequest::max_payload_bytes`]): the relay counts them as dead.
+    pub buried: u64,
 }
 
 /// A failed delivery to try again later.
@@ -150,6 +153,148 @@ pub fn bury_oversized(seq: i64, bytes: u64, limit: u64) -> BuryEvent {
              raise relay.max_payload_bytes (if the destination accepts such messages) and run `outbox dead retry`, \
              or `outbox dead discard` it"
         ),
+    }
+}
+
+/// Why a store reads a row, which decides what it makes of a malformed one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// To deliver it: anything malformed is an error, and the claim buries the row.
+    Delivery,
+    /// To show it to an operator (`outbox dead list|show`): what is malformed is shown as well
+    /// as it can be (the row is probably dead for exactly that reason, and must still be
+    /// listed).
+    Display,
+}
+
+/// A payload stored in a text column (SQLite, MySQL), where a foreign writer can store anything:
+/// for delivery it must be JSON (every sink labels it so); for display it is shown as it is.
+pub fn check_payload(seq: i64, payload: String, reading: Reading) -> Result<String, StoreError> {
+    if reading == Reading::Delivery
+        && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&payload)
+    {
+        return Err(StoreError::Corrupt {
+            seq,
+            reason: format!("payload is not JSON ({e})"),
+        });
+    }
+    Ok(payload)
+}
+
+/// Sorts the rows a claim statement returned into events to hand out and rows to bury, the same
+/// way in every store: a payload above [`ClaimRequest::max_payload_bytes`] is buried unread
+/// ([`bury_oversized`]), a row that cannot be decoded is buried with the reason
+/// ([`bury_malformed`]), and under [`DeadLetterPolicy::Block`] the later events of their
+/// aggregates in the same claim are released ([`held_behind_buried`]).
+///
+/// ```
+/// use outbox_core::{AggregateKey, ClaimRequest, ClaimSort, DeadLetterPolicy, StoreError};
+/// # fn ev(seq: i64, agg: &str) -> outbox_core::Event { outbox_core::Event { seq, id: outbox_core::EventId::new(),
+/// #   aggregate_type: "t".into(), aggregate_id: agg.into(), event_type: "E".into(), payload: "{}".into(),
+/// #   destination: None, headers: Default::default(), idempotency_key: None,
+/// #   occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 } }
+/// let request = ClaimRequest::new("r", 10, std::time::Duration::from_secs(30), DeadLetterPolicy::Block)
+///     .with_byte_limits(1_000_000, 100);
+/// let key = |a: &str| Ok(AggregateKey { aggregate_type: "t".into(), aggregate_id: a.into() });
+/// let mut sort = ClaimSort::new(&request);
+/// sort.row(1, || key("a"), 2, || Ok(ev(1, "a")))?;
+/// let buried = sort.row(2, || key("a"), 5_000, || unreachable!("never loaded"))?;
+/// assert!(buried.unwrap().contains("5000 bytes"));
+/// sort.row(3, || key("a"), 2, || Ok(ev(3, "a")))?;
+/// sort.row(4, || key("b"), 2, || Err(StoreError::Corrupt { seq: 4, reason: "bad".into() }))?;
+/// let sorted = sort.finish();
+/// assert_eq!(sorted.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1]);
+/// assert_eq!(sorted.bury.len(), 2);
+/// assert_eq!(sorted.release, vec![3]);
+/// # Ok::<(), StoreError>(())
+/// ```
+pub struct ClaimSort {
+    policy: DeadLetterPolicy,
+    max_payload_bytes: u64,
+    events: Vec<Event>,
+    bury: Vec<BuryEvent>,
+    buried: Vec<(i64, AggregateKey)>,
+}
+
+/// A claim sorted by [`ClaimSort`].
+#[derive(Debug, Default)]
+pub struct SortedClaim {
+    /// To hand out, in `seq` order.
+    pub events: Vec<Event>,
+    /// To bury now, under the claim's lease.
+    pub bury: Vec<BuryEvent>,
+    /// To release now (held behind a buried row of their aggregate).
+    pub release: Vec<i64>,
+}
+
+impl SortedClaim {
+    /// Bury and release under `lease` what the sort decided, and return the claim to hand out.
+    pub async fn into_claim<S: Store + ?Sized>(
+        self,
+        store: &S,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        if !self.bury.is_empty() {
+            store.bury(&lease, &self.bury).await?;
+        }
+        if !self.release.is_empty() {
+            store.release(&lease, &self.release).await?;
+        }
+        Ok(Claim {
+            lease,
+            buried: self.bury.len() as u64,
+            events: self.events,
+        })
+    }
+}
+
+impl ClaimSort {
+    /// Sorting for `request`'s limits and dead-letter policy.
+    pub fn new(request: &ClaimRequest) -> Self {
+        ClaimSort {
+            policy: request.dead_letter,
+            max_payload_bytes: request.max_payload_bytes,
+            events: Vec::new(),
+            bury: Vec::new(),
+            buried: Vec::new(),
+        }
+    }
+
+    /// One claimed row: its `seq`, its aggregate, the size of its payload, and how to decode it
+    /// (not called when the payload is above the limit). Returns the reason when the row is to
+    /// be buried, for the store's log.
+    pub fn row(
+        &mut self,
+        seq: i64,
+        aggregate: impl FnOnce() -> Result<AggregateKey, StoreError>,
+        payload_bytes: u64,
+        decode: impl FnOnce() -> Result<Event, StoreError>,
+    ) -> Result<Option<&str>, StoreError> {
+        let bury = if payload_bytes > self.max_payload_bytes {
+            bury_oversized(seq, payload_bytes, self.max_payload_bytes)
+        } else {
+            match decode() {
+                Ok(event) => {
+                    self.events.push(event);
+                    return Ok(None);
+                }
+                Err(error) => bury_malformed(seq, &error),
+            }
+        };
+        self.buried.push((seq, aggregate()?));
+        self.bury.push(bury);
+        Ok(self.bury.last().map(|b| b.error.as_str()))
+    }
+
+    /// The events to hand out, the rows to bury and the events to release.
+    pub fn finish(mut self) -> SortedClaim {
+        self.events.sort_unstable_by_key(|e| e.seq);
+        let release = held_behind_buried(&mut self.events, &self.buried, self.policy);
+        SortedClaim {
+            events: self.events,
+            bury: self.bury,
+            release,
+        }
     }
 }
 

@@ -7,9 +7,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::route::RouteTable;
 use outbox_core::{
-    AggregateKey, BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats,
-    Event, EventId, EventRecord, Headers, Lease, LeaseHolder, OutboxStats, PausedDestination,
-    ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
+    AggregateKey, BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DeadLetterPolicy,
+    DestinationStats, Event, EventId, EventRecord, Headers, Lease, LeaseHolder, OutboxStats,
+    PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, SortedClaim, Store,
+    StoreError,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
@@ -87,7 +88,7 @@ impl MySqlStore {
         session: &mut Session,
         request: &ClaimRequest,
         token: Uuid,
-    ) -> Result<Claimed, StoreError> {
+    ) -> Result<SortedClaim, StoreError> {
         let sql = self.sql();
         let block = request.dead_letter == DeadLetterPolicy::Block;
         let limit = i64::from(request.limit);
@@ -110,7 +111,7 @@ impl MySqlStore {
         }
         .map_err(map_sqlx)?;
         if candidates.is_empty() {
-            return Ok(Claimed::default());
+            return Ok(SortedClaim::default());
         }
         let mut wanted = Vec::with_capacity(candidates.len());
         // The byte budget: candidates in seq order while the payloads before them add up to
@@ -146,54 +147,42 @@ impl MySqlStore {
             .fetch_all(session.conn())
             .await
             .map_err(map_sqlx)?;
-        let mut decoded = Vec::with_capacity(locked.len());
+        let locked_seqs = locked
+            .iter()
+            .map(|row| row.try_get::<i64, _>("seq").map_err(map_sqlx))
+            .collect::<Result<HashSet<i64>, _>>()?;
+        let keep = keep_in_order(&wanted, locked_seqs);
+        if keep.is_empty() {
+            session.rollback().await?;
+            return Ok(SortedClaim::default());
+        }
+        // Rows that cannot be delivered are claimed with the rest and buried right after, so one
+        // bad row neither fails the claim nor lets its aggregate's later events overtake it.
+        let mut sort = ClaimSort::new(request);
+        let mut kept = Vec::with_capacity(keep.len());
         for row in &locked {
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+            if !keep.contains(&seq) {
+                continue;
+            }
+            kept.push(seq);
             let size: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
             let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
-            if size > request.max_payload_bytes {
-                decoded.push((seq, Err(Oversized(size))));
-            } else {
-                decoded.push((seq, decode_event(row).map_err(Malformed)));
-            }
-        }
-        let keep = keep_in_order(&wanted, decoded.iter().map(|(seq, _)| *seq).collect());
-        decoded.retain(|(seq, _)| keep.contains(seq));
-        if decoded.is_empty() {
-            session.rollback().await?;
-            return Ok(Claimed::default());
-        }
-        // Malformed rows are claimed with the rest and buried right after, so one bad row
-        // neither fails the claim nor lets its aggregate's later events overtake it.
-        let kept: Vec<i64> = decoded.iter().map(|(seq, _)| *seq).collect();
-        let mut locked = Vec::with_capacity(decoded.len());
-        let mut malformed = Vec::new();
-        let mut buried = Vec::new();
-        for (seq, event) in decoded {
-            if event.is_err()
-                && let Some((_, key)) = wanted.iter().find(|(s, _)| *s == seq)
-            {
-                buried.push((seq, key.clone()));
-            }
-            match event {
-                Ok(event) => locked.push(event),
-                Err(Malformed(error)) => {
-                    tracing::warn!(seq, %error, "Claimed a row that cannot be read as an event; it is dead-lettered.");
-                    malformed.push(outbox_core::bury_malformed(seq, &error));
-                }
-                Err(Oversized(size)) => {
-                    tracing::warn!(
-                        seq,
-                        bytes = size,
-                        limit = request.max_payload_bytes,
-                        "Claimed an event whose payload is above the limit; it is dead-lettered unread."
-                    );
-                    malformed.push(outbox_core::bury_oversized(
-                        seq,
-                        size,
-                        request.max_payload_bytes,
-                    ));
-                }
+            let aggregate = || {
+                wanted
+                    .iter()
+                    .find(|(s, _)| *s == seq)
+                    .map(|(_, key)| key.clone())
+                    .ok_or_else(|| {
+                        StoreError::Database(format!("claimed row {seq} was no candidate"))
+                    })
+            };
+            if let Some(error) = sort.row(seq, aggregate, size, || decode_event(row))? {
+                tracing::warn!(
+                    seq,
+                    error,
+                    "Claimed a row that cannot be delivered; it is dead-lettered."
+                );
             }
         }
         let owner: String = request.owner.chars().take(MAX_OWNER_CHARS).collect();
@@ -213,12 +202,7 @@ impl MySqlStore {
             )));
         }
         session.commit().await?;
-        locked.sort_unstable_by_key(|e| e.seq);
-        Ok(Claimed {
-            events: locked,
-            malformed,
-            buried,
-        })
+        Ok(sort.finish())
     }
 }
 
@@ -245,23 +229,6 @@ fn keep_in_order(wanted: &[(i64, AggregateKey)], locked: HashSet<i64>) -> HashSe
 /// [`outbox_core::redact`], re-exported where callers have always found it.
 pub use outbox_core::redact::redact_url;
 
-/// What a claim took: the events to hand out, the rows to bury, and those rows' aggregates.
-#[derive(Default)]
-struct Claimed {
-    events: Vec<Event>,
-    malformed: Vec<BuryEvent>,
-    buried: Vec<(i64, AggregateKey)>,
-}
-
-/// Why a locked row is buried instead of handed out.
-enum Unusable {
-    /// It cannot be read as an event.
-    Malformed(StoreError),
-    /// Its payload (this many bytes) is above the claim's `max_payload_bytes`.
-    Oversized(u64),
-}
-use Unusable::{Malformed, Oversized};
-
 fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
         seq,
@@ -271,29 +238,6 @@ fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
 
 fn decode_event(row: &MySqlRow) -> Result<Event, StoreError> {
     decode_event_as(row, Reading::Delivery)
-}
-
-/// The payload column holds text, not a JSON type, so a foreign writer can store anything in
-/// it; a payload that is not JSON is not delivered (every sink labels it JSON).
-fn checked_payload(seq: i64, payload: String, reading: Reading) -> Result<String, StoreError> {
-    if reading == Reading::Delivery
-        && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&payload)
-    {
-        return Err(StoreError::Corrupt {
-            seq,
-            reason: format!("payload is not JSON ({e})"),
-        });
-    }
-    Ok(payload)
-}
-
-/// Why a row is read: to deliver it (anything malformed is an error, and the claim buries the
-/// row), or to show it to an operator (a malformed id or headers shown as well as they can be;
-/// the row is probably dead for exactly that reason, and `outbox dead list` must still list it).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reading {
-    Delivery,
-    Display,
 }
 
 fn decode_event_as(row: &MySqlRow, reading: Reading) -> Result<Event, StoreError> {
@@ -313,7 +257,11 @@ fn decode_event_as(row: &MySqlRow, reading: Reading) -> Result<Event, StoreError
         aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
         aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
         event_type: row.try_get("event_type").map_err(map_sqlx)?,
-        payload: checked_payload(seq, row.try_get("payload").map_err(map_sqlx)?, reading)?,
+        payload: outbox_core::check_payload(
+            seq,
+            row.try_get("payload").map_err(map_sqlx)?,
+            reading,
+        )?,
         destination: row.try_get("destination").map_err(map_sqlx)?,
         headers,
         idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
@@ -369,6 +317,7 @@ impl Store for MySqlStore {
             return Ok(Claim {
                 lease,
                 events: Vec::new(),
+                buried: 0,
             });
         }
         let sql = self.sql();
@@ -391,25 +340,13 @@ impl Store for MySqlStore {
             );
         }
         match self.claim_rows(&mut session, request, token).await {
-            Ok(Claimed {
-                mut events,
-                malformed,
-                buried,
-            }) => {
+            Ok(sorted) => {
                 // The claim is committed: hand it out even if the release fails. The session then
                 // still counts as holding the lock and is closed on drop, which releases it.
                 if let Err(error) = session.release_lock(&sql.claim_unlock).await {
                     tracing::warn!(%error, "Releasing the outbox claim lock failed; closing the connection.");
                 }
-                if !malformed.is_empty() {
-                    self.bury(&lease, &malformed).await?;
-                    let held =
-                        outbox_core::held_behind_buried(&mut events, &buried, request.dead_letter);
-                    if !held.is_empty() {
-                        self.release(&lease, &held).await?;
-                    }
-                }
-                Ok(Claim { lease, events })
+                sorted.into_claim(self, lease).await
             }
             Err(error) => {
                 session.abandon(&sql.claim_unlock).await;

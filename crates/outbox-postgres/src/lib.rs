@@ -115,9 +115,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::route::{RouteTable, SqlDialect};
 use outbox_core::{
-    AggregateKey, BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats,
-    Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats,
-    PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
+    AggregateKey, BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DeadLetterPolicy,
+    DestinationStats, Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent,
+    OutboxStats, PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, Store,
+    StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
@@ -1113,15 +1114,6 @@ fn decode_event(row: &PgRow) -> Result<Event, StoreError> {
     decode_event_as(row, Reading::Delivery)
 }
 
-/// Why a row is read: to deliver it (anything malformed is an error, and the claim buries the
-/// row), or to show it to an operator (malformed headers shown as they are; the row is
-/// probably dead for exactly that reason, and `outbox dead list` must still list it).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reading {
-    Delivery,
-    Display,
-}
-
 fn decode_event_as(row: &PgRow, reading: Reading) -> Result<Event, StoreError> {
     let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
     let headers: String = row.try_get("headers").map_err(map_sqlx)?;
@@ -1232,56 +1224,30 @@ impl Store for PgStore {
         }
         let rows = query.fetch_all(&mut *tx).await.map_err(map_sqlx)?;
         tx.commit().await.map_err(map_sqlx)?;
-        let mut events = Vec::with_capacity(rows.len());
-        let mut malformed = Vec::new();
-        let mut buried = Vec::new();
+        let mut sort = ClaimSort::new(request);
         for row in &rows {
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
             let size: Option<i32> = row.try_get("payload_bytes").map_err(map_sqlx)?;
-            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
-            let aggregate = || -> Result<AggregateKey, StoreError> {
+            let aggregate = || {
                 Ok(AggregateKey {
                     aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
                     aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
                 })
             };
-            if size > request.max_payload_bytes {
+            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
+            if let Some(error) = sort.row(seq, aggregate, size, || decode_event(row))? {
                 tracing::warn!(
                     seq,
-                    bytes = size,
-                    limit = request.max_payload_bytes,
-                    "Claimed an event whose payload is above the limit; it is dead-lettered unread."
+                    error,
+                    "Claimed a row that cannot be delivered; it is dead-lettered."
                 );
-                malformed.push(outbox_core::bury_oversized(
-                    seq,
-                    size,
-                    request.max_payload_bytes,
-                ));
-                buried.push((seq, aggregate()?));
-                continue;
-            }
-            match decode_event(row) {
-                Ok(event) => events.push(event),
-                Err(error) => {
-                    tracing::warn!(seq, %error, "Claimed a row that cannot be read as an event; it is dead-lettered.");
-                    malformed.push(outbox_core::bury_malformed(seq, &error));
-                    buried.push((seq, aggregate()?));
-                }
             }
         }
-        events.sort_unstable_by_key(|e| e.seq);
         let lease = Lease {
             owner: request.owner.clone(),
             token,
         };
-        if !malformed.is_empty() {
-            self.bury(&lease, &malformed).await?;
-            let held = outbox_core::held_behind_buried(&mut events, &buried, request.dead_letter);
-            if !held.is_empty() {
-                self.release(&lease, &held).await?;
-            }
-        }
-        Ok(Claim { lease, events })
+        sort.finish().into_claim(self, lease).await
     }
 
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {

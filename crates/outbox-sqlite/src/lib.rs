@@ -83,9 +83,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::route::{RouteTable, SqlDialect};
 use outbox_core::{
-    AggregateKey, BuryEvent, Claim, ClaimRequest, DeadFilter, DeadLetterPolicy, DestinationStats,
-    Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent, OutboxStats,
-    PausedDestination, ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
+    AggregateKey, BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DeadLetterPolicy,
+    DestinationStats, Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent,
+    OutboxStats, PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, Store,
+    StoreError,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -787,30 +788,6 @@ fn decode_event(row: &SqliteRow) -> Result<Event, StoreError> {
     decode_event_as(row, Reading::Delivery)
 }
 
-/// The payload column holds text, not a JSON type, so a foreign writer can store anything in
-/// it; a payload that is not JSON is not delivered (every sink labels it JSON).
-fn checked_payload(seq: i64, payload: String, reading: Reading) -> Result<String, StoreError> {
-    if reading == Reading::Delivery
-        && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&payload)
-    {
-        return Err(StoreError::Corrupt {
-            seq,
-            reason: format!("payload is not JSON ({e})"),
-        });
-    }
-    Ok(payload)
-}
-
-/// Why a row is read: to deliver it (anything malformed is an error, and the claim buries the
-/// row), or to show it to an operator (a malformed id, headers or text that is not UTF-8 shown
-/// as well as they can be; the row is probably dead for exactly that reason, and
-/// `outbox dead list` must still list it).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reading {
-    Delivery,
-    Display,
-}
-
 /// A text column; for display, bytes that are not UTF-8 are replaced rather than refused.
 fn text_as(row: &SqliteRow, column: &str, reading: Reading) -> Result<String, StoreError> {
     match row.try_get::<String, _>(column) {
@@ -855,7 +832,7 @@ fn decode_event_as(row: &SqliteRow, reading: Reading) -> Result<Event, StoreErro
         aggregate_type: text_as(row, "aggregate_type", reading)?,
         aggregate_id: text_as(row, "aggregate_id", reading)?,
         event_type: text_as(row, "event_type", reading)?,
-        payload: checked_payload(seq, text_as(row, "payload", reading)?, reading)?,
+        payload: outbox_core::check_payload(seq, text_as(row, "payload", reading)?, reading)?,
         destination: opt_text_as(row, "destination", reading)?,
         headers,
         idempotency_key: opt_text_as(row, "idempotency_key", reading)?,
@@ -942,58 +919,32 @@ impl Store for SqliteStore {
             }
             query.fetch_all(&self.pool).await.map_err(map_sqlx)?
         };
-        let mut events = Vec::with_capacity(rows.len());
-        let mut malformed = Vec::new();
-        let mut buried = Vec::new();
+        let mut sort = ClaimSort::new(request);
         for row in &rows {
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
             let size: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
-            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
-            // Read as an operator would see it: the row may be buried for bytes that are
-            // not UTF-8 in exactly these columns.
-            let aggregate = || -> Result<AggregateKey, StoreError> {
+            // Read as an operator would see it: the row may be buried for bytes that are not
+            // UTF-8 in exactly these columns.
+            let aggregate = || {
                 Ok(AggregateKey {
                     aggregate_type: text_as(row, "aggregate_type", Reading::Display)?,
                     aggregate_id: text_as(row, "aggregate_id", Reading::Display)?,
                 })
             };
-            if size > request.max_payload_bytes {
+            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
+            if let Some(error) = sort.row(seq, aggregate, size, || decode_event(row))? {
                 tracing::warn!(
                     seq,
-                    bytes = size,
-                    limit = request.max_payload_bytes,
-                    "Claimed an event whose payload is above the limit; it is dead-lettered unread."
+                    error,
+                    "Claimed a row that cannot be delivered; it is dead-lettered."
                 );
-                malformed.push(outbox_core::bury_oversized(
-                    seq,
-                    size,
-                    request.max_payload_bytes,
-                ));
-                buried.push((seq, aggregate()?));
-                continue;
-            }
-            match decode_event(row) {
-                Ok(event) => events.push(event),
-                Err(error) => {
-                    tracing::warn!(seq, %error, "Claimed a row that cannot be read as an event; it is dead-lettered.");
-                    malformed.push(outbox_core::bury_malformed(seq, &error));
-                    buried.push((seq, aggregate()?));
-                }
             }
         }
-        events.sort_unstable_by_key(|e| e.seq);
         let lease = Lease {
             owner: request.owner.clone(),
             token,
         };
-        if !malformed.is_empty() {
-            self.bury(&lease, &malformed).await?;
-            let held = outbox_core::held_behind_buried(&mut events, &buried, request.dead_letter);
-            if !held.is_empty() {
-                self.release(&lease, &held).await?;
-            }
-        }
-        Ok(Claim { lease, events })
+        sort.finish().into_claim(self, lease).await
     }
 
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {

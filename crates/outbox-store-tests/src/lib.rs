@@ -1372,6 +1372,7 @@ pub async fn oversized_payloads_are_buried_unread_and_hold_their_aggregate<H: Ha
             ..req(100).with_byte_limits(1_000_000, 1000)
         };
         let claim = store.claim(&request).await.unwrap();
+        assert_eq!(claim.buried, 1, "the relay counts it as dead");
         let got: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
         let big = store.get(ids[1].0).await.unwrap().unwrap();
         assert_eq!(big.state, EventState::Dead, "{policy:?}");

@@ -152,7 +152,8 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     }
 }
 
-/// Read every record of `topic` (partitions `0..partitions`, from the beginning) until `expected`
+/// Read every record of `topic` (every partition it has, at least `0..partitions`, from the
+/// beginning) until `expected`
 /// arrived and then `settle` passed without more, or `timeout` ran out.
 pub async fn consume(
     brokers: &str,
@@ -171,6 +172,20 @@ pub async fn consume(
             .set("enable.auto.commit", "false")
             .create()
             .unwrap();
+        // Every partition the topic has: a producer retrying against a broker that just came
+        // up can have had the topic auto-created (with the broker's default partition count)
+        // before `create_topic` asked for `partitions`; reading only those missed records.
+        let partitions = consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .ok()
+            .and_then(|m| {
+                m.topics()
+                    .iter()
+                    .find(|t| t.name() == topic)
+                    .map(|t| t.partitions().len() as i32)
+            })
+            .unwrap_or(0)
+            .max(partitions);
         let mut assignment = TopicPartitionList::new();
         for p in 0..partitions {
             assignment

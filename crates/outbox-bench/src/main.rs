@@ -1140,6 +1140,7 @@ async fn claim_drain(
         hold: None,
         max_batch_bytes: u64::MAX,
         max_payload_bytes: u64::MAX,
+        up_to_seq: None,
     };
     let mut claim_ms = Vec::new();
     let mut cycle_ms = Vec::new();

@@ -71,8 +71,9 @@ pub enum Mode {
     Wal,
 }
 
-/// `[wal]`: what only WAL mode needs. The database comes from `[database]`; relay id, batch
-/// size, publish timeout, retry policy and `--drain` come from `[relay]`.
+/// `[wal]`: what only WAL mode needs. The database comes from `[database]`; everything the
+/// engine does (batch size, retries, dead-letter policy, publish timeout, lanes and cooldown,
+/// `--drain`) comes from `[relay]`, the same settings as polling mode.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WalSection {
@@ -80,26 +81,29 @@ pub struct WalSection {
     pub slot: String,
     /// Publication name (over the outbox table, inserts only).
     pub publication: String,
-    /// Capture sources: `table` (outbox inserts, the default), `messages`
-    /// (`pg_logical_emit_message`, opt-in: the relay refuses it while every role may call that
-    /// function; `outbox wal prepare` prints the statements that restrict it).
+    /// Capture sources: `table` (outbox inserts), `messages` (`pg_logical_emit_message`).
     pub sources: Vec<outbox_wal::Source>,
     /// Prefix of the logical messages that carry events.
     pub message_prefix: String,
     /// Create the publication and slot when missing.
     pub create_slot: bool,
-    /// Deliver rows left undelivered in the table before streaming (mode switches).
+    /// When a session starts, rows still undelivered in the table go out first, by table
+    /// claims, and newer events of their aggregates wait behind them.
     pub catch_up: bool,
-    /// Mark delivered table rows `delivered` before confirming their WAL position.
-    pub mark_delivered: bool,
+    /// Deprecated: `false` used to leave delivered rows `pending`, which made every restart
+    /// deliver them again. Rows are now deleted at delivery instead when it is `false` (set
+    /// `retention.delivered = "0s"` for that; this key will go).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mark_delivered: Option<bool>,
     /// How often the confirmed position is reported to the server.
     #[serde(with = "outbox_core::humantime_duration")]
     pub status_interval: std::time::Duration,
     /// Heartbeat message interval (`0ms` = off).
     #[serde(with = "outbox_core::humantime_duration")]
     pub heartbeat_interval: std::time::Duration,
-    /// Sink calls in flight at once.
-    pub max_batches_in_flight: usize,
+    /// Deprecated: the sink calls in flight are `relay.max_batches_in_flight` in both modes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_batches_in_flight: Option<usize>,
     /// Most decoded events in memory before the stream is paused.
     pub max_buffered_events: usize,
     /// Most payload bytes in memory before the stream is paused.
@@ -125,10 +129,10 @@ impl Default for WalSection {
             message_prefix: d.message_prefix,
             create_slot: d.create_slot,
             catch_up: d.catch_up,
-            mark_delivered: d.mark_delivered,
+            mark_delivered: None,
             status_interval: d.status_interval,
             heartbeat_interval: d.heartbeat_interval,
-            max_batches_in_flight: d.max_batches_in_flight,
+            max_batches_in_flight: None,
             max_buffered_events: d.max_buffered_events,
             max_buffered_bytes: d.max_buffered_bytes,
             standby_poll_interval: d.standby_poll_interval,
@@ -139,8 +143,8 @@ impl Default for WalSection {
 }
 
 impl Config {
-    /// The WAL relay's settings: `[wal]`, the database of `[database]`, and the shared relay
-    /// settings of `[relay]`.
+    /// WAL mode's own settings: `[wal]` and the database of `[database]` (the engine's are
+    /// `[relay]`, passed to it as they are).
     pub fn wal_config(&self) -> Result<outbox_wal::WalConfig, ConfigError> {
         let url = self.database.url.trim();
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -149,37 +153,38 @@ impl Config {
             ));
         }
         let w = &self.wal;
-        let r = &self.relay;
-        let config = outbox_wal::WalConfig {
-            database_url: url.to_owned(),
-            schema: self.database.schema.clone(),
-            table: self
-                .database
-                .table
-                .clone()
-                .unwrap_or_else(|| "events".to_owned()),
-            slot: w.slot.clone(),
-            publication: w.publication.clone(),
-            sources: w.sources.clone(),
-            message_prefix: w.message_prefix.clone(),
-            create_slot: w.create_slot,
-            catch_up: w.catch_up,
-            mark_delivered: w.mark_delivered,
-            status_interval: w.status_interval,
-            heartbeat_interval: w.heartbeat_interval,
-            max_batch: r.batch_size as usize,
-            max_batches_in_flight: w.max_batches_in_flight,
-            max_buffered_events: w.max_buffered_events,
-            max_buffered_bytes: w.max_buffered_bytes,
-            max_payload_bytes: r.max_payload_bytes,
-            publish_timeout: r.publish_timeout,
-            retry: r.retry,
-            standby_poll_interval: w.standby_poll_interval,
-            takeover_timeout: w.takeover_timeout,
-            max_reconnect_backoff: w.max_reconnect_backoff,
-            relay_id: r.relay_id.clone(),
-            stop_when_caught_up: r.stop_when_idle,
-        };
+        if w.max_batches_in_flight.is_some() {
+            tracing::warn!(
+                "`wal.max_batches_in_flight` is deprecated and ignored: both modes use `relay.max_batches_in_flight`."
+            );
+        }
+        if w.mark_delivered == Some(false) {
+            tracing::warn!(
+                "`wal.mark_delivered = false` is deprecated: delivered rows are deleted instead of left pending (which made every restart deliver them again); set `retention.delivered = \"0s\"` for the same."
+            );
+        }
+        let mut config = outbox_wal::WalConfig::new(url);
+        config.schema = self.database.schema.clone();
+        config.table = self
+            .database
+            .table
+            .clone()
+            .unwrap_or_else(|| "events".to_owned());
+        config.slot = w.slot.clone();
+        config.publication = w.publication.clone();
+        config.sources = w.sources.clone();
+        config.message_prefix = w.message_prefix.clone();
+        config.create_slot = w.create_slot;
+        config.catch_up = w.catch_up;
+        config.delete_on_ack =
+            self.retention.delivered.is_zero() || w.mark_delivered == Some(false);
+        config.status_interval = w.status_interval;
+        config.heartbeat_interval = w.heartbeat_interval;
+        config.max_buffered_events = w.max_buffered_events;
+        config.max_buffered_bytes = w.max_buffered_bytes;
+        config.standby_poll_interval = w.standby_poll_interval;
+        config.takeover_timeout = w.takeover_timeout;
+        config.max_reconnect_backoff = w.max_reconnect_backoff;
         config
             .validate()
             .map_err(|e| ConfigError(format!("invalid `[wal]`: {e}")))?;

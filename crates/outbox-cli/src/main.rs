@@ -485,7 +485,7 @@ async fn wal(command: WalCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!(
-                    "recovered slot {}: {}{} undelivered row(s) delivered by a table scan ({} dead); start `outbox relay` to resume streaming",
+                    "recovered slot {}: {}{} undelivered row(s) delivered ({} dead); start `outbox relay` to resume streaming",
                     wal.slot,
                     if report.dropped_invalidated_slot {
                         "dropped the invalidated slot, "
@@ -583,17 +583,11 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         ))
     });
     if config.mode == config::Mode::Wal {
+        // One engine, two sources: the replication stream and the table, behind one Source.
         let wal = config.wal_config()?;
-        if let Some(task) = retention {
-            task.abort();
-        }
-        let retention = config.retention.enabled.then(|| {
-            tokio::spawn(retention_loop(
-                dyn_store.clone(),
-                store.partitioned(),
-                config.retention.clone(),
-            ))
-        });
+        let AnyStore::Postgres(pg) = &store else {
+            return Err(ConfigError("`mode = \"wal\"` needs a PostgreSQL database".into()).into());
+        };
         if config.metrics.listen.is_some() {
             tokio::spawn(observe::refresh_wal_gauges(
                 wal.clone(),
@@ -601,19 +595,24 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
             ));
         }
         tracing::info!(slot = %wal.slot, "WAL mode: streaming from the replication slot.");
-        let result = outbox_wal::WalRelay::new(wal, sink)
-            .run(shutdown_signal())
-            .await;
+        let source = Arc::new(
+            outbox_wal::WalSource::start(wal, pg.clone(), &config.relay)
+                .await
+                .map_err(wal_error)?,
+        );
+        let relay = Relay::new(source.clone(), sink, config.relay.clone()).with_routes(routes);
+        let report = relay.run(shutdown_signal()).await;
         if let Some(task) = retention {
             task.abort();
         }
-        let report = result.map_err(wal_error)?;
+        let wal_report = source.shutdown().await.map_err(wal_error)?;
         tracing::info!(
             delivered = report.delivered,
             retried = report.retried,
             dead = report.dead,
-            duplicates = report.duplicates,
-            last_acked_lsn = %report.last_acked_lsn,
+            from_table = wal_report.from_table,
+            duplicates = wal_report.duplicates,
+            last_acked_lsn = %wal_report.last_acked_lsn,
             "WAL relay exited."
         );
         return Ok(());
@@ -684,11 +683,6 @@ async fn pause(args: PauseArgs, pause: bool) -> anyhow::Result<()> {
     let config = args.db.load(vec![])?;
     let routes = config.route_table()?;
     ops::check_destination(&args.destination, &routes, !config.destinations.is_empty())?;
-    if pause && config.mode == config::Mode::Wal {
-        eprintln!(
-            "warning: relays in WAL mode stream in commit order and do not hold a paused destination back; the pause is recorded and honoured by polling relays"
-        );
-    }
     let store = AnyStore::open(&config).await?;
     ops::pause(
         store.dyn_store().as_ref(),

@@ -60,6 +60,7 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
             hold: None,
             max_batch_bytes: u64::MAX,
             max_payload_bytes: u64::MAX,
+            up_to_seq: None,
         })
         .await
         .unwrap();

@@ -55,6 +55,10 @@ pub enum StoreError {
     /// An event could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// The source cannot go on and the relay must stop (a WAL source whose replication slot
+    /// was lost, say); the message says what happened and what to do.
+    #[error("{0}")]
+    Stopped(String),
     /// This store does not implement the operation (a store written against an older version of
     /// the [`Store`](crate::Store) trait).
     #[error("the `{store}` store does not support `{operation}`")]

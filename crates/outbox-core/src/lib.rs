@@ -38,6 +38,7 @@ mod retry;
 pub mod route;
 pub mod routing;
 mod sink;
+mod source;
 mod store;
 
 pub use error::{EncodeError, StoreError};
@@ -48,6 +49,7 @@ pub use event::{
 };
 pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};
+pub use source::Source;
 pub use store::{
     BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DestinationStats, Hold, Lease,
     LeaseHolder, OutboxStats, PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent,

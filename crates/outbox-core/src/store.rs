@@ -58,6 +58,9 @@ pub struct ClaimRequest {
     /// An event whose payload is larger than this is not loaded: the claim buries it at once
     /// with a reason that names the limit ([`bury_oversized`]). `u64::MAX`: no bound.
     pub max_payload_bytes: u64,
+    /// Only events with a `seq` up to this. A stream source claims from its table only the rows
+    /// its stream has passed, and never one it holds itself. `None`: no bound.
+    pub up_to_seq: Option<i64>,
 }
 
 impl ClaimRequest {
@@ -76,6 +79,7 @@ impl ClaimRequest {
             hold: None,
             max_batch_bytes: u64::MAX,
             max_payload_bytes: u64::MAX,
+            up_to_seq: None,
         }
     }
 

@@ -107,6 +107,7 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
             hold: None,
             max_batch_bytes: u64::MAX,
             max_payload_bytes: u64::MAX,
+            up_to_seq: None,
         })
         .await
         .unwrap();

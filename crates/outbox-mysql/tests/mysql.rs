@@ -20,6 +20,7 @@ fn claim_all() -> ClaimRequest {
         hold: None,
         max_batch_bytes: u64::MAX,
         max_payload_bytes: u64::MAX,
+        up_to_seq: None,
     }
 }
 

@@ -728,8 +728,9 @@ struct HoldSql {
 const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// The claim statement. `$1` limit, `$2` owner, `$3` token, `$4` dead blocks, `$5` lease ms, `$6`
-/// most payload bytes in the batch, `$7` most payload bytes of one event; with a hold, `$8` the
-/// paused destination names (`text[]`) and `$9…` the route table's values.
+/// most payload bytes in the batch, `$7` most payload bytes of one event, `$8` the highest seq
+/// to claim; with a hold, `$9` the paused destination names (`text[]`) and `$10…` the route
+/// table's values.
 ///
 /// A row is due when pending and its time has come, or in flight under an expired lease (its
 /// relay died). It is held back by any earlier row of its aggregate that is in flight under a
@@ -786,8 +787,8 @@ const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
     let (hold_e, hold_b) = match hold {
         Some(h) => (
-            format!("AND NOT (COALESCE({}, '') = ANY($8::text[]))", h.route_e),
-            format!("AND NOT (COALESCE({}, '') = ANY($8::text[]))", h.route_b),
+            format!("AND NOT (COALESCE({}, '') = ANY($9::text[]))", h.route_e),
+            format!("AND NOT (COALESCE({}, '') = ANY($9::text[]))", h.route_b),
         ),
         None => (String::new(), String::new()),
     };
@@ -797,7 +798,7 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
     let due_by_time_of = |a: &str| {
         format!(
             "CASE WHEN {a}.status = 'pending' THEN {a}.next_attempt_at <= statement_timestamp()
-                  ELSE {a}.lease_expires_at <= statement_timestamp() END"
+                  ELSE {a}.lease_expires_at <= statement_timestamp() END AND {a}.seq <= $8"
         )
     };
     let due_by_time = due_by_time_of("e");
@@ -953,6 +954,7 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
          RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
                    CASE WHEN octet_length(o.payload::text) > $7 THEN NULL ELSE o.payload::text END AS payload,
                    octet_length(o.payload::text) AS payload_bytes,
+                   pg_typeof(o.payload) IN ('json'::regtype, 'jsonb'::regtype) AS payload_typed,
                    o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
     )
 }
@@ -1122,13 +1124,30 @@ fn decode_event_as(row: &PgRow, reading: Reading) -> Result<Event, StoreError> {
         Reading::Display => outbox_core::headers_for_display(&headers),
     };
     let attempts: i32 = row.try_get("attempts").map_err(map_sqlx)?;
+    // The stock table's columns are typed (`uuid`, `json`); a hand-altered one may hold text
+    // there, which a foreign writer can fill with anything: read it, and say what is wrong.
+    let id = match row.try_get::<Uuid, _>("id") {
+        Ok(id) => id,
+        Err(_) => {
+            let text: String = row.try_get("id").map_err(map_sqlx)?;
+            Uuid::parse_str(&text).map_err(|e| StoreError::Corrupt {
+                seq,
+                reason: format!("column `id` is not a UUID ({e})"),
+            })?
+        }
+    };
+    let payload: String = row.try_get("payload").map_err(map_sqlx)?;
+    let payload = match row.try_get::<bool, _>("payload_typed") {
+        Ok(false) => outbox_core::check_payload(seq, payload, reading)?,
+        _ => payload,
+    };
     Ok(Event {
         seq,
-        id: EventId::from_uuid(row.try_get::<Uuid, _>("id").map_err(map_sqlx)?),
+        id: EventId::from_uuid(id),
         aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
         aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
         event_type: row.try_get("event_type").map_err(map_sqlx)?,
-        payload: row.try_get("payload").map_err(map_sqlx)?,
+        payload,
         destination: row.try_get("destination").map_err(map_sqlx)?,
         headers,
         idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
@@ -1195,7 +1214,7 @@ impl Store for PgStore {
         let (sql, route_binds, paused) = match hold {
             None => (self.sql().claim.as_str(), Vec::new(), None),
             Some(hold) => {
-                let dialect = SqlDialect::Postgres { first_param: 9 };
+                let dialect = SqlDialect::Postgres { first_param: 10 };
                 let route_e = hold.routes.sql_case(dialect, Some("e"));
                 let route_b = hold.routes.sql_case(dialect, Some("b"));
                 held_sql = claim_sql(
@@ -1215,7 +1234,8 @@ impl Store for PgStore {
             .bind(request.dead_letter == DeadLetterPolicy::Block)
             .bind(millis(request.lease))
             .bind(bytes(request.max_batch_bytes))
-            .bind(bytes(request.max_payload_bytes));
+            .bind(bytes(request.max_payload_bytes))
+            .bind(request.up_to_seq.unwrap_or(i64::MAX));
         if let Some(paused) = paused {
             query = query.bind(paused);
             for value in route_binds {
@@ -1655,9 +1675,10 @@ mod tests {
                 PlanArg::Int(30_000),
                 PlanArg::Int(i64::MAX),
                 PlanArg::Int(i64::MAX),
+                PlanArg::Int(i64::MAX),
             ]
         };
-        let dialect = SqlDialect::Postgres { first_param: 9 };
+        let dialect = SqlDialect::Postgres { first_param: 10 };
         let (route_e, route_b) = (
             routes.sql_case(dialect, Some("e")),
             routes.sql_case(dialect, Some("b")),
@@ -1753,6 +1774,7 @@ mod tests {
             .bind(30_000_i64)
             .bind(i64::MAX)
             .bind(i64::MAX)
+            .bind(i64::MAX)
             .fetch_one(&mut *tx)
             .await
             .unwrap();
@@ -1806,6 +1828,7 @@ mod tests {
                     hold: None,
                     max_batch_bytes: u64::MAX,
                     max_payload_bytes: u64::MAX,
+                    up_to_seq: None,
                 })
                 .await
                 .unwrap();

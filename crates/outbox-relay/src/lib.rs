@@ -1,6 +1,8 @@
 //! # outbox-relay
 //!
-//! The engine that moves committed events from a [`Store`] to a [`Sink`]:
+//! The engine that moves committed events from a [`Source`] to a [`Sink`] — the one engine of
+//! both relay modes: table claims (every [`Store`](outbox_core::Store) is a source) and `outbox-wal`'s replication
+//! stream. Every feature below works the same way over either:
 //! **claim** a batch of due events → **publish** them → **ack** the delivered ones in one
 //! statement, **retry** the failed ones with backoff, **bury** the hopeless ones, **release** the
 //! ones held back by an earlier failure of their aggregate. While claims come back full the loop
@@ -87,7 +89,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use outbox_core::route::RouteTable;
 use outbox_core::{
     BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, Hold, Lease, Outcome, RetryEvent,
-    RetryPolicy, Sink, Store, StoreError, humantime_duration, truncate_error,
+    RetryPolicy, Sink, Source, StoreError, humantime_duration, truncate_error,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -209,6 +211,8 @@ pub struct RelayReport {
     pub fenced: u64,
     /// Store calls that failed (each retried).
     pub store_errors: u64,
+    /// Why the source stopped the relay, when it did (a lost replication slot, say).
+    pub failure: Option<String>,
 }
 
 /// Live counters of a running relay.
@@ -238,6 +242,7 @@ impl RelayCounters {
             released: self.released.load(Ordering::Relaxed),
             fenced: self.fenced.load(Ordering::Relaxed),
             store_errors: self.store_errors.load(Ordering::Relaxed),
+            failure: None,
         }
     }
 }
@@ -246,9 +251,9 @@ fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// The relay: one [`Store`], one [`Sink`], one [`RelayConfig`].
+/// The relay: one [`Source`], one [`Sink`], one [`RelayConfig`].
 pub struct Relay<S: ?Sized, K: ?Sized> {
-    store: Arc<S>,
+    source: Arc<S>,
     sink: Arc<K>,
     config: Arc<RelayConfig>,
     counters: Arc<RelayCounters>,
@@ -259,13 +264,13 @@ pub struct Relay<S: ?Sized, K: ?Sized> {
 
 impl<S, K> Relay<S, K>
 where
-    S: Store + ?Sized,
+    S: Source + ?Sized,
     K: Sink + ?Sized,
 {
-    /// A relay over `store` and `sink`.
-    pub fn new(store: Arc<S>, sink: Arc<K>, config: RelayConfig) -> Self {
+    /// A relay over `source` (any [`Store`](outbox_core::Store), or a stream source) and `sink`.
+    pub fn new(source: Arc<S>, sink: Arc<K>, config: RelayConfig) -> Self {
         Relay {
-            store,
+            source,
             sink,
             config: Arc::new(config),
             counters: Arc::new(RelayCounters::default()),
@@ -298,7 +303,7 @@ where
     {
         let config = self.config.clone();
         let ctx = Arc::new(BatchContext {
-            store: self.store.clone(),
+            source: self.source.clone(),
             sink: self.sink.clone(),
             config: config.clone(),
             counters: self.counters.clone(),
@@ -322,6 +327,7 @@ where
         let max_alive = config.max_batches_in_flight.max(1) * MAX_ALIVE_PER_SLOT;
         let mut batches: JoinSet<()> = JoinSet::new();
         let mut store_failures: u32 = 0;
+        let mut failure: Option<String> = None;
         tokio::pin!(shutdown);
         info!(
             relay_id = %config.relay_id,
@@ -348,11 +354,11 @@ where
                     Err(_) => break,
                 },
             };
-            pauses.refresh(self.store.as_ref(), &mut request).await;
+            pauses.refresh(self.source.as_ref(), &mut request).await;
             // A claim is never cancelled half-way: a claim that committed but whose result
             // was dropped would leave events in flight until their lease ran out.
             let started = Instant::now();
-            let claimed = self.store.claim(&request).await;
+            let claimed = self.source.claim(&request).await;
             metrics::histogram!("outbox_claim_duration_seconds")
                 .record(started.elapsed().as_secs_f64());
             if let Ok(claim) = &claimed
@@ -366,12 +372,15 @@ where
                     store_failures = 0;
                     drop(slot);
                     if config.stop_when_idle {
-                        if batches.is_empty() {
+                        if !batches.is_empty() {
+                            // Finishing batches may release events: claim again once they are
+                            // done.
+                            while batches.join_next().await.is_some() {}
+                            continue;
+                        }
+                        if self.source.exhausted() {
                             break;
                         }
-                        // Finishing batches may release events: claim again once they are done.
-                        while batches.join_next().await.is_some() {}
-                        continue;
                     }
                     Some(config.poll_interval)
                 }
@@ -387,6 +396,12 @@ where
                         ctx.process(claim, started, slot).await;
                     });
                     (!full).then_some(config.poll_interval)
+                }
+                Err(StoreError::Stopped(reason)) => {
+                    drop(slot);
+                    tracing::error!(%reason, "The source stopped; the relay stops.");
+                    failure = Some(reason);
+                    break;
                 }
                 Err(error) => {
                     drop(slot);
@@ -409,6 +424,8 @@ where
                     biased;
                     _ = &mut shutdown => break,
                     Some(_) = batches.join_next(), if !batches.is_empty() => {}
+                    // A stream source with events waiting: claim them now, not after the poll.
+                    _ = self.source.work_ready() => {}
                     _ = tokio::time::sleep(wait) => {}
                 }
             }
@@ -420,7 +437,8 @@ where
             "Relay stopping: finishing in-flight batches."
         );
         while batches.join_next().await.is_some() {}
-        let report = self.counters.report();
+        let mut report = self.counters.report();
+        report.failure = failure;
         info!(
             delivered = report.delivered,
             retried = report.retried,
@@ -452,7 +470,7 @@ impl PauseWatch {
         }
     }
 
-    async fn refresh<S: Store + ?Sized>(&mut self, store: &S, request: &mut ClaimRequest) {
+    async fn refresh<S: Source + ?Sized>(&mut self, source: &S, request: &mut ClaimRequest) {
         let Some(routes) = self.routes.clone() else {
             return;
         };
@@ -460,7 +478,7 @@ impl PauseWatch {
             return;
         }
         self.last = Some(Instant::now());
-        match store.paused().await {
+        match source.paused().await {
             Ok(list) => {
                 let mut names: Vec<String> = list.into_iter().map(|p| p.destination).collect();
                 names.sort();
@@ -481,7 +499,7 @@ impl PauseWatch {
                 }
             }
             Err(StoreError::Unsupported { .. }) => {
-                warn!("This store cannot pause destinations; `outbox pause` has no effect here.");
+                warn!("This source cannot pause destinations; `outbox pause` has no effect here.");
                 self.unsupported = true;
             }
             Err(error) => {
@@ -510,7 +528,7 @@ fn store_backoff(failures: u32, max: Duration) -> Duration {
 }
 
 struct BatchContext<S: ?Sized, K: ?Sized> {
-    store: Arc<S>,
+    source: Arc<S>,
     sink: Arc<K>,
     config: Arc<RelayConfig>,
     counters: Arc<RelayCounters>,
@@ -700,7 +718,7 @@ struct Settlement {
 
 impl<S, K> BatchContext<S, K>
 where
-    S: Store + ?Sized,
+    S: Source + ?Sized,
     K: Sink + ?Sized,
 {
     /// `claimed_at` is when the claim was *sent*: the lease runs from the database's commit,
@@ -1021,7 +1039,7 @@ where
         if !delivered.is_empty() {
             let expected = delivered.len() as u64;
             if let Some(done) = self
-                .with_retries("ack", give_up_at, || self.store.ack(lease, &delivered))
+                .with_retries("ack", give_up_at, || self.source.ack(lease, &delivered))
                 .await
             {
                 add(&self.counters.delivered, done);
@@ -1031,7 +1049,7 @@ where
         if !retries.is_empty() {
             let expected = retries.len() as u64;
             if let Some(done) = self
-                .with_retries("retry", give_up_at, || self.store.retry(lease, &retries))
+                .with_retries("retry", give_up_at, || self.source.retry(lease, &retries))
                 .await
             {
                 add(&self.counters.retried, done);
@@ -1041,7 +1059,7 @@ where
         if !buries.is_empty() {
             let expected = buries.len() as u64;
             if let Some(done) = self
-                .with_retries("bury", give_up_at, || self.store.bury(lease, &buries))
+                .with_retries("bury", give_up_at, || self.source.bury(lease, &buries))
                 .await
             {
                 add(&self.counters.dead, done);
@@ -1052,7 +1070,7 @@ where
             let expected = released.len() as u64;
             if let Some(done) = self
                 .with_retries("release", give_up_at, || {
-                    self.store.release(lease, &released)
+                    self.source.release(lease, &released)
                 })
                 .await
             {

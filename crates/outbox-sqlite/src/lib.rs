@@ -1379,6 +1379,7 @@ mod tests {
                 hold: None,
                 max_batch_bytes: u64::MAX,
                 max_payload_bytes: u64::MAX,
+                up_to_seq: None,
             })
             .await
             .unwrap();

@@ -239,6 +239,7 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
             hold: None,
             max_batch_bytes: u64::MAX,
             max_payload_bytes: u64::MAX,
+            up_to_seq: None,
         })
         .await
         .unwrap();

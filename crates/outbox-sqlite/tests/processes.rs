@@ -52,6 +52,7 @@ async fn claim_until_done(
                 hold: None,
                 max_batch_bytes: u64::MAX,
                 max_payload_bytes: u64::MAX,
+                up_to_seq: None,
             })
             .await
             .unwrap();

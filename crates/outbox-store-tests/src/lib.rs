@@ -102,6 +102,7 @@ fn request(
         hold: None,
         max_batch_bytes: u64::MAX,
         max_payload_bytes: u64::MAX,
+        up_to_seq: None,
     }
 }
 

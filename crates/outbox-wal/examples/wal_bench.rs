@@ -79,12 +79,6 @@ fn config(url: &str, name: &str, source: Source) -> WalConfig {
         message_prefix: name.to_owned(),
         sources: vec![source],
         catch_up: false,
-        max_batch: 1000,
-        // WAL_BENCH_IN_FLIGHT overrides the sink calls in flight (the relay's default is 4).
-        max_batches_in_flight: std::env::var("WAL_BENCH_IN_FLIGHT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(4),
         status_interval: Duration::from_millis(200),
         ..WalConfig::new(url)
     }
@@ -177,7 +171,17 @@ async fn child(args: &[String]) -> Res<()> {
             (Arc::new(sink), rx)
         }
     };
-    let relay = WalRelay::new(cfg, sink);
+    // The engine's settings, the same in both modes: batches of 1000, and WAL_BENCH_IN_FLIGHT
+    // batches in flight (default 4).
+    let relay = WalRelay::new(cfg, sink).with_relay(outbox_relay::RelayConfig {
+        relay_id: "wal-bench".into(),
+        batch_size: 1000,
+        max_batches_in_flight: std::env::var("WAL_BENCH_IN_FLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4),
+        ..outbox_relay::RelayConfig::default()
+    });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let started = Instant::now();
     let (cpu0, _) = proc_figures();
@@ -299,8 +303,11 @@ async fn drain(args: &[String]) -> Res<()> {
         _ => Source::Table,
     };
     let (pool, outbox, mut cfg) = setup(&url, source).await?;
-    if args.iter().any(|a| a == "--no-mark") {
-        cfg.mark_delivered = false;
+    if args
+        .iter()
+        .any(|a| a == "--no-mark" || a == "--delete-on-ack")
+    {
+        cfg.delete_on_ack = true;
     }
     let loading = Instant::now();
     for chunk in 0..n.div_ceil(1000) {
@@ -333,8 +340,8 @@ async fn drain(args: &[String]) -> Res<()> {
         }
     }
     println!(
-        "drain sink={sink} source={source:?} mark_delivered={} events={n} aggregates={aggregates} payload={size}B: {:.0} events/s (relay start → last ack {:.2} s; first → last {:.2} s), CPU {:.1} µs/event, peak RSS {:.1} MB",
-        cfg.mark_delivered,
+        "drain sink={sink} source={source:?} delete_on_ack={} events={n} aggregates={aggregates} payload={size}B: {:.0} events/s (relay start → last ack {:.2} s; first → last {:.2} s), CPU {:.1} µs/event, peak RSS {:.1} MB",
+        cfg.delete_on_ack,
         events / total.max(1e-9),
         total,
         figures["first_to_last_s"].as_f64().unwrap_or(0.0),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{RetryPolicy, humantime_duration};
+use outbox_core::humantime_duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::WalError;
@@ -49,14 +49,18 @@ pub struct WalConfig {
     /// Create the publication and the slot when they are missing (first start). When `false`,
     /// a missing slot is an error.
     pub create_slot: bool,
-    /// Before streaming, deliver outbox rows that are still undelivered in the table (left by
-    /// the polling relay, requeued from dead, or committed before the slot existed). See the
-    /// crate docs on switching modes.
+    /// When a session starts, every row still undelivered in the table (left by the polling
+    /// relay or a stopped relay, requeued, committed before the slot existed) is the table's:
+    /// table claims deliver it, and newer events of its aggregate wait behind it. Without it,
+    /// only rows that hold their aggregate back (retries, dead events under `block`, live
+    /// claims) are; other undelivered rows are left to the stream, and rows it never sends
+    /// (committed before the slot existed) are delivered by table claims later, possibly
+    /// after newer events of their aggregate. See the crate docs on switching modes.
     pub catch_up: bool,
-    /// Mark delivered table rows `delivered` (one statement per batch) before their WAL position
-    /// is confirmed. Keeps the table truthful for `outbox status` and for a switch back to
-    /// polling; turn off only when nothing but WAL mode will ever read the table.
-    pub mark_delivered: bool,
+    /// Keep nothing delivered: the stream's write-back deletes delivered rows instead of
+    /// marking them (`retention.delivered = "0s"` in the CLI). Cheaper for the server; leaves
+    /// nothing to `outbox replay`.
+    pub delete_on_ack: bool,
     /// How often the confirmed position is reported to PostgreSQL (standby status update).
     #[serde(with = "humantime_duration")]
     pub status_interval: Duration,
@@ -64,25 +68,11 @@ pub struct WalConfig {
     /// still lets its slot advance and release WAL. `0ms` turns it off.
     #[serde(with = "humantime_duration")]
     pub heartbeat_interval: Duration,
-    /// Most events in one sink call (one per aggregate).
-    pub max_batch: usize,
-    /// Sink calls in flight at once.
-    pub max_batches_in_flight: usize,
     /// Most decoded events held in memory; beyond it the replication stream is paused (TCP
     /// backpressure reaches the server) until deliveries free room.
     pub max_buffered_events: usize,
     /// Most payload bytes held in memory, same effect as `max_buffered_events`.
     pub max_buffered_bytes: usize,
-    /// An event whose payload is larger is not delivered: it is dead-lettered with a reason
-    /// naming the limit, as in polling mode (`relay.max_payload_bytes`). The catch-up scan does
-    /// not even load it.
-    pub max_payload_bytes: u64,
-    /// Longest wait for one sink call; past it, its events count as failed.
-    #[serde(with = "humantime_duration")]
-    pub publish_timeout: Duration,
-    /// Backoff and attempt limit; an event out of attempts (or rejected) is dead-lettered into
-    /// the outbox table and the stream moves on.
-    pub retry: RetryPolicy,
     /// How often a standby instance checks whether the active one is gone.
     #[serde(with = "humantime_duration")]
     pub standby_poll_interval: Duration,
@@ -93,11 +83,19 @@ pub struct WalConfig {
     /// Longest pause between attempts to reach a database that is down.
     #[serde(with = "humantime_duration")]
     pub max_reconnect_backoff: Duration,
+}
+
+/// What WAL mode takes from the engine's settings (`RelayConfig`), set by
+/// [`WalSource::start`](crate::WalSource::start): one place for each setting.
+#[derive(Clone, Debug)]
+pub(crate) struct FromRelay {
     /// Who this instance is in logs and `application_name`.
     pub relay_id: String,
-    /// Return once every event committed before the start has been delivered and confirmed
-    /// (`outbox relay --drain`, and the first step of switching back to polling).
+    /// Return once every event committed before the start is delivered and confirmed (the
+    /// relay's `stop_when_idle`, `outbox relay --drain`).
     pub stop_when_caught_up: bool,
+    /// A larger stream event is dead-lettered with the limit named.
+    pub max_payload_bytes: u64,
 }
 
 impl Default for WalConfig {
@@ -112,42 +110,16 @@ impl Default for WalConfig {
             message_prefix: crate::message::DEFAULT_PREFIX.to_owned(),
             create_slot: true,
             catch_up: true,
-            mark_delivered: true,
+            delete_on_ack: false,
             status_interval: Duration::from_secs(1),
             heartbeat_interval: Duration::from_secs(10),
-            max_batch: 500,
-            max_batches_in_flight: 4,
             max_buffered_events: 20_000,
             max_buffered_bytes: 32 * 1024 * 1024,
-            max_payload_bytes: 16 * 1024 * 1024,
-            publish_timeout: Duration::from_secs(10),
-            retry: RetryPolicy::default(),
             standby_poll_interval: Duration::from_secs(1),
             takeover_timeout: Duration::from_secs(30),
             max_reconnect_backoff: Duration::from_secs(10),
-            relay_id: default_relay_id(),
-            stop_when_caught_up: false,
         }
     }
-}
-
-/// `hostname-pid-xxxx`.
-fn default_relay_id() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-        })
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "relay".to_owned());
-    format!(
-        "{host}-{}-{:04x}",
-        std::process::id(),
-        rand::random::<u16>()
-    )
 }
 
 impl WalConfig {
@@ -186,10 +158,9 @@ impl WalConfig {
                     .into(),
             ));
         }
-        if self.max_batch == 0 || self.max_batches_in_flight == 0 || self.max_buffered_events == 0 {
+        if self.max_buffered_events == 0 || self.max_buffered_bytes == 0 {
             return Err(WalError::Config(
-                "`max_batch`, `max_batches_in_flight` and `max_buffered_events` must be at least 1"
-                    .into(),
+                "`max_buffered_events` and `max_buffered_bytes` must be at least 1".into(),
             ));
         }
         if self.status_interval.is_zero() {

@@ -228,8 +228,8 @@ impl Target {
 
     /// The replication session's settings for `config`, starting at the slot's confirmed
     /// position and reporting `ack` until the relay confirms more.
-    pub fn replication(&self, config: &WalConfig, ack: crate::Lsn) -> ReplicationConfig {
-        let buffer = config.max_batch.saturating_mul(4).clamp(256, 8192);
+    pub fn replication(&self, config: &WalConfig, ack: crate::Lsn, who: &str) -> ReplicationConfig {
+        let buffer = config.max_buffered_events.clamp(256, 8192);
         ReplicationConfig::new(
             self.host.clone(),
             self.user.clone(),
@@ -247,7 +247,7 @@ impl Target {
         .with_wakeup_interval(config.status_interval.max(Duration::from_secs(1)))
         .with_buffer_size(buffer)
         .with_max_message_size(256 * 1024 * 1024)
-        .with_application_name(format!("outbox-wal {}", config.relay_id))
+        .with_application_name(format!("outbox-wal {who}"))
         .with_options("-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3")
     }
 
@@ -364,9 +364,10 @@ pub(crate) async fn check_replication(
     target: &Target,
     config: &WalConfig,
 ) -> Result<ReplicationConnection, WalError> {
-    let mut client = ReplicationClient::connect_gated(target.replication(config, crate::Lsn::ZERO))
-        .await
-        .map_err(|e| wire_error(e, &target.tls))?;
+    let mut client =
+        ReplicationClient::connect_gated(target.replication(config, crate::Lsn::ZERO, "check"))
+            .await
+            .map_err(|e| wire_error(e, &target.tls))?;
     let rows = client
         .simple_query(
             "SELECT ssl::text, coalesce(version, '') FROM pg_stat_ssl WHERE pid = pg_backend_pid()",

@@ -9,19 +9,46 @@
 //! # async fn demo(sink: std::sync::Arc<dyn outbox_core::Sink>) -> Result<(), outbox_wal::WalError> {
 //! use outbox_wal::{WalConfig, WalRelay};
 //! let config = WalConfig::new("postgres://relay@db:5432/app"); // slot and publication `outbox_wal`
-//! let report = WalRelay::new(config, sink)
+//! let report = WalRelay::new(config, sink) // the relay's settings: `.with_relay(RelayConfig)`
 //!     .run(async { tokio::signal::ctrl_c().await.ok(); })
 //!     .await?;
 //! println!("delivered {} (duplicates {})", report.delivered, report.duplicates);
 //! # Ok(()) }
 //! ```
 //!
+//! ## One engine, two sources
+//!
+//! WAL mode has no delivery engine of its own. [`WalSource`] is a
+//! [`Source`](outbox_core::Source) of the relay engine (`outbox_relay::Relay`), the same engine
+//! polling mode runs over the table: batching, per-aggregate order, per-destination lanes and
+//! cooldown, retries and backoff, dead letters under `block` or `skip`, `outbox pause`,
+//! metrics and graceful shutdown are one implementation, configured by one `RelayConfig`
+//! (`[relay]` in the CLI). What is WAL mode's own stays here: the slot, decoding, the
+//! position to confirm, standby and heartbeats.
+//!
+//! Each claim takes its events from one of two places:
+//! - **the stream**: events decoded from the WAL, handed to the engine without writing anything
+//!   to claim them. A writer task marks delivered rows in batches (one `UPDATE`, or a `DELETE`
+//!   with `delete_on_ack`), and the slot's position moves past them only once that committed.
+//! - **the table**: claims like the polling relay's, under a lease, for what the table owns: a
+//!   failed event (its retry is written to its row, or a message is inserted as a row) and
+//!   every later event of its aggregate, a dead event under `block` and what follows it, events
+//!   of a paused destination, rows requeued (`outbox dead retry`) or replayed, and rows left
+//!   undelivered when a session starts (`catch_up`). Table claims never take a row the stream
+//!   holds, and a row the table claimed is checked before the stream would publish it again.
+//!
+//! So a destination that is down costs neither memory nor WAL: its events go to the table and
+//! the slot keeps moving for everything else; when it is back, table claims deliver them in
+//! order. See the `state` module for the rules that keep per-aggregate order across the two.
+//!
 //! ## Library API (what the `outbox` CLI calls)
 //!
-//! - [`WalConfig`] — `serde`, `deny_unknown_fields`, durations like `500ms`. The CLI fills
-//!   `database_url`, `schema` and `table` from its `[database]` section.
-//! - [`WalRelay::new`]`(config, sink)`[`.run(shutdown)`](WalRelay::run) →
-//!   `Result<`[`WalReport`]`, `[`WalError`]`>`; [`WalRelay::counters`] for live figures.
+//! - [`WalConfig`] — `serde`, `deny_unknown_fields`, durations like `500ms`: what only WAL mode
+//!   needs. The CLI fills `database_url`, `schema` and `table` from its `[database]` section.
+//! - [`WalSource::start`]`(config, store, &relay_config)` → a source for
+//!   `outbox_relay::Relay::new(source, sink, relay_config)`; [`WalSource::shutdown`] after the
+//!   relay returned → [`WalReport`] or the [`WalError`] that stopped the stream.
+//! - [`WalRelay`]: the same in one call, for library users.
 //! - [`wal_status`] / [`wal_status_sampled`] → [`WalStatus`]: slot lag bytes
 //!   (`pg_current_wal_lsn() - confirmed_flush_lsn`), retained WAL, confirmed (last acked) LSN,
 //!   decode rate.
@@ -83,9 +110,10 @@
 //! A row that cannot be read as an event — headers that are not a JSON object of strings, a NULL
 //! required column, an `id` that is not a UUID, a payload that is not JSON (possible in a
 //! hand-altered table), anything the decoder refuses — is dead-lettered at once, whether it is
-//! streamed or met by the catch-up scan, with a `last_error` that names the column and the fix:
+//! streamed or claimed from the table, with a `last_error` that names the column and the fix:
 //! the text the polling relay writes for the same row (`outbox_core::bury_malformed`). It never
-//! fails a page or stops the relay, and it holds no aggregate back; the position moves past it
+//! fails a claim or stops the relay; under `block` it holds its aggregate back like any dead
+//! event (when its aggregate can be read); the position moves past it
 //! once its `dead` mark is written, so a restart neither redelivers nor revives it. A message
 //! with the prefix that is not a valid envelope becomes a `dead` row the same way: its content
 //! is the row's payload, its id is derived from the slot and the LSN (one row however often the
@@ -100,26 +128,34 @@
 //! - **Only committed events.** pgoutput (protocol 1) sends a transaction only after it
 //!   committed; rolled-back ones never appear.
 //! - **At least once, never lost.** The slot's confirmed position is moved only past a
-//!   transaction once every event in it *and in every earlier transaction* was acked by the sink
-//!   and its write-back (delivered mark or dead letter) committed — see the `engine` module.
-//!   After a crash PostgreSQL re-sends everything after that position: duplicates, never gaps.
-//!   The position reaches the server in standby status updates every `status_interval`.
-//! - **Per-aggregate order** is commit order. Batches hold one event per aggregate and run
-//!   concurrently across aggregates, like the polling relay's waves.
-//! - **Bounded memory.** Past `max_buffered_events` / `max_buffered_bytes` the relay stops
+//!   transaction once every event in it *and in every earlier transaction* is settled: acked by
+//!   the sink and marked delivered, dead-lettered, or handed to the table durably (its retry
+//!   written to its row, a message inserted as a row). After a crash PostgreSQL re-sends
+//!   everything after that position: duplicates, never gaps. The position reaches the server
+//!   in standby status updates every `status_interval`.
+//! - **Per-aggregate order** is commit order. An aggregate has events out in at most one place:
+//!   the stream hands out its next event only after the previous one settled, and once the
+//!   table owns an aggregate every newer event of it goes to the table too, behind the older
+//!   ones. An event requeued or replayed by an operator makes its aggregate the table's when a
+//!   table claim takes it (within one poll interval); an event of that aggregate the stream
+//!   delivers in that interval goes first.
+//! - **Bounded memory.** Past `max_buffered_events` / `max_buffered_bytes` the stream stops
 //!   reading; the replication client's bounded buffer and TCP carry the backpressure to the
-//!   walsender (which keeps getting status updates, so it does not time out). A sink outage
-//!   therefore pauses the stream; nothing is confirmed; it resumes when the sink returns.
-//! - **Dead letters.** A rejected event, or one out of attempts per [`RetryPolicy`](outbox_core::RetryPolicy),
-//!   is written to the table as `dead` and the stream moves on. Later events of its aggregate
-//!   are *not* held back: holding them would hold the slot and with it all WAL on the server,
-//!   without bound. (This is the polling relay's `dead_letter = "skip"`; WAL mode cannot offer
-//!   `block`.) A requeued dead event (`outbox dead retry`) is delivered by the next catch-up
-//!   scan: at the next start of the relay, or by [`recover`].
+//!   walsender (which keeps getting status updates, so it does not time out). A destination
+//!   that is down does not fill memory: its events go to the table.
+//! - **Dead letters.** A rejected event, or one out of attempts per
+//!   [`RetryPolicy`](outbox_core::RetryPolicy), is dead in the table (a message is inserted as a
+//!   `dead` row). Under `dead_letter = "block"` (the default, as in polling mode) the later
+//!   events of its aggregate wait in the table behind it; under `skip` they go on. A requeued
+//!   dead event (`outbox dead retry`) is delivered by the next table claim, while the relay
+//!   streams.
 //! - **Heartbeats.** Every `heartbeat_interval` the relay writes an empty transactional logical
 //!   message (prefix `outbox.heartbeat`); its commit gives an idle outbox a position to confirm,
 //!   so a slot on a busy cluster does not retain WAL forever. Keepalives with nothing
 //!   outstanding are confirmed too.
+//! - **`delete_on_ack`** (`retention.delivered = "0s"`): delivered rows are deleted instead of
+//!   marked. (`mark_delivered = false`, which left them pending, is gone: every start delivered
+//!   them all again.)
 //!
 //! ## TLS
 //!
@@ -152,17 +188,18 @@
 //! records the slot in `<schema>.<table>_wal_slots`. A slot that is missing although recorded
 //! there is [`WalError::SlotLost`]; one PostgreSQL invalidated (`wal_status = 'lost'`) is
 //! [`WalError::SlotInvalidated`]. Both need [`recover`]: it drops an invalidated slot, creates a
-//! new one (from then on every commit is captured), and re-scans undelivered outbox rows (the
-//! catch-up scan), after which [`WalRelay::run`] resumes streaming. Table events survive a lost
+//! new one (from then on every commit is captured), and delivers the undelivered outbox rows
+//! (the catch-up, as a drain), after which [`WalRelay::run`] resumes streaming. Table events survive a lost
 //! slot; message events that were not yet delivered do not (they existed only in the WAL).
 //!
-//! ## The catch-up scan
+//! ## The catch-up
 //!
-//! With `catch_up` (default), a starting leader first delivers the table's `pending` and
-//! `in_flight` rows up to the current highest `seq`, in `seq` order per aggregate, through the
-//! same engine, and marks them delivered. Streamed table rows up to that `seq` are then checked
-//! against the table before publishing and skipped if already delivered or dead, so the scan
-//! does not cause duplicates.
+//! With `catch_up` (default), when a session starts (start, reconnect, takeover) every row
+//! still undelivered in the table is the table's: table claims deliver it, in `seq` order per
+//! aggregate, with every check a polling claim makes (paused destinations, dead events under
+//! `block`, payload limits), and newer events of its aggregate wait behind it. Rows the stream
+//! sends again that a table claim settled are skipped. A backlog present at start therefore
+//! drains at the speed of table claims; what is committed afterwards streams.
 //!
 //! ## Switching modes on a live outbox
 //!
@@ -170,12 +207,12 @@
 //! 1. Create the slot while the polling relay still runs ([`prepare`]); from this moment every
 //!    commit is in the slot.
 //! 2. Stop the polling relay (it releases its claims).
-//! 3. Start [`WalRelay`]: the catch-up scan delivers what the poller left, then it streams.
+//! 3. Start the relay in WAL mode: the catch-up delivers what the poller left, then it streams.
 //!
 //! WAL → polling:
 //! 1. If writers use [`enqueue_message`], switch them to `PgOutbox::enqueue` first (a poller
 //!    cannot see messages).
-//! 2. Stop the WAL relay with `stop_when_caught_up = true` (or stop it and run it once more so):
+//! 2. Stop the WAL relay with a drain (`outbox relay --drain`, the relay's `stop_when_idle`):
 //!    it returns when everything committed before its start is delivered and marked.
 //! 3. Start the polling relay; it delivers every row still `pending`.
 //! 4. [`drop_slot`], so the server stops retaining WAL for it.
@@ -239,34 +276,122 @@
 
 mod config;
 mod conn;
+mod counters;
 mod db;
-mod engine;
 mod error;
 mod lsn;
 mod message;
 mod pgoutput;
-mod relay;
 mod slot;
+mod source;
+mod state;
+mod stream;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::Sink;
+use outbox_core::route::RouteTable;
+use outbox_postgres::{PgOutbox, PgStore};
+use outbox_relay::{Relay, RelayConfig};
 use serde::Serialize;
-use tokio::sync::watch;
 
 pub use config::{Source, WalConfig};
 pub use conn::{ReplicationConnection, SslMode};
-pub use engine::{WalCounters, WalReport};
+pub use counters::{WalCounters, WalReport};
 pub use error::WalError;
 pub use lsn::Lsn;
 pub use message::{
     DEFAULT_PREFIX, EnqueuedMessage, encode_envelope, enqueue_message, enqueue_messages,
 };
-pub use relay::WalRelay;
 pub use slot::{MessageSourceAccess, WalStatus};
+pub use source::WalSource;
 
 use conn::Target;
+
+/// WAL mode in one call: a [`WalSource`] under the relay engine (`outbox_relay::Relay`), for a
+/// library user who wants `run` and a report. The `outbox` CLI does the same with its own
+/// routes and metrics.
+///
+/// The relay's settings (batch size, retries, dead-letter policy, publish timeout, lanes and
+/// cooldown, `--drain`) are one [`RelayConfig`], the same as in polling mode
+/// ([`WalRelay::with_relay`]); [`WalConfig`] holds only what is WAL mode's own.
+pub struct WalRelay {
+    config: WalConfig,
+    relay: RelayConfig,
+    sink: Arc<dyn Sink>,
+    routes: Option<Arc<RouteTable>>,
+    counters: Arc<WalCounters>,
+}
+
+impl WalRelay {
+    /// A relay for `config` delivering to `sink`, with the default relay settings.
+    pub fn new(config: WalConfig, sink: Arc<dyn Sink>) -> Self {
+        WalRelay {
+            config,
+            relay: RelayConfig::default(),
+            sink,
+            routes: None,
+            counters: Arc::new(WalCounters::default()),
+        }
+    }
+
+    /// The engine's settings, shared with polling mode.
+    pub fn with_relay(mut self, relay: RelayConfig) -> Self {
+        self.relay = relay;
+        self
+    }
+
+    /// Several destinations: see `outbox_relay::Relay::with_routes`.
+    pub fn with_routes(mut self, routes: Arc<RouteTable>) -> Self {
+        self.routes = Some(routes);
+        self
+    }
+
+    /// Live counters of the stream, readable while [`WalRelay::run`] is going.
+    pub fn counters(&self) -> Arc<WalCounters> {
+        self.counters.clone()
+    }
+
+    /// Run until `shutdown` completes (or, with the relay's `stop_when_idle`, until everything
+    /// committed before the start is delivered), then finish in-flight batches, write back and
+    /// confirm what was delivered, and return what was done.
+    ///
+    /// The instance first becomes the slot's streamer (a standby waits while another instance
+    /// streams). Database and replication outages do not end the run: it reconnects with
+    /// backoff and resumes from the confirmed position. It returns an error for what needs a
+    /// person: bad configuration, a server not set up for logical replication, a lost or
+    /// invalidated slot (see [`recover`]).
+    pub async fn run<F>(self, shutdown: F) -> Result<WalReport, WalError>
+    where
+        F: Future<Output = ()> + Send,
+    {
+        let WalRelay {
+            config,
+            relay,
+            sink,
+            routes,
+            counters,
+        } = self;
+        config.validate()?;
+        let outbox = PgOutbox::with_names(&config.schema, &config.table)?;
+        let target = Target::parse(&config.database_url)?;
+        let pool = target.pool(&config.database_url, 4).await?;
+        let store = PgStore::new(pool, outbox).with_delete_on_ack(config.delete_on_ack);
+        let source = Arc::new(WalSource::start_with(config, store, &relay, counters).await?);
+        let mut engine = Relay::new(source.clone(), sink, relay);
+        if let Some(routes) = routes {
+            engine = engine.with_routes(routes);
+        }
+        let report = engine.run(shutdown).await;
+        let mut wal = source.shutdown().await?;
+        wal.delivered = report.delivered;
+        wal.retried = report.retried;
+        wal.dead = report.dead;
+        Ok(wal)
+    }
+}
 
 /// The slot's figures now: lag bytes, retained WAL, confirmed position, whether a session
 /// streams. One query; safe to call while a relay runs.
@@ -380,55 +505,62 @@ pub struct RecoverReport {
     pub dropped_invalidated_slot: bool,
     /// A new slot was created at this position.
     pub created_slot_at: Option<Lsn>,
-    /// Undelivered table rows delivered by the re-scan.
+    /// Undelivered table rows delivered since.
     pub redelivered: u64,
     /// Of those, dead-lettered instead.
     pub dead: u64,
 }
 
 /// Recover from a lost or invalidated slot: drop the invalidated slot, create a new one (every
-/// commit from now on is captured), then re-scan the outbox table and deliver every row still
-/// `pending` or `in_flight` to `sink`. Afterwards [`WalRelay::run`] resumes streaming from the
-/// new slot. Message events that were in the lost slot's WAL and never delivered cannot be
-/// recovered.
+/// commit from now on is captured), then deliver every row still undelivered in the outbox
+/// table to `sink` (a drain of the relay: table claims take them, in order). Afterwards
+/// [`WalRelay::run`] resumes streaming from the new slot. Message events that were in the lost
+/// slot's WAL and never delivered cannot be recovered.
 ///
 /// Waits up to `takeover_timeout` for the streamer lock, so it never races a running relay.
 pub async fn recover(config: &WalConfig, sink: Arc<dyn Sink>) -> Result<RecoverReport, WalError> {
     config.validate()?;
-    let cfg = Arc::new(config.clone());
-    let target = Target::parse(&cfg.database_url)?;
-    let pool = target.pool(&cfg.database_url, 4).await?;
-    let mut lock = target.connection(&cfg.database_url).await?;
-    let deadline = Instant::now() + cfg.takeover_timeout;
-    while !slot::try_lead(&mut lock, &cfg).await? {
-        if Instant::now() >= deadline {
-            return Err(WalError::SlotBusy {
-                slot: cfg.slot.clone(),
-                waited_ms: cfg.takeover_timeout.as_millis() as u64,
-            });
-        }
-        tokio::time::sleep(cfg.standby_poll_interval).await;
-    }
-    slot::check_server(&pool).await?;
+    let target = Target::parse(&config.database_url)?;
+    let pool = target.pool(&config.database_url, 2).await?;
     let mut report = RecoverReport::default();
-    match slot::slot_info(&pool, &cfg.slot).await? {
-        Some(info) if info.wal_status.as_deref() == Some("lost") => {
-            slot::drop_slot_and_marker(&pool, &cfg).await?;
-            report.dropped_invalidated_slot = true;
-            report.created_slot_at = Some(slot::create_slot(&pool, &cfg).await?);
+    {
+        let mut lock = target.connection(&config.database_url).await?;
+        let deadline = Instant::now() + config.takeover_timeout;
+        while !slot::try_lead(&mut lock, config).await? {
+            if Instant::now() >= deadline {
+                return Err(WalError::SlotBusy {
+                    slot: config.slot.clone(),
+                    waited_ms: config.takeover_timeout.as_millis() as u64,
+                });
+            }
+            tokio::time::sleep(config.standby_poll_interval).await;
         }
-        Some(_) => {}
-        None => report.created_slot_at = Some(slot::create_slot(&pool, &cfg).await?),
+        slot::check_server(&pool).await?;
+        match slot::slot_info(&pool, &config.slot).await? {
+            Some(info) if info.wal_status.as_deref() == Some("lost") => {
+                slot::drop_slot_and_marker(&pool, config).await?;
+                report.dropped_invalidated_slot = true;
+                report.created_slot_at = Some(slot::create_slot(&pool, config).await?);
+            }
+            Some(_) => {}
+            None => report.created_slot_at = Some(slot::create_slot(&pool, config).await?),
+        }
     }
-    let counters = Arc::new(WalCounters::default());
-    let (_stop_tx, mut stop_rx) = watch::channel(false);
-    let mut session = relay::Session::new(cfg.clone(), sink, pool.clone(), counters.clone());
-    session.catch_up(&mut stop_rx).await?;
-    let figures = counters.report();
-    report.redelivered = figures.caught_up;
-    report.dead = figures.dead;
-    drop(lock);
     pool.close().await;
+    let drain = WalConfig {
+        catch_up: true,
+        ..config.clone()
+    };
+    let relay = RelayConfig {
+        stop_when_idle: true,
+        ..RelayConfig::default()
+    };
+    let figures = WalRelay::new(drain, sink)
+        .with_relay(relay)
+        .run(std::future::pending())
+        .await?;
+    report.redelivered = figures.delivered;
+    report.dead = figures.dead;
     tracing::info!(
         ?report,
         "Recovery done; start the WAL relay to resume streaming."

@@ -23,6 +23,8 @@ pub(crate) struct SlotInfo {
     pub database: Option<String>,
     pub confirmed_flush: Option<Lsn>,
     pub wal_status: Option<String>,
+    /// A session streams from it now.
+    pub active: bool,
 }
 
 pub(crate) fn marker_table(config: &WalConfig) -> String {
@@ -222,7 +224,7 @@ pub(crate) fn quote_role(role: &str) -> String {
 
 pub(crate) async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, WalError> {
     let row = sqlx::query(
-        "SELECT plugin::text, database::text, confirmed_flush_lsn::text AS confirmed, wal_status
+        "SELECT plugin::text, database::text, confirmed_flush_lsn::text AS confirmed, wal_status, active
          FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(slot)
@@ -240,6 +242,7 @@ pub(crate) async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotIn
             .transpose()
             .map_err(WalError::Decode)?,
         wal_status: row.try_get("wal_status").map_err(map_sqlx)?,
+        active: row.try_get("active").map_err(map_sqlx)?,
     }))
 }
 
@@ -292,7 +295,7 @@ pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Res
         None => {
             let sql = if table_wanted {
                 format!(
-                    "CREATE PUBLICATION \"{}\" FOR TABLE {} WITH (publish = 'insert')",
+                    "CREATE PUBLICATION \"{}\" FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
                     config.publication,
                     outbox_table(config)
                 )

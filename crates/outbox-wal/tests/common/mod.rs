@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use outbox_core::{Event, EventId, NewEvent, Outcome, RetryPolicy, Sink};
 use outbox_postgres::PgOutbox;
+use outbox_relay::RelayConfig;
 use outbox_testkit::RecordingSink;
 use outbox_wal::{Source, WalConfig, WalError, WalRelay, WalReport};
 use sqlx::PgPool;
@@ -123,12 +124,6 @@ impl Fixture {
             standby_poll_interval: Duration::from_millis(200),
             takeover_timeout: Duration::from_secs(15),
             max_reconnect_backoff: Duration::from_millis(500),
-            publish_timeout: Duration::from_secs(5),
-            retry: RetryPolicy {
-                base: Duration::from_millis(10),
-                cap: Duration::from_millis(100),
-                max_attempts: 5,
-            },
             ..WalConfig::new(cluster_url())
         };
         Fixture {
@@ -197,8 +192,31 @@ pub struct Running {
     pub counters: Arc<outbox_wal::WalCounters>,
 }
 
+/// The engine's settings for a test relay: fast retries, five attempts, the slot's name as
+/// its id (so `application_name` tells the tests' sessions apart).
+pub fn test_relay(config: &WalConfig) -> RelayConfig {
+    RelayConfig {
+        relay_id: config.slot.clone(),
+        poll_interval: Duration::from_millis(50),
+        publish_timeout: Duration::from_secs(5),
+        retry: RetryPolicy {
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(100),
+            max_attempts: 5,
+        },
+        ..RelayConfig::default()
+    }
+}
+
+/// A relay with [`test_relay`]'s settings.
 pub fn start(config: WalConfig, sink: Arc<dyn Sink>) -> Running {
-    let relay = WalRelay::new(config, sink);
+    let relay = test_relay(&config);
+    start_relay(config, relay, sink)
+}
+
+/// A relay with the engine settings `relay`.
+pub fn start_relay(config: WalConfig, relay: RelayConfig, sink: Arc<dyn Sink>) -> Running {
+    let relay = WalRelay::new(config, sink).with_relay(relay);
     let counters = relay.counters();
     let (tx, rx) = oneshot::channel::<()>();
     let handle = tokio::spawn(relay.run(async move {
@@ -208,6 +226,21 @@ pub fn start(config: WalConfig, sink: Arc<dyn Sink>) -> Running {
         stop: Some(tx),
         handle,
         counters,
+    }
+}
+
+impl Running {
+    /// Wait until the relay streams or stands by (its session set up), so what a test writes
+    /// next comes through the stream rather than as rows waiting when the session started.
+    pub async fn ready(self) -> Self {
+        let counters = self.counters.clone();
+        wait_for(
+            "the relay to stream or stand by",
+            Duration::from_secs(30),
+            || counters.streaming() || counters.standing_by() || self.handle.is_finished(),
+        )
+        .await;
+        self
     }
 }
 

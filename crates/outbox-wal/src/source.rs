@@ -1,0 +1,875 @@
+//! [`WalSource`]: the replication stream as a [`Source`] of the one relay engine.
+//!
+//! The engine (`outbox_relay::Relay`) claims, publishes and settles exactly as it does over the
+//! table; this source decides where each claim's events come from (see the `state` module for
+//! the rules):
+//!
+//! - **from the stream** — events decoded from the WAL, handed out without writing anything to
+//!   claim them. Their settlement is written back in batches by a writer task (one `UPDATE` to
+//!   mark rows delivered, or a `DELETE` when nothing delivered is kept), and the slot's position
+//!   moves past them only once that write committed;
+//! - **from the table** — claims like the polling relay's, under a lease, for everything the
+//!   table owns: retries waiting for their backoff, events held behind a dead one, events of a
+//!   paused destination, rows requeued or replayed by an operator, rows left undelivered when
+//!   the session started.
+//!
+//! A failed stream event is not retried in memory: it goes to the table (a row updated with its
+//! attempt and backoff, or a message inserted as a row) together with every later event of its
+//! aggregate, and table claims take them up in order. So a destination that is down costs no
+//! memory and does not hold the slot: the stream keeps moving for everything else.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use outbox_core::{
+    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Lease, PausedDestination, RetryEvent, Source,
+    Store, StoreError,
+};
+use outbox_postgres::PgStore;
+use sqlx::PgPool;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::config::{Source as Capture, WalConfig};
+use crate::counters::{WalCounters, WalReport, add};
+use crate::db::{self, MessageRow};
+use crate::error::WalError;
+use crate::state::{Item, Origin, Out, State};
+use crate::stream;
+
+/// How long settled stream events wait for their write, so a trickle of events does not cost
+/// one statement each. Only the confirmed WAL position waits for it, not delivery.
+const WRITE_DELAY: Duration = Duration::from_millis(20);
+
+/// How often the aggregates the table owns are checked against the table (an operator may have
+/// discarded the dead event that held one).
+const RECONCILE_EVERY: Duration = Duration::from_secs(5);
+
+/// What the stream task and the source share.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// Events are waiting to be claimed.
+    pub work: Notify,
+    /// Room was freed (the stream may read on), or the position may move.
+    pub room: Notify,
+    /// Whether this instance streams the slot now (a standby claims nothing).
+    leading: std::sync::atomic::AtomicBool,
+    /// What stopped the stream for good (a lost slot, a server not set up): the relay stops.
+    fatal: Mutex<Option<WalError>>,
+    /// With a drain: the WAL position to reach (set once the session started).
+    drain_target: Mutex<Option<crate::Lsn>>,
+    pub counters: Arc<WalCounters>,
+}
+
+impl Shared {
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::SeqCst);
+        self.counters
+            .role
+            .store(if leading { 2 } else { 0 }, Ordering::SeqCst);
+        self.work.notify_one();
+    }
+
+    pub fn set_standing_by(&self) {
+        self.counters.role.store(1, Ordering::SeqCst);
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::SeqCst)
+    }
+
+    pub fn set_fatal(&self, error: WalError) {
+        *self.fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+        self.work.notify_one();
+    }
+
+    pub fn set_drain_target(&self, target: Option<crate::Lsn>) {
+        *self.drain_target.lock().unwrap_or_else(|p| p.into_inner()) = target;
+    }
+}
+
+/// Writes waiting for the writer task.
+#[derive(Default)]
+struct Writes {
+    /// Table rows delivered: mark them (or delete them).
+    delivered: Vec<(i64, Out)>,
+    /// Table rows that failed: back to pending with their attempt, error and next time.
+    retries: Vec<(RetryEvent, Out)>,
+    /// Table rows given up on.
+    buried: Vec<(BuryEvent, Out)>,
+    /// Messages that go to the table as rows (handed back, retried, released or buried).
+    messages: Vec<(MessageRow, Out)>,
+    /// Items the stream could not deliver at all.
+    dead_items: Vec<Item>,
+    since: Option<Instant>,
+}
+
+impl Writes {
+    fn is_empty(&self) -> bool {
+        self.delivered.is_empty()
+            && self.retries.is_empty()
+            && self.buried.is_empty()
+            && self.messages.is_empty()
+            && self.dead_items.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.delivered.len()
+            + self.retries.len()
+            + self.buried.len()
+            + self.messages.len()
+            + self.dead_items.len()
+    }
+}
+
+struct Inner {
+    cfg: Arc<WalConfig>,
+    shared: Arc<Shared>,
+    store: PgStore,
+    pool: PgPool,
+    dead_letter: DeadLetterPolicy,
+    poll_interval: Duration,
+    writes: Mutex<Writes>,
+    write_signal: Notify,
+    /// When the table was last claimed from, and whether that claim came back full.
+    table: Mutex<TableTurn>,
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct TableTurn {
+    last: Option<Instant>,
+    full: bool,
+    /// The last claim (stream or table) was the table's: the stream goes next.
+    was_table: bool,
+    reconciled: Option<Instant>,
+    /// The table had nothing due at the last look.
+    empty: bool,
+}
+
+/// The replication stream as a [`Source`]: hand it to `outbox_relay::Relay` and the engine
+/// delivers WAL mode's events with every feature it has. See the module docs.
+///
+/// ```no_run
+/// # async fn demo(sink: std::sync::Arc<dyn outbox_core::Sink>) -> Result<(), outbox_wal::WalError> {
+/// use std::sync::Arc;
+/// use outbox_postgres::{PgOutbox, PgStore};
+/// use outbox_relay::{Relay, RelayConfig};
+/// use outbox_wal::{WalConfig, WalSource};
+///
+/// let config = WalConfig::new("postgres://relay@db:5432/app");
+/// let store = PgStore::connect(&config.database_url, PgOutbox::new()).await?;
+/// let relay_config = RelayConfig::default();
+/// let source = Arc::new(WalSource::start(config, store, &relay_config).await?);
+/// let report = Relay::new(source.clone(), sink, relay_config)
+///     .run(async { tokio::signal::ctrl_c().await.ok(); })
+///     .await;
+/// let wal = source.shutdown().await?;
+/// println!("delivered {}, duplicates {}", report.delivered, wal.duplicates);
+/// # Ok(()) }
+/// ```
+pub struct WalSource {
+    inner: Arc<Inner>,
+}
+
+impl WalSource {
+    /// Check `config`, start streaming (or standing by, while another instance streams the
+    /// slot) in the background, and return the source. `store` is the outbox table the stream
+    /// reads (its layout and names must match `config`); `relay` gives the settings the source
+    /// shares with the engine (the dead-letter policy, the poll interval of table claims).
+    pub async fn start(
+        config: WalConfig,
+        store: PgStore,
+        relay: &outbox_relay::RelayConfig,
+    ) -> Result<WalSource, WalError> {
+        Self::start_with(config, store, relay, Arc::new(WalCounters::default())).await
+    }
+
+    /// [`WalSource::start`], counting into `counters`.
+    pub async fn start_with(
+        config: WalConfig,
+        store: PgStore,
+        relay: &outbox_relay::RelayConfig,
+        counters: Arc<WalCounters>,
+    ) -> Result<WalSource, WalError> {
+        config.validate()?;
+        if config.captures(Capture::Messages) && store.outbox().partitioning().is_some() {
+            return Err(WalError::Config(
+                "the message source with the partitioned layout: WAL mode writes message events that fail or wait into the outbox table, and does not write the partitioned layout's keys table yet; use `sources = [\"table\"]` with the partitioned layout, or the plain layout".into(),
+            ));
+        }
+        // The settings WAL mode shares with the engine come from the engine's own.
+        let from_relay = crate::config::FromRelay {
+            relay_id: relay.relay_id.clone(),
+            stop_when_caught_up: relay.stop_when_idle,
+            max_payload_bytes: relay.max_payload_bytes,
+        };
+        let cfg = Arc::new(config);
+        let _ = counters.started.set(Instant::now());
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::new()),
+            work: Notify::new(),
+            room: Notify::new(),
+            leading: std::sync::atomic::AtomicBool::new(false),
+            fatal: Mutex::new(None),
+            drain_target: Mutex::new(None),
+            counters,
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let pool = store.pool().clone();
+        let inner = Arc::new(Inner {
+            cfg: cfg.clone(),
+            shared: shared.clone(),
+            store,
+            pool: pool.clone(),
+            dead_letter: relay.dead_letter,
+            poll_interval: relay.poll_interval,
+            writes: Mutex::new(Writes::default()),
+            write_signal: Notify::new(),
+            table: Mutex::new(TableTurn::default()),
+            stop,
+            tasks: Mutex::new(Vec::new()),
+        });
+        let streamer = tokio::spawn(stream::run(
+            cfg.clone(),
+            from_relay,
+            shared.clone(),
+            pool,
+            relay.dead_letter,
+            stop_rx.clone(),
+        ));
+        let writer = tokio::spawn(write_loop(inner.clone(), stop_rx));
+        inner
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend([streamer, writer]);
+        Ok(WalSource { inner })
+    }
+
+    /// Live counters, readable while the relay runs.
+    pub fn counters(&self) -> Arc<WalCounters> {
+        self.inner.shared.counters.clone()
+    }
+
+    /// What stopped the stream for good, if something did.
+    pub fn failure(&self) -> Option<String> {
+        self.inner
+            .shared
+            .fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|e| e.to_string())
+    }
+
+    /// Call once the relay has returned: write back what is settled, confirm the position past
+    /// it, and stop streaming. Returns what the stream did, or the error that stopped it.
+    pub async fn shutdown(&self) -> Result<WalReport, WalError> {
+        let _ = self.inner.stop.send(true);
+        self.inner.write_signal.notify_one();
+        let tasks: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
+        if let Some(error) = self
+            .inner
+            .shared
+            .fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            return Err(error);
+        }
+        Ok(self.inner.shared.counters.report())
+    }
+}
+
+impl Drop for WalSource {
+    fn drop(&mut self) {
+        let _ = self.inner.stop.send(true);
+    }
+}
+
+impl Inner {
+    /// Queue writes for the writer task, and wake it: when the queue was empty (so it starts
+    /// its delay) or is full (so it writes at once).
+    fn queue(&self, f: impl FnOnce(&mut Writes)) {
+        let mut writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let was_empty = writes.since.is_none();
+        f(&mut writes);
+        writes.since.get_or_insert_with(Instant::now);
+        let full = writes.len() >= 1000;
+        drop(writes);
+        if was_empty || full {
+            self.write_signal.notify_one();
+        }
+    }
+
+    /// One claim from the stream: what may go out now, plus the hand-backs and burials the
+    /// look at the waiting events decided.
+    async fn claim_stream(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let token = Uuid::now_v7();
+        let taken = {
+            let mut state = self.shared.state();
+            state.set_paused(request.hold.as_deref());
+            state.take(
+                request.limit as usize,
+                request.max_batch_bytes,
+                request.hold.as_deref(),
+                token,
+            )
+        };
+        let buried = taken.dead.len() as u64;
+        if !taken.hand_back.is_empty() || !taken.dead.is_empty() {
+            let mut messages = Vec::with_capacity(taken.hand_back.len());
+            for (event, out) in taken.hand_back {
+                messages.push((MessageRow::pending(event, 0, None, None), out));
+            }
+            // An unreadable item under the block policy holds its aggregate like any dead event.
+            if self.dead_letter == DeadLetterPolicy::Block {
+                let mut state = self.shared.state();
+                for item in &taken.dead {
+                    if item.origin == Origin::Table && !item.event.aggregate_id.is_empty() {
+                        state.own(item.aggregate(), item.event.seq);
+                    } else if item.origin == Origin::Message {
+                        state.own_message(item.aggregate());
+                    }
+                }
+            }
+            add(&self.shared.counters.handed_back, messages.len() as u64);
+            self.queue(|w| {
+                w.messages.extend(messages);
+                w.dead_items.extend(taken.dead);
+            });
+            self.write_signal.notify_one();
+        }
+        let mut events = taken.batch;
+        if !taken.check.is_empty() {
+            // Rows the table may have settled (or be delivering) already: never twice.
+            let settled = db::not_pending(&self.pool, &self.cfg, &taken.check)
+                .await
+                .unwrap_or_else(|error| {
+                    tracing::debug!(%error, "Duplicate check failed; publishing anyway.");
+                    HashSet::new()
+                });
+            if !settled.is_empty() {
+                events.retain(|e| !settled.contains(&e.seq));
+                let mut state = self.shared.state();
+                for (seq, out) in state.settle_out(&token, settled.iter().copied()) {
+                    state.finish_out(seq, &out);
+                }
+                add(&self.shared.counters.skipped, settled.len() as u64);
+            }
+        }
+        add(&self.shared.counters.claimed, events.len() as u64);
+        Ok(Claim {
+            lease: Lease {
+                owner: request.owner.clone(),
+                token,
+            },
+            events,
+            buried,
+        })
+    }
+
+    /// One claim from the table, bounded below what the stream holds and within what it saw.
+    async fn claim_table(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let bound = self
+            .shared
+            .state()
+            .table_bound(self.cfg.captures(Capture::Table));
+        if bound <= 0 {
+            tracing::debug!(state = %self.shared.state().summary(), "No table claim: the stream holds the lowest rows.");
+            return Ok(Claim {
+                lease: Lease {
+                    owner: request.owner.clone(),
+                    token: Uuid::now_v7(),
+                },
+                events: Vec::new(),
+                buried: 0,
+            });
+        }
+        let mut bounded = request.clone();
+        bounded.up_to_seq = Some(request.up_to_seq.map_or(bound, |b| b.min(bound)));
+        let claim = Store::claim(&self.store, &bounded).await?;
+        tracing::debug!(
+            bound,
+            claimed = claim.events.len(),
+            owned = self.shared.state().owned_count(),
+            "Table claim."
+        );
+        self.shared
+            .state()
+            .table_claimed(claim.lease.token, &claim.events);
+        add(&self.shared.counters.from_table, claim.events.len() as u64);
+        Ok(claim)
+    }
+
+    /// Forget owned events the table no longer holds open, every few seconds.
+    async fn reconcile(&self) {
+        let due = {
+            let mut turn = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            let due = turn
+                .reconciled
+                .is_none_or(|at| at.elapsed() >= RECONCILE_EVERY);
+            if due {
+                turn.reconciled = Some(Instant::now());
+            }
+            due
+        };
+        if !due {
+            return;
+        }
+        let seqs = self.shared.state().owned_seqs();
+        if seqs.is_empty() {
+            return;
+        }
+        match db::gone(&self.pool, &self.cfg, &seqs, self.dead_letter).await {
+            Ok(gone) => self.shared.state().reconcile(&gone),
+            Err(error) => tracing::debug!(%error, "Could not check the aggregates the table owns."),
+        }
+    }
+}
+
+#[async_trait]
+impl Source for WalSource {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let inner = &self.inner;
+        if let Some(error) = inner
+            .shared
+            .fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return Err(StoreError::Stopped(error.to_string()));
+        }
+        let empty = || Claim {
+            lease: Lease {
+                owner: request.owner.clone(),
+                token: Uuid::now_v7(),
+            },
+            events: Vec::new(),
+            buried: 0,
+        };
+        if !inner.shared.is_leading() {
+            return Ok(empty());
+        }
+        inner.reconcile().await;
+        let stream_waiting = inner.shared.state().has_waiting();
+        let table_turn = {
+            let turn = inner.table.lock().unwrap_or_else(|p| p.into_inner());
+            let due = turn
+                .last
+                .is_none_or(|at| turn.full || at.elapsed() >= inner.poll_interval);
+            due && !(turn.was_table && stream_waiting)
+        };
+        if table_turn {
+            let claim = inner.claim_table(request).await?;
+            let mut turn = inner.table.lock().unwrap_or_else(|p| p.into_inner());
+            turn.last = Some(Instant::now());
+            turn.full = claim.events.len() >= request.limit as usize;
+            turn.empty = claim.events.is_empty();
+            if !claim.events.is_empty() {
+                turn.was_table = true;
+                return Ok(claim);
+            }
+        }
+        inner
+            .table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .was_table = false;
+        if stream_waiting {
+            return inner.claim_stream(request).await;
+        }
+        Ok(empty())
+    }
+
+    async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        if !inner.shared.state().is_stream_lease(&lease.token) {
+            let n = Store::ack(&inner.store, lease, seqs).await?;
+            self.after_table_write(lease, seqs, true);
+            return Ok(n);
+        }
+        let settled = {
+            let mut state = inner.shared.state();
+            let settled = state.settle_out(&lease.token, seqs.iter().copied());
+            // Messages need no write: they are settled now.
+            for (seq, out) in settled.iter().filter(|(_, o)| o.origin == Origin::Message) {
+                state.finish_out(*seq, out);
+            }
+            settled
+        };
+        let n = settled.len() as u64;
+        add(&inner.shared.counters.delivered, n);
+        let rows: Vec<(i64, Out)> = settled
+            .into_iter()
+            .filter(|(_, o)| o.origin == Origin::Table)
+            .collect();
+        if !rows.is_empty() {
+            inner.queue(|w| w.delivered.extend(rows));
+        }
+        inner.shared.room.notify_one();
+        Ok(n)
+    }
+
+    async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        if !inner.shared.state().is_stream_lease(&lease.token) {
+            let n = Store::retry(&inner.store, lease, events).await?;
+            self.after_table_write(lease, &seqs, false);
+            return Ok(n);
+        }
+        let mut state = inner.shared.state();
+        let settled = state.settle_out(&lease.token, seqs.iter().copied());
+        let mut rows = Vec::new();
+        let mut messages = Vec::new();
+        for (seq, out) in settled {
+            let Some(retry) = events.iter().find(|e| e.seq == seq).cloned() else {
+                continue;
+            };
+            match out.origin {
+                Origin::Table => {
+                    state.own(out.aggregate.clone(), seq);
+                    rows.push((retry, out));
+                }
+                Origin::Message => {
+                    state.own_message(out.aggregate.clone());
+                    if let Some(event) = out.event.clone() {
+                        let attempts = event.attempts + 1;
+                        messages.push((
+                            MessageRow::pending(
+                                event,
+                                attempts,
+                                Some(retry.delay),
+                                Some(retry.error.clone()),
+                            ),
+                            out,
+                        ));
+                    }
+                }
+            }
+        }
+        drop(state);
+        let n = (rows.len() + messages.len()) as u64;
+        add(&inner.shared.counters.retried, n);
+        inner.queue(|w| {
+            w.retries.extend(rows);
+            w.messages.extend(messages);
+        });
+        inner.write_signal.notify_one();
+        Ok(n)
+    }
+
+    async fn bury(&self, lease: &Lease, events: &[BuryEvent]) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        let block = inner.dead_letter == DeadLetterPolicy::Block;
+        if !inner.shared.state().is_stream_lease(&lease.token) {
+            let n = Store::bury(&inner.store, lease, events).await?;
+            self.after_table_write(lease, &seqs, !block);
+            return Ok(n);
+        }
+        let mut state = inner.shared.state();
+        let settled = state.settle_out(&lease.token, seqs.iter().copied());
+        let mut rows = Vec::new();
+        let mut messages = Vec::new();
+        for (seq, out) in settled {
+            let Some(bury) = events.iter().find(|e| e.seq == seq).cloned() else {
+                continue;
+            };
+            match out.origin {
+                Origin::Table => {
+                    if block {
+                        state.own(out.aggregate.clone(), seq);
+                    }
+                    rows.push((bury, out));
+                }
+                Origin::Message => {
+                    if block {
+                        state.own_message(out.aggregate.clone());
+                    }
+                    if let Some(mut event) = out.event.clone() {
+                        event.attempts += 1;
+                        messages.push((MessageRow::dead(event, bury.error.clone()), out));
+                    }
+                }
+            }
+        }
+        drop(state);
+        let n = (rows.len() + messages.len()) as u64;
+        inner.queue(|w| {
+            w.buried.extend(rows);
+            w.messages.extend(messages);
+        });
+        inner.write_signal.notify_one();
+        Ok(n)
+    }
+
+    async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        if !inner.shared.state().is_stream_lease(&lease.token) {
+            let n = Store::release(&inner.store, lease, seqs).await?;
+            self.after_table_write(lease, seqs, false);
+            return Ok(n);
+        }
+        let mut state = inner.shared.state();
+        // Given back unpublished: the table takes them (a row is there already; a message is
+        // inserted), behind the failed event that held them or for the next relay.
+        let settled = state.settle_out(&lease.token, seqs.iter().copied());
+        let mut messages = Vec::new();
+        let n = settled.len() as u64;
+        for (seq, out) in settled {
+            match out.origin {
+                Origin::Table => {
+                    state.own(out.aggregate.clone(), seq);
+                    state.finish_out(seq, &out);
+                }
+                Origin::Message => {
+                    state.own_message(out.aggregate.clone());
+                    if let Some(event) = out.event.clone() {
+                        let attempts = event.attempts;
+                        messages.push((MessageRow::pending(event, attempts, None, None), out));
+                    }
+                }
+            }
+        }
+        drop(state);
+        add(&inner.shared.counters.handed_back, n);
+        if !messages.is_empty() {
+            inner.queue(|w| w.messages.extend(messages));
+            inner.write_signal.notify_one();
+        }
+        inner.shared.room.notify_one();
+        Ok(n)
+    }
+
+    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
+        Store::paused(&self.inner.store).await
+    }
+
+    async fn work_ready(&self) {
+        let inner = &self.inner;
+        loop {
+            let notified = inner.shared.work.notified();
+            if inner.shared.is_leading() && inner.shared.state().has_waiting() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn exhausted(&self) -> bool {
+        let inner = &self.inner;
+        let target = *inner
+            .shared
+            .drain_target
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(target) = target else {
+            // Not draining, or the session has not started yet.
+            return inner
+                .shared
+                .fatal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some();
+        };
+        let state = inner.shared.state();
+        let writes_empty = inner
+            .writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        let table_empty = inner.table.lock().unwrap_or_else(|p| p.into_inner()).empty;
+        state.ack() >= target && state.is_idle() && writes_empty && table_empty
+    }
+
+    fn kind(&self) -> &'static str {
+        "wal"
+    }
+}
+
+impl WalSource {
+    /// Events of a table claim were written back by the table's store: the aggregates of the
+    /// events it `finished` (delivered, or dead under `skip`) go back to the stream once the
+    /// table holds nothing else of them.
+    fn after_table_write(&self, lease: &Lease, seqs: &[i64], finished: bool) {
+        let mut state = self.inner.shared.state();
+        if finished {
+            for (seq, aggregate) in state.table_events(&lease.token, seqs) {
+                state.table_done(&aggregate, seq);
+            }
+        }
+        state.end_table_lease(&lease.token, seqs);
+    }
+}
+
+/// The writer task: every [`WRITE_DELAY`] (or at once when a thousand settlements wait), write
+/// the settled stream events back and let their positions go. A write that fails is retried
+/// (nothing is confirmed meanwhile); when the source stops, what waits is written first.
+async fn write_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    let mut failures = 0u32;
+    loop {
+        let stopping = *stop.borrow();
+        let due = {
+            let writes = inner.writes.lock().unwrap_or_else(|p| p.into_inner());
+            writes.since.map(|since| since + WRITE_DELAY)
+        };
+        if !stopping {
+            match due {
+                Some(at) if at > Instant::now() => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at.into()) => {}
+                        _ = inner.write_signal.notified() => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    tokio::select! {
+                        _ = inner.write_signal.notified() => {}
+                        _ = stop.changed() => {}
+                    }
+                    continue;
+                }
+            }
+        }
+        let batch = std::mem::take(&mut *inner.writes.lock().unwrap_or_else(|p| p.into_inner()));
+        if batch.is_empty() {
+            if stopping {
+                return;
+            }
+            continue;
+        }
+        match write(&inner, &batch).await {
+            Ok(inserted) => {
+                failures = 0;
+                finish(&inner, batch, inserted);
+            }
+            Err(error) => {
+                failures += 1;
+                let pause = db::backoff(failures, inner.cfg.max_reconnect_backoff);
+                tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "Write-back to the outbox table failed; retrying. Nothing is confirmed meanwhile.");
+                // Put it back in front of what came since.
+                {
+                    let mut writes = inner.writes.lock().unwrap_or_else(|p| p.into_inner());
+                    let newer = std::mem::replace(&mut *writes, batch);
+                    writes.delivered.extend(newer.delivered);
+                    writes.retries.extend(newer.retries);
+                    writes.buried.extend(newer.buried);
+                    writes.messages.extend(newer.messages);
+                    writes.dead_items.extend(newer.dead_items);
+                    writes.since = Some(Instant::now());
+                }
+                if stopping && failures > 5 {
+                    tracing::warn!(
+                        "Stopping with write-backs undone; those events will be delivered again."
+                    );
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// Perform one batch of writes; returns the seqs of the rows inserted for messages, in order
+/// (`None` where a row with that id existed already).
+async fn write(inner: &Inner, batch: &Writes) -> Result<Vec<Option<i64>>, WalError> {
+    let cfg = &inner.cfg;
+    let pool = &inner.pool;
+    if !batch.delivered.is_empty() {
+        let seqs: Vec<i64> = batch.delivered.iter().map(|(s, _)| *s).collect();
+        let (marked, already) = if cfg.delete_on_ack {
+            db::delete_delivered(pool, cfg, &seqs).await?
+        } else {
+            db::mark_delivered(pool, cfg, &seqs).await?
+        };
+        add(&inner.shared.counters.marked_delivered, marked);
+        add(&inner.shared.counters.already_delivered, already);
+    }
+    if !batch.retries.is_empty() {
+        let retries: Vec<&RetryEvent> = batch.retries.iter().map(|(r, _)| r).collect();
+        db::retry_rows(pool, cfg, &retries).await?;
+    }
+    let mut dead_rows: Vec<(i64, u32, String)> = batch
+        .buried
+        .iter()
+        .map(|(b, _)| (b.seq, 0, b.error.clone()))
+        .collect();
+    let mut rows: Vec<MessageRow> = batch.messages.iter().map(|(m, _)| m.clone()).collect();
+    for item in &batch.dead_items {
+        let error = item.dead.clone().unwrap_or_default();
+        match item.origin {
+            Origin::Table => dead_rows.push((item.event.seq, item.event.attempts, error)),
+            Origin::Message => rows.push(MessageRow::dead(item.event.clone(), error)),
+        }
+    }
+    if !dead_rows.is_empty() {
+        let n = db::bury_rows(pool, cfg, &dead_rows).await?;
+        add(&inner.shared.counters.dead, n);
+    }
+    let inserted = if rows.is_empty() {
+        Vec::new()
+    } else {
+        db::insert_messages(pool, cfg, &rows).await?
+    };
+    let dead_messages = rows.iter().filter(|r| r.is_dead()).count() as u64;
+    add(&inner.shared.counters.dead, dead_messages);
+    Ok(inserted)
+}
+
+/// The writes of `batch` are durable: let their positions go, and tell the state the seqs of
+/// the rows inserted for messages.
+fn finish(inner: &Inner, batch: Writes, inserted: Vec<Option<i64>>) {
+    let mut state = inner.shared.state();
+    for (seq, out) in batch.delivered.iter() {
+        state.finish_out(*seq, out);
+    }
+    for (retry, out) in batch.retries.iter() {
+        state.finish_out(retry.seq, out);
+    }
+    for (bury, out) in batch.buried.iter() {
+        state.finish_out(bury.seq, out);
+    }
+    let owned_by_table =
+        |row: &MessageRow| !row.is_dead() || inner.dead_letter == DeadLetterPolicy::Block;
+    for (i, (row, out)) in batch.messages.iter().enumerate() {
+        let seq = inserted.get(i).copied().flatten();
+        if owned_by_table(row) {
+            state.inserted(&out.aggregate, seq);
+        }
+        state.written(out);
+    }
+    let offset = batch.messages.len();
+    let mut message_dead = 0usize;
+    for item in batch.dead_items.iter() {
+        if item.origin == Origin::Message {
+            let seq = inserted.get(offset + message_dead).copied().flatten();
+            message_dead += 1;
+            if inner.dead_letter == DeadLetterPolicy::Block {
+                state.inserted(&item.aggregate(), seq);
+            }
+        }
+        state.buried_item(item);
+    }
+    drop(state);
+    inner.shared.room.notify_one();
+    inner.shared.work.notify_one();
+}

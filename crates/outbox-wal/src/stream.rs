@@ -1,0 +1,682 @@
+//! The stream task of a [`WalSource`](crate::WalSource): leadership, the slot, the replication
+//! session and its reconnects, decoding, heartbeats, and confirming the position the state says
+//! is settled. It only reads: what it decodes goes into the shared state, where the relay
+//! engine claims it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use outbox_core::{DeadLetterPolicy, Event};
+use pgwire_replication::{ReplicationClient, ReplicationEvent};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use crate::config::{FromRelay, Source, WalConfig};
+use crate::conn::{Target, wire_error};
+use crate::counters::{WalCounters, add};
+use crate::db;
+use crate::error::{WalError, map_wire};
+use crate::lsn::Lsn;
+use crate::message::{HEARTBEAT_SUFFIX, decode_envelope, malformed_message};
+use crate::pgoutput::{self, BadRow, Decoded, OutboxLayout, pg_epoch_micros};
+use crate::slot;
+use crate::source::Shared;
+use crate::state::Origin;
+
+/// Run until `stop`: stand by or stream, reconnect after what may pass, and record what needs a
+/// person (a lost slot, a server not set up) in `shared` before returning.
+pub(crate) async fn run(
+    cfg: Arc<WalConfig>,
+    from_relay: FromRelay,
+    shared: Arc<Shared>,
+    pool: PgPool,
+    dead_letter: DeadLetterPolicy,
+    mut stop: watch::Receiver<bool>,
+) {
+    let result = run_inner(&cfg, &from_relay, &shared, &pool, dead_letter, &mut stop).await;
+    shared.set_leading(false);
+    if let Err(error) = result {
+        error!(%error, "WAL stream stopped; the relay stops too.");
+        shared.set_fatal(error);
+    }
+}
+
+async fn run_inner(
+    cfg: &Arc<WalConfig>,
+    from_relay: &FromRelay,
+    shared: &Arc<Shared>,
+    pool: &PgPool,
+    dead_letter: DeadLetterPolicy,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), WalError> {
+    let target = Target::parse(&cfg.database_url)?;
+    let mut failures = 0u32;
+    loop {
+        let Some(mut lock) = wait_for_leadership(cfg, from_relay, shared, &target, stop).await
+        else {
+            return Ok(());
+        };
+        add(&shared.counters.sessions, 1);
+        let result = lead(
+            cfg,
+            from_relay,
+            shared,
+            pool,
+            dead_letter,
+            &mut lock,
+            &target,
+            stop,
+        )
+        .await;
+        shared.set_leading(false);
+        drop(lock);
+        match result {
+            Ok(()) => return Ok(()),
+            Err(error) if error.is_transient() => {
+                add(&shared.counters.errors, 1);
+                failures += 1;
+                let pause = db::backoff(failures, cfg.max_reconnect_backoff);
+                warn!(%error, retry_in_ms = pause.as_millis() as u64, "Streaming session ended; reconnecting. Delivery resumes from the confirmed position.");
+                if sleep_or_stop(pause, stop).await {
+                    return Ok(());
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Become the streamer: hold the slot's advisory lock on a dedicated connection. A standby
+/// polls every `standby_poll_interval`; PostgreSQL releases the lock the moment the holder's
+/// connection ends, also when its process is killed. `None` when asked to stop.
+async fn wait_for_leadership(
+    cfg: &WalConfig,
+    from_relay: &FromRelay,
+    shared: &Shared,
+    target: &Target,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<PgConnection> {
+    let mut conn: Option<PgConnection> = None;
+    let mut said_standby = false;
+    let mut failures = 0u32;
+    loop {
+        if *stop.borrow() {
+            return None;
+        }
+        let pause = match conn.as_mut() {
+            None => match target.connection(&cfg.database_url).await {
+                Ok(c) => {
+                    conn = Some(c);
+                    continue;
+                }
+                Err(error) => {
+                    failures += 1;
+                    warn!(%error, "Cannot reach PostgreSQL for the leadership lock; retrying.");
+                    db::backoff(failures, cfg.max_reconnect_backoff)
+                }
+            },
+            Some(c) => match slot::try_lead(c, cfg).await {
+                Ok(true) => {
+                    info!(slot = %cfg.slot, relay_id = %from_relay.relay_id, "This instance streams the slot now.");
+                    return conn;
+                }
+                Ok(false) => {
+                    shared.set_standing_by();
+                    if !said_standby {
+                        info!(slot = %cfg.slot, "Another instance streams this slot; standing by.");
+                        said_standby = true;
+                    }
+                    cfg.standby_poll_interval
+                }
+                Err(error) => {
+                    warn!(%error, "Leadership check failed; reconnecting.");
+                    conn = None;
+                    failures += 1;
+                    db::backoff(failures, cfg.max_reconnect_backoff)
+                }
+            },
+        };
+        if sleep_or_stop(pause, stop).await {
+            return None;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn lead(
+    cfg: &Arc<WalConfig>,
+    from_relay: &FromRelay,
+    shared: &Arc<Shared>,
+    pool: &PgPool,
+    dead_letter: DeadLetterPolicy,
+    lock: &mut PgConnection,
+    target: &Target,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), WalError> {
+    slot::check_server(pool).await?;
+    let heartbeats = check_message_access(cfg, from_relay.stop_when_caught_up, pool).await?;
+    let confirmed = slot::ensure_slot(pool, cfg).await?;
+    shared.state().begin_session(confirmed);
+    // What the table owns as the session starts: its aggregates' newer events must not
+    // overtake it. With `catch_up`, every undelivered row (rows left by the polling relay or by
+    // a stopped relay, requeued ones, rows committed before the slot existed); without it, only
+    // rows that hold their aggregate back (retries, dead under `block`, live claims).
+    let owned = db::open_rows(pool, cfg, cfg.catch_up, dead_letter).await?;
+    let high_water = db::max_seq(pool, cfg).await?;
+    {
+        let mut state = shared.state();
+        for (seq, aggregate) in owned {
+            state.own(aggregate, seq);
+        }
+        if cfg.catch_up {
+            // The table may deliver any row up to here: the stream checks those it sees again.
+            state.check_up_to = state.check_up_to.max(high_water);
+        }
+        info!(
+            owned = state.owned_count(),
+            high_water, "Session started; the table delivers what it owns, the stream the rest."
+        );
+    }
+    let drain_target = if from_relay.stop_when_caught_up {
+        // A commit at or past the target, so an idle outbox gets there too.
+        db::heartbeat(pool, &cfg.message_prefix).await?;
+        Some(db::current_lsn(pool).await?)
+    } else {
+        None
+    };
+    shared.set_drain_target(drain_target);
+    let mut client = start_client(cfg, &from_relay.relay_id, pool, target, stop).await?;
+    shared.set_leading(true);
+    let result = stream_loop(
+        cfg,
+        from_relay.max_payload_bytes,
+        shared,
+        pool,
+        heartbeats,
+        &mut client,
+        lock,
+        stop,
+    )
+    .await;
+    shared.set_leading(false);
+    // Whatever ended the loop, confirm what is settled. On a stop, wait (briefly) for the
+    // relay's last write-backs to settle first.
+    if result.is_ok() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && !shared.state().is_idle() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let ack = shared.state().ack();
+    confirm(shared, &client, ack);
+    if result.is_ok() {
+        let deadline = Instant::now() + cfg.status_interval * 2 + Duration::from_secs(1);
+        while Lsn::from(client.metrics().last_applied_lsn()) < ack && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await;
+    } else {
+        client.abort();
+    }
+    // The server lets go of the slot a moment after the session ends: wait for it, so that a
+    // standby (or `outbox wal drop-slot`) right after a stop finds it free.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match slot::slot_info(pool, &cfg.slot).await {
+            Ok(Some(info)) if info.active => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ => break,
+        }
+    }
+    result
+}
+
+/// Refuse to capture messages any role could write; find out whether the relay may write its
+/// heartbeats. Runs at the start of every session (start, reconnect, takeover), so a grant to
+/// PUBLIC made while the relay runs stops it at its next reconnect at the latest. Returns
+/// whether heartbeats are on.
+async fn check_message_access(
+    cfg: &WalConfig,
+    draining: bool,
+    pool: &PgPool,
+) -> Result<bool, WalError> {
+    let access = slot::message_source_access(pool, cfg).await?;
+    if cfg.captures(Source::Messages) && access.open_to_public() {
+        let database: String = sqlx::query_scalar("SELECT current_database()::text")
+            .fetch_one(pool)
+            .await
+            .map_err(crate::error::map_sqlx)?;
+        return Err(WalError::ServerSetup(access.refusal(&database)));
+    }
+    if access.relay_can_emit {
+        return Ok(!cfg.heartbeat_interval.is_zero());
+    }
+    let grant = format!(
+        "GRANT EXECUTE ON FUNCTION {} TO {}",
+        slot::EMIT_BYTEA,
+        slot::quote_role(&access.relay_role)
+    );
+    if draining {
+        return Err(WalError::ServerSetup(format!(
+            "role `{}` may not call pg_logical_emit_message, which a drain (`stop_when_caught_up`) needs to mark the position to catch up to: run `{grant}` as a superuser",
+            access.relay_role
+        )));
+    }
+    if !cfg.heartbeat_interval.is_zero() {
+        warn!(
+            role = %access.relay_role,
+            "Heartbeats are off: this role may not call pg_logical_emit_message. An idle outbox on a busy server then lets its slot retain WAL until the next event. Run `{grant}` as a superuser, or set `heartbeat_interval = \"0ms\"` to silence this."
+        );
+    }
+    Ok(false)
+}
+
+/// Sleep `pause`; `true` when asked to stop meanwhile.
+pub(crate) async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    if *stop.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(pause) => *stop.borrow(),
+        _ = stop.changed() => true,
+    }
+}
+
+async fn start_client(
+    cfg: &WalConfig,
+    who: &str,
+    pool: &PgPool,
+    target: &Target,
+    stop: &watch::Receiver<bool>,
+) -> Result<ReplicationClient, WalError> {
+    let deadline = Instant::now() + cfg.takeover_timeout;
+    let started = Instant::now();
+    loop {
+        // Read the slot's position each time: a predecessor may still be confirming.
+        let confirmed = match slot::slot_info(pool, &cfg.slot).await? {
+            Some(info) => info.confirmed_flush.unwrap_or(Lsn::ZERO),
+            None => {
+                return Err(WalError::SlotLost {
+                    slot: cfg.slot.clone(),
+                    detail: "it disappeared before streaming started".into(),
+                });
+            }
+        };
+        let mut client = ReplicationClient::connect(target.replication(cfg, confirmed, who))
+            .await
+            .map_err(|e| wire_error(e, &target.tls))?;
+        match client.wait_started().await {
+            Ok(()) => {
+                info!(slot = %cfg.slot, %confirmed, "Streaming from the slot.");
+                return Ok(client);
+            }
+            Err(e) => match with_slot(wire_error(e, &target.tls), &cfg.slot) {
+                WalError::SlotBusy { .. } if Instant::now() < deadline && !*stop.borrow() => {
+                    debug!(
+                        "Slot still active for the previous streamer; waiting for it to let go."
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                WalError::SlotBusy { slot, .. } => {
+                    return Err(WalError::SlotBusy {
+                        slot,
+                        waited_ms: started.elapsed().as_millis() as u64,
+                    });
+                }
+                other => return Err(other),
+            },
+        }
+    }
+}
+
+fn confirm(shared: &Shared, client: &ReplicationClient, ack: Lsn) {
+    let counters = &shared.counters;
+    let previous = counters
+        .last_acked_lsn
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if ack.0 > previous && !ack.is_zero() {
+        client.update_applied_lsn(ack.into());
+        counters
+            .last_acked_lsn
+            .fetch_max(ack.0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn stream_loop(
+    cfg: &Arc<WalConfig>,
+    max_payload_bytes: u64,
+    shared: &Arc<Shared>,
+    pool: &PgPool,
+    heartbeats: bool,
+    client: &mut ReplicationClient,
+    lock: &mut PgConnection,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), WalError> {
+    let mut decoder = Decoder::new(cfg.clone(), max_payload_bytes, shared.counters.clone());
+    let mut heartbeat = tokio::time::interval(if heartbeats {
+        cfg.heartbeat_interval
+    } else {
+        Duration::from_secs(3600)
+    });
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    heartbeat.tick().await;
+    let mut lock_check = tokio::time::interval(Duration::from_secs(2));
+    lock_check.tick().await;
+    let mut aux = tokio::task::JoinSet::new();
+    // Raising the applied position wakes the replication worker; at a trickle of events that
+    // is one wakeup per event for nothing (it reports at most every status_interval).
+    let confirm_every = (cfg.status_interval / 4).max(Duration::from_millis(10));
+    let mut last_confirm = Instant::now();
+    loop {
+        let (ack, room) = {
+            let state = shared.state();
+            (
+                state.ack(),
+                state.buffered_events < cfg.max_buffered_events
+                    && state.buffered_bytes < cfg.max_buffered_bytes,
+            )
+        };
+        let confirmed = Lsn(shared
+            .counters
+            .last_acked_lsn
+            .load(std::sync::atomic::Ordering::Relaxed));
+        let confirm_at = (ack > confirmed).then(|| last_confirm + confirm_every);
+        if confirm_at.is_some_and(|at| Instant::now() >= at) {
+            confirm(shared, client, ack);
+            last_confirm = Instant::now();
+        }
+        tokio::select! {
+            biased;
+            _ = stop.changed() => return Ok(()),
+            received = client.recv(), if room => {
+                let mut next = Some(received);
+                let mut budget = 1024;
+                let mut state = shared.state();
+                while let Some(received) = next.take() {
+                    match received {
+                        Ok(Some(event)) => decoder.handle(event, &mut state)?,
+                        Ok(None) => return Err(WalError::Replication("the replication stream ended".into())),
+                        Err(e) => return Err(with_slot(map_wire(e), &cfg.slot)),
+                    }
+                    budget -= 1;
+                    let room = state.buffered_events < cfg.max_buffered_events
+                        && state.buffered_bytes < cfg.max_buffered_bytes;
+                    if budget > 0 && room {
+                        next = client.recv().now_or_never();
+                    }
+                }
+                let waiting = state.has_waiting();
+                drop(state);
+                if waiting {
+                    shared.work.notify_one();
+                }
+            }
+            // Room freed, or the position may have moved.
+            _ = shared.room.notified() => {}
+            _ = sleep_until(confirm_at) , if confirm_at.is_some() => {}
+            _ = heartbeat.tick(), if heartbeats => {
+                let pool = pool.clone();
+                let prefix = cfg.message_prefix.clone();
+                while aux.try_join_next().is_some() {}
+                aux.spawn(async move {
+                    if let Err(error) = db::heartbeat(&pool, &prefix).await {
+                        warn!(%error, "Heartbeat failed.");
+                    }
+                });
+            }
+            _ = lock_check.tick() => {
+                if let Err(error) = sqlx::query("SELECT 1").execute(&mut *lock).await {
+                    return Err(WalError::Unavailable(format!(
+                        "lost the connection that holds the streamer lock ({error}); stepping down"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Put the slot name into errors mapped without it.
+pub(crate) fn with_slot(error: WalError, slot_name: &str) -> WalError {
+    match error {
+        WalError::SlotBusy { waited_ms, .. } => WalError::SlotBusy {
+            slot: slot_name.to_owned(),
+            waited_ms,
+        },
+        WalError::SlotLost { detail, .. } => WalError::SlotLost {
+            slot: slot_name.to_owned(),
+            detail,
+        },
+        WalError::SlotInvalidated { .. } => WalError::SlotInvalidated {
+            slot: slot_name.to_owned(),
+        },
+        other => other,
+    }
+}
+
+/// Turns replication events into state changes.
+struct Decoder {
+    cfg: Arc<WalConfig>,
+    max_payload_bytes: u64,
+    counters: Arc<WalCounters>,
+    relid: Option<u32>,
+    layout: Option<OutboxLayout>,
+    heartbeat_prefix: String,
+    tables: bool,
+    messages: bool,
+    ignored: metrics::Counter,
+    /// When the last warning about ignored messages was logged, and how many came since.
+    ignored_warned: Option<Instant>,
+    ignored_since_warning: u64,
+}
+
+/// At most one warning about ignored messages per this long.
+const IGNORED_WARNING_EVERY: Duration = Duration::from_secs(60);
+
+impl Decoder {
+    fn new(cfg: Arc<WalConfig>, max_payload_bytes: u64, counters: Arc<WalCounters>) -> Self {
+        Decoder {
+            max_payload_bytes,
+            heartbeat_prefix: format!("{}{HEARTBEAT_SUFFIX}", cfg.message_prefix),
+            tables: cfg.captures(Source::Table),
+            messages: cfg.captures(Source::Messages),
+            cfg,
+            counters,
+            relid: None,
+            layout: None,
+            ignored: metrics::counter!("outbox_wal_messages_ignored_total"),
+            ignored_warned: None,
+            ignored_since_warning: 0,
+        }
+    }
+
+    /// A message with the outbox prefix while the message source is off: never delivered.
+    /// Nothing of it is held, so the confirmed position moves past it like past any other
+    /// transaction; holding it would let whoever can write such messages hold the slot and
+    /// with it the server's WAL.
+    fn ignore_message(&mut self, lsn: Lsn) {
+        add(&self.counters.messages_ignored, 1);
+        self.ignored.increment(1);
+        self.ignored_since_warning += 1;
+        let now = Instant::now();
+        if self
+            .ignored_warned
+            .is_some_and(|at| now.duration_since(at) < IGNORED_WARNING_EVERY)
+        {
+            return;
+        }
+        warn!(
+            %lsn,
+            prefix = %self.cfg.message_prefix,
+            ignored = self.ignored_since_warning,
+            "Ignored a logical message with the outbox prefix: the message source is off (`[wal] sources` defaults to [\"table\"]). If your writers use enqueue_message, revoke EXECUTE on pg_logical_emit_message from PUBLIC, grant it to the writers and the relay (`outbox wal status` prints the statements), then add \"messages\" to `sources`. Messages written meanwhile are not delivered."
+        );
+        self.ignored_warned = Some(now);
+        self.ignored_since_warning = 0;
+    }
+
+    /// A decoded event, dead-lettered instead when its payload is above the limit (a table
+    /// row keeps its payload in the table; a message's dead row needs it).
+    fn push(
+        &self,
+        state: &mut crate::state::State,
+        mut event: Event,
+        origin: Origin,
+        in_tx: bool,
+        standalone_end: Option<Lsn>,
+    ) {
+        add(&self.counters.decoded, 1);
+        let size = event.payload.len() as u64;
+        let dead = (size > self.max_payload_bytes).then(|| {
+            add(&self.counters.undecodable, 1);
+            if origin == Origin::Table {
+                event.payload = String::new();
+            }
+            outbox_core::bury_oversized(event.seq, size, self.max_payload_bytes).error
+        });
+        state.push(event, origin, in_tx, standalone_end, dead);
+    }
+
+    fn push_dead(
+        &self,
+        state: &mut crate::state::State,
+        event: Event,
+        origin: Origin,
+        in_tx: bool,
+        standalone_end: Option<Lsn>,
+        error: String,
+    ) {
+        add(&self.counters.decoded, 1);
+        add(&self.counters.undecodable, 1);
+        warn!(
+            seq = event.seq,
+            origin = ?origin,
+            %error,
+            "An outbox item cannot be read as an event; it is dead-lettered (`outbox dead list` shows it) and the stream moves on."
+        );
+        state.push(event, origin, in_tx, standalone_end, Some(error));
+    }
+
+    fn handle(
+        &mut self,
+        event: ReplicationEvent,
+        state: &mut crate::state::State,
+    ) -> Result<(), WalError> {
+        match event {
+            ReplicationEvent::Begin {
+                commit_time_micros, ..
+            } => {
+                add(&self.counters.transactions, 1);
+                state.begin(pg_epoch_micros(commit_time_micros));
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => state.commit(end_lsn.into()),
+            ReplicationEvent::KeepAlive { wal_end, .. } => state.keepalive(wal_end.into()),
+            ReplicationEvent::XLogData {
+                data, wal_start, ..
+            } => match pgoutput::decode(&data).map_err(WalError::Decode)? {
+                Decoded::Relation(relation) => {
+                    if relation.namespace == self.cfg.schema && relation.name == self.cfg.table {
+                        self.layout = Some(OutboxLayout::of(&relation).map_err(WalError::Decode)?);
+                        self.relid = Some(relation.relid);
+                    }
+                }
+                Decoded::Insert { relid, values } => {
+                    if self.tables
+                        && Some(relid) == self.relid
+                        && let Some(layout) = &self.layout
+                    {
+                        match layout.event(&values) {
+                            Ok(Some(event)) => self.push(state, event, Origin::Table, true, None),
+                            Ok(None) => {}
+                            // Dead-lettered like the polling relay does, so one bad row
+                            // neither stops the stream nor waits for a table claim.
+                            Err(BadRow {
+                                seq: Some(seq),
+                                attempts,
+                                reason,
+                            }) => self.push_dead(
+                                state,
+                                pgoutput::placeholder(seq, attempts),
+                                Origin::Table,
+                                true,
+                                None,
+                                pgoutput::malformed_error(seq, &reason),
+                            ),
+                            Err(BadRow {
+                                seq: None, reason, ..
+                            }) => {
+                                add(&self.counters.undecodable, 1);
+                                error!(lsn = %Lsn::from(wal_start), %reason, "Outbox row cannot be decoded and has no readable seq; it stays in the table.");
+                            }
+                        }
+                    }
+                }
+                Decoded::Other => {}
+            },
+            ReplicationEvent::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } => {
+                if prefix == self.heartbeat_prefix {
+                    add(&self.counters.heartbeats, 1);
+                } else if prefix == self.cfg.message_prefix && !self.messages {
+                    self.ignore_message(Lsn::from(lsn));
+                } else if prefix == self.cfg.message_prefix {
+                    let lsn = Lsn::from(lsn);
+                    let standalone_end = (!transactional).then_some(Lsn(lsn.0 + 1));
+                    let enqueued_at = state.commit_time.unwrap_or_else(chrono::Utc::now);
+                    match decode_envelope(&content) {
+                        Ok(envelope) => {
+                            let event = Event {
+                                seq: i64::try_from(lsn.0).unwrap_or(i64::MAX),
+                                id: outbox_core::EventId::from_uuid(envelope.id),
+                                aggregate_type: envelope.aggregate_type,
+                                aggregate_id: envelope.aggregate_id,
+                                event_type: envelope.event_type,
+                                payload: envelope.payload,
+                                destination: envelope.destination,
+                                headers: envelope.headers,
+                                idempotency_key: envelope.idempotency_key,
+                                occurred_at: envelope.occurred_at,
+                                enqueued_at,
+                                attempts: 0,
+                            };
+                            self.push(state, event, Origin::Message, transactional, standalone_end);
+                        }
+                        Err(reason) => {
+                            let (event, error) = malformed_message(
+                                &self.cfg.slot,
+                                lsn,
+                                &content,
+                                &reason,
+                                enqueued_at,
+                            );
+                            self.push_dead(
+                                state,
+                                event,
+                                Origin::Message,
+                                transactional,
+                                standalone_end,
+                                error,
+                            );
+                        }
+                    }
+                }
+            }
+            ReplicationEvent::StoppedAt { .. } => {}
+        }
+        Ok(())
+    }
+}

@@ -99,6 +99,7 @@
 //! [`Delivery::json`]: retrying cannot fix a malformed payload). See [`Error::from_effect`].
 //! Parked messages are yours to inspect and replay (re-publish them; the inbox still dedups).
 
+mod admin;
 mod error;
 mod names;
 
@@ -123,6 +124,7 @@ pub mod redis;
 use std::future::Future;
 use std::pin::Pin;
 
+pub use admin::{HandlerStats, InboxStats, ParkedCount, ParkedQuery, ParkedRecord};
 pub use consumer::{AdapterOptions, Delivery, InboxHandler, Outcome, ParkedMessage};
 pub use error::{BoxError, Error};
 pub use names::MAX_HANDLER_LEN;

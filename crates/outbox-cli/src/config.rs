@@ -566,11 +566,6 @@ pub fn load_for(
     Ok(config)
 }
 
-/// Checks serde cannot express: names, cross-references, sink settings.
-pub fn validate(config: &Config) -> Result<(), ConfigError> {
-    validate_for(config, Need::Outbox)
-}
-
 fn check_url(key: &str, url: &str) -> Result<(), ConfigError> {
     if [
         "postgres://",
@@ -590,7 +585,8 @@ fn check_url(key: &str, url: &str) -> Result<(), ConfigError> {
     )))
 }
 
-/// [`validate`] for what the command `need`s: the outbox commands need `database.url`; the
+/// Checks serde cannot express (names, cross-references, sink settings), for what the command
+/// `need`s: the outbox commands need `database.url`; the
 /// inbox commands need `inbox.database_url` or `database.url`, and a valid `[inbox]`.
 pub fn validate_for(config: &Config, need: Need) -> Result<(), ConfigError> {
     let url = config.database.url.trim();

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The inbox from other languages, proven against the real services (issue 24): Python
+# (psycopg + pika, psycopg + confluent-kafka) and Node (pg + amqplib) consumers of the `outbox`
+# relay's RabbitMQ and Kafka output, with duplicates injected (consumers killed between commit
+# and ack, failures after the effect was written, every event replayed, racing claims); exits 1
+# unless every effect was applied exactly once. What it checks: examples/inbox-polyglot/prove.py.
+#
+#   1. installs, idempotently (checks first), a Python venv under .cache/inbox-py and Node
+#      modules under .cache/inbox-node (pinned versions below);
+#   2. makes sure the Kafka test broker runs (scripts/kafka.sh) and PostgreSQL and RabbitMQ
+#      listen (scripts/services.sh starts them; this script does not);
+#   3. builds the `outbox` binary unless OUTBOX_BIN names one;
+#   4. runs prove.py (extra arguments are passed on, e.g. --break-claim to watch it fail).
+#
+# Environment: OUTBOX_BIN, OUTBOX_TEST_DATABASE_URL (postgresql://postgres@127.0.0.1:5432/test),
+# OUTBOX_TEST_AMQP_URL, OUTBOX_TEST_KAFKA_BROKERS, CARGO_TARGET_DIR (honoured, as cargo does).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE="$ROOT/.cache"
+PYENV="$CACHE/inbox-py"
+NODEDIR="$CACHE/inbox-node"
+LOG="$CACHE/inbox-polyglot-install.log"
+PY_PACKAGES=("psycopg[binary]==3.3.9" "pika==1.4.4" "confluent-kafka==2.16.1" "nats-py==2.16.0")
+NODE_PACKAGES=("pg@8.23.1" "amqplib@2.3.1")
+
+fail() {
+    echo "scripts/inbox-polyglot.sh: $*" >&2
+    exit 1
+}
+mkdir -p "$CACHE"
+
+# --- 1. Python and Node dependencies ---------------------------------------------------------
+if ! "$PYENV/bin/python" -c 'import psycopg, pika, confluent_kafka, nats' >/dev/null 2>&1; then
+    echo "inbox-polyglot: installing ${PY_PACKAGES[*]} into $PYENV (log: $LOG)"
+    command -v python3 >/dev/null || fail "python3 is not installed (apt-get install python3 python3-venv)"
+    [ -x "$PYENV/bin/python" ] || python3 -m venv "$PYENV" >>"$LOG" 2>&1 \
+        || fail "python3 -m venv $PYENV failed (apt-get install python3-venv?); see $LOG"
+    "$PYENV/bin/pip" install --disable-pip-version-check --no-input -q "${PY_PACKAGES[@]}" >>"$LOG" 2>&1 \
+        || fail "pip install failed; see $LOG"
+fi
+if ! NODE_PATH="$NODEDIR/node_modules" node -e "require('pg'); require('amqplib')" >/dev/null 2>&1; then
+    echo "inbox-polyglot: installing ${NODE_PACKAGES[*]} into $NODEDIR (log: $LOG)"
+    command -v npm >/dev/null || fail "node and npm are not installed (Node 20 or later)"
+    mkdir -p "$NODEDIR"
+    npm install --prefix "$NODEDIR" --no-audit --no-fund --loglevel=error "${NODE_PACKAGES[@]}" >>"$LOG" 2>&1 \
+        || fail "npm install failed; see $LOG"
+fi
+
+# --- 2. services ---------------------------------------------------------------------------------
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+listening 5432 || fail "PostgreSQL does not listen on 127.0.0.1:5432 (scripts/services.sh starts it)"
+listening 5672 || fail "RabbitMQ does not listen on 127.0.0.1:5672 (scripts/services.sh starts it)"
+"$ROOT/scripts/kafka.sh" >/dev/null
+
+# --- 3. the relay binary -----------------------------------------------------------------------
+BIN="${OUTBOX_BIN:-}"
+if [ -z "$BIN" ]; then
+    (cd "$ROOT" && cargo build -q -p outbox-cli --bin outbox) || fail "cargo build -p outbox-cli failed"
+    BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/outbox"
+fi
+[ -x "$BIN" ] || fail "no outbox binary at $BIN"
+
+# --- 4. the proof --------------------------------------------------------------------------------
+export NODE_PATH="$NODEDIR/node_modules"
+exec "$PYENV/bin/python" "$ROOT/examples/inbox-polyglot/prove.py" --outbox "$BIN" \
+    --dsn "${OUTBOX_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/test}" \
+    --amqp-url "${OUTBOX_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}" \
+    --kafka-brokers "${OUTBOX_TEST_KAFKA_BROKERS:-127.0.0.1:19092}" "$@"

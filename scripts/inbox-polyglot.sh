@@ -3,17 +3,19 @@
 # (psycopg + pika, psycopg + confluent-kafka) and Node (pg + amqplib) consumers of the `outbox`
 # relay's RabbitMQ and Kafka output, with duplicates injected (consumers killed between commit
 # and ack, failures after the effect was written, every event replayed, racing claims); exits 1
-# unless every effect was applied exactly once. What it checks: examples/inbox-polyglot/prove.py.
+# unless every effect was applied exactly once; then the Order system's billing service written in
+# Python (examples/orders/python, nats-py + psycopg) over NATS JetStream, the same way. What it
+# checks: examples/inbox-polyglot/prove.py.
 #
 #   1. installs, idempotently (checks first), a Python venv under .cache/inbox-py and Node
 #      modules under .cache/inbox-node (pinned versions below);
-#   2. makes sure the Kafka test broker runs (scripts/kafka.sh) and PostgreSQL and RabbitMQ
-#      listen (scripts/services.sh starts them; this script does not);
+#   2. makes sure the Kafka test broker runs (scripts/kafka.sh) and PostgreSQL, RabbitMQ and
+#      NATS listen (scripts/services.sh starts them; this script does not);
 #   3. builds the `outbox` binary unless OUTBOX_BIN names one;
 #   4. runs prove.py (extra arguments are passed on, e.g. --break-claim to watch it fail).
 #
 # Environment: OUTBOX_BIN, OUTBOX_TEST_DATABASE_URL (postgresql://postgres@127.0.0.1:5432/test),
-# OUTBOX_TEST_AMQP_URL, OUTBOX_TEST_KAFKA_BROKERS, CARGO_TARGET_DIR (honoured, as cargo does).
+# OUTBOX_TEST_AMQP_URL, OUTBOX_TEST_KAFKA_BROKERS, OUTBOX_TEST_NATS_URL, CARGO_TARGET_DIR (honoured, as cargo does).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,6 +53,7 @@ fi
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 listening 5432 || fail "PostgreSQL does not listen on 127.0.0.1:5432 (scripts/services.sh starts it)"
 listening 5672 || fail "RabbitMQ does not listen on 127.0.0.1:5672 (scripts/services.sh starts it)"
+listening 4222 || fail "NATS does not listen on 127.0.0.1:4222 (scripts/services.sh starts it)"
 "$ROOT/scripts/kafka.sh" >/dev/null
 
 # --- 3. the relay binary -----------------------------------------------------------------------
@@ -66,4 +69,5 @@ export NODE_PATH="$NODEDIR/node_modules"
 exec "$PYENV/bin/python" "$ROOT/examples/inbox-polyglot/prove.py" --outbox "$BIN" \
     --dsn "${OUTBOX_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/test}" \
     --amqp-url "${OUTBOX_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}" \
-    --kafka-brokers "${OUTBOX_TEST_KAFKA_BROKERS:-127.0.0.1:19092}" "$@"
+    --kafka-brokers "${OUTBOX_TEST_KAFKA_BROKERS:-127.0.0.1:19092}" \
+    --nats-url "${OUTBOX_TEST_NATS_URL:-nats://127.0.0.1:4222}" "$@"

@@ -15,7 +15,9 @@ committed); some events fail after their effect was written, once, and are deliv
 time (`outbox replay`); and two transactions race on one claim directly. A message without an
 event id is parked. Then: every event's effect exactly once per handler, nothing from a
 rolled-back producer transaction, the inbox holding one row per effect (`outbox inbox status`),
-the parked message listed (`outbox inbox parked`). Any violation: exit 1.
+the parked message listed (`outbox inbox parked`). Last, the Order system's billing service
+written in Python (examples/orders/python) charges and refunds orders delivered over NATS
+JetStream, killed between commit and ack and sent every event twice. Any violation: exit 1.
 """
 
 import argparse
@@ -154,12 +156,125 @@ def outbox(binary, *argv):
     return out.stdout
 
 
+def orders_example(args, tag, workdir):
+    """The worked example's billing service written in Python (examples/orders/python), fed by
+    the relay over NATS JetStream: every order charged once and every cancellation refunded
+    once, with the service killed between commit and ack and every event replayed."""
+    import asyncio
+
+    import nats
+
+    repo = HERE.parent.parent
+    schema = f"outbox_t_polyorders_{tag}"
+    stream, prefix = f"OUTBOX_T_POLY_{tag}", f"poly{tag}"
+    config = workdir / "orders.toml"
+    config.write_text(f"""
+[database]
+url = "{args.dsn}"
+schema = "{schema}"
+
+[relay]
+poll_interval = "50ms"
+
+[retention]
+enabled = false
+
+[destinations.orders]
+type = "nats"
+servers = ["{args.nats_url}"]
+subject = "{prefix}.orders.${{event_type}}"
+create_stream = true
+stream_name = "{stream}"
+stream_subjects = ["{prefix}.orders.>"]
+
+[inbox]
+schema = "{schema}"
+table = "inbox"
+""")
+    outbox(args.outbox, "migrate", "--config", str(config))
+    outbox(args.outbox, "inbox", "migrate", "--config", str(config))
+    orders, cancelled = {}, set()
+    insert = (f'INSERT INTO "{schema}".events (id, aggregate_type, aggregate_id, event_type, payload) '
+              "VALUES (%s, 'order', %s, %s, %s)")
+    with psycopg.connect(args.dsn) as db:
+        for i in range(60):
+            order_id = str(uuid.uuid4())
+            amount = 100 * (i + 1) + 7
+            orders[order_id] = amount
+            with db.transaction():
+                db.execute(insert, (uuid.uuid4(), order_id, "OrderCreated", json.dumps({
+                    "order_id": order_id, "product": f"lamp {i}", "quantity": 1 + i % 3, "customer": None,
+                    "amount_cents": amount, "created_at": "2026-11-25T12:00:00Z"})))
+            if i % 4 == 1:
+                with db.transaction():
+                    db.execute(insert, (uuid.uuid4(), order_id, "OrderCancelled", json.dumps({
+                        "order_id": order_id, "amount_cents": amount, "cancelled_at": "2026-11-25T12:01:00Z"})))
+                cancelled.add(order_id)
+
+    def ledger():
+        with psycopg.connect(args.dsn) as db:
+            try:
+                return db.execute(f'SELECT order_id, action, value FROM "{schema}".billing_ledger').fetchall()
+            except psycopg.errors.UndefinedTable:
+                return []  # the service creates it when it starts
+
+    def undelivered():
+        with psycopg.connect(args.dsn) as db:
+            return db.execute(f'SELECT count(*) FROM "{schema}".events WHERE status <> %s',
+                              ("delivered",)).fetchone()[0]
+
+    async def pending():
+        nc = await nats.connect(args.nats_url)
+        try:
+            info = await nc.jetstream().consumer_info(stream, "billing-py")
+            return info.num_pending + info.num_ack_pending
+        finally:
+            await nc.close()
+
+    sup = Supervisor(workdir)
+    try:
+        sup.start("orders-relay", [args.outbox, "relay", "--config", str(config)])
+        sup.start("billing-service.py", [sys.executable, str(repo / "examples/orders/python/billing_service.py"),
+                                         "--database-url", args.dsn, "--schema", schema, "--nats-url", args.nats_url,
+                                         "--stream", stream, "--subjects", f"{prefix}.orders.>",
+                                         "--crash-every", "25", "--ack-wait", "2"], restart_on_crash=True)
+        expected = len(orders) + len(cancelled)
+        wait_for("every charge and refund", 60, lambda: len(ledger()) >= expected and undelivered() == 0, sup)
+        outbox(args.outbox, "replay", "--config", str(config), "--from", "1h")
+        wait_for("the replayed order events", 60, lambda: undelivered() == 0, sup)
+        wait_for("billing-service.py to ack every message", 60, lambda: asyncio.run(pending()) == 0, sup)
+        restarts = sup.restarts.get("billing-service.py", 0)
+    finally:
+        sup.stop()
+    rows = ledger()
+    charges = [(o, v) for o, a, v in rows if a == "charge"]
+    refunds = [(o, v) for o, a, v in rows if a == "refund"]
+    check(sorted(charges) == sorted(orders.items()),
+          f"orders example, Python billing over NATS: {len(charges)} charges for {len(orders)} orders, each once")
+    check(sorted(refunds) == sorted((o, orders[o]) for o in cancelled),
+          f"orders example, Python billing over NATS: {len(refunds)} refunds for {len(cancelled)} cancellations, each once")
+    check(restarts > 0, f"orders example: billing-service.py killed between commit and ack {restarts} times")
+    if not FAILURES and not args.keep:
+        with psycopg.connect(args.dsn, autocommit=True) as db:
+            db.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+        async def drop():
+            nc = await nats.connect(args.nats_url)
+            try:
+                await nc.jetstream().delete_stream(stream)
+            finally:
+                await nc.close()
+
+        asyncio.run(drop())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--outbox", required=True, help="the outbox binary")
     p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test")
     p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2f")
     p.add_argument("--kafka-brokers", default="127.0.0.1:19092")
+    p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     p.add_argument("--node", default="node")
     p.add_argument("--events", type=int, default=150, help="events per broker")
     p.add_argument("--break-claim", action="store_true",
@@ -346,6 +461,8 @@ table = "inbox"
     purged = json.loads(outbox(args.outbox, "inbox", "purge", "--config", str(config), "--older-than", "0s",
                                "--batch-size", "50", "--json"))
     check(purged["deleted"] == 2 * n + 2, f"outbox inbox purge --older-than 0s: {purged['deleted']} rows")
+
+    orders_example(args, tag, workdir)
 
     elapsed = time.monotonic() - started
     if FAILURES:

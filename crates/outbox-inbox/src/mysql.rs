@@ -1,12 +1,13 @@
 //! The inbox in MySQL 8 / MariaDB 10.6+ (InnoDB).
 //!
 //! Tables live in the connection's database: `<table>` (the inbox, primary key
-//! `(event_id, handler)`, `event_id` as the UUID's 36-character text), `<table>_parked` (poison
-//! messages) and `<table>_migrations` (bookkeeping of the embedded migrations, separate from the
-//! application's own). The claim is `INSERT IGNORE` checking rows affected (not
-//! `ON DUPLICATE KEY UPDATE`: sqlx connects with `CLIENT_FOUND_ROWS`, which makes that report 1
-//! for a duplicate too). Handler names are checked before the insert, so `IGNORE` cannot hide a
-//! truncation. A concurrent claim of the same key waits on InnoDB's lock on the uncommitted key
+//! `(event_id, handler)`, `event_id` as the UUID's 36-character lowercase text), `<table>_parked`
+//! (poison messages), `<table>_migrations` (bookkeeping of the embedded migrations, separate from
+//! the application's own) and the procedure `<table>_claim(event_id, handler)`, which every
+//! consumer — Rust's [`MySqlInbox::claim`] and any other language — calls. Inside it the claim
+//! is `INSERT IGNORE` checking `ROW_COUNT()` (not `ON DUPLICATE KEY UPDATE`: with
+//! `CLIENT_FOUND_ROWS`, which sqlx sets, that reports 1 for a duplicate too). Event id and
+//! handler name are checked before the insert, so `IGNORE` cannot hide a truncation. A concurrent claim of the same key waits on InnoDB's lock on the uncommitted key
 //! until the first transaction ends, then sees the row (duplicate) or not (fresh).
 //!
 //! MySQL DDL is not transactional, so migrations are serialized with `GET_LOCK` on one

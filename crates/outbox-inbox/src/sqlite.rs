@@ -9,8 +9,10 @@
 //! its row or not. Open the transaction with `BEGIN IMMEDIATE` (as [`SqliteInbox::process`] and
 //! [`SqliteHandler`] do) or make the claim its first statement: a deferred transaction that
 //! reads first cannot later upgrade to a writer while another connection writes, and fails with
-//! `SQLITE_BUSY` instead of waiting. Processed-at times and the purge cut-off come from the host
-//! clock (SQLite has no other).
+//! `SQLITE_BUSY` instead of waiting. SQLite has no stored procedures: consumers in other
+//! languages run [`SqliteInbox::claim_statement`], the statement [`SqliteInbox::claim`] runs.
+//! Processed-at times (SQLite's `now`) and the purge cut-off come from the host clock (SQLite
+//! has no other).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

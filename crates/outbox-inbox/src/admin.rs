@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::ParkedMessage;
 
 /// The state of one inbox.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct InboxStats {
     /// The inbox schema version in the database (0: not migrated).
@@ -50,16 +50,6 @@ impl InboxStats {
     /// ```
     pub fn oldest(&self) -> Option<DateTime<Utc>> {
         self.handlers.iter().filter_map(|h| h.oldest).min()
-    }
-}
-
-impl Default for InboxStats {
-    fn default() -> Self {
-        InboxStats {
-            schema_version: 0,
-            handlers: Vec::new(),
-            parked: Vec::new(),
-        }
     }
 }
 

@@ -486,4 +486,9 @@ table = "inbox"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (TimeoutError, RuntimeError) as error:
+        say(f"FAILED: {error} (schemas outbox_t_poly*, queues, topics and logs of this run kept for a look; "
+            "scripts/test.sh drops the schemas next time)")
+        sys.exit(1)

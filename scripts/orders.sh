@@ -17,7 +17,11 @@
 #   5. starts `outbox relay --config examples/orders/outbox.toml` (NATS destination; creates the
 #      JetStream stream ORDERS over orders.>) and waits for its /readyz;
 #   6. starts delivery-service and billing-service, each a durable JetStream consumer of ORDERS
-#      writing to its own database, and waits until both consume.
+#      writing to its own database, and waits until both consume;
+#   7. starts billing-py, the billing service written in Python (examples/orders/python: nats-py
+#      and psycopg, no Rust; its inbox created by `outbox inbox migrate`) on database billing_py,
+#      the same effects as billing-service by another language (skip with ORDERS_PYTHON=0; its
+#      venv comes from scripts/inbox-deps.sh).
 # Logs and pid files are in .cache/orders/ of the repository.
 #
 # Environment:
@@ -27,6 +31,7 @@
 #   NATS_URL              NATS server (nats://127.0.0.1:4222)
 #   ORDERS_PROFILE        cargo profile: debug (default, quicker to build) or release
 #   ORDERS_SKIP_SERVICES  1 = do not run scripts/services.sh
+#   ORDERS_PYTHON         0 = do not start billing-py
 #   CARGO_TARGET_DIR      honoured, as cargo does
 set -euo pipefail
 
@@ -39,7 +44,8 @@ NATS="${NATS_URL:-nats://127.0.0.1:4222}"
 PROFILE="${ORDERS_PROFILE:-debug}"
 CONFIG="$ROOT/examples/orders/outbox.toml"
 # Start order; `stop` goes the other way round.
-SERVICES=(order-service relay delivery-service billing-service)
+SERVICES=(order-service relay delivery-service billing-service billing-py)
+PYTHON="${ORDERS_PYTHON:-1}"
 
 mkdir -p "$RUN"
 
@@ -107,7 +113,7 @@ bin_dir() {
 
 create_databases() {
     local db
-    for db in orders delivery billing; do
+    for db in orders delivery billing billing_py; do
         if [ "$(psql "$PG/postgres" -Atc "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]; then
             psql "$PG/postgres" -qc "CREATE DATABASE $db" >/dev/null
             say "created database $db"
@@ -149,6 +155,15 @@ start() {
             grep -q "Consuming from NATS JetStream" "$RUN/$service-service.log"
     done
 
+    if [ "$PYTHON" != 0 ]; then
+        "$ROOT/scripts/inbox-deps.sh"
+        "$bin/outbox" inbox migrate --database-url "$PG/billing_py" --table inbox >/dev/null
+        launch billing-py "" "$ROOT/.cache/inbox-py/bin/python" "$ROOT/examples/orders/python/billing_service.py" \
+            --database-url "$PG/billing_py" --nats-url "$NATS" --stream ORDERS --subjects 'orders.>'
+        wait_until 60 billing-py "JetStream consumer" \
+            grep -q "Consuming from NATS JetStream" "$RUN/billing-py.log"
+    fi
+
     cat <<EOF
 
 The Order system is up:
@@ -156,6 +171,7 @@ The Order system is up:
   outbox relay      http://$METRICS/metrics (NATS stream ORDERS, subjects orders.<event type>)
   delivery-service  database delivery       (tables delivery_slots, inbox)
   billing-service   database billing        (tables billing_ledger, inbox)
+  billing-py        database billing_py     (the same, in Python: examples/orders/python)
 
 Try:
   curl -s -XPOST http://$LISTEN/orders -d '{"product": "desk lamp", "quantity": 2, "amount": 39.90}'
@@ -201,6 +217,7 @@ status() {
     psql "$PG/orders" -Atc "SELECT 'outbox: ' || status || ' ' || count(*) FROM outbox.events GROUP BY status ORDER BY status" 2>/dev/null || true
     psql "$PG/delivery" -Atc "SELECT 'delivery: ' || action || ' ' || count(*) FROM delivery_slots GROUP BY action ORDER BY action" 2>/dev/null || true
     psql "$PG/billing" -Atc "SELECT 'billing: ' || action || ' ' || count(*) || ' (' || (sum(value) / 100.0)::NUMERIC(14, 2) || ')' FROM billing_ledger GROUP BY action ORDER BY action" 2>/dev/null || true
+    psql "$PG/billing_py" -Atc "SELECT 'billing-py: ' || action || ' ' || count(*) || ' (' || (sum(value) / 100.0)::NUMERIC(14, 2) || ')' FROM billing_ledger GROUP BY action ORDER BY action" 2>/dev/null || true
 }
 
 case "${1:-start}" in

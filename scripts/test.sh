@@ -21,4 +21,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
 # Feature-gated code the default build does not compile: the OpenTelemetry trace-context helper.
 cargo test -p outbox --features opentelemetry --test trace
+# The inbox from Python and Node consumers (psycopg, pika, confluent-kafka; pg, amqplib) of the
+# relay's RabbitMQ and Kafka output, duplicates injected; fails when an effect is applied twice.
+scripts/inbox-polyglot.sh
 cargo run -q -p outbox-verify -- --profile short   # correctness harness (crates/outbox-verify/README.md)

@@ -18,8 +18,9 @@ use serde::{Deserialize, Serialize};
 
 /// Top-level sections; environment variables outside them (`OUTBOX_TEST_…`, `OUTBOX_LOG`) are
 /// not configuration.
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "database",
+    "inbox",
     "relay",
     "destinations",
     "routes",
@@ -58,6 +59,63 @@ pub struct Config {
     /// WAL mode settings (used with `mode = "wal"`).
     #[serde(default)]
     pub wal: WalSection,
+    /// The consumer-side inbox (`outbox inbox …`).
+    #[serde(default)]
+    pub inbox: InboxSection,
+}
+
+/// `[inbox]`: where a consumer's inbox lives, for `outbox inbox migrate|status|purge|parked`.
+/// The database is `[database]`'s unless `database_url` names another one — which is the usual
+/// case: the inbox lives in the consuming service's own database, next to the rows its handlers
+/// change, while `[database]` is the producing service's outbox.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InboxSection {
+    /// The consumer's database (`postgres://…`, `mysql://…`, `sqlite://…`); default: `database.url`.
+    #[serde(serialize_with = "outbox_core::redact::serialize_optional_url")]
+    pub database_url: Option<String>,
+    /// PostgreSQL schema of the inbox tables and the claim function.
+    pub schema: String,
+    /// Inbox table name; `<table>_parked`, `<table>_migrations` and the claim routine
+    /// `<table>_claim` are named after it.
+    pub table: String,
+    /// Rows processed longer ago than this are deleted by `outbox inbox purge`. A duplicate
+    /// arriving later is no longer detected: keep it well above the longest redelivery delay.
+    #[serde(with = "outbox_core::humantime_duration")]
+    pub retention: std::time::Duration,
+    /// Rows deleted per statement (short transactions, no long locks).
+    pub batch_size: u32,
+}
+
+impl Default for InboxSection {
+    fn default() -> Self {
+        InboxSection {
+            database_url: None,
+            schema: "public".into(),
+            table: outbox_inbox::DEFAULT_TABLE.into(),
+            retention: std::time::Duration::from_secs(7 * 86_400),
+            batch_size: 5000,
+        }
+    }
+}
+
+impl Config {
+    /// The inbox's database: `inbox.database_url`, else `database.url`.
+    pub fn inbox_url(&self) -> &str {
+        match &self.inbox.database_url {
+            Some(url) if !url.trim().is_empty() => url.trim(),
+            _ => self.database.url.trim(),
+        }
+    }
+}
+
+/// What a command needs from the configuration: the outbox's database, or an inbox's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// `[database]`: the relay and the outbox admin commands.
+    Outbox,
+    /// `[inbox]` (its database may come from `[database]`): `outbox inbox …`.
+    Inbox,
 }
 
 /// `mode`.
@@ -476,8 +534,18 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Read `file` (if any), then the environment, then `overrides` (flags), and check the result.
+/// Read `file` (if any), then the environment, then `overrides` (flags), and check the result
+/// for the outbox commands.
 pub fn load(file: Option<&Path>, overrides: Figment) -> Result<Config, ConfigError> {
+    load_for(file, overrides, Need::Outbox)
+}
+
+/// [`load`], checked for what the command `need`s.
+pub fn load_for(
+    file: Option<&Path>,
+    overrides: Figment,
+    need: Need,
+) -> Result<Config, ConfigError> {
     let mut figment = Figment::new();
     if let Some(path) = file {
         if !path.exists() {
@@ -499,19 +567,12 @@ pub fn load(file: Option<&Path>, overrides: Figment) -> Result<Config, ConfigErr
         )
         .merge(overrides);
     let config: Config = figment.extract().map_err(|e| ConfigError(describe(e)))?;
-    validate(&config)?;
+    validate_for(&config, need)?;
     Ok(config)
 }
 
-/// Checks serde cannot express: names, cross-references, sink settings.
-pub fn validate(config: &Config) -> Result<(), ConfigError> {
-    if config.database.url.trim().is_empty() {
-        return Err(ConfigError(
-            "no database URL: set `database.url` in the config file, OUTBOX_DATABASE__URL, or --database-url".into(),
-        ));
-    }
-    let url = config.database.url.trim();
-    if ![
+fn check_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    if [
         "postgres://",
         "postgresql://",
         "mysql://",
@@ -521,11 +582,43 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     .iter()
     .any(|p| url.starts_with(p))
     {
-        return Err(ConfigError(format!(
-            "unsupported `database.url` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
-            outbox_postgres::redact_url(url)
-        )));
+        return Ok(());
     }
+    Err(ConfigError(format!(
+        "unsupported `{key}` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
+        outbox_postgres::redact_url(url)
+    )))
+}
+
+/// Checks serde cannot express (names, cross-references, sink settings), for what the command
+/// `need`s: the outbox commands need `database.url`; the
+/// inbox commands need `inbox.database_url` or `database.url`, and a valid `[inbox]`.
+pub fn validate_for(config: &Config, need: Need) -> Result<(), ConfigError> {
+    let url = config.database.url.trim();
+    match need {
+        Need::Outbox if url.is_empty() => {
+            return Err(ConfigError(
+                "no database URL: set `database.url` in the config file, OUTBOX_DATABASE__URL, or --database-url".into(),
+            ));
+        }
+        Need::Inbox if config.inbox_url().is_empty() => {
+            return Err(ConfigError(
+                "no inbox database URL: set `inbox.database_url` (the consumer's database) or `database.url` in the config file, OUTBOX_INBOX__DATABASE_URL, or --database-url".into(),
+            ));
+        }
+        _ => {}
+    }
+    if !url.is_empty() {
+        check_url("database.url", url)?;
+    }
+    if let Some(inbox_url) = &config.inbox.database_url {
+        check_url("inbox.database_url", inbox_url.trim())?;
+    }
+    if config.inbox.batch_size == 0 {
+        return Err(ConfigError("`inbox.batch_size` must be at least 1".into()));
+    }
+    outbox_inbox::postgres::PgInbox::with_names(&config.inbox.schema, &config.inbox.table)
+        .map_err(|e| ConfigError(format!("invalid `[inbox]`: {e}")))?;
     if config.relay.retry.max_attempts == 0 {
         return Err(ConfigError(
             "`relay.retry.max_attempts` must be at least 1 (the first delivery is an attempt)"
@@ -558,7 +651,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             .map_err(|e| ConfigError(format!("invalid `destinations.{name}`: {e}")))?;
     }
     config.route_table()?;
-    if config.mode == Mode::Wal {
+    if config.mode == Mode::Wal && need == Need::Outbox {
         config.wal_config()?;
     }
     Ok(())

@@ -6,6 +6,7 @@
 mod admin;
 mod config;
 mod demo;
+mod inbox;
 mod logging;
 mod observe;
 mod ops;
@@ -76,6 +77,10 @@ enum Command {
     /// Delete delivered events older than the retention period, now (the relay also does it on
     /// its schedule).
     Cleanup(CleanupArgs),
+    /// The consumer-side inbox, for consumers in any language: create its tables and claim
+    /// routine, show its state, purge old rows, list parked messages (docs/inbox.md).
+    #[command(subcommand)]
+    Inbox(InboxCommand),
     /// Run the Order system in one process on SQLite (order service over HTTP, load generator,
     /// relay, in-process bus, delivery and billing consumers) and check every effect happened
     /// exactly once.
@@ -98,6 +103,105 @@ struct DbArgs {
     /// Outbox table name.
     #[arg(long)]
     table: Option<String>,
+}
+
+/// Where the inbox is: `[inbox]` of the config file, `[database]` for the rest.
+#[derive(Args, Clone)]
+struct InboxDbArgs {
+    /// Config file (TOML), the relay's or one of the consumer's own; `[inbox]` and, when it
+    /// names no `database_url`, `[database]` are read. Keys can also come from
+    /// OUTBOX_INBOX__KEY environment variables.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// The consumer's database URL (overrides `inbox.database_url`). Keep passwords out of
+    /// it: a command line is readable by every user of the machine; use
+    /// OUTBOX_INBOX__DATABASE_URL or the config file instead.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// PostgreSQL schema of the inbox (default `public`).
+    #[arg(long)]
+    schema: Option<String>,
+    /// Inbox table name (default `outbox_inbox`).
+    #[arg(long)]
+    table: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum InboxCommand {
+    /// Create or upgrade the inbox tables and the claim routine (idempotent); prints the claim
+    /// to call.
+    Migrate {
+        #[command(flatten)]
+        db: InboxDbArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rows per handler, oldest and newest, rows past retention, parked messages.
+    Status {
+        #[command(flatten)]
+        db: InboxDbArgs,
+        /// The retention window to count against (default `inbox.retention`, 7d).
+        #[arg(long)]
+        older_than: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete inbox rows processed longer ago than the retention window, in batches; prints
+    /// the count. With --every, runs again at that interval until SIGINT/SIGTERM.
+    Purge {
+        #[command(flatten)]
+        db: InboxDbArgs,
+        /// The retention window, e.g. `7d` (default `inbox.retention`). A duplicate arriving
+        /// after its row was purged is applied again: keep it well above the longest
+        /// redelivery delay.
+        #[arg(long)]
+        older_than: Option<String>,
+        /// Rows deleted per statement (default `inbox.batch_size`).
+        #[arg(long)]
+        batch_size: Option<u32>,
+        /// Run as a retention loop: purge now, then every interval (e.g. `1h`).
+        #[arg(long)]
+        every: Option<String>,
+        /// Print JSON (one object per run).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List parked (poison) messages, oldest first; `parked show ID` for one.
+    #[command(args_conflicts_with_subcommands = true)]
+    Parked {
+        #[command(flatten)]
+        db: InboxDbArgs,
+        /// Only this handler's.
+        #[arg(long)]
+        handler: Option<String>,
+        /// Continue after this id (printed at the end of a full page).
+        #[arg(long)]
+        after: Option<i64>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(subcommand)]
+        show: Option<ParkedCommand>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ParkedCommand {
+    /// Everything about one parked message: headers, payload, last error.
+    Show {
+        #[command(flatten)]
+        db: InboxDbArgs,
+        /// The parked message's id (first column of `outbox inbox parked`).
+        id: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -291,6 +395,41 @@ struct StatusArgs {
     json: bool,
 }
 
+/// A password in a `--database-url` flag is visible to every user of the machine.
+fn warn_password_flag(url: &Option<String>) {
+    if let Some(url) = url
+        && outbox_core::redact::redact_url(url) != *url
+    {
+        tracing::warn!(
+            url = %outbox_core::redact::redact_url(url),
+            "--database-url carries a password, which every user of this machine can read from the process list; set OUTBOX_DATABASE__URL (OUTBOX_INBOX__DATABASE_URL) or the config file instead."
+        );
+    }
+}
+
+impl InboxDbArgs {
+    fn load(
+        &self,
+        extra: Vec<(&'static str, Option<serde_json::Value>)>,
+    ) -> Result<Config, ConfigError> {
+        warn_password_flag(&self.database_url);
+        let mut pairs = vec![
+            (
+                "inbox.database_url",
+                self.database_url.clone().map(|v| json!(v)),
+            ),
+            ("inbox.schema", self.schema.clone().map(|v| json!(v))),
+            ("inbox.table", self.table.clone().map(|v| json!(v))),
+        ];
+        pairs.extend(extra);
+        config::load_for(
+            self.config.as_deref(),
+            config::flags(pairs),
+            config::Need::Inbox,
+        )
+    }
+}
+
 impl DbArgs {
     fn layer(&self) -> Vec<(&'static str, Option<serde_json::Value>)> {
         vec![
@@ -304,14 +443,7 @@ impl DbArgs {
         &self,
         extra: Vec<(&'static str, Option<serde_json::Value>)>,
     ) -> Result<Config, ConfigError> {
-        if let Some(url) = &self.database_url
-            && outbox_core::redact::redact_url(url) != *url
-        {
-            tracing::warn!(
-                url = %outbox_core::redact::redact_url(url),
-                "--database-url carries a password, which every user of this machine can read from the process list; set OUTBOX_DATABASE__URL or `database.url` in the config file instead."
-            );
-        }
+        warn_password_flag(&self.database_url);
         let mut pairs = self.layer();
         pairs.extend(extra);
         config::load(self.config.as_deref(), config::flags(pairs))
@@ -347,7 +479,9 @@ fn main() -> ExitCode {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // PostgreSQL's notices ("schema … already exists, skipping" from idempotent migrations)
+        // are not news.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx::postgres::notice=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -375,6 +509,88 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Config(ConfigCommand::Check { db, json }) => config_check(db, json).await,
         Command::Dead(command) => dead(command).await,
         Command::Cleanup(args) => cleanup(args).await,
+        Command::Inbox(command) => inbox_command(command).await,
+    }
+}
+
+async fn inbox_command(command: InboxCommand) -> anyhow::Result<()> {
+    match command {
+        InboxCommand::Migrate { db, json } => {
+            let config = db.load(vec![])?;
+            let inbox = inbox::AnyInbox::open(&config, true).await?;
+            inbox::migrate(&inbox, json).await
+        }
+        InboxCommand::Status {
+            db,
+            older_than,
+            json,
+        } => {
+            let config = db.load(vec![(
+                "inbox.retention",
+                duration_flag("inbox.older_than", &older_than)?,
+            )])?;
+            let inbox = inbox::AnyInbox::open(&config, false).await?;
+            inbox::status(&inbox, config.inbox.retention, json).await
+        }
+        InboxCommand::Purge {
+            db,
+            older_than,
+            batch_size,
+            every,
+            json,
+        } => {
+            let every = every
+                .as_deref()
+                .map(|text| {
+                    humantime_duration::parse_duration(text)
+                        .map_err(|e| ConfigError(format!("invalid --every: {e}")))
+                })
+                .transpose()?;
+            let config = db.load(vec![
+                (
+                    "inbox.retention",
+                    duration_flag("inbox.older_than", &older_than)?,
+                ),
+                ("inbox.batch_size", batch_size.map(|v| json!(v))),
+            ])?;
+            let inbox = inbox::AnyInbox::open(&config, false).await?;
+            let (older_than, batch) = (config.inbox.retention, config.inbox.batch_size);
+            match every {
+                None => inbox::purge_once(&inbox, older_than, batch, json)
+                    .await
+                    .map(|_| ()),
+                Some(every) => {
+                    inbox::purge_loop(&inbox, older_than, batch, every, json, shutdown_signal())
+                        .await
+                }
+            }
+        }
+        InboxCommand::Parked {
+            db,
+            handler,
+            after,
+            limit,
+            json,
+            show,
+        } => match show {
+            Some(ParkedCommand::Show { db, id, json }) => {
+                let config = db.load(vec![])?;
+                let inbox = inbox::AnyInbox::open(&config, false).await?;
+                inbox::show_parked(&inbox, id, json).await
+            }
+            None => {
+                let config = db.load(vec![])?;
+                let inbox = inbox::AnyInbox::open(&config, false).await?;
+                let mut query = outbox_inbox::ParkedQuery::new().limit(limit);
+                if let Some(h) = handler {
+                    query = query.handler(h);
+                }
+                if let Some(a) = after {
+                    query = query.after(a);
+                }
+                inbox::list_parked(&inbox, &query, json).await
+            }
+        },
     }
 }
 

@@ -78,13 +78,18 @@ impl From<sqlx::Error> for Error {
         if let sqlx::Error::Database(db) = &error {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             let message = db.message();
-            // PostgreSQL undefined table / schema, MySQL 1146 no such table, SQLite "no such table".
+            // PostgreSQL undefined table / schema / function (the claim function of migration
+            // 2), MySQL 1146 no such table and 1305 no such procedure, SQLite "no such table".
             if code == "42P01"
                 || code == "3F000"
+                || code == "42883"
                 || code == "42S02"
+                || (message.starts_with("PROCEDURE") && message.ends_with("does not exist"))
                 || message.starts_with("no such table")
             {
-                return Error::NotMigrated(message.to_owned());
+                return Error::NotMigrated(format!(
+                    "{message}; create or upgrade the inbox with `outbox inbox migrate` (or the inbox's `migrate`)"
+                ));
             }
         }
         Error::Database(error)

@@ -75,6 +75,19 @@
 //! between "not seen yet" and "mark seen". Claim first, before the effect: the effect then runs
 //! while this consumer holds the key, and a concurrent duplicate waits instead of running it too.
 //!
+//! ## One claim for every language
+//!
+//! Consumers written in other languages use the same tables and the same claim: the migrations
+//! create a claim routine, `<table>_claim(event_id, handler)` — a function returning a boolean
+//! on PostgreSQL ([`PgInbox::claim_function`](postgres::PgInbox::claim_function)), a procedure
+//! returning one row `fresh` on MySQL ([`MySqlInbox::claim_procedure`](mysql::MySqlInbox::claim_procedure))
+//! — with the insert above inside, and on SQLite the statement is documented
+//! ([`SqliteInbox::claim_statement`](sqlite::SqliteInbox::claim_statement)). `claim` runs that
+//! same SQL, so there is one definition of the semantics. The contract for consumers in any
+//! language (tables, the claim per database, ack-after-commit per broker, parking, retention) is
+//! `docs/inbox.md` of the repository; `outbox inbox migrate|status|purge|parked` operates an
+//! inbox without Rust.
+//!
 //! ## Retention
 //!
 //! The inbox grows by one row per event and handler. [`purge`](postgres::PgInbox::purge)
@@ -99,6 +112,7 @@
 //! [`Delivery::json`]: retrying cannot fix a malformed payload). See [`Error::from_effect`].
 //! Parked messages are yours to inspect and replay (re-publish them; the inbox still dedups).
 
+mod admin;
 mod error;
 mod names;
 
@@ -123,6 +137,7 @@ pub mod redis;
 use std::future::Future;
 use std::pin::Pin;
 
+pub use admin::{HandlerStats, InboxStats, ParkedCount, ParkedQuery, ParkedRecord};
 pub use consumer::{AdapterOptions, Delivery, InboxHandler, Outcome, ParkedMessage};
 pub use error::{BoxError, Error};
 pub use names::MAX_HANDLER_LEN;

@@ -1,12 +1,13 @@
 //! The inbox in MySQL 8 / MariaDB 10.6+ (InnoDB).
 //!
 //! Tables live in the connection's database: `<table>` (the inbox, primary key
-//! `(event_id, handler)`, `event_id` as the UUID's 36-character text), `<table>_parked` (poison
-//! messages) and `<table>_migrations` (bookkeeping of the embedded migrations, separate from the
-//! application's own). The claim is `INSERT IGNORE` checking rows affected (not
-//! `ON DUPLICATE KEY UPDATE`: sqlx connects with `CLIENT_FOUND_ROWS`, which makes that report 1
-//! for a duplicate too). Handler names are checked before the insert, so `IGNORE` cannot hide a
-//! truncation. A concurrent claim of the same key waits on InnoDB's lock on the uncommitted key
+//! `(event_id, handler)`, `event_id` as the UUID's 36-character lowercase text), `<table>_parked`
+//! (poison messages), `<table>_migrations` (bookkeeping of the embedded migrations, separate from
+//! the application's own) and the procedure `<table>_claim(event_id, handler)`, which every
+//! consumer — Rust's [`MySqlInbox::claim`] and any other language — calls. Inside it the claim
+//! is `INSERT IGNORE` checking `ROW_COUNT()` (not `ON DUPLICATE KEY UPDATE`: with
+//! `CLIENT_FOUND_ROWS`, which sqlx sets, that reports 1 for a duplicate too). Event id and
+//! handler name are checked before the insert, so `IGNORE` cannot hide a truncation. A concurrent claim of the same key waits on InnoDB's lock on the uncommitted key
 //! until the first transaction ends, then sees the row (duplicate) or not (fresh).
 //!
 //! MySQL DDL is not transactional, so migrations are serialized with `GET_LOCK` on one
@@ -18,20 +19,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_core::EventId;
+use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row, Transaction};
 
 use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
 use crate::names::{check_handler, check_identifier, fnv1a};
 use crate::{
-    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, Migration, MigrationReport, Processed,
-    checksum_of, verify_applied,
+    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, HandlerStats, InboxStats, Migration,
+    MigrationReport, ParkedCount, ParkedQuery, ParkedRecord, Processed, checksum_of,
+    verify_applied,
 };
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "inbox and parked tables",
-    sql: r#"
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "inbox and parked tables",
+        sql: r#"
 CREATE TABLE IF NOT EXISTS {t} (
     event_id     CHAR(36)     CHARACTER SET ascii NOT NULL,
     handler      VARCHAR(191) NOT NULL,
@@ -56,9 +61,45 @@ CREATE TABLE IF NOT EXISTS {p} (
     KEY {table}_parked_event_id (event_id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "claim procedure for consumers in any language",
+        sql: r#"
+-- The claim as a procedure any consumer calls inside its own transaction, before its effect:
+-- `CALL <table>_claim(event_id, handler)` returns one row with one column, `fresh`: 1 = first
+-- time (apply the effect, then commit), 0 = already processed (skip, ack). The Rust claim
+-- calls it too, so there is one definition of the semantics. A concurrent call for the same
+-- key waits on InnoDB's lock on the uncommitted key until the first transaction ends, then
+-- returns 0 (it committed) or 1 (it rolled back). A procedure, not a function: creating a
+-- function that writes needs log_bin_trust_function_creators on servers with a binary log.
+-- SQL SECURITY INVOKER: the caller needs INSERT on the inbox table (and EXECUTE), as with a
+-- plain insert. Drop + create keeps the migration re-runnable on MySQL 8 and MariaDB alike.
+DROP PROCEDURE IF EXISTS {f};
+DELIMITER //
+CREATE PROCEDURE {f}(IN p_event_id VARCHAR(64), IN p_handler VARCHAR(1000))
+    MODIFIES SQL DATA
+    SQL SECURITY INVOKER
+    COMMENT 'outbox inbox claim: call it first in the transaction of the effect; fresh = 1: apply the effect and commit, 0: already processed, skip and ack'
+BEGIN
+    IF p_event_id IS NULL
+        OR LOWER(p_event_id) NOT REGEXP '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT =
+            '{table}_claim: event_id must be the UUID of the outbox-event-id header; a message without one cannot be deduplicated: park it';
+    END IF;
+    IF p_handler IS NULL OR CHAR_LENGTH(p_handler) NOT BETWEEN 1 AND 191 THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT =
+            '{table}_claim: handler must be 1 to 191 characters: name the consuming handler, e.g. billing';
+    END IF;
+    INSERT IGNORE INTO {t} (event_id, handler) VALUES (LOWER(p_event_id), p_handler);
+    SELECT ROW_COUNT() = 1 AS fresh;
+END //
+DELIMITER ;
+"#,
+    },
+];
 
-/// Where the PostgreSQL inbox lives, and the SQL to use it. Cheap to clone.
+/// Where the MySQL inbox lives, and the SQL to use it. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct MySqlInbox {
     inner: Arc<Names>,
@@ -70,6 +111,7 @@ struct Names {
     qualified: String,
     parked: String,
     migrations: String,
+    claim_procedure: String,
     claim: String,
     purge: String,
     park: String,
@@ -82,6 +124,9 @@ impl Default for MySqlInbox {
 }
 
 impl MySqlInbox {
+    /// The schema version this build migrates to: what `migrate` reports as `current`.
+    pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
     /// The inbox in table `outbox_inbox` of the connection's database.
     ///
     /// ```
@@ -103,10 +148,12 @@ impl MySqlInbox {
         let qualified = format!("`{table}`");
         let parked = format!("`{table}_parked`");
         let migrations = format!("`{table}_migrations`");
+        let claim_procedure = format!("`{table}_claim`");
         Ok(MySqlInbox {
             inner: Arc::new(Names {
                 table: table.to_owned(),
-                claim: format!("INSERT IGNORE INTO {qualified} (event_id, handler) VALUES (?, ?)"),
+                claim: format!("CALL {claim_procedure}(?, ?)"),
+                claim_procedure,
                 purge: format!(
                     "DELETE FROM {qualified} WHERE processed_at < NOW(6) - INTERVAL ? MICROSECOND \
                      ORDER BY processed_at LIMIT ?"
@@ -149,6 +196,18 @@ impl MySqlInbox {
         &self.inner.parked
     }
 
+    /// `` `table_claim` ``: the stored procedure any consumer calls inside its own transaction,
+    /// ``CALL `outbox_inbox_claim`(?, ?)`` with the event id (UUID text) and the handler name; it
+    /// returns one row, `fresh`: 1 = first time, apply the effect; 0 = already processed (see
+    /// `docs/inbox.md`). [`claim`](Self::claim) calls it too.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().claim_procedure(), "`outbox_inbox_claim`");
+    /// ```
+    pub fn claim_procedure(&self) -> &str {
+        &self.inner.claim_procedure
+    }
+
     /// Create or upgrade the inbox tables. Idempotent and serialized across processes with
     /// `GET_LOCK`; every statement is re-runnable, so an interrupted migration is completed by
     /// the next call (MySQL DDL commits implicitly and cannot be rolled back).
@@ -156,7 +215,7 @@ impl MySqlInbox {
     /// ```no_run
     /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
     /// let report = outbox_inbox::mysql::MySqlInbox::new().migrate(&pool).await?;
-    /// assert_eq!(report.current, 1);
+    /// assert_eq!(report.current, 2);
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self, pool: &MySqlPool) -> Result<MigrationReport, Error> {
@@ -215,15 +274,10 @@ impl MySqlInbox {
                 .sql
                 .replace("{t}", &n.qualified)
                 .replace("{p}", &n.parked)
+                .replace("{f}", &n.claim_procedure)
                 .replace("{table}", &n.table);
-            // One statement at a time; comments are stripped with their lines.
-            let sql: String = sql
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("--"))
-                .collect::<Vec<_>>()
-                .join("\n");
-            for statement in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-                sqlx::raw_sql(AssertSqlSafe(statement.to_owned()))
+            for statement in statements(&sql) {
+                sqlx::raw_sql(AssertSqlSafe(statement))
                     .execute(&mut *conn)
                     .await?;
             }
@@ -266,12 +320,12 @@ impl MySqlInbox {
         handler: &str,
     ) -> Result<Claim, Error> {
         check_handler(handler)?;
-        let done = sqlx::query(AssertSqlSafe(self.inner.claim.as_str()))
+        let fresh: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.claim.as_str()))
             .bind(event_id.to_string())
             .bind(handler)
-            .execute(executor)
+            .fetch_one(executor)
             .await?;
-        Ok(if done.rows_affected() == 1 {
+        Ok(if fresh == 1 {
             Claim::Fresh
         } else {
             Claim::Duplicate
@@ -424,26 +478,156 @@ impl MySqlInbox {
         .bind(limit)
         .fetch_all(pool)
         .await?;
-        let mut out = Vec::with_capacity(rows.len());
+        rows.iter().map(parked_message).collect()
+    }
+
+    /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
+    /// schema version: what `outbox inbox status` prints. Counts every row (a scan of the
+    /// table): an operator's question, not one for a hot path.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    /// let stats = outbox_inbox::mysql::MySqlInbox::new().stats(&pool, week).await?;
+    /// println!("{} rows, {} parked", stats.rows(), stats.parked_total());
+    /// # Ok(()) }
+    /// ```
+    pub async fn stats(&self, pool: &MySqlPool, retention: Duration) -> Result<InboxStats, Error> {
+        let n = &self.inner;
+        let micros = u64::try_from(retention.as_micros()).unwrap_or(u64::MAX);
+        let schema_version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT CAST(MAX(version) AS SIGNED) FROM {}",
+            n.migrations
+        )))
+        .fetch_one(pool)
+        .await?;
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT handler, CAST(COUNT(*) AS SIGNED), \
+             CAST(COALESCE(SUM(processed_at < NOW(6) - INTERVAL ? MICROSECOND), 0) AS SIGNED), \
+             MIN(processed_at), MAX(processed_at) FROM {} GROUP BY handler ORDER BY handler",
+            n.qualified
+        )))
+        .bind(micros)
+        .fetch_all(pool)
+        .await?;
+        let mut handlers = Vec::with_capacity(rows.len());
         for row in rows {
-            let headers: String = row.try_get(3)?;
-            let headers: BTreeMap<String, String> =
-                serde_json::from_str(&headers).unwrap_or_default();
-            let attempts: i32 = row.try_get(4)?;
-            out.push(ParkedMessage {
-                event_id: row
-                    .try_get::<Option<String>, _>(0)?
-                    .and_then(|s| uuid::Uuid::parse_str(&s).ok())
-                    .map(EventId::from_uuid),
-                source: row.try_get(1)?,
-                payload: row.try_get(2)?,
-                headers,
-                attempts: u32::try_from(attempts).unwrap_or(0),
-                error: row.try_get(5)?,
+            handlers.push(HandlerStats {
+                handler: row.try_get(0)?,
+                rows: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
+                past_retention: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
+                oldest: timestamp(&row, 3)?,
+                newest: timestamp(&row, 4)?,
             });
         }
-        Ok(out)
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT handler, CAST(COUNT(*) AS SIGNED), MIN(parked_at) FROM {} GROUP BY handler ORDER BY handler",
+            n.parked
+        )))
+        .fetch_all(pool)
+        .await?;
+        let mut parked = Vec::with_capacity(rows.len());
+        for row in rows {
+            parked.push(ParkedCount {
+                handler: row.try_get(0)?,
+                messages: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
+                oldest: timestamp(&row, 2)?,
+            });
+        }
+        Ok(InboxStats {
+            schema_version: schema_version.unwrap_or(0),
+            handlers,
+            parked,
+        })
     }
+
+    /// Parked messages of every handler (or one), oldest first, with their row ids.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+    /// let q = outbox_inbox::ParkedQuery::new().handler("billing").limit(20);
+    /// for r in outbox_inbox::mysql::MySqlInbox::new().list_parked(&pool, &q).await? {
+    ///     println!("{} {} {}", r.id, r.handler, r.message.error);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn list_parked(
+        &self,
+        pool: &MySqlPool,
+        query: &ParkedQuery,
+    ) -> Result<Vec<ParkedRecord>, Error> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers, attempts, error, id, handler, parked_at FROM {} \
+             WHERE (? IS NULL OR handler = ?) AND id > ? ORDER BY id LIMIT ?",
+            self.inner.parked
+        )))
+        .bind(query.handler.as_deref())
+        .bind(query.handler.as_deref())
+        .bind(query.after.unwrap_or(0))
+        .bind(query.page())
+        .fetch_all(pool)
+        .await?;
+        rows.iter().map(parked_record).collect()
+    }
+
+    /// The parked message with row id `id`, if there is one.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+    /// if let Some(r) = outbox_inbox::mysql::MySqlInbox::new().parked_record(&pool, 7).await? {
+    ///     println!("{}", String::from_utf8_lossy(&r.message.payload));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn parked_record(
+        &self,
+        pool: &MySqlPool,
+        id: i64,
+    ) -> Result<Option<ParkedRecord>, Error> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers, attempts, error, id, handler, parked_at FROM {} WHERE id = ?",
+            self.inner.parked
+        )))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+        row.as_ref().map(parked_record).transpose()
+    }
+}
+
+/// Columns 0 to 5 of a parked row: event_id, source, payload, headers (text), attempts, error.
+fn parked_message(row: &MySqlRow) -> Result<ParkedMessage, Error> {
+    let headers: String = row.try_get(3)?;
+    let headers: BTreeMap<String, String> = serde_json::from_str(&headers).unwrap_or_default();
+    let attempts: i32 = row.try_get(4)?;
+    Ok(ParkedMessage {
+        event_id: row
+            .try_get::<Option<String>, _>(0)?
+            .and_then(|s| uuid::Uuid::parse_str(&s).ok())
+            .map(EventId::from_uuid),
+        source: row.try_get(1)?,
+        payload: row.try_get(2)?,
+        headers,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        error: row.try_get(5)?,
+    })
+}
+
+/// A parked row with id, handler and parked_at as columns 6 to 8.
+fn parked_record(row: &MySqlRow) -> Result<ParkedRecord, Error> {
+    Ok(ParkedRecord {
+        id: row.try_get(6)?,
+        handler: row.try_get(7)?,
+        parked_at: timestamp(row, 8)?.unwrap_or_default(),
+        message: parked_message(row)?,
+    })
+}
+
+/// A DATETIME(6) column as UTC (sqlx sets the session time zone to +00:00).
+fn timestamp(row: &MySqlRow, index: usize) -> Result<Option<DateTime<Utc>>, Error> {
+    Ok(row
+        .try_get::<Option<NaiveDateTime>, _>(index)?
+        .map(|t| t.and_utc()))
 }
 
 /// The effect a [`MySqlHandler`] runs inside the inbox transaction.
@@ -467,7 +651,7 @@ impl<F> MySqlEffect for F where
 {
 }
 
-/// An [`InboxHandler`] over PostgreSQL: claims, runs `effect`, commits; parks into
+/// An [`InboxHandler`] over MySQL: claims, runs `effect`, commits; parks into
 /// `<table>_parked`. Give it to a broker adapter.
 pub struct MySqlHandler<F> {
     pool: MySqlPool,
@@ -528,5 +712,72 @@ impl<F: MySqlEffect> InboxHandler for MySqlHandler<F> {
 
     async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
         self.inbox.park(&self.pool, &self.handler, message).await
+    }
+}
+
+/// The statements of a migration, one at a time: comment lines dropped; a statement ends at the
+/// delimiter, `;` unless a `DELIMITER` line (as in the mysql client) set another one, which a
+/// routine body with `;` inside needs.
+fn statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut delimiter = ";".to_owned();
+    let mut current = String::new();
+    for line in sql.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("--") {
+            continue;
+        }
+        if let Some(d) = trimmed.strip_prefix("DELIMITER ") {
+            delimiter = d.trim().to_owned();
+            continue;
+        }
+        current.push_str(line);
+        current.push('\n');
+        while let Some(at) = current.find(delimiter.as_str()) {
+            let statement = current[..at].trim();
+            if !statement.is_empty() {
+                out.push(statement.to_owned());
+            }
+            current = current[at + delimiter.len()..].to_owned();
+        }
+    }
+    if !current.trim().is_empty() {
+        out.push(current.trim().to_owned());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_split_at_the_delimiter_a_delimiter_line_sets() {
+        let sql = "-- a comment; with a semicolon\nCREATE TABLE a (x INT);\nDROP PROCEDURE IF EXISTS p;\nDELIMITER //\nCREATE PROCEDURE p() BEGIN SELECT 1; SELECT 2; END //\nDELIMITER ;\nSELECT 3;\n";
+        assert_eq!(
+            statements(sql),
+            vec![
+                "CREATE TABLE a (x INT)",
+                "DROP PROCEDURE IF EXISTS p",
+                "CREATE PROCEDURE p() BEGIN SELECT 1; SELECT 2; END",
+                "SELECT 3",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_first_migration_splits_as_it_always_did() {
+        let sql = MIGRATIONS[0].sql;
+        let old: Vec<String> = sql
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n")
+            .split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(statements(sql), old);
     }
 }

@@ -1,10 +1,12 @@
 //! The inbox in PostgreSQL.
 //!
 //! Tables live in a schema of your choice (default `public`): `<table>` (the inbox, primary key
-//! `(event_id, handler)`), `<table>_parked` (poison messages) and `<table>_migrations`
-//! (bookkeeping of the embedded migrations, separate from the application's own). The claim is
-//! `INSERT … ON CONFLICT DO NOTHING`; a concurrent claim of the same key waits on the unique
-//! index until the first transaction ends, then sees the row (duplicate) or not (fresh).
+//! `(event_id, handler)`), `<table>_parked` (poison messages), `<table>_migrations`
+//! (bookkeeping of the embedded migrations, separate from the application's own) and the
+//! function `<table>_claim(event_id uuid, handler text) returns boolean`. The claim is that
+//! function — `INSERT … ON CONFLICT DO NOTHING` inside — for Rust and every other language alike,
+//! so there is one definition of its semantics; a concurrent claim of the same key waits on the
+//! unique index until the first transaction ends, then sees the row (duplicate) or not (fresh).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,19 +14,22 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::EventId;
+use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row, Transaction};
 
 use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
 use crate::names::{check_handler, check_identifier, fnv1a};
 use crate::{
-    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, Migration, MigrationReport, Processed,
-    checksum_of, verify_applied,
+    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, HandlerStats, InboxStats, Migration,
+    MigrationReport, ParkedCount, ParkedQuery, ParkedRecord, Processed, checksum_of,
+    verify_applied,
 };
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "inbox and parked tables",
-    sql: r#"
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "inbox and parked tables",
+        sql: r#"
 CREATE TABLE {t} (
     event_id     UUID        NOT NULL,
     handler      TEXT        NOT NULL,
@@ -47,7 +52,40 @@ CREATE TABLE {p} (
 );
 CREATE INDEX {table}_parked_event_id ON {p} (event_id);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "claim function for consumers in any language",
+        sql: r#"
+-- The claim as a function any consumer calls inside its own transaction, before its effect:
+-- true = first time (apply the effect, then commit), false = already processed (skip, ack).
+-- The Rust claim calls it too, so there is one definition of the semantics. A concurrent call
+-- for the same key waits on the unique index until the first transaction ends, then returns
+-- false (it committed) or true (it rolled back). Not SECURITY DEFINER: the caller needs
+-- INSERT on the inbox table, as with a plain insert.
+CREATE OR REPLACE FUNCTION {f}(event_id UUID, handler TEXT) RETURNS BOOLEAN
+LANGUAGE plpgsql VOLATILE
+AS $claim$
+BEGIN
+    IF $1 IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004',
+            MESSAGE = '{f}: event_id is null',
+            HINT = 'pass the message''s outbox-event-id header; a message without one cannot be deduplicated: park it';
+    END IF;
+    IF $2 IS NULL OR char_length($2) NOT BETWEEN 1 AND 191 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('{f}: handler must be 1 to 191 characters, got %s', coalesce(char_length($2)::text, 'null')),
+            HINT = 'name the consuming handler, e.g. ''billing''';
+    END IF;
+    INSERT INTO {t} (event_id, handler) VALUES ($1, $2) ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$claim$;
+COMMENT ON FUNCTION {f}(UUID, TEXT) IS
+    'outbox inbox claim: call it first in the transaction of the effect; true = apply the effect and commit, false = already processed: skip and ack. Contract: docs/inbox.md of the outbox project.';
+"#,
+    },
+];
 
 /// Where the PostgreSQL inbox lives, and the SQL to use it. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -62,6 +100,7 @@ struct Names {
     qualified: String,
     parked: String,
     migrations: String,
+    claim_function: String,
     claim: String,
     purge: String,
     park: String,
@@ -74,6 +113,9 @@ impl Default for PgInbox {
 }
 
 impl PgInbox {
+    /// The schema version this build migrates to: what `migrate` reports as `current`.
+    pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
     /// The inbox in `public.outbox_inbox`.
     ///
     /// ```
@@ -97,13 +139,13 @@ impl PgInbox {
         let qualified = format!("\"{schema}\".\"{table}\"");
         let parked = format!("\"{schema}\".\"{table}_parked\"");
         let migrations = format!("\"{schema}\".\"{table}_migrations\"");
+        let claim_function = format!("\"{schema}\".\"{table}_claim\"");
         Ok(PgInbox {
             inner: Arc::new(Names {
                 schema: schema.to_owned(),
                 table: table.to_owned(),
-                claim: format!(
-                    "INSERT INTO {qualified} (event_id, handler) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-                ),
+                claim: format!("SELECT {claim_function}($1, $2)"),
+                claim_function,
                 purge: format!(
                     "DELETE FROM {qualified} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {qualified} \
                      WHERE processed_at < now() - $1 * interval '1 microsecond' \
@@ -156,13 +198,25 @@ impl PgInbox {
         &self.inner.parked
     }
 
+    /// `"schema"."table_claim"`: the SQL function any consumer calls inside its own transaction,
+    /// `SELECT "public"."outbox_inbox_claim"($1, $2)` with the event id (UUID) and the handler
+    /// name; `true` = first time, apply the effect; `false` = already processed (see
+    /// `docs/inbox.md`). [`claim`](Self::claim) calls it too.
+    ///
+    /// ```
+    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().claim_function(), r#""public"."outbox_inbox_claim""#);
+    /// ```
+    pub fn claim_function(&self) -> &str {
+        &self.inner.claim_function
+    }
+
     /// Create or upgrade the inbox tables. Idempotent, atomic (PostgreSQL DDL is
     /// transactional) and serialized across processes by a transaction-scoped advisory lock.
     ///
     /// ```no_run
     /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
     /// let report = outbox_inbox::postgres::PgInbox::new().migrate(&pool).await?;
-    /// assert_eq!(report.current, 1);
+    /// assert_eq!(report.current, 2);
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self, pool: &PgPool) -> Result<MigrationReport, Error> {
@@ -205,6 +259,7 @@ impl PgInbox {
                 .sql
                 .replace("{t}", &n.qualified)
                 .replace("{p}", &n.parked)
+                .replace("{f}", &n.claim_function)
                 .replace("{table}", &n.table);
             sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *tx).await?;
             sqlx::query(AssertSqlSafe(format!(
@@ -247,12 +302,12 @@ impl PgInbox {
         handler: &str,
     ) -> Result<Claim, Error> {
         check_handler(handler)?;
-        let done = sqlx::query(AssertSqlSafe(self.inner.claim.as_str()))
+        let fresh: bool = sqlx::query_scalar(AssertSqlSafe(self.inner.claim.as_str()))
             .bind(event_id.as_uuid())
             .bind(handler)
-            .execute(executor)
+            .fetch_one(executor)
             .await?;
-        Ok(if done.rows_affected() == 1 {
+        Ok(if fresh {
             Claim::Fresh
         } else {
             Claim::Duplicate
@@ -405,25 +460,147 @@ impl PgInbox {
         .bind(i64::from(limit))
         .fetch_all(pool)
         .await?;
-        let mut out = Vec::with_capacity(rows.len());
+        rows.iter().map(parked_message).collect()
+    }
+
+    /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
+    /// schema version: what `outbox inbox status` prints. Counts every row (a scan of the
+    /// table): an operator's question, not one for a hot path.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    /// let stats = outbox_inbox::postgres::PgInbox::new().stats(&pool, week).await?;
+    /// println!("{} rows, {} parked", stats.rows(), stats.parked_total());
+    /// # Ok(()) }
+    /// ```
+    pub async fn stats(&self, pool: &PgPool, retention: Duration) -> Result<InboxStats, Error> {
+        let n = &self.inner;
+        let micros = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
+        let schema_version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT max(version) FROM {}",
+            n.migrations
+        )))
+        .fetch_one(pool)
+        .await?;
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT handler, count(*), count(*) FILTER (WHERE processed_at < now() - $1 * interval '1 microsecond'), \
+             min(processed_at), max(processed_at) FROM {} GROUP BY handler ORDER BY handler",
+            n.qualified
+        )))
+        .bind(micros)
+        .fetch_all(pool)
+        .await?;
+        let mut handlers = Vec::with_capacity(rows.len());
         for row in rows {
-            let headers: String = row.try_get(3)?;
-            let headers: BTreeMap<String, String> =
-                serde_json::from_str(&headers).unwrap_or_default();
-            let attempts: i32 = row.try_get(4)?;
-            out.push(ParkedMessage {
-                event_id: row
-                    .try_get::<Option<uuid::Uuid>, _>(0)?
-                    .map(EventId::from_uuid),
-                source: row.try_get(1)?,
-                payload: row.try_get(2)?,
-                headers,
-                attempts: u32::try_from(attempts).unwrap_or(0),
-                error: row.try_get(5)?,
+            handlers.push(HandlerStats {
+                handler: row.try_get(0)?,
+                rows: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
+                past_retention: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
+                oldest: row.try_get(3)?,
+                newest: row.try_get(4)?,
             });
         }
-        Ok(out)
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT handler, count(*), min(parked_at) FROM {} GROUP BY handler ORDER BY handler",
+            n.parked
+        )))
+        .fetch_all(pool)
+        .await?;
+        let mut parked = Vec::with_capacity(rows.len());
+        for row in rows {
+            parked.push(ParkedCount {
+                handler: row.try_get(0)?,
+                messages: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
+                oldest: row.try_get(2)?,
+            });
+        }
+        Ok(InboxStats {
+            schema_version: schema_version.unwrap_or(0),
+            handlers,
+            parked,
+        })
     }
+
+    /// Parked messages of every handler (or one), oldest first, with their row ids.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// let q = outbox_inbox::ParkedQuery::new().handler("billing").limit(20);
+    /// for r in outbox_inbox::postgres::PgInbox::new().list_parked(&pool, &q).await? {
+    ///     println!("{} {} {}", r.id, r.handler, r.message.error);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn list_parked(
+        &self,
+        pool: &PgPool,
+        query: &ParkedQuery,
+    ) -> Result<Vec<ParkedRecord>, Error> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers::text, attempts, error, id, handler, parked_at \
+             FROM {} WHERE ($1::text IS NULL OR handler = $1) AND id > $2 ORDER BY id LIMIT $3",
+            self.inner.parked
+        )))
+        .bind(query.handler.as_deref())
+        .bind(query.after.unwrap_or(0))
+        .bind(query.page())
+        .fetch_all(pool)
+        .await?;
+        rows.iter().map(parked_record).collect()
+    }
+
+    /// The parked message with row id `id`, if there is one.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// if let Some(r) = outbox_inbox::postgres::PgInbox::new().parked_record(&pool, 7).await? {
+    ///     println!("{}", String::from_utf8_lossy(&r.message.payload));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn parked_record(
+        &self,
+        pool: &PgPool,
+        id: i64,
+    ) -> Result<Option<ParkedRecord>, Error> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers::text, attempts, error, id, handler, parked_at \
+             FROM {} WHERE id = $1",
+            self.inner.parked
+        )))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+        row.as_ref().map(parked_record).transpose()
+    }
+}
+
+/// Columns 0 to 5 of a parked row: event_id, source, payload, headers (text), attempts, error.
+fn parked_message(row: &PgRow) -> Result<ParkedMessage, Error> {
+    let headers: String = row.try_get(3)?;
+    let headers: BTreeMap<String, String> = serde_json::from_str(&headers).unwrap_or_default();
+    let attempts: i32 = row.try_get(4)?;
+    Ok(ParkedMessage {
+        event_id: row
+            .try_get::<Option<uuid::Uuid>, _>(0)?
+            .map(EventId::from_uuid),
+        source: row.try_get(1)?,
+        payload: row.try_get(2)?,
+        headers,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        error: row.try_get(5)?,
+    })
+}
+
+/// A parked row with id, handler and parked_at as columns 6 to 8.
+fn parked_record(row: &PgRow) -> Result<ParkedRecord, Error> {
+    Ok(ParkedRecord {
+        id: row.try_get(6)?,
+        handler: row.try_get(7)?,
+        parked_at: row.try_get(8)?,
+        message: parked_message(row)?,
+    })
 }
 
 /// The effect a [`PgHandler`] runs inside the inbox transaction.

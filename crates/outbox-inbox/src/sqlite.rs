@@ -9,22 +9,27 @@
 //! its row or not. Open the transaction with `BEGIN IMMEDIATE` (as [`SqliteInbox::process`] and
 //! [`SqliteHandler`] do) or make the claim its first statement: a deferred transaction that
 //! reads first cannot later upgrade to a writer while another connection writes, and fails with
-//! `SQLITE_BUSY` instead of waiting. Processed-at times and the purge cut-off come from the host
-//! clock (SQLite has no other).
+//! `SQLITE_BUSY` instead of waiting. SQLite has no stored procedures: consumers in other
+//! languages run [`SqliteInbox::claim_statement`], the statement [`SqliteInbox::claim`] runs.
+//! Processed-at times (SQLite's `now`) and the purge cut-off come from the host clock (SQLite
+//! has no other).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use outbox_core::EventId;
+use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool, Transaction};
 
 use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
 use crate::names::{check_handler, check_identifier};
 use crate::{
-    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, Migration, MigrationReport, Processed,
-    checksum_of, verify_applied,
+    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, HandlerStats, InboxStats, Migration,
+    MigrationReport, ParkedCount, ParkedQuery, ParkedRecord, Processed, checksum_of,
+    verify_applied,
 };
 
 const MIGRATIONS: &[Migration] = &[Migration {
@@ -81,6 +86,9 @@ impl Default for SqliteInbox {
 }
 
 impl SqliteInbox {
+    /// The schema version this build migrates to: what `migrate` reports as `current`.
+    pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
     /// The inbox in table `outbox_inbox`.
     ///
     /// ```
@@ -106,8 +114,8 @@ impl SqliteInbox {
             inner: Arc::new(Names {
                 table: table.to_owned(),
                 claim: format!(
-                    "INSERT INTO {qualified} (event_id, handler, processed_at) VALUES (?1, ?2, ?3) \
-                     ON CONFLICT DO NOTHING"
+                    "INSERT INTO {qualified} (event_id, handler, processed_at) \
+                     VALUES (?1, ?2, {NOW_MICROS}) ON CONFLICT DO NOTHING"
                 ),
                 purge: format!(
                     "DELETE FROM {qualified} WHERE rowid IN (SELECT rowid FROM {qualified} \
@@ -149,6 +157,21 @@ impl SqliteInbox {
     /// ```
     pub fn parked_table(&self) -> &str {
         &self.inner.parked
+    }
+
+    /// The claim statement any consumer runs first in its own transaction (SQLite has no stored
+    /// procedures): bind the event id (lowercase UUID text) as `?1` and the handler name as
+    /// `?2`; one row changed (`changes()`, a driver's rowcount) = first time, apply the effect;
+    /// none = already processed (see `docs/inbox.md`). [`claim`](Self::claim) runs exactly
+    /// this statement. `processed_at` comes from SQLite's clock, in microseconds.
+    ///
+    /// ```
+    /// let sql = outbox_inbox::sqlite::SqliteInbox::new().claim_statement().to_owned();
+    /// assert!(sql.starts_with(r#"INSERT INTO "outbox_inbox" (event_id, handler, processed_at) VALUES (?1, ?2, "#));
+    /// assert!(sql.ends_with("ON CONFLICT DO NOTHING"));
+    /// ```
+    pub fn claim_statement(&self) -> &str {
+        &self.inner.claim
     }
 
     /// Create or upgrade the inbox tables. Idempotent, atomic and serialized: everything runs
@@ -241,7 +264,6 @@ impl SqliteInbox {
         let done = sqlx::query(AssertSqlSafe(self.inner.claim.as_str()))
             .bind(event_id.to_string())
             .bind(handler)
-            .bind(now_micros())
             .execute(executor)
             .await?;
         Ok(if done.rows_affected() == 1 {
@@ -402,26 +424,155 @@ impl SqliteInbox {
         .bind(i64::from(limit))
         .fetch_all(pool)
         .await?;
-        let mut out = Vec::with_capacity(rows.len());
+        rows.iter().map(parked_message).collect()
+    }
+
+    /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
+    /// schema version: what `outbox inbox status` prints. Counts every row (a scan of the
+    /// table): an operator's question, not one for a hot path.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    /// let stats = outbox_inbox::sqlite::SqliteInbox::new().stats(&pool, week).await?;
+    /// println!("{} rows, {} parked", stats.rows(), stats.parked_total());
+    /// # Ok(()) }
+    /// ```
+    pub async fn stats(&self, pool: &SqlitePool, retention: Duration) -> Result<InboxStats, Error> {
+        let n = &self.inner;
+        let micros = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
+        let cutoff = now_micros().saturating_sub(micros);
+        let schema_version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT MAX(version) FROM {}",
+            n.migrations
+        )))
+        .fetch_one(pool)
+        .await?;
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT handler, COUNT(*), COALESCE(SUM(processed_at < ?1), 0), MIN(processed_at), MAX(processed_at) \
+             FROM {} GROUP BY handler ORDER BY handler",
+            n.qualified
+        )))
+        .bind(cutoff)
+        .fetch_all(pool)
+        .await?;
+        let mut handlers = Vec::with_capacity(rows.len());
         for row in rows {
-            let headers: String = row.try_get(3)?;
-            let headers: BTreeMap<String, String> =
-                serde_json::from_str(&headers).unwrap_or_default();
-            let attempts: i32 = row.try_get(4)?;
-            out.push(ParkedMessage {
-                event_id: row
-                    .try_get::<Option<String>, _>(0)?
-                    .and_then(|s| uuid::Uuid::parse_str(&s).ok())
-                    .map(EventId::from_uuid),
-                source: row.try_get(1)?,
-                payload: row.try_get(2)?,
-                headers,
-                attempts: u32::try_from(attempts).unwrap_or(0),
-                error: row.try_get(5)?,
+            handlers.push(HandlerStats {
+                handler: row.try_get(0)?,
+                rows: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
+                past_retention: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
+                oldest: timestamp(&row, 3)?,
+                newest: timestamp(&row, 4)?,
             });
         }
-        Ok(out)
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT handler, COUNT(*), MIN(parked_at) FROM {} GROUP BY handler ORDER BY handler",
+            n.parked
+        )))
+        .fetch_all(pool)
+        .await?;
+        let mut parked = Vec::with_capacity(rows.len());
+        for row in rows {
+            parked.push(ParkedCount {
+                handler: row.try_get(0)?,
+                messages: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
+                oldest: timestamp(&row, 2)?,
+            });
+        }
+        Ok(InboxStats {
+            schema_version: schema_version.unwrap_or(0),
+            handlers,
+            parked,
+        })
     }
+
+    /// Parked messages of every handler (or one), oldest first, with their row ids.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+    /// let q = outbox_inbox::ParkedQuery::new().handler("billing").limit(20);
+    /// for r in outbox_inbox::sqlite::SqliteInbox::new().list_parked(&pool, &q).await? {
+    ///     println!("{} {} {}", r.id, r.handler, r.message.error);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn list_parked(
+        &self,
+        pool: &SqlitePool,
+        query: &ParkedQuery,
+    ) -> Result<Vec<ParkedRecord>, Error> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers, attempts, error, id, handler, parked_at FROM {} \
+             WHERE (?1 IS NULL OR handler = ?1) AND id > ?2 ORDER BY id LIMIT ?3",
+            self.inner.parked
+        )))
+        .bind(query.handler.as_deref())
+        .bind(query.after.unwrap_or(0))
+        .bind(query.page())
+        .fetch_all(pool)
+        .await?;
+        rows.iter().map(parked_record).collect()
+    }
+
+    /// The parked message with row id `id`, if there is one.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+    /// if let Some(r) = outbox_inbox::sqlite::SqliteInbox::new().parked_record(&pool, 7).await? {
+    ///     println!("{}", String::from_utf8_lossy(&r.message.payload));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn parked_record(
+        &self,
+        pool: &SqlitePool,
+        id: i64,
+    ) -> Result<Option<ParkedRecord>, Error> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT event_id, source, payload, headers, attempts, error, id, handler, parked_at FROM {} WHERE id = ?1",
+            self.inner.parked
+        )))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+        row.as_ref().map(parked_record).transpose()
+    }
+}
+
+/// Columns 0 to 5 of a parked row: event_id, source, payload, headers (text), attempts, error.
+fn parked_message(row: &SqliteRow) -> Result<ParkedMessage, Error> {
+    let headers: String = row.try_get(3)?;
+    let headers: BTreeMap<String, String> = serde_json::from_str(&headers).unwrap_or_default();
+    let attempts: i32 = row.try_get(4)?;
+    Ok(ParkedMessage {
+        event_id: row
+            .try_get::<Option<String>, _>(0)?
+            .and_then(|s| uuid::Uuid::parse_str(&s).ok())
+            .map(EventId::from_uuid),
+        source: row.try_get(1)?,
+        payload: row.try_get(2)?,
+        headers,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        error: row.try_get(5)?,
+    })
+}
+
+/// A parked row with id, handler and parked_at as columns 6 to 8.
+fn parked_record(row: &SqliteRow) -> Result<ParkedRecord, Error> {
+    Ok(ParkedRecord {
+        id: row.try_get(6)?,
+        handler: row.try_get(7)?,
+        parked_at: timestamp(row, 8)?.unwrap_or_default(),
+        message: parked_message(row)?,
+    })
+}
+
+/// An INTEGER microseconds column as a time.
+fn timestamp(row: &SqliteRow, index: usize) -> Result<Option<DateTime<Utc>>, Error> {
+    Ok(row
+        .try_get::<Option<i64>, _>(index)?
+        .and_then(DateTime::from_timestamp_micros))
 }
 
 /// The effect a [`SqliteHandler`] runs inside the inbox transaction.
@@ -508,6 +659,11 @@ impl<F: SqliteEffect> InboxHandler for SqliteHandler<F> {
         self.inbox.park(&self.pool, &self.handler, message).await
     }
 }
+
+/// Microseconds since the Unix epoch by SQLite's clock, as SQL: what the claim statement writes
+/// as `processed_at` (`unixepoch('subsec')` would need SQLite 3.42; this works in any version a
+/// consumer's driver may bundle).
+const NOW_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
 
 /// Microseconds since the Unix epoch, from the host clock.
 fn now_micros() -> i64 {

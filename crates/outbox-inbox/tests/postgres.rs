@@ -33,7 +33,7 @@ async fn setup() -> (PgPool, PgInbox, String) {
     let schema = unique("inbox_t");
     let inbox = PgInbox::with_names(&schema, "inbox").unwrap();
     let report = inbox.migrate(&pool).await.unwrap();
-    assert_eq!(report.applied, vec![1]);
+    assert_eq!(report.applied, vec![1, 2]);
     let effects = format!("\"{schema}\".effects");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {effects} (event_id UUID NOT NULL, handler TEXT NOT NULL)"
@@ -78,7 +78,7 @@ async fn migrate_is_idempotent() {
     let (pool, inbox, _) = setup().await;
     let again = inbox.migrate(&pool).await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.current, 1);
+    assert_eq!(again.current, 2);
 }
 
 #[tokio::test]
@@ -295,4 +295,211 @@ async fn edited_migration_is_refused() {
     let err = inbox.migrate(&pool).await.unwrap_err();
     assert!(matches!(err, Error::NotMigrated(_)), "{err}");
     assert!(!err.is_transient());
+}
+
+/// The claim function as a consumer in another language calls it: plain SQL in its own
+/// transaction. True once; false for a committed duplicate; true again after a rollback (the
+/// rolled-back claim left nothing behind).
+#[tokio::test]
+async fn the_claim_function_is_plain_sql_any_consumer_can_call() {
+    let (pool, inbox, _) = setup().await;
+    let sql = format!("SELECT {}($1, $2)", inbox.claim_function());
+    let id = uuid::Uuid::now_v7();
+    let claim = async |tx: &mut sqlx::PgConnection| -> bool {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(id)
+            .bind("billing")
+            .fetch_one(tx)
+            .await
+            .unwrap()
+    };
+    let mut tx = pool.begin().await.unwrap();
+    assert!(claim(&mut tx).await);
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    assert!(claim(&mut tx).await, "a rolled-back claim must not count");
+    tx.commit().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    assert!(
+        !claim(&mut tx).await,
+        "a committed claim makes the next one a duplicate"
+    );
+    tx.commit().await.unwrap();
+    // The Rust claim sees the same row.
+    assert!(
+        inbox
+            .contains(&pool, EventId::from_uuid(id), "billing")
+            .await
+            .unwrap()
+    );
+}
+
+/// Two consumers in other languages racing on one event: the second call blocks until the
+/// first transaction ends, then answers false (it committed).
+#[tokio::test]
+async fn a_racing_claim_function_call_waits_for_the_first_transaction() {
+    let (pool, inbox, _) = setup().await;
+    let sql = format!("SELECT {}($1, 'billing')", inbox.claim_function());
+    let id = uuid::Uuid::now_v7();
+    let mut first = pool.begin().await.unwrap();
+    let fresh: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+        .bind(id)
+        .fetch_one(&mut *first)
+        .await
+        .unwrap();
+    assert!(fresh);
+    let second = {
+        let (pool, sql) = (pool.clone(), sql.clone());
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let fresh: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            fresh
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!second.is_finished(), "the racing call must wait");
+    first.commit().await.unwrap();
+    assert!(!second.await.unwrap());
+}
+
+#[tokio::test]
+async fn the_claim_function_refuses_a_null_event_id_and_a_bad_handler() {
+    let (pool, inbox, _) = setup().await;
+    let f = inbox.claim_function();
+    let err = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {f}(NULL, 'billing')")))
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let db = err.as_database_error().unwrap();
+    assert_eq!(db.code().as_deref(), Some("22004"), "{err}");
+    assert!(db.message().contains("event_id is null"), "{err}");
+    for handler in [String::new(), "x".repeat(192)] {
+        let err = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {f}(gen_random_uuid(), $1)"
+        )))
+        .bind(&handler)
+        .execute(&pool)
+        .await
+        .unwrap_err();
+        let db = err.as_database_error().unwrap();
+        assert_eq!(db.code().as_deref(), Some("22023"), "{err}");
+        assert!(db.message().contains("1 to 191 characters"), "{err}");
+    }
+}
+
+/// An inbox created before the claim function (schema version 1) gets it from the next
+/// migrate; until then the Rust claim says what to run.
+#[tokio::test]
+async fn a_version_1_inbox_is_upgraded_and_says_so_until_then() {
+    let (pool, inbox, _) = setup().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP FUNCTION {}(UUID, TEXT); DELETE FROM \"{}\".\"{}_migrations\" WHERE version = 2",
+        inbox.claim_function(),
+        inbox.schema(),
+        inbox.table()
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let err = inbox
+        .claim(&mut *tx, EventId::new(), "billing")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotMigrated(_)), "{err}");
+    assert!(err.to_string().contains("outbox inbox migrate"), "{err}");
+    drop(tx);
+    let report = inbox.migrate(&pool).await.unwrap();
+    assert_eq!(report.applied, vec![2]);
+    let mut tx = pool.begin().await.unwrap();
+    assert_eq!(
+        inbox
+            .claim(&mut *tx, EventId::new(), "billing")
+            .await
+            .unwrap(),
+        Claim::Fresh
+    );
+}
+
+#[tokio::test]
+async fn stats_and_parked_records_describe_the_inbox() {
+    let (pool, inbox, effects) = setup().await;
+    let empty = inbox.stats(&pool, Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(
+        (empty.schema_version, empty.rows(), empty.parked_total()),
+        (2, 0, 0)
+    );
+    let ids: Vec<EventId> = (0..3).map(|_| EventId::new()).collect();
+    for id in &ids {
+        assert!(
+            apply(&inbox, &pool, &effects, *id)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {} SET processed_at = now() - interval '2 hours' WHERE event_id = $1",
+        inbox.qualified_table()
+    )))
+    .bind(ids[0].as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+    for n in 0..3 {
+        let p = ParkedMessage::new(None, "orders", vec![n], 1, format!("boom {n}"));
+        inbox
+            .park(&pool, if n == 2 { "delivery" } else { "billing" }, &p)
+            .await
+            .unwrap();
+    }
+    let stats = inbox.stats(&pool, Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(stats.handlers.len(), 1);
+    let billing = &stats.handlers[0];
+    assert_eq!(
+        (
+            billing.handler.as_str(),
+            billing.rows,
+            billing.past_retention
+        ),
+        ("billing", 3, 1)
+    );
+    assert!(billing.oldest < billing.newest);
+    assert_eq!(stats.parked_total(), 3);
+    assert_eq!(
+        stats
+            .parked
+            .iter()
+            .map(|p| (p.handler.as_str(), p.messages))
+            .collect::<Vec<_>>(),
+        [("billing", 2), ("delivery", 1)]
+    );
+
+    let all = inbox
+        .list_parked(&pool, &outbox_inbox::ParkedQuery::new())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 3);
+    let page = outbox_inbox::ParkedQuery::new()
+        .handler("billing")
+        .after(all[0].id)
+        .limit(5);
+    let rest = inbox.list_parked(&pool, &page).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].message.error, "boom 1");
+    let one = inbox
+        .parked_record(&pool, all[2].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (one.handler.as_str(), one.message.payload.clone()),
+        ("delivery", vec![2])
+    );
+    assert!(inbox.parked_record(&pool, -1).await.unwrap().is_none());
 }

@@ -299,3 +299,126 @@ async fn edited_migration_is_refused() {
     assert!(matches!(err, Error::NotMigrated(_)), "{err}");
     assert!(!err.is_transient());
 }
+
+/// The documented claim statement, run as a consumer in another language runs it: one row
+/// changed once; none for a committed duplicate; one again after a rollback.
+#[tokio::test]
+async fn the_claim_statement_is_plain_sql_any_consumer_can_run() {
+    let (pool, inbox, _) = setup().await;
+    let sql = inbox.claim_statement().to_owned();
+    let id = EventId::new();
+    let claim = async |tx: &mut sqlx::SqliteConnection| -> u64 {
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(id.to_string())
+            .bind("billing")
+            .execute(tx)
+            .await
+            .unwrap()
+            .rows_affected()
+    };
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert_eq!(claim(&mut tx).await, 1);
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert_eq!(
+        claim(&mut tx).await,
+        1,
+        "a rolled-back claim must not count"
+    );
+    tx.commit().await.unwrap();
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert_eq!(claim(&mut tx).await, 0);
+    tx.commit().await.unwrap();
+    assert!(inbox.contains(&pool, id, "billing").await.unwrap());
+    // processed_at is SQLite's clock in microseconds: within a minute of the host's.
+    let at: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT processed_at FROM {}",
+        inbox.qualified_table()
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let now = chrono::Utc::now().timestamp_micros();
+    assert!(
+        (now - at).abs() < 60_000_000,
+        "processed_at {at}, now {now}"
+    );
+}
+
+#[tokio::test]
+async fn stats_and_parked_records_describe_the_inbox() {
+    let (pool, inbox, effects) = setup().await;
+    let empty = inbox.stats(&pool, Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(
+        (empty.schema_version, empty.rows(), empty.parked_total()),
+        (1, 0, 0)
+    );
+    let ids: Vec<EventId> = (0..3).map(|_| EventId::new()).collect();
+    for id in &ids {
+        assert!(
+            apply(&inbox, &pool, &effects, *id)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {} SET processed_at = processed_at - 7200000000 WHERE event_id = ?1",
+        inbox.qualified_table()
+    )))
+    .bind(ids[0].to_string())
+    .execute(&pool)
+    .await
+    .unwrap();
+    for n in 0..3 {
+        let p = ParkedMessage::new(None, "orders", vec![n], 1, format!("boom {n}"));
+        inbox
+            .park(&pool, if n == 2 { "delivery" } else { "billing" }, &p)
+            .await
+            .unwrap();
+    }
+    let stats = inbox.stats(&pool, Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(stats.handlers.len(), 1);
+    let billing = &stats.handlers[0];
+    assert_eq!(
+        (
+            billing.handler.as_str(),
+            billing.rows,
+            billing.past_retention
+        ),
+        ("billing", 3, 1)
+    );
+    assert!(billing.oldest < billing.newest);
+    assert_eq!(stats.parked_total(), 3);
+    assert_eq!(
+        stats
+            .parked
+            .iter()
+            .map(|p| (p.handler.as_str(), p.messages))
+            .collect::<Vec<_>>(),
+        [("billing", 2), ("delivery", 1)]
+    );
+
+    let all = inbox
+        .list_parked(&pool, &outbox_inbox::ParkedQuery::new())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 3);
+    let page = outbox_inbox::ParkedQuery::new()
+        .handler("billing")
+        .after(all[0].id)
+        .limit(5);
+    let rest = inbox.list_parked(&pool, &page).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].message.error, "boom 1");
+    let one = inbox
+        .parked_record(&pool, all[2].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (one.handler.as_str(), one.message.payload.clone()),
+        ("delivery", vec![2])
+    );
+    assert!(inbox.parked_record(&pool, -1).await.unwrap().is_none());
+}

@@ -10,7 +10,7 @@
 #   scripts/pg-logical.sh rootcert       # prints the path of the CA that signed the server's certificate
 #   scripts/pg-logical.sh wrong-rootcert # prints the path of an unrelated CA (for failing verification)
 #
-# Settings: wal_level=logical, max_replication_slots=10, max_wal_senders=10, trust auth for user
+# Settings: wal_level=logical, max_replication_slots=40, max_wal_senders=40, trust auth for user
 # `postgres`, databases `postgres` and `outbox`. Data in $PG_LOGICAL_DIR (default
 # <repo>/.cache/pg-logical, ignored by git), port $PG_LOGICAL_PORT (default 54329), listening on
 # 127.0.0.1 and a unix socket in the data directory. initdb refuses to run as root, so the server
@@ -140,6 +140,19 @@ cert_path() {
   echo "$data/$1"
 }
 
+# Enough slots and senders for the test suites running their tests in parallel (one slot per
+# test). A cluster made by an older version of this script had 10: raised and restarted here.
+ensure_limits() {
+  local slots
+  slots="$(sql 'SHOW max_replication_slots')"
+  if [ "${slots:-0}" -lt 40 ]; then
+    sql "ALTER SYSTEM SET max_replication_slots = 40" >/dev/null
+    sql "ALTER SYSTEM SET max_wal_senders = 40" >/dev/null
+    as_pg "$PGBIN/pg_ctl" -D "$DIR" -l "$DIR/server.log" -w -t 60 restart >/dev/null 9>&- \
+      || { tail -20 "$DIR/server.log" >&2; return 1; }
+  fi
+}
+
 start() {
   mkdir -p "$(dirname "$DIR")"
   # Several test processes may call `start` at once: one does the work, the others wait for it.
@@ -147,6 +160,7 @@ start() {
   flock 9
   if up; then
     check_ours
+    ensure_limits
     ensure_ssl
     ensure_outbox_db
     echo "pg-logical: up on 127.0.0.1:$PORT ($DIR)"
@@ -169,8 +183,8 @@ listen_addresses = '127.0.0.1'
 port = $PORT
 unix_socket_directories = '$DIR'
 wal_level = logical
-max_replication_slots = 10
-max_wal_senders = 10
+max_replication_slots = 40
+max_wal_senders = 40
 max_connections = 200
 EOF
     # Replication connections from loopback with trust, like ordinary ones.
@@ -187,6 +201,7 @@ EOF
   as_pg "$PGBIN/pg_ctl" -D "$DIR" -l "$DIR/server.log" -w -t 60 start >/dev/null 9>&- \
     || { tail -20 "$DIR/server.log" >&2; return 1; }
   check_ours
+  ensure_limits
   ensure_ssl
   ensure_outbox_db
   echo "pg-logical: started on 127.0.0.1:$PORT ($DIR)"

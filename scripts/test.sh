@@ -24,4 +24,7 @@ cargo test -p outbox --features opentelemetry --test trace
 # The inbox from Python and Node consumers (psycopg, pika, confluent-kafka; pg, amqplib) of the
 # relay's RabbitMQ and Kafka output, duplicates injected; fails when an effect is applied twice.
 scripts/inbox-polyglot.sh
-cargo run -q -p outbox-verify -- --profile short   # correctness harness (crates/outbox-verify/README.md)
+# The correctness harness (crates/outbox-verify/README.md), in both relay modes: the same engine
+# over table claims and over the replication stream.
+cargo run -q -p outbox-verify -- --profile short
+cargo run -q -p outbox-verify -- --profile short --mode wal

@@ -56,6 +56,11 @@ pub trait Source: Send + Sync + 'static {
         std::future::pending::<()>().await
     }
 
+    /// The relay stopped: settle what is left and let go of what the source holds (a stream
+    /// source writes back and confirms its position, and stops streaming). Table claims hold
+    /// nothing: the default does nothing.
+    async fn close(&self) {}
+
     /// Whether a claim that found nothing means there is nothing left to do, for a relay that
     /// stops once idle (`--drain`). Table claims: always. A stream source draining says so once
     /// its stream reached the position it was asked to catch up to.

@@ -80,7 +80,11 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The engine reads time only through tokio's clock, so tests can pause and advance it: timing
+// behaviour (backoff, cooldown, the lease's end) is tested without sleeping (tests/clock.rs).
+use tokio::time::Instant;
 
 pub mod router;
 
@@ -437,6 +441,7 @@ where
             "Relay stopping: finishing in-flight batches."
         );
         while batches.join_next().await.is_some() {}
+        self.source.close().await;
         let mut report = self.counters.report();
         report.failure = failure;
         info!(
@@ -680,7 +685,10 @@ impl Lanes {
                 return;
             }
             h.failed_calls += 1;
-            if timed_out || h.failed_calls >= FAILED_CALLS_TO_TRIP {
+            // A failed trial call (the one call after a cooldown) starts the next cooldown at
+            // once: the destination already proved itself down three calls in a row.
+            let trial_failed = h.trips > 0 && h.trying;
+            if timed_out || trial_failed || h.failed_calls >= FAILED_CALLS_TO_TRIP {
                 h.trips += 1;
                 let exponent = (h.trips - 1).min(16);
                 let cooldown = Duration::from_millis(500u64 << exponent).min(max_cooldown);
@@ -689,7 +697,6 @@ impl Lanes {
                 h.failed_calls = 0;
                 Some((cooldown, h.last_error.clone()))
             } else {
-                // The trial call failed without tripping it again: let the next call try.
                 h.trying = false;
                 None
             }
@@ -799,7 +806,7 @@ where
                     tokio::select! {
                         biased;
                         next = calls.next() => next,
-                        _ = tokio::time::sleep_until((newest + slow_after).into()) => {
+                        _ = tokio::time::sleep_until(newest + slow_after) => {
                             let settled = std::mem::take(&mut settlement);
                             let write = self.write_back(&lease, settled, claimed_at);
                             tokio::pin!(write);

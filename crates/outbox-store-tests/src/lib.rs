@@ -32,6 +32,24 @@ pub trait Harness: Send + Sync + 'static {
     /// earlier. Lease expiries and due times stay as they are. Lets the suite test retention and
     /// time ranges without waiting.
     async fn backdate(&self, store: &Self::Store, ids: &[EventId], by: Duration);
+
+    /// The source a relay under test claims from, for the relay settings `relay`: the store
+    /// itself (table claims) unless the harness tests another source over it — the WAL harness
+    /// starts a stream source, so the relay behaviour tests run over both sources.
+    async fn source(
+        &self,
+        store: &Arc<Self::Store>,
+        relay: &RelayConfig,
+    ) -> Arc<dyn outbox_core::Source> {
+        let _ = relay;
+        store.clone()
+    }
+
+    /// Whether several relays over the same outbox all deliver (table claims), or one does while
+    /// the others stand by (one replication slot, one streamer).
+    fn relays_share_work(&self) -> bool {
+        true
+    }
 }
 
 /// Expand to one test per property of the store contract, using `$harness` (an expression
@@ -72,6 +90,8 @@ macro_rules! conformance {
             claims_are_bounded_by_payload_bytes,
             oversized_payloads_are_buried_unread_and_hold_their_aggregate,
             a_panicking_sink_costs_attempts_not_a_stuck_claim,
+            a_paused_destination_waits_in_a_running_relay_while_others_flow,
+            a_requeued_dead_event_goes_out_while_the_relay_runs,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {
@@ -81,6 +101,27 @@ macro_rules! conformance {
                 $crate::$name(&$harness).await;
             }
         )*
+    };
+}
+
+/// The relay behaviour tests alone — what a relay does over a source, not what a store's
+/// statements do — for a harness whose [`Harness::source`] is not the store itself: WAL mode's
+/// stream source runs these, so both sources are held to the same behaviour.
+#[macro_export]
+macro_rules! relay_behaviour {
+    ($harness:expr) => {
+        $crate::conformance!(@tests $harness;
+            three_relays_deliver_everything_in_order_despite_failures,
+            three_relays_deliver_in_order_under_the_block_policy,
+            dead_policy_block_holds_the_aggregate_in_a_relay_run,
+            relay_gives_up_after_max_attempts,
+            shutdown_leaves_nothing_claimed,
+            a_hanging_destination_does_not_hold_back_the_others,
+            a_batch_waiting_on_a_hanging_destination_gives_its_slot_back,
+            a_panicking_sink_costs_attempts_not_a_stuck_claim,
+            a_paused_destination_waits_in_a_running_relay_while_others_flow,
+            a_requeued_dead_event_goes_out_while_the_relay_runs,
+        );
     };
 }
 
@@ -823,14 +864,11 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut relays = Vec::new();
     for i in 0..3 {
-        let relay = Relay::new(
-            store.clone(),
-            sink.clone(),
-            RelayConfig {
-                dead_letter: policy,
-                ..relay_config(&format!("relay-{i}"))
-            },
-        );
+        let config = RelayConfig {
+            dead_letter: policy,
+            ..relay_config(&format!("relay-{i}"))
+        };
+        let relay = Relay::new(h.source(&store, &config).await, sink.clone(), config);
         let mut stop = stop_tx.subscribe();
         relays.push(tokio::spawn(relay.run(async move {
             let _ = stop.recv().await;
@@ -926,10 +964,18 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
         retried > 1_000,
         "the failure path was exercised: {retried} retries"
     );
-    assert!(
-        reports.iter().all(|r| r.delivered > 0),
-        "all three relays worked: {reports:?}"
-    );
+    if h.relays_share_work() {
+        assert!(
+            reports.iter().all(|r| r.delivered > 0),
+            "all three relays worked: {reports:?}"
+        );
+    } else {
+        assert_eq!(
+            reports.iter().filter(|r| r.delivered > 0).count(),
+            1,
+            "one relay streams, the others stand by: {reports:?}"
+        );
+    }
     let dead = store.list_dead(None, 1000).await.unwrap();
     assert!(dead.iter().all(|r| poison(&r.event)));
     assert!(
@@ -964,7 +1010,7 @@ pub async fn relay_gives_up_after_max_attempts<H: Harness>(h: &H) {
         dead_letter: DeadLetterPolicy::Block,
         ..relay_config("giver-upper")
     };
-    let relay = Relay::new(store.clone(), sink.clone(), config);
+    let relay = Relay::new(h.source(&store, &config).await, sink.clone(), config);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(relay.run(async move {
         let _ = rx.await;
@@ -1015,7 +1061,7 @@ pub async fn dead_policy_block_holds_the_aggregate_in_a_relay_run<H: Harness>(h:
         stop_when_idle: true,
         ..relay_config("blocker")
     };
-    let report = Relay::new(store.clone(), sink.clone(), config)
+    let report = Relay::new(h.source(&store, &config).await, sink.clone(), config)
         .run(std::future::pending())
         .await;
     assert_eq!(report.dead, 1);
@@ -1045,14 +1091,11 @@ pub async fn shutdown_leaves_nothing_claimed<H: Harness>(h: &H) {
         delay: Duration::from_millis(5),
         ..Faults::default()
     }));
-    let relay = Relay::new(
-        store.clone(),
-        sink.clone(),
-        RelayConfig {
-            batch_size: 100,
-            ..relay_config("stopper")
-        },
-    );
+    let config = RelayConfig {
+        batch_size: 100,
+        ..relay_config("stopper")
+    };
+    let relay = Relay::new(h.source(&store, &config).await, sink.clone(), config);
     let counters = relay.counters();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(relay.run(async move {
@@ -1170,7 +1213,8 @@ async fn run_with_a_hanging_destination<H: Harness>(
         ],
     )
     .unwrap();
-    let relay = Relay::new(store.clone(), Arc::new(router), config).with_routes(Arc::new(routes));
+    let relay = Relay::new(h.source(&store, &config).await, Arc::new(router), config)
+        .with_routes(Arc::new(routes));
     let counters = relay.counters();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let started = std::time::Instant::now();
@@ -1428,7 +1472,8 @@ pub async fn a_panicking_sink_costs_attempts_not_a_stuck_claim<H: Harness>(h: &H
     };
     let report = tokio::time::timeout(
         Duration::from_secs(60),
-        Relay::new(store.clone(), sink.clone(), config).run(std::future::pending()),
+        Relay::new(h.source(&store, &config).await, sink.clone(), config)
+            .run(std::future::pending()),
     )
     .await
     .expect("the relay finishes although its sink panics");
@@ -1445,6 +1490,179 @@ pub async fn a_panicking_sink_costs_attempts_not_a_stuck_claim<H: Harness>(h: &H
     assert_eq!(
         (stats.delivered, stats.in_flight, stats.pending),
         (2, 0, 0),
+        "{stats:?}"
+    );
+}
+
+/// Two destinations by aggregate type (`hooks` for `h*`, `main` for the rest), a router over
+/// two recording sinks, and a relay over `h`'s source, running until the returned sender fires.
+async fn two_destination_relay<H: Harness>(
+    h: &H,
+    store: &Arc<H::Store>,
+    config: RelayConfig,
+) -> (
+    Arc<RecordingSink>,
+    Arc<RecordingSink>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<outbox_relay::RelayReport>,
+) {
+    use outbox_core::route::{Pattern, RouteRule, RouteTable};
+    let routes = RouteTable::new(
+        ["main", "hooks"],
+        vec![
+            RouteRule::to("hooks").aggregate_type(Pattern::parse("h*")),
+            RouteRule::to("main"),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let main = Arc::new(RecordingSink::new());
+    let hooks = Arc::new(RecordingSink::new());
+    let router = outbox_relay::router::Router::new(
+        routes.clone(),
+        vec![
+            (
+                "main".to_owned(),
+                main.clone() as Arc<dyn outbox_core::Sink>,
+            ),
+            (
+                "hooks".to_owned(),
+                hooks.clone() as Arc<dyn outbox_core::Sink>,
+            ),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let relay = Relay::new(h.source(store, &config).await, Arc::new(router), config)
+        .with_routes(Arc::new(routes));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    (main, hooks, tx, run)
+}
+
+fn typed_event(aggregate_type: &str, aggregate_id: &str, n: u64) -> NewEvent {
+    NewEvent::new(
+        aggregate_type,
+        aggregate_id,
+        "Numbered",
+        &serde_json::json!({ "aggregate": aggregate_id, "n": n }),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `outbox pause` while a relay runs: the paused destination's events wait (in the table) while
+/// the other destination's events flow, an aggregate with events for both keeps going on the
+/// other one, and after the resume the waiting events go out, in order.
+pub async fn a_paused_destination_waits_in_a_running_relay_while_others_flow<H: Harness>(h: &H) {
+    let store = h.fresh().await;
+    assert!(store.pause("hooks", "test").await.unwrap());
+    let (main, hooks, stop, run) = two_destination_relay(h, &store, relay_config("pauser")).await;
+    let mut events = Vec::new();
+    for n in 0..5 {
+        events.push(typed_event("main", "m", n));
+        events.push(typed_event("hook", "k", n));
+    }
+    h.enqueue(&store, &events).await;
+    wait_until("main's events", || main.distinct_delivered().len() == 5).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(hooks.delivered().is_empty(), "hooks is paused");
+    assert!(store.resume("hooks").await.unwrap());
+    wait_until("hooks' events after the resume", || {
+        hooks.distinct_delivered().len() == 5
+    })
+    .await;
+    let ns: Vec<u64> = hooks.delivered().iter().map(payload_n).collect();
+    assert_eq!(ns, [0, 1, 2, 3, 4], "in order, once each");
+    // Newer events of the resumed destination go after the ones that waited.
+    h.enqueue(&store, &[typed_event("hook", "k", 5)]).await;
+    wait_until("the newer one", || hooks.distinct_delivered().len() == 6).await;
+    assert!(check_first_delivery_order(&hooks.delivered()).is_empty());
+    stop.send(())
+        .unwrap_or_else(|_| panic!("the relay ended early"));
+    run.await.unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.delivered, stats.pending, stats.in_flight),
+        (11, 0, 0),
+        "{stats:?}"
+    );
+}
+
+/// Under `block`, a rejected event holds its aggregate; `outbox dead retry` while the relay
+/// runs sends it again, and it and the events held behind it go out in order, without a
+/// restart; other aggregates are never held.
+pub async fn a_requeued_dead_event_goes_out_while_the_relay_runs<H: Harness>(h: &H) {
+    let store = h.fresh().await;
+    let reject = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let rejecting = reject.clone();
+    let sink = Arc::new(RecordingSink::with_faults(Faults {
+        reject: Some(Arc::new(move |e: &outbox_core::Event| {
+            rejecting.load(std::sync::atomic::Ordering::SeqCst)
+                && e.aggregate_id == "p"
+                && payload_n(e) == 1
+        })),
+        ..Faults::default()
+    }));
+    let config = RelayConfig {
+        dead_letter: DeadLetterPolicy::Block,
+        ..relay_config("requeuer")
+    };
+    let relay = Relay::new(h.source(&store, &config).await, sink.clone(), config);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    let mut events = Vec::new();
+    for n in 0..4 {
+        events.push(numbered("p", n));
+        events.push(numbered("q", n));
+    }
+    h.enqueue(&store, &events).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = store.stats().await.unwrap();
+        if stats.dead == 1 && stats.delivered == 5 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let p: Vec<u64> = sink
+        .delivered()
+        .iter()
+        .filter(|e| e.aggregate_id == "p")
+        .map(payload_n)
+        .collect();
+    assert_eq!(p, [0], "p waits behind its dead event");
+    // The operator fixes the cause and requeues; the relay keeps running.
+    reject.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(store.requeue_dead(&DeadFilter::All).await.unwrap(), 1);
+    wait_until("p after the requeue", || {
+        sink.distinct_delivered().len() == 8
+    })
+    .await;
+    let p: Vec<u64> = sink
+        .delivered()
+        .iter()
+        .filter(|e| e.aggregate_id == "p")
+        .map(payload_n)
+        .collect();
+    assert_eq!(p, [0, 1, 2, 3], "in order, without a restart");
+    tx.send(())
+        .unwrap_or_else(|_| panic!("the relay ended early"));
+    run.await.unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.delivered, stats.dead, stats.pending),
+        (8, 0, 0),
         "{stats:?}"
     );
 }

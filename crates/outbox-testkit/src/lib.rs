@@ -11,6 +11,7 @@
 //! - [`TcpProxy`]: a loopback TCP proxy that can cut every connection, to play a database or a
 //!   broker going away and coming back.
 
+mod memory;
 mod proxy;
 
 use std::collections::{HashMap, HashSet};
@@ -23,6 +24,7 @@ use outbox_core::{Event, EventId, NewEvent, Outcome, Sink};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub use memory::{MemoryRow, MemorySource, MemoryState};
 pub use outbox_core::check_first_delivery_order;
 pub use proxy::TcpProxy;
 

@@ -275,13 +275,7 @@ impl WalSource {
     /// Call once the relay has returned: write back what is settled, confirm the position past
     /// it, and stop streaming. Returns what the stream did, or the error that stopped it.
     pub async fn shutdown(&self) -> Result<WalReport, WalError> {
-        let _ = self.inner.stop.send(true);
-        self.inner.write_signal.notify_one();
-        let tasks: Vec<JoinHandle<()>> =
-            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
-        for task in tasks {
-            let _ = task.await;
-        }
+        self.stop_tasks().await;
         if let Some(error) = self
             .inner
             .shared
@@ -293,6 +287,19 @@ impl WalSource {
             return Err(error);
         }
         Ok(self.inner.shared.counters.report())
+    }
+}
+
+impl WalSource {
+    /// Stop streaming and writing back (what waits is written first). Idempotent.
+    async fn stop_tasks(&self) {
+        let _ = self.inner.stop.send(true);
+        self.inner.write_signal.notify_one();
+        let tasks: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
     }
 }
 
@@ -672,6 +679,10 @@ impl Source for WalSource {
             }
             notified.await;
         }
+    }
+
+    async fn close(&self) {
+        self.stop_tasks().await;
     }
 
     fn exhausted(&self) -> bool {

@@ -12,7 +12,7 @@ use common::*;
 use outbox_core::{DeadFilter, Store};
 use outbox_relay::RelayConfig;
 use outbox_testkit::{Faults, RecordingSink, check_first_delivery_order, numbered};
-use outbox_wal::{Source, WalError};
+use outbox_wal::{Source, WalConfig, WalError};
 
 const BOTH: &[Source] = &[Source::Table, Source::Messages];
 
@@ -1456,4 +1456,126 @@ async fn oversized_payloads_are_dead_lettered_and_the_catch_up_pages_by_bytes() 
         }
     }
     fx.cleanup().await;
+}
+
+/// `delete_on_ack` (`retention.delivered = "0s"`; what `mark_delivered = false` now means):
+/// delivered rows are deleted, and a restart delivers nothing again — the old
+/// `mark_delivered = false` left them pending, so every start delivered them all a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_on_ack_leaves_nothing_to_deliver_again_after_a_restart() {
+    let mut fx = Fixture::new(&[Source::Table]).await;
+    fx.config.delete_on_ack = true;
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let events: Vec<_> = (0..1000)
+        .map(|n| numbered(&format!("a{}", n % 20), n / 20))
+        .collect();
+    fx.enqueue_table(&events).await;
+    wait_for("the events", Duration::from_secs(30), || {
+        sink.distinct_delivered().len() == 1000
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fx.status_counts().await != (0, 0, 0) {
+        assert!(Instant::now() < deadline, "{:?}", fx.status_counts().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    relay.stop().await;
+    // Started again (with the catch-up): nothing is delivered a second time.
+    let relay = start(
+        WalConfig {
+            catch_up: true,
+            ..fx.config.clone()
+        },
+        sink.clone(),
+    )
+    .ready()
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.stop().await;
+    assert_eq!(sink.delivered().len(), 1000, "no duplicates");
+    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
+    fx.cleanup().await;
+}
+
+/// The partitioned layout streams too: the publication publishes through the partitioned
+/// table's root, so inserts into any partition arrive as the outbox's, and the write-back marks
+/// them delivered there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioned_layout_streams() {
+    let pool = pool(4).await;
+    drop_stale_slots(&pool).await;
+    let name = format!("owt_{}_part", std::process::id());
+    let outbox = outbox_postgres::PgOutbox::partitioned(
+        &name,
+        "events",
+        outbox_postgres::Partitioning::default(),
+    )
+    .unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    outbox
+        .maintain_partitions(&pool, chrono::Utc::now())
+        .await
+        .unwrap();
+    let config = WalConfig {
+        schema: name.clone(),
+        table: "events".into(),
+        slot: name.clone(),
+        publication: name.clone(),
+        message_prefix: name.clone(),
+        status_interval: Duration::from_millis(100),
+        ..WalConfig::new(cluster_url())
+    };
+    outbox_wal::prepare(&config).await.unwrap();
+    let store = outbox_postgres::PgStore::new(pool.clone(), outbox.clone());
+    let sink = Arc::new(RecordingSink::new());
+    let relay_config = test_relay(&config);
+    let source = Arc::new(
+        outbox_wal::WalSource::start(config.clone(), store.clone(), &relay_config)
+            .await
+            .unwrap(),
+    );
+    let counters = source.counters();
+    let relay = outbox_relay::Relay::new(source.clone(), sink.clone(), relay_config);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    wait_for("streaming", Duration::from_secs(30), || {
+        counters.streaming()
+    })
+    .await;
+    let events: Vec<_> = (0..200)
+        .map(|n| numbered(&format!("p{}", n % 10), n / 10))
+        .collect();
+    let mut tx_db = pool.begin().await.unwrap();
+    outbox.enqueue_batch(&mut *tx_db, &events).await.unwrap();
+    tx_db.commit().await.unwrap();
+    wait_for(
+        "the partitioned outbox's events",
+        Duration::from_secs(30),
+        || sink.distinct_delivered().len() == 200,
+    )
+    .await;
+    assert!(
+        counters.report().claimed >= 200,
+        "from the stream, not the table: {:?}",
+        counters.report()
+    );
+    tx.send(()).unwrap();
+    run.await.unwrap();
+    source.shutdown().await.unwrap();
+    assert_eq!(store.stats().await.unwrap().delivered, 200);
+    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
+    let _ = outbox_wal::drop_slot(&config).await;
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP PUBLICATION IF EXISTS \"{name}\""
+    )))
+    .execute(&pool)
+    .await;
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{name}\" CASCADE"
+    )))
+    .execute(&pool)
+    .await;
 }

@@ -180,6 +180,11 @@ async fn child(args: &[String]) -> Res<()> {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(4),
+        poll_interval: std::env::var("WAL_BENCH_POLL_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis)
+            .unwrap_or(std::time::Duration::from_millis(100)),
         ..outbox_relay::RelayConfig::default()
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -450,6 +450,22 @@ pub(crate) async fn open_rows(
         .collect()
 }
 
+/// Whether a table claim bounded by `bound` would find anything: a pending row that is due, or
+/// a claim whose lease ran out. One index probe: what the relay asks instead of claiming while
+/// the table is idle.
+pub(crate) async fn any_due(pool: &PgPool, cfg: &WalConfig, bound: i64) -> Result<bool, WalError> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE seq <= $1
+           AND ((status = 'pending' AND next_attempt_at <= now())
+             OR (status = 'in_flight' AND lease_expires_at <= now())))",
+        outbox_table(cfg)
+    )))
+    .bind(bound)
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)
+}
+
 /// Which of `seqs` are already delivered or dead in the table.
 pub(crate) async fn already_done(
     pool: &PgPool,

@@ -201,6 +201,12 @@
 //! sends again that a table claim settled are skipped. A backlog present at start therefore
 //! drains at the speed of table claims; what is committed afterwards streams.
 //!
+//! While streaming, the table is claimed from every poll interval as long as it owns an
+//! aggregate (a retry waiting for its backoff, a dead event under `block`, events behind them);
+//! otherwise it is only asked, once a second and off the claim path, whether anything became due
+//! (an operator's `outbox dead retry` or `replay`, a lease that ran out), and claimed from when it
+//! has.
+//!
 //! ## Switching modes on a live outbox
 //!
 //! Polling → WAL (tested in `tests/wal.rs`, `mode_switch_polling_wal_polling`):
@@ -231,22 +237,28 @@
 //! ## Performance
 //!
 //! `examples/wal_bench.rs` runs the relay in a child process (its own CPU time and peak RSS) on
-//! a current-thread tokio runtime, 400-byte payloads, 1000 aggregates, on the 2-core development
-//! machine with PostgreSQL (the throwaway `wal_level=logical` cluster, `synchronous_commit=on`)
-//! and NATS on the same machine. Measured on 2026-11-23, one run each:
+//! a current-thread tokio runtime, 400-byte payloads, 1000 aggregates, batches of 1000, 4 in
+//! flight, on the 2-core development machine with PostgreSQL (the throwaway `wal_level=logical`
+//! cluster, `synchronous_commit=on`). Since the WAL engine became a source of the relay engine,
+//! measured on 2026-11-25 side by side with the last build of the separate WAL engine
+//! (`998c601^`), alternating runs in the same hour, to the in-process channel sink:
 //!
-//! | scenario | in-process sink | NATS JetStream (PubAck) |
+//! | scenario | one engine (this crate) | the former WAL engine |
 //! |---|---|---|
-//! | drain 100k backlog, table rows | 133k events/s, 4.2 µs CPU/event, 19 MB peak RSS | 41k events/s, 13.9 µs/event, 27 MB |
-//! | drain 100k backlog, logical messages | 242k events/s, 3.8 µs/event, 15 MB | 70k events/s, 11.8 µs/event, 28 MB |
-//! | 1,000 events/s, table rows, one event per transaction, 8 writers | commit→sink p50 0.14 ms, p99 0.93 ms; 42 µs CPU/event; 8 MB | p50 0.57 ms, p99 1.84 ms; 74 µs/event; 9 MB |
-//! | 1,000 events/s, logical messages | p50 0.13 ms, p99 0.58 ms; 28 µs/event; 8 MB | – |
-//! | 5,000 events/s, 16 writers, table rows (writers reached 4.8k/s) | p50 0.03 ms, p99 4.7 ms; 22 µs/event; 10 MB | (3.6k/s reached) p50 3.0 ms, p99 35 ms; 44 µs/event |
-//! | 5,000 events/s, 16 writers, logical messages | p50 0.12 ms, p99 2.0 ms; 22 µs/event; 10 MB | p50 1.4 ms, p99 22–29 ms; 42 µs/event |
+//! | drain 100k, table rows (3 runs) | 48–56k events/s, 6.1–8.8 µs CPU/event, 27–32 MB | 53–59k events/s, 6.2–7.3 µs/event, 17–18 MB |
+//! | drain 100k, logical messages (3 runs) | 80–111k events/s, 5.9–9.5 µs/event, 21–28 MB | 80–90k events/s, 6.6–7.8 µs/event, 14 MB |
+//! | drain 100k, table rows, `delete_on_ack` (former: `mark_delivered = false`) | 58k events/s, 8.9 µs/event, 16 MB | 58k events/s, 6.4 µs/event, 16 MB |
+//! | 500 events/s, table rows, 8 writers (2 runs) | commit→sink p50 0.19–0.26 ms, p99 0.87–1.19 ms; 58–80 µs CPU/event; 10 MB | p50 0.21–0.23 ms, p99 1.15–1.65 ms; 64–90 µs/event; 10 MB |
 //!
-//! With NATS at 5,000 events/s the two cores are shared by 16 writers, PostgreSQL, the NATS
-//! server and the relay; the p99 is queueing for CPU, and raising the sink calls in flight from 4
-//! to 16 (`WAL_BENCH_IN_FLIGHT=16`) moved it from 29 ms to 22 ms.
+//! Earlier figures of the former engine on this machine (2026-11-23: 133k events/s for table
+//! rows, 242k for messages) are not reproduced by the same binary today (53–59k and 80–90k);
+//! compare within one session only. Two things kept the one engine from this parity at first:
+//! each claim rebuilt the whole list of waiting events (now one queue per aggregate and an
+//! ordered set of the aggregates that may go, so a claim costs what it takes), and a claim query
+//! on the idle table every poll interval in front of the stream's claims (p99 4 ms at 500/s; now
+//! an idle table is only asked, off the claim path, once a second whether anything is due). The
+//! rest of the CPU difference is the engine's per-batch work (futures, lanes, settlement) and
+//! the copy of each logical message kept to hand it back as a row if it fails.
 //!
 //! At a trickle the CPU per event is the fixed cost of waking up per transaction (the socket
 //! read, the replication worker's channel hand-off, the session task, the sink call: runtime

@@ -49,6 +49,12 @@ const WRITE_DELAY: Duration = Duration::from_millis(20);
 /// discarded the dead event that held one).
 const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 
+/// How often an idle table (it owns no aggregate and had nothing at the last claim: only an
+/// operator's requeue or replay, or a lease running out, can give it events then) is asked,
+/// off the claim path, whether it has anything due. Claiming from it at every poll put a claim
+/// query in front of the stream's claims: at 500 events/s that tripled the stream's p99.
+const IDLE_TABLE_EVERY: Duration = Duration::from_secs(1);
+
 /// What the stream task and the source share.
 pub(crate) struct Shared {
     state: Mutex<State>,
@@ -154,6 +160,8 @@ struct TableTurn {
     reconciled: Option<Instant>,
     /// The table had nothing due at the last look.
     empty: bool,
+    /// The idle table's watch found something due: claim from it at the next turn.
+    due_seen: bool,
 }
 
 /// The replication stream as a [`Source`]: hand it to `outbox_relay::Relay` and the engine
@@ -247,12 +255,13 @@ impl WalSource {
             relay.dead_letter,
             stop_rx.clone(),
         ));
-        let writer = tokio::spawn(write_loop(inner.clone(), stop_rx));
+        let writer = tokio::spawn(write_loop(inner.clone(), stop_rx.clone()));
+        let watcher = tokio::spawn(watch_table(inner.clone(), stop_rx));
         inner
             .tasks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .extend([streamer, writer]);
+            .extend([streamer, writer, watcher]);
         Ok(WalSource { inner })
     }
 
@@ -310,6 +319,13 @@ impl Drop for WalSource {
 }
 
 impl Inner {
+    fn table_due_seen(&self) -> bool {
+        self.table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .due_seen
+    }
+
     /// Queue writes for the writer task, and wake it: when the queue was empty (so it starts
     /// its delay) or is full (so it writes at once).
     fn queue(&self, f: impl FnOnce(&mut Writes)) {
@@ -475,12 +491,17 @@ impl Source for WalSource {
             return Ok(empty());
         }
         inner.reconcile().await;
-        let stream_waiting = inner.shared.state().has_waiting();
+        let (stream_waiting, table_idle) = {
+            let state = inner.shared.state();
+            (state.has_ready(), state.owned_count() == 0)
+        };
         let table_turn = {
             let turn = inner.table.lock().unwrap_or_else(|p| p.into_inner());
+            // An idle table is claimed from only once its watch saw something due.
+            let idle = turn.empty && table_idle && !turn.due_seen;
             let due = turn
                 .last
-                .is_none_or(|at| turn.full || at.elapsed() >= inner.poll_interval);
+                .is_none_or(|at| turn.full || (!idle && at.elapsed() >= inner.poll_interval));
             due && !(turn.was_table && stream_waiting)
         };
         if table_turn {
@@ -489,6 +510,7 @@ impl Source for WalSource {
             turn.last = Some(Instant::now());
             turn.full = claim.events.len() >= request.limit as usize;
             turn.empty = claim.events.is_empty();
+            turn.due_seen = false;
             if !claim.events.is_empty() {
                 turn.was_table = true;
                 return Ok(claim);
@@ -674,7 +696,9 @@ impl Source for WalSource {
         let inner = &self.inner;
         loop {
             let notified = inner.shared.work.notified();
-            if inner.shared.is_leading() && inner.shared.state().has_waiting() {
+            if inner.shared.is_leading()
+                && (inner.shared.state().has_ready() || inner.table_due_seen())
+            {
                 return;
             }
             notified.await;
@@ -728,6 +752,47 @@ impl WalSource {
             }
         }
         state.end_table_lease(&lease.token, seqs);
+    }
+}
+
+/// The idle table's watch: every [`IDLE_TABLE_EVERY`], while the table is idle, ask it whether a
+/// claim would find anything, and wake the relay when it would.
+async fn watch_table(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(IDLE_TABLE_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let bound = {
+            let state = inner.shared.state();
+            let idle = state.owned_count() == 0 && {
+                let turn = inner.table.lock().unwrap_or_else(|p| p.into_inner());
+                turn.empty && !turn.due_seen
+            };
+            if !idle || !inner.shared.is_leading() {
+                continue;
+            }
+            state.table_bound(inner.cfg.captures(Capture::Table))
+        };
+        if bound <= 0 {
+            continue;
+        }
+        match db::any_due(&inner.pool, &inner.cfg, bound).await {
+            Ok(true) => {
+                inner
+                    .table
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .due_seen = true;
+                inner.shared.work.notify_one();
+            }
+            Ok(false) => {}
+            // The next claim's turn finds the database down and says so; not the watch's job.
+            Err(error) => tracing::debug!(%error, "Could not ask the table for due rows."),
+        }
     }
 }
 

@@ -59,6 +59,8 @@ pub(crate) struct Item {
     /// A table row the table may have settled already (see the module docs): check it before
     /// publishing.
     pub check: bool,
+    /// Its place in stream order (counts every event decoded).
+    arrival: u64,
 }
 
 impl Item {
@@ -94,6 +96,14 @@ struct Tx {
     open: u64,
 }
 
+/// The events of one aggregate waiting to be claimed, in stream order.
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
+    /// Its key in [`State::ready`] while it is there.
+    ready_at: Option<u64>,
+}
+
 /// What [`State::take`] decided for the events waiting.
 #[derive(Default)]
 pub(crate) struct Taken {
@@ -117,8 +127,15 @@ pub(crate) struct State {
     pub commit_time: Option<chrono::DateTime<chrono::Utc>>,
     /// The newest position that may be confirmed.
     ack: Lsn,
-    /// Decoded, not yet claimed, in stream order.
-    waiting: VecDeque<Item>,
+    /// Decoded, not yet claimed: per aggregate, in stream order.
+    waiting: HashMap<AggregateKey, Queue>,
+    /// The aggregates with events waiting and none out, by the arrival of their first waiting
+    /// event: a claim takes from the front, so it costs what it takes, not what waits.
+    ready: BTreeMap<u64, AggregateKey>,
+    /// How many events wait.
+    waiting_count: usize,
+    /// The arrival number of the next event decoded.
+    arrivals: u64,
     /// Stream events claimed and not settled, per aggregate.
     out: HashMap<AggregateKey, u32>,
     /// Stream leases: what each claimed event is.
@@ -150,7 +167,10 @@ impl State {
             current_tx: None,
             commit_time: None,
             ack: Lsn::ZERO,
-            waiting: VecDeque::new(),
+            waiting: HashMap::new(),
+            ready: BTreeMap::new(),
+            waiting_count: 0,
+            arrivals: 0,
             out: HashMap::new(),
             leases: HashMap::new(),
             held: BTreeMap::new(),
@@ -170,8 +190,12 @@ impl State {
     /// and are checked.
     pub fn begin_session(&mut self, confirmed: Lsn) {
         self.epoch += 1;
-        for item in std::mem::take(&mut self.waiting) {
-            self.forget(&item);
+        self.ready.clear();
+        self.waiting_count = 0;
+        for (_, queue) in std::mem::take(&mut self.waiting) {
+            for item in &queue.items {
+                self.forget(item);
+            }
         }
         self.txs.clear();
         self.tx_base = 0;
@@ -305,7 +329,9 @@ impl State {
         }
         self.buffered_events += 1;
         self.buffered_bytes += bytes;
-        self.waiting.push_back(Item {
+        let arrival = self.arrivals;
+        self.arrivals += 1;
+        let item = Item {
             event,
             origin,
             tx,
@@ -313,17 +339,50 @@ impl State {
             bytes,
             dead,
             check,
-        });
+            arrival,
+        };
+        let aggregate = item.aggregate();
+        self.waiting_count += 1;
+        match self.waiting.get_mut(&aggregate) {
+            Some(queue) => queue.items.push_back(item),
+            None => {
+                let mut queue = Queue::default();
+                queue.items.push_back(item);
+                self.waiting.insert(aggregate.clone(), queue);
+                self.make_ready(&aggregate);
+            }
+        }
+    }
+
+    /// Put `aggregate` among the ready ones if events of it wait and none is out.
+    fn make_ready(&mut self, aggregate: &AggregateKey) {
+        if self.out.contains_key(aggregate) {
+            return;
+        }
+        if let Some(queue) = self.waiting.get_mut(aggregate)
+            && queue.ready_at.is_none()
+            && let Some(head) = queue.items.front()
+        {
+            queue.ready_at = Some(head.arrival);
+            self.ready.insert(head.arrival, aggregate.clone());
+        }
     }
 
     /// Whether anything waits to be claimed.
+    #[cfg(test)]
     pub fn has_waiting(&self) -> bool {
-        !self.waiting.is_empty()
+        self.waiting_count > 0
+    }
+
+    /// Whether a claim would find something to do: an event of an aggregate with nothing out
+    /// (to take, hand back or bury). Events waiting behind ones out are not.
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     /// Nothing held: every event decoded was settled.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty()
+        self.waiting_count == 0
             && self.out.is_empty()
             && self.held.is_empty()
             && self.buffered_events == 0
@@ -350,7 +409,7 @@ impl State {
     pub fn summary(&self) -> String {
         format!(
             "waiting {}, out {}, stream leases {}, held {} (lowest {:?}), seen {}, check {}, owned {}, buffered {}",
-            self.waiting.len(),
+            self.waiting_count,
             self.out.values().sum::<u32>(),
             self.leases.len(),
             self.held.len(),
@@ -464,67 +523,102 @@ impl State {
     ) -> Taken {
         let mut taken = Taken::default();
         let mut lease: HashMap<i64, Out> = HashMap::new();
-        let mut kept = VecDeque::with_capacity(self.waiting.len());
-        let mut blocked: HashSet<AggregateKey> = HashSet::new();
         let mut bytes: u64 = 0;
         let mut in_batch: HashMap<AggregateKey, u32> = HashMap::new();
-        let waiting = std::mem::take(&mut self.waiting);
-        for item in waiting {
-            let full =
-                taken.batch.len() >= limit || (!taken.batch.is_empty() && bytes >= max_bytes);
-            if item.dead.is_some() {
-                taken.dead.push(item);
+        // The ready aggregate whose first waiting event came first holds the next event in
+        // stream order among those that may go; an aggregate taken from goes back in at its
+        // next event, so a batch may hold several events of one aggregate, in order.
+        'claim: while let Some((_, aggregate)) = self.ready.pop_first() {
+            let Some(mut queue) = self.waiting.remove(&aggregate) else {
                 continue;
+            };
+            queue.ready_at = None;
+            let mut blocked = false;
+            while let Some(item) = queue.items.pop_front() {
+                if item.dead.is_some() {
+                    self.waiting_count -= 1;
+                    taken.dead.push(item);
+                    continue;
+                }
+                if self.owns(&aggregate) {
+                    self.waiting_count -= 1;
+                    self.hand_back(item, aggregate.clone(), &mut taken, false);
+                    continue;
+                }
+                let paused = hold.is_some_and(|h| {
+                    h.routes
+                        .resolve_event(&item.event)
+                        .is_some_and(|d| h.paused.iter().any(|p| p == d))
+                });
+                if paused {
+                    self.waiting_count -= 1;
+                    self.hand_back(item, aggregate.clone(), &mut taken, true);
+                    continue;
+                }
+                let full =
+                    taken.batch.len() >= limit || (!taken.batch.is_empty() && bytes >= max_bytes);
+                if full {
+                    queue.items.push_front(item);
+                    self.put_back(aggregate, queue);
+                    break 'claim;
+                }
+                if lease.contains_key(&item.event.seq) {
+                    // The same row twice in one claim: the second waits for the first.
+                    queue.items.push_front(item);
+                    blocked = true;
+                    break;
+                }
+                self.waiting_count -= 1;
+                bytes = bytes.saturating_add(item.event.payload.len() as u64);
+                if item.check {
+                    taken.check.push(item.event.seq);
+                }
+                *in_batch.entry(aggregate.clone()).or_insert(0) += 1;
+                lease.insert(
+                    item.event.seq,
+                    Out {
+                        origin: item.origin,
+                        tx: item.tx,
+                        epoch: item.epoch,
+                        bytes: item.bytes,
+                        aggregate: aggregate.clone(),
+                        event: (item.origin == Origin::Message).then(|| item.event.clone()),
+                    },
+                );
+                taken.batch.push(item.event);
+                break;
             }
-            let aggregate = item.aggregate();
-            if blocked.contains(&aggregate) {
-                kept.push_back(item);
-                continue;
+            if blocked {
+                self.waiting.insert(aggregate, queue);
+            } else {
+                self.put_back(aggregate, queue);
             }
-            if self.owns(&aggregate) {
-                self.hand_back(item, aggregate, &mut taken, false);
-                continue;
-            }
-            let paused = hold.is_some_and(|h| {
-                h.routes
-                    .resolve_event(&item.event)
-                    .is_some_and(|d| h.paused.iter().any(|p| p == d))
-            });
-            if paused {
-                self.hand_back(item, aggregate, &mut taken, true);
-                continue;
-            }
-            if full || self.out.contains_key(&aggregate) || lease.contains_key(&item.event.seq) {
-                blocked.insert(aggregate);
-                kept.push_back(item);
-                continue;
-            }
-            bytes = bytes.saturating_add(item.event.payload.len() as u64);
-            if item.check {
-                taken.check.push(item.event.seq);
-            }
-            *in_batch.entry(aggregate.clone()).or_insert(0) += 1;
-            lease.insert(
-                item.event.seq,
-                Out {
-                    origin: item.origin,
-                    tx: item.tx,
-                    epoch: item.epoch,
-                    bytes: item.bytes,
-                    aggregate,
-                    event: (item.origin == Origin::Message).then(|| item.event.clone()),
-                },
-            );
-            taken.batch.push(item.event);
         }
-        self.waiting = kept;
+        // What went out is not ready until it settles.
         for (aggregate, n) in in_batch {
+            if let Some(at) = self
+                .waiting
+                .get_mut(&aggregate)
+                .and_then(|q| q.ready_at.take())
+            {
+                self.ready.remove(&at);
+            }
             *self.out.entry(aggregate).or_insert(0) += n;
         }
         if !lease.is_empty() {
             self.leases.insert(token, lease);
         }
         taken
+    }
+
+    /// Return an aggregate's queue after a claim looked at it: ready again at its next event.
+    fn put_back(&mut self, aggregate: AggregateKey, mut queue: Queue) {
+        let Some(head) = queue.items.front() else {
+            return;
+        };
+        queue.ready_at = Some(head.arrival);
+        self.ready.insert(head.arrival, aggregate.clone());
+        self.waiting.insert(aggregate, queue);
     }
 
     /// An event of an aggregate the table owns (or of a paused destination) goes to the table:
@@ -601,6 +695,7 @@ impl State {
                 *n -= 1;
                 if *n == 0 {
                     self.out.remove(&out.aggregate);
+                    self.make_ready(&out.aggregate);
                 }
             }
         }
@@ -860,5 +955,94 @@ mod tests {
         s.push(event("y", 2), Origin::Table, false, None, None);
         let (_, again) = take(&mut s);
         assert_eq!(again.check, [2]);
+    }
+
+    /// What a claim takes, by the plain definition: scan every waiting event in stream order;
+    /// an aggregate with an event out, or one passed over in this claim, is passed over.
+    struct Reference {
+        waiting: Vec<(String, i64)>,
+        out: HashMap<String, u32>,
+    }
+
+    impl Reference {
+        fn take(&mut self, limit: usize) -> Vec<(String, i64)> {
+            let mut taken = Vec::new();
+            let mut kept = Vec::new();
+            let mut blocked = HashSet::new();
+            for (agg, seq) in std::mem::take(&mut self.waiting) {
+                if blocked.contains(&agg) || self.out.contains_key(&agg) || taken.len() >= limit {
+                    blocked.insert(agg.clone());
+                    kept.push((agg, seq));
+                } else {
+                    taken.push((agg, seq));
+                }
+            }
+            for (agg, _) in &taken {
+                *self.out.entry(agg.clone()).or_insert(0) += 1;
+            }
+            self.waiting = kept;
+            taken
+        }
+    }
+
+    proptest::proptest! {
+        /// Claims cost what they take, not what waits (per-aggregate queues), and take exactly
+        /// what the plain scan over every waiting event takes, in the same order.
+        #[test]
+        fn claims_take_what_a_scan_of_everything_waiting_would(
+            ops in proptest::collection::vec((0u8..3, 0u8..6, 1usize..5), 1..120)
+        ) {
+            let mut s = state();
+            let mut reference = Reference { waiting: Vec::new(), out: HashMap::new() };
+            let mut leases: Vec<(Uuid, Vec<i64>, Vec<String>)> = Vec::new();
+            let mut seq = 0;
+            s.begin(Utc::now());
+            for (op, agg, n) in ops {
+                match op {
+                    0 => {
+                        for _ in 0..n {
+                            seq += 1;
+                            let agg = format!("g{agg}");
+                            s.push(event(&agg, seq), Origin::Table, true, None, None);
+                            reference.waiting.push((agg, seq));
+                        }
+                    }
+                    1 => {
+                        let token = Uuid::now_v7();
+                        let taken = s.take(n, u64::MAX, None, token);
+                        let got: Vec<(String, i64)> = taken
+                            .batch
+                            .iter()
+                            .map(|e| (e.aggregate_id.clone(), e.seq))
+                            .collect();
+                        let want = reference.take(n);
+                        proptest::prop_assert_eq!(&got, &want);
+                        if !got.is_empty() {
+                            leases.push((
+                                token,
+                                got.iter().map(|(_, q)| *q).collect(),
+                                got.iter().map(|(a, _)| a.clone()).collect(),
+                            ));
+                        }
+                    }
+                    _ => {
+                        if !leases.is_empty() {
+                            let (token, seqs, aggs) = leases.remove(usize::from(agg) % leases.len());
+                            for (q, out) in s.settle_out(&token, seqs) {
+                                s.finish_out(q, &out);
+                            }
+                            for a in aggs {
+                                let n = reference.out.get_mut(&a).expect("out");
+                                *n -= 1;
+                                if *n == 0 {
+                                    reference.out.remove(&a);
+                                }
+                            }
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(s.has_waiting(), !reference.waiting.is_empty());
+            }
+        }
     }
 }

@@ -409,7 +409,7 @@ async fn stream_loop(
                         next = client.recv().now_or_never();
                     }
                 }
-                let waiting = state.has_waiting();
+                let waiting = state.has_ready();
                 drop(state);
                 if waiting {
                     shared.work.notify_one();

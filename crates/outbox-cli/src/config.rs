@@ -635,6 +635,19 @@ pub fn validate_for(config: &Config, need: Need) -> Result<(), ConfigError> {
             outbox_core::humantime_duration::format_duration(config.relay.publish_timeout),
         )));
     }
+    let effective = config.effective_destinations();
+    for name in config.relay.dead_after_unavailable_for.keys() {
+        if !effective.contains_key(name) {
+            let known: Vec<&str> = effective.keys().map(String::as_str).collect();
+            let hint = nearest(name, &known)
+                .map(|s| format!("; did you mean `{s}`?"))
+                .unwrap_or_default();
+            return Err(ConfigError(format!(
+                "`relay.dead_after_unavailable_for` names `{name}`, which is not a destination{hint} (destinations: {})",
+                known.join(", ")
+            )));
+        }
+    }
     for name in config.destinations.keys() {
         if name.is_empty()
             || !name
@@ -951,5 +964,55 @@ mod example {
         );
         assert_eq!(routes.resolve("X", "y", Some("audit.log")), Some("kafka"));
         assert_eq!(routes.resolve("X", "y", None), Some("events"));
+    }
+
+    #[test]
+    fn dead_after_unavailable_for_names_a_destination() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outbox.toml");
+        std::fs::write(
+            &path,
+            r#"
+[database]
+url = "sqlite://outbox.db"
+[relay]
+dead_after_unavailable = "1h"
+[relay.dead_after_unavailable_for]
+hooks = "15m"
+[destinations.hook]
+type = "stdout"
+"#,
+        )
+        .unwrap();
+        let err = crate::config::load(Some(&path), figment::Figment::new())
+            .unwrap_err()
+            .0;
+        assert!(
+            err.contains("`hooks`, which is not a destination; did you mean `hook`?"),
+            "{err}"
+        );
+        std::fs::write(
+            &path,
+            r#"
+[database]
+url = "sqlite://outbox.db"
+[relay]
+dead_after_unavailable = "1h"
+[relay.dead_after_unavailable_for]
+hook = "15m"
+[destinations.hook]
+type = "stdout"
+"#,
+        )
+        .unwrap();
+        let config = crate::config::load(Some(&path), figment::Figment::new()).unwrap();
+        assert_eq!(
+            config.relay.unavailable_limit("hook"),
+            Some(std::time::Duration::from_secs(900))
+        );
+        assert_eq!(
+            config.relay.unavailable_limit("other"),
+            Some(std::time::Duration::from_secs(3600))
+        );
     }
 }

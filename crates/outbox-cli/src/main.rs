@@ -776,6 +776,7 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| ConfigError(format!("{} is not ready: {e}", store.describe())))?;
     let (sink, routes) = sinks::build(&config).await?;
+    let destinations = observe::DestinationsView::default();
     if let Some(listen) = config.metrics.listen {
         observe::serve(
             listen,
@@ -783,6 +784,7 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
             dyn_store.clone(),
             sink.clone(),
             routes.clone(),
+            destinations.clone(),
         )
         .await?;
     }
@@ -817,6 +819,7 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
                 .map_err(wal_error)?,
         );
         let relay = Relay::new(source.clone(), sink, config.relay.clone()).with_routes(routes);
+        let _ = destinations.set(relay.destinations());
         let report = relay.run(shutdown_signal()).await;
         if let Some(task) = retention {
             task.abort();
@@ -834,6 +837,7 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let relay = Relay::new(dyn_store, sink, config.relay.clone()).with_routes(routes);
+    let _ = destinations.set(relay.destinations());
     let report = relay.run(shutdown_signal()).await;
     if let Some(task) = retention {
         task.abort();

@@ -1,5 +1,13 @@
-//! The relay's HTTP side for operators: Prometheus `/metrics`, `/healthz` (the process is up)
-//! and `/readyz` (the database answers with a current schema, and the sink is reachable).
+//! The relay's HTTP side for operators: Prometheus `/metrics`, `/healthz` (the process is up),
+//! `/readyz` (the database answers with a current schema) and `/destinations` (JSON: each
+//! destination up or down, since when, the last error, whether it is reachable now).
+//!
+//! `/readyz` does not depend on the destinations. A relay whose broker is down is doing its job
+//! (the events wait in the database, in order, costing at most one attempt) and restarting it would not
+//! bring the broker back; an orchestrator that restarts unready pods would only add restarts to
+//! an outage. What is down shows in `/destinations`, in `outbox_destination_failing` and
+//! `outbox_destination_down_since_seconds`, and in the relay's log (one line when an outage
+//! starts, one when it ends).
 //!
 //! Counters and histograms are recorded by the relay engine through the `metrics` facade as it
 //! works; the backlog gauges (pending, in flight, dead, oldest pending age) are refreshed from
@@ -23,9 +31,14 @@ use crate::config::ConfigError;
 struct Probe {
     metrics: PrometheusHandle,
     readiness: Arc<Readiness>,
+    destinations: DestinationsView,
 }
 
-/// The answer of `/readyz`, worked out at most once per [`Readiness::FRESH_FOR`].
+/// The relay's view of its destinations, set once the relay exists (the endpoint starts first).
+pub type DestinationsView = Arc<std::sync::OnceLock<outbox_relay::Destinations>>;
+
+/// The answers of `/readyz` and of `/destinations`' reachability, worked out at most once per
+/// [`Readiness::FRESH_FOR`].
 ///
 /// A check queries the database and asks every sink; done per request, anyone who can reach the
 /// port could make the relay hammer its database and brokers (and concurrent probes would each
@@ -35,7 +48,15 @@ struct Probe {
 pub struct Readiness {
     store: Arc<dyn Store>,
     sink: Arc<dyn Sink>,
-    last: tokio::sync::Mutex<Option<(std::time::Instant, StatusCode, String)>>,
+    last: tokio::sync::Mutex<Option<(std::time::Instant, Checked)>>,
+}
+
+/// One check's findings.
+#[derive(Clone)]
+struct Checked {
+    ready: (StatusCode, String),
+    /// The destinations the sink check named unreachable (every one, if it named none).
+    unreachable: Vec<String>,
 }
 
 impl Readiness {
@@ -51,51 +72,60 @@ impl Readiness {
         }
     }
 
-    /// The status and body of `/readyz`.
+    /// The status and body of `/readyz`: the database only (see the module docs).
     pub async fn answer(&self) -> (StatusCode, String) {
-        let mut last = self.last.lock().await;
-        if let Some((at, status, body)) = last.as_ref()
-            && at.elapsed() < Self::FRESH_FOR
-        {
-            return (*status, body.clone());
-        }
-        let (status, body) = self.check().await;
-        *last = Some((std::time::Instant::now(), status, body.clone()));
-        (status, body)
+        self.checked().await.ready
     }
 
-    async fn check(&self) -> (StatusCode, String) {
-        if let Err(error) = self.store.check().await {
-            tracing::warn!(%error, "Not ready: the database does not answer or its schema is not current.");
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "database not ready (see the relay's log)\n".to_owned(),
-            );
+    /// The destinations a sink check found unreachable (`*` alone: the sink, not naming any).
+    pub async fn unreachable(&self) -> Vec<String> {
+        self.checked().await.unreachable
+    }
+
+    async fn checked(&self) -> Checked {
+        let mut last = self.last.lock().await;
+        if let Some((at, checked)) = last.as_ref()
+            && at.elapsed() < Self::FRESH_FOR
+        {
+            return checked.clone();
         }
-        if let Err(error) = self.sink.check().await {
-            let error = outbox_core::redact::redact_in_text(&error.to_string());
-            tracing::warn!(sink = self.sink.name(), %error, "Not ready: a destination is not reachable.");
-            // The router names each failing destination as "destination `NAME`".
-            let names: Vec<&str> = error
-                .split("destination `")
-                .skip(1)
-                .filter_map(|rest| rest.split('`').next())
-                .collect();
-            let what = if names.is_empty() {
-                format!("sink `{}`", self.sink.name())
-            } else {
-                names
-                    .iter()
-                    .map(|n| format!("destination `{n}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("{what} not ready (see the relay's log)\n"),
-            );
-        }
-        (StatusCode::OK, "ready\n".to_owned())
+        let checked = self.check().await;
+        *last = Some((std::time::Instant::now(), checked.clone()));
+        checked
+    }
+
+    async fn check(&self) -> Checked {
+        let (store, sink) = tokio::join!(self.store.check(), self.sink.check());
+        let ready = match store {
+            Err(error) => {
+                tracing::warn!(%error, "Not ready: the database does not answer or its schema is not current.");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database not ready (see the relay's log)\n".to_owned(),
+                )
+            }
+            Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+        };
+        let unreachable = match sink {
+            Ok(()) => Vec::new(),
+            Err(error) => {
+                let error = outbox_core::redact::redact_in_text(&error.to_string());
+                tracing::debug!(sink = self.sink.name(), %error, "A destination is not reachable.");
+                // The router names each failing destination as "destination `NAME`".
+                let names: Vec<String> = error
+                    .split("destination `")
+                    .skip(1)
+                    .filter_map(|rest| rest.split('`').next())
+                    .map(str::to_owned)
+                    .collect();
+                if names.is_empty() {
+                    vec![self.sink.name().to_owned()]
+                } else {
+                    names
+                }
+            }
+        };
+        Checked { ready, unreachable }
     }
 }
 
@@ -107,6 +137,7 @@ pub async fn serve(
     store: Arc<dyn Store>,
     sink: Arc<dyn Sink>,
     routes: Arc<RouteTable>,
+    destinations: DestinationsView,
 ) -> Result<SocketAddr, ConfigError> {
     let metrics = PrometheusBuilder::new()
         .set_buckets(&[
@@ -127,16 +158,18 @@ pub async fn serve(
         .route("/metrics", get(render))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .route("/destinations", get(destinations_json))
         .with_state(Probe {
             metrics,
             readiness: Arc::new(Readiness::new(store, sink)),
+            destinations,
         });
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "The metrics endpoint stopped.");
         }
     });
-    tracing::info!(%bound, "Serving /metrics, /healthz and /readyz.");
+    tracing::info!(%bound, "Serving /metrics, /healthz, /readyz and /destinations.");
     Ok(bound)
 }
 
@@ -148,11 +181,23 @@ fn describe() {
     );
     describe_counter!(
         "outbox_events_failed_total",
-        "Publish attempts that failed (retryable or rejected)."
+        "Publish calls that failed for an event (unavailable, retryable or rejected)."
     );
     describe_counter!(
         "outbox_events_retried_total",
-        "Failed publish attempts scheduled for a retry."
+        "Failed publish attempts scheduled for a retry (counted toward max_attempts)."
+    );
+    describe_counter!(
+        "outbox_events_unavailable_total",
+        "Events that met their destination unavailable and wait for it (at most one attempt counted)."
+    );
+    describe_gauge!(
+        "outbox_destination_failing",
+        "1 while the destination is left alone for a cooldown after failed calls."
+    );
+    describe_gauge!(
+        "outbox_destination_down_since_seconds",
+        "Unix time of the first call the destination did not answer in the current outage; 0 when up."
     );
     describe_counter!(
         "outbox_events_dead_total",
@@ -349,6 +394,27 @@ async fn ready(State(probe): State<Probe>) -> (StatusCode, String) {
     probe.readiness.answer().await
 }
 
+/// `/destinations`: the relay's view of each destination (up, failing, since when, last error,
+/// URLs without credentials) and whether a check reaches it now.
+async fn destinations_json(State(probe): State<Probe>) -> axum::Json<serde_json::Value> {
+    let unreachable = probe.readiness.unreachable().await;
+    let states = probe
+        .destinations
+        .get()
+        .map(outbox_relay::Destinations::snapshot)
+        .unwrap_or_default();
+    let list: Vec<serde_json::Value> = states
+        .into_iter()
+        .map(|d| {
+            let reachable = !unreachable.contains(&d.destination);
+            let mut value = serde_json::to_value(&d).unwrap_or_default();
+            value["reachable"] = serde_json::Value::Bool(reachable);
+            value
+        })
+        .collect();
+    axum::Json(serde_json::json!({ "destinations": list }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,7 +441,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn readiness_is_checked_once_per_second_and_hides_the_error() {
+    async fn readiness_is_checked_once_per_second_and_a_down_sink_leaves_it_ready() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
         let store = outbox_sqlite::SqliteStore::connect(&url, outbox_sqlite::SqliteOutbox::new())
@@ -391,8 +457,17 @@ mod tests {
         .await;
         assert_eq!(sink.0.load(Ordering::SeqCst), 1, "50 probes, one check");
         for (status, body) in answers {
-            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-            assert_eq!(body, "sink `counting` not ready (see the relay's log)\n");
+            assert_eq!(
+                (status, body.as_str()),
+                (StatusCode::OK, "ready\n"),
+                "the database answers: ready, whatever the broker does"
+            );
         }
+        assert_eq!(readiness.unreachable().await, ["counting"]);
+        assert_eq!(
+            sink.0.load(Ordering::SeqCst),
+            1,
+            "served from the same check"
+        );
     }
 }

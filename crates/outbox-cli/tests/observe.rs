@@ -162,7 +162,8 @@ fn metric_with(body: &str, name: &str, label: &str) -> f64 {
 
 /// Per-destination counters and gauges move with what happens to each destination's events:
 /// published on one, failed → retried → delivered and a rejected one dead on another; pausing
-/// shows in the gauge; a destination whose broker is unreachable makes `/readyz` say which.
+/// shows in the gauge; a destination whose broker is unreachable leaves `/readyz` ready and shows
+/// in `/destinations`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_destination_metrics_and_sink_readiness() {
     use axum::extract::State;
@@ -316,8 +317,13 @@ to = "ok"
         "6 × 503 + the 400: {body}"
     );
     assert_eq!(
-        metric_with(&body, "outbox_events_retried_total", hook_label),
+        metric_with(&body, "outbox_events_unavailable_total", hook_label),
         6.0,
+        "503 is the receiver not serving, not a failed attempt: {body}"
+    );
+    assert_eq!(
+        metric_with(&body, "outbox_events_retried_total", hook_label),
+        0.0,
         "{body}"
     );
     assert_eq!(
@@ -368,7 +374,8 @@ to = "ok"
     }
     drop(relay);
 
-    // A destination whose broker is unreachable: the process is up, not ready, and says which.
+    // A destination whose broker is unreachable: the relay is ready (restarting it would not
+    // help), and `/destinations` says which one is unreachable.
     write(true);
     let port2 = free_port();
     let _relay = Killed(
@@ -388,6 +395,29 @@ to = "ok"
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (status, body) = get(port2, "/readyz").await.unwrap();
-    assert_eq!(status, 503, "{body}");
-    assert!(body.contains("destination `nats`"), "{body}");
+    assert_eq!(status, 200, "{body}");
+    // The relay's view is there once the relay is built, right after the endpoint starts.
+    let (body, json) = loop {
+        let (status, body) = get(port2, "/destinations").await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if json["destinations"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty())
+        {
+            break (body, json);
+        }
+        assert!(Instant::now() < deadline, "no destinations: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let reachable = |name: &str| {
+        json["destinations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["destination"] == name)
+            .map(|d| d["reachable"].clone())
+    };
+    assert_eq!(reachable("nats"), Some(serde_json::json!(false)), "{body}");
+    assert_eq!(reachable("ok"), Some(serde_json::json!(true)), "{body}");
 }

@@ -1,11 +1,24 @@
 //! The contract between the relay and a destination.
 //!
 //! A sink turns each event into a message at its destination and reports, per event, one of
-//! three outcomes: [`Outcome::Delivered`] once the destination confirmed it (broker ack, 2xx…),
-//! [`Outcome::Retry`] for a failure that may pass (broker down, timeout, 5xx, 429), and
-//! [`Outcome::Reject`] for a failure that will not (payload refused, message too large, 4xx).
-//! A failed delivery is data for the relay's retry and dead-letter path, never a panic or an
-//! error that unwinds the relay loop.
+//! four outcomes:
+//!
+//! - [`Outcome::Delivered`]: the destination confirmed it (broker ack, 2xx…).
+//! - [`Outcome::Unavailable`]: the destination could not be reached or is not serving (connection
+//!   refused or reset, DNS or TLS failure, connect or publish timeout, channel or connection
+//!   closed, no leader, HTTP 408/429/502/503/504, a whole call failing). It says nothing about the
+//!   event, so however long it lasts it costs **at most one attempt** (the first failure of an
+//!   event marks it waiting, which is what holds its aggregate's later events behind it): an
+//!   outage costs time, never events. The relay waits, probes the destination with one call at
+//!   a time and resumes when it answers.
+//! - [`Outcome::Retry`]: this event failed in a way that may pass (a per-message error the
+//!   destination did not explain, HTTP 500). It costs an attempt; after `max_attempts` it is dead.
+//! - [`Outcome::Reject`]: the destination refused this event and will refuse it again (message
+//!   too large, invalid subject, missing topic or stream, HTTP 4xx): it is dead at once.
+//!
+//! Each sink's crate docs list which of its failures map to which outcome. A failed delivery is
+//! data for the relay's retry and dead-letter path, never a panic or an error that unwinds the
+//! relay loop.
 
 use std::time::Duration;
 
@@ -19,7 +32,16 @@ use crate::event::Event;
 pub enum Outcome {
     /// The destination confirmed it.
     Delivered,
-    /// It failed but may succeed later.
+    /// The destination is unreachable or not serving: the event waits, and no attempt is
+    /// counted (see the module docs).
+    Unavailable {
+        /// Why, for `last_error` and logs.
+        reason: String,
+        /// When the destination asked to be called again (`Retry-After`); `None` lets the
+        /// relay's outage backoff decide.
+        after: Option<Duration>,
+    },
+    /// This event failed but may succeed later; it costs an attempt.
     Retry {
         /// Why, for `last_error` and logs.
         reason: String,
@@ -40,6 +62,29 @@ impl Outcome {
         Outcome::Retry {
             reason: reason.into(),
             after: None,
+        }
+    }
+
+    /// The destination is unreachable or not serving; costs at most one attempt.
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        Outcome::Unavailable {
+            reason: reason.into(),
+            after: None,
+        }
+    }
+
+    /// Whether this is a failure of either transient kind (the event is tried again).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Outcome::Retry { .. } | Outcome::Unavailable { .. })
+    }
+
+    /// The reason of a failure, if it is one.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Outcome::Delivered => None,
+            Outcome::Unavailable { reason, .. }
+            | Outcome::Retry { reason, .. }
+            | Outcome::Reject { reason } => Some(reason),
         }
     }
 

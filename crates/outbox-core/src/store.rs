@@ -132,6 +132,13 @@ pub struct RetryEvent {
     pub delay: Duration,
     /// Why it failed (stored truncated).
     pub error: String,
+    /// Whether the failure counts toward `max_attempts`: `false` when the destination was
+    /// unavailable ([`crate::Outcome::Unavailable`]), so an outage costs time, not attempts.
+    /// Either way the row's `attempts` becomes at least 1: a pending row with attempts is what
+    /// marks it as waiting, and so holds the later events of its aggregate behind it (in every
+    /// store's claim and index). An outage therefore costs an event at most its first attempt,
+    /// however long it lasts.
+    pub counts_attempt: bool,
 }
 
 /// A claimed row that cannot be decoded into an [`Event`] (edited by hand, written by a foreign
@@ -474,7 +481,8 @@ pub trait Store: Send + Sync + 'static {
     /// Mark events delivered. One statement for the whole batch.
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError>;
 
-    /// Send failed events back to `pending` with `attempts + 1`, their error and a later due time.
+    /// Send failed events back to `pending` with their error and a later due time; `attempts + 1`
+    /// where [`RetryEvent::counts_attempt`], else at least 1 (see there).
     async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError>;
 
     /// Mark events dead with `attempts + 1` and their error.

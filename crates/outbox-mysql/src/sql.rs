@@ -219,14 +219,15 @@ impl Sql {
                      e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL
                  WHERE e.lease_token = ? AND e.status = 'in_flight'"
             ),
-            // ? = JSON [{seq, delay_us, error}], token.
+            // ? = JSON [{seq, delay_us, error, cost}], token.
             retry: format!(
                 "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (
                          seq      BIGINT PATH '$.seq',
                          delay_us BIGINT PATH '$.delay_us',
-                         error    TEXT CHARACTER SET utf8mb4 PATH '$.error')) AS r
+                         error    TEXT CHARACTER SET utf8mb4 PATH '$.error',
+                         cost     INT PATH '$.cost')) AS r
                  STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = r.seq
-                 SET e.status = 'pending', e.attempts = e.attempts + 1,
+                 SET e.status = 'pending', e.attempts = GREATEST(e.attempts + r.cost, 1),
                      e.next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND,
                      e.last_error = r.error,
                      e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL

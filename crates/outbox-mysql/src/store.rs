@@ -379,6 +379,7 @@ impl Store for MySqlStore {
                     "seq": e.seq,
                     "delay_us": micros(e.delay),
                     "error": outbox_core::truncate_error(&e.error),
+                    "cost": i32::from(e.counts_attempt),
                 })
             })
             .collect();

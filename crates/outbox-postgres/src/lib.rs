@@ -539,10 +539,10 @@ impl Sql {
                 "DELETE FROM {t} WHERE seq = ANY($1) AND lease_token = $2 AND status = 'in_flight'"
             )),
             retry: format!(
-                "UPDATE {t} AS o SET status = 'pending', attempts = o.attempts + 1,
+                "UPDATE {t} AS o SET status = 'pending', attempts = GREATEST(o.attempts + r.cost, 1),
                      next_attempt_at = now() + r.delay_ms * interval '1 millisecond', last_error = r.error,
                      lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-                 FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS r(seq, delay_ms, error)
+                 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $5::int[]) AS r(seq, delay_ms, error, cost)
                  WHERE o.seq = r.seq AND o.lease_token = $4 AND o.status = 'in_flight'"
             ),
             bury: format!(
@@ -1302,11 +1302,13 @@ impl Store for PgStore {
             .iter()
             .map(|e| outbox_core::truncate_error(&e.error))
             .collect();
+        let costs: Vec<i32> = events.iter().map(|e| i32::from(e.counts_attempt)).collect();
         let done = sqlx::query(AssertSqlSafe(self.sql().retry.as_str()))
             .bind(&seqs)
             .bind(&delays)
             .bind(&errors)
             .bind(lease.token)
+            .bind(&costs)
             .execute(&self.pool)
             .await
             .map_err(map_sqlx)?;

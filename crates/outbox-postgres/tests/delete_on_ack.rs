@@ -68,6 +68,7 @@ async fn check_delete_on_ack(store: PgStore) {
     assert_eq!(store.ack(&stale.lease, &[seq]).await.unwrap(), 0);
     assert_eq!(rows(&store).await, vec![("a/2".into(), "in_flight".into())]);
     let retry = RetryEvent {
+        counts_attempt: true,
         seq,
         delay: Duration::ZERO,
         error: "try again".into(),

@@ -47,22 +47,48 @@
 //! the other, each only after the previous was confirmed. When an event fails, the rest of its
 //! aggregate in this batch is released untouched and waits behind it.
 //!
+//! ## An outage costs time, not events
+//!
+//! A sink tells an event it could not deliver because the destination is unreachable or not
+//! serving ([`Outcome::Unavailable`]) from one the destination refused or failed
+//! ([`Outcome::Reject`], [`Outcome::Retry`]). Only the latter count toward
+//! [`RetryPolicy::max_attempts`](outbox_core::RetryPolicy) and the dead letters (an outage costs
+//! an event at most its first attempt: a pending row with an attempt is what the stores treat as
+//! waiting, which holds its aggregate's later events behind it): an event whose destination is
+//! down waits, with its aggregate's later events behind it, however long the outage lasts, and
+//! goes out in order when the destination is back. The relay does not hammer
+//! a down destination with every event: after three failed calls (or one timeout) it leaves it
+//! alone for a cooldown and then probes it with one call (below). Users who want an outage
+//! bounded set [`RelayConfig::dead_after_unavailable`] (all destinations) or
+//! [`RelayConfig::dead_after_unavailable_for`] (one): once a destination has been unavailable
+//! that long without answering, its events that meet it unavailable are dead. Off by default:
+//! the dead letters are for events a destination refuses; an outage is an operator's matter,
+//! not each event's. The clock runs from the first failed call of the outage as this relay saw
+//! it, so it restarts with the relay.
+//!
+//! One log line marks the start of an outage (`Destination is failing`) and one its end
+//! (`Destination answers again`, with how long it lasted); the events in between are logged at
+//! debug level only. Gauges: `outbox_destination_failing{destination}` (1 while failing) and
+//! `outbox_destination_down_since_seconds{destination}` (Unix time of the outage's first failed
+//! call, 0 when up).
+//!
 //! ## One failing destination does not stall the others
 //!
 //! With several destinations ([`Relay::with_routes`]) each destination's waves run on their own,
 //! each publish with its own timeout: a broker that hangs delays only the aggregates whose next
 //! event goes to it. (One wave across all destinations, under one timeout, made a hanging broker
-//! fail every event of the wave, delivered ones included, so under broker faults a relay
-//! delivered almost nothing.) A destination that times out, or fails every event of three calls
-//! in a row, is *failing*: for a cooldown (from 500 ms, doubling while it keeps failing, up to
-//! [`RelayConfig::destination_cooldown`]) the relay does not call it and records its events as
-//! failed attempts at once (each due again after the cooldown, spread over half as long again),
-//! so batches do not wait out its timeout again and again. After the cooldown one call tries it
-//! for real while the others are still refused; an answer (a delivery, or a rejection of an
-//! event) ends the failing state, another failure starts the next, longer cooldown. Its events
-//! stay in the outbox and keep their order (unless one runs out of attempts under
-//! [`DeadLetterPolicy::Skip`]); the other destinations keep flowing. A timeout cut short by the
-//! lease's end does not count.
+//! fail every event of the wave, delivered ones included, so under broker faults a relay delivered
+//! almost nothing.) A destination that times out, or answers every event of three calls in a row
+//! with [`Outcome::Unavailable`], is *failing*: for a cooldown (from 500 ms, doubling while it
+//! keeps failing, up to [`RelayConfig::destination_cooldown`]) the relay does not call it and
+//! records its events as unavailable at once, costing at most one attempt (each due again after the
+//! cooldown, spread over half as long again), so batches do not wait out its timeout again and
+//! again. A single destination is treated the same way: it has no others to protect, but its outage
+//! is probed, not hammered. After the cooldown one call tries it for real while the others are
+//! still refused; an answer (any outcome but `Unavailable`) ends the failing state,
+//! another failure starts the next, longer cooldown. Its events stay in the outbox and keep their
+//! order; the other destinations keep flowing. A timeout cut short by the lease's end does not
+//! count.
 //!
 //! A batch still waits for its slowest call before it is done. So, with several destinations,
 //! once every call a batch has out has been out for a quarter of the publish timeout, the batch
@@ -76,7 +102,7 @@
 //! it is publishing, acks what was delivered, releases what was not yet published, and returns.
 //! Nothing stays claimed.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -145,11 +171,20 @@ pub struct RelayConfig {
     /// Longest pause between attempts to reach a database that is down.
     #[serde(with = "humantime_duration")]
     pub max_store_backoff: Duration,
-    /// Longest time a failing destination is left alone before it is tried again (only with
-    /// several destinations; see the crate docs). Its events are retried without calling it
-    /// meanwhile. `0s` turns this off: every wave calls every destination.
+    /// Longest time a failing destination is left alone before it is tried again (see the crate
+    /// docs). Its events wait without calling it meanwhile, costing at most one attempt. `0s` turns this
+    /// off: every wave calls every destination.
     #[serde(with = "humantime_duration")]
     pub destination_cooldown: Duration,
+    /// Once a destination has been unavailable this long without answering, events that meet it
+    /// unavailable are dead (`destination unavailable for …`). `0s` (the default): never; an
+    /// outage costs time, not events. See the crate docs.
+    #[serde(with = "humantime_duration")]
+    pub dead_after_unavailable: Duration,
+    /// [`RelayConfig::dead_after_unavailable`] for one destination, by name (`0s`: never, for
+    /// that one).
+    #[serde(with = "duration_map")]
+    pub dead_after_unavailable_for: BTreeMap<String, Duration>,
     /// Return once a claim finds nothing due and no batch is in flight (`outbox relay --drain`).
     pub stop_when_idle: bool,
 }
@@ -169,8 +204,51 @@ impl Default for RelayConfig {
             dead_letter: DeadLetterPolicy::default(),
             max_store_backoff: Duration::from_secs(10),
             destination_cooldown: Duration::from_secs(10),
+            dead_after_unavailable: Duration::ZERO,
+            dead_after_unavailable_for: BTreeMap::new(),
             stop_when_idle: false,
         }
+    }
+}
+
+impl RelayConfig {
+    /// How long `destination` may be unavailable before its events are dead (`None`: forever).
+    pub fn unavailable_limit(&self, destination: &str) -> Option<Duration> {
+        let limit = self
+            .dead_after_unavailable_for
+            .get(destination)
+            .copied()
+            .unwrap_or(self.dead_after_unavailable);
+        (!limit.is_zero()).then_some(limit)
+    }
+}
+
+/// `serde` for a map of names to human durations (`{ webhooks = "15m" }`).
+mod duration_map {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use outbox_core::humantime_duration::{format_duration, parse_duration};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        map: &BTreeMap<String, Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_map(map.iter().map(|(k, v)| (k, format_duration(*v))))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Duration>, D::Error> {
+        BTreeMap::<String, String>::deserialize(d)?
+            .into_iter()
+            .map(|(k, v)| {
+                parse_duration(&v)
+                    .map(|d| (k.clone(), d))
+                    .map_err(|e| serde::de::Error::custom(format!("`{k}`: {e}")))
+            })
+            .collect()
     }
 }
 
@@ -202,11 +280,15 @@ pub struct RelayReport {
     pub claimed: u64,
     /// Events the sink confirmed and the store acknowledged.
     pub delivered: u64,
-    /// Failed attempts sent back for a later retry.
+    /// Failed attempts sent back for a later retry (events that met their destination
+    /// unavailable are counted in `unavailable` instead).
     pub retried: u64,
     /// Events answered without calling their destination, because it was failing (each then
-    /// retried, or buried if out of attempts).
+    /// waits, costing at most one attempt).
     pub short_circuited: u64,
+    /// Events that met their destination unavailable and wait for it, costing at most one attempt
+    /// (short-circuited ones included).
+    pub unavailable: u64,
     /// Events buried (rejected, or out of attempts).
     pub dead: u64,
     /// Events given back unpublished (held behind a failure of their aggregate, or shutdown).
@@ -227,6 +309,7 @@ pub struct RelayCounters {
     delivered: AtomicU64,
     retried: AtomicU64,
     short_circuited: AtomicU64,
+    unavailable: AtomicU64,
     dead: AtomicU64,
     released: AtomicU64,
     fenced: AtomicU64,
@@ -242,6 +325,7 @@ impl RelayCounters {
             delivered: self.delivered.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             short_circuited: self.short_circuited.load(Ordering::Relaxed),
+            unavailable: self.unavailable.load(Ordering::Relaxed),
             dead: self.dead.load(Ordering::Relaxed),
             released: self.released.load(Ordering::Relaxed),
             fenced: self.fenced.load(Ordering::Relaxed),
@@ -264,6 +348,54 @@ pub struct Relay<S: ?Sized, K: ?Sized> {
     /// How events map to destinations, when the sink is a [`router::Router`]: used to skip
     /// paused destinations at claim time and to label logs and metrics per destination.
     routes: Option<Arc<RouteTable>>,
+    /// Each destination's failure state.
+    lanes: Arc<Lanes>,
+}
+
+/// What the relay knows of each destination right now: a handle that stays valid while the relay
+/// runs ([`Relay::destinations`]), for status endpoints.
+#[derive(Clone)]
+pub struct Destinations(Arc<Lanes>);
+
+/// One destination as the relay sees it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DestinationState {
+    /// Its name (the sink's name without routes).
+    pub destination: String,
+    /// `false` from the first call it did not answer until it answers again.
+    pub up: bool,
+    /// Left alone for a cooldown now (its events wait without calling it).
+    pub failing: bool,
+    /// When the outage began (the first call it did not answer), as Unix seconds.
+    pub down_since_unix: Option<f64>,
+    /// The newest reason it gave, while down (URLs without their credentials).
+    pub last_error: Option<String>,
+}
+
+impl Destinations {
+    /// Every destination, in the order of the routes.
+    pub fn snapshot(&self) -> Vec<DestinationState> {
+        let lanes = &self.0;
+        let health = lanes.health.lock().unwrap_or_else(|p| p.into_inner());
+        (0..lanes.count())
+            .filter(|&lane| !lanes.is_unroutable(lane))
+            .map(|lane| {
+                let h = health.get(lane).cloned().unwrap_or_default();
+                DestinationState {
+                    destination: lanes.name(lane).to_owned(),
+                    up: h.down_since.is_none(),
+                    failing: h.open_until.is_some(),
+                    down_since_unix: h.down_since.map(|(_, wall)| {
+                        wall.duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default()
+                            .as_secs_f64()
+                    }),
+                    last_error: (h.down_since.is_some() && !h.last_error.is_empty())
+                        .then(|| outbox_core::redact::redact_in_text(&h.last_error)),
+                }
+            })
+            .collect()
+    }
 }
 
 impl<S, K> Relay<S, K>
@@ -273,12 +405,14 @@ where
 {
     /// A relay over `source` (any [`Store`](outbox_core::Store), or a stream source) and `sink`.
     pub fn new(source: Arc<S>, sink: Arc<K>, config: RelayConfig) -> Self {
+        let lanes = Arc::new(Lanes::new(None, sink.name()));
         Relay {
             source,
             sink,
             config: Arc::new(config),
             counters: Arc::new(RelayCounters::default()),
             routes: None,
+            lanes,
         }
     }
 
@@ -287,8 +421,14 @@ where
     /// destinations from the store every poll interval and leaves their events unclaimed, and
     /// labels logs and metrics with each event's destination instead of the sink's name.
     pub fn with_routes(mut self, routes: Arc<RouteTable>) -> Self {
+        self.lanes = Arc::new(Lanes::new(Some(routes.clone()), self.sink.name()));
         self.routes = Some(routes);
         self
+    }
+
+    /// Each destination's state as the relay sees it, live while [`Relay::run`] is going.
+    pub fn destinations(&self) -> Destinations {
+        Destinations(self.lanes.clone())
     }
 
     /// Live counters, readable while [`Relay::run`] is going.
@@ -312,7 +452,7 @@ where
             config: config.clone(),
             counters: self.counters.clone(),
             stopping: AtomicBool::new(false),
-            lanes: Lanes::new(self.routes.clone(), self.sink.name()),
+            lanes: self.lanes.clone(),
         });
         let mut request = ClaimRequest::new(
             config.relay_id.clone(),
@@ -539,7 +679,7 @@ struct BatchContext<S: ?Sized, K: ?Sized> {
     counters: Arc<RelayCounters>,
     stopping: AtomicBool,
     /// The destinations, from the routes when there are any (else the sink alone).
-    lanes: Lanes,
+    lanes: Arc<Lanes>,
 }
 
 /// The destinations a batch is published to, each with its failure state. Without routes there
@@ -563,6 +703,8 @@ struct Health {
     /// After the cooldown, one call tries it; the others are refused until that one is back.
     trying: bool,
     last_error: String,
+    /// The first failed call since it last answered: when this outage began.
+    down_since: Option<(Instant, std::time::SystemTime)>,
 }
 
 /// How long events are put off while the one trial call after a cooldown is out.
@@ -616,9 +758,23 @@ impl Lanes {
             .unwrap_or(unroutable)
     }
 
-    /// Whether the failure state applies: only several destinations have others to protect.
+    /// Whether the cooldown applies: to every destination, not to the events no route matches.
     fn guarded(&self, lane: usize, cooldown: Duration) -> bool {
-        self.several() && !cooldown.is_zero() && lane + 1 < self.names.len()
+        !cooldown.is_zero() && !self.is_unroutable(lane)
+    }
+
+    /// The lane of events no route matches (the router rejects them).
+    fn is_unroutable(&self, lane: usize) -> bool {
+        self.routes.is_some() && lane + 1 == self.names.len()
+    }
+
+    /// How long `lane` has been failing calls without answering, if it is.
+    fn down_for(&self, lane: usize, now: Instant) -> Option<Duration> {
+        let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        health
+            .get(lane)?
+            .down_since
+            .map(|(at, _)| now.saturating_duration_since(at))
     }
 
     /// Whether there are several destinations (the CLI routes even a single `[sink]`).
@@ -654,9 +810,12 @@ impl Lanes {
     /// Record how a call to `lane` went.
     fn record(&self, lane: usize, outcomes: &[Outcome], timed_out: bool, max_cooldown: Duration) {
         let name = self.name(lane);
+        // Any outcome but `Unavailable` is the destination answering about an event (a per-event
+        // `Retry` included: an unroutable message, a 500 for one payload); only a call it did
+        // not answer at all counts toward failing.
         let answered = outcomes
             .iter()
-            .any(|o| matches!(o, Outcome::Delivered | Outcome::Reject { .. }));
+            .any(|o| !matches!(o, Outcome::Unavailable { .. }));
         let now = Instant::now();
         let tripped = {
             let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
@@ -665,20 +824,38 @@ impl Lanes {
             };
             if answered || outcomes.is_empty() {
                 let was_failing = h.trips > 0;
+                let down_for = h
+                    .down_since
+                    .map(|(at, _)| now.saturating_duration_since(at));
                 *h = Health::default();
                 drop(health);
                 if was_failing {
                     info!(
                         destination = name,
+                        down_ms = down_for.unwrap_or_default().as_millis() as u64,
                         "Destination answers again; publishing to it resumes."
                     );
                     metrics::gauge!("outbox_destination_failing", "destination" => name.to_owned())
                         .set(0.0);
                 }
+                if down_for.is_some() {
+                    metrics::gauge!("outbox_destination_down_since_seconds", "destination" => name.to_owned())
+                        .set(0.0);
+                }
                 return;
             }
-            if let Some(Outcome::Retry { reason, .. }) = outcomes.first() {
+            if let Some(reason) = outcomes.first().and_then(Outcome::reason) {
                 h.last_error = truncate_error(reason);
+            }
+            if h.down_since.is_none() {
+                let wall = std::time::SystemTime::now();
+                h.down_since = Some((now, wall));
+                let unix = wall
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs_f64();
+                metrics::gauge!("outbox_destination_down_since_seconds", "destination" => name.to_owned())
+                    .set(unix);
             }
             // Calls that were out while it tripped come back failed too: one trip, not one each.
             if h.open_until.is_some_and(|t| t > now) {
@@ -708,7 +885,7 @@ impl Lanes {
                 destination = name,
                 cooldown_ms = cooldown.as_millis() as u64,
                 %error,
-                "Destination is failing: its events are retried without calling it until the cooldown ends; other destinations keep flowing."
+                "Destination is failing: its events wait, costing at most one attempt, without calling it until the cooldown ends; other destinations keep flowing."
             );
         }
     }
@@ -866,7 +1043,7 @@ where
             // Not due again before the destination is tried again, nor before its own backoff.
             let outcomes = wave
                 .iter()
-                .map(|event| Outcome::Retry {
+                .map(|event| Outcome::Unavailable {
                     reason: reason.clone(),
                     // Spread over up to half the cooldown again, so its events do not all come
                     // due the instant it ends.
@@ -916,7 +1093,7 @@ where
                     self.lanes.name(lane),
                     budget.as_millis()
                 );
-                vec![Outcome::retry(reason); wave.len()]
+                vec![Outcome::unavailable(reason); wave.len()]
             }
         };
         // With routes, the router records this per destination.
@@ -924,7 +1101,7 @@ where
             metrics::histogram!("outbox_publish_duration_seconds", "destination" => self.sink.name().to_owned())
                 .record(started.elapsed().as_secs_f64());
         }
-        if guarded {
+        if !self.lanes.is_unroutable(lane) {
             self.lanes
                 .record(lane, &outcomes, timed_out, self.config.destination_cooldown);
         }
@@ -945,12 +1122,65 @@ where
                 metrics::counter!("outbox_events_published_total", "destination" => label())
                     .increment(1);
             }
-            Outcome::Retry { .. } | Outcome::Reject { .. } => {
+            Outcome::Retry { .. } | Outcome::Reject { .. } | Outcome::Unavailable { .. } => {
                 metrics::counter!("outbox_events_failed_total", "destination" => label())
                     .increment(1);
             }
         }
         match outcome {
+            Outcome::Unavailable { reason, after } => {
+                let lane = self.lanes.of(event);
+                let down_for = self
+                    .lanes
+                    .down_for(lane, Instant::now())
+                    .unwrap_or_default();
+                if let Some(limit) = self.config.unavailable_limit(sink)
+                    && down_for >= limit
+                {
+                    let error = format!(
+                        "destination `{sink}` unavailable for {} (longer than dead_after_unavailable = {}): {reason}",
+                        humantime_duration::format_duration(Duration::from_secs(
+                            down_for.as_secs()
+                        )),
+                        humantime_duration::format_duration(limit)
+                    );
+                    self.log_dead(event, &error);
+                    metrics::counter!("outbox_events_dead_total", "destination" => label())
+                        .increment(1);
+                    settlement.buries.push(BuryEvent {
+                        seq: event.seq,
+                        error: truncate_error(&error),
+                    });
+                    return self.config.dead_letter == DeadLetterPolicy::Block;
+                }
+                // No attempt is spent: the backoff is that of the attempts made so far; the
+                // destination's cooldown spaces the calls while it stays down.
+                let delay = after.unwrap_or_else(|| {
+                    self.config
+                        .retry
+                        .backoff(event.attempts.max(1), rand::random::<f64>())
+                });
+                add(&self.counters.unavailable, 1);
+                metrics::counter!("outbox_events_unavailable_total", "destination" => label())
+                    .increment(1);
+                debug!(
+                    event_id = %event.id,
+                    aggregate_type = %event.aggregate_type,
+                    aggregate_id = %event.aggregate_id,
+                    attempts = event.attempts,
+                    destination = sink,
+                    retry_in_ms = delay.as_millis() as u64,
+                    error = %reason,
+                    "Destination unavailable; the event waits (at most one attempt counted)."
+                );
+                settlement.retries.push(RetryEvent {
+                    counts_attempt: false,
+                    seq: event.seq,
+                    delay,
+                    error: truncate_error(&reason),
+                });
+                true
+            }
             Outcome::Delivered => {
                 debug!(
                     event_id = %event.id,
@@ -996,6 +1226,7 @@ where
                         "Publish failed; will retry."
                     );
                     settlement.retries.push(RetryEvent {
+                        counts_attempt: true,
                         seq: event.seq,
                         delay,
                         error: truncate_error(&reason),
@@ -1059,7 +1290,10 @@ where
                 .with_retries("retry", give_up_at, || self.source.retry(lease, &retries))
                 .await
             {
-                add(&self.counters.retried, done);
+                // Events that waited for an unavailable destination are counted as unavailable
+                // when settled, not as retries (attempts).
+                let waiting = retries.iter().filter(|r| !r.counts_attempt).count() as u64;
+                add(&self.counters.retried, done.saturating_sub(waiting));
                 self.note_fenced("retry", expected, done);
             }
         }
@@ -1154,7 +1388,7 @@ mod tests {
     }
 
     fn failed(n: usize) -> Vec<Outcome> {
-        vec![Outcome::retry("connection refused"); n]
+        vec![Outcome::unavailable("connection refused"); n]
     }
 
     #[test]

@@ -131,7 +131,7 @@ async fn a_failing_destination_cools_down_doubling_while_the_other_flows() {
     let heal_at = Instant::now() + Duration::from_secs(6);
     let down = Arc::new(Timed::new(Duration::from_millis(5), move |_, _| {
         if Instant::now() < heal_at {
-            Outcome::retry("connection refused")
+            Outcome::unavailable("connection refused")
         } else {
             Outcome::Delivered
         }
@@ -177,7 +177,9 @@ async fn a_failing_destination_cools_down_doubling_while_the_other_flows() {
         up_times.iter().map(|t| *t - started).collect::<Vec<_>>()
     );
     // The failing one: three failed calls trip it; then one trial call per cooldown, the gaps
-    // growing 0.5 s → 1 s → 2 s (the cap) until it answers.
+    // growing 0.5 s → 1 s → 2 s (the cap) until it answers. Each gap is the cooldown plus the
+    // wait for the first of its events to come due: they are spread over up to half the cooldown
+    // again (random jitter), so a gap lies between 1× and 1.5× its cooldown (plus a poll).
     let gaps: Vec<Duration> = down.times().windows(2).map(|w| w[1] - w[0]).collect();
     let long: Vec<Duration> = gaps
         .iter()
@@ -186,15 +188,15 @@ async fn a_failing_destination_cools_down_doubling_while_the_other_flows() {
         .collect();
     assert!(long.len() >= 3, "cooldowns: {gaps:?}");
     assert!(
-        long[0] >= Duration::from_millis(500) && long[0] < Duration::from_millis(800),
+        long[0] >= Duration::from_millis(500) && long[0] < Duration::from_millis(850),
         "first cooldown: {long:?}"
     );
     assert!(
-        long[1] >= Duration::from_secs(1) && long[1] < Duration::from_millis(1400),
+        long[1] >= Duration::from_secs(1) && long[1] < Duration::from_millis(1600),
         "doubled: {long:?}"
     );
     assert!(
-        long[2] >= Duration::from_secs(2) && long[2] < Duration::from_millis(2500),
+        long[2] >= Duration::from_secs(2) && long[2] < Duration::from_millis(3100),
         "capped at 2 s: {long:?}"
     );
     // While cooling down it is not called at all: the calls that are not trials follow one
@@ -276,5 +278,130 @@ async fn publishing_stops_before_the_lease_ends() {
                 .collect::<Vec<_>>()
         )
         .is_empty()
+    );
+}
+
+/// A destination that is down much longer than `max_attempts` × backoff costs at most one
+/// attempt: when
+/// it comes back every event goes out, in order per aggregate, none dead; an event it rejects
+/// in the same run is still dead. It is probed, not hammered: after three failed calls, one
+/// call per cooldown.
+#[tokio::test(start_paused = true)]
+async fn an_outage_costs_time_not_attempts() {
+    let source = Arc::new(MemorySource::new());
+    let mut events = Vec::new();
+    for n in 0..12 {
+        events.push(outbox_core::NewEvent::new("order", format!("o{}", n % 3), "E", &n).unwrap());
+    }
+    events.push(outbox_core::NewEvent::new("order", "poison", "Bad", &0).unwrap());
+    source.enqueue(&events);
+    let back_at = Instant::now() + Duration::from_secs(120);
+    let sink = Arc::new(Timed::new(Duration::from_millis(5), move |e, _| {
+        if Instant::now() < back_at {
+            Outcome::unavailable("connection refused")
+        } else if e.event_type == "Bad" {
+            Outcome::reject("schema violation")
+        } else {
+            Outcome::Delivered
+        }
+    }));
+    let relay = Relay::new(
+        source.clone(),
+        sink.clone(),
+        RelayConfig {
+            retry: RetryPolicy {
+                base: Duration::from_millis(100),
+                cap: Duration::from_secs(1),
+                max_attempts: 3,
+            },
+            ..config("outage")
+        },
+    );
+    let report = relay.counters();
+    run_for(relay, Duration::from_secs(180)).await;
+
+    let rows = source.snapshot();
+    let dead: Vec<_> = rows
+        .iter()
+        .filter(|r| r.state == MemoryState::Dead)
+        .map(|r| r.event.aggregate_id.clone())
+        .collect();
+    assert_eq!(
+        dead,
+        ["poison"],
+        "only the rejected event is dead: {rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .filter(|r| r.event.event_type != "Bad")
+            .all(|r| r.state == MemoryState::Delivered && r.event.attempts <= 1),
+        "delivered, at most one attempt spent on the outage: {rows:?}"
+    );
+    // In order per aggregate: each aggregate's payloads went out ascending.
+    let calls = sink.calls.lock().unwrap();
+    let delivered: Vec<&Event> = calls
+        .iter()
+        .filter(|(t, _)| *t >= back_at)
+        .flat_map(|(_, events)| events)
+        .collect();
+    for agg in ["o0", "o1", "o2"] {
+        let order: Vec<&str> = delivered
+            .iter()
+            .filter(|e| e.aggregate_id == agg)
+            .map(|e| e.payload.as_str())
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort_by_key(|p| p.parse::<u32>().unwrap());
+        assert_eq!(order, sorted, "{agg}");
+        assert_eq!(order.len(), 4, "{agg}: each event once after the outage");
+    }
+    // Probed, not hammered: 120 s of outage with a 10 s cooldown cap is a few dozen calls.
+    let during = calls.iter().filter(|(t, _)| *t < back_at).count();
+    assert!(during <= 40, "{during} calls while down");
+    let report = report.report();
+    assert!(report.unavailable > 0 && report.dead == 1, "{report:?}");
+}
+
+/// `dead_after_unavailable` bounds an outage for those who want it: once the destination has
+/// been unavailable that long, events that meet it unavailable are dead, with the reason.
+#[tokio::test(start_paused = true)]
+async fn dead_after_unavailable_bounds_an_outage() {
+    let source = Arc::new(MemorySource::new());
+    source.enqueue(&[numbered("a", 0), numbered("b", 0)]);
+    let sink = Arc::new(Timed::new(Duration::from_millis(5), |_, _| {
+        Outcome::unavailable("connection refused")
+    }));
+    let relay = Relay::new(
+        source.clone(),
+        sink.clone(),
+        RelayConfig {
+            dead_after_unavailable_for: [("timed".to_owned(), Duration::from_secs(30))].into(),
+            ..config("bounded")
+        },
+    );
+    run_for(relay, Duration::from_secs(20)).await;
+    assert!(
+        source
+            .snapshot()
+            .iter()
+            .all(|r| r.state != MemoryState::Dead),
+        "not before 30 s of outage"
+    );
+    let relay = Relay::new(
+        source.clone(),
+        sink.clone(),
+        RelayConfig {
+            dead_after_unavailable: Duration::from_secs(30),
+            ..config("bounded")
+        },
+    );
+    run_for(relay, Duration::from_secs(60)).await;
+    let rows = source.snapshot();
+    assert!(
+        rows.iter().all(|r| r.state == MemoryState::Dead
+            && r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("dead_after_unavailable = 30s"))),
+        "{rows:?}"
     );
 }

@@ -54,7 +54,7 @@ impl Sink for ChannelSink {
         for event in events {
             let outcome = match self.tx.send(event.clone()).await {
                 Ok(()) => Outcome::Delivered,
-                Err(_) => Outcome::retry("the channel's receiver was dropped"),
+                Err(_) => Outcome::unavailable("the channel's receiver was dropped"),
             };
             outcomes.push(outcome);
         }

@@ -39,7 +39,8 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | delivery report without error | `Delivered` |
-//! | broker unreachable, no report within `delivery_timeout`, producer queue full, leader moving, not enough replicas, throttling, authentication failing | `Retry`, with the last broker error librdkafka reported |
+//! | broker unreachable (transport failure, all brokers down, name not resolved), no report within `delivery_timeout`, producer queue full, no leader or leader moving, not enough replicas, request timed out, broker storage error, throttling, TLS or authentication failing, cluster authorization refused, a fatal or fenced producer (replaced), the producer shut down | `Unavailable` (at most one attempt, however long it lasts), with the last broker error librdkafka reported |
+//! | any other produce error | `Retry` (costs an attempt) |
 //! | record larger than `max_message_bytes` or the broker's limit | `Reject`, naming the topic and the limit to raise |
 //! | topic does not exist and the broker does not create topics | `Reject`, naming the topic |
 //! | no WRITE permission on the topic, topic name invalid, record refused by the broker's validation | `Reject` |
@@ -51,7 +52,7 @@
 //! until librdkafka's next metadata refresh sees the topic.
 //!
 //! [`KafkaSink::new`] never fails because Kafka is down: librdkafka connects lazily and keeps
-//! reconnecting in the background. While no broker answers, `publish` answers `Retry` after
+//! reconnecting in the background. While no broker answers, `publish` answers `Unavailable` after
 //! `delivery_timeout` and the relay keeps the events. If librdkafka reports a fatal error (the
 //! idempotent producer's state is lost, e.g. the producer was fenced), the sink builds a fresh
 //! producer for the next call.
@@ -357,33 +358,56 @@ impl KafkaSink {
             ) => Outcome::reject(reason(format!(
                 "the broker refused the record for topic `{topic}` ({error}): check the topic's configuration (e.g. compaction, timestamp limits, policies)"
             ))),
-            Some(C::MessageTimedOut) => Outcome::retry(reason(format!(
+            Some(C::MessageTimedOut) => Outcome::unavailable(reason(format!(
                 "no delivery report for topic `{topic}` within {} ms (`delivery_timeout`) from brokers {}: they may be unreachable, or the topic may not exist yet{}",
                 self.delivery_timeout.as_millis(),
                 self.brokers,
                 news()
             ))),
-            Some(C::QueueFull) => Outcome::retry(reason(format!(
+            Some(C::QueueFull) => Outcome::unavailable(reason(format!(
                 "librdkafka's producer queue stayed full for topic `{topic}`: the brokers {} are slower than the outbox or unreachable (raise `properties.\"queue.buffering.max.messages\"` if they are healthy){}",
                 self.brokers,
                 news()
             ))),
             Some(C::Fatal | C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch) => {
-                Outcome::retry(reason(format!(
+                Outcome::unavailable(reason(format!(
                     "the Kafka producer hit a fatal error for topic `{topic}` ({error}); it is replaced for the next attempt"
                 )))
             }
-            Some(C::ClusterAuthorizationFailed) => Outcome::retry(reason(format!(
+            Some(C::ClusterAuthorizationFailed) => Outcome::unavailable(reason(format!(
                 "the brokers {} refuse the idempotent producer ({error}): grant the relay's principal IDEMPOTENT_WRITE on the cluster",
                 self.brokers
             ))),
             Some(C::Authentication | C::SaslAuthenticationFailed | C::SSL) => {
-                Outcome::retry(reason(format!(
+                Outcome::unavailable(reason(format!(
                     "cannot authenticate to the brokers {} ({error}): check `user`, the password, `sasl_mechanism`, `tls` and `tls_ca_file`{}",
                     self.brokers,
                     news()
                 )))
             }
+            Some(
+                C::BrokerTransportFailure
+                | C::Resolve
+                | C::AllBrokersDown
+                | C::OperationTimedOut
+                | C::TimedOutQueue
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+                | C::PreferredLeaderNotAvailable
+                | C::FencedLeaderEpoch
+                | C::UnknownLeaderEpoch
+                | C::RequestTimedOut
+                | C::BrokerNotAvailable
+                | C::NetworkException
+                | C::NotEnoughReplicas
+                | C::NotEnoughReplicasAfterAppend
+                | C::KafkaStorageError
+                | C::ThrottlingQuotaExceeded,
+            ) => Outcome::unavailable(reason(format!(
+                "the brokers {} cannot take records for topic `{topic}` now ({error}){}",
+                self.brokers,
+                news()
+            ))),
             _ => Outcome::retry(reason(format!(
                 "producing to topic `{topic}` failed: {error}{}",
                 news()
@@ -480,10 +504,10 @@ impl Sink for KafkaSink {
                         }
                         self.classify(&error, &topic, size)
                     }
-                    Ok(Err(_canceled)) => Outcome::retry(format!(
+                    Ok(Err(_canceled)) => Outcome::unavailable(format!(
                         "the Kafka producer was shut down before topic `{topic}` confirmed the record"
                     )),
-                    Err(_) => Outcome::retry(format!(
+                    Err(_) => Outcome::unavailable(format!(
                         "no delivery report for topic `{topic}` within {} ms from brokers {}{}",
                         self.delivery_timeout.as_millis(),
                         self.brokers,
@@ -617,13 +641,25 @@ mod tests {
             RDKafkaErrorCode::AllBrokersDown,
             RDKafkaErrorCode::NotEnoughReplicas,
             RDKafkaErrorCode::LeaderNotAvailable,
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::SSL,
         ] {
             let outcome = sink.classify(&KafkaError::MessageProduction(code), "t3", 10);
             assert!(
-                matches!(&outcome, Outcome::Retry { reason, .. } if reason.contains("t3") || reason.contains("127.0.0.1:1")),
-                "{code:?}: {outcome:?}"
+                matches!(&outcome, Outcome::Unavailable { reason, .. } if reason.contains("t3") || reason.contains("127.0.0.1:1")),
+                "{code:?}: the destination is unavailable, not the event at fault: {outcome:?}"
             );
         }
+        let other = sink.classify(
+            &KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTimestamp),
+            "t4",
+            10,
+        );
+        assert!(
+            matches!(&other, Outcome::Retry { reason, .. } if reason.contains("t4")),
+            "an unexplained per-record error costs an attempt: {other:?}"
+        );
     }
 
     #[test]
@@ -635,7 +671,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unreachable_broker_means_retry_not_a_failed_start() {
+    async fn an_unreachable_broker_means_unavailable_not_a_failed_start() {
         let sink = sink();
         let event = Event {
             seq: 1,
@@ -653,7 +689,7 @@ mod tests {
         };
         let outcomes = sink.publish(&[event]).await;
         assert!(
-            matches!(&outcomes[..], [Outcome::Retry { reason, .. }] if reason.contains("events.OrderCreated") && reason.contains("127.0.0.1:1")),
+            matches!(&outcomes[..], [Outcome::Unavailable { reason, .. }] if reason.contains("events.OrderCreated") && reason.contains("127.0.0.1:1")),
             "{outcomes:?}"
         );
         assert!(sink.check().await.is_err());

@@ -31,9 +31,11 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | `PubAck` received (also for a duplicate) | `Delivered` |
-//! | server unreachable, connection lost, no `PubAck` in time, JetStream busy | `Retry` |
+//! | server unreachable, connection lost, no `PubAck` in time, the stream cannot be created or checked | `Unavailable` (at most one attempt, however long it lasts) |
+//! | JetStream says its cluster, stream or resources are not available (no leader, no peers, stream offline, storage or memory limits, JetStream not enabled) | `Unavailable` |
+//! | any other JetStream error for the message | `Retry` (costs an attempt) |
 //! | no stream captures the subject ("no responders", and a stream lookup confirms it) | `Reject`, naming the subject and how to create the stream |
-//! | "no responders" while a stream does capture the subject, or JetStream cannot answer the lookup (a server restarting) | `Retry` |
+//! | "no responders" while a stream does capture the subject, or JetStream cannot answer the lookup (a server restarting) | `Unavailable` |
 //! | message larger than the server's `max_payload` or the stream's `max_msg_size` | `Reject` |
 //! | subject or header that cannot travel in NATS (a space, a wildcard, a line break) | `Reject` |
 //!
@@ -504,12 +506,12 @@ impl NatsSink {
             PublishErrorKind::MaxPayloadExceeded => Outcome::reject(truncate_error(&format!(
                 "message for `{subject}` is too large for NATS: {error}"
             ))),
-            PublishErrorKind::TimedOut => Outcome::retry(format!(
+            PublishErrorKind::TimedOut => Outcome::unavailable(format!(
                 "no PubAck for `{subject}` within {} ms (NATS at {} slow or unreachable)",
                 self.ack_timeout.as_millis(),
                 self.servers
             )),
-            PublishErrorKind::BrokenPipe => Outcome::retry(format!(
+            PublishErrorKind::BrokenPipe => Outcome::unavailable(format!(
                 "connection to NATS at {} lost before the PubAck for `{subject}` arrived",
                 self.servers
             )),
@@ -523,6 +525,28 @@ impl NatsSink {
                     {
                         Outcome::reject(truncate_error(&format!(
                             "JetStream refused the message for `{subject}` as too large: {api}"
+                        )))
+                    }
+                    // The stream or its cluster cannot take messages now: not this message.
+                    Some(api)
+                        if [
+                            jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE,
+                            jetstream::ErrorCode::CLUSTER_NOT_ACTIVE,
+                            jetstream::ErrorCode::CLUSTER_NOT_LEADER,
+                            jetstream::ErrorCode::CLUSTER_NO_PEERS,
+                            jetstream::ErrorCode::CLUSTER_INCOMPLETE,
+                            jetstream::ErrorCode::INSUFFICIENT_RESOURCES,
+                            jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED,
+                            jetstream::ErrorCode::MEMORY_RESOURCES_EXCEEDED,
+                            jetstream::ErrorCode::ACCOUNT_RESOURCES_EXCEEDED,
+                            jetstream::ErrorCode::STREAM_OFFLINE,
+                            jetstream::ErrorCode::JETSTREAM_NOT_ENABLED,
+                            jetstream::ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
+                        ]
+                        .contains(&api.error_code()) =>
+                    {
+                        Outcome::unavailable(truncate_error(&format!(
+                            "JetStream cannot take messages for `{subject}` now: {api}"
                         )))
                     }
                     _ => Outcome::retry(truncate_error(&format!(
@@ -576,10 +600,10 @@ impl Sink for NatsSink {
             return Vec::new();
         }
         if let Some(reason) = self.wait_connected().await {
-            return vec![Outcome::retry(reason); events.len()];
+            return vec![Outcome::unavailable(reason); events.len()];
         }
         if let Err(reason) = self.ensure_stream().await {
-            return vec![Outcome::retry(truncate_error(&reason)); events.len()];
+            return vec![Outcome::unavailable(truncate_error(&reason)); events.len()];
         }
 
         // Write every message first; the acks come back while the rest is being written.
@@ -660,7 +684,7 @@ impl Sink for NatsSink {
                 }
             };
             match transient {
-                Some(reason) => outcomes[i] = Some(Outcome::retry(reason)),
+                Some(reason) => outcomes[i] = Some(Outcome::unavailable(reason)),
                 None => {
                     warn!(event_id = %events[i].id, %subject, "No JetStream stream captures the subject; the event is rejected.")
                 }

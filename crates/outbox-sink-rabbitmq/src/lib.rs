@@ -41,8 +41,9 @@
 //! |---|---|
 //! | confirmed (`basic.ack`) and not returned | `Delivered` |
 //! | returned as unroutable (`mandatory`, 312 NO_ROUTE) | `Retry` by default, `Reject` with `unroutable = "reject"`; never `Delivered` |
-//! | `basic.nack` (a queue's `reject-publish` overflow, an internal error) | `Retry` |
-//! | broker unreachable, connection lost, no confirm within `confirm_timeout` | `Retry`; the next call reconnects |
+//! | `basic.nack` (a queue's `reject-publish` overflow, an internal error) | `Unavailable` (at most one attempt, however long it lasts) |
+//! | broker unreachable, connection or channel lost, socket error, no answer within `connect_timeout`, no confirm within `confirm_timeout` | `Unavailable` (at most one attempt, however long it lasts); the next call reconnects |
+//! | the broker closed the channel for another reason (another message of the batch may have caused it) | `Retry` (costs an attempt) |
 //! | exchange does not exist (404 NOT_FOUND) | `Reject`, naming the exchange and the fix |
 //! | access to the exchange refused (403 ACCESS_REFUSED) | `Reject`, naming the exchange and user |
 //! | body larger than `max_message_bytes` or RabbitMQ's `max_message_size` | `Reject` |
@@ -322,7 +323,10 @@ impl RabbitMqSink {
         {
             return Ok(());
         }
-        let connection = self.connection().await.map_err(|u| Outcome::retry(u.0))?;
+        let connection = self
+            .connection()
+            .await
+            .map_err(|u| Outcome::unavailable(u.0))?;
         // A failed declaration closes its channel: use one of its own.
         let check = async {
             let channel = connection.create_channel().await?;
@@ -362,7 +366,7 @@ impl RabbitMqSink {
         let result = match tokio::time::timeout(self.connect_timeout, check).await {
             Ok(result) => result,
             Err(_) => {
-                return Err(Outcome::retry(format!(
+                return Err(Outcome::unavailable(format!(
                     "RabbitMQ at {} did not answer the check of exchange `{exchange}` within {} ms",
                     self.display_url,
                     self.connect_timeout.as_millis()
@@ -398,14 +402,17 @@ impl RabbitMqSink {
                     "exchange `{exchange}` exists with other settings than `declare` asks for ({message}): align `exchange_type` with it (durable), or set `declare = false`"
                 )),
                 _ => {
-                    if error.is_io_error() || error.is_amqp_hard_error() {
-                        self.reset_connection().await;
-                    }
-                    Outcome::retry(format!(
+                    let reason = format!(
                         "checking exchange `{exchange}` on {} failed: {}",
                         self.display_url,
                         describe(&error)
-                    ))
+                    );
+                    if error.is_io_error() || error.is_amqp_hard_error() {
+                        self.reset_connection().await;
+                        Outcome::unavailable(reason)
+                    } else {
+                        Outcome::retry(reason)
+                    }
                 }
             }),
         }
@@ -518,7 +525,9 @@ impl RabbitMqSink {
                 }
             }
         }
-        Outcome::retry(truncate_error(&format!(
+        // Not a channel-level error about this message: the connection or channel is gone, or
+        // the socket failed. The broker, not the event.
+        Outcome::unavailable(truncate_error(&format!(
             "publishing to exchange {exchange} on {} failed: {}",
             self.display_url,
             describe(error)
@@ -626,7 +635,7 @@ impl Sink for RabbitMqSink {
             match self.channel().await {
                 Err(Unavailable(reason)) => {
                     for message in &ready {
-                        outcomes[message.index] = Some(Outcome::retry(reason.clone()));
+                        outcomes[message.index] = Some(Outcome::unavailable(reason.clone()));
                     }
                 }
                 Ok(channel) => {
@@ -689,7 +698,7 @@ impl RabbitMqSink {
             Ok(published) => published,
             Err(_) => {
                 for message in ready {
-                    outcomes[message.index] = Some(Outcome::retry(format!(
+                    outcomes[message.index] = Some(Outcome::unavailable(format!(
                         "RabbitMQ at {} did not take the messages within {} ms (`confirm_timeout`)",
                         self.display_url,
                         self.confirm_timeout.as_millis()
@@ -721,7 +730,7 @@ impl RabbitMqSink {
                 }
                 Ok(Ok(Confirmation::Nack(returned))) => match returned {
                     Some(returned) => self.unroutable_outcome(message, &returned),
-                    None => Outcome::retry(format!(
+                    None => Outcome::unavailable(format!(
                         "RabbitMQ refused (basic.nack) the message for exchange {}: a queue it routes to may be full with `overflow = reject-publish`, or the broker had an internal error",
                         display_exchange(&message.exchange)
                     )),
@@ -736,7 +745,7 @@ impl RabbitMqSink {
                 }
                 Err(_) => {
                     healthy = false;
-                    Outcome::retry(format!(
+                    Outcome::unavailable(format!(
                         "no publisher confirm from RabbitMQ at {} within {} ms (`confirm_timeout`) for exchange {}",
                         self.display_url,
                         self.confirm_timeout.as_millis(),
@@ -829,14 +838,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unreachable_broker_means_retry_not_a_failed_start() {
+    async fn an_unreachable_broker_means_unavailable_not_a_failed_start() {
         let config: RabbitMqSinkConfig =
             serde_json::from_str(r#"{"url": "amqp://127.0.0.1:1/%2f", "connect_timeout": "1s"}"#)
                 .unwrap();
         let sink = RabbitMqSink::new(&config).unwrap();
         let outcomes = sink.publish(&[event("1")]).await;
         assert!(
-            matches!(&outcomes[..], [Outcome::Retry { reason, .. }] if reason.contains("127.0.0.1:1")),
+            matches!(&outcomes[..], [Outcome::Unavailable { reason, .. }] if reason.contains("127.0.0.1:1")),
             "{outcomes:?}"
         );
         assert!(sink.check().await.is_err());

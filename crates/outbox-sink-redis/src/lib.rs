@@ -36,7 +36,8 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | `XADD` answered with an entry id | `Delivered` |
-//! | Redis unreachable, connection lost, no reply in time, `LOADING`, `BUSY`, `OOM`, `READONLY`, `TRYAGAIN`, `MASTERDOWN`, auth or ACL errors | `Retry` |
+//! | Redis unreachable, connection lost, no reply in time, the whole pipeline failing, `LOADING`, `BUSY`, `OOM`, `READONLY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, auth or ACL errors | `Unavailable` (at most one attempt, however long it lasts) |
+//! | any other error for one `XADD` | `Retry` (costs an attempt) |
 //! | the key holds another type (`WRONGTYPE`) | `Reject` |
 //! | the entry is larger than [`max_message_bytes`](RedisSinkConfig::max_message_bytes) | `Reject` |
 //!
@@ -478,9 +479,16 @@ fn classify_command_error(key: &str, e: &RedisError) -> Outcome {
             || code == "WRONGPASS"
             || code == "NOPERM" =>
         {
-            Outcome::retry(format!(
+            Outcome::unavailable(format!(
                 "Redis refused the XADD to `{key}` for lack of permission: {text} (check `username`, `password_env` and the user's ACL)"
             ))
+        }
+        "LOADING" | "BUSY" | "OOM" | "READONLY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"
+        | "NOREPLICAS" => {
+            Outcome::unavailable(format!("Redis cannot take the XADD to `{key}` now: {text}"))
+        }
+        _ if breaks_connection(e) => {
+            Outcome::unavailable(format!("XADD to `{key}` failed: {text}"))
         }
         _ => Outcome::retry(format!("XADD to `{key}` failed: {text}")),
     }
@@ -517,7 +525,7 @@ impl Sink for RedisSink {
             match self.connection().await {
                 Err(reason) => {
                     for (i, _) in &sent {
-                        outcomes[*i] = Some(Outcome::retry(truncate_error(&reason)));
+                        outcomes[*i] = Some(Outcome::unavailable(truncate_error(&reason)));
                     }
                 }
                 Ok((generation, mut connection)) => {
@@ -567,7 +575,7 @@ impl Sink for RedisSink {
                     if let Some(reason) = failure {
                         let reason = truncate_error(&reason);
                         for (i, _) in &sent {
-                            outcomes[*i] = Some(Outcome::retry(reason.clone()));
+                            outcomes[*i] = Some(Outcome::unavailable(reason.clone()));
                         }
                     }
                 }

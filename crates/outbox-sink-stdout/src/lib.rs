@@ -12,7 +12,8 @@
 //! ```
 //!
 //! A batch counts as delivered once its lines were written and flushed (and, for a file with
-//! `sync` set, forced to disk). A write error (disk full, closed pipe) is a retryable failure.
+//! `sync` set, forced to disk). A write error (disk full, closed pipe) is `Unavailable`: the
+//! events wait, costing at most one attempt.
 
 use std::path::{Path, PathBuf};
 
@@ -152,7 +153,7 @@ impl Sink for StdoutSink {
                 .unwrap_or_else(|| "standard output".to_owned());
             let reason = format!("writing to {place} failed: {e}");
             for i in written {
-                outcomes[i] = Outcome::retry(reason.clone());
+                outcomes[i] = Outcome::unavailable(reason.clone());
             }
         }
         outcomes

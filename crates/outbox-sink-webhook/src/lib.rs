@@ -50,8 +50,9 @@
 //! | response | outcome |
 //! |---|---|
 //! | `2xx` | `Delivered` |
-//! | `408`, `429`, `5xx` | `Retry`; a `Retry-After` header (seconds or HTTP date) sets when |
-//! | no response: refused, reset, DNS failure, timeout | `Retry` |
+//! | `408`, `429`, `502`, `503`, `504` | `Unavailable` (at most one attempt, however long it lasts); a `Retry-After` header (seconds or HTTP date) sets when |
+//! | no response: refused, reset, DNS or TLS failure, timeout | `Unavailable` |
+//! | `500` and other `5xx` (the receiver failed on this event) | `Retry` (costs an attempt), `Retry-After` honoured |
 //! | other `4xx`, `3xx`, a URL or header that cannot be sent, a host nobody configured | `Reject` |
 //!
 //! The start of the response body goes into the reason (and so into the event's `last_error`),
@@ -657,7 +658,7 @@ impl WebhookSink {
     async fn deliver(&self, event: &Event) -> Outcome {
         // Wait for a slot first, so the signature's timestamp is the time of sending.
         let Ok(_permit) = self.limit.acquire().await else {
-            return Outcome::retry("the webhook sink is shutting down");
+            return Outcome::unavailable("the webhook sink is shutting down");
         };
         let (url, headers, body) = match self.request(event) {
             Ok(r) => r,
@@ -685,7 +686,7 @@ impl WebhookSink {
                 } else {
                     format!("request to {shown} failed: {}", redact_in_text(&chain(&e)))
                 };
-                return Outcome::retry(truncate_error(&why));
+                return Outcome::unavailable(truncate_error(&why));
             }
         };
         let status = response.status();
@@ -708,10 +709,20 @@ impl WebhookSink {
             reason.push_str(": ");
             reason.push_str(body.trim());
         }
-        if status == StatusCode::REQUEST_TIMEOUT
-            || status == StatusCode::TOO_MANY_REQUESTS
-            || status.is_server_error()
-        {
+        if matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT
+                | StatusCode::TOO_MANY_REQUESTS
+                | StatusCode::BAD_GATEWAY
+                | StatusCode::SERVICE_UNAVAILABLE
+                | StatusCode::GATEWAY_TIMEOUT
+        ) {
+            // The receiver (or the proxy in front of it) is not serving: not this event's fault.
+            Outcome::Unavailable {
+                reason: truncate_error(&reason),
+                after: retry_after,
+            }
+        } else if status.is_server_error() {
             Outcome::Retry {
                 reason: truncate_error(&reason),
                 after: retry_after,

@@ -439,8 +439,8 @@ async fn reasons_show_urls_without_their_credentials() {
     })))
     .unwrap();
     let outcomes = sink.publish(&[common::event("x", 1)]).await;
-    let Outcome::Retry { reason, .. } = &outcomes[0] else {
-        panic!("expected a retry, got {:?}", outcomes[0]);
+    let Outcome::Unavailable { reason, .. } = &outcomes[0] else {
+        panic!("expected unavailable, got {:?}", outcomes[0]);
     };
     assert!(reason.contains("cannot connect"), "{reason}");
     assert!(reason.contains("hook-user:***@"), "{reason}");

@@ -239,7 +239,7 @@ async fn relay_posts_exactly_the_committed_events_signed_with_headers_and_order(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered() {
+async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered_429_costing_no_attempt() {
     let (receiver, addr) = start(Box::new(|path, attempt| {
         let agg = path.rsplit('/').next().unwrap_or("");
         match (agg, attempt) {
@@ -300,10 +300,19 @@ async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered() {
     .await;
     let _ = stop.send(());
     let report = run.await.unwrap();
+    assert_eq!(report.retried, 1, "500 failed once: {report:?}");
     assert_eq!(
-        report.retried, 3,
-        "500 and both 429s failed once: {report:?}"
+        report.unavailable, 2,
+        "both 429s: the receiver not serving, not retries: {report:?}"
     );
+    for id in [ids[1], ids[2]] {
+        let record = store.get(id).await.unwrap().unwrap();
+        assert_eq!(record.state, EventState::Delivered);
+        assert!(
+            record.event.attempts <= 1,
+            "a 429 costs at most one attempt: {record:?}"
+        );
+    }
     assert_eq!(report.dead, 1, "{report:?}");
 
     // 500: retried, then delivered.
@@ -356,7 +365,7 @@ async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
-    // A closed port: refused at once, a retry with a clear reason.
+    // A closed port: refused at once, unavailable with a clear reason.
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
@@ -366,10 +375,10 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
     })))
     .unwrap();
     match &sink.publish(&[common::event("x", 1)]).await[0] {
-        Outcome::Retry { reason, .. } => {
+        Outcome::Unavailable { reason, .. } => {
             assert!(reason.contains("cannot connect"), "{reason}")
         }
-        other => panic!("expected a retry, got {other:?}"),
+        other => panic!("expected unavailable, got {other:?}"),
     }
 
     // A receiver behind a proxy that is cut at start-up, restored later.
@@ -386,7 +395,20 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
         "request_timeout": "1s",
     })))
     .unwrap();
-    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(false));
+    // Three attempts with at most 300 ms between them: an outage of a few seconds would have
+    // dead-lettered everything if it cost attempts.
+    let relay = Relay::new(
+        store.clone(),
+        Arc::new(sink),
+        RelayConfig {
+            retry: RetryPolicy {
+                max_attempts: 3,
+                ..relay_config(false).retry
+            },
+            ..relay_config(false)
+        },
+    );
+    let counters = relay.counters();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(relay.run(async move {
         let _ = stopped.await;
@@ -396,11 +418,22 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
         &store,
         ids[0],
         Duration::from_secs(20),
-        "pending after failed attempts",
-        |r| r.state == EventState::Pending && r.event.attempts >= 2,
+        "pending after failed calls",
+        |r| r.state == EventState::Pending && r.last_error.is_some(),
     )
     .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        counters.report().unavailable >= 3,
+        "{:?}",
+        counters.report()
+    );
+    let record = store.get(record.event.id).await.unwrap().unwrap();
     assert_eq!(record.state, EventState::Pending);
+    assert!(
+        record.event.attempts <= 1,
+        "an outage costs at most one attempt: {record:?}"
+    );
     let error = record.last_error.clone().unwrap_or_default();
     println!("last_error while down: {error}");
     assert!(error.contains(&proxy.addr().to_string()), "{error}");

@@ -394,9 +394,9 @@ impl Sql {
                      lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
                  WHERE seq IN (SELECT value FROM json_each(?1)) AND lease_token = ?2 AND status = 'in_flight'"
             ),
-            // ?1 JSON array of {seq, due, error}, ?2 token.
+            // ?1 JSON array of {seq, due, error, cost}, ?2 token.
             retry: format!(
-                "UPDATE {t} AS o SET status = 'pending', attempts = o.attempts + 1,
+                "UPDATE {t} AS o SET status = 'pending', attempts = max(o.attempts + (r.value ->> 'cost'), 1),
                      next_attempt_at = r.value ->> 'due', last_error = r.value ->> 'error',
                      lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
                  FROM json_each(?1) AS r
@@ -976,6 +976,7 @@ impl Store for SqliteStore {
                     "seq": e.seq,
                     "due": after(now, e.delay),
                     "error": outbox_core::truncate_error(&e.error),
+                    "cost": i32::from(e.counts_attempt),
                 })
             })
             .collect();

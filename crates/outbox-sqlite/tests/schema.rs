@@ -380,6 +380,7 @@ async fn huge_leases_and_delays_saturate_instead_of_failing() {
         .retry(
             &claim.lease,
             &[outbox_core::RetryEvent {
+                counts_attempt: true,
                 seq: claim.events[0].seq,
                 delay: Duration::MAX,
                 error: "later".into(),

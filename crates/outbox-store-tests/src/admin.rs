@@ -167,6 +167,7 @@ pub async fn held_events_do_not_block_other_destinations<H: Harness>(h: &H) {
         .retry(
             &first.lease,
             &[RetryEvent {
+                counts_attempt: true,
                 seq: first.events[0].seq,
                 delay: HOUR,
                 error: "hook endpoint down".into(),
@@ -328,6 +329,7 @@ pub async fn routes_in_sql_agree_with_resolve<H: Harness>(h: &H) {
                         w.0 += 1;
                         w.1 += 1;
                         retry.push(RetryEvent {
+                            counts_attempt: true,
                             seq: e.seq,
                             delay: HOUR,
                             error: "x".into(),
@@ -391,6 +393,7 @@ pub async fn destination_stats_count_each_state<H: Harness>(h: &H) {
         .retry(
             &claim.lease,
             &[RetryEvent {
+                counts_attempt: true,
                 seq: seq(1),
                 delay: HOUR,
                 error: "x".into(),
@@ -518,6 +521,7 @@ pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
         .retry(
             &claim.lease,
             &[RetryEvent {
+                counts_attempt: true,
                 seq: seqs[2],
                 delay: Duration::ZERO,
                 error: "blip".into(),
@@ -735,6 +739,7 @@ pub async fn purge_never_deletes_an_undelivered_event<H: Harness>(h: &H) {
             match mix[payload_n(e) as usize].0 {
                 Shape::Pending => release.push(e.seq),
                 Shape::Retrying => retry.push(RetryEvent {
+                    counts_attempt: true,
                     seq: e.seq,
                     delay: HOUR,
                     error: "x".into(),

@@ -285,6 +285,7 @@ pub async fn retry_counts_the_attempt_and_delays_the_event<H: Harness>(h: &H) {
     let claim = store.claim(&req(1)).await.unwrap();
     let a1 = claim.events[0].clone();
     let retry = RetryEvent {
+        counts_attempt: true,
         seq: a1.seq,
         delay: Duration::from_secs(3600),
         error: "broker down".into(),
@@ -308,6 +309,7 @@ pub async fn retry_counts_the_attempt_and_delays_the_event<H: Harness>(h: &H) {
     h.enqueue(&store, &[numbered("c", 1)]).await;
     let c = store.claim(&req(10)).await.unwrap();
     let retry = RetryEvent {
+        counts_attempt: true,
         seq: c.events[0].seq,
         delay: Duration::ZERO,
         error: "blip".into(),
@@ -480,6 +482,7 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
         .events
         .iter()
         .map(|e| RetryEvent {
+            counts_attempt: true,
             seq: e.seq,
             delay: Duration::ZERO,
             error: "x".into(),
@@ -623,6 +626,7 @@ pub async fn last_error_is_truncated<H: Harness>(h: &H) {
         .retry(
             &claim.lease,
             &[RetryEvent {
+                counts_attempt: true,
                 seq: claim.events[0].seq,
                 delay: Duration::ZERO,
                 error: huge,
@@ -745,6 +749,7 @@ pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: 
     };
     assert_eq!(store.bury(&first.lease, &[bury]).await.unwrap(), 1);
     let retry = RetryEvent {
+        counts_attempt: true,
         seq: first.events[1].seq,
         delay: Duration::from_secs(3600),
         error: "broker unavailable".into(),

@@ -81,6 +81,15 @@ pub enum Fault {
         /// Milliseconds down.
         down_ms: u64,
     },
+    /// A long outage of one destination (its link cut for `ms`, once per run) while the others
+    /// keep flowing: under the relays' default attempts it must cost time, not events (no event
+    /// dead but the poison ones, order kept).
+    Outage {
+        /// Destination.
+        dest: String,
+        /// Milliseconds.
+        ms: u64,
+    },
     /// Commit an event the destination's sink always rejects.
     Poison {
         /// Destination.
@@ -103,6 +112,7 @@ impl Fault {
             Fault::BrokerLatency { .. } => "broker_latency",
             Fault::BrokerDrops { .. } => "broker_drops",
             Fault::RestartBroker { .. } => "restart_broker",
+            Fault::Outage { .. } => "outage",
             Fault::Poison { .. } => "poison",
         }
     }
@@ -141,6 +151,8 @@ pub struct Intensity {
     pub duration: Duration,
     /// Faults of each applicable kind (per target where the kind has one).
     pub per_kind: u32,
+    /// One outage of this length of one proxied destination (zero: none).
+    pub outage: Duration,
 }
 
 /// The schedule for `seed`.
@@ -223,6 +235,19 @@ pub fn schedule(seed: u64, caps: &Capabilities, intensity: Intensity) -> Vec<Sch
             add(&mut rng, Fault::Poison { dest: dest.clone() });
         }
     }
+    let outage_ms = u64::try_from(intensity.outage.as_millis()).unwrap_or(u64::MAX);
+    if outage_ms > 0 && !caps.proxied.is_empty() {
+        // Early enough to end well before the writers stop, so the drain is timed too.
+        let dest = caps.proxied[rng.random_range(0..caps.proxied.len())].clone();
+        let at_ms = start.max(end.saturating_sub(outage_ms) / 3);
+        out.push(Scheduled {
+            at_ms,
+            fault: Fault::Outage {
+                dest,
+                ms: outage_ms,
+            },
+        });
+    }
     out.sort_by_key(|s| s.at_ms);
     out
 }
@@ -247,6 +272,7 @@ mod tests {
         let i = Intensity {
             duration: Duration::from_secs(90),
             per_kind: 3,
+            outage: Duration::from_secs(30),
         };
         assert_eq!(schedule(7, &caps(), i), schedule(7, &caps(), i));
         assert_ne!(schedule(7, &caps(), i), schedule(8, &caps(), i));
@@ -257,10 +283,17 @@ mod tests {
         let i = Intensity {
             duration: Duration::from_secs(90),
             per_kind: 2,
+            outage: Duration::from_secs(30),
         };
         let s = schedule(1, &caps(), i);
         let kinds: std::collections::BTreeSet<&str> = s.iter().map(|f| f.fault.kind()).collect();
-        assert_eq!(kinds.len(), 12, "{kinds:?}");
+        assert_eq!(kinds.len(), 13, "{kinds:?}");
+        let outages: Vec<&Scheduled> = s.iter().filter(|f| f.fault.kind() == "outage").collect();
+        assert_eq!(outages.len(), 1, "one outage per run");
+        assert!(
+            outages[0].at_ms + 30_000 < 90_000 - 90_000 / 8,
+            "it ends before the fault phase does: {outages:?}"
+        );
         assert!(s.iter().all(|f| f.at_ms >= 1_000 && f.at_ms < 90_000));
         assert!(s.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
         // One relay: nothing could re-claim a paused relay's events.

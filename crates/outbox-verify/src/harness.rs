@@ -96,6 +96,8 @@ pub struct Options {
     pub destinations: Vec<String>,
     /// Faults of each kind (0: none).
     pub faults_per_kind: u32,
+    /// One outage of one destination this long (zero: none); see [`Fault::Outage`].
+    pub outage: Duration,
     /// Only these fault kinds (empty: every applicable kind).
     pub only_faults: Vec<String>,
     /// Fraction of transactions rolled back on purpose.
@@ -155,6 +157,7 @@ impl Options {
             duration: Duration::from_secs(75),
             destinations: default_destinations(),
             faults_per_kind: 2,
+            outage: Duration::from_secs(30),
             only_faults: Vec::new(),
             rollback: 0.1,
             crash: 0.03,
@@ -174,6 +177,7 @@ impl Options {
                 relays: 3,
                 duration: Duration::from_secs(30 * 60),
                 faults_per_kind: 150,
+                outage: Duration::from_secs(5 * 60),
                 drain_timeout: Duration::from_secs(300),
                 sample_every: Duration::from_secs(5),
                 ..base
@@ -182,6 +186,7 @@ impl Options {
                 rate: None,
                 duration: Duration::from_secs(10 * 60),
                 faults_per_kind: 0,
+                outage: Duration::ZERO,
                 rollback: 0.05,
                 crash: 0.0,
                 consumer_crash: 0.0,
@@ -280,6 +285,7 @@ fn target_of(fault: &Fault) -> String {
         Fault::CutWriterDatabase { .. } => "writer_db".into(),
         Fault::RestartDatabase { .. } => "database".into(),
         Fault::CutBroker { dest, .. }
+        | Fault::Outage { dest, .. }
         | Fault::BrokerLatency { dest, .. }
         | Fault::BrokerDrops { dest, .. } => format!("link:{dest}"),
         Fault::RestartBroker { dest, .. } => format!("broker:{dest}"),
@@ -355,7 +361,9 @@ fn relay_config(
             "lease": format!("{lease_ms}ms"),
             "publish_timeout": format!("{}ms", (lease_ms * 5 / 8).max(500)),
             "max_store_backoff": "1s",
-            "retry": {"base": "100ms", "cap": "2s", "max_attempts": 100},
+            // The default number of attempts: an outage (the `outage` fault, broker cuts and
+            // restarts) must not spend them; only the poison events may end dead.
+            "retry": {"base": "100ms", "cap": "2s", "max_attempts": 10},
         },
         "retention": {"enabled": false},
     });
@@ -585,6 +593,7 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
         Intensity {
             duration: options.duration,
             per_kind: options.faults_per_kind,
+            outage: options.outage,
         },
     );
     if !options.only_faults.is_empty() {
@@ -1041,7 +1050,7 @@ async fn act(ctx: &Ctx, fault: &Fault) -> Result<String, Error> {
                 .await?;
             Ok(String::new())
         }
-        Fault::CutBroker { dest: name, ms } => {
+        Fault::CutBroker { dest: name, ms } | Fault::Outage { dest: name, ms } => {
             let proxy = dest(ctx, name)?
                 .proxy()
                 .ok_or_else(|| Error::Invalid(format!("{name} has no proxy")))?;

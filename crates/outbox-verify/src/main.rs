@@ -70,6 +70,10 @@ struct Cli {
     /// Faults of each kind.
     #[arg(long)]
     faults_per_kind: Option<u32>,
+    /// One outage of one destination this long, e.g. `30s` (short profile), `5m` (long); `0s`
+    /// for none.
+    #[arg(long)]
+    outage: Option<String>,
     /// Only these fault kinds, comma-separated (e.g. `kill_relay,poison`; names as in the
     /// report).
     #[arg(long, value_delimiter = ',')]
@@ -133,6 +137,9 @@ fn options(cli: Cli) -> anyhow::Result<Options> {
     }
     if let Some(n) = cli.faults_per_kind {
         o.faults_per_kind = n;
+    }
+    if let Some(d) = cli.outage {
+        o.outage = duration(&d)?;
     }
     if let Some(k) = cli.only_faults {
         o.only_faults = k;

@@ -109,7 +109,8 @@ pub(crate) async fn delete_delivered(
     .await
 }
 
-/// Stream table rows that failed go to the table for their retry: attempt counted, error kept,
+/// Stream table rows that failed go to the table for their retry: attempt counted (unless the
+/// destination was unavailable), error kept,
 /// due after their delay. Table claims take them up from there.
 pub(crate) async fn retry_rows(
     pool: &PgPool,
@@ -117,10 +118,10 @@ pub(crate) async fn retry_rows(
     retries: &[&RetryEvent],
 ) -> Result<u64, WalError> {
     let sql = format!(
-        "UPDATE {} AS o SET status = 'pending', attempts = o.attempts + 1,
+        "UPDATE {} AS o SET status = 'pending', attempts = GREATEST(o.attempts + r.cost, 1),
              next_attempt_at = now() + r.delay_ms * interval '1 millisecond', last_error = r.error,
              lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-         FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS r(seq, delay_ms, error)
+         FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[]) AS r(seq, delay_ms, error, cost)
          WHERE o.seq = r.seq AND o.status IN ('pending', 'in_flight')
          RETURNING o.seq",
         outbox_table(cfg)
@@ -140,11 +141,17 @@ pub(crate) async fn retry_rows(
             .filter_map(|s| by_seq.get(s))
             .map(|r| r.error.clone())
             .collect();
+        let costs: Vec<i32> = seqs
+            .iter()
+            .filter_map(|s| by_seq.get(s))
+            .map(|r| i32::from(r.counts_attempt))
+            .collect();
         async move {
             sqlx::query_scalar(AssertSqlSafe(sql))
                 .bind(&seqs)
                 .bind(&delays)
                 .bind(&errors)
+                .bind(&costs)
                 .fetch_all(pool)
                 .await
                 .map_err(map_sqlx)

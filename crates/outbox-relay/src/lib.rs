@@ -1144,14 +1144,7 @@ where
                         )),
                         humantime_duration::format_duration(limit)
                     );
-                    self.log_dead(event, &error);
-                    metrics::counter!("outbox_events_dead_total", "destination" => label())
-                        .increment(1);
-                    settlement.buries.push(BuryEvent {
-                        seq: event.seq,
-                        error: truncate_error(&error),
-                    });
-                    return self.config.dead_letter == DeadLetterPolicy::Block;
+                    return self.bury(event, &error, settlement);
                 }
                 // No attempt is spent: the backoff is that of the attempts made so far; the
                 // destination's cooldown spaces the calls while it stays down.
@@ -1199,14 +1192,7 @@ where
                 let failed = event.attempts + 1;
                 if self.config.retry.is_exhausted(failed) {
                     let error = format!("gave up after {failed} attempts: {reason}");
-                    self.log_dead(event, &error);
-                    metrics::counter!("outbox_events_dead_total", "destination" => label())
-                        .increment(1);
-                    settlement.buries.push(BuryEvent {
-                        seq: event.seq,
-                        error: truncate_error(&error),
-                    });
-                    self.config.dead_letter == DeadLetterPolicy::Block
+                    self.bury(event, &error, settlement)
                 } else {
                     let delay = after.unwrap_or_else(|| {
                         self.config.retry.backoff(failed, rand::random::<f64>())
@@ -1236,16 +1222,22 @@ where
             }
             Outcome::Reject { reason } => {
                 let error = format!("rejected by {sink}: {reason}");
-                self.log_dead(event, &error);
-                metrics::counter!("outbox_events_dead_total", "destination" => label())
-                    .increment(1);
-                settlement.buries.push(BuryEvent {
-                    seq: event.seq,
-                    error: truncate_error(&error),
-                });
-                self.config.dead_letter == DeadLetterPolicy::Block
+                self.bury(event, &error, settlement)
             }
         }
+    }
+
+    /// Record `event` as dead with `error`; returns whether the rest of its aggregate must wait
+    /// (the dead-letter policy).
+    fn bury(&self, event: &Event, error: &str, settlement: &mut Settlement) -> bool {
+        self.log_dead(event, error);
+        metrics::counter!("outbox_events_dead_total", "destination" => self.destination_of(event).to_owned())
+            .increment(1);
+        settlement.buries.push(BuryEvent {
+            seq: event.seq,
+            error: truncate_error(error),
+        });
+        self.config.dead_letter == DeadLetterPolicy::Block
     }
 
     fn log_dead(&self, event: &Event, error: &str) {

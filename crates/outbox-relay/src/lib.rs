@@ -705,7 +705,13 @@ struct Health {
     last_error: String,
     /// The first failed call since it last answered: when this outage began.
     down_since: Option<(Instant, std::time::SystemTime)>,
+    /// The latest failed call: an outage with no failed call for [`STALE_OUTAGE`] is over (the
+    /// relay may simply have had nothing for the destination since).
+    last_failed: Option<Instant>,
 }
+
+/// How long after its last failed call an outage counts as over when nothing answered since.
+const STALE_OUTAGE: Duration = Duration::from_secs(60);
 
 /// How long events are put off while the one trial call after a cooldown is out.
 const WHILE_TRYING: Duration = Duration::from_millis(500);
@@ -771,9 +777,13 @@ impl Lanes {
     /// How long `lane` has been failing calls without answering, if it is.
     fn down_for(&self, lane: usize, now: Instant) -> Option<Duration> {
         let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
-        health
-            .get(lane)?
-            .down_since
+        let h = health.get(lane)?;
+        if h.last_failed
+            .is_some_and(|t| now.saturating_duration_since(t) > STALE_OUTAGE)
+        {
+            return None;
+        }
+        h.down_since
             .map(|(at, _)| now.saturating_duration_since(at))
     }
 
@@ -847,6 +857,14 @@ impl Lanes {
             if let Some(reason) = outcomes.first().and_then(Outcome::reason) {
                 h.last_error = truncate_error(reason);
             }
+            // A failed call long after the last one starts a new outage: nothing may have been
+            // sent there in between (another relay delivered, the destination was paused).
+            if h.last_failed
+                .is_some_and(|t| now.saturating_duration_since(t) > STALE_OUTAGE)
+            {
+                h.down_since = None;
+            }
+            h.last_failed = Some(now);
             if h.down_since.is_none() {
                 let wall = std::time::SystemTime::now();
                 h.down_since = Some((now, wall));
@@ -1095,6 +1113,26 @@ where
                 );
                 vec![Outcome::unavailable(reason); wave.len()]
             }
+        };
+        // An event the destination called unavailable while it delivered others of the same call
+        // (a handler that crashes on this payload behind a proxy: 502; one request that times
+        // out): the destination is up, the failure is about the event, and it costs an attempt,
+        // so a poison event cannot wait forever.
+        let outcomes = if outcomes.contains(&Outcome::Delivered) {
+            outcomes
+                .into_iter()
+                .map(|o| match o {
+                    Outcome::Unavailable { reason, after } => Outcome::Retry {
+                        reason: format!(
+                            "{reason} (the destination delivered other events of the same call)"
+                        ),
+                        after,
+                    },
+                    other => other,
+                })
+                .collect()
+        } else {
+            outcomes
         };
         // With routes, the router records this per destination.
         if self.lanes.routes.is_none() {

@@ -405,3 +405,57 @@ async fn dead_after_unavailable_bounds_an_outage() {
         "{rows:?}"
     );
 }
+
+/// An event the destination calls unavailable while it delivers the others of the same call is
+/// about the event (a handler crashing on it behind a proxy, one request timing out): it costs
+/// attempts and ends dead, instead of waiting forever and holding its aggregate.
+#[tokio::test(start_paused = true)]
+async fn unavailable_for_one_event_while_others_are_delivered_costs_attempts() {
+    let source = Arc::new(MemorySource::new());
+    let mut events = vec![outbox_core::NewEvent::new("order", "poison", "Bad", &0).unwrap()];
+    for n in 0..5 {
+        events.push(numbered(&format!("ok{n}"), 0));
+    }
+    source.enqueue(&events);
+    // Each call carries the poison event and, while they last, events that go through.
+    let sink = Arc::new(Timed::new(Duration::from_millis(5), |e, _| {
+        if e.event_type == "Bad" {
+            Outcome::unavailable("HTTP 502 Bad Gateway")
+        } else {
+            Outcome::Delivered
+        }
+    }));
+    let more = source.clone();
+    let feeder = tokio::spawn(async move {
+        for n in 0..20 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            more.enqueue(&[numbered(&format!("late{n}"), 0)]);
+        }
+    });
+    run_for(
+        Relay::new(
+            source.clone(),
+            sink.clone(),
+            RelayConfig {
+                retry: RetryPolicy {
+                    base: Duration::from_millis(50),
+                    cap: Duration::from_millis(100),
+                    max_attempts: 3,
+                },
+                ..config("poison")
+            },
+        ),
+        Duration::from_secs(10),
+    )
+    .await;
+    feeder.await.unwrap();
+    let rows = source.snapshot();
+    let poison = rows.iter().find(|r| r.event.event_type == "Bad").unwrap();
+    assert_eq!(poison.state, MemoryState::Dead, "{poison:?}");
+    assert!(
+        rows.iter()
+            .filter(|r| r.event.event_type != "Bad")
+            .all(|r| r.state == MemoryState::Delivered),
+        "{rows:?}"
+    );
+}

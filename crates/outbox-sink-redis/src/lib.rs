@@ -36,9 +36,9 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | `XADD` answered with an entry id | `Delivered` |
-//! | Redis unreachable, connection lost, no reply in time, the whole pipeline failing, `LOADING`, `BUSY`, `OOM`, `READONLY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, auth or ACL errors | `Unavailable` (at most one attempt, however long it lasts) |
+//! | Redis unreachable, connection lost, no reply in time, the whole pipeline failing, `LOADING`, `BUSY`, `OOM`, `READONLY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, authentication errors | `Unavailable` (at most one attempt, however long it lasts) |
 //! | any other error for one `XADD` | `Retry` (costs an attempt) |
-//! | the key holds another type (`WRONGTYPE`) | `Reject` |
+//! | the key holds another type (`WRONGTYPE`), or the user's ACL does not allow the key (`NOPERM`) | `Reject` |
 //! | the entry is larger than [`max_message_bytes`](RedisSinkConfig::max_message_bytes) | `Reject` |
 //!
 //! [`RedisSink::connect`] never contacts Redis: it validates the configuration, and the first
@@ -474,10 +474,14 @@ fn classify_command_error(key: &str, e: &RedisError) -> Outcome {
         "ERR" if text.contains("exceeds maximum") || text.contains("too large") => Outcome::reject(
             format!("Redis refused the entry for `{key}` as too large: {text}"),
         ),
+        // NOPERM is about this key (an ACL key pattern): refused for good, like Kafka's topic
+        // authorization. Grant the key and `outbox dead retry`.
+        "NOPERM" => Outcome::reject(format!(
+            "Redis refused the XADD to `{key}`: the user's ACL does not allow this key ({text}); grant it (ACL SETUSER … ~pattern) or route these events to another key"
+        )),
         _ if matches!(e.kind(), ErrorKind::AuthenticationFailed)
             || code == "NOAUTH"
-            || code == "WRONGPASS"
-            || code == "NOPERM" =>
+            || code == "WRONGPASS" =>
         {
             Outcome::unavailable(format!(
                 "Redis refused the XADD to `{key}` for lack of permission: {text} (check `username`, `password_env` and the user's ACL)"

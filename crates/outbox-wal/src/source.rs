@@ -499,9 +499,11 @@ impl Source for WalSource {
             let turn = inner.table.lock().unwrap_or_else(|p| p.into_inner());
             // An idle table is claimed from only once its watch saw something due.
             let idle = turn.empty && table_idle && !turn.due_seen;
-            let due = turn
-                .last
-                .is_none_or(|at| turn.full || (!idle && at.elapsed() >= inner.poll_interval));
+            // The watch's finding makes the turn due at once: `work_ready` wakes the relay on it,
+            // and waiting for the poll interval here would spin that wakeup.
+            let due = turn.last.is_none_or(|at| {
+                turn.full || turn.due_seen || (!idle && at.elapsed() >= inner.poll_interval)
+            });
             due && !(turn.was_table && stream_waiting)
         };
         if table_turn {

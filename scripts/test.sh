@@ -16,6 +16,14 @@ psql -h 127.0.0.1 -U postgres -d test -qAt -c "
   WHERE nspname LIKE 'outbox\_t\_%' OR nspname LIKE 'outbox\_kill\_%' OR nspname LIKE 'outbox\_bench\_%'" \
   | psql -h 127.0.0.1 -U postgres -d test -q >/dev/null
 
+# Replication slots test runs left behind (a killed run cannot drop its own) keep WAL and use up
+# the logical cluster's slots: dropped when inactive.
+if scripts/pg-logical.sh status >/dev/null 2>&1; then
+  psql "$(scripts/pg-logical.sh url)" -qAt -c "
+    SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+    WHERE NOT active AND slot_name LIKE 'owt\_%'" >/dev/null || true
+fi
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast

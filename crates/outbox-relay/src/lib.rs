@@ -1117,16 +1117,20 @@ where
         // An event the destination called unavailable while it delivered others of the same call
         // (a handler that crashes on this payload behind a proxy: 502; one request that times
         // out): the destination is up, the failure is about the event, and it costs an attempt,
-        // so a poison event cannot wait forever.
+        // so a poison event cannot wait forever. Not when the destination said when to come back
+        // (`Retry-After` on a 429 or 503): that is it asking to be spared, not a failed event.
         let outcomes = if outcomes.contains(&Outcome::Delivered) {
             outcomes
                 .into_iter()
                 .map(|o| match o {
-                    Outcome::Unavailable { reason, after } => Outcome::Retry {
+                    Outcome::Unavailable {
+                        reason,
+                        after: None,
+                    } => Outcome::Retry {
                         reason: format!(
                             "{reason} (the destination delivered other events of the same call)"
                         ),
-                        after,
+                        after: None,
                     },
                     other => other,
                 })

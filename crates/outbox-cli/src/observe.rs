@@ -50,9 +50,31 @@ pub struct Readiness {
     sink: Arc<dyn Sink>,
     /// The database check's answer, separate from the sinks' so `/readyz` never waits for a
     /// broker that is down (a sink check can take its connect timeout).
-    ready: tokio::sync::Mutex<Option<(std::time::Instant, (StatusCode, String))>>,
+    ready: Fresh<(StatusCode, String)>,
     /// The destinations the last sink check found unreachable.
-    unreachable: tokio::sync::Mutex<Option<(std::time::Instant, Vec<String>)>>,
+    unreachable: Fresh<Vec<String>>,
+}
+
+/// An answer served for [`Readiness::FRESH_FOR`]; one check runs at a time, callers meanwhile
+/// wait for it and share its answer.
+struct Fresh<T>(tokio::sync::Mutex<Option<(std::time::Instant, T)>>);
+
+impl<T: Clone> Fresh<T> {
+    fn new() -> Self {
+        Fresh(tokio::sync::Mutex::new(None))
+    }
+
+    async fn get_or_check<F: std::future::Future<Output = T>>(&self, check: F) -> T {
+        let mut last = self.0.lock().await;
+        if let Some((at, answer)) = last.as_ref()
+            && at.elapsed() < Readiness::FRESH_FOR
+        {
+            return answer.clone();
+        }
+        let answer = check.await;
+        *last = Some((std::time::Instant::now(), answer.clone()));
+        answer
+    }
 }
 
 impl Readiness {
@@ -64,20 +86,18 @@ impl Readiness {
         Readiness {
             store,
             sink,
-            ready: tokio::sync::Mutex::new(None),
-            unreachable: tokio::sync::Mutex::new(None),
+            ready: Fresh::new(),
+            unreachable: Fresh::new(),
         }
     }
 
     /// The status and body of `/readyz`: the database only (see the module docs).
     pub async fn answer(&self) -> (StatusCode, String) {
-        let mut last = self.ready.lock().await;
-        if let Some((at, answer)) = last.as_ref()
-            && at.elapsed() < Self::FRESH_FOR
-        {
-            return answer.clone();
-        }
-        let answer = match self.store.check().await {
+        self.ready.get_or_check(self.check_store()).await
+    }
+
+    async fn check_store(&self) -> (StatusCode, String) {
+        match self.store.check().await {
             Err(error) => {
                 tracing::warn!(%error, "Not ready: the database does not answer or its schema is not current.");
                 (
@@ -86,20 +106,16 @@ impl Readiness {
                 )
             }
             Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
-        };
-        *last = Some((std::time::Instant::now(), answer.clone()));
-        answer
+        }
     }
 
     /// The destinations a sink check finds unreachable (the sink's name when it names none).
     pub async fn unreachable(&self) -> Vec<String> {
-        let mut last = self.unreachable.lock().await;
-        if let Some((at, names)) = last.as_ref()
-            && at.elapsed() < Self::FRESH_FOR
-        {
-            return names.clone();
-        }
-        let names = match self.sink.check().await {
+        self.unreachable.get_or_check(self.check_sinks()).await
+    }
+
+    async fn check_sinks(&self) -> Vec<String> {
+        match self.sink.check().await {
             Ok(()) => Vec::new(),
             Err(error) => {
                 let error = outbox_core::redact::redact_in_text(&error.to_string());
@@ -117,9 +133,7 @@ impl Readiness {
                     names
                 }
             }
-        };
-        *last = Some((std::time::Instant::now(), names.clone()));
-        names
+        }
     }
 }
 

@@ -713,6 +713,14 @@ struct Health {
 /// How long after its last failed call an outage counts as over when nothing answered since.
 const STALE_OUTAGE: Duration = Duration::from_secs(60);
 
+impl Health {
+    /// Whether the outage it records is over by [`STALE_OUTAGE`] (no failed call since).
+    fn outage_is_stale(&self, now: Instant) -> bool {
+        self.last_failed
+            .is_some_and(|t| now.saturating_duration_since(t) > STALE_OUTAGE)
+    }
+}
+
 /// How long events are put off while the one trial call after a cooldown is out.
 const WHILE_TRYING: Duration = Duration::from_millis(500);
 
@@ -778,9 +786,7 @@ impl Lanes {
     fn down_for(&self, lane: usize, now: Instant) -> Option<Duration> {
         let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
         let h = health.get(lane)?;
-        if h.last_failed
-            .is_some_and(|t| now.saturating_duration_since(t) > STALE_OUTAGE)
-        {
+        if h.outage_is_stale(now) {
             return None;
         }
         h.down_since
@@ -859,9 +865,7 @@ impl Lanes {
             }
             // A failed call long after the last one starts a new outage: nothing may have been
             // sent there in between (another relay delivered, the destination was paused).
-            if h.last_failed
-                .is_some_and(|t| now.saturating_duration_since(t) > STALE_OUTAGE)
-            {
+            if h.outage_is_stale(now) {
                 h.down_since = None;
             }
             h.last_failed = Some(now);

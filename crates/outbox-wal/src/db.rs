@@ -64,27 +64,21 @@ pub(crate) async fn mark_delivered(
     cfg: &WalConfig,
     seqs: &[i64],
 ) -> Result<(u64, u64), WalError> {
-    let sql = format!(
-        "UPDATE {} SET status = 'delivered', delivered_at = now(),
-             lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-         WHERE seq = ANY($1) AND status IN ('pending', 'in_flight')
-         RETURNING seq",
-        outbox_table(cfg)
-    );
-    update_visible(pool, cfg, seqs, |seqs| {
-        let sql = sql.clone();
-        async move {
-            sqlx::query_scalar(AssertSqlSafe(sql))
-                .bind(seqs)
-                .fetch_all(pool)
-                .await
-                .map_err(map_sqlx)
-        }
-    })
+    settle_open_rows(
+        pool,
+        cfg,
+        seqs,
+        format!(
+            "UPDATE {} SET status = 'delivered', delivered_at = now(),
+                 lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+             WHERE seq = ANY($1) AND status IN ('pending', 'in_flight')
+             RETURNING seq",
+            outbox_table(cfg)
+        ),
+    )
     .await
 }
 
-/// Dead-letter table rows.
 /// Delete delivered table rows (nothing delivered is kept: `retention.delivered = "0s"`);
 /// returns `(deleted, already gone or settled)`.
 pub(crate) async fn delete_delivered(
@@ -92,10 +86,26 @@ pub(crate) async fn delete_delivered(
     cfg: &WalConfig,
     seqs: &[i64],
 ) -> Result<(u64, u64), WalError> {
-    let sql = format!(
-        "DELETE FROM {} WHERE seq = ANY($1) AND status IN ('pending', 'in_flight') RETURNING seq",
-        outbox_table(cfg)
-    );
+    settle_open_rows(
+        pool,
+        cfg,
+        seqs,
+        format!(
+            "DELETE FROM {} WHERE seq = ANY($1) AND status IN ('pending', 'in_flight') RETURNING seq",
+            outbox_table(cfg)
+        ),
+    )
+    .await
+}
+
+/// Run `sql` (binding `seqs` as `$1`, returning the seqs it touched) through
+/// [`update_visible`].
+async fn settle_open_rows(
+    pool: &PgPool,
+    cfg: &WalConfig,
+    seqs: &[i64],
+    sql: String,
+) -> Result<(u64, u64), WalError> {
     update_visible(pool, cfg, seqs, |seqs| {
         let sql = sql.clone();
         async move {
@@ -110,8 +120,8 @@ pub(crate) async fn delete_delivered(
 }
 
 /// Stream table rows that failed go to the table for their retry: attempt counted (unless the
-/// destination was unavailable), error kept,
-/// due after their delay. Table claims take them up from there.
+/// destination was unavailable; at least one either way), error kept, due after their delay.
+/// Table claims take them up from there.
 pub(crate) async fn retry_rows(
     pool: &PgPool,
     cfg: &WalConfig,

@@ -164,6 +164,14 @@ struct TableTurn {
     due_seen: bool,
 }
 
+impl TableTurn {
+    /// The table is idle: it owns no aggregate (`owns_none`), had nothing at its last claim,
+    /// and its watch has seen nothing due since. Only the watch looks at it then.
+    fn idle(&self, owns_none: bool) -> bool {
+        owns_none && self.empty && !self.due_seen
+    }
+}
+
 /// The replication stream as a [`Source`]: hand it to `outbox_relay::Relay` and the engine
 /// delivers WAL mode's events with every feature it has. See the module docs.
 ///
@@ -498,7 +506,7 @@ impl Source for WalSource {
         let table_turn = {
             let turn = inner.table.lock().unwrap_or_else(|p| p.into_inner());
             // An idle table is claimed from only once its watch saw something due.
-            let idle = turn.empty && table_idle && !turn.due_seen;
+            let idle = turn.idle(table_idle);
             // The watch's finding makes the turn due at once: `work_ready` wakes the relay on it,
             // and waiting for the poll interval here would spin that wakeup.
             let due = turn.last.is_none_or(|at| {
@@ -770,10 +778,11 @@ async fn watch_table(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         }
         let bound = {
             let state = inner.shared.state();
-            let idle = state.owned_count() == 0 && {
-                let turn = inner.table.lock().unwrap_or_else(|p| p.into_inner());
-                turn.empty && !turn.due_seen
-            };
+            let idle = inner
+                .table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .idle(state.owned_count() == 0);
             if !idle || !inner.shared.is_leading() {
                 continue;
             }

@@ -21,7 +21,7 @@ pub fn parse_ids(ids: &[String]) -> Result<Vec<EventId>, ConfigError> {
         .collect()
 }
 
-fn one_line(text: &str, max: usize) -> String {
+pub(crate) fn one_line(text: &str, max: usize) -> String {
     let flat: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })

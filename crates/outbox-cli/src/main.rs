@@ -393,6 +393,11 @@ struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// A running relay's metrics address (e.g. `http://relay-0:9464`), asked for which
+    /// destinations are up or down and since when. Default: `metrics.listen` of the config;
+    /// `none` skips the question.
+    #[arg(long, value_name = "URL")]
+    relay: Option<String>,
 }
 
 /// A password in a `--database-url` flag is visible to every user of the machine.
@@ -889,11 +894,16 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         ),
         config::Mode::Poll => None,
     };
+    let relay = match ops::relay_address(args.relay.as_deref(), config.metrics.listen)? {
+        Some(url) => Some(ops::ask_relay(url).await),
+        None => None,
+    };
     ops::status(
         store.dyn_store().as_ref(),
         &store.describe(),
         &routes,
         wal.as_ref(),
+        relay.as_ref(),
         args.json,
     )
     .await

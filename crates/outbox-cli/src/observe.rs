@@ -3,7 +3,7 @@
 //! destination up or down, since when, whether it is reachable now).
 //!
 //! `/readyz` does not depend on the destinations. A relay whose broker is down is doing its job
-//! (the events wait in the database, in order, costing at most one attempt) and restarting it would not
+//! (the events wait in the database, in order, costing no attempt) and restarting it would not
 //! bring the broker back; an orchestrator that restarts unready pods would only add restarts to
 //! an outage. What is down shows in `/destinations`, in `outbox_destination_failing` and
 //! `outbox_destination_down_since_seconds`, and in the relay's log (one line when an outage
@@ -197,7 +197,7 @@ fn describe() {
     );
     describe_counter!(
         "outbox_events_unavailable_total",
-        "Events that met their destination unavailable and wait for it (at most one attempt counted)."
+        "Events that met their destination unavailable and wait for it (no attempt counted)."
     );
     describe_gauge!(
         "outbox_destination_failing",

@@ -32,12 +32,128 @@ fn optional<T>(result: Result<T, StoreError>) -> anyhow::Result<Option<T>> {
     }
 }
 
+/// One destination as a running relay sees it: the part of its `/destinations` answer that
+/// `outbox status` shows.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct RelayDestination {
+    destination: String,
+    up: bool,
+    #[serde(default)]
+    failing: bool,
+    #[serde(default)]
+    down_since_unix: Option<f64>,
+    #[serde(default)]
+    reachable: Option<bool>,
+}
+
+impl RelayDestination {
+    fn down_since(&self) -> Option<DateTime<Utc>> {
+        let unix = self.down_since_unix?;
+        DateTime::from_timestamp_millis((unix * 1000.0) as i64)
+    }
+}
+
+/// What `outbox status` learned from a running relay (or why it learned nothing). Up/down and
+/// since when live in the relay process, not in the database: the relay is asked, and the
+/// status says plainly when it could not be.
+#[derive(Clone, Debug)]
+pub struct RelayView {
+    url: String,
+    answer: Result<Vec<RelayDestination>, String>,
+}
+
+/// The relay to ask: `--relay` (or `none`), else the config's `metrics.listen` (an unspecified
+/// address such as `0.0.0.0` means this machine), else none.
+pub fn relay_address(
+    flag: Option<&str>,
+    listen: Option<std::net::SocketAddr>,
+) -> Result<Option<String>, ConfigError> {
+    match flag {
+        Some("none") => Ok(None),
+        Some(url) if url.starts_with("http://") => Ok(Some(url.trim_end_matches('/').to_owned())),
+        Some(other) => Err(ConfigError(format!(
+            "--relay `{}` is not a relay's metrics address: give it as http://HOST:PORT (the relay's `metrics.listen`, plain HTTP), or `none`",
+            outbox_core::redact::redact_url(other)
+        ))),
+        None => Ok(listen.map(|mut addr| {
+            if addr.ip().is_unspecified() {
+                addr.set_ip(match addr {
+                    std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                    std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                });
+            }
+            format!("http://{addr}")
+        })),
+    }
+}
+
+/// Ask the relay at `url` for `/destinations`, waiting at most two seconds.
+pub async fn ask_relay(url: String) -> RelayView {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        destinations: Vec<RelayDestination>,
+    }
+    let endpoint = format!("{url}/destinations");
+    let answer = async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let response = client
+            .get(&endpoint)
+            .send()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        let code = response.status();
+        if !code.is_success() {
+            return Err(format!(
+                "it answered {code} (a relay older than this CLI has no /destinations)"
+            ));
+        }
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        let body: Answer = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("its answer is not a relay's /destinations: {e}"))?;
+        Ok(body.destinations)
+    }
+    .await;
+    RelayView { url, answer }
+}
+
+/// The health column of one destination: paused, or what the relay says (down since when, left
+/// alone for a cooldown, a check finding it unreachable), or nothing when no relay answered.
+fn health(name: &str, is_paused: bool, relay: Option<&RelayView>, now: DateTime<Utc>) -> String {
+    let mut words = Vec::new();
+    if is_paused {
+        words.push("paused".to_owned());
+    }
+    if let Some(Ok(list)) = relay.map(|r| &r.answer)
+        && let Some(d) = list.iter().find(|d| d.destination == name)
+    {
+        if d.up {
+            words.push("up".into());
+        } else {
+            words.push(format!("DOWN for {}", age(d.down_since(), now)));
+        }
+        if d.failing {
+            words.push("cooling down".into());
+        }
+        if d.reachable == Some(false) {
+            words.push("unreachable".into());
+        }
+    }
+    words.join(", ")
+}
+
 /// `outbox status`.
 pub async fn status(
     store: &dyn Store,
     describe: &str,
     routes: &RouteTable,
     wal: Option<&outbox_wal::WalStatus>,
+    relay: Option<&RelayView>,
     as_json: bool,
 ) -> anyhow::Result<()> {
     let stats = store.stats().await.context("reading the outbox failed")?;
@@ -72,9 +188,31 @@ pub async fn status(
                         "lag_seconds": d.oldest_pending_enqueued_at
                             .map(|t| ((now - t).num_milliseconds().max(0) as f64) / 1000.0),
                         "paused": paused.as_ref().is_some_and(|p| p.iter().any(|p| Some(&p.destination) == d.destination.as_ref())),
+                        "last_error": d.last_error,
                     }))
                     .collect::<Vec<_>>()
             );
+            if let Some(Ok(seen)) = relay.map(|r| &r.answer)
+                && let Some(rows) = value["destinations"].as_array_mut()
+            {
+                for row in rows {
+                    let name = row["destination"].as_str().unwrap_or_default().to_owned();
+                    if let Some(d) = seen.iter().find(|d| d.destination == name) {
+                        row["up"] = json!(d.up);
+                        row["failing"] = json!(d.failing);
+                        row["down_since"] = json!(d.down_since());
+                        row["reachable"] = json!(d.reachable);
+                    }
+                }
+            }
+        }
+        if let Some(relay) = relay {
+            value["relay"] = match &relay.answer {
+                Ok(seen) => {
+                    json!({ "url": relay.url, "answered": true, "destinations": seen.len() })
+                }
+                Err(e) => json!({ "url": relay.url, "answered": false, "error": e }),
+            };
         }
         if let Some(leases) = &leases {
             value["claims"] = json!(leases);
@@ -120,12 +258,29 @@ pub async fn status(
                     d.in_flight,
                     d.dead,
                     age(d.oldest_pending_enqueued_at, now),
-                    if is_paused { "paused" } else { "" }
+                    health(name, is_paused, relay, now)
                 );
+            }
+            let errors: Vec<_> = list
+                .iter()
+                .filter_map(|d| Some((d.destination.as_deref()?, d.last_error.as_deref()?)))
+                .collect();
+            if !errors.is_empty() {
+                println!();
+                for (name, error) in errors {
+                    println!("last error  {name}: {}", crate::admin::one_line(error, 160));
+                }
             }
         }
         Some(_) => {}
         None => println!("(this store cannot report the backlog per destination)"),
+    }
+    match relay.map(|r| (&r.url, &r.answer)) {
+        Some((url, Ok(_))) => println!("\nup/down as the relay at {url} sees them"),
+        Some((url, Err(e))) => println!(
+            "\nup/down unknown: no answer from the relay at {url} ({e}); pass --relay http://HOST:PORT (its metrics.listen) or --relay none"
+        ),
+        None => {}
     }
     if let Some(paused) = &paused
         && !paused.is_empty()

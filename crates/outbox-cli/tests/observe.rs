@@ -235,7 +235,7 @@ to = "ok"
                 out = dir.path().join("out.jsonl").display(),
                 nats = if with_nats {
                     format!(
-                        "[destinations.nats]\ntype = \"nats\"\nservers = [\"nats://127.0.0.1:{dead_nats}\"]\nconnect_timeout = \"200ms\"\n"
+                        "[destinations.nats]\ntype = \"nats\"\nservers = [\"nats://127.0.0.1:{dead_nats}\"]\nconnect_timeout = \"200ms\"\n[[routes]]\nwhen = {{ aggregate_type = \"signal\" }}\nto = \"nats\"\n"
                     )
                 } else {
                     String::new()
@@ -420,4 +420,82 @@ to = "ok"
     };
     assert_eq!(reachable("nats"), Some(serde_json::json!(false)), "{body}");
     assert_eq!(reachable("ok"), Some(serde_json::json!(true)), "{body}");
+
+    // An event for it: the relay finds it down, the event waits without an attempt, and
+    // `outbox status` shows the destination down since when, with the error the event keeps.
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue(
+            &mut *tx,
+            &NewEvent::new("signal", "s1", "Signalled", &serde_json::json!({})).unwrap(),
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let status = |relay: &str| {
+        let o = Command::new(BIN)
+            .args(["status", "--json", "--relay", relay, "--config"])
+            .arg(&config)
+            .env("OUTBOX_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let relay_url = format!("http://127.0.0.1:{port2}");
+    let nats = loop {
+        let json = status(&relay_url);
+        let nats = json["destinations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["destination"] == "nats")
+            .cloned();
+        if let Some(nats) = nats
+            && nats["up"] == false
+            && !nats["last_error"].is_null()
+        {
+            assert_eq!(json["relay"]["answered"], true, "{json}");
+            break nats;
+        }
+        assert!(Instant::now() < deadline, "nats never shown down: {json}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(nats["down_since"].is_string(), "{nats}");
+    assert_eq!(
+        nats["pending"].as_u64().unwrap() + nats["in_flight"].as_u64().unwrap(),
+        1,
+        "waiting, or out on a probe: {nats}"
+    );
+    assert_eq!(nats["dead"], 0, "{nats}");
+    // No relay at that address: the status still answers from the database, and says so.
+    let json = status(&format!("http://127.0.0.1:{}", free_port()));
+    assert_eq!(json["relay"]["answered"], false, "{json}");
+    let nats = json["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["destination"] == "nats")
+        .cloned()
+        .unwrap();
+    assert!(nats["up"].is_null(), "unknown, not guessed: {nats}");
+    assert!(!nats["last_error"].is_null(), "{nats}");
+    // The table form names the state and the error.
+    let o = Command::new(BIN)
+        .args(["status", "--relay", &relay_url, "--config"])
+        .arg(&config)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("DOWN for"), "{text}");
+    assert!(text.contains("last error  nats:"), "{text}");
+    let attempts: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT max(attempts) FROM \"{schema}\".events WHERE aggregate_type = 'signal'"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(attempts, 0, "an outage costs no attempt");
 }

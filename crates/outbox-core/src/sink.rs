@@ -7,8 +7,8 @@
 //! - [`Outcome::Unavailable`]: the destination could not be reached or is not serving (connection
 //!   refused or reset, DNS or TLS failure, connect or publish timeout, channel or connection
 //!   closed, no leader, HTTP 408/429/502/503/504, a whole call failing). It says nothing about the
-//!   event, so however long it lasts it costs **at most one attempt** (the first failure of an
-//!   event marks it waiting, which is what holds its aggregate's later events behind it): an
+//!   event, so however long it lasts it costs **no attempt** (the failure is kept as the event's
+//!   `last_error`, which marks it waiting and holds its aggregate's later events behind it): an
 //!   outage costs time, never events. The relay waits, probes the destination with one call at
 //!   a time and resumes when it answers.
 //! - [`Outcome::Retry`]: this event failed in a way that may pass (a per-message error the
@@ -65,7 +65,7 @@ impl Outcome {
         }
     }
 
-    /// The destination is unreachable or not serving; costs at most one attempt.
+    /// The destination is unreachable or not serving; costs no attempt.
     pub fn unavailable(reason: impl Into<String>) -> Self {
         Outcome::Unavailable {
             reason: reason.into(),

@@ -133,11 +133,10 @@ pub struct RetryEvent {
     /// Why it failed (stored truncated).
     pub error: String,
     /// Whether the failure counts toward `max_attempts`: `false` when the destination was
-    /// unavailable ([`crate::Outcome::Unavailable`]), so an outage costs time, not attempts.
-    /// Either way the row's `attempts` becomes at least 1: a pending row with attempts is what
-    /// marks it as waiting, and so holds the later events of its aggregate behind it (in every
-    /// store's claim and index). An outage therefore costs an event at most its first attempt,
-    /// however long it lasts.
+    /// unavailable ([`crate::Outcome::Unavailable`]), so an outage costs time, not attempts,
+    /// however long it lasts. Either way the row keeps `error` as its `last_error`: a pending
+    /// row with a `last_error` (or attempts) is what marks it as waiting for its retry, and so
+    /// holds the later events of its aggregate behind it (in every store's claim and index).
     pub counts_attempt: bool,
 }
 
@@ -413,6 +412,10 @@ pub struct DestinationStats {
     pub dead: u64,
     /// When the oldest undelivered (pending or in-flight) event was enqueued.
     pub oldest_pending_enqueued_at: Option<DateTime<Utc>>,
+    /// The error of its newest undelivered event that failed before (what the destination said
+    /// last, as stored: truncated); `None` when none did.
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 /// A relay holding claims, for `outbox status`.
@@ -482,7 +485,7 @@ pub trait Store: Send + Sync + 'static {
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError>;
 
     /// Send failed events back to `pending` with their error and a later due time; `attempts + 1`
-    /// where [`RetryEvent::counts_attempt`], else at least 1 (see there).
+    /// where [`RetryEvent::counts_attempt`], else unchanged (see there).
     async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError>;
 
     /// Mark events dead with `attempts + 1` and their error.

@@ -64,7 +64,8 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "outbox events table, claim and ordering indexes",
         sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
--- A pending row with attempts > 0 is one waiting for a retry.
+-- A pending row with attempts > 0 or a last_error is one waiting for a retry (an outage costs
+-- no attempt but writes last_error).
 --
 -- Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6): the database's
 -- clock, whatever the session time zone (DATETIME, unlike TIMESTAMP, is never converted).

@@ -109,7 +109,7 @@ impl Sql {
             in_flight = probe("in_flight", " AND b.lease_expires_at > UTC_TIMESTAMP(6)"),
             retrying = probe(
                 "pending",
-                " AND b.attempts > 0 AND b.next_attempt_at > UTC_TIMESTAMP(6)"
+                " AND (b.attempts > 0 OR b.last_error IS NOT NULL) AND b.next_attempt_at > UTC_TIMESTAMP(6)"
             ),
             dead = probe("dead", ""),
         );
@@ -227,7 +227,7 @@ impl Sql {
                          error    TEXT CHARACTER SET utf8mb4 PATH '$.error',
                          cost     INT PATH '$.cost')) AS r
                  STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = r.seq
-                 SET e.status = 'pending', e.attempts = GREATEST(e.attempts + r.cost, 1),
+                 SET e.status = 'pending', e.attempts = e.attempts + r.cost,
                      e.next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND,
                      e.last_error = r.error,
                      e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL
@@ -321,7 +321,7 @@ impl Sql {
             stats: format!(
                 "SELECT
                      (SELECT COUNT(*) FROM {t} WHERE status = 'pending') AS pending,
-                     (SELECT COUNT(*) FROM {t} WHERE status = 'pending' AND attempts > 0) AS retrying,
+                     (SELECT COUNT(*) FROM {t} WHERE status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL)) AS retrying,
                      (SELECT COUNT(*) FROM {t} WHERE status = 'in_flight') AS in_flight,
                      (SELECT COUNT(*) FROM {t} WHERE status = 'delivered') AS delivered,
                      (SELECT COUNT(*) FROM {t} WHERE status = 'dead') AS dead,
@@ -430,7 +430,7 @@ impl Sql {
             probe(
                 b,
                 "pending",
-                " AND b.attempts > 0 AND b.next_attempt_at > UTC_TIMESTAMP(6)",
+                " AND (b.attempts > 0 OR b.last_error IS NOT NULL) AND b.next_attempt_at > UTC_TIMESTAMP(6)",
             );
             b.bind(" AND NOT (? AND ", Arg::Bool(block));
             probe(b, "dead", "");
@@ -458,15 +458,18 @@ impl Sql {
         b.push(
             "SELECT x.route,
                 COUNT(CASE WHEN x.status = 'pending' THEN 1 END) AS pending,
-                COUNT(CASE WHEN x.status = 'pending' AND x.attempts > 0 THEN 1 END) AS retrying,
+                COUNT(CASE WHEN x.status = 'pending' AND (x.attempts > 0 OR x.last_error IS NOT NULL) THEN 1 END) AS retrying,
                 COUNT(CASE WHEN x.status = 'in_flight' THEN 1 END) AS in_flight,
                 COUNT(CASE WHEN x.status = 'dead' THEN 1 END) AS dead,
-                MIN(CASE WHEN x.status IN ('pending', 'in_flight') THEN x.enqueued_at END) AS oldest
+                MIN(CASE WHEN x.status IN ('pending', 'in_flight') THEN x.enqueued_at END) AS oldest,
+                -- The newest waiting row's error: the greatest zero-padded seq, cut off again.
+                SUBSTRING(MAX(CASE WHEN x.status IN ('pending', 'in_flight') AND x.last_error IS NOT NULL
+                                   THEN CONCAT(LPAD(x.seq, 20, '0'), x.last_error) END), 21) AS last_error
          FROM (SELECT ",
         );
         b.route(routes, "e");
         b.push(&format!(
-            " AS route, e.status, e.attempts, e.enqueued_at
+            " AS route, e.seq, e.status, e.attempts, e.enqueued_at, e.last_error
               FROM {t} AS e FORCE INDEX (open_seq)
               WHERE e.status IN ('pending', 'in_flight', 'dead')) AS x
          GROUP BY x.route"

@@ -543,6 +543,7 @@ impl Store for MySqlStore {
                     in_flight: count(row, "in_flight")?,
                     dead: count(row, "dead")?,
                     oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
+                    last_error: row.try_get("last_error").map_err(map_sqlx)?,
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;

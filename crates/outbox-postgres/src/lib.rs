@@ -539,7 +539,7 @@ impl Sql {
                 "DELETE FROM {t} WHERE seq = ANY($1) AND lease_token = $2 AND status = 'in_flight'"
             )),
             retry: format!(
-                "UPDATE {t} AS o SET status = 'pending', attempts = GREATEST(o.attempts + r.cost, 1),
+                "UPDATE {t} AS o SET status = 'pending', attempts = o.attempts + r.cost,
                      next_attempt_at = now() + r.delay_ms * interval '1 millisecond', last_error = r.error,
                      lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
                  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $5::int[]) AS r(seq, delay_ms, error, cost)
@@ -601,7 +601,7 @@ impl Sql {
             ),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
-                        count(*) FILTER (WHERE status = 'pending' AND attempts > 0) AS retrying,
+                        count(*) FILTER (WHERE status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL)) AS retrying,
                         count(*) FILTER (WHERE status = 'in_flight') AS in_flight,
                         count(*) FILTER (WHERE status = 'delivered') AS delivered,
                         count(*) FILTER (WHERE status = 'dead') AS dead,
@@ -818,7 +818,7 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
              WHERE b.aggregate_type = e.aggregate_type
                AND b.aggregate_id = e.aggregate_id
                AND b.seq < e.seq
-               AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
+               AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND (b.attempts > 0 OR b.last_error IS NOT NULL)))
                AND CASE b.status
                        WHEN 'in_flight' THEN b.lease_expires_at > statement_timestamp()
                        WHEN 'dead' THEN $4
@@ -966,15 +966,18 @@ fn destination_stats_sql(t: &str, route: &str) -> String {
     format!(
         "SELECT x.route,
                 count(*) FILTER (WHERE x.status = 'pending') AS pending,
-                count(*) FILTER (WHERE x.status = 'pending' AND x.attempts > 0) AS retrying,
+                count(*) FILTER (WHERE x.status = 'pending' AND x.failed) AS retrying,
                 count(*) FILTER (WHERE x.status = 'in_flight') AS in_flight,
                 count(*) FILTER (WHERE x.status = 'dead') AS dead,
-                min(x.enqueued_at) FILTER (WHERE x.status IN ('pending', 'in_flight')) AS oldest
+                min(x.enqueued_at) FILTER (WHERE x.status IN ('pending', 'in_flight')) AS oldest,
+                (array_agg(x.last_error ORDER BY x.seq DESC)
+                    FILTER (WHERE x.status IN ('pending', 'in_flight') AND x.last_error IS NOT NULL))[1] AS last_error
          FROM (
-             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             SELECT COALESCE({route}, '') AS route, e.seq, e.status, e.enqueued_at, e.last_error,
+                    (e.attempts > 0 OR e.last_error IS NOT NULL) AS failed
              FROM {t} e WHERE e.status IN ('pending', 'in_flight')
              UNION ALL
-             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             SELECT COALESCE({route}, '') AS route, e.seq, e.status, e.enqueued_at, NULL, false
              FROM {t} e WHERE e.status = 'dead'
          ) x
          GROUP BY x.route"
@@ -1449,6 +1452,7 @@ impl Store for PgStore {
                     in_flight: count("in_flight")?,
                     dead: count("dead")?,
                     oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
+                    last_error: row.try_get("last_error").map_err(map_sqlx)?,
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;

@@ -32,7 +32,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- The seeds' new / sent / error are pending / delivered / dead; a pending row with attempts > 0
--- is one waiting for a retry.
+-- is one waiting for a retry (since version 4: or with a last_error, see there).
 CREATE TABLE {t} (
     seq              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     id               UUID        NOT NULL,
@@ -131,6 +131,20 @@ CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status NOT IN ('delivered', 'dead');
 "#,
     },
+    Migration {
+        version: 4,
+        description: "blockers marked by last_error: an outage costs no attempt",
+        sql: r#"
+-- An outage (the destination unavailable) costs a waiting event no attempt, so `attempts` alone
+-- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
+-- does (every retry writes it). The blockers are rebuilt with that mark. Building reads the
+-- table once, under a lock that holds writers back meanwhile.
+DROP INDEX "{schema}".{table}_blockers;
+CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead')
+       OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
+"#,
+    },
 ];
 
 /// The partitioned layout (see [`crate::Partitioning`]), oldest first. A separate list: the
@@ -227,6 +241,21 @@ CREATE TABLE "{schema}"."{table}_paused" (
 -- Created on every partition.
 CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status NOT IN ('delivered', 'dead');
+"#,
+    },
+    Migration {
+        version: 3,
+        description: "blockers marked by last_error: an outage costs no attempt",
+        sql: r#"
+-- An outage (the destination unavailable) costs a waiting event no attempt, so `attempts` alone
+-- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
+-- does (every retry writes it). The blockers are rebuilt with that mark. Building reads the
+-- table once, under a lock that holds writers back meanwhile.
+-- Dropped and created on every partition.
+DROP INDEX "{schema}".{table}_blockers;
+CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead')
+       OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
 "#,
     },
 ];

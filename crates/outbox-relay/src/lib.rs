@@ -53,8 +53,8 @@
 //! serving ([`Outcome::Unavailable`]) from one the destination refused or failed
 //! ([`Outcome::Reject`], [`Outcome::Retry`]). Only the latter count toward
 //! [`RetryPolicy::max_attempts`](outbox_core::RetryPolicy) and the dead letters (an outage costs
-//! an event at most its first attempt: a pending row with an attempt is what the stores treat as
-//! waiting, which holds its aggregate's later events behind it): an event whose destination is
+//! an event no attempt: a pending row with a `last_error` is what the stores treat as waiting,
+//! which holds its aggregate's later events behind it): an event whose destination is
 //! down waits, with its aggregate's later events behind it, however long the outage lasts, and
 //! goes out in order when the destination is back. The relay does not hammer
 //! a down destination with every event: after three failed calls (or one timeout) it leaves it
@@ -81,7 +81,7 @@
 //! almost nothing.) A destination that times out, or answers every event of three calls in a row
 //! with [`Outcome::Unavailable`], is *failing*: for a cooldown (from 500 ms, doubling while it
 //! keeps failing, up to [`RelayConfig::destination_cooldown`]) the relay does not call it and
-//! records its events as unavailable at once, costing at most one attempt (each due again after the
+//! records its events as unavailable at once, costing no attempt (each due again after the
 //! cooldown, spread over half as long again), so batches do not wait out its timeout again and
 //! again. A single destination is treated the same way: it has no others to protect, but its outage
 //! is probed, not hammered. After the cooldown one call tries it for real while the others are
@@ -172,7 +172,7 @@ pub struct RelayConfig {
     #[serde(with = "humantime_duration")]
     pub max_store_backoff: Duration,
     /// Longest time a failing destination is left alone before it is tried again (see the crate
-    /// docs). Its events wait without calling it meanwhile, costing at most one attempt. `0s` turns this
+    /// docs). Its events wait without calling it meanwhile, costing no attempt. `0s` turns this
     /// off: every wave calls every destination.
     #[serde(with = "humantime_duration")]
     pub destination_cooldown: Duration,
@@ -284,9 +284,9 @@ pub struct RelayReport {
     /// unavailable are counted in `unavailable` instead).
     pub retried: u64,
     /// Events answered without calling their destination, because it was failing (each then
-    /// waits, costing at most one attempt).
+    /// waits, costing no attempt).
     pub short_circuited: u64,
-    /// Events that met their destination unavailable and wait for it, costing at most one attempt
+    /// Events that met their destination unavailable and wait for it, costing no attempt
     /// (short-circuited ones included).
     pub unavailable: u64,
     /// Events buried (rejected, or out of attempts).
@@ -376,15 +376,21 @@ impl Destinations {
     /// Every destination, in the order of the routes.
     pub fn snapshot(&self) -> Vec<DestinationState> {
         let lanes = &self.0;
+        let now = Instant::now();
         let health = lanes.health.lock().unwrap_or_else(|p| p.into_inner());
         (0..lanes.count())
             .filter(|&lane| !lanes.is_unroutable(lane))
             .map(|lane| {
-                let h = health.get(lane).cloned().unwrap_or_default();
+                let mut h = health.get(lane).cloned().unwrap_or_default();
+                // An outage with no failed call for a minute is over, as the relay itself counts
+                // it (nothing was sent there since, so nothing says it is down).
+                if h.outage_is_stale(now) {
+                    h.down_since = None;
+                }
                 DestinationState {
                     destination: lanes.name(lane).to_owned(),
                     up: h.down_since.is_none(),
-                    failing: h.open_until.is_some(),
+                    failing: h.open_until.is_some_and(|t| t > now),
                     down_since_unix: h.down_since.map(|(_, wall)| {
                         wall.duration_since(std::time::UNIX_EPOCH)
                             .unwrap_or_default()
@@ -907,7 +913,7 @@ impl Lanes {
                 destination = name,
                 cooldown_ms = cooldown.as_millis() as u64,
                 %error,
-                "Destination is failing: its events wait, costing at most one attempt, without calling it until the cooldown ends; other destinations keep flowing."
+                "Destination is failing: its events wait, costing no attempt, without calling it until the cooldown ends; other destinations keep flowing."
             );
         }
     }
@@ -1210,7 +1216,7 @@ where
                     destination = sink,
                     retry_in_ms = delay.as_millis() as u64,
                     error = %reason,
-                    "Destination unavailable; the event waits (at most one attempt counted)."
+                    "Destination unavailable; the event waits (no attempt counted)."
                 );
                 settlement.retries.push(RetryEvent {
                     counts_attempt: false,

@@ -39,7 +39,7 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | delivery report without error | `Delivered` |
-//! | broker unreachable (transport failure, all brokers down, name not resolved), no report within `delivery_timeout`, producer queue full, no leader or leader moving, not enough replicas, request timed out, broker storage error, throttling, TLS or authentication failing, cluster authorization refused, a fatal or fenced producer (replaced), the producer shut down | `Unavailable` (at most one attempt, however long it lasts), with the last broker error librdkafka reported |
+//! | broker unreachable (transport failure, all brokers down, name not resolved), no report within `delivery_timeout`, producer queue full, no leader or leader moving, not enough replicas, request timed out, broker storage error, throttling, TLS or authentication failing, cluster authorization refused, a fatal or fenced producer (replaced), the producer shut down | `Unavailable` (no attempt, however long it lasts), with the last broker error librdkafka reported |
 //! | any other produce error | `Retry` (costs an attempt) |
 //! | record larger than `max_message_bytes` or the broker's limit | `Reject`, naming the topic and the limit to raise |
 //! | topic does not exist and the broker does not create topics | `Reject`, naming the topic |

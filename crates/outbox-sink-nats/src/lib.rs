@@ -31,7 +31,7 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | `PubAck` received (also for a duplicate) | `Delivered` |
-//! | server unreachable, connection lost, no `PubAck` in time, the stream cannot be created or checked | `Unavailable` (at most one attempt, however long it lasts) |
+//! | server unreachable, connection lost, no `PubAck` in time, the stream cannot be created or checked | `Unavailable` (no attempt, however long it lasts) |
 //! | JetStream says its cluster, stream or resources are not available (no leader, no peers, stream offline, storage or memory limits, JetStream not enabled) | `Unavailable` |
 //! | any other JetStream error for the message | `Retry` (costs an attempt) |
 //! | no stream captures the subject ("no responders", and a stream lookup confirms it) | `Reject`, naming the subject and how to create the stream |

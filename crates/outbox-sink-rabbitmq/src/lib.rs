@@ -41,8 +41,8 @@
 //! |---|---|
 //! | confirmed (`basic.ack`) and not returned | `Delivered` |
 //! | returned as unroutable (`mandatory`, 312 NO_ROUTE) | `Retry` by default, `Reject` with `unroutable = "reject"`; never `Delivered` |
-//! | `basic.nack` (a queue's `reject-publish` overflow, an internal error) | `Unavailable` (at most one attempt, however long it lasts) |
-//! | broker unreachable, connection or channel lost, socket error, no answer within `connect_timeout`, no confirm within `confirm_timeout` | `Unavailable` (at most one attempt, however long it lasts); the next call reconnects |
+//! | `basic.nack` (a queue's `reject-publish` overflow, an internal error) | `Unavailable` (no attempt, however long it lasts) |
+//! | broker unreachable, connection or channel lost, socket error, no answer within `connect_timeout`, no confirm within `confirm_timeout` | `Unavailable` (no attempt, however long it lasts); the next call reconnects |
 //! | the broker closed the channel for another reason (another message of the batch may have caused it) | `Retry` (costs an attempt) |
 //! | exchange does not exist (404 NOT_FOUND) | `Reject`, naming the exchange and the fix |
 //! | access to the exchange refused (403 ACCESS_REFUSED) | `Reject`, naming the exchange and user |

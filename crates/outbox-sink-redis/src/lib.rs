@@ -36,7 +36,7 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | `XADD` answered with an entry id | `Delivered` |
-//! | Redis unreachable, connection lost, no reply in time, the whole pipeline failing, `LOADING`, `BUSY`, `OOM`, `READONLY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, authentication errors | `Unavailable` (at most one attempt, however long it lasts) |
+//! | Redis unreachable, connection lost, no reply in time, the whole pipeline failing, `LOADING`, `BUSY`, `OOM`, `READONLY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, authentication errors | `Unavailable` (no attempt, however long it lasts) |
 //! | any other error for one `XADD` | `Retry` (costs an attempt) |
 //! | the key holds another type (`WRONGTYPE`), or the user's ACL does not allow the key (`NOPERM`) | `Reject` |
 //! | the entry is larger than [`max_message_bytes`](RedisSinkConfig::max_message_bytes) | `Reject` |

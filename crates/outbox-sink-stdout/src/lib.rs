@@ -13,7 +13,7 @@
 //!
 //! A batch counts as delivered once its lines were written and flushed (and, for a file with
 //! `sync` set, forced to disk). A write error (disk full, closed pipe) is `Unavailable`: the
-//! events wait, costing at most one attempt.
+//! events wait, costing no attempt.
 
 use std::path::{Path, PathBuf};
 

@@ -50,7 +50,7 @@
 //! | response | outcome |
 //! |---|---|
 //! | `2xx` | `Delivered` |
-//! | `408`, `429`, `502`, `503`, `504` | `Unavailable` (at most one attempt, however long it lasts); a `Retry-After` header (seconds or HTTP date) sets when |
+//! | `408`, `429`, `502`, `503`, `504` | `Unavailable` (no attempt, however long it lasts); a `Retry-After` header (seconds or HTTP date) sets when |
 //! | no response: refused, reset, DNS or TLS failure, timeout | `Unavailable` |
 //! | `500` and other `5xx` (the receiver failed on this event) | `Retry` (costs an attempt), `Retry-After` honoured |
 //! | other `4xx`, `3xx`, a URL or header that cannot be sent, a host nobody configured | `Reject` |

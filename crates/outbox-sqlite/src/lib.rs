@@ -396,7 +396,7 @@ impl Sql {
             ),
             // ?1 JSON array of {seq, due, error, cost}, ?2 token.
             retry: format!(
-                "UPDATE {t} AS o SET status = 'pending', attempts = max(o.attempts + (r.value ->> 'cost'), 1),
+                "UPDATE {t} AS o SET status = 'pending', attempts = o.attempts + (r.value ->> 'cost'),
                      next_attempt_at = r.value ->> 'due', last_error = r.value ->> 'error',
                      lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
                  FROM json_each(?1) AS r
@@ -467,7 +467,7 @@ impl Sql {
             ),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
-                        count(*) FILTER (WHERE status = 'pending' AND attempts > 0) AS retrying,
+                        count(*) FILTER (WHERE status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL)) AS retrying,
                         count(*) FILTER (WHERE status = 'in_flight') AS in_flight,
                         count(*) FILTER (WHERE status = 'delivered') AS delivered,
                         count(*) FILTER (WHERE status = 'dead') AS dead,
@@ -558,7 +558,7 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                    WHERE b.aggregate_type = e.aggregate_type
                      AND b.aggregate_id = e.aggregate_id
                      AND b.seq < e.seq
-                     AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND b.attempts > 0))
+                     AND (b.status IN ('in_flight', 'dead') OR (b.status = 'pending' AND (b.attempts > 0 OR b.last_error IS NOT NULL)))
                      AND CASE b.status
                              WHEN 'in_flight' THEN b.lease_expires_at > ?5
                              WHEN 'dead' THEN ?6
@@ -579,15 +579,19 @@ fn destination_stats_sql(t: &str, route: &str) -> String {
     format!(
         "SELECT x.route AS route,
                 count(*) FILTER (WHERE x.status = 'pending') AS pending,
-                count(*) FILTER (WHERE x.status = 'pending' AND x.attempts > 0) AS retrying,
+                count(*) FILTER (WHERE x.status = 'pending' AND x.failed) AS retrying,
                 count(*) FILTER (WHERE x.status = 'in_flight') AS in_flight,
                 count(*) FILTER (WHERE x.status = 'dead') AS dead,
-                min(x.enqueued_at) FILTER (WHERE x.status IN ('pending', 'in_flight')) AS oldest
+                min(x.enqueued_at) FILTER (WHERE x.status IN ('pending', 'in_flight')) AS oldest,
+                -- The newest waiting row's error: the greatest zero-padded seq, cut off again.
+                substr(max(CASE WHEN x.status IN ('pending', 'in_flight') AND x.last_error IS NOT NULL
+                                THEN printf('%020d', x.seq) || x.last_error END), 21) AS last_error
          FROM (
-             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             SELECT COALESCE({route}, '') AS route, e.seq, e.status, e.enqueued_at, e.last_error,
+                    (e.attempts > 0 OR e.last_error IS NOT NULL) AS failed
              FROM {t} AS e WHERE e.status IN ('pending', 'in_flight')
              UNION ALL
-             SELECT COALESCE({route}, '') AS route, e.status, e.attempts, e.enqueued_at
+             SELECT COALESCE({route}, '') AS route, e.seq, e.status, e.enqueued_at, NULL, 0
              FROM {t} AS e WHERE e.status = 'dead'
          ) AS x
          GROUP BY x.route"
@@ -1163,6 +1167,7 @@ impl Store for SqliteStore {
                     in_flight: get("in_flight")?,
                     dead: get("dead")?,
                     oldest_pending_enqueued_at: get_opt_time(row, 0, "oldest")?,
+                    last_error: row.try_get("last_error").map_err(map_sqlx)?,
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;

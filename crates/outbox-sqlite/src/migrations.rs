@@ -38,7 +38,8 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "outbox events table, claim and ordering indexes",
         sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
--- A pending row with attempts > 0 is one waiting for a retry.
+-- A pending row with attempts > 0 is one waiting for a retry (since version 3: or with a
+-- last_error, see there).
 --
 -- Times are INTEGER microseconds since the Unix epoch, written by the store from the host clock
 -- (the same clock SQLite's own date functions read). Integers compare exactly, index well and
@@ -114,6 +115,19 @@ CREATE TABLE "{table}_paused" (
 -- Dead rows in seq order: list_dead, the per-destination dead counts and dead-letter retention
 -- read only these. Queries repeat the predicate word for word, as SQLite's planner needs.
 CREATE INDEX "{table}_dead" ON {t} (seq) WHERE status = 'dead';
+"#,
+    },
+    Migration {
+        version: 3,
+        description: "blockers marked by last_error: an outage costs no attempt",
+        sql: r#"
+-- An outage (the destination unavailable) costs a waiting event no attempt, so `attempts` alone
+-- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
+-- does (every retry writes it). The blockers are rebuilt with that mark; the claim repeats the
+-- predicate word for word, as SQLite's planner needs.
+DROP INDEX "{table}_blockers";
+CREATE INDEX "{table}_blockers" ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
 "#,
     },
 ];

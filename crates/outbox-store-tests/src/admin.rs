@@ -396,7 +396,7 @@ pub async fn destination_stats_count_each_state<H: Harness>(h: &H) {
                 counts_attempt: true,
                 seq: seq(1),
                 delay: HOUR,
-                error: "x".into(),
+                error: "connection refused".into(),
             }],
         )
         .await
@@ -424,6 +424,11 @@ pub async fn destination_stats_count_each_state<H: Harness>(h: &H) {
     assert_eq!(by.len(), 3, "{stats:?}");
     let kafka = by[&Some("kafka")];
     assert_eq!(stats_key(kafka), (2, 1, 1, 1), "{kafka:?}");
+    assert_eq!(
+        kafka.last_error.as_deref(),
+        Some("connection refused"),
+        "the waiting event's error, not the dead one's: {kafka:?}"
+    );
     let oldest = kafka.oldest_pending_enqueued_at.unwrap();
     let age = Utc::now() - oldest;
     assert!(

@@ -62,6 +62,7 @@ macro_rules! conformance {
             idempotency_key_returns_the_existing_event,
             aggregate_in_flight_blocks_its_later_events_only,
             retry_counts_the_attempt_and_delays_the_event,
+            an_unavailable_retry_costs_no_attempt_and_holds_its_aggregate,
             dead_event_blocks_its_aggregate_only_under_block_policy,
             requeue_and_discard_act_on_dead_events_only,
             expired_lease_is_reclaimed_and_stale_writes_are_fenced,
@@ -318,6 +319,62 @@ pub async fn retry_counts_the_attempt_and_delays_the_event<H: Harness>(h: &H) {
     let again = store.claim(&req(10)).await.unwrap();
     assert_eq!(again.events.len(), 1);
     assert_eq!(again.events[0].attempts, 1);
+}
+
+/// A retry for an unavailable destination (`counts_attempt: false`) leaves `attempts` alone,
+/// however often it happens, yet keeps the error and holds the aggregate's later events behind
+/// the waiting one exactly like a counted retry: an outage costs time, not attempts, and never
+/// reorders an aggregate.
+pub async fn an_unavailable_retry_costs_no_attempt_and_holds_its_aggregate<H: Harness>(h: &H) {
+    let store = h.fresh().await;
+    h.enqueue(
+        &store,
+        &[numbered("a", 1), numbered("a", 2), numbered("b", 1)],
+    )
+    .await;
+    let claim = store.claim(&req(1)).await.unwrap();
+    let a1 = claim.events[0].clone();
+    assert_eq!(a1.aggregate_id, "a");
+    // Three outage rounds: due at once each time, claimed again, unavailable again.
+    let mut lease = claim.lease;
+    for round in 0..3 {
+        let unavailable = RetryEvent {
+            counts_attempt: false,
+            seq: a1.seq,
+            delay: Duration::ZERO,
+            error: format!("connection refused (round {round})"),
+        };
+        assert_eq!(store.retry(&lease, &[unavailable]).await.unwrap(), 1);
+        let again = store.claim(&req(1)).await.unwrap();
+        assert_eq!(again.events.len(), 1, "round {round}");
+        assert_eq!(again.events[0].seq, a1.seq, "the head comes back first");
+        assert_eq!(again.events[0].attempts, 0, "round {round}: no attempt");
+        lease = again.lease;
+    }
+    // Waiting for a later probe: a/2 must not overtake it, b flows.
+    let wait = RetryEvent {
+        counts_attempt: false,
+        seq: a1.seq,
+        delay: Duration::from_secs(3600),
+        error: "connection refused".into(),
+    };
+    store.retry(&lease, &[wait]).await.unwrap();
+    let record = store.get(a1.id).await.unwrap().unwrap();
+    assert_eq!(record.state, EventState::Pending);
+    assert_eq!(record.event.attempts, 0);
+    assert_eq!(record.last_error.as_deref(), Some("connection refused"));
+    let next = store.claim(&req(10)).await.unwrap();
+    let got: Vec<(&str, u32)> = next
+        .events
+        .iter()
+        .map(|e| (e.aggregate_id.as_str(), e.attempts))
+        .collect();
+    assert_eq!(got, vec![("b", 0)], "a/2 waits behind the unavailable a/1");
+    assert_eq!(
+        store.stats().await.unwrap().retrying,
+        1,
+        "the waiting event counts as retrying"
+    );
 }
 
 /// A dead event holds back its own aggregate under `Block`, nobody under `Skip`.

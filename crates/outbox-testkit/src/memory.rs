@@ -180,10 +180,9 @@ impl Source for MemorySource {
         Ok(
             self.settle(lease, events.iter().map(|e| e.seq), |row, seq| {
                 let retry = events.iter().find(|e| e.seq == seq);
-                // As the stores do: at least one, which is what marks a row as waiting (and so holds
-                // its aggregate back); an attempt only where it counts.
-                row.event.attempts =
-                    (row.event.attempts + u32::from(retry.is_none_or(|r| r.counts_attempt))).max(1);
+                // As the stores do: an attempt only where it counts (an outage costs none); the
+                // error is kept either way.
+                row.event.attempts += u32::from(retry.is_none_or(|r| r.counts_attempt));
                 row.last_error = retry.map(|r| r.error.clone());
                 row.state = MemoryState::Pending {
                     due: now + retry.map(|r| r.delay).unwrap_or(Duration::ZERO),

@@ -120,7 +120,7 @@ async fn settle_open_rows(
 }
 
 /// Stream table rows that failed go to the table for their retry: attempt counted (unless the
-/// destination was unavailable; at least one either way), error kept, due after their delay.
+/// destination was unavailable), error kept (the mark of a row waiting for its retry), due after their delay.
 /// Table claims take them up from there.
 pub(crate) async fn retry_rows(
     pool: &PgPool,
@@ -128,7 +128,7 @@ pub(crate) async fn retry_rows(
     retries: &[&RetryEvent],
 ) -> Result<u64, WalError> {
     let sql = format!(
-        "UPDATE {} AS o SET status = 'pending', attempts = GREATEST(o.attempts + r.cost, 1),
+        "UPDATE {} AS o SET status = 'pending', attempts = o.attempts + r.cost,
              next_attempt_at = now() + r.delay_ms * interval '1 millisecond', last_error = r.error,
              lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
          FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[]) AS r(seq, delay_ms, error, cost)
@@ -445,7 +445,7 @@ pub(crate) async fn open_rows(
     let rows = sqlx::query(AssertSqlSafe(format!(
         "SELECT seq, aggregate_type, aggregate_id FROM {} e
          WHERE (e.status IN ('pending', 'in_flight')
-                AND ($1 OR e.status = 'in_flight' OR e.attempts > 0))
+                AND ($1 OR e.status = 'in_flight' OR e.attempts > 0 OR e.last_error IS NOT NULL))
             OR (e.status = 'dead' AND $2)",
         outbox_table(cfg)
     )))

@@ -590,7 +590,7 @@ impl Source for WalSource {
                 Origin::Message => {
                     state.own_message(out.aggregate.clone());
                     if let Some(event) = out.event.clone() {
-                        let attempts = (event.attempts + u32::from(retry.counts_attempt)).max(1);
+                        let attempts = event.attempts + u32::from(retry.counts_attempt);
                         messages.push((
                             MessageRow::pending(
                                 event,

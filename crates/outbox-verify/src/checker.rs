@@ -445,6 +445,7 @@ mod tests {
             writer: 0,
             outcome,
             events,
+            committed_unix_ms: None,
         }
     }
 
@@ -456,6 +457,7 @@ mod tests {
             event_id: Some(e.id),
             aggregate: Some(e.aggregate.clone()),
             seq: Some(e.seq),
+            received_unix_ms: None,
         });
     }
 
@@ -592,6 +594,7 @@ mod tests {
             event_id: Some(EventId::new()),
             aggregate: None,
             seq: None,
+            received_unix_ms: None,
         });
         let v = check(&f.history);
         assert_eq!(v.phantom.count, 1);

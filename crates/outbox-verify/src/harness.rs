@@ -611,6 +611,7 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
             .or_insert_with(|| Mutex::new(()));
     }
     let started = Instant::now();
+    let started_unix_ms = crate::history::unix_ms();
     let ctx = Arc::new(Ctx {
         relays: relays.clone(),
         relay_db,
@@ -776,6 +777,15 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
                 .or_default() += 1;
         }
     }
+    let outage = fault_records.iter().find_map(|f| match &f.scheduled.fault {
+        Fault::Outage { dest, .. } if !f.failed => Some((
+            dest.as_str(),
+            started_unix_ms + (f.started_s * 1000.0) as u64,
+            started_unix_ms + (f.ended_s * 1000.0) as u64,
+        )),
+        _ => None,
+    });
+    let latency = report::latencies(&history, outage);
     let report = RunReport {
         seed: options.seed,
         profile: options.profile.name().to_owned(),
@@ -794,6 +804,7 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
         parked: side.parked(),
         timeline,
         verdict,
+        latency,
         work_dir: work.display().to_string(),
     };
     std::fs::write(

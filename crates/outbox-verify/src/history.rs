@@ -58,6 +58,9 @@ pub struct Txn {
     pub outcome: TxnOutcome,
     /// The events it enqueued.
     pub events: Vec<WrittenEvent>,
+    /// When COMMIT returned success (Unix milliseconds): where each event's latency starts.
+    #[serde(default)]
+    pub committed_unix_ms: Option<u64>,
 }
 
 /// One message as a consumer received it, in arrival order per destination.
@@ -73,6 +76,9 @@ pub struct Observed {
     pub aggregate: Option<String>,
     /// The per-aggregate sequence number from the payload.
     pub seq: Option<u64>,
+    /// When the consumer received it (Unix milliseconds).
+    #[serde(default)]
+    pub received_unix_ms: Option<u64>,
 }
 
 /// An outbox row at the end of the run.
@@ -149,4 +155,13 @@ pub enum LateWrites {
     Unfenced,
     /// Not settled yet (the process is still running and has not written back).
     Pending,
+}
+
+/// Now, as Unix milliseconds: writers and consumers run in this one process, so their stamps
+/// share one clock and a difference of two is a latency.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::checker::{Finding, Verdict};
 use crate::faults::Scheduled;
-use crate::history::{LateWrites, LeaseFault};
+use crate::history::{History, LateWrites, LeaseFault, TxnOutcome};
 use crate::relays::UnexpectedExit;
 
 /// One sample of the system's state while it runs.
@@ -91,6 +91,9 @@ pub struct RunReport {
     pub timeline: Vec<Sample>,
     /// The checker's verdict.
     pub verdict: Verdict,
+    /// Commit-to-receipt latency per destination, overall and for events committed during the
+    /// outage (the `outage` fault).
+    pub latency: Vec<DestinationLatency>,
     /// Where the files of the run are.
     pub work_dir: String,
 }
@@ -213,6 +216,24 @@ impl RunReport {
                 rss.first, rss.warm, rss.last, rss.max
             );
         }
+        if !self.latency.is_empty() {
+            let _ = writeln!(
+                s,
+                "latency, commit → first receipt, p50/p99/max ms (events committed during the outage):"
+            );
+            for d in &self.latency {
+                let _ = writeln!(
+                    s,
+                    "  {:<10}{} {}{}",
+                    d.destination,
+                    if d.down { " (down)" } else { "" },
+                    d.all.as_ref().map_or("-".into(), LatencyFigures::short),
+                    d.during_outage
+                        .as_ref()
+                        .map_or(String::new(), |f| format!("  ({})", f.short())),
+                );
+            }
+        }
         let _ = writeln!(
             s,
             "relay logs: {}; unexpected relay exits: {}",
@@ -261,6 +282,96 @@ impl RunReport {
         let _ = write!(s, "files: {}", self.work_dir);
         s
     }
+}
+
+/// Latency figures of a set of events.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LatencyFigures {
+    /// Events measured.
+    pub events: u64,
+    /// Median, milliseconds.
+    pub p50_ms: u64,
+    /// 99th percentile, milliseconds.
+    pub p99_ms: u64,
+    /// Slowest, milliseconds.
+    pub max_ms: u64,
+}
+
+impl LatencyFigures {
+    fn of(mut ms: Vec<u64>) -> Option<Self> {
+        if ms.is_empty() {
+            return None;
+        }
+        ms.sort_unstable();
+        let at = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
+        Some(LatencyFigures {
+            events: ms.len() as u64,
+            p50_ms: at(0.50),
+            p99_ms: at(0.99),
+            max_ms: ms[ms.len() - 1],
+        })
+    }
+
+    fn short(&self) -> String {
+        format!(
+            "{}/{}/{} ({} events)",
+            self.p50_ms, self.p99_ms, self.max_ms, self.events
+        )
+    }
+}
+
+/// One destination's commit-to-receipt latency: what an outage of another destination must
+/// not change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DestinationLatency {
+    /// The harness's destination name.
+    pub destination: String,
+    /// Whether it is the destination the outage took down.
+    pub down: bool,
+    /// Every committed event that arrived (its first arrival).
+    pub all: Option<LatencyFigures>,
+    /// The events committed while the outage lasted.
+    pub during_outage: Option<LatencyFigures>,
+}
+
+/// Commit-to-first-receipt latency per destination. `outage`: the destination taken down and
+/// the window (Unix ms) it was down, whose committed events are also measured on their own.
+pub fn latencies(history: &History, outage: Option<(&str, u64, u64)>) -> Vec<DestinationLatency> {
+    let mut first: std::collections::HashMap<(&str, outbox_core::EventId), u64> =
+        std::collections::HashMap::new();
+    for o in &history.observed {
+        if let (Some(id), Some(at)) = (o.event_id, o.received_unix_ms) {
+            first
+                .entry((o.destination.as_str(), id))
+                .and_modify(|t| *t = (*t).min(at))
+                .or_insert(at);
+        }
+    }
+    let mut all: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut during: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for txn in &history.txns {
+        let (TxnOutcome::Committed, Some(committed)) = (txn.outcome, txn.committed_unix_ms) else {
+            continue;
+        };
+        for e in txn.events.iter().filter(|e| !e.poison) {
+            let Some(&received) = first.get(&(e.destination.as_str(), e.id)) else {
+                continue;
+            };
+            let ms = received.saturating_sub(committed);
+            all.entry(&e.destination).or_default().push(ms);
+            if outage.is_some_and(|(_, from, to)| committed >= from && committed <= to) {
+                during.entry(&e.destination).or_default().push(ms);
+            }
+        }
+    }
+    all.into_iter()
+        .map(|(destination, ms)| DestinationLatency {
+            destination: destination.to_owned(),
+            down: outage.is_some_and(|(d, _, _)| d == destination),
+            all: LatencyFigures::of(ms),
+            during_outage: during.remove(destination).and_then(LatencyFigures::of),
+        })
+        .collect()
 }
 
 /// Total relay RSS over the samples that had every relay running: the first (start-up), the
@@ -329,4 +440,83 @@ pub fn summarize_logs(files: &[std::path::PathBuf]) -> LogSummary {
     list.truncate(15);
     summary.messages = list;
     summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{Observed, Txn, WrittenEvent};
+    use outbox_core::EventId;
+
+    fn event(destination: &str, poison: bool) -> WrittenEvent {
+        WrittenEvent {
+            id: EventId::new(),
+            aggregate: format!("{destination}/a"),
+            seq: 1,
+            destination: destination.into(),
+            poison,
+        }
+    }
+
+    #[test]
+    fn latency_runs_from_commit_to_first_receipt_and_splits_off_the_outage() {
+        let mut h = History::default();
+        let mut txn = |committed: u64, e: WrittenEvent, outcome: TxnOutcome| {
+            h.txns.push(Txn {
+                id: uuid::Uuid::now_v7(),
+                writer: 0,
+                outcome,
+                events: vec![e.clone()],
+                committed_unix_ms: Some(committed),
+            });
+            e
+        };
+        // file: 100 events at 1..=100 ms latency, ten of them committed during the outage.
+        let mut arrivals = Vec::new();
+        for i in 0..100u64 {
+            let e = txn(1_000 + i * 10, event("file", false), TxnOutcome::Committed);
+            arrivals.push(("file", e.id, 1_000 + i * 10 + i + 1));
+            // A duplicate later: only the first arrival counts.
+            arrivals.push(("file", e.id, 90_000));
+        }
+        // nats, the one down: 5 s late.
+        let e = txn(1_500, event("nats", false), TxnOutcome::Committed);
+        arrivals.push(("nats", e.id, 6_500));
+        // Neither a poison event nor a rolled-back one is measured.
+        let p = txn(1_500, event("nats", true), TxnOutcome::Committed);
+        arrivals.push(("nats", p.id, 1_501));
+        let r = txn(1_500, event("file", false), TxnOutcome::RolledBack);
+        arrivals.push(("file", r.id, 1_501));
+        for (index, (d, id, at)) in arrivals.into_iter().enumerate() {
+            h.observed.push(Observed {
+                destination: d.into(),
+                index: index as u64,
+                event_id: Some(id),
+                aggregate: None,
+                seq: None,
+                received_unix_ms: Some(at),
+            });
+        }
+        let got = latencies(&h, Some(("nats", 1_400, 1_490)));
+        assert_eq!(got.len(), 2, "{got:?}");
+        let file = &got[0];
+        assert_eq!(file.destination, "file");
+        assert!(!file.down);
+        let all = file.all.as_ref().unwrap();
+        assert_eq!(
+            (all.events, all.p50_ms, all.p99_ms, all.max_ms),
+            (100, 50, 99, 100)
+        );
+        let during = file.during_outage.as_ref().unwrap();
+        assert_eq!(
+            (during.events, during.p50_ms, during.max_ms),
+            (10, 45, 50),
+            "events committed at 1400..=1490: latencies 41..=50"
+        );
+        let nats = &got[1];
+        assert!(nats.down);
+        assert_eq!(nats.all.as_ref().unwrap().max_ms, 5_000);
+        assert_eq!(nats.all.as_ref().unwrap().events, 1, "poison not measured");
+        assert!(nats.during_outage.is_none(), "committed after the window");
+    }
 }

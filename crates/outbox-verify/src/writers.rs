@@ -288,6 +288,7 @@ async fn transaction_with(
         writer,
         outcome: TxnOutcome::Failed,
         events: Vec::new(),
+        committed_unix_ms: None,
     };
     let aggregate = format!("{}/{}", plan.destination, plan.aggregate_id);
     let body = async {
@@ -350,6 +351,7 @@ async fn transaction_with(
         Fate::Commit => match conn.execute("COMMIT").await {
             Ok(_) => {
                 record.outcome = TxnOutcome::Committed;
+                record.committed_unix_ms = Some(crate::history::unix_ms());
                 (record, true)
             }
             Err(_) => {

@@ -211,6 +211,7 @@ impl DestinationHandler {
                 event_id,
                 aggregate,
                 seq,
+                received_unix_ms: Some(crate::history::unix_ms()),
             });
         }
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install, idempotently (check first, install only what is missing), what the inbox's consumers
-# in other languages need: a Python venv under .cache/inbox-py (psycopg, pika, confluent-kafka,
-# nats-py) and Node modules under .cache/inbox-node (pg, amqplib), pinned. Used by
+# Install, idempotently (check first, install only what is missing), what the writers and the
+# inbox's consumers in other languages need: a Python venv under .cache/inbox-py (psycopg, pika,
+# confluent-kafka, nats-py) and Node modules under .cache/inbox-node (pg, amqplib), pinned. Used
+# by scripts/test.sh (crates/outbox-cli/tests/writers.rs runs examples/writers with them),
 # scripts/inbox-polyglot.sh and scripts/orders.sh; prints nothing when everything is there.
 set -euo pipefail
 

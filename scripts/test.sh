@@ -9,6 +9,8 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 scripts/build-deps.sh
 scripts/services.sh
+# Python and Node clients for the tests of writers and consumers in other languages.
+scripts/inbox-deps.sh
 
 # Schemas left behind by earlier test runs (each test makes its own) are dropped first.
 psql -h 127.0.0.1 -U postgres -d test -qAt -c "

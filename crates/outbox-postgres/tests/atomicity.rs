@@ -167,12 +167,12 @@ async fn migrate_is_idempotent_and_safe_to_race() {
     }
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4],
+        vec![1, 2, 3, 4, 5],
         "exactly one racer applied each version"
     );
     let again = outbox.migrate(&pool).await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (4, 4));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (5, 5));
     // The bookkeeping table sits next to the outbox, not in the application's `_sqlx_migrations`.
     let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
         .bind(format!("{}.my_events_migrations", outbox.schema()))

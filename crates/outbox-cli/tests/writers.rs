@@ -1,0 +1,137 @@
+//! Writers in other languages (`examples/writers/`): a Python service (psycopg) and a Node one
+//! (node-postgres) write business rows and events in their own transactions — through the enqueue
+//! function the migrations install and through a plain INSERT, committed and rolled back — and
+//! the relay delivers exactly the committed events, in order. The clients are installed by
+//! `scripts/inbox-deps.sh` (which `scripts/test.sh` runs) under the repository's `.cache`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use outbox_postgres::PgOutbox;
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+fn pg_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// Where `scripts/inbox-deps.sh` installed the clients: the repository's `.cache`.
+fn clients() -> PathBuf {
+    let dir = repo().join(".cache");
+    assert!(
+        dir.join("inbox-py/bin/python").exists() && dir.join("inbox-node/node_modules/pg").exists(),
+        "the Python and Node clients are not installed in {}: run scripts/inbox-deps.sh",
+        dir.display()
+    );
+    dir
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[derive(serde::Deserialize)]
+struct Written {
+    committed: Vec<String>,
+    rolled_back: Vec<String>,
+}
+
+async fn delivers_exactly_what_a_writer_committed(lang: &str, writer: Command) {
+    let schema = format!("outbox_t_writers_{lang}_{}", std::process::id());
+    let pool = sqlx::PgPool::connect(&pg_url()).await.unwrap();
+    let outbox = PgOutbox::with_names(&schema, "events").unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE \"{schema}\".orders (id UUID PRIMARY KEY, lang TEXT NOT NULL, n INT NOT NULL)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let mut writer = writer;
+    let out = writer.arg(pg_url()).arg(&schema).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{lang} writer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written: Written = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(written.committed.len(), 6);
+    assert_eq!(written.rolled_back.len(), 6);
+    let orders: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{schema}\".orders"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(orders, 6, "the business rows committed with their events");
+
+    let dir = tempfile::tempdir().unwrap();
+    let sink = dir.path().join("out.jsonl");
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n[destinations.out]\ntype = \"file\"\npath = \"{}\"\n",
+            pg_url(),
+            sink.display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["relay", "--drain", "--config"])
+        .arg(&config)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let delivered: Vec<serde_json::Value> = std::fs::read_to_string(&sink)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<&str> = delivered
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids, written.committed,
+        "{lang}: exactly the committed events, in commit order"
+    );
+    for m in &delivered {
+        assert!(
+            !written
+                .rolled_back
+                .iter()
+                .any(|r| r == m["id"].as_str().unwrap())
+        );
+        assert_eq!(m["event_type"], "OrderPlaced");
+    }
+    let through_function = delivered
+        .iter()
+        .filter(|m| m["headers"]["writer"] == lang)
+        .count();
+    assert_eq!(through_function, 3, "{lang}: headers kept: {delivered:?}");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_python_writer_is_delivered_exactly_as_committed() {
+    let mut python = Command::new(clients().join("inbox-py/bin/python"));
+    python.arg(repo().join("examples/writers/python/writer.py"));
+    delivers_exactly_what_a_writer_committed("python", python).await;
+}
+
+#[tokio::test]
+async fn a_node_writer_is_delivered_exactly_as_committed() {
+    let mut node = Command::new("node");
+    node.env("NODE_PATH", clients().join("inbox-node/node_modules"))
+        .arg(repo().join("examples/writers/node/writer.js"));
+    delivers_exactly_what_a_writer_committed("node", node).await;
+}

@@ -35,8 +35,15 @@ use crate::store::AnyStore;
     about = "Transactional outbox relay and tools"
 )]
 struct Cli {
-    /// Log format: `human` on a terminal, `json` for log shippers.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    /// Log format: `human` (also `text`) for people, `json` for log shippers. Colour only on a
+    /// terminal, and never with `NO_COLOR` set.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "OUTBOX_LOG_FORMAT",
+        default_value_t = LogFormat::Human
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -44,6 +51,7 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
+    #[value(alias = "text")]
     Human,
     Json,
 }
@@ -494,7 +502,11 @@ fn init_logging(format: LogFormat) {
         // Colour only on a terminal (a file or a log collector gets plain text), and every
         // control character a row could smuggle into a field escaped (see `logging`).
         LogFormat::Human => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    // https://no-color.org: set and not empty means no colour.
+                    && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            )
             .fmt_fields(logging::SafeFields)
             .init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),

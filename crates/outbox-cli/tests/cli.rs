@@ -581,3 +581,55 @@ to = "nats"
         "config check connected to a broker"
     );
 }
+
+/// `--log-format text` is the human format; `OUTBOX_LOG_FORMAT` selects the format without a
+/// flag (a container configured from its environment); logs to a pipe carry no ANSI escapes,
+/// and neither does a terminal with `NO_COLOR` (not testable without a terminal: the pipe case
+/// is what log collectors see).
+#[test]
+fn log_format_from_the_flag_or_the_environment_and_no_colour_in_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("o.db").display());
+    let o = outbox(&[
+        "--log-format",
+        "text",
+        "relay",
+        "--database-url",
+        &url,
+        "--drain",
+    ]);
+    // Not migrated: exits 2 with an error line, human format, no escape sequences.
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!stderr(&o).contains('\u{1b}'), "{:?}", stderr(&o));
+    assert!(
+        serde_json::from_str::<serde_json::Value>(stderr(&o).lines().next().unwrap_or("")).is_err()
+    );
+    let o = Command::new(BIN)
+        .args(["migrate", "--database-url", &url])
+        .env("OUTBOX_LOG_FORMAT", "json")
+        .env("OUTBOX_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = Command::new(BIN)
+        .args(["relay", "--database-url", &url, "--drain"])
+        .env("OUTBOX_LOG_FORMAT", "json")
+        .env("OUTBOX_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<&str> = std::str::from_utf8(&o.stderr).unwrap().lines().collect();
+    assert!(!lines.is_empty());
+    for line in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string(), "{line}");
+    }
+    let o = Command::new(BIN)
+        .args(["status", "--database-url", &url])
+        .env("OUTBOX_LOG_FORMAT", "yaml")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("yaml"), "{}", stderr(&o));
+}

@@ -104,11 +104,10 @@
 //! for as long as the drain takes (measured by `outbox-verify`: 7.6–8.8 s p99 for a destination
 //! that stayed up, for the 25 s a recovered webhook's backlog took). A claim that comes back full
 //! with more than half of its events for one destination makes the next claim skip that
-//! destination (a [`Hold`] with it `deferred`): the others get a batch of their own in between.
-//! Such a claim reads past the backlog (about 80 ms past 100k rows on PostgreSQL), so fair turns
-//! come at most every 250 ms, and 2 s apart after one that found nothing else due; a skipping
-//! claim that comes back empty is followed at once by a normal one, so a backlog that is alone
-//! drains at full speed. A table claim skips the deferred destination's rows as it skips
+//! destination (a [`Hold`] with it `deferred`): the others get a batch of their own in between,
+//! and a destination with a backlog gets at least every other claim. When nothing else is due,
+//! the skipping claim comes back empty and the relay claims again at once, so the backlog drains
+//! at full speed when it is alone. A table claim skips the deferred destination's rows as it skips
 //! a paused one's; the WAL stream does not defer (its events are new, not a backlog).
 //!
 //! ## Shutdown
@@ -490,8 +489,6 @@ where
         // The destination the next claim skips: one whose backlog filled the last claim (see
         // `Lanes::dominant`).
         let mut defer: Option<String> = None;
-        // No fair turn before this: they are spaced, and rarer after one that found nothing.
-        let mut next_fair_turn = Instant::now();
         let slots = Arc::new(Semaphore::new(config.max_batches_in_flight.max(1)));
         // Batches alive at once, counting those that gave their slot back while they wait for a
         // slow destination (see `BatchContext::process`).
@@ -542,11 +539,9 @@ where
             }
             let wait = match claimed {
                 Ok(claim) if claim.events.is_empty() && deferred.is_some() => {
-                    // Nothing but the deferred destination is due: claim it again at once, and
-                    // do not look for others again soon.
+                    // Nothing but the deferred destination is due: claim it again at once.
                     store_failures = 0;
                     drop(slot);
-                    next_fair_turn = Instant::now() + FAIR_TURN_AFTER_NOTHING;
                     None
                 }
                 Ok(claim) if claim.events.is_empty() => {
@@ -568,9 +563,7 @@ where
                 Ok(claim) => {
                     store_failures = 0;
                     let full = claim.events.len() >= request.limit as usize;
-                    if deferred.is_some() {
-                        next_fair_turn = Instant::now() + FAIR_TURN_SPACING;
-                    } else if full && Instant::now() >= next_fair_turn {
+                    if deferred.is_none() && full {
                         defer = self.lanes.dominant(&claim.events);
                     }
                     metrics::histogram!("outbox_claim_batch_size")
@@ -794,14 +787,6 @@ impl Health {
 
 /// How long events are put off while the one trial call after a cooldown is out.
 const WHILE_TRYING: Duration = Duration::from_millis(500);
-
-/// Least time between two fair turns (see "Fair turns" in the module docs): a claim that skips
-/// a destination's backlog reads past it (about 80 ms past 100k rows on PostgreSQL, measured),
-/// so while the backlog drains the others get a turn at least this often, not after every claim.
-const FAIR_TURN_SPACING: Duration = Duration::from_millis(250);
-
-/// Least time before the next fair turn after one that found nothing of the others due.
-const FAIR_TURN_AFTER_NOTHING: Duration = Duration::from_secs(2);
 
 /// How many batches may be alive per slot of [`RelayConfig::max_batches_in_flight`]: a batch
 /// whose remaining events all wait for a slow call gives its slot back early (see

@@ -49,8 +49,7 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// Whether a dead event holds back the later events of its aggregate.
     pub dead_letter: DeadLetterPolicy,
-    /// Destinations whose events are not claimed now (paused by an operator, or deferred for
-    /// one claim so that a backlog of one destination does not fill every batch).
+    /// Destinations whose events are not claimed now (paused by an operator).
     pub hold: Option<Arc<Hold>>,
     /// Most payload bytes one claim returns: events are taken in `seq` order while the payloads
     /// before them add up to less than this (the first one always), so a relay's memory is
@@ -93,33 +92,14 @@ impl ClaimRequest {
     }
 }
 
-/// Destinations a claim skips: every event that `routes` sends to one of `paused` or
-/// `deferred` stays pending (and does not hold back other destinations' events).
+/// Destinations a claim skips: every event that `routes` sends to one of `paused` stays pending
+/// (and does not hold back other destinations' events).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hold {
     /// How events map to destinations (rendered into the claim's SQL).
     pub routes: RouteTable,
-    /// Names of the destinations an operator paused.
+    /// Names of the paused destinations; never empty.
     pub paused: Vec<String>,
-    /// Names of destinations skipped by this one claim only: the relay's fair turn for the
-    /// others after a claim that one destination's backlog filled. A table claim skips them like
-    /// paused ones; a stream source need not (its events are new, not a backlog), and must not
-    /// treat them as paused (nothing is handed back for them).
-    pub deferred: Vec<String>,
-}
-
-impl Hold {
-    /// Every destination a table claim skips: the paused and the deferred ones.
-    pub fn skipped(&self) -> Vec<String> {
-        let mut names = self.paused.clone();
-        names.extend(
-            self.deferred
-                .iter()
-                .filter(|d| !self.paused.contains(d))
-                .cloned(),
-        );
-        names
-    }
 }
 
 /// Proof of a claim: the owner and the fencing token every follow-up write must present.

@@ -93,13 +93,7 @@ impl MySqlStore {
         let block = request.dead_letter == DeadLetterPolicy::Block;
         let limit = i64::from(request.limit);
         // A plain read outside any transaction: what is due now, unblocked, in seq order.
-        let skipped = request.hold.as_deref().map(outbox_core::Hold::skipped);
-        let hold = request
-            .hold
-            .as_deref()
-            .zip(skipped.as_ref())
-            .filter(|(_, s)| !s.is_empty());
-        let candidates = match hold {
+        let candidates = match request.hold.as_deref().filter(|h| !h.paused.is_empty()) {
             None => {
                 sqlx::query(AssertSqlSafe(sql.claim_candidates.as_str()))
                     .bind(block)
@@ -110,8 +104,8 @@ impl MySqlStore {
                     .fetch_all(session.conn())
                     .await
             }
-            Some((hold, skipped)) => {
-                let built = sql.held_claim_candidates(&hold.routes, skipped, block, limit);
+            Some(hold) => {
+                let built = sql.held_claim_candidates(&hold.routes, &hold.paused, block, limit);
                 built.query().fetch_all(session.conn()).await
             }
         }

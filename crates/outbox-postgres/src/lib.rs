@@ -1212,16 +1212,11 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        let skipped = request.hold.as_deref().map(outbox_core::Hold::skipped);
-        let hold = request
-            .hold
-            .as_deref()
-            .zip(skipped.as_ref())
-            .filter(|(_, s)| !s.is_empty());
+        let hold = request.hold.as_deref().filter(|h| !h.paused.is_empty());
         let held_sql;
         let (sql, route_binds, paused) = match hold {
             None => (self.sql().claim.as_str(), Vec::new(), None),
-            Some((hold, skipped)) => {
+            Some(hold) => {
                 let dialect = SqlDialect::Postgres { first_param: 10 };
                 let route_e = hold.routes.sql_case(dialect, Some("e"));
                 let route_b = hold.routes.sql_case(dialect, Some("b"));
@@ -1232,7 +1227,7 @@ impl Store for PgStore {
                         route_b: route_b.sql,
                     }),
                 );
-                (held_sql.as_str(), route_e.binds, Some(skipped))
+                (held_sql.as_str(), route_e.binds, Some(&hold.paused))
             }
         };
         let mut query = sqlx::query(AssertSqlSafe(sql))

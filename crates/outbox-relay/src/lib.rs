@@ -96,20 +96,6 @@
 //! [`RelayConfig::max_batches_in_flight`] slot back: the relay claims on while it waits. At most
 //! four batches per slot are alive at once, the one holding it included.
 //!
-//! ## Fair turns
-//!
-//! Claims take due events in commit order, whatever their destination. So when one destination
-//! comes back from an outage with a backlog, or simply lags, its older events would fill every
-//! batch until they are all out, and the other destinations' new events would wait behind them
-//! for as long as the drain takes (measured by `outbox-verify`: 7.6–8.8 s p99 for a destination
-//! that stayed up, for the 25 s a recovered webhook's backlog took). A claim that comes back full
-//! with more than half of its events for one destination makes the next claim skip that
-//! destination (a [`Hold`] with it `deferred`): the others get a batch of their own in between,
-//! and a destination with a backlog gets at least every other claim. When nothing else is due,
-//! the skipping claim comes back empty and the relay claims again at once, so the backlog drains
-//! at full speed when it is alone. A table claim skips the deferred destination's rows as it skips
-//! a paused one's; the WAL stream does not defer (its events are new, not a backlog).
-//!
 //! ## Shutdown
 //!
 //! When the shutdown future completes the relay stops claiming, lets every batch finish the wave
@@ -485,10 +471,6 @@ where
             config.max_payload_bytes.max(1),
         );
         let mut pauses = PauseWatch::new(self.routes.clone(), config.poll_interval);
-        let mut holds = HoldCache::new(self.routes.clone());
-        // The destination the next claim skips: one whose backlog filled the last claim (see
-        // `Lanes::dominant`).
-        let mut defer: Option<String> = None;
         let slots = Arc::new(Semaphore::new(config.max_batches_in_flight.max(1)));
         // Batches alive at once, counting those that gave their slot back while they wait for a
         // slow destination (see `BatchContext::process`).
@@ -522,9 +504,7 @@ where
                     Err(_) => break,
                 },
             };
-            pauses.refresh(self.source.as_ref()).await;
-            let deferred = defer.take();
-            request.hold = holds.get(&pauses.current, deferred.as_deref());
+            pauses.refresh(self.source.as_ref(), &mut request).await;
             // A claim is never cancelled half-way: a claim that committed but whose result
             // was dropped would leave events in flight until their lease ran out.
             let started = Instant::now();
@@ -538,12 +518,6 @@ where
                 add(&self.counters.dead, claim.buried);
             }
             let wait = match claimed {
-                Ok(claim) if claim.events.is_empty() && deferred.is_some() => {
-                    // Nothing but the deferred destination is due: claim it again at once.
-                    store_failures = 0;
-                    drop(slot);
-                    None
-                }
                 Ok(claim) if claim.events.is_empty() => {
                     store_failures = 0;
                     drop(slot);
@@ -563,9 +537,6 @@ where
                 Ok(claim) => {
                     store_failures = 0;
                     let full = claim.events.len() >= request.limit as usize;
-                    if deferred.is_none() && full {
-                        defer = self.lanes.dominant(&claim.events);
-                    }
                     metrics::histogram!("outbox_claim_batch_size")
                         .record(claim.events.len() as f64);
                     add(&self.counters.batches, 1);
@@ -574,9 +545,7 @@ where
                     batches.spawn(async move {
                         ctx.process(claim, started, slot).await;
                     });
-                    // After the others' turn, the deferred destination's backlog is claimed
-                    // again at once.
-                    (!full && deferred.is_none()).then_some(config.poll_interval)
+                    (!full).then_some(config.poll_interval)
                 }
                 Err(StoreError::Stopped(reason)) => {
                     drop(slot);
@@ -652,10 +621,10 @@ impl PauseWatch {
         }
     }
 
-    async fn refresh<S: Source + ?Sized>(&mut self, source: &S) {
-        if self.routes.is_none() {
+    async fn refresh<S: Source + ?Sized>(&mut self, source: &S, request: &mut ClaimRequest) {
+        let Some(routes) = self.routes.clone() else {
             return;
-        }
+        };
         if self.unsupported || self.last.is_some_and(|t| t.elapsed() < self.every) {
             return;
         }
@@ -671,6 +640,12 @@ impl PauseWatch {
                     for name in self.current.iter().filter(|n| !names.contains(n)) {
                         info!(destination = %name, "Destination resumed.");
                     }
+                    request.hold = (!names.is_empty()).then(|| {
+                        Arc::new(Hold {
+                            routes: (*routes).clone(),
+                            paused: names.clone(),
+                        })
+                    });
                     self.current = names;
                 }
             }
@@ -683,39 +658,6 @@ impl PauseWatch {
                 warn!(%error, "Could not read paused destinations; keeping the previous list.");
             }
         }
-    }
-}
-
-/// The hold of each claim: the paused destinations plus, for one claim, a deferred one; rebuilt
-/// only when either changes.
-struct HoldCache {
-    routes: Option<Arc<RouteTable>>,
-    key: (Vec<String>, Option<String>),
-    hold: Option<Arc<Hold>>,
-}
-
-impl HoldCache {
-    fn new(routes: Option<Arc<RouteTable>>) -> Self {
-        HoldCache {
-            routes,
-            key: (Vec::new(), None),
-            hold: None,
-        }
-    }
-
-    fn get(&mut self, paused: &[String], deferred: Option<&str>) -> Option<Arc<Hold>> {
-        let routes = self.routes.as_ref()?;
-        if self.key.0 != paused || self.key.1.as_deref() != deferred {
-            self.key = (paused.to_vec(), deferred.map(str::to_owned));
-            self.hold = (!paused.is_empty() || deferred.is_some()).then(|| {
-                Arc::new(Hold {
-                    routes: (**routes).clone(),
-                    paused: paused.to_vec(),
-                    deferred: deferred.into_iter().map(str::to_owned).collect(),
-                })
-            });
-        }
-        self.hold.clone()
     }
 }
 
@@ -822,21 +764,6 @@ impl Lanes {
 
     fn name(&self, lane: usize) -> &str {
         self.names.get(lane).map(String::as_str).unwrap_or("")
-    }
-
-    /// The destination that took more than half of a full claim, when there are others: the
-    /// next claim skips it (see "Fair turns" in the module docs). Never the events no route
-    /// matches.
-    fn dominant(&self, events: &[Event]) -> Option<String> {
-        if !self.several() {
-            return None;
-        }
-        let mut per_lane = vec![0usize; self.count()];
-        for event in events {
-            per_lane[self.of(event)] += 1;
-        }
-        let (lane, &n) = per_lane.iter().enumerate().max_by_key(|&(_, n)| *n)?;
-        (n * 2 > events.len() && !self.is_unroutable(lane)).then(|| self.name(lane).to_owned())
     }
 
     /// The lane an event goes to.

@@ -886,15 +886,10 @@ impl Store for SqliteStore {
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = Uuid::now_v7();
-        let skipped = request.hold.as_deref().map(outbox_core::Hold::skipped);
-        let hold = request
-            .hold
-            .as_deref()
-            .zip(skipped.as_ref())
-            .filter(|(_, s)| !s.is_empty());
+        let hold = request.hold.as_deref().filter(|h| !h.paused.is_empty());
         let (sql, held) = match hold {
             None => (std::borrow::Cow::Borrowed(&self.sql().claim), None),
-            Some((hold, skipped)) => {
+            Some(hold) => {
                 let route_e = hold.routes.sql_case(SqlDialect::Sqlite, Some("e"));
                 let route_b = hold.routes.sql_case(SqlDialect::Sqlite, Some("b"));
                 let sql = claim_sql(
@@ -904,7 +899,7 @@ impl Store for SqliteStore {
                         route_b: number_placeholders(&route_b.sql, 10),
                     }),
                 );
-                let paused = json_array(serde_json::to_string(skipped))?;
+                let paused = json_array(serde_json::to_string(&hold.paused))?;
                 (std::borrow::Cow::Owned(sql), Some((paused, route_e.binds)))
             }
         };

@@ -46,7 +46,6 @@ fn two_routes() -> RouteTable {
 fn hold(routes: &RouteTable, paused: &[&str]) -> ClaimRequest {
     ClaimRequest {
         hold: Some(Arc::new(Hold {
-            deferred: Vec::new(),
             routes: routes.clone(),
             paused: paused.iter().map(|p| (*p).to_owned()).collect(),
         })),

@@ -910,7 +910,6 @@ mod tests {
         )
         .unwrap();
         let hold = Hold {
-            deferred: Vec::new(),
             routes,
             paused: vec!["b".into()],
         };

@@ -64,8 +64,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "outbox events table, claim and ordering indexes",
         sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
--- A pending row with attempts > 0 or a last_error is one waiting for a retry (an outage costs
--- no attempt but writes last_error).
+-- A pending row with attempts > 0 is one waiting for a retry.
 --
 -- Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6): the database's
 -- clock, whatever the session time zone (DATETIME, unlike TIMESTAMP, is never converted).
@@ -435,4 +434,31 @@ fn checksum_of(m: &Migration) -> String {
         text.push_str(&format!("\n-- add column {column} {definition}"));
     }
     format!("{:016x}", fnv1a(&text))
+}
+
+#[cfg(test)]
+mod released {
+    use super::*;
+
+    const MIGRATIONS_UNDER_TEST: &[&[Migration]] = &[MIGRATIONS];
+    /// (version, checksum) of every released migration, per list above.
+    const RELEASED: &[&[(i64, &str)]] = &[&[(1, "38fadcaa21e52292"), (2, "843858d7b611842b")]];
+
+    /// A released migration's text never changes: a database that applied it checks its
+    /// checksum on every migrate, and a changed text (a comment is enough) would stop every
+    /// existing outbox from upgrading. New behaviour goes into a new migration.
+    #[test]
+    fn released_migrations_keep_their_checksums() {
+        for (list, released) in MIGRATIONS_UNDER_TEST.iter().zip(RELEASED) {
+            let got: Vec<(i64, String)> =
+                list.iter().map(|m| (m.version, checksum_of(m))).collect();
+            for (i, (version, checksum)) in released.iter().enumerate() {
+                assert_eq!(
+                    got.get(i),
+                    Some(&(*version, (*checksum).to_owned())),
+                    "migration {version} changed after its release: {got:?}"
+                );
+            }
+        }
+    }
 }

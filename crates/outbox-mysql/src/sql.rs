@@ -260,11 +260,11 @@ impl Sql {
             requeue_dead_ids: format!(
                 "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) AS d
                  STRAIGHT_JOIN {t} AS e FORCE INDEX (id_key) ON e.id = d.id
-                 SET e.status = 'pending', e.attempts = 0, e.next_attempt_at = UTC_TIMESTAMP(6), e.dead_at = NULL
+                 SET e.status = 'pending', e.attempts = 0, e.next_attempt_at = UTC_TIMESTAMP(6), e.dead_at = NULL, e.last_error = NULL
                  WHERE e.status = 'dead'"
             ),
             requeue_dead_all: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = UTC_TIMESTAMP(6), dead_at = NULL
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = UTC_TIMESTAMP(6), dead_at = NULL, last_error = NULL
                  WHERE status = 'dead'"
             ),
             discard_dead_ids: format!(

@@ -560,7 +560,7 @@ impl Sql {
                 "SELECT {RECORD_COLUMNS} FROM {t} WHERE status = 'dead' AND seq > $1 ORDER BY seq LIMIT $2"
             ),
             requeue_dead: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = now(), dead_at = NULL
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = now(), dead_at = NULL, last_error = NULL
                  WHERE status = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1))"
             ),
             discard_dead: counted_delete(format!(
@@ -970,8 +970,10 @@ fn destination_stats_sql(t: &str, route: &str) -> String {
                 count(*) FILTER (WHERE x.status = 'in_flight') AS in_flight,
                 count(*) FILTER (WHERE x.status = 'dead') AS dead,
                 min(x.enqueued_at) FILTER (WHERE x.status IN ('pending', 'in_flight')) AS oldest,
-                (array_agg(x.last_error ORDER BY x.seq DESC)
-                    FILTER (WHERE x.status IN ('pending', 'in_flight') AND x.last_error IS NOT NULL))[1] AS last_error
+                -- The newest failed row's error: the greatest zero-padded seq, cut off again (a
+                -- running max, no sort of every waiting row's error).
+                substr(max(lpad(x.seq::text, 20, '0') || x.last_error)
+                    FILTER (WHERE x.status IN ('pending', 'in_flight') AND x.failed), 21) AS last_error
          FROM (
              SELECT COALESCE({route}, '') AS route, e.seq, e.status, e.enqueued_at, e.last_error,
                     (e.attempts > 0 OR e.last_error IS NOT NULL) AS failed

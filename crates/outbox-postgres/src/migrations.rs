@@ -32,7 +32,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- The seeds' new / sent / error are pending / delivered / dead; a pending row with attempts > 0
--- is one waiting for a retry (since version 4: or with a last_error, see there).
+-- is one waiting for a retry.
 CREATE TABLE {t} (
     seq              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     id               UUID        NOT NULL,
@@ -137,12 +137,17 @@ CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
         sql: r#"
 -- An outage (the destination unavailable) costs a waiting event no attempt, so `attempts` alone
 -- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
--- does (every retry writes it). The blockers are rebuilt with that mark. Building reads the
--- table once, under a lock that holds writers back meanwhile.
-DROP INDEX "{schema}".{table}_blockers;
-CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
+-- does (every retry writes it). The blockers are rebuilt with that mark: the new index first
+-- (it reads the table once, under a lock that holds writers back but lets claims read), then the
+-- old one goes (an exclusive lock held only from the drop to the commit). With many delivered
+-- rows retained, build it ahead without holding writers back:
+--   CREATE INDEX CONCURRENTLY {table}_blockers_next ON ... (this predicate);
+-- the migration then finds it and only swaps the names.
+CREATE INDEX IF NOT EXISTS {table}_blockers_next ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status IN ('in_flight', 'dead')
        OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
+DROP INDEX "{schema}".{table}_blockers;
+ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
 "#,
     },
     Migration {
@@ -323,11 +328,12 @@ CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
 -- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
 -- does (every retry writes it). The blockers are rebuilt with that mark. Building reads the
 -- table once, under a lock that holds writers back meanwhile.
--- Dropped and created on every partition.
-DROP INDEX "{schema}".{table}_blockers;
-CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
+-- Created (first) and dropped on every partition.
+CREATE INDEX {table}_blockers_next ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status IN ('in_flight', 'dead')
        OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
+DROP INDEX "{schema}".{table}_blockers;
+ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
 "#,
     },
     Migration {
@@ -582,4 +588,38 @@ pub(crate) async fn current_version(outbox: &PgOutbox, pool: &PgPool) -> Result<
 
 fn checksum_of(m: &Migration) -> String {
     format!("{:016x}", fnv1a(m.sql))
+}
+
+#[cfg(test)]
+mod released {
+    use super::*;
+
+    const MIGRATIONS_UNDER_TEST: &[&[Migration]] = &[MIGRATIONS, PARTITIONED_MIGRATIONS];
+    /// (version, checksum) of every released migration, per list above.
+    const RELEASED: &[&[(i64, &str)]] = &[
+        &[
+            (1, "0a8d25c6f810a039"),
+            (2, "9ac7c6123d20c3f8"),
+            (3, "ef6dc1f74bc4514d"),
+        ],
+        &[(1, "75d66952a4ec90d4"), (2, "4c76a5fbe27f773b")],
+    ];
+
+    /// A released migration's text never changes: a database that applied it checks its
+    /// checksum on every migrate, and a changed text (a comment is enough) would stop every
+    /// existing outbox from upgrading. New behaviour goes into a new migration.
+    #[test]
+    fn released_migrations_keep_their_checksums() {
+        for (list, released) in MIGRATIONS_UNDER_TEST.iter().zip(RELEASED) {
+            let got: Vec<(i64, String)> =
+                list.iter().map(|m| (m.version, checksum_of(m))).collect();
+            for (i, (version, checksum)) in released.iter().enumerate() {
+                assert_eq!(
+                    got.get(i),
+                    Some(&(*version, (*checksum).to_owned())),
+                    "migration {version} changed after its release: {got:?}"
+                );
+            }
+        }
+    }
 }

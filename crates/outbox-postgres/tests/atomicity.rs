@@ -4,7 +4,7 @@
 mod common;
 
 use outbox_core::{NewEvent, Store};
-use outbox_postgres::PgOutbox;
+use outbox_postgres::{PgOutbox, PgStore};
 use sqlx::{Connection, Executor, PgConnection, Row};
 
 async fn business_table(store: &outbox_postgres::PgStore) -> String {
@@ -203,4 +203,52 @@ async fn a_store_on_an_unmigrated_schema_says_to_migrate() {
         matches!(err, outbox_core::StoreError::NotMigrated(_)),
         "{err}"
     );
+}
+
+/// An outbox migrated by an earlier release (version 3: blockers marked by `attempts` alone, no
+/// enqueue function) upgrades in place, with an event in it: the blockers index is rebuilt
+/// with the new mark and the function appears.
+#[tokio::test]
+async fn an_outbox_of_the_previous_release_upgrades_in_place() {
+    let pool = common::pool(4).await;
+    let schema = common::unique_schema();
+    let outbox = PgOutbox::with_names(&schema, "events").unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    // Back to what version 3 left: its index predicate, no function, no bookkeeping of 4 and 5.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        r#"DROP FUNCTION "{schema}".events_enqueue;
+           DROP INDEX "{schema}".events_blockers;
+           CREATE INDEX events_blockers ON "{schema}".events (aggregate_type, aggregate_id, seq)
+               WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
+           DELETE FROM "{schema}".events_migrations WHERE version > 3;"#
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (3, 5));
+    let store = PgStore::new(pool.clone(), outbox.clone());
+    outbox
+        .enqueue(&pool, &outbox_testkit::numbered("a", 1))
+        .await
+        .unwrap();
+    let report = outbox.migrate(&pool).await.unwrap();
+    assert_eq!(report.applied, vec![4, 5]);
+    let predicate: String = sqlx::query_scalar(
+        "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
+         JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = 'events_blockers'",
+    )
+    .bind(&schema)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(predicate.contains("last_error IS NOT NULL"), "{predicate}");
+    let id: uuid::Uuid = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        r#"SELECT "{schema}".events_enqueue('a', '1', 'Numbered', '{{}}')"#
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(id.get_version_num(), 7);
+    assert_eq!(store.stats().await.unwrap().pending, 2);
 }

@@ -421,11 +421,11 @@ impl Sql {
             ),
             // ?1 JSON array of ids, ?2 now.
             requeue_dead_ids: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = ?2, dead_at = NULL
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = ?2, dead_at = NULL, last_error = NULL
                  WHERE status = 'dead' AND id IN (SELECT value FROM json_each(?1))"
             ),
             requeue_dead_all: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = ?1, dead_at = NULL
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = ?1, dead_at = NULL, last_error = NULL
                  WHERE status = 'dead'"
             ),
             discard_dead_ids: format!(

@@ -38,8 +38,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "outbox events table, claim and ordering indexes",
         sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
--- A pending row with attempts > 0 is one waiting for a retry (since version 3: or with a
--- last_error, see there).
+-- A pending row with attempts > 0 is one waiting for a retry.
 --
 -- Times are INTEGER microseconds since the Unix epoch, written by the store from the host clock
 -- (the same clock SQLite's own date functions read). Integers compare exactly, index well and
@@ -256,4 +255,31 @@ pub(crate) async fn current_version(
 
 fn checksum_of(m: &Migration) -> String {
     format!("{:016x}", fnv1a(m.sql))
+}
+
+#[cfg(test)]
+mod released {
+    use super::*;
+
+    const MIGRATIONS_UNDER_TEST: &[&[Migration]] = &[MIGRATIONS];
+    /// (version, checksum) of every released migration, per list above.
+    const RELEASED: &[&[(i64, &str)]] = &[&[(1, "cd8d1fbc5520703d"), (2, "257f4451e150a7e6")]];
+
+    /// A released migration's text never changes: a database that applied it checks its
+    /// checksum on every migrate, and a changed text (a comment is enough) would stop every
+    /// existing outbox from upgrading. New behaviour goes into a new migration.
+    #[test]
+    fn released_migrations_keep_their_checksums() {
+        for (list, released) in MIGRATIONS_UNDER_TEST.iter().zip(RELEASED) {
+            let got: Vec<(i64, String)> =
+                list.iter().map(|m| (m.version, checksum_of(m))).collect();
+            for (i, (version, checksum)) in released.iter().enumerate() {
+                assert_eq!(
+                    got.get(i),
+                    Some(&(*version, (*checksum).to_owned())),
+                    "migration {version} changed after its release: {got:?}"
+                );
+            }
+        }
+    }
 }

@@ -476,6 +476,10 @@ pub async fn requeue_and_discard_act_on_dead_events_only<H: Harness>(h: &H) {
     assert_eq!(record.state, EventState::Pending);
     assert_eq!(record.event.attempts, 0);
     assert!(record.dead_at.is_none());
+    // A fresh start: not counted as waiting for a retry, and its old rejection is not shown as
+    // its destination's last error.
+    assert!(record.last_error.is_none(), "{record:?}");
+    assert_eq!(store.stats().await.unwrap().retrying, 0);
 
     assert_eq!(
         store

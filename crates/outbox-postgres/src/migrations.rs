@@ -24,6 +24,69 @@ pub(crate) struct Migration {
     pub sql: &'static str,
 }
 
+/// The start of the enqueue function, the same in both layouts (each migration adds the
+/// layout's inserts). A macro, not a const: `concat!` builds the migrations' `&'static str`.
+macro_rules! enqueue_function_head {
+    () => {
+        r#"
+-- Any language writes an event with one call inside its own transaction, in the same layout
+-- and with the same rules as the Rust library's enqueue:
+--   SELECT "{schema}"."{table}_enqueue"('order', '42', 'OrderPlaced', '{"total": 10}');
+--   SELECT "{schema}"."{table}_enqueue"('order', '42', 'OrderPaid', '{}',
+--              headers => '{"trace-id": "abc"}', idempotency_key => 'pay-42');
+-- It returns the event's id: a new UUID (version 7, time-ordered) unless `id` is given, or, for
+-- an idempotency key already in the table, the id of the event that has it (nothing written).
+-- It never commits: the event commits or rolls back with the caller's transaction.
+CREATE FUNCTION "{schema}"."{table}_enqueue"(
+    aggregate_type  TEXT,
+    aggregate_id    TEXT,
+    event_type      TEXT,
+    payload         JSON,
+    headers         JSONB       DEFAULT '{}',
+    destination     TEXT        DEFAULT NULL,
+    idempotency_key TEXT        DEFAULT NULL,
+    occurred_at     TIMESTAMPTZ DEFAULT now(),
+    id              UUID        DEFAULT NULL
+) RETURNS UUID
+LANGUAGE plpgsql
+AS $fn$
+-- Parameters are always written qualified ({table}_enqueue.name): a bare name is the column.
+#variable_conflict use_column
+DECLARE
+    f_id       UUID;
+    f_created  BOOLEAN;
+    f_enqueued TIMESTAMPTZ;
+    f_bad      TEXT;
+BEGIN
+    IF coalesce({table}_enqueue.aggregate_type, '') = '' THEN
+        RAISE EXCEPTION 'outbox: aggregate_type must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF coalesce({table}_enqueue.aggregate_id, '') = '' THEN
+        RAISE EXCEPTION 'outbox: aggregate_id must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF coalesce({table}_enqueue.event_type, '') = '' THEN
+        RAISE EXCEPTION 'outbox: event_type must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF {table}_enqueue.payload IS NULL THEN
+        RAISE EXCEPTION 'outbox: payload must not be NULL (write ''null'' for a JSON null)' USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_typeof(coalesce({table}_enqueue.headers, '{}')) <> 'object' THEN
+        RAISE EXCEPTION 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}' USING ERRCODE = '22023';
+    END IF;
+    SELECT h.key INTO f_bad FROM jsonb_each(coalesce({table}_enqueue.headers, '{}')) h
+    WHERE jsonb_typeof(h.value) <> 'string' LIMIT 1;
+    IF f_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: header "%" is not a string; header values are strings (e.g. "3", not 3)', f_bad
+            USING ERRCODE = '22023';
+    END IF;
+    -- A version 7 UUID: 48 bits of Unix milliseconds, then a random one's bits with the
+    -- version set to 7 (the variant stays RFC 4122's).
+    f_id := coalesce({table}_enqueue.id, encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+        placing substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid);"#
+    };
+}
+
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -153,62 +216,9 @@ ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
     Migration {
         version: 5,
         description: "enqueue function for writers in any language",
-        sql: r#"
--- Any language writes an event with one call inside its own transaction, in the same layout
--- and with the same rules as the Rust library's enqueue:
---   SELECT "{schema}"."{table}_enqueue"('order', '42', 'OrderPlaced', '{"total": 10}');
---   SELECT "{schema}"."{table}_enqueue"('order', '42', 'OrderPaid', '{}',
---              headers => '{"trace-id": "abc"}', idempotency_key => 'pay-42');
--- It returns the event's id: a new UUID (version 7, time-ordered) unless `id` is given, or, for
--- an idempotency key already in the table, the id of the event that has it (nothing written).
--- It never commits: the event commits or rolls back with the caller's transaction.
-CREATE FUNCTION "{schema}"."{table}_enqueue"(
-    aggregate_type  TEXT,
-    aggregate_id    TEXT,
-    event_type      TEXT,
-    payload         JSON,
-    headers         JSONB       DEFAULT '{}',
-    destination     TEXT        DEFAULT NULL,
-    idempotency_key TEXT        DEFAULT NULL,
-    occurred_at     TIMESTAMPTZ DEFAULT now(),
-    id              UUID        DEFAULT NULL
-) RETURNS UUID
-LANGUAGE plpgsql
-AS $fn$
--- Parameters are always written qualified ({table}_enqueue.name): a bare name is the column.
-#variable_conflict use_column
-DECLARE
-    f_id       UUID;
-    f_created  BOOLEAN;
-    f_enqueued TIMESTAMPTZ;
-    f_bad      TEXT;
-BEGIN
-    IF coalesce({table}_enqueue.aggregate_type, '') = '' THEN
-        RAISE EXCEPTION 'outbox: aggregate_type must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF coalesce({table}_enqueue.aggregate_id, '') = '' THEN
-        RAISE EXCEPTION 'outbox: aggregate_id must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF coalesce({table}_enqueue.event_type, '') = '' THEN
-        RAISE EXCEPTION 'outbox: event_type must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF {table}_enqueue.payload IS NULL THEN
-        RAISE EXCEPTION 'outbox: payload must not be NULL (write ''null'' for a JSON null)' USING ERRCODE = '22023';
-    END IF;
-    IF jsonb_typeof(coalesce({table}_enqueue.headers, '{}')) <> 'object' THEN
-        RAISE EXCEPTION 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}' USING ERRCODE = '22023';
-    END IF;
-    SELECT h.key INTO f_bad FROM jsonb_each(coalesce({table}_enqueue.headers, '{}')) h
-    WHERE jsonb_typeof(h.value) <> 'string' LIMIT 1;
-    IF f_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'outbox: header "%" is not a string; header values are strings (e.g. "3", not 3)', f_bad
-            USING ERRCODE = '22023';
-    END IF;
-    -- A version 7 UUID: 48 bits of Unix milliseconds, then a random one's bits with the
-    -- version set to 7 (the variant stays RFC 4122's).
-    f_id := coalesce({table}_enqueue.id, encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-        placing substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
-        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid);
+        sql: concat!(
+            enqueue_function_head!(),
+            r#"
     INSERT INTO {t} AS o (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
                           idempotency_key, occurred_at)
     VALUES (f_id, {table}_enqueue.aggregate_type, {table}_enqueue.aggregate_id, {table}_enqueue.event_type,
@@ -220,7 +230,8 @@ BEGIN
     RETURN f_id;
 END;
 $fn$;
-"#,
+"#
+        ),
     },
 ];
 
@@ -339,62 +350,9 @@ ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
     Migration {
         version: 4,
         description: "enqueue function for writers in any language",
-        sql: r#"
--- Any language writes an event with one call inside its own transaction, in the same layout
--- and with the same rules as the Rust library's enqueue:
---   SELECT "{schema}"."{table}_enqueue"('order', '42', 'OrderPlaced', '{"total": 10}');
---   SELECT "{schema}"."{table}_enqueue"('order', '42', 'OrderPaid', '{}',
---              headers => '{"trace-id": "abc"}', idempotency_key => 'pay-42');
--- It returns the event's id: a new UUID (version 7, time-ordered) unless `id` is given, or, for
--- an idempotency key already in the table, the id of the event that has it (nothing written).
--- It never commits: the event commits or rolls back with the caller's transaction.
-CREATE FUNCTION "{schema}"."{table}_enqueue"(
-    aggregate_type  TEXT,
-    aggregate_id    TEXT,
-    event_type      TEXT,
-    payload         JSON,
-    headers         JSONB       DEFAULT '{}',
-    destination     TEXT        DEFAULT NULL,
-    idempotency_key TEXT        DEFAULT NULL,
-    occurred_at     TIMESTAMPTZ DEFAULT now(),
-    id              UUID        DEFAULT NULL
-) RETURNS UUID
-LANGUAGE plpgsql
-AS $fn$
--- Parameters are always written qualified ({table}_enqueue.name): a bare name is the column.
-#variable_conflict use_column
-DECLARE
-    f_id       UUID;
-    f_created  BOOLEAN;
-    f_enqueued TIMESTAMPTZ;
-    f_bad      TEXT;
-BEGIN
-    IF coalesce({table}_enqueue.aggregate_type, '') = '' THEN
-        RAISE EXCEPTION 'outbox: aggregate_type must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF coalesce({table}_enqueue.aggregate_id, '') = '' THEN
-        RAISE EXCEPTION 'outbox: aggregate_id must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF coalesce({table}_enqueue.event_type, '') = '' THEN
-        RAISE EXCEPTION 'outbox: event_type must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF {table}_enqueue.payload IS NULL THEN
-        RAISE EXCEPTION 'outbox: payload must not be NULL (write ''null'' for a JSON null)' USING ERRCODE = '22023';
-    END IF;
-    IF jsonb_typeof(coalesce({table}_enqueue.headers, '{}')) <> 'object' THEN
-        RAISE EXCEPTION 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}' USING ERRCODE = '22023';
-    END IF;
-    SELECT h.key INTO f_bad FROM jsonb_each(coalesce({table}_enqueue.headers, '{}')) h
-    WHERE jsonb_typeof(h.value) <> 'string' LIMIT 1;
-    IF f_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'outbox: header "%" is not a string; header values are strings (e.g. "3", not 3)', f_bad
-            USING ERRCODE = '22023';
-    END IF;
-    -- A version 7 UUID: 48 bits of Unix milliseconds, then a random one's bits with the
-    -- version set to 7 (the variant stays RFC 4122's).
-    f_id := coalesce({table}_enqueue.id, encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-        placing substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
-        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid);
+        sql: concat!(
+            enqueue_function_head!(),
+            r#"
     -- The keys table first: its primary key and unique index make id and key unique across
     -- partitions; the event takes its enqueued_at, so both agree on the partition.
     INSERT INTO "{schema}"."{table}_keys" AS k (id, idempotency_key)
@@ -412,7 +370,8 @@ BEGIN
     RETURN f_id;
 END;
 $fn$;
-"#,
+"#
+        ),
     },
 ];
 

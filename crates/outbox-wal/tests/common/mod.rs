@@ -61,10 +61,12 @@ pub async fn pool(max: u32) -> PgPool {
         .expect("the logical-replication test cluster must be up (scripts/pg-logical.sh start)")
 }
 
-/// Drop slots of earlier runs of this test binary that nobody streams from (they would retain
-/// WAL and use up max_replication_slots).
+/// Drop slots of earlier test runs that nobody streams from (they would retain WAL and use up
+/// max_replication_slots): only those whose process (`owt_<pid>_<n>`) is gone. A slot another
+/// test binary running now has just created is inactive too until it streams; dropping it
+/// would fail that test.
 pub async fn drop_stale_slots(pool: &PgPool) {
-    let stale: Vec<String> = sqlx::query_scalar(
+    let inactive: Vec<String> = sqlx::query_scalar(
         "SELECT slot_name::text FROM pg_replication_slots WHERE slot_name LIKE 'owt\\_%' AND NOT active
            AND slot_name NOT LIKE $1",
     )
@@ -72,6 +74,10 @@ pub async fn drop_stale_slots(pool: &PgPool) {
     .fetch_all(pool)
     .await
     .unwrap_or_default();
+    let stale = inactive.into_iter().filter(|slot| {
+        let pid = slot.split('_').nth(1).unwrap_or("");
+        !std::path::Path::new("/proc").join(pid).exists() || pid.is_empty()
+    });
     for slot in stale {
         let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
             .bind(&slot)

@@ -73,11 +73,6 @@ impl Outcome {
         }
     }
 
-    /// Whether this is a failure of either transient kind (the event is tried again).
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Outcome::Retry { .. } | Outcome::Unavailable { .. })
-    }
-
     /// The reason of a failure, if it is one.
     pub fn reason(&self) -> Option<&str> {
         match self {

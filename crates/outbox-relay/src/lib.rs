@@ -391,11 +391,7 @@ impl Destinations {
                     destination: lanes.name(lane).to_owned(),
                     up: h.down_since.is_none(),
                     failing: h.open_until.is_some_and(|t| t > now),
-                    down_since_unix: h.down_since.map(|(_, wall)| {
-                        wall.duration_since(std::time::UNIX_EPOCH)
-                            .unwrap_or_default()
-                            .as_secs_f64()
-                    }),
+                    down_since_unix: h.down_since.map(|(_, wall)| unix_seconds(wall)),
                     last_error: (h.down_since.is_some() && !h.last_error.is_empty())
                         .then(|| outbox_core::redact::redact_in_text(&h.last_error)),
                 }
@@ -716,6 +712,13 @@ struct Health {
     last_failed: Option<Instant>,
 }
 
+/// `wall` as Unix seconds, for the down-since gauge and [`DestinationState::down_since_unix`].
+fn unix_seconds(wall: std::time::SystemTime) -> f64 {
+    wall.duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
 /// How long after its last failed call an outage counts as over when nothing answered since.
 const STALE_OUTAGE: Duration = Duration::from_secs(60);
 
@@ -878,12 +881,8 @@ impl Lanes {
             if h.down_since.is_none() {
                 let wall = std::time::SystemTime::now();
                 h.down_since = Some((now, wall));
-                let unix = wall
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_secs_f64();
                 metrics::gauge!("outbox_destination_down_since_seconds", "destination" => name.to_owned())
-                    .set(unix);
+                    .set(unix_seconds(wall));
             }
             // Calls that were out while it tripped come back failed too: one trip, not one each.
             if h.open_until.is_some_and(|t| t > now) {
@@ -1160,14 +1159,10 @@ where
         (lane, members, wave, outcomes)
     }
 
-    /// The destination an event goes to, for logs and metrics.
-    fn destination_of(&self, event: &Event) -> &str {
-        self.lanes.name(self.lanes.of(event))
-    }
-
     /// Record the outcome of one event; returns whether the rest of its aggregate must wait.
     fn settle(&self, event: &Event, outcome: Outcome, settlement: &mut Settlement) -> bool {
-        let sink = self.destination_of(event);
+        let lane = self.lanes.of(event);
+        let sink = self.lanes.name(lane);
         let label = || sink.to_owned();
         match &outcome {
             Outcome::Delivered => {
@@ -1181,12 +1176,9 @@ where
         }
         match outcome {
             Outcome::Unavailable { reason, after } => {
-                let lane = self.lanes.of(event);
-                let down_for = self
-                    .lanes
-                    .down_for(lane, Instant::now())
-                    .unwrap_or_default();
+                // The outage's length is looked up only where a limit applies.
                 if let Some(limit) = self.config.unavailable_limit(sink)
+                    && let Some(down_for) = self.lanes.down_for(lane, Instant::now())
                     && down_for >= limit
                 {
                     let error = format!(
@@ -1196,7 +1188,7 @@ where
                         )),
                         humantime_duration::format_duration(limit)
                     );
-                    return self.bury(event, &error, settlement);
+                    return self.bury(event, sink, &error, settlement);
                 }
                 // No attempt is spent: the backoff is that of the attempts made so far; the
                 // destination's cooldown spaces the calls while it stays down.
@@ -1244,7 +1236,7 @@ where
                 let failed = event.attempts + 1;
                 if self.config.retry.is_exhausted(failed) {
                     let error = format!("gave up after {failed} attempts: {reason}");
-                    self.bury(event, &error, settlement)
+                    self.bury(event, sink, &error, settlement)
                 } else {
                     let delay = after.unwrap_or_else(|| {
                         self.config.retry.backoff(failed, rand::random::<f64>())
@@ -1274,16 +1266,22 @@ where
             }
             Outcome::Reject { reason } => {
                 let error = format!("rejected by {sink}: {reason}");
-                self.bury(event, &error, settlement)
+                self.bury(event, sink, &error, settlement)
             }
         }
     }
 
-    /// Record `event` as dead with `error`; returns whether the rest of its aggregate must wait
-    /// (the dead-letter policy).
-    fn bury(&self, event: &Event, error: &str, settlement: &mut Settlement) -> bool {
-        self.log_dead(event, error);
-        metrics::counter!("outbox_events_dead_total", "destination" => self.destination_of(event).to_owned())
+    /// Record `event`, bound for `destination`, as dead with `error`; returns whether the rest of
+    /// its aggregate must wait (the dead-letter policy).
+    fn bury(
+        &self,
+        event: &Event,
+        destination: &str,
+        error: &str,
+        settlement: &mut Settlement,
+    ) -> bool {
+        self.log_dead(event, destination, error);
+        metrics::counter!("outbox_events_dead_total", "destination" => destination.to_owned())
             .increment(1);
         settlement.buries.push(BuryEvent {
             seq: event.seq,
@@ -1292,7 +1290,7 @@ where
         self.config.dead_letter == DeadLetterPolicy::Block
     }
 
-    fn log_dead(&self, event: &Event, error: &str) {
+    fn log_dead(&self, event: &Event, destination: &str, error: &str) {
         warn!(
             event_id = %event.id,
             event_type = %event.event_type,
@@ -1300,7 +1298,7 @@ where
             aggregate_id = %event.aggregate_id,
             idempotency_key = event.idempotency_key.as_deref().unwrap_or(""),
             attempts = event.attempts + 1,
-            destination = self.destination_of(event),
+            destination,
             error,
             "Event is dead; it stays in the outbox for `outbox dead retry` or `discard`."
         );

@@ -120,8 +120,8 @@ async fn settle_open_rows(
 }
 
 /// Stream table rows that failed go to the table for their retry: attempt counted (unless the
-/// destination was unavailable), error kept (the mark of a row waiting for its retry), due after their delay.
-/// Table claims take them up from there.
+/// destination was unavailable), error kept (the mark of a row waiting for its retry), due after
+/// their delay. Table claims take them up from there.
 pub(crate) async fn retry_rows(
     pool: &PgPool,
     cfg: &WalConfig,
@@ -141,24 +141,20 @@ pub(crate) async fn retry_rows(
     let seqs: Vec<i64> = by_seq.keys().copied().collect();
     let (done, _) = update_visible(pool, cfg, &seqs, |seqs| {
         let sql = sql.clone();
-        let delays: Vec<i64> = seqs
-            .iter()
-            .filter_map(|s| by_seq.get(s))
-            .map(|r| i64::try_from(r.delay.as_millis()).unwrap_or(i64::MAX))
-            .collect();
-        let errors: Vec<String> = seqs
-            .iter()
-            .filter_map(|s| by_seq.get(s))
-            .map(|r| r.error.clone())
-            .collect();
-        let costs: Vec<i32> = seqs
-            .iter()
-            .filter_map(|s| by_seq.get(s))
-            .map(|r| i32::from(r.counts_attempt))
-            .collect();
+        // One lookup per row, and the four arrays stay aligned with the seqs bound.
+        let mut bound = Vec::with_capacity(seqs.len());
+        let mut delays = Vec::with_capacity(seqs.len());
+        let mut errors = Vec::with_capacity(seqs.len());
+        let mut costs = Vec::with_capacity(seqs.len());
+        for (seq, r) in seqs.iter().filter_map(|s| by_seq.get(s).map(|r| (*s, r))) {
+            bound.push(seq);
+            delays.push(i64::try_from(r.delay.as_millis()).unwrap_or(i64::MAX));
+            errors.push(r.error.clone());
+            costs.push(i32::from(r.counts_attempt));
+        }
         async move {
             sqlx::query_scalar(AssertSqlSafe(sql))
-                .bind(&seqs)
+                .bind(&bound)
                 .bind(&delays)
                 .bind(&errors)
                 .bind(&costs)

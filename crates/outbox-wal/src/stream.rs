@@ -157,28 +157,7 @@ async fn lead(
 ) -> Result<(), WalError> {
     slot::check_server(pool).await?;
     let heartbeats = check_message_access(cfg, from_relay.stop_when_caught_up, pool).await?;
-    let confirmed = slot::ensure_slot(pool, cfg).await?;
-    shared.state().begin_session(confirmed);
-    // What the table owns as the session starts: its aggregates' newer events must not
-    // overtake it. With `catch_up`, every undelivered row (rows left by the polling relay or by
-    // a stopped relay, requeued ones, rows committed before the slot existed); without it, only
-    // rows that hold their aggregate back (retries, dead under `block`, live claims).
-    let owned = db::open_rows(pool, cfg, cfg.catch_up, dead_letter).await?;
-    let high_water = db::max_seq(pool, cfg).await?;
-    {
-        let mut state = shared.state();
-        for (seq, aggregate) in owned {
-            state.own(aggregate, seq);
-        }
-        if cfg.catch_up {
-            // The table may deliver any row up to here: the stream checks those it sees again.
-            state.check_up_to = state.check_up_to.max(high_water);
-        }
-        info!(
-            owned = state.owned_count(),
-            high_water, "Session started; the table delivers what it owns, the stream the rest."
-        );
-    }
+    slot::ensure_slot(pool, cfg).await?;
     let drain_target = if from_relay.stop_when_caught_up {
         // A commit at or past the target, so an idle outbox gets there too.
         db::heartbeat(pool, &cfg.message_prefix).await?;
@@ -187,7 +166,19 @@ async fn lead(
         None
     };
     shared.set_drain_target(drain_target);
-    let mut client = start_client(cfg, &from_relay.relay_id, pool, target, stop).await?;
+    // The slot first, the table's snapshot after. Until this instance holds the slot, a
+    // predecessor that has not yet noticed it lost the lock may still stream and confirm: it
+    // leaves the events of aggregates its table owns to that table (nothing is written for
+    // them) and confirms past them. A snapshot taken before would not know those rows, and the
+    // stream, starting past them, would deliver their aggregates' later events first (found by
+    // outbox-verify: a takeover after `terminate_relay_connections`). Once the slot is ours its
+    // position no longer moves: every row committed before it is in the snapshot.
+    let (mut client, start) = start_client(cfg, &from_relay.relay_id, pool, target, stop).await?;
+    shared.state().begin_session(start);
+    if let Err(error) = own_open_rows(cfg, shared, pool, dead_letter).await {
+        client.abort();
+        return Err(error);
+    }
     shared.set_leading(true);
     let result = stream_loop(
         cfg,
@@ -285,13 +276,43 @@ pub(crate) async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bo
     }
 }
 
+/// What the table owns as the session starts: its aggregates' newer events must not overtake
+/// it. With `catch_up`, every undelivered row (rows left by the polling relay or by a stopped
+/// relay, requeued ones, rows committed before the slot existed, rows a predecessor left to its
+/// table); without it, only rows that hold their aggregate back (retries, dead under `block`,
+/// live claims).
+async fn own_open_rows(
+    cfg: &WalConfig,
+    shared: &Shared,
+    pool: &PgPool,
+    dead_letter: DeadLetterPolicy,
+) -> Result<(), WalError> {
+    let owned = db::open_rows(pool, cfg, cfg.catch_up, dead_letter).await?;
+    let high_water = db::max_seq(pool, cfg).await?;
+    let mut state = shared.state();
+    for (seq, aggregate) in owned {
+        state.own(aggregate, seq);
+    }
+    if cfg.catch_up {
+        // The table may deliver any row up to here: the stream checks those it sees again.
+        state.check_up_to = state.check_up_to.max(high_water);
+    }
+    info!(
+        owned = state.owned_count(),
+        high_water, "Session started; the table delivers what it owns, the stream the rest."
+    );
+    Ok(())
+}
+
+/// Start streaming from the slot, waiting for a predecessor to let go of it; returns the client
+/// and the position it starts from.
 async fn start_client(
     cfg: &WalConfig,
     who: &str,
     pool: &PgPool,
     target: &Target,
     stop: &watch::Receiver<bool>,
-) -> Result<ReplicationClient, WalError> {
+) -> Result<(ReplicationClient, Lsn), WalError> {
     let deadline = Instant::now() + cfg.takeover_timeout;
     let started = Instant::now();
     loop {
@@ -311,7 +332,7 @@ async fn start_client(
         match client.wait_started().await {
             Ok(()) => {
                 info!(slot = %cfg.slot, %confirmed, "Streaming from the slot.");
-                return Ok(client);
+                return Ok((client, confirmed));
             }
             Err(e) => match with_slot(wire_error(e, &target.tls), &cfg.slot) {
                 WalError::SlotBusy { .. } if Instant::now() < deadline && !*stop.borrow() => {

@@ -94,6 +94,10 @@ pub struct Verdict {
     pub lost_held_by_broker: u64,
     /// Of the lost events, those the broker's log does not hold: never stored, or dropped.
     pub lost_not_in_broker: u64,
+    /// Committed, never received, and acknowledged by the broker at a partition and offset its
+    /// log does not hold (`History::broker_dropped`): lost by the broker after its ack, not by
+    /// the relay. Reported, and not a violation of the outbox's guarantees.
+    pub dropped_by_broker: Finding,
     /// Received, never committed.
     pub phantom: Finding,
     /// First deliveries of an aggregate out of sequence order.
@@ -314,6 +318,19 @@ pub fn check(history: &History) -> Verdict {
             continue;
         }
         if !received.contains_key(id) {
+            if history
+                .broker_dropped
+                .get(&event.destination)
+                .is_some_and(|dropped| dropped.contains(id))
+            {
+                verdict.dropped_by_broker.add(|| {
+                    format!(
+                        "event {id} ({} #{}, for {}): the broker acknowledged it at an offset its log does not hold",
+                        event.aggregate, event.seq, event.destination
+                    )
+                });
+                continue;
+            }
             let state = history
                 .outbox
                 .get(id)
@@ -527,6 +544,33 @@ mod tests {
     }
 
     #[test]
+    fn an_event_the_broker_acknowledged_and_dropped_is_reported_apart() {
+        let mut f = fixture();
+        let (dropped, lost) = (f.ids[2], f.ids[3]);
+        for id in [dropped, lost] {
+            f.history.observed.retain(|o| o.event_id != Some(id));
+            f.history.effects.remove(&id);
+        }
+        let held: HashSet<EventId> = f
+            .ids
+            .iter()
+            .copied()
+            .filter(|id| ![dropped, lost].contains(id))
+            .collect();
+        f.history.broker_held.insert("file".into(), held);
+        f.history
+            .broker_dropped
+            .insert("file".into(), HashSet::from([dropped]));
+        let v = check(&f.history);
+        assert_eq!(v.dropped_by_broker.count, 1, "{v:?}");
+        assert!(v.dropped_by_broker.examples[0].contains(&dropped.to_string()));
+        // Not in the broker and no ack for it in the relays' logs: lost, a violation.
+        assert_eq!(v.lost.count, 1, "{v:?}");
+        assert!(v.lost.examples[0].contains(&lost.to_string()));
+        assert_eq!(v.violations(), vec![("lost", 1)]);
+    }
+
+    #[test]
     fn a_lost_event_is_placed_by_what_the_broker_holds() {
         let mut f = fixture();
         let (consumer_side, broker_side) = (f.ids[2], f.ids[3]);
@@ -679,6 +723,7 @@ mod tests {
             reclaimed: 4,
             late_writes: LateWrites::Unfenced,
             log: None,
+            leases: 1,
         });
         f.history.lease_faults.push(LeaseFault {
             relay: "r2".into(),
@@ -686,6 +731,7 @@ mod tests {
             reclaimed: 0,
             late_writes: LateWrites::Pending,
             log: None,
+            leases: 1,
         });
         f.history.lease_faults.push(LeaseFault {
             relay: "r3".into(),
@@ -693,6 +739,7 @@ mod tests {
             reclaimed: 10,
             late_writes: LateWrites::NeverWritten,
             log: None,
+            leases: 1,
         });
         f.history.lease_faults.push(LeaseFault {
             relay: "r4".into(),
@@ -700,6 +747,7 @@ mod tests {
             reclaimed: 10,
             late_writes: LateWrites::Fenced,
             log: None,
+            leases: 1,
         });
         let v = check(&f.history);
         assert_eq!(v.misrouted.count, 1);

@@ -759,8 +759,13 @@ pub async fn run(options: Options) -> Result<RunReport, Error> {
 
     let mut history = collect(&ctx, &side, &names).await?;
     for d in &dests {
-        if let Some(held) = d.held_by_broker().await {
-            history.broker_held.insert(d.name().to_owned(), held);
+        if let Some(read_back) = d.held_by_broker().await {
+            history
+                .broker_held
+                .insert(d.name().to_owned(), read_back.held);
+            history
+                .broker_dropped
+                .insert(d.name().to_owned(), read_back.dropped_after_ack);
         }
     }
     std::fs::write(
@@ -954,6 +959,7 @@ async fn collect(ctx: &Ctx, side: &ConsumerSide, names: &Names) -> Result<Histor
             .map(settle_late_writes)
             .collect(),
         broker_held: HashMap::new(),
+        broker_dropped: HashMap::new(),
     })
 }
 
@@ -971,6 +977,11 @@ fn settle_late_writes(mut fault: LeaseFault) -> LeaseFault {
     let log = Path::new(log);
     fault.late_writes = if relays::log_contains_after(log, *offset, &relays::FENCED_MARKERS) {
         LateWrites::Fenced
+    } else if fault.leases == 1
+        && relays::first_marker_after(log, *offset, &relays::WRITE_BACK_MARKERS)
+            == Some(relays::CLAIM_FAILED_MARKER)
+    {
+        LateWrites::ClaimLost
     } else if relays::log_contains_after(log, *offset, &[relays::STOPPED_MARKER]) {
         LateWrites::Unfenced
     } else {
@@ -1225,6 +1236,11 @@ async fn pause_relay(ctx: &Ctx, relay: usize) -> Result<String, Error> {
             LateWrites::Pending
         },
         log: Some((slot.log.display().to_string(), offset)),
+        leases: held
+            .iter()
+            .map(|h| h.1)
+            .collect::<std::collections::HashSet<_>>()
+            .len() as u64,
     };
     let note = format!(
         "{id} paused holding {} events, {} re-claimed, fenced after resume: {fenced}{}",
@@ -1238,4 +1254,58 @@ async fn pause_relay(ctx: &Ctx, relay: usize) -> Result<String, Error> {
     );
     ctx.lease_faults.lock().await.push(record);
     Ok(note)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A paused relay's fault settled from what its log says after it was resumed.
+    fn settled(after_resume: &str, leases: u64) -> LateWrites {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("relay.log");
+        let before = "INFO Claimed 40 events\n";
+        std::fs::write(&log, format!("{before}{after_resume}")).expect("log written");
+        settle_late_writes(LeaseFault {
+            relay: "relay-1".into(),
+            held: 40,
+            reclaimed: 40,
+            late_writes: LateWrites::Pending,
+            log: Some((log.display().to_string(), before.len() as u64)),
+            leases,
+        })
+        .late_writes
+    }
+
+    #[test]
+    fn a_late_write_is_settled_from_the_resumed_relays_log() {
+        let claim_failed =
+            "WARN Claim failed; the database may be down. Events stay in the outbox.\n";
+        let fenced = "WARN Lease expired before the write; another relay owns these events.\n";
+        let stopped = "INFO Relay stopped.\n";
+        assert_eq!(
+            settled(&format!("{fenced}{stopped}"), 1),
+            LateWrites::Fenced
+        );
+        assert_eq!(
+            settled(&format!("{claim_failed}{fenced}{stopped}"), 1),
+            LateWrites::Fenced
+        );
+        // The claim it was frozen in never got its answer: it never had the events.
+        assert_eq!(
+            settled(&format!("{claim_failed}{stopped}"), 1),
+            LateWrites::ClaimLost
+        );
+        // Two claims held: the failed one may be the other; a missing fence stays a violation.
+        assert_eq!(
+            settled(&format!("{claim_failed}{stopped}"), 2),
+            LateWrites::Unfenced
+        );
+        // It stopped normally before any claim failed, and never fenced: a violation.
+        assert_eq!(
+            settled(&format!("{stopped}{claim_failed}"), 1),
+            LateWrites::Unfenced
+        );
+        assert_eq!(settled("", 1), LateWrites::NeverWritten);
+    }
 }

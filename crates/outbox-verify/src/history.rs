@@ -115,6 +115,12 @@ pub struct History {
     /// tells whether the broker never stored it or the consumer never read it.
     #[serde(default)]
     pub broker_held: HashMap<String, HashSet<EventId>>,
+    /// Per destination read back that way: events its log does not hold although the broker
+    /// acknowledged storing them at a partition and offset (from the relays' logs of the acks
+    /// they received). An event here that was never received was dropped by the broker after
+    /// its ack, which no relay can prevent or notice.
+    #[serde(default)]
+    pub broker_dropped: HashMap<String, HashSet<EventId>>,
 }
 
 /// What a lease-clock fault did: a relay was paused (SIGSTOP) past its lease while it held
@@ -136,6 +142,9 @@ pub struct LeaseFault {
     /// from the whole log after the run (a stale batch can take longer than the fault waits).
     #[serde(default)]
     pub log: Option<(String, u64)>,
+    /// How many different leases the held events were under (one per claim).
+    #[serde(default)]
+    pub leases: u64,
 }
 
 /// What became of a resumed relay's writes for a batch it no longer owned.
@@ -150,6 +159,11 @@ pub enum LateWrites {
     /// could log anything; the harness cannot tell these apart from outside (the stores'
     /// fencing tests cover the write itself), so it counts them apart.
     NeverWritten,
+    /// The events were all of one claim, and the first thing the resumed relay logged was that
+    /// claim failing ("Claim failed"): it was frozen while its claim was committing, the
+    /// database went away meanwhile (a restart fault), and the answer never reached it. The
+    /// relay never had those events, so it had nothing to write back.
+    ClaimLost,
     /// The process went on and stopped normally ("Relay stopped.") and never logged a fenced
     /// write: a write for events another relay owned went through, or was silently dropped.
     Unfenced,

@@ -196,15 +196,21 @@ impl RunReport {
             .iter()
             .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::NeverWritten)
             .count();
+        let claim_lost = self
+            .lease_faults
+            .iter()
+            .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::ClaimLost)
+            .count();
         let with_reclaim = self.lease_faults.iter().filter(|l| l.reclaimed > 0).count();
         let _ = writeln!(
             s,
-            "lease faults: {} pauses, {} with events re-claimed ({} events), {} of those fenced, {} killed before any late write",
+            "lease faults: {} pauses, {} with events re-claimed ({} events), {} of those fenced, {} killed before any late write, {} whose claim never got its answer",
             self.lease_faults.len(),
             with_reclaim,
             reclaimed,
             fenced,
-            never_written
+            never_written,
+            claim_lost
         );
         if let (Some(max_backlog), Some(rss)) = (
             self.timeline.iter().filter_map(|x| x.backlog).max(),
@@ -269,6 +275,16 @@ impl RunReport {
                 );
             }
             for e in finding.examples.iter().take(3) {
+                let _ = writeln!(s, "         {e}");
+            }
+        }
+        if v.dropped_by_broker.count > 0 {
+            let _ = writeln!(
+                s,
+                "  note dropped by broker {:>6}   (acknowledged by the broker, absent from its log: a broker fault, not counted as lost)",
+                v.dropped_by_broker.count
+            );
+            for e in v.dropped_by_broker.examples.iter().take(3) {
                 let _ = writeln!(s, "         {e}");
             }
         }

@@ -36,7 +36,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
-use super::{Destination, DestinationHandler};
+use super::{BrokerReadBack, Destination, DestinationHandler};
 use crate::Error;
 
 /// Partitions of the topic.
@@ -226,6 +226,37 @@ fn read_back(
     Ok(held)
 }
 
+/// The events the relays' logs show acknowledged by the broker at a real offset ("Kafka record
+/// acknowledged." with `offset` ≥ 0, logged by the sink at debug level on each delivery
+/// report without error).
+fn acknowledged(relay_logs: &std::path::Path) -> HashSet<EventId> {
+    let mut acked = HashSet::new();
+    let Ok(dir) = std::fs::read_dir(relay_logs) else {
+        return acked;
+    };
+    for entry in dir.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        for line in text.lines().filter(|l| l.contains(ACK_LOGGED)) {
+            let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let offset = record["offset"].as_i64().unwrap_or(-1);
+            if let (true, Some(id)) = (
+                offset >= 0,
+                record["event_id"].as_str().and_then(|v| v.parse().ok()),
+            ) {
+                acked.insert(id);
+            }
+        }
+    }
+    acked
+}
+
+/// The message of the Kafka sink's debug line for each record the broker acknowledged.
+const ACK_LOGGED: &str = "Kafka record acknowledged.";
+
 impl KafkaDestination {
     /// Start tansu on a free port behind a proxy and create the topic.
     pub async fn start(name: &str, log_dir: PathBuf) -> Result<Self, Error> {
@@ -360,12 +391,22 @@ impl Destination for KafkaDestination {
         }))
     }
 
-    async fn held_by_broker(&self) -> Option<HashSet<EventId>> {
+    async fn held_by_broker(&self) -> Option<BrokerReadBack> {
         let brokers = self.proxy.addr().to_string();
         let topic = self.topic.clone();
         let listing = self.log_dir.join("kafka-read-back.tsv");
+        let relay_logs = self.log_dir.join("relay-logs");
         match tokio::task::spawn_blocking(move || read_back(&brokers, &topic, &listing)).await {
-            Ok(Ok(held)) => Some(held),
+            Ok(Ok(held)) => {
+                let dropped_after_ack = acknowledged(&relay_logs)
+                    .into_iter()
+                    .filter(|id| !held.contains(id))
+                    .collect();
+                Some(BrokerReadBack {
+                    held,
+                    dropped_after_ack,
+                })
+            }
             Ok(Err(error)) => {
                 tracing::warn!(%error, "Could not read the Kafka topic back.");
                 None
@@ -382,5 +423,35 @@ impl Destination for KafkaDestination {
             let _ = child.start_kill();
             let _ = child.wait().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acks_at_a_real_offset_are_read_from_every_relay_log() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (a, b, c) = (EventId::new(), EventId::new(), EventId::new());
+        let line = |id: EventId, offset: i64| {
+            format!(
+                r#"{{"timestamp":"2026-11-26T01:49:22.988857Z","level":"DEBUG","message":"Kafka record acknowledged.","event_id":"{id}","topic":"t","partition":0,"offset":{offset},"target":"outbox_sink_kafka"}}"#
+            )
+        };
+        std::fs::write(
+            dir.path().join("verify-r0-1.log"),
+            format!("{}\n{{\"message\":\"Relay stopped.\"}}\n", line(a, 5)),
+        )
+        .expect("log");
+        // An ack without an offset (a duplicate answered from the producer's state) is not
+        // evidence of where the broker stored it.
+        std::fs::write(
+            dir.path().join("verify-r1-1.log"),
+            format!("{}\n{}\nnot json\n", line(b, 0), line(c, -1)),
+        )
+        .expect("log");
+        assert_eq!(acknowledged(dir.path()), HashSet::from([a, b]));
+        assert!(acknowledged(&dir.path().join("missing")).is_empty());
     }
 }

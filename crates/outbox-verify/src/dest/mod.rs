@@ -90,12 +90,22 @@ pub trait Destination: Send + Sync {
     /// Every event id the broker holds, read back from it directly rather than through the
     /// consumer, or `None` where the broker cannot be read that way. It places a lost event:
     /// never stored by the broker, or stored and never consumed.
-    async fn held_by_broker(&self) -> Option<HashSet<outbox_core::EventId>> {
+    async fn held_by_broker(&self) -> Option<BrokerReadBack> {
         None
     }
 
     /// Release what it started (broker processes, servers).
     async fn shutdown(&self) {}
+}
+
+/// What a broker's log holds at the end of a run, read back directly.
+#[derive(Clone, Debug, Default)]
+pub struct BrokerReadBack {
+    /// Every event id in the log.
+    pub held: HashSet<outbox_core::EventId>,
+    /// Events not in the log that the broker acknowledged storing at a partition and offset
+    /// (as the relays logged the acks): dropped by the broker after its ack.
+    pub dropped_after_ack: HashSet<outbox_core::EventId>,
 }
 
 /// The consumer side shared by every destination: the consumer's database, its inbox and

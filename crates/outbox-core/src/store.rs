@@ -49,7 +49,8 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// Whether a dead event holds back the later events of its aggregate.
     pub dead_letter: DeadLetterPolicy,
-    /// Destinations whose events are not claimed now (paused by an operator).
+    /// Destinations whose events are not claimed now (paused by an operator, or deferred for
+    /// one claim so that a backlog of one destination does not fill every batch).
     pub hold: Option<Arc<Hold>>,
     /// Most payload bytes one claim returns: events are taken in `seq` order while the payloads
     /// before them add up to less than this (the first one always), so a relay's memory is
@@ -92,14 +93,23 @@ impl ClaimRequest {
     }
 }
 
-/// Destinations a claim skips: every event that `routes` sends to one of `paused` stays pending
-/// (and does not hold back other destinations' events).
+/// Destinations a claim skips: every event that `routes` sends to one of `paused` or
+/// `deferred` stays pending. A paused destination's events do not hold back other
+/// destinations' events; a deferred one's do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hold {
     /// How events map to destinations (rendered into the claim's SQL).
     pub routes: RouteTable,
-    /// Names of the paused destinations; never empty.
+    /// Names of the destinations an operator paused.
     pub paused: Vec<String>,
+    /// Names of destinations skipped by this one claim only: the relay's fair turn for the
+    /// others after a claim that one destination's backlog filled. A table claim takes none of
+    /// their events, but unlike a paused destination's, their open rows still hold back the
+    /// later events of their aggregates (even a row that is merely due): the turn changes which
+    /// aggregates go first, never the order within one. A store may claim them as usual instead
+    /// (SQLite does); a stream source need not defer (its events are new, not a backlog), and
+    /// must not treat them as paused (nothing is handed back for them).
+    pub deferred: Vec<String>,
 }
 
 /// Proof of a claim: the owner and the fencing token every follow-up write must present.

@@ -372,12 +372,20 @@ impl Built {
         self.binds.extend(case.binds.into_iter().map(Arg::Text));
     }
 
-    /// ` AND <route of alias> NOT IN (paused…)`.
-    fn not_held(&mut self, routes: &RouteTable, alias: &str, paused: &[String]) {
+    /// ` AND <route of alias> NOT IN (names…)`; nothing when `names` is empty.
+    fn not_held(&mut self, routes: &RouteTable, alias: &str, names: &[String]) {
+        if names.is_empty() {
+            return;
+        }
         self.push(" AND ");
         self.route(routes, alias);
         self.push(" NOT IN (");
-        for (i, name) in paused.iter().enumerate() {
+        self.names(names);
+    }
+
+    /// `?, ?, …)` bound to `names`.
+    fn names(&mut self, names: &[String]) {
+        for (i, name) in names.iter().enumerate() {
             self.bind(if i == 0 { "?" } else { ", ?" }, Arg::Text(name.clone()));
         }
         self.push(")");
@@ -400,14 +408,22 @@ impl Built {
 impl Sql {
     /// Phase 1 of a claim with destinations on hold: `claim_candidates` where rows that `routes`
     /// sends to a `paused` destination are neither candidates nor blockers (a paused
-    /// destination's events hold back nobody).
+    /// destination's events hold back nobody), and rows of a `deferred` one (skipped for this
+    /// claim only) are no candidates but still hold back their aggregate's later events, even
+    /// when merely due.
     pub(crate) fn held_claim_candidates(
         &self,
         routes: &RouteTable,
         paused: &[String],
+        deferred: &[String],
         block: bool,
         limit: i64,
     ) -> Built {
+        let skipped: Vec<String> = paused
+            .iter()
+            .chain(deferred.iter().filter(|d| !paused.contains(d)))
+            .cloned()
+            .collect();
         let t = self.t.as_str();
         let mut b = Built::default();
         let probe = |b: &mut Built, status: &str, extra: &str| {
@@ -423,7 +439,19 @@ impl Sql {
             b.push(&format!(
                 "(SELECT e.seq, e.aggregate_type, e.aggregate_id, LENGTH(e.payload) AS bytes FROM {t} AS e WHERE {due}"
             ));
-            b.not_held(routes, "e", paused);
+            b.not_held(routes, "e", &skipped);
+            if !deferred.is_empty() {
+                // An earlier open row of a deferred destination, through the `blockers` index.
+                b.push(&format!(
+                    " AND NOT EXISTS (SELECT 1 FROM {t} AS d FORCE INDEX (blockers)
+                         WHERE d.aggregate_type = e.aggregate_type AND d.aggregate_id = e.aggregate_id
+                           AND d.status IN ('pending', 'in_flight') AND d.seq < e.seq AND "
+                ));
+                b.route(routes, "d");
+                b.push(" IN (");
+                b.names(deferred);
+                b.push(")");
+            }
             b.push(" AND NOT ");
             probe(b, "in_flight", " AND b.lease_expires_at > UTC_TIMESTAMP(6)");
             b.push(" AND NOT ");

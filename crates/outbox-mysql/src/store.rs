@@ -93,7 +93,11 @@ impl MySqlStore {
         let block = request.dead_letter == DeadLetterPolicy::Block;
         let limit = i64::from(request.limit);
         // A plain read outside any transaction: what is due now, unblocked, in seq order.
-        let candidates = match request.hold.as_deref().filter(|h| !h.paused.is_empty()) {
+        let hold = request
+            .hold
+            .as_deref()
+            .filter(|h| !h.paused.is_empty() || !h.deferred.is_empty());
+        let candidates = match hold {
             None => {
                 sqlx::query(AssertSqlSafe(sql.claim_candidates.as_str()))
                     .bind(block)
@@ -105,7 +109,13 @@ impl MySqlStore {
                     .await
             }
             Some(hold) => {
-                let built = sql.held_claim_candidates(&hold.routes, &hold.paused, block, limit);
+                let built = sql.held_claim_candidates(
+                    &hold.routes,
+                    &hold.paused,
+                    &hold.deferred,
+                    block,
+                    limit,
+                );
                 built.query().fetch_all(session.conn()).await
             }
         }
@@ -810,7 +820,7 @@ mod tests {
                 (b.sql, binds)
             };
             let (held, held_binds) =
-                built(sql.held_claim_candidates(&routes, &["hooks".into()], true, 200));
+                built(sql.held_claim_candidates(&routes, &["hooks".into()], &[], true, 200));
             let held_plan = plan(&pool, &held, &held_binds).await;
             assert!(
                 held_plan
@@ -824,6 +834,26 @@ mod tests {
             assert!(
                 held_probes.iter().all(|(_, k)| k == "blockers"),
                 "round {round}: {held_plan:?}"
+            );
+            // A deferred destination: its earlier open rows are probed through `blockers` too.
+            let (deferred, deferred_binds) =
+                built(sql.held_claim_candidates(&routes, &[], &["hooks".into()], true, 200));
+            let deferred_plan = plan(&pool, &deferred, &deferred_binds).await;
+            assert!(
+                deferred_plan
+                    .iter()
+                    .filter(|(t, _)| t == "e")
+                    .all(|(_, k)| k == "open_seq"),
+                "round {round}: {deferred_plan:?}"
+            );
+            let deferred_probes: Vec<_> = deferred_plan
+                .iter()
+                .filter(|(t, _)| t == "b" || t == "d")
+                .collect();
+            assert_eq!(deferred_probes.len(), 8, "round {round}: {deferred_plan:?}");
+            assert!(
+                deferred_probes.iter().all(|(_, k)| k == "blockers"),
+                "round {round}: {deferred_plan:?}"
             );
             let filter = outbox_core::ReplayFilter {
                 from: chrono::DateTime::<Utc>::MIN_UTC,

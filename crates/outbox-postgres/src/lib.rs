@@ -714,8 +714,12 @@ fn keyed_enqueue_batch(t: &str, k: &str) -> String {
 /// the table's `CASE` over the candidate (`e`) and over the blocker probe's row (`b`), both bound
 /// to the same placeholders.
 struct HoldSql {
+    /// The route `CASE` over the candidate row `e`.
     route_e: String,
+    /// The same over a blocker `b`.
     route_b: String,
+    /// The same over an earlier open row `d`, when a destination is deferred.
+    route_d: Option<String>,
 }
 
 /// Run in the claim's transaction just before the claim statement: the advisory lock that
@@ -785,12 +789,34 @@ const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 /// row is that this claim leaves its aggregate alone, and the next claim picks it up. The claim
 /// stays serialized across relays by the advisory lock taken just before it.
 fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
+    // `$9` the paused destinations, `$10` the deferred ones (for this claim only). Neither's
+    // rows are candidates; a paused destination's rows hold nothing back (its events wait
+    // apart), a deferred one's hold back their aggregate's later events as usual, and so does a
+    // deferred row that is merely due (`deferred_probe`): skipping a destination for one turn
+    // must not let another destination's event pass an earlier one of the same aggregate.
     let (hold_e, hold_b) = match hold {
         Some(h) => (
-            format!("AND NOT (COALESCE({}, '') = ANY($9::text[]))", h.route_e),
+            format!(
+                "AND NOT (COALESCE({r}, '') = ANY($9::text[]) OR COALESCE({r}, '') = ANY($10::text[]))",
+                r = h.route_e
+            ),
             format!("AND NOT (COALESCE({}, '') = ANY($9::text[]))", h.route_b),
         ),
         None => (String::new(), String::new()),
+    };
+    // Through the `_heads` index (open rows by aggregate and seq); only built when a
+    // destination is deferred.
+    let deferred_probe = match hold.and_then(|h| h.route_d.as_deref()) {
+        Some(route_d) => format!(
+            "AND NOT EXISTS (
+                 SELECT 1 FROM {t} d
+                 WHERE d.aggregate_type = e.aggregate_type
+                   AND d.aggregate_id = e.aggregate_id
+                   AND d.seq < e.seq
+                   AND d.status NOT IN ('delivered', 'dead')
+                   AND COALESCE({route_d}, '') = ANY($10::text[]))"
+        ),
+        None => String::new(),
     };
     // Due by time (pending and its time has come, or in flight under an expired lease), for
     // the row aliased `a`: read on the snapshot by the scans, re-checked on the latest version
@@ -825,7 +851,8 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                        ELSE b.next_attempt_at > statement_timestamp() END
                {hold_b}
              ORDER BY b.seq DESC
-             OFFSET 0)"
+             OFFSET 0)
+         {deferred_probe}"
     );
     format!(
         "WITH RECURSIVE window_due AS MATERIALIZED (
@@ -1214,22 +1241,28 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        let hold = request.hold.as_deref().filter(|h| !h.paused.is_empty());
+        let hold = request
+            .hold
+            .as_deref()
+            .filter(|h| !h.paused.is_empty() || !h.deferred.is_empty());
         let held_sql;
-        let (sql, route_binds, paused) = match hold {
+        let (sql, route_binds, held) = match hold {
             None => (self.sql().claim.as_str(), Vec::new(), None),
             Some(hold) => {
-                let dialect = SqlDialect::Postgres { first_param: 10 };
+                let dialect = SqlDialect::Postgres { first_param: 11 };
                 let route_e = hold.routes.sql_case(dialect, Some("e"));
                 let route_b = hold.routes.sql_case(dialect, Some("b"));
+                let route_d = (!hold.deferred.is_empty())
+                    .then(|| hold.routes.sql_case(dialect, Some("d")).sql);
                 held_sql = claim_sql(
                     self.outbox.qualified_table(),
                     Some(&HoldSql {
                         route_e: route_e.sql,
                         route_b: route_b.sql,
+                        route_d,
                     }),
                 );
-                (held_sql.as_str(), route_e.binds, Some(&hold.paused))
+                (held_sql.as_str(), route_e.binds, Some(hold))
             }
         };
         let mut query = sqlx::query(AssertSqlSafe(sql))
@@ -1241,8 +1274,8 @@ impl Store for PgStore {
             .bind(bytes(request.max_batch_bytes))
             .bind(bytes(request.max_payload_bytes))
             .bind(request.up_to_seq.unwrap_or(i64::MAX));
-        if let Some(paused) = paused {
-            query = query.bind(paused);
+        if let Some(hold) = held {
+            query = query.bind(&hold.paused).bind(&hold.deferred);
             for value in route_binds {
                 query = query.bind(value);
             }
@@ -1686,26 +1719,42 @@ mod tests {
                 PlanArg::Int(i64::MAX),
             ]
         };
-        let dialect = SqlDialect::Postgres { first_param: 10 };
-        let (route_e, route_b) = (
+        let dialect = SqlDialect::Postgres { first_param: 11 };
+        let (route_e, route_b, route_d) = (
             routes.sql_case(dialect, Some("e")),
             routes.sql_case(dialect, Some("b")),
+            routes.sql_case(dialect, Some("d")),
         );
         let held = claim_sql(
             t,
             Some(&HoldSql {
                 route_e: route_e.sql.clone(),
-                route_b: route_b.sql,
+                route_b: route_b.sql.clone(),
+                route_d: None,
             }),
         );
         let mut held_args = claim_args();
         held_args.push(PlanArg::Texts(vec!["hooks".into()]));
+        held_args.push(PlanArg::Texts(vec![]));
         held_args.extend(route_e.binds.iter().cloned().map(PlanArg::Text));
+        let deferred = claim_sql(
+            t,
+            Some(&HoldSql {
+                route_e: route_e.sql.clone(),
+                route_b: route_b.sql,
+                route_d: Some(route_d.sql),
+            }),
+        );
+        let mut deferred_args = claim_args();
+        deferred_args.push(PlanArg::Texts(vec![]));
+        deferred_args.push(PlanArg::Texts(vec!["hooks".into()]));
+        deferred_args.extend(route_e.binds.iter().cloned().map(PlanArg::Text));
         let stats_route = routes.sql_case(SqlDialect::Postgres { first_param: 1 }, Some("e"));
         let sql = &outbox.inner.sql;
         let checks = vec![
             ("claim", sql.claim.clone(), claim_args()),
             ("claim with a hold", held, held_args),
+            ("claim with a deferred destination", deferred, deferred_args),
             (
                 "destination stats",
                 destination_stats_sql(t, &stats_route.sql),

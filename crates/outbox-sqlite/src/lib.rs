@@ -886,6 +886,10 @@ impl Store for SqliteStore {
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = Uuid::now_v7();
+        // Only the paused destinations: a deferred one (the relay's fair turn, see `Hold`) is
+        // claimed as usual here. Skipping it would need, per candidate, a look at the earlier
+        // open rows of its aggregate, and SQLite has no index over those (writers would pay
+        // for one on every insert); an embedded outbox rarely has several busy destinations.
         let hold = request.hold.as_deref().filter(|h| !h.paused.is_empty());
         let (sql, held) = match hold {
             None => (std::borrow::Cow::Borrowed(&self.sql().claim), None),

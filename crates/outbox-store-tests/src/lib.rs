@@ -50,6 +50,12 @@ pub trait Harness: Send + Sync + 'static {
     fn relays_share_work(&self) -> bool {
         true
     }
+
+    /// Whether the store's claims skip a deferred destination (`Hold::deferred`, the relay's
+    /// fair turns) or claim it as usual (SQLite).
+    fn defers(&self) -> bool {
+        true
+    }
 }
 
 /// Expand to one test per property of the store contract, using `$harness` (an expression
@@ -78,6 +84,7 @@ macro_rules! conformance {
             shutdown_leaves_nothing_claimed,
             pause_holds_only_that_destinations_events,
             held_events_do_not_block_other_destinations,
+            a_deferred_destination_keeps_its_place_in_each_aggregate,
             hold_respects_the_dead_letter_policy,
             routes_in_sql_agree_with_resolve,
             destination_stats_count_each_state,
@@ -93,6 +100,7 @@ macro_rules! conformance {
             a_panicking_sink_costs_attempts_not_a_stuck_claim,
             a_paused_destination_waits_in_a_running_relay_while_others_flow,
             a_requeued_dead_event_goes_out_while_the_relay_runs,
+            a_backlog_of_one_destination_does_not_starve_the_others,
         );
     };
     (@tests $harness:expr; $($name:ident),* $(,)?) => {
@@ -1572,6 +1580,22 @@ async fn two_destination_relay<H: Harness>(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<outbox_relay::RelayReport>,
 ) {
+    two_destination_relay_with(h, store, config, RecordingSink::new()).await
+}
+
+/// [`two_destination_relay`] with `hooks` as the sink of the `hooks` destination (events of
+/// aggregate types starting with `h`).
+async fn two_destination_relay_with<H: Harness>(
+    h: &H,
+    store: &Arc<H::Store>,
+    config: RelayConfig,
+    hooks: RecordingSink,
+) -> (
+    Arc<RecordingSink>,
+    Arc<RecordingSink>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<outbox_relay::RelayReport>,
+) {
     use outbox_core::route::{Pattern, RouteRule, RouteTable};
     let routes = RouteTable::new(
         ["main", "hooks"],
@@ -1582,7 +1606,7 @@ async fn two_destination_relay<H: Harness>(
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let main = Arc::new(RecordingSink::new());
-    let hooks = Arc::new(RecordingSink::new());
+    let hooks = Arc::new(hooks);
     let router = outbox_relay::router::Router::new(
         routes.clone(),
         vec![
@@ -1660,6 +1684,51 @@ pub async fn a_paused_destination_waits_in_a_running_relay_while_others_flow<H: 
         (11, 0, 0),
         "{stats:?}"
     );
+}
+
+/// A backlog of one destination (a slow one, or one back from an outage) does not make the
+/// others' new events wait until it is drained: after a claim it filled, the next claim skips it
+/// (the relay's fair turn), so `main`'s events, committed after 600 of `hooks`', go out while
+/// most of that backlog still waits. And the backlog still drains in order.
+pub async fn a_backlog_of_one_destination_does_not_starve_the_others<H: Harness>(h: &H) {
+    if !h.defers() {
+        eprintln!("this store claims a deferred destination as usual: no fair turns to test");
+        return;
+    }
+    let store = h.fresh().await;
+    let mut events = Vec::new();
+    for n in 0..100 {
+        for k in 0..6 {
+            events.push(typed_event("hook", &format!("k{k}"), n));
+        }
+    }
+    for n in 0..5 {
+        for m in 0..4 {
+            events.push(typed_event("main", &format!("m{m}"), n));
+        }
+    }
+    h.enqueue(&store, &events).await;
+    let slow = RecordingSink::with_faults(Faults {
+        delay: Duration::from_millis(20),
+        ..Faults::default()
+    });
+    let (main, hooks, stop, run) =
+        two_destination_relay_with(h, &store, relay_config("fair"), slow).await;
+    wait_until("main's events", || main.distinct_delivered().len() == 20).await;
+    let hooks_by_then = hooks.distinct_delivered().len();
+    assert!(
+        hooks_by_then <= 400,
+        "main waited for {hooks_by_then} of the 600 hooks events: claims must not hand the whole backlog out first"
+    );
+    wait_until("the hooks backlog", || {
+        hooks.distinct_delivered().len() == 600
+    })
+    .await;
+    assert!(check_first_delivery_order(&hooks.delivered()).is_empty());
+    assert!(check_first_delivery_order(&main.delivered()).is_empty());
+    stop.send(())
+        .unwrap_or_else(|_| panic!("the relay ended early"));
+    run.await.unwrap();
 }
 
 /// Under `block`, a rejected event holds its aggregate; `outbox dead retry` while the relay

@@ -910,6 +910,7 @@ mod tests {
         )
         .unwrap();
         let hold = Hold {
+            deferred: Vec::new(),
             routes,
             paused: vec!["b".into()],
         };

@@ -192,4 +192,8 @@ impl Harness for SqliteHarness {
         .await
         .unwrap();
     }
+
+    fn defers(&self) -> bool {
+        false
+    }
 }

@@ -11,6 +11,7 @@ mod logging;
 mod observe;
 mod ops;
 mod progress;
+mod schema;
 mod sinks;
 mod store;
 
@@ -76,6 +77,10 @@ enum Command {
     /// Send delivered events again: those written in [--from, --to) go back to pending with their
     /// ids unchanged, so consumers deduplicate them.
     Replay(ReplayArgs),
+    /// The outbox's DDL: `outbox schema print` writes what `outbox migrate` applies, with its
+    /// bookkeeping rows, for review or for your own migration tool (docs/table-contract.md).
+    #[command(subcommand)]
+    Schema(SchemaCommand),
     /// Validate a configuration and print the effective settings (secrets masked).
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -96,7 +101,7 @@ enum Command {
 }
 
 #[derive(Args, Clone)]
-struct DbArgs {
+pub(crate) struct DbArgs {
     /// Config file (TOML). Keys can also come from OUTBOX_SECTION__KEY environment variables.
     #[arg(long, short)]
     config: Option<PathBuf>,
@@ -237,6 +242,14 @@ struct RelayArgs {
     /// Serve /metrics, /healthz and /readyz here, e.g. `127.0.0.1:9464`.
     #[arg(long)]
     metrics_listen: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum SchemaCommand {
+    /// Print the SQL script `outbox migrate` would apply to a database without the outbox,
+    /// bookkeeping rows included: applied by another tool, `outbox migrate` then finds the
+    /// schema current and the relay accepts it. Connects to nothing.
+    Print(schema::PrintArgs),
 }
 
 #[derive(Subcommand)]
@@ -524,6 +537,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Wal(command) => wal(command).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Config(ConfigCommand::Check { db, json }) => config_check(db, json).await,
+        Command::Schema(SchemaCommand::Print(args)) => {
+            print!("{}", schema::script(&args)?);
+            Ok(())
+        }
         Command::Dead(command) => dead(command).await,
         Command::Cleanup(args) => cleanup(args).await,
         Command::Inbox(command) => inbox_command(command).await,

@@ -19,6 +19,47 @@ pub enum AnyStore {
     MySql(MySqlStore),
 }
 
+/// The PostgreSQL outbox `[database]` names (schema, table, layout), without connecting.
+pub fn pg_outbox(full: &Config) -> Result<PgOutbox, ConfigError> {
+    let config = &full.database;
+    let table = config.table.as_deref().unwrap_or("events");
+    match config.layout {
+        Layout::Plain => PgOutbox::with_names(&config.schema, table),
+        Layout::Partitioned => PgOutbox::partitioned(
+            &config.schema,
+            table,
+            Partitioning {
+                interval: match config.partitions.interval {
+                    PartitionEvery::Daily => PartitionInterval::Daily,
+                    PartitionEvery::Hourly => PartitionInterval::Hourly,
+                },
+                ahead: config.partitions.ahead,
+                retention: full.retention.delivered,
+                lock_timeout: config.partitions.lock_timeout,
+            },
+        ),
+    }
+    .map_err(|e| ConfigError(format!("invalid `database`: {e}")))
+}
+
+/// The SQLite outbox `[database]` names, without connecting.
+pub fn sqlite_outbox(full: &Config) -> Result<SqliteOutbox, ConfigError> {
+    match full.database.table.as_deref() {
+        Some(table) => SqliteOutbox::with_table(table),
+        None => Ok(SqliteOutbox::new()),
+    }
+    .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))
+}
+
+/// The MySQL or MariaDB outbox `[database]` names, without connecting.
+pub fn mysql_outbox(full: &Config) -> Result<MySqlOutbox, ConfigError> {
+    match full.database.table.as_deref() {
+        Some(table) => MySqlOutbox::with_table(table),
+        None => Ok(MySqlOutbox::new()),
+    }
+    .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))
+}
+
 impl AnyStore {
     /// Connect (without migrating). A malformed URL or an unreachable database is a
     /// [`ConfigError`] naming the URL.
@@ -35,45 +76,20 @@ impl AnyStore {
         // the row; SQLite and MySQL mark it delivered and the next retention run deletes it.
         let delete_on_ack = full.retention.enabled && full.retention.delivered.is_zero();
         if is_postgres {
-            let table = config.table.as_deref().unwrap_or("events");
-            let outbox = match config.layout {
-                Layout::Plain => PgOutbox::with_names(&config.schema, table),
-                Layout::Partitioned => PgOutbox::partitioned(
-                    &config.schema,
-                    table,
-                    Partitioning {
-                        interval: match config.partitions.interval {
-                            PartitionEvery::Daily => PartitionInterval::Daily,
-                            PartitionEvery::Hourly => PartitionInterval::Hourly,
-                        },
-                        ahead: config.partitions.ahead,
-                        retention: full.retention.delivered,
-                        lock_timeout: config.partitions.lock_timeout,
-                    },
-                ),
-            }
-            .map_err(|e| ConfigError(format!("invalid `database`: {e}")))?;
+            let outbox = pg_outbox(full)?;
             let store = PgStore::connect(url, outbox)
                 .await
                 .map_err(|e| unreachable(url, e))?
                 .with_delete_on_ack(delete_on_ack);
             Ok(AnyStore::Postgres(store))
         } else if url.starts_with("sqlite:") {
-            let outbox = match config.table.as_deref() {
-                Some(table) => SqliteOutbox::with_table(table),
-                None => Ok(SqliteOutbox::new()),
-            }
-            .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))?;
+            let outbox = sqlite_outbox(full)?;
             let store = SqliteStore::connect(url, outbox)
                 .await
                 .map_err(|e| unreachable(url, e))?;
             Ok(AnyStore::Sqlite(store))
         } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-            let outbox = match config.table.as_deref() {
-                Some(table) => MySqlOutbox::with_table(table),
-                None => Ok(MySqlOutbox::new()),
-            }
-            .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))?;
+            let outbox = mysql_outbox(full)?;
             let url = match url.strip_prefix("mariadb://") {
                 Some(rest) => format!("mysql://{rest}"),
                 None => url.to_owned(),

@@ -299,6 +299,13 @@ impl MySqlOutbox {
         migrations::run(self, pool).await
     }
 
+    /// The DDL [`MySqlOutbox::migrate`] applies to a database without this outbox, with the
+    /// bookkeeping rows that record it applied, as one SQL script (`outbox schema print`), for
+    /// MariaDB (`mariadb = true`) or MySQL: the binary collation the columns use differs.
+    pub fn schema_script(&self, mariadb: bool) -> String {
+        migrations::script(self, mariadb)
+    }
+
     /// The schema version in the database (`0` if never migrated) and the newest this build
     /// knows.
     pub async fn schema_version(&self, pool: &MySqlPool) -> Result<(i64, i64), StoreError> {

@@ -229,17 +229,10 @@ pub(crate) async fn run(
 /// Apply what is missing, under the migration lock.
 async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i64>, StoreError> {
     let bookkeeping = outbox.migrations_table();
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {bookkeeping} (
-             version     BIGINT       NOT NULL PRIMARY KEY,
-             description VARCHAR(255) NOT NULL,
-             checksum    CHAR(16)     CHARACTER SET ascii NOT NULL,
-             applied_at  DATETIME(6)  NOT NULL
-         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4"
-    )))
-    .execute(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
+    sqlx::raw_sql(AssertSqlSafe(bookkeeping_ddl(&bookkeeping)))
+        .execute(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
 
     let rows = sqlx::query(AssertSqlSafe(format!(
         "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
@@ -314,6 +307,66 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
 }
 
 /// The binary no-pad utf8mb4 collation this server has (see the module docs).
+/// The table that records which migrations were applied (created when missing).
+fn bookkeeping_ddl(bookkeeping: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {bookkeeping} (
+    version     BIGINT       NOT NULL PRIMARY KEY,
+    description VARCHAR(255) NOT NULL,
+    checksum    CHAR(16)     CHARACTER SET ascii NOT NULL,
+    applied_at  DATETIME(6)  NOT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4"
+    )
+}
+
+/// Everything [`run`] applies to a database without this outbox, as one SQL script: the
+/// bookkeeping table, each migration (its added columns first) as rendered for `outbox` with
+/// the binary collation of MariaDB or MySQL, and the row that records it (with the checksum
+/// `run` checks). MySQL commits each DDL statement by itself, so unlike `run` the script is not
+/// atomic: apply it to a database without the outbox, and again from the top if it stopped.
+pub(crate) fn script(outbox: &MySqlOutbox, mariadb: bool) -> String {
+    let bookkeeping = outbox.migrations_table();
+    let collation = if mariadb {
+        BINARY_COLLATIONS[0]
+    } else {
+        BINARY_COLLATIONS[1]
+    };
+    let mut out = format!(
+        "-- The outbox {} on {}, schema version {}: the DDL `outbox migrate` applies to a\n\
+         -- database without it, and the bookkeeping rows that record it applied.\n\
+         -- Apply it whole and unedited (`outbox migrate` checks each migration's checksum).\n\n{};\n",
+        outbox.quoted_table(),
+        if mariadb { "MariaDB" } else { "MySQL" },
+        latest_version(),
+        bookkeeping_ddl(&bookkeeping)
+    );
+    for m in MIGRATIONS {
+        out.push_str(&format!(
+            "\n-- Migration {}: {}\n",
+            m.version, m.description
+        ));
+        for (column, definition) in m.add_columns {
+            out.push_str(&format!(
+                "ALTER TABLE {} ADD COLUMN {column} {definition};\n",
+                outbox.quoted_table()
+            ));
+        }
+        let ddl = outbox.render(m.sql).replace("{bin}", collation);
+        let ddl = ddl.trim();
+        if !ddl.is_empty() {
+            out.push_str(ddl);
+            out.push_str(if ddl.ends_with(';') { "\n" } else { ";\n" });
+        }
+        out.push_str(&format!(
+            "INSERT INTO {bookkeeping} (version, description, checksum, applied_at)\n    VALUES ({}, '{}', '{}', UTC_TIMESTAMP(6));\n",
+            m.version,
+            m.description.replace('\\', "\\\\").replace('\'', "''"),
+            checksum_of(m)
+        ));
+    }
+    out
+}
+
 async fn binary_collation(conn: &mut MySqlConnection) -> Result<String, StoreError> {
     let available: Vec<String> = sqlx::query_scalar(
         "SELECT COLLATION_NAME FROM information_schema.COLLATIONS

@@ -329,6 +329,13 @@ impl PgOutbox {
         migrations::run(self, pool).await
     }
 
+    /// The DDL [`PgOutbox::migrate`] applies to a database without this outbox, with the
+    /// bookkeeping rows that record it applied, as one SQL script: for review, and for teams
+    /// that apply schema changes with their own migration tool (`outbox schema print`).
+    pub fn schema_script(&self) -> String {
+        migrations::script(self)
+    }
+
     /// The schema version in the database (`0` if never migrated) and the newest this build
     /// knows.
     pub async fn schema_version(&self, pool: &PgPool) -> Result<(i64, i64), StoreError> {

@@ -409,19 +409,10 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
         .execute(&mut *tx)
         .await
         .map_err(map_sqlx)?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
-         CREATE TABLE IF NOT EXISTS {bookkeeping} (
-             version     BIGINT PRIMARY KEY,
-             description TEXT NOT NULL,
-             checksum    TEXT NOT NULL,
-             applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
-         );",
-        schema = outbox.schema()
-    )))
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(bookkeeping_ddl(outbox)))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
 
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
@@ -489,6 +480,69 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
         applied,
         current: latest_version(outbox),
     })
+}
+
+/// The schema and the table that record which migrations were applied (created when missing).
+fn bookkeeping_ddl(outbox: &PgOutbox) -> String {
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+CREATE TABLE IF NOT EXISTS {bookkeeping} (
+    version     BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    checksum    TEXT NOT NULL,
+    applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+);",
+        schema = outbox.schema(),
+        bookkeeping = outbox.migrations_table()
+    )
+}
+
+/// Everything [`run`] applies to a database without this outbox, as one SQL script: the
+/// bookkeeping table, each migration as it is rendered for `outbox`, and the row that records
+/// it (with the checksum `run` checks), in one transaction. Applied by another tool (Flyway,
+/// Liquibase, Alembic, psql), it leaves a database that `run` finds current and the relay
+/// accepts.
+pub(crate) fn script(outbox: &PgOutbox) -> String {
+    let migrations = migrations_for(outbox);
+    let mut out = format!(
+        "-- The outbox {} on PostgreSQL, {} layout, schema version {}: the DDL `outbox migrate`\n\
+         -- applies to a database without it, and the bookkeeping rows that record it applied.\n\
+         -- Apply it whole and unedited (`outbox migrate` checks each migration's checksum).\n\
+         BEGIN;\n\n{}\n",
+        outbox.qualified_table(),
+        if outbox.partitioning().is_some() {
+            "partitioned"
+        } else {
+            "plain"
+        },
+        latest_version(outbox),
+        bookkeeping_ddl(outbox)
+    );
+    for m in migrations {
+        out.push_str(&format!(
+            "\n-- Migration {}: {}\n{}\nINSERT INTO {} (version, description, checksum) VALUES ({}, {}, '{}');\n",
+            m.version,
+            m.description,
+            outbox.render(m.sql).trim(),
+            outbox.migrations_table(),
+            m.version,
+            sql_text(m.description),
+            checksum_of(m)
+        ));
+    }
+    if outbox.partitioning().is_some() {
+        out.push_str(
+            "\n-- The dated partitions are not in this script: the relay creates them ahead as it runs\n\
+             -- (and `outbox migrate` does once); until then the default partition takes every row.\n",
+        );
+    }
+    out.push_str("\nCOMMIT;\n");
+    out
+}
+
+/// `text` as a SQL string literal.
+fn sql_text(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
 }
 
 /// An outbox table that exists must have the layout `outbox` expects: a plain table for a plain
@@ -560,8 +614,15 @@ mod released {
             (1, "0a8d25c6f810a039"),
             (2, "9ac7c6123d20c3f8"),
             (3, "ef6dc1f74bc4514d"),
+            (4, "c0c7411a2a8cde39"),
+            (5, "07918ce1dea4acaa"),
         ],
-        &[(1, "75d66952a4ec90d4"), (2, "4c76a5fbe27f773b")],
+        &[
+            (1, "75d66952a4ec90d4"),
+            (2, "4c76a5fbe27f773b"),
+            (3, "df72cc71c6a52f1b"),
+            (4, "77d2bee6eb2cee56"),
+        ],
     ];
 
     /// A released migration's text never changes: a database that applied it checks its

@@ -227,6 +227,12 @@ impl SqliteOutbox {
         migrations::run(self, pool).await
     }
 
+    /// The DDL [`SqliteOutbox::migrate`] applies to a database without this outbox, with the
+    /// bookkeeping rows that record it applied, as one SQL script (`outbox schema print`).
+    pub fn schema_script(&self) -> String {
+        migrations::script(self)
+    }
+
     /// The schema version in the database (`0` if never migrated) and the newest this build
     /// knows.
     pub async fn schema_version(&self, pool: &SqlitePool) -> Result<(i64, i64), StoreError> {

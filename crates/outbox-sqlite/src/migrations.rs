@@ -151,17 +151,10 @@ pub(crate) async fn run(
 ) -> Result<MigrationReport, StoreError> {
     let bookkeeping = outbox.migrations_table();
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_sqlx)?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {bookkeeping} (
-             version     INTEGER PRIMARY KEY,
-             description TEXT    NOT NULL,
-             checksum    TEXT    NOT NULL,
-             applied_at  INTEGER NOT NULL
-         ) STRICT;"
-    )))
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(bookkeeping_ddl(&bookkeeping)))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
 
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
@@ -253,6 +246,48 @@ pub(crate) async fn current_version(
     Ok(version.unwrap_or(0))
 }
 
+/// The table that records which migrations were applied (created when missing).
+fn bookkeeping_ddl(bookkeeping: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {bookkeeping} (
+    version     INTEGER PRIMARY KEY,
+    description TEXT    NOT NULL,
+    checksum    TEXT    NOT NULL,
+    applied_at  INTEGER NOT NULL
+) STRICT;"
+    )
+}
+
+/// Everything [`run`] applies to a database without this outbox, as one SQL script: the
+/// bookkeeping table, each migration as rendered for `outbox`, and the row that records it
+/// (with the checksum `run` checks), in one transaction. Applied by another tool, it leaves a
+/// database that `run` finds current and the relay accepts.
+pub(crate) fn script(outbox: &SqliteOutbox) -> String {
+    let bookkeeping = outbox.migrations_table();
+    let mut out = format!(
+        "-- The outbox {} on SQLite, schema version {}: the DDL `outbox migrate` applies to a\n\
+         -- database without it, and the bookkeeping rows that record it applied.\n\
+         -- Apply it whole and unedited (`outbox migrate` checks each migration's checksum).\n\
+         BEGIN IMMEDIATE;\n\n{}\n",
+        outbox.quoted_table(),
+        latest_version(),
+        bookkeeping_ddl(&bookkeeping)
+    );
+    for m in MIGRATIONS {
+        out.push_str(&format!(
+            "\n-- Migration {}: {}\n{}\nINSERT INTO {bookkeeping} (version, description, checksum, applied_at)\n    VALUES ({}, '{}', '{}', CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER));\n",
+            m.version,
+            m.description,
+            outbox.render(m.sql).trim(),
+            m.version,
+            m.description.replace('\'', "''"),
+            checksum_of(m)
+        ));
+    }
+    out.push_str("\nCOMMIT;\n");
+    out
+}
+
 fn checksum_of(m: &Migration) -> String {
     format!("{:016x}", fnv1a(m.sql))
 }
@@ -263,7 +298,11 @@ mod released {
 
     const MIGRATIONS_UNDER_TEST: &[&[Migration]] = &[MIGRATIONS];
     /// (version, checksum) of every released migration, per list above.
-    const RELEASED: &[&[(i64, &str)]] = &[&[(1, "cd8d1fbc5520703d"), (2, "257f4451e150a7e6")]];
+    const RELEASED: &[&[(i64, &str)]] = &[&[
+        (1, "cd8d1fbc5520703d"),
+        (2, "257f4451e150a7e6"),
+        (3, "ee0cfa0b5d09ce96"),
+    ]];
 
     /// A released migration's text never changes: a database that applied it checks its
     /// checksum on every migrate, and a changed text (a comment is enough) would stop every

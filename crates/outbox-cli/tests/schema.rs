@@ -1,0 +1,279 @@
+//! `outbox schema print`: the script, applied by another tool to a database without the outbox,
+//! gives the same catalog as `outbox migrate` (tables, columns, defaults, constraints, indexes,
+//! functions), and `outbox migrate` then finds the schema current: a team that applies schema
+//! changes with Flyway, Liquibase, Alembic or psql can run the relay on it.
+
+use std::process::Command;
+
+use sqlx::{AssertSqlSafe, Row};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+fn pg_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn mysql_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// Run `outbox` with `args`; its stdout, or a panic with its stderr.
+fn outbox(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "outbox {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Everything PostgreSQL's catalog says about the objects in `schema`, with the schema's name
+/// replaced so two schemas compare.
+async fn pg_catalog(pool: &sqlx::PgPool, schema: &str) -> Vec<String> {
+    let rows = sqlx::query(
+        "SELECT 'relation ' || c.relname || ' ' || c.relkind::text AS line
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1
+         UNION ALL
+         SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+                || COALESCE(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+                || CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END
+         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE n.nspname = $1 AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
+         UNION ALL
+         SELECT 'constraint ' || c.relname || ' ' || k.conname || ' ' || pg_get_constraintdef(k.oid)
+         FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1
+         UNION ALL
+         SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1
+         UNION ALL
+         SELECT 'function ' || pg_get_functiondef(p.oid)
+         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
+         UNION ALL
+         SELECT 'storage ' || c.relname || ' ' || array_to_string(c.reloptions, ',')
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.reloptions IS NOT NULL",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut lines: Vec<String> = rows
+        .iter()
+        .map(|r| r.get::<String, _>("line").replace(schema, "<schema>"))
+        .collect();
+    lines.sort();
+    lines
+}
+
+async fn drop_pg_schemas(pool: &sqlx::PgPool, schemas: &[&str]) {
+    for schema in schemas {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+        )))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_postgres_script_gives_what_migrate_gives() {
+    let pool = sqlx::PgPool::connect(&pg_url()).await.unwrap();
+    let (scripted, migrated) = (
+        format!("outbox_t_script_{}", std::process::id()),
+        format!("outbox_t_migrated_{}", std::process::id()),
+    );
+    drop_pg_schemas(&pool, &[&scripted, &migrated]).await;
+    let script = outbox(&[
+        "schema",
+        "print",
+        "--dialect",
+        "postgres",
+        "--schema",
+        &scripted,
+    ]);
+    // Applied by psql, as a DBA would: stop at the first error.
+    let applied = Command::new("psql")
+        .args([&pg_url(), "-v", "ON_ERROR_STOP=1", "-q", "-X"])
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        applied.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let url = pg_url();
+    let said = outbox(&["migrate", "--database-url", &url, "--schema", &scripted]);
+    assert!(said.contains("schema is current"), "{said}");
+    outbox(&["migrate", "--database-url", &url, "--schema", &migrated]);
+    let (a, b) = (
+        pg_catalog(&pool, &scripted).await,
+        pg_catalog(&pool, &migrated).await,
+    );
+    assert!(a.len() > 30, "the catalog query found the outbox: {a:?}");
+    assert_eq!(a, b);
+    drop_pg_schemas(&pool, &[&scripted, &migrated]).await;
+}
+
+#[tokio::test]
+async fn the_partitioned_postgres_script_is_current_for_migrate() {
+    let pool = sqlx::PgPool::connect(&pg_url()).await.unwrap();
+    let schema = format!("outbox_t_script_part_{}", std::process::id());
+    drop_pg_schemas(&pool, &[&schema]).await;
+    let script = outbox(&[
+        "schema",
+        "print",
+        "--dialect",
+        "postgres",
+        "--layout",
+        "partitioned",
+        "--schema",
+        &schema,
+    ]);
+    assert!(
+        script.contains("PARTITION BY RANGE (enqueued_at)"),
+        "{script}"
+    );
+    sqlx::raw_sql(AssertSqlSafe(script))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let url = pg_url();
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        format!("[database]\nurl = \"{url}\"\nschema = \"{schema}\"\nlayout = \"partitioned\"\n"),
+    )
+    .unwrap();
+    let path = config.path().display().to_string();
+    let said = outbox(&["migrate", "--config", &path]);
+    assert!(said.contains("schema is current"), "{said}");
+    drop_pg_schemas(&pool, &[&schema]).await;
+}
+
+#[tokio::test]
+async fn the_sqlite_script_gives_what_migrate_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let (scripted, migrated) = (
+        dir.path().join("scripted.db"),
+        dir.path().join("migrated.db"),
+    );
+    let script = outbox(&["schema", "print", "--dialect", "sqlite"]);
+    let url = |path: &std::path::Path| format!("sqlite://{}?mode=rwc", path.display());
+    let pool = sqlx::SqlitePool::connect(&url(&scripted)).await.unwrap();
+    sqlx::raw_sql(AssertSqlSafe(script))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let said = outbox(&["migrate", "--database-url", &url(&scripted)]);
+    assert!(said.contains("schema is current"), "{said}");
+    outbox(&["migrate", "--database-url", &url(&migrated)]);
+    let other = sqlx::SqlitePool::connect(&url(&migrated)).await.unwrap();
+    let catalog = |pool: sqlx::SqlitePool| async move {
+        let rows = sqlx::query(
+            "SELECT type || ' ' || name || ' ' || COALESCE(sql, '') AS line FROM sqlite_master ORDER BY name",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        rows.iter()
+            .map(|r| r.get::<String, _>("line"))
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (catalog(pool).await, catalog(other).await);
+    assert!(a.len() > 5, "{a:?}");
+    assert_eq!(a, b);
+}
+
+#[tokio::test]
+async fn the_mariadb_script_gives_what_migrate_gives() {
+    let pool = sqlx::MySqlPool::connect(&mysql_url()).await.unwrap();
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let dialect = if version.to_ascii_lowercase().contains("mariadb") {
+        "mariadb"
+    } else {
+        "mysql"
+    };
+    let (scripted, migrated) = (
+        format!("t_script_{}", std::process::id()),
+        format!("t_migrated_{}", std::process::id()),
+    );
+    let tables = |name: &str| {
+        [
+            name.to_owned(),
+            format!("{name}_paused"),
+            format!("{name}_migrations"),
+        ]
+    };
+    let drop = |name: String| {
+        let pool = pool.clone();
+        async move {
+            for table in tables(&name) {
+                sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{table}`")))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    drop(scripted.clone()).await;
+    drop(migrated.clone()).await;
+    let script = outbox(&[
+        "schema",
+        "print",
+        "--dialect",
+        dialect,
+        "--table",
+        &scripted,
+    ]);
+    sqlx::raw_sql(AssertSqlSafe(script))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let url = mysql_url();
+    let said = outbox(&["migrate", "--database-url", &url, "--table", &scripted]);
+    assert!(said.contains("schema is current"), "{said}");
+    outbox(&["migrate", "--database-url", &url, "--table", &migrated]);
+    for (a, b) in tables(&scripted).into_iter().zip(tables(&migrated)) {
+        let show = |table: String, name: String| {
+            let pool = pool.clone();
+            async move {
+                let row = sqlx::query(AssertSqlSafe(format!("SHOW CREATE TABLE `{table}`")))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                let ddl: String = row.get(1);
+                // The AUTO_INCREMENT counter is data, not schema.
+                ddl.replace(&table, "<table>")
+                    .replace(&name, "<name>")
+                    .split(' ')
+                    .filter(|w| !w.starts_with("AUTO_INCREMENT="))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        };
+        assert_eq!(
+            show(a, scripted.clone()).await,
+            show(b, migrated.clone()).await
+        );
+    }
+    drop(scripted).await;
+    drop(migrated).await;
+}

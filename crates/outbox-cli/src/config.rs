@@ -912,10 +912,9 @@ mod example {
         assert_eq!(config.relay.retry.max_attempts, 10);
     }
 
-    /// Every setting the example shows switched off (`#key = …`, `#[table]`) must be valid too:
-    /// switch them all on and load the result.
-    #[test]
-    fn the_example_config_parses_with_every_optional_setting_on() {
+    /// The example with every setting it shows switched off (`#key = …`, `#[table]`) switched
+    /// on, and how many it switched.
+    fn example_with_every_setting_on() -> (String, usize) {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../outbox.example.toml");
         let text = std::fs::read_to_string(&path).unwrap();
@@ -936,7 +935,11 @@ mod example {
                 }
             })
             .collect();
-        assert!(switched > 40, "only {switched} optional settings found");
+        (on, switched)
+    }
+
+    /// Set the environment variables the example's `*_env` settings name.
+    fn example_secrets() {
         for var in [
             "KAFKA_PASSWORD",
             "RABBITMQ_PASSWORD",
@@ -947,6 +950,15 @@ mod example {
             // SAFETY: no other test of this binary reads or writes these variables.
             unsafe { std::env::set_var(var, "example-secret") };
         }
+    }
+
+    /// Every setting the example shows switched off (`#key = …`, `#[table]`) must be valid too:
+    /// switch them all on and load the result.
+    #[test]
+    fn the_example_config_parses_with_every_optional_setting_on() {
+        let (on, switched) = example_with_every_setting_on();
+        assert!(switched > 40, "only {switched} optional settings found");
+        example_secrets();
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), &on).unwrap();
         let config = super::load(Some(file.path()), figment::Figment::new())
@@ -964,6 +976,87 @@ mod example {
         );
         assert_eq!(routes.resolve("X", "y", Some("audit.log")), Some("kafka"));
         assert_eq!(routes.resolve("X", "y", None), Some("events"));
+    }
+
+    /// `(section, key)` of every setting the example mentions: on (`key = …`), switched off
+    /// (`#key = …`) or described as an alternative (`# key = …`, e.g. an inline secret beside
+    /// its `*_env` twin), under the last `[section]` or `#[section]` header.
+    fn mentioned(text: &str) -> std::collections::HashSet<(String, String)> {
+        let mut section = String::new();
+        let mut keys = std::collections::HashSet::new();
+        for line in text.lines() {
+            let l = line.trim_start_matches('#').trim_start();
+            let list = l.strip_prefix("[[").and_then(|r| r.split_once("]]"));
+            if let Some((name, _)) = list {
+                // A list of tables is a key of the section above it.
+                let (parent, key) = name.rsplit_once('.').unwrap_or(("", name));
+                keys.insert((parent.to_owned(), key.to_owned()));
+            }
+            let header = list.or_else(|| l.strip_prefix('[').and_then(|r| r.split_once(']')));
+            if let Some((name, _)) = header {
+                section = name.to_owned();
+            } else if let Some((key, _)) = l.split_once(" =")
+                && !key.is_empty()
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                keys.insert((section.clone(), key.to_owned()));
+            }
+        }
+        keys
+    }
+
+    /// Every key the configuration accepts, as the loaded example serializes it (every section,
+    /// every setting of each sink type the example configures), is in the example, so the
+    /// example stays the one place that shows them all. User-named maps (a Kafka destination's
+    /// `properties`) are not walked, nor are lists (`routes`).
+    #[test]
+    fn every_accepted_key_is_in_the_example() {
+        let (on, _) = example_with_every_setting_on();
+        example_secrets();
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), &on).unwrap();
+        let config = super::load(Some(file.path()), figment::Figment::new()).unwrap();
+        let serialized = serde_json::to_value(&config).unwrap();
+        let types: std::collections::HashSet<&str> = serialized["destinations"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter_map(|d| d["type"].as_str())
+            .collect();
+        assert_eq!(
+            types.len(),
+            7,
+            "the example configures every sink type: {types:?}"
+        );
+        let mentioned = mentioned(&on);
+        fn walk(
+            value: &serde_json::Value,
+            path: &mut Vec<String>,
+            mentioned: &std::collections::HashSet<(String, String)>,
+            missing: &mut Vec<String>,
+        ) {
+            let serde_json::Value::Object(map) = value else {
+                return;
+            };
+            for (key, inner) in map {
+                if inner.is_object() {
+                    // A section (its keys are checked) or a user-named map.
+                    if key != "properties" {
+                        path.push(key.clone());
+                        walk(inner, path, mentioned, missing);
+                        path.pop();
+                    }
+                } else if !mentioned.contains(&(path.join("."), key.clone())) {
+                    missing.push(format!("{}.{key}", path.join(".")));
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&serialized, &mut Vec::new(), &mentioned, &mut missing);
+        assert!(
+            missing.is_empty(),
+            "keys the relay accepts that outbox.example.toml does not show: {missing:?}"
+        );
     }
 
     #[test]

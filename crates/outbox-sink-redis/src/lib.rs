@@ -139,7 +139,10 @@ pub struct RedisSinkConfig {
     pub maxlen: Option<u64>,
     /// Use TLS even when the URL says `redis://` (a `rediss://` URL always does).
     pub tls: bool,
-    /// ACL user name (overrides the URL's).
+    /// ACL user name (overrides the URL's); `user`, as in every sink.
+    pub user: Option<String>,
+    /// The old spelling of `user`: still read, with a deprecation warning.
+    #[serde(skip_serializing)]
     pub username: Option<String>,
     /// Password (overrides the URL's).
     pub password: Option<Secret>,
@@ -167,6 +170,7 @@ impl Default for RedisSinkConfig {
             cloudevents_source: None,
             maxlen: None,
             tls: false,
+            user: None,
             username: None,
             password: None,
             password_env: None,
@@ -281,8 +285,23 @@ impl RedisSink {
             ))
         })?;
         let mut settings = info.redis_settings().clone();
-        if let Some(username) = &config.username {
-            settings = settings.set_username(username);
+        let user = match (&config.user, &config.username) {
+            (Some(_), Some(_)) => {
+                return Err(config_error(
+                    "both `user` and `username` are set: keep `user` (`username` is its old spelling)"
+                        .to_owned(),
+                ));
+            }
+            (None, Some(old)) => {
+                tracing::warn!(
+                    "Redis setting `username` is deprecated: write `user = \"…\"` (the same key as every other sink)"
+                );
+                Some(old)
+            }
+            (user, None) => user.as_ref(),
+        };
+        if let Some(user) = user {
+            settings = settings.set_username(user);
         }
         if let Some(password) = resolve_secret(
             "password",
@@ -484,7 +503,7 @@ fn classify_command_error(key: &str, e: &RedisError) -> Outcome {
             || code == "WRONGPASS" =>
         {
             Outcome::unavailable(format!(
-                "Redis refused the XADD to `{key}` for lack of permission: {text} (check `username`, `password_env` and the user's ACL)"
+                "Redis refused the XADD to `{key}` for lack of permission: {text} (check `user`, `password_env` and the user's ACL)"
             ))
         }
         "LOADING" | "BUSY" | "OOM" | "READONLY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"

@@ -222,7 +222,10 @@ pub struct WebhookSinkConfig {
     pub cloudevents_source: Option<String>,
     /// Only send to `https://` URLs (a plain `http://` URL is then rejected).
     pub tls: bool,
-    /// HTTP Basic user name, with `password` or `password_env`.
+    /// HTTP Basic user name, with `password` or `password_env` (`user`, as in every sink).
+    pub user: Option<String>,
+    /// The old spelling of `user`: still read, with a deprecation warning.
+    #[serde(skip_serializing)]
     pub username: Option<String>,
     /// HTTP Basic password.
     pub password: Option<Secret>,
@@ -270,6 +273,7 @@ impl Default for WebhookSinkConfig {
             format: BodyFormat::Raw,
             cloudevents_source: None,
             tls: false,
+            user: None,
             username: None,
             password: None,
             password_env: None,
@@ -451,20 +455,34 @@ impl WebhookSink {
             "bearer_token_env",
             config.bearer_token_env.as_deref(),
         )?;
-        let authorization = match (&config.username, password, bearer) {
+        let user = match (&config.user, &config.username) {
+            (Some(_), Some(_)) => {
+                return Err(config_error(
+                    "both `user` and `username` are set: keep `user` (`username` is its old spelling)",
+                ));
+            }
+            (None, Some(old)) => {
+                tracing::warn!(
+                    "webhook setting `username` is deprecated: write `user = \"…\"` (the same key as every other sink)"
+                );
+                Some(old)
+            }
+            (user, None) => user.as_ref(),
+        };
+        let authorization = match (user, password, bearer) {
             (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
                 return Err(config_error(
-                    "both HTTP Basic (`username`/`password`) and `bearer_token` are set: keep one",
+                    "both HTTP Basic (`user`/`password`) and `bearer_token` are set: keep one",
                 ));
             }
             (None, Some(_), None) => {
                 return Err(config_error(
-                    "a password is set but `username` is not: add `username = \"…\"`",
+                    "a password is set but `user` is not: add `user = \"…\"`",
                 ));
             }
             (Some(_), None, None) => {
                 return Err(config_error(
-                    "`username` is set without a password: add `password_env = \"VAR\"` (or `password`)",
+                    "`user` is set without a password: add `password_env = \"VAR\"` (or `password`)",
                 ));
             }
             (Some(user), Some(password), None) => Some(basic_auth(user, &password)?),
@@ -852,9 +870,14 @@ mod tests {
                 r#"{"url": "http://x", "secret_env": "OUTBOX_WEBHOOK_TEST_SURELY_UNSET"}"#,
                 "OUTBOX_WEBHOOK_TEST_SURELY_UNSET",
             ),
+            (r#"{"url": "http://x", "user": "u"}"#, "password_env"),
             (r#"{"url": "http://x", "username": "u"}"#, "password_env"),
             (
-                r#"{"url": "http://x", "username": "u", "password": "p", "bearer_token": "t"}"#,
+                r#"{"url": "http://x", "user": "u", "username": "u", "password": "p"}"#,
+                "keep `user`",
+            ),
+            (
+                r#"{"url": "http://x", "user": "u", "password": "p", "bearer_token": "t"}"#,
                 "keep one",
             ),
             (

@@ -60,7 +60,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Create or upgrade the outbox schema (idempotent).
-    Migrate(DbArgs),
+    Migrate(MigrateArgs),
     /// Deliver events from the outbox to the configured sink until SIGINT/SIGTERM.
     Relay(RelayArgs),
     /// Counts per state and per destination, lag, paused destinations, and which relays hold
@@ -116,6 +116,15 @@ pub(crate) struct DbArgs {
     /// Outbox table name.
     #[arg(long)]
     table: Option<String>,
+}
+
+#[derive(Args)]
+struct MigrateArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Print JSON: the outbox, the versions applied, whether it was current already.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Where the inbox is: `[inbox]` of the config file, `[database]` for the rest.
@@ -628,11 +637,16 @@ async fn inbox_command(command: InboxCommand) -> anyhow::Result<()> {
     }
 }
 
-async fn migrate(args: DbArgs) -> anyhow::Result<()> {
-    let config = args.load(vec![])?;
+async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let config = args.db.load(vec![])?;
     let store = AnyStore::open(&config).await?;
     let applied = store.migrate().await.context("migration failed")?;
-    if applied.is_empty() {
+    if args.json {
+        println!(
+            "{}",
+            json!({ "outbox": store.describe(), "applied": applied, "already_current": applied.is_empty() })
+        );
+    } else if applied.is_empty() {
         println!("{}: schema is current", store.describe());
     } else {
         println!("{}: applied migrations {applied:?}", store.describe());

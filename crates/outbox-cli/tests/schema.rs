@@ -179,9 +179,23 @@ async fn the_sqlite_script_gives_what_migrate_gives() {
         .execute(&pool)
         .await
         .unwrap();
-    let said = outbox(&["migrate", "--database-url", &url(&scripted)]);
-    assert!(said.contains("schema is current"), "{said}");
-    outbox(&["migrate", "--database-url", &url(&migrated)]);
+    let said: serde_json::Value = serde_json::from_str(&outbox(&[
+        "migrate",
+        "--json",
+        "--database-url",
+        &url(&scripted),
+    ]))
+    .unwrap();
+    assert_eq!(said["already_current"], true, "{said}");
+    assert_eq!(said["applied"], serde_json::json!([]), "{said}");
+    let said: serde_json::Value = serde_json::from_str(&outbox(&[
+        "migrate",
+        "--json",
+        "--database-url",
+        &url(&migrated),
+    ]))
+    .unwrap();
+    assert_eq!(said["already_current"], false, "{said}");
     let other = sqlx::SqlitePool::connect(&url(&migrated)).await.unwrap();
     let catalog = |pool: sqlx::SqlitePool| async move {
         let rows = sqlx::query(

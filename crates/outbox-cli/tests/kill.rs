@@ -60,13 +60,14 @@ fn ids_in(path: &Path) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_relays_claims_are_delivered_by_another_after_the_lease() {
+/// A fresh outbox in a schema of its own (`prefix_…`) holding 20,000 committed events over 400
+/// aggregates: the schema, the store, the events.
+async fn backlog(prefix: &str) -> (String, PgStore, Vec<outbox_core::NewEvent>) {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    let schema = format!("outbox_kill_{}_{}", std::process::id(), nanos % 100_000);
+    let schema = format!("{prefix}_{}_{}", std::process::id(), nanos % 100_000);
     let store = PgStore::connect(
         &database_url(),
         PgOutbox::with_names(&schema, "events").unwrap(),
@@ -74,8 +75,7 @@ async fn a_killed_relays_claims_are_delivered_by_another_after_the_lease() {
     .await
     .unwrap();
     store.outbox().migrate(store.pool()).await.unwrap();
-    let total = 20_000u64;
-    let events: Vec<_> = (0..total)
+    let events: Vec<_> = (0..20_000u64)
         .map(|i| outbox_testkit::numbered(&format!("k{}", i % 400), i / 400))
         .collect();
     for chunk in events.chunks(5000) {
@@ -83,6 +83,13 @@ async fn a_killed_relays_claims_are_delivered_by_another_after_the_lease() {
         store.outbox().enqueue_batch(&mut *tx, chunk).await.unwrap();
         tx.commit().await.unwrap();
     }
+    (schema, store, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_relays_claims_are_delivered_by_another_after_the_lease() {
+    let (schema, store, events) = backlog("outbox_kill").await;
+    let total = events.len() as u64;
 
     let dir = tempfile::tempdir().unwrap();
     let first_out = dir.path().join("first.jsonl");
@@ -158,27 +165,8 @@ async fn a_killed_relays_claims_are_delivered_by_another_after_the_lease() {
 /// second run, configured the same way, delivers the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_configured_by_environment_alone_stops_on_sigterm_losing_nothing() {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let schema = format!("outbox_kill_env_{}_{}", std::process::id(), nanos % 100_000);
-    let store = PgStore::connect(
-        &database_url(),
-        PgOutbox::with_names(&schema, "events").unwrap(),
-    )
-    .await
-    .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
-    let total = 20_000u64;
-    let events: Vec<_> = (0..total)
-        .map(|i| outbox_testkit::numbered(&format!("k{}", i % 400), i / 400))
-        .collect();
-    for chunk in events.chunks(5000) {
-        let mut tx = store.pool().begin().await.unwrap();
-        store.outbox().enqueue_batch(&mut *tx, chunk).await.unwrap();
-        tx.commit().await.unwrap();
-    }
+    let (schema, store, events) = backlog("outbox_kill_env").await;
+    let total = events.len() as u64;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.jsonl");
     let relay = |drain: bool| {

@@ -519,8 +519,16 @@ impl Source for WalSource {
             let mut turn = inner.table.lock().unwrap_or_else(|p| p.into_inner());
             turn.last = Some(Instant::now());
             turn.full = claim.events.len() >= request.limit as usize;
-            turn.empty = claim.events.is_empty();
-            turn.due_seen = false;
+            // A claim that skipped a deferred destination (the relay's fair turn) and found
+            // nothing else says nothing about that destination's rows: the table is not known
+            // to be empty (a drain would stop with them pending), and the next claim is a table
+            // turn at once.
+            let skipped = request
+                .hold
+                .as_ref()
+                .is_some_and(|h| !h.deferred.is_empty());
+            turn.empty = claim.events.is_empty() && !skipped;
+            turn.due_seen = claim.events.is_empty() && skipped;
             if !claim.events.is_empty() {
                 turn.was_table = true;
                 return Ok(claim);

@@ -1579,3 +1579,80 @@ async fn the_partitioned_layout_streams() {
     .execute(&pool)
     .await;
 }
+
+/// A drain (`stop_when_idle`) over a catch-up backlog of two destinations, one of which fills
+/// whole claims: the relay's fair turns skip it for a claim now and then, and a skipping table
+/// claim that finds nothing else must not count as "the table is empty" (the drain would stop
+/// with the skipped destination's rows pending).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_with_fair_turns_delivers_every_destinations_backlog() {
+    use outbox_core::route::{Pattern, RouteRule, RouteTable};
+    let fx = Fixture::bare(&[Source::Table]).await;
+    let hook_events: Vec<_> = (0..3000u64)
+        .map(|n| {
+            outbox_core::NewEvent::new(
+                "hook",
+                format!("h{}", n % 40),
+                "Numbered",
+                &serde_json::json!({ "aggregate": format!("h{}", n % 40), "n": n / 40 }),
+            )
+            .unwrap()
+        })
+        .collect();
+    let main_events: Vec<_> = (0..40u64)
+        .map(|n| numbered(&format!("m{}", n % 4), n / 4))
+        .collect();
+    // Committed before the slot exists: the catch-up's table claims deliver them.
+    fx.enqueue_table(&hook_events).await;
+    fx.enqueue_table(&main_events).await;
+    outbox_wal::prepare(&fx.config).await.unwrap();
+    let routes = RouteTable::new(
+        ["main", "hooks"],
+        vec![
+            RouteRule::to("hooks").aggregate_type(Pattern::parse("h*")),
+            RouteRule::to("main"),
+        ],
+    )
+    .unwrap();
+    let main = Arc::new(RecordingSink::new());
+    let hooks = Arc::new(RecordingSink::new());
+    let router = outbox_relay::router::Router::new(
+        routes.clone(),
+        vec![
+            (
+                "main".to_owned(),
+                main.clone() as Arc<dyn outbox_core::Sink>,
+            ),
+            (
+                "hooks".to_owned(),
+                hooks.clone() as Arc<dyn outbox_core::Sink>,
+            ),
+        ],
+    )
+    .unwrap();
+    let relay = outbox_wal::WalRelay::new(fx.config.clone(), Arc::new(router))
+        .with_relay(RelayConfig {
+            batch_size: 20,
+            stop_when_idle: true,
+            ..test_relay(&fx.config)
+        })
+        .with_routes(Arc::new(routes));
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        relay.run(std::future::pending::<()>()),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    assert_eq!(
+        (
+            hooks.distinct_delivered().len(),
+            main.distinct_delivered().len()
+        ),
+        (3000, 40),
+        "the drain delivered every destination's backlog"
+    );
+    assert!(check_first_delivery_order(&hooks.delivered()).is_empty());
+    assert!(check_first_delivery_order(&main.delivered()).is_empty());
+    fx.cleanup().await;
+}

@@ -804,8 +804,8 @@ fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
     let (hold_e, hold_b) = match hold {
         Some(h) => (
             format!(
-                "AND NOT (COALESCE({r}, '') = ANY($9::text[]) OR COALESCE({r}, '') = ANY($10::text[]))",
-                r = h.route_e
+                "AND NOT (COALESCE({}, '') = ANY($9::text[] || $10::text[]))",
+                h.route_e
             ),
             format!("AND NOT (COALESCE({}, '') = ANY($9::text[]))", h.route_b),
         ),

@@ -697,23 +697,20 @@ impl PauseWatch {
 /// only when either changes.
 struct HoldCache {
     routes: Option<Arc<RouteTable>>,
-    key: (Vec<String>, Option<String>),
     hold: Option<Arc<Hold>>,
 }
 
 impl HoldCache {
     fn new(routes: Option<Arc<RouteTable>>) -> Self {
-        HoldCache {
-            routes,
-            key: (Vec::new(), None),
-            hold: None,
-        }
+        HoldCache { routes, hold: None }
     }
 
     fn get(&mut self, paused: &[String], deferred: Option<&str>) -> Option<Arc<Hold>> {
         let routes = self.routes.as_ref()?;
-        if self.key.0 != paused || self.key.1.as_deref() != deferred {
-            self.key = (paused.to_vec(), deferred.map(str::to_owned));
+        let current = self.hold.as_deref().map_or((&[][..], None), |h| {
+            (h.paused.as_slice(), h.deferred.first().map(String::as_str))
+        });
+        if current != (paused, deferred) {
             self.hold = (!paused.is_empty() || deferred.is_some()).then(|| {
                 Arc::new(Hold {
                     routes: (**routes).clone(),

@@ -974,15 +974,17 @@ fn settle_late_writes(mut fault: LeaseFault) -> LeaseFault {
     let Some((log, offset)) = &fault.log else {
         return fault;
     };
-    let log = Path::new(log);
-    fault.late_writes = if relays::log_contains_after(log, *offset, &relays::FENCED_MARKERS) {
+    let text = relays::log_after(Path::new(log), *offset);
+    let stopped = text.find(relays::STOPPED_MARKER);
+    // The first thing the resumed relay said about its claim was that it failed.
+    let claim_failed_first = text
+        .find(relays::CLAIM_FAILED_MARKER)
+        .is_some_and(|at| stopped.is_none_or(|stop| at < stop));
+    fault.late_writes = if relays::FENCED_MARKERS.iter().any(|m| text.contains(m)) {
         LateWrites::Fenced
-    } else if fault.leases == 1
-        && relays::first_marker_after(log, *offset, &relays::WRITE_BACK_MARKERS)
-            == Some(relays::CLAIM_FAILED_MARKER)
-    {
+    } else if fault.leases == 1 && claim_failed_first {
         LateWrites::ClaimLost
-    } else if relays::log_contains_after(log, *offset, &[relays::STOPPED_MARKER]) {
+    } else if stopped.is_some() {
         LateWrites::Unfenced
     } else {
         LateWrites::NeverWritten

@@ -31,10 +31,6 @@ pub const STOPPED_MARKER: &str = "Relay stopped.";
 /// What the log of a relay says when a claim did not get its answer from the database.
 pub const CLAIM_FAILED_MARKER: &str = "Claim failed";
 
-/// The lines that tell what a resumed relay did first about the claim it was frozen in: it
-/// failed, or the relay stopped (fenced writes are looked for before these).
-pub const WRITE_BACK_MARKERS: [&str; 2] = [CLAIM_FAILED_MARKER, STOPPED_MARKER];
-
 /// Where the `outbox` binary is: `--outbox-bin`, else `OUTBOX_BIN`, else next to the running
 /// executable (same target directory), else one directory up (tests run from `deps/`).
 pub fn locate_outbox_bin(explicit: Option<&Path>) -> Result<PathBuf, Error> {
@@ -339,30 +335,21 @@ pub fn tail_lines(path: &Path, n: usize) -> Vec<String> {
         .collect()
 }
 
-/// Whether the file, from byte `offset` on, contains one of `markers`.
-pub fn log_contains_after(path: &Path, offset: u64, markers: &[&str]) -> bool {
+/// The file's text from byte `offset` on (empty when it cannot be read).
+pub fn log_after(path: &Path, offset: u64) -> String {
     let Ok(bytes) = std::fs::read(path) else {
-        return false;
+        return String::new();
     };
     let start = usize::try_from(offset)
         .unwrap_or(usize::MAX)
         .min(bytes.len());
-    let text = String::from_utf8_lossy(&bytes[start..]);
-    markers.iter().any(|m| text.contains(m))
+    String::from_utf8_lossy(&bytes[start..]).into_owned()
 }
 
-/// The marker of `markers` that comes first in the log after `offset`, if any.
-pub fn first_marker_after<'m>(path: &Path, offset: u64, markers: &[&'m str]) -> Option<&'m str> {
-    let bytes = std::fs::read(path).ok()?;
-    let start = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(bytes.len());
-    let text = String::from_utf8_lossy(&bytes[start..]);
-    markers
-        .iter()
-        .filter_map(|m| text.find(m).map(|at| (at, *m)))
-        .min_by_key(|(at, _)| *at)
-        .map(|(_, m)| m)
+/// Whether the file, from byte `offset` on, contains one of `markers`.
+pub fn log_contains_after(path: &Path, offset: u64, markers: &[&str]) -> bool {
+    let text = log_after(path, offset);
+    markers.iter().any(|m| text.contains(m))
 }
 
 /// The current length of a file (0 when missing).

@@ -245,6 +245,12 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
                     .await
                     .unwrap();
             }
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP PROCEDURE IF EXISTS `{name}_enqueue`"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
         }
     };
     drop(scripted.clone()).await;
@@ -257,10 +263,13 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
         "--table",
         &scripted,
     ]);
-    sqlx::raw_sql(AssertSqlSafe(script))
-        .execute(&pool)
-        .await
-        .unwrap();
+    // One statement at a time, as the mysql client runs it (its DELIMITER lines included).
+    for statement in outbox_core::sql_script::statements(&script) {
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
     let url = mysql_url();
     let said = outbox(&["migrate", "--database-url", &url, "--table", &scripted]);
     assert!(said.contains("schema is current"), "{said}");
@@ -288,6 +297,25 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
             show(b, migrated.clone()).await
         );
     }
+    let procedure = |name: String| {
+        let pool = pool.clone();
+        async move {
+            let row = sqlx::query(AssertSqlSafe(format!(
+                "SHOW CREATE PROCEDURE `{name}_enqueue`"
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            let ddl: String = row.get(2);
+            ddl.replace(&name, "<name>")
+        }
+    };
+    let (a, b) = (
+        procedure(scripted.clone()).await,
+        procedure(migrated.clone()).await,
+    );
+    assert!(a.contains("CREATE DEFINER"), "{a}");
+    assert_eq!(a, b);
     drop(scripted).await;
     drop(migrated).await;
 }

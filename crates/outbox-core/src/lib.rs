@@ -39,6 +39,7 @@ pub mod route;
 pub mod routing;
 mod sink;
 mod source;
+pub mod sql_script;
 mod store;
 
 pub use error::{EncodeError, StoreError};

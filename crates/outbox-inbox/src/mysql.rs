@@ -276,7 +276,7 @@ impl MySqlInbox {
                 .replace("{p}", &n.parked)
                 .replace("{f}", &n.claim_procedure)
                 .replace("{table}", &n.table);
-            for statement in statements(&sql) {
+            for statement in outbox_core::sql_script::statements(&sql) {
                 sqlx::raw_sql(AssertSqlSafe(statement))
                     .execute(&mut *conn)
                     .await?;
@@ -715,55 +715,9 @@ impl<F: MySqlEffect> InboxHandler for MySqlHandler<F> {
     }
 }
 
-/// The statements of a migration, one at a time: comment lines dropped; a statement ends at the
-/// delimiter, `;` unless a `DELIMITER` line (as in the mysql client) set another one, which a
-/// routine body with `;` inside needs.
-fn statements(sql: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut delimiter = ";".to_owned();
-    let mut current = String::new();
-    for line in sql.lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with("--") {
-            continue;
-        }
-        if let Some(d) = trimmed.strip_prefix("DELIMITER ") {
-            delimiter = d.trim().to_owned();
-            continue;
-        }
-        current.push_str(line);
-        current.push('\n');
-        while let Some(at) = current.find(delimiter.as_str()) {
-            let statement = current[..at].trim();
-            if !statement.is_empty() {
-                out.push(statement.to_owned());
-            }
-            current = current[at + delimiter.len()..].to_owned();
-        }
-    }
-    if !current.trim().is_empty() {
-        out.push(current.trim().to_owned());
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn statements_split_at_the_delimiter_a_delimiter_line_sets() {
-        let sql = "-- a comment; with a semicolon\nCREATE TABLE a (x INT);\nDROP PROCEDURE IF EXISTS p;\nDELIMITER //\nCREATE PROCEDURE p() BEGIN SELECT 1; SELECT 2; END //\nDELIMITER ;\nSELECT 3;\n";
-        assert_eq!(
-            statements(sql),
-            vec![
-                "CREATE TABLE a (x INT)",
-                "DROP PROCEDURE IF EXISTS p",
-                "CREATE PROCEDURE p() BEGIN SELECT 1; SELECT 2; END",
-                "SELECT 3",
-            ]
-        );
-    }
 
     #[test]
     fn the_first_migration_splits_as_it_always_did() {
@@ -778,6 +732,6 @@ mod tests {
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
             .collect();
-        assert_eq!(statements(sql), old);
+        assert_eq!(outbox_core::sql_script::statements(sql), old);
     }
 }

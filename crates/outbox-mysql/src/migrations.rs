@@ -162,6 +162,124 @@ CREATE TABLE IF NOT EXISTS `{table}_paused` (
         // every query over them.
         add_columns: &[("claimed_at", "DATETIME(6) NULL")],
     },
+    Migration {
+        version: 3,
+        description: "enqueue procedure for writers in any language",
+        sql: r#"
+-- Any language writes an event with one call inside its own transaction, with the same rules as
+-- the Rust library's enqueue:
+--   CALL `{table}_enqueue`('order', '42', 'OrderPlaced', '{"total": 10}',
+--                          NULL, NULL, NULL, NULL, NULL);
+-- The arguments, all given (MySQL procedures have no defaults; NULL takes the default):
+-- aggregate_type, aggregate_id, event_type, payload (JSON text, stored byte for byte), headers
+-- (a JSON object of strings; NULL: {}), destination (NULL: the relay's routes decide),
+-- idempotency_key (NULL: none), occurred_at (DATETIME(6) in UTC; NULL: now), id (a UUID;
+-- NULL: a new version 7 one). It returns one row with one column, `id`: the event's id, or,
+-- for an idempotency key already in the table, the id of the event that has it (nothing
+-- written). A bad argument raises SQLSTATE 22023 with a message naming it, so the writer's
+-- transaction fails instead of the event being dead-lettered later. It never commits.
+-- A procedure, not a function: creating a function that writes needs
+-- log_bin_trust_function_creators on servers with a binary log. SQL SECURITY INVOKER: the
+-- caller needs INSERT and SELECT on the outbox table (and EXECUTE), as with a plain INSERT.
+-- Drop + create keeps the migration re-runnable on MySQL 8 and MariaDB alike.
+DROP PROCEDURE IF EXISTS `{table}_enqueue`;
+DELIMITER //
+CREATE PROCEDURE `{table}_enqueue`(
+    IN p_aggregate_type  VARCHAR(100)  CHARACTER SET utf8mb4,
+    IN p_aggregate_id    VARCHAR(255)  CHARACTER SET utf8mb4,
+    IN p_event_type      VARCHAR(255)  CHARACTER SET utf8mb4,
+    IN p_payload         LONGTEXT      CHARACTER SET utf8mb4,
+    IN p_headers         LONGTEXT      CHARACTER SET utf8mb4,
+    IN p_destination     VARCHAR(1024) CHARACTER SET utf8mb4,
+    IN p_idempotency_key VARCHAR(255)  CHARACTER SET utf8mb4,
+    IN p_occurred_at     DATETIME(6),
+    IN p_id              VARCHAR(36)   CHARACTER SET ascii
+)
+    MODIFIES SQL DATA
+    SQL SECURITY INVOKER
+    COMMENT 'outbox enqueue: call it inside the transaction that changes the business rows; returns the event id'
+BEGIN
+    DECLARE v_id      CHAR(36) CHARACTER SET ascii;
+    DECLARE v_hex     CHAR(32) CHARACTER SET ascii;
+    DECLARE v_headers LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_values  LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_i       INT DEFAULT 0;
+    DECLARE v_seq     BIGINT;
+    DECLARE v_row_id  CHAR(36) CHARACTER SET ascii;
+    DECLARE v_row_key VARCHAR(255) CHARACTER SET utf8mb4;
+    DECLARE v_message VARCHAR(128) CHARACTER SET utf8mb4;
+    IF COALESCE(p_aggregate_type, '') = '' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: aggregate_type must not be empty';
+    END IF;
+    IF COALESCE(p_aggregate_id, '') = '' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: aggregate_id must not be empty';
+    END IF;
+    IF COALESCE(p_event_type, '') = '' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: event_type must not be empty';
+    END IF;
+    IF p_payload IS NULL OR NOT JSON_VALID(p_payload) THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: payload must be JSON text (write ''null'' for a JSON null)';
+    END IF;
+    SET v_headers = COALESCE(p_headers, '{}');
+    IF NOT JSON_VALID(v_headers) OR JSON_TYPE(v_headers) <> 'OBJECT' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}';
+    END IF;
+    -- Every member's value, in the order JSON_KEYS lists the names (NULL for {}).
+    SET v_values = JSON_EXTRACT(v_headers, '$.*');
+    WHILE v_values IS NOT NULL AND v_i < JSON_LENGTH(v_values) DO
+        IF JSON_TYPE(JSON_EXTRACT(v_values, CONCAT('$[', v_i, ']'))) <> 'STRING' THEN
+            SET v_message = CONCAT('outbox: header "',
+                LEFT(JSON_UNQUOTE(JSON_EXTRACT(JSON_KEYS(v_headers), CONCAT('$[', v_i, ']'))), 40),
+                '" is not a string; header values are strings ("3", not 3)');
+            SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+        END IF;
+        SET v_i = v_i + 1;
+    END WHILE;
+    IF p_id IS NULL THEN
+        -- A version 7 UUID: 48 bits of Unix milliseconds (UTC, so no time zone or DST can
+        -- shift it), 74 random bits, the version 7 and RFC 4122's variant.
+        SET v_hex = LOWER(CONCAT(
+            LPAD(HEX(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000), 12, '0'),
+            HEX(RANDOM_BYTES(10))));
+        SET v_hex = CONCAT(LEFT(v_hex, 12), '7', SUBSTRING(v_hex, 14, 3),
+            SUBSTRING('89ab', (CONV(SUBSTRING(v_hex, 17, 1), 16, 10) & 3) + 1, 1),
+            SUBSTRING(v_hex, 18));
+        SET v_id = CONCAT_WS('-', LEFT(v_hex, 8), SUBSTRING(v_hex, 9, 4), SUBSTRING(v_hex, 13, 4),
+            SUBSTRING(v_hex, 17, 4), SUBSTRING(v_hex, 21));
+    ELSEIF LOWER(p_id) REGEXP '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        SET v_id = LOWER(p_id);
+    ELSE
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: id must be a UUID (8-4-4-4-12 hex digits), or NULL for a new one';
+    END IF;
+    -- As the library's enqueue: a duplicate id or key is not an error of the INSERT; it leaves
+    -- the conflicting row's seq, flagged with 2^62, in LAST_INSERT_ID(). A concurrent writer of
+    -- the same key waits for the first one's transaction, then sees its row or none.
+    INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                     idempotency_key, occurred_at, enqueued_at, next_attempt_at)
+    VALUES (v_id, p_aggregate_type, p_aggregate_id, p_event_type, p_payload, p_destination,
+            v_headers, p_idempotency_key, COALESCE(p_occurred_at, UTC_TIMESTAMP(6)),
+            UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+    ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(seq + 4611686018427387904) - 4611686018427387904;
+    IF LAST_INSERT_ID() < 4611686018427387904 THEN
+        SELECT v_id AS id;
+    ELSE
+        SET v_seq = LAST_INSERT_ID() - 4611686018427387904;
+        SELECT e.id, e.idempotency_key INTO v_row_id, v_row_key FROM {t} AS e
+        WHERE e.seq = v_seq FOR UPDATE;
+        IF p_idempotency_key IS NOT NULL
+            AND CAST(v_row_key AS BINARY) = CAST(p_idempotency_key AS BINARY) THEN
+            SELECT v_row_id AS id;
+        ELSE
+            SET v_message = CONCAT('outbox: event id ', v_id, ' is already in the outbox (seq ', v_seq, '); give each event a new id');
+            SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = v_message;
+        END IF;
+    END IF;
+END //
+DELIMITER ;
+"#,
+        columns: &[],
+        add_columns: &[],
+    },
 ];
 
 /// The binary no-pad utf8mb4 collations, in order of preference: MariaDB's, then MySQL's.
@@ -286,10 +404,12 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
             }
         }
         let ddl = outbox.render(m.sql).replace("{bin}", &collation);
-        sqlx::raw_sql(AssertSqlSafe(ddl))
-            .execute(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
+        for statement in outbox_core::sql_script::statements(&ddl) {
+            sqlx::raw_sql(AssertSqlSafe(statement))
+                .execute(&mut *conn)
+                .await
+                .map_err(map_sqlx)?;
+        }
         check_table(outbox, conn, m).await?;
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {bookkeeping} (version, description, checksum, applied_at)
@@ -495,7 +615,30 @@ mod released {
 
     const MIGRATIONS_UNDER_TEST: &[&[Migration]] = &[MIGRATIONS];
     /// (version, checksum) of every released migration, per list above.
-    const RELEASED: &[&[(i64, &str)]] = &[&[(1, "38fadcaa21e52292"), (2, "843858d7b611842b")]];
+    const RELEASED: &[&[(i64, &str)]] = &[&[
+        (1, "38fadcaa21e52292"),
+        (2, "843858d7b611842b"),
+        (3, "9eb26b8ad9fed7f5"),
+    ]];
+
+    /// The migration runner sends one statement at a time; a routine's body stays whole.
+    #[test]
+    fn migrations_split_into_their_statements() {
+        let counts: Vec<usize> = MIGRATIONS
+            .iter()
+            .map(|m| outbox_core::sql_script::statements(m.sql).len())
+            .collect();
+        assert_eq!(counts, [1, 1, 2]);
+        let procedure = &outbox_core::sql_script::statements(MIGRATIONS[2].sql)[1];
+        assert!(procedure.starts_with("CREATE PROCEDURE") && procedure.ends_with("END"));
+    }
+
+    /// The enqueue procedure flags a duplicate the way the library's enqueue does.
+    #[test]
+    fn the_procedure_uses_the_libraries_duplicate_flag() {
+        let flag = crate::sql::DUPLICATE_FLAG.to_string();
+        assert_eq!(MIGRATIONS[2].sql.matches(flag.as_str()).count(), 4);
+    }
 
     /// A released migration's text never changes: a database that applied it checks its
     /// checksum on every migrate, and a changed text (a comment is enough) would stop every

@@ -71,6 +71,24 @@ async fn sweep_old_tables() {
                 .execute(&pool)
                 .await;
             }
+            // Each migrated test table has its enqueue procedure: dropped with the table.
+            let orphans: Vec<String> = sqlx::query_scalar(
+                "SELECT r.ROUTINE_NAME FROM information_schema.ROUTINES AS r
+                 WHERE r.ROUTINE_SCHEMA = DATABASE() AND r.ROUTINE_NAME LIKE 'ob\\_t\\_%\\_enqueue'
+                   AND NOT EXISTS (SELECT 1 FROM information_schema.TABLES AS t
+                                   WHERE t.TABLE_SCHEMA = DATABASE()
+                                     AND CONCAT(t.TABLE_NAME, '_enqueue') = r.ROUTINE_NAME)",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap_or_default();
+            for procedure in orphans {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP PROCEDURE IF EXISTS `{procedure}`"
+                )))
+                .execute(&pool)
+                .await;
+            }
             pool.close().await;
         })
         .await;

@@ -12,10 +12,10 @@
 # binary it builds is the one CI tests, `cargo build --release -p outbox-cli --bin outbox`.
 
 FROM rust:1.95-bookworm AS build
-# librdkafka is built from source with TLS: a C toolchain (in the image), make and OpenSSL's
-# headers (scripts/build-deps.sh installs the same on a developer machine).
+# librdkafka, and the OpenSSL and zlib it links statically, are built from source: a C toolchain
+# (in the image), make and perl (scripts/build-deps.sh installs the same on a developer machine).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libssl-dev pkg-config make \
+    && apt-get install -y --no-install-recommends perl make \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -26,10 +26,10 @@ RUN cargo build --release --locked -p outbox-cli --bin outbox \
     && objcopy --strip-debug --add-gnu-debuglink=target/release/outbox.debug target/release/outbox
 
 FROM debian:bookworm-slim AS runtime
-# The binary links the system's OpenSSL and zlib (librdkafka's TLS and compression); CA
-# certificates for TLS to brokers and webhooks.
+# The binary needs no OpenSSL or zlib from the image (both are compiled in, see the workspace's
+# rdkafka features); CA certificates for TLS to brokers, databases and webhooks.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g \
+    && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin outbox
 COPY --from=build /src/target/release/outbox /usr/local/bin/outbox

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# Build prerequisites beyond the Rust toolchain: the Kafka client (rdkafka) builds librdkafka from
-# source with TLS, so it needs a C compiler, make and OpenSSL's headers. Idempotent: checks first,
-# installs only what is missing (Debian packages; needs root or sudo).
+# Build prerequisites beyond the Rust toolchain: the Kafka client (rdkafka) builds librdkafka, and
+# the OpenSSL and zlib it links statically, from source, so it needs a C compiler, make and perl
+# (OpenSSL's build scripts). Idempotent: checks first, installs only what is missing (Debian
+# packages; needs root or sudo). A build without Kafka (`--no-default-features --features
+# postgres,webhook`, say) needs none of them.
 set -euo pipefail
 
 missing=()
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v make >/dev/null 2>&1 || missing+=(make)
-command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
-if ! { [ -f /usr/include/openssl/ssl.h ] || pkg-config --exists openssl 2>/dev/null; }; then
-  missing+=(libssl-dev)
-fi
+command -v perl >/dev/null 2>&1 || missing+=(perl)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

@@ -4,7 +4,7 @@
 # relay's RabbitMQ and Kafka output, with duplicates injected (consumers killed between commit
 # and ack, failures after the effect was written, every event replayed, racing claims); exits 1
 # unless every effect was applied exactly once; then the Order system's billing service written in
-# Python (examples/orders/python, nats-py + psycopg) over NATS JetStream, the same way. What it
+# Python (crates/outbox-orders/python, nats-py + psycopg) over NATS JetStream, the same way. What it
 # checks: examples/inbox-polyglot/prove.py.
 #
 #   1. installs, idempotently (checks first), a Python venv under .cache/inbox-py and Node

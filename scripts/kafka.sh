@@ -50,17 +50,14 @@ if command -v flock >/dev/null 2>&1; then
 fi
 
 # --- 1. system packages for building rdkafka with its bundled librdkafka -------------------------
-# cmake is not needed (the bundled build uses librdkafka's own configure); the `ssl` and `zstd`
-# features of rdkafka need OpenSSL headers, and libz needs zlib headers.
+# cmake is not needed (the bundled build uses librdkafka's own configure); OpenSSL and zlib are
+# built from source too (rdkafka's `ssl-vendored` and `libz-static`), which needs perl.
 if [ "${OUTBOX_KAFKA_SKIP_DEPS:-0}" != "1" ]; then
     missing=()
     for tool in cc c++ make; do
         command -v "$tool" >/dev/null 2>&1 || { missing+=(build-essential); break; }
     done
-    command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
-    for pkg in libssl-dev zlib1g-dev; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
+    command -v perl >/dev/null 2>&1 || missing+=(perl)
     # python3-venv only matters when the python3 on PATH cannot make a venv by itself.
     if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
         missing+=(python3-venv)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the Order system (examples/orders) on PostgreSQL + NATS JetStream, with the `outbox` relay
+# Run the Order system (crates/outbox-orders) on PostgreSQL + NATS JetStream, with the `outbox` relay
 # as a process of its own — the way a service in any language would use it.
 #
 #   scripts/orders.sh [start]   start everything; idempotent (what already runs is left alone)
@@ -14,11 +14,11 @@
 #   3. builds the four binaries: outbox, order-service, delivery-service, billing-service;
 #   4. starts order-service on $ORDERS_LISTEN (it migrates its `orders` table and the outbox
 #      table `outbox.events`) and waits for /healthz;
-#   5. starts `outbox relay --config examples/orders/outbox.toml` (NATS destination; creates the
+#   5. starts `outbox relay --config crates/outbox-orders/outbox.toml` (NATS destination; creates the
 #      JetStream stream ORDERS over orders.>) and waits for its /readyz;
 #   6. starts delivery-service and billing-service, each a durable JetStream consumer of ORDERS
 #      writing to its own database, and waits until both consume;
-#   7. starts billing-py, the billing service written in Python (examples/orders/python: nats-py
+#   7. starts billing-py, the billing service written in Python (crates/outbox-orders/python: nats-py
 #      and psycopg, no Rust; its inbox created by `outbox inbox migrate`) on database billing_py,
 #      the same effects as billing-service by another language (skip with ORDERS_PYTHON=0; its
 #      venv comes from scripts/inbox-deps.sh).
@@ -42,7 +42,7 @@ LISTEN="${ORDERS_LISTEN:-127.0.0.1:8080}"
 METRICS="${ORDERS_METRICS:-127.0.0.1:9464}"
 NATS="${NATS_URL:-nats://127.0.0.1:4222}"
 PROFILE="${ORDERS_PROFILE:-debug}"
-CONFIG="$ROOT/examples/orders/outbox.toml"
+CONFIG="$ROOT/crates/outbox-orders/outbox.toml"
 # Start order; `stop` goes the other way round.
 SERVICES=(order-service relay delivery-service billing-service billing-py)
 PYTHON="${ORDERS_PYTHON:-1}"
@@ -158,7 +158,7 @@ start() {
     if [ "$PYTHON" != 0 ]; then
         "$ROOT/scripts/inbox-deps.sh"
         "$bin/outbox" inbox migrate --database-url "$PG/billing_py" --table inbox >/dev/null
-        launch billing-py "" "$ROOT/.cache/inbox-py/bin/python" "$ROOT/examples/orders/python/billing_service.py" \
+        launch billing-py "" "$ROOT/.cache/inbox-py/bin/python" "$ROOT/crates/outbox-orders/python/billing_service.py" \
             --database-url "$PG/billing_py" --nats-url "$NATS" --stream ORDERS --subjects 'orders.>'
         wait_until 60 billing-py "JetStream consumer" \
             grep -q "Consuming from NATS JetStream" "$RUN/billing-py.log"
@@ -171,7 +171,7 @@ The Order system is up:
   outbox relay      http://$METRICS/metrics (NATS stream ORDERS, subjects orders.<event type>)
   delivery-service  database delivery       (tables delivery_slots, inbox)
   billing-service   database billing        (tables billing_ledger, inbox)
-  billing-py        database billing_py     (the same, in Python: examples/orders/python)
+  billing-py        database billing_py     (the same, in Python: crates/outbox-orders/python)
 
 Try:
   curl -s -XPOST http://$LISTEN/orders -d '{"product": "desk lamp", "quantity": 2, "amount": 39.90}'

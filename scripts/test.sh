@@ -31,6 +31,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
 # Feature-gated code the default build does not compile: the OpenTelemetry trace-context helper.
 cargo test -p outbox --features opentelemetry --test trace
+# Install paths: the slim `postgres,webhook` build installed with cargo install (links no
+# OpenSSL, zlib or librdkafka; delivers), the default build's links, and `cargo package`.
+scripts/install-check.sh
 # The inbox from Python and Node consumers (psycopg, pika, confluent-kafka; pg, amqplib) of the
 # relay's RabbitMQ and Kafka output, duplicates injected; fails when an effect is applied twice.
 scripts/inbox-polyglot.sh

@@ -16,7 +16,7 @@ time (`outbox replay`); and two transactions race on one claim directly. A messa
 event id is parked. Then: every event's effect exactly once per handler, nothing from a
 rolled-back producer transaction, the inbox holding one row per effect (`outbox inbox status`),
 the parked message listed (`outbox inbox parked`). Last, the Order system's billing service
-written in Python (examples/orders/python) charges and refunds orders delivered over NATS
+written in Python (crates/outbox-orders/python) charges and refunds orders delivered over NATS
 JetStream, killed between commit and ack and sent every event twice. Any violation: exit 1.
 """
 
@@ -157,7 +157,7 @@ def outbox(binary, *argv):
 
 
 def orders_example(args, tag, workdir):
-    """The worked example's billing service written in Python (examples/orders/python), fed by
+    """The worked example's billing service written in Python (crates/outbox-orders/python), fed by
     the relay over NATS JetStream: every order charged once and every cancellation refunded
     once, with the service killed between commit and ack and every event replayed."""
     import asyncio
@@ -234,7 +234,7 @@ table = "inbox"
     sup = Supervisor(workdir)
     try:
         sup.start("orders-relay", [args.outbox, "relay", "--config", str(config)])
-        sup.start("billing-service.py", [sys.executable, str(repo / "examples/orders/python/billing_service.py"),
+        sup.start("billing-service.py", [sys.executable, str(repo / "crates/outbox-orders/python/billing_service.py"),
                                          "--database-url", args.dsn, "--schema", schema, "--nats-url", args.nats_url,
                                          "--stream", stream, "--subjects", f"{prefix}.orders.>",
                                          "--crash-every", "25", "--ack-wait", "2"], restart_on_crash=True)

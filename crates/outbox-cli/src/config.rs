@@ -417,16 +417,46 @@ pub enum SinkConfig {
     /// JSON lines appended to a file.
     File(FileSinkConfig),
     /// Apache Kafka (or a Kafka-protocol broker).
-    Kafka(outbox_sink_kafka::KafkaSinkConfig),
+    Kafka(KafkaConfig),
     /// RabbitMQ (AMQP 0.9.1) with publisher confirms.
-    Rabbitmq(outbox_sink_rabbitmq::RabbitMqSinkConfig),
+    Rabbitmq(RabbitMqConfig),
     /// NATS JetStream.
-    Nats(outbox_sink_nats::NatsSinkConfig),
+    Nats(NatsConfig),
     /// Redis Streams.
-    Redis(outbox_sink_redis::RedisSinkConfig),
+    Redis(RedisConfig),
     /// HTTP webhooks.
-    Webhook(outbox_sink_webhook::WebhookSinkConfig),
+    Webhook(WebhookConfig),
 }
+
+// Each broker sink's settings are its crate's type when the build has the sink; without it, the
+// settings are kept as written ([`NotBuilt`]) so the file still loads and the error can say
+// which feature the destination needs.
+#[cfg(feature = "kafka")]
+type KafkaConfig = outbox_sink_kafka::KafkaSinkConfig;
+#[cfg(not(feature = "kafka"))]
+type KafkaConfig = NotBuilt;
+#[cfg(feature = "rabbitmq")]
+type RabbitMqConfig = outbox_sink_rabbitmq::RabbitMqSinkConfig;
+#[cfg(not(feature = "rabbitmq"))]
+type RabbitMqConfig = NotBuilt;
+#[cfg(feature = "nats")]
+type NatsConfig = outbox_sink_nats::NatsSinkConfig;
+#[cfg(not(feature = "nats"))]
+type NatsConfig = NotBuilt;
+#[cfg(feature = "redis")]
+type RedisConfig = outbox_sink_redis::RedisSinkConfig;
+#[cfg(not(feature = "redis"))]
+type RedisConfig = NotBuilt;
+#[cfg(feature = "webhook")]
+type WebhookConfig = outbox_sink_webhook::WebhookSinkConfig;
+#[cfg(not(feature = "webhook"))]
+type WebhookConfig = NotBuilt;
+
+/// The settings of a sink this build does not have, as written.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+#[allow(dead_code)] // which variants hold one depends on the features
+pub struct NotBuilt(serde_json::Map<String, serde_json::Value>);
 
 impl SinkConfig {
     /// The `type` as written in the file.
@@ -439,6 +469,26 @@ impl SinkConfig {
             SinkConfig::Nats(_) => "nats",
             SinkConfig::Redis(_) => "redis",
             SinkConfig::Webhook(_) => "webhook",
+        }
+    }
+
+    /// Why this build cannot deliver to the destination: its sink was not built.
+    pub fn built(&self) -> Result<(), NotInBuild> {
+        let built = match self {
+            SinkConfig::Stdout | SinkConfig::File(_) => true,
+            SinkConfig::Kafka(_) => cfg!(feature = "kafka"),
+            SinkConfig::Rabbitmq(_) => cfg!(feature = "rabbitmq"),
+            SinkConfig::Nats(_) => cfg!(feature = "nats"),
+            SinkConfig::Redis(_) => cfg!(feature = "redis"),
+            SinkConfig::Webhook(_) => cfg!(feature = "webhook"),
+        };
+        if built {
+            Ok(())
+        } else {
+            Err(NotInBuild {
+                what: format!("`{}` sink", self.kind()),
+                feature: self.kind(),
+            })
         }
     }
 }
@@ -572,23 +622,81 @@ pub fn load_for(
 }
 
 fn check_url(key: &str, url: &str) -> Result<(), ConfigError> {
-    if [
-        "postgres://",
-        "postgresql://",
-        "mysql://",
-        "mariadb://",
-        "sqlite:",
-    ]
-    .iter()
-    .any(|p| url.starts_with(p))
-    {
-        return Ok(());
+    match Database::of(url) {
+        Some(database) => database
+            .built()
+            .map_err(|e| ConfigError(format!("`{key}`: {e}"))),
+        None => Err(ConfigError(format!(
+            "unsupported `{key}` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
+            outbox_core::redact::redact_url(url)
+        ))),
     }
-    Err(ConfigError(format!(
-        "unsupported `{key}` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
-        outbox_postgres::redact_url(url)
-    )))
 }
+
+/// The kind of database a URL names, whether or not this build supports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Database {
+    /// `postgres://…` or `postgresql://…`
+    Postgres,
+    /// `mysql://…` or `mariadb://…`
+    MySql,
+    /// `sqlite:…`
+    Sqlite,
+}
+
+impl Database {
+    /// The database `url` names, by its scheme.
+    pub fn of(url: &str) -> Option<Database> {
+        let url = url.trim();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Database::Postgres)
+        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            Some(Database::MySql)
+        } else if url.starts_with("sqlite:") {
+            Some(Database::Sqlite)
+        } else {
+            None
+        }
+    }
+
+    /// `Ok` when this build has the database's cargo feature; else the error naming it.
+    pub fn built(self) -> Result<(), NotInBuild> {
+        let (name, feature, built) = match self {
+            Database::Postgres => ("PostgreSQL", "postgres", cfg!(feature = "postgres")),
+            Database::MySql => ("MySQL/MariaDB", "mysql", cfg!(feature = "mysql")),
+            Database::Sqlite => ("SQLite", "sqlite", cfg!(feature = "sqlite")),
+        };
+        if built {
+            Ok(())
+        } else {
+            Err(NotInBuild {
+                what: format!("{name} support"),
+                feature,
+            })
+        }
+    }
+}
+
+/// A database or sink this binary was built without (its cargo feature was off).
+#[derive(Debug)]
+pub struct NotInBuild {
+    /// What is missing, e.g. "`kafka` sink".
+    pub what: String,
+    /// The cargo feature that builds it.
+    pub feature: &'static str,
+}
+
+impl std::fmt::Display for NotInBuild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { what, feature } = self;
+        write!(
+            f,
+            "this build of outbox has no {what} (built without the `{feature}` cargo feature): use a build that has it — the default `cargo install outbox-cli` has every database and sink — or add the feature to the build's list (`--features postgres,{feature},...`)"
+        )
+    }
+}
+
+impl std::error::Error for NotInBuild {}
 
 /// Checks serde cannot express (names, cross-references, sink settings), for what the command
 /// `need`s: the outbox commands need `database.url`; the
@@ -672,8 +780,11 @@ pub fn validate_for(config: &Config, need: Need) -> Result<(), ConfigError> {
 
 /// The sink's own consistency checks, where it has them.
 fn validate_sink(sink: &SinkConfig) -> Result<(), String> {
+    sink.built().map_err(|e| e.to_string())?;
     match sink {
+        #[cfg(feature = "kafka")]
         SinkConfig::Kafka(c) => c.validate().map_err(|e| e.to_string()),
+        #[cfg(feature = "rabbitmq")]
         SinkConfig::Rabbitmq(c) => c.validate().map_err(|e| e.to_string()),
         _ => Ok(()),
     }

@@ -12,24 +12,30 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_core::humantime_duration::format_duration;
 use outbox_core::redact::{escape_control, redact_in_text, redact_url};
+#[cfg(feature = "mysql")]
 use outbox_inbox::mysql::MySqlInbox;
 use outbox_inbox::postgres::PgInbox;
+#[cfg(feature = "sqlite")]
 use outbox_inbox::sqlite::SqliteInbox;
 use outbox_inbox::{InboxStats, MigrationReport, ParkedQuery, ParkedRecord};
 use serde_json::json;
+#[cfg(feature = "mysql")]
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
+#[cfg(feature = "sqlite")]
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Database};
 
 /// An inbox in whichever database the URL names.
 pub enum AnyInbox {
     /// `postgres://…`
     Postgres(sqlx::PgPool, PgInbox),
     /// `mysql://…` or `mariadb://…`
+    #[cfg(feature = "mysql")]
     MySql(sqlx::MySqlPool, MySqlInbox),
     /// `sqlite:…`
+    #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool, SqliteInbox),
 }
 
@@ -46,6 +52,7 @@ fn inbox_error(error: outbox_inbox::Error) -> anyhow::Error {
 impl AnyInbox {
     /// Connect to the inbox's database (`create`: a missing SQLite file is created, for
     /// `migrate`). An unreachable database is a [`ConfigError`] naming the URL.
+    #[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
     pub async fn open(config: &Config, create: bool) -> Result<AnyInbox, ConfigError> {
         let url = config.inbox_url();
         let section = &config.inbox;
@@ -57,43 +64,57 @@ impl AnyInbox {
             ))
         };
         let invalid = |e: outbox_inbox::Error| ConfigError(format!("invalid `[inbox]`: {e}"));
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let inbox = PgInbox::with_names(&section.schema, &section.table).map_err(invalid)?;
-            let pool = PgPoolOptions::new()
-                .max_connections(2)
-                .connect(url)
-                .await
-                .map_err(unreachable)?;
-            Ok(AnyInbox::Postgres(pool, inbox))
-        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-            let inbox = MySqlInbox::with_table(&section.table).map_err(invalid)?;
-            let url = match url.strip_prefix("mariadb://") {
-                Some(rest) => format!("mysql://{rest}"),
-                None => url.to_owned(),
-            };
-            let pool = MySqlPoolOptions::new()
-                .max_connections(2)
-                .connect(&url)
-                .await
-                .map_err(unreachable)?;
-            Ok(AnyInbox::MySql(pool, inbox))
-        } else if url.starts_with("sqlite:") {
-            let inbox = SqliteInbox::with_table(&section.table).map_err(invalid)?;
-            let options: SqliteConnectOptions = url.parse().map_err(unreachable)?;
-            let options = options
-                .create_if_missing(create)
-                .busy_timeout(Duration::from_secs(10));
-            let pool = SqlitePoolOptions::new()
-                .max_connections(2)
-                .connect_with(options)
-                .await
-                .map_err(unreachable)?;
-            Ok(AnyInbox::Sqlite(pool, inbox))
-        } else {
-            Err(ConfigError(format!(
+        let database = Database::of(url).ok_or_else(|| {
+            ConfigError(format!(
                 "unsupported inbox database URL `{}`: use postgres://…, mysql://… or sqlite://…",
                 redact_url(url)
-            )))
+            ))
+        })?;
+        database
+            .built()
+            .map_err(|e| ConfigError(format!("the inbox database: {e}")))?;
+        #[allow(unreachable_patterns)] // reachable in a build without some database
+        match database {
+            Database::Postgres => {
+                let inbox =
+                    PgInbox::with_names(&section.schema, &section.table).map_err(invalid)?;
+                let pool = PgPoolOptions::new()
+                    .max_connections(2)
+                    .connect(url)
+                    .await
+                    .map_err(unreachable)?;
+                Ok(AnyInbox::Postgres(pool, inbox))
+            }
+            #[cfg(feature = "mysql")]
+            Database::MySql => {
+                let inbox = MySqlInbox::with_table(&section.table).map_err(invalid)?;
+                let url = match url.strip_prefix("mariadb://") {
+                    Some(rest) => format!("mysql://{rest}"),
+                    None => url.to_owned(),
+                };
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(2)
+                    .connect(&url)
+                    .await
+                    .map_err(unreachable)?;
+                Ok(AnyInbox::MySql(pool, inbox))
+            }
+            #[cfg(feature = "sqlite")]
+            Database::Sqlite => {
+                let inbox = SqliteInbox::with_table(&section.table).map_err(invalid)?;
+                let options: SqliteConnectOptions = url.parse().map_err(unreachable)?;
+                let options = options
+                    .create_if_missing(create)
+                    .busy_timeout(Duration::from_secs(10));
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(2)
+                    .connect_with(options)
+                    .await
+                    .map_err(unreachable)?;
+                Ok(AnyInbox::Sqlite(pool, inbox))
+            }
+            // Not reached: `built()` above refused a database this build lacks.
+            other => Err(ConfigError(format!("{other:?} is not in this build"))),
         }
     }
 
@@ -101,7 +122,9 @@ impl AnyInbox {
     pub fn describe(&self) -> String {
         match self {
             AnyInbox::Postgres(_, i) => format!("PostgreSQL inbox {}", i.qualified_table()),
+            #[cfg(feature = "mysql")]
             AnyInbox::MySql(_, i) => format!("MySQL inbox {}", i.qualified_table()),
+            #[cfg(feature = "sqlite")]
             AnyInbox::Sqlite(_, i) => format!("SQLite inbox {}", i.qualified_table()),
         }
     }
@@ -113,10 +136,12 @@ impl AnyInbox {
                 "SELECT {}(event_id, handler)  -- true: apply the effect; false: skip",
                 i.claim_function()
             ),
+            #[cfg(feature = "mysql")]
             AnyInbox::MySql(_, i) => format!(
                 "CALL {}(event_id, handler)  -- row `fresh`: 1 apply the effect; 0 skip",
                 i.claim_procedure()
             ),
+            #[cfg(feature = "sqlite")]
             AnyInbox::Sqlite(_, i) => format!(
                 "{}  -- ?1 event_id, ?2 handler; 1 row changed: apply the effect; 0: skip",
                 i.claim_statement()
@@ -127,7 +152,9 @@ impl AnyInbox {
     async fn migrate(&self) -> Result<MigrationReport, outbox_inbox::Error> {
         match self {
             AnyInbox::Postgres(p, i) => i.migrate(p).await,
+            #[cfg(feature = "mysql")]
             AnyInbox::MySql(p, i) => i.migrate(p).await,
+            #[cfg(feature = "sqlite")]
             AnyInbox::Sqlite(p, i) => i.migrate(p).await,
         }
     }
@@ -135,7 +162,9 @@ impl AnyInbox {
     fn latest_version(&self) -> i64 {
         match self {
             AnyInbox::Postgres(..) => PgInbox::SCHEMA_VERSION,
+            #[cfg(feature = "mysql")]
             AnyInbox::MySql(..) => MySqlInbox::SCHEMA_VERSION,
+            #[cfg(feature = "sqlite")]
             AnyInbox::Sqlite(..) => SqliteInbox::SCHEMA_VERSION,
         }
     }
@@ -143,7 +172,9 @@ impl AnyInbox {
     async fn stats(&self, retention: Duration) -> Result<InboxStats, outbox_inbox::Error> {
         match self {
             AnyInbox::Postgres(p, i) => i.stats(p, retention).await,
+            #[cfg(feature = "mysql")]
             AnyInbox::MySql(p, i) => i.stats(p, retention).await,
+            #[cfg(feature = "sqlite")]
             AnyInbox::Sqlite(p, i) => i.stats(p, retention).await,
         }
     }
@@ -151,7 +182,9 @@ impl AnyInbox {
     async fn purge(&self, older_than: Duration, batch: u32) -> Result<u64, outbox_inbox::Error> {
         match self {
             AnyInbox::Postgres(p, i) => i.purge(p, older_than, batch).await,
+            #[cfg(feature = "mysql")]
             AnyInbox::MySql(p, i) => i.purge(p, older_than, batch).await,
+            #[cfg(feature = "sqlite")]
             AnyInbox::Sqlite(p, i) => i.purge(p, older_than, batch).await,
         }
     }
@@ -162,7 +195,9 @@ impl AnyInbox {
     ) -> Result<Vec<ParkedRecord>, outbox_inbox::Error> {
         match self {
             AnyInbox::Postgres(p, i) => i.list_parked(p, query).await,
+            #[cfg(feature = "mysql")]
             AnyInbox::MySql(p, i) => i.list_parked(p, query).await,
+            #[cfg(feature = "sqlite")]
             AnyInbox::Sqlite(p, i) => i.list_parked(p, query).await,
         }
     }
@@ -170,7 +205,9 @@ impl AnyInbox {
     async fn parked_record(&self, id: i64) -> Result<Option<ParkedRecord>, outbox_inbox::Error> {
         match self {
             AnyInbox::Postgres(p, i) => i.parked_record(p, id).await,
+            #[cfg(feature = "mysql")]
             AnyInbox::MySql(p, i) => i.parked_record(p, id).await,
+            #[cfg(feature = "sqlite")]
             AnyInbox::Sqlite(p, i) => i.parked_record(p, id).await,
         }
     }

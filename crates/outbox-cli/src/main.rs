@@ -3,6 +3,11 @@
 //! Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration (the message names the
 //! key, value or URL at fault).
 
+#[cfg(not(feature = "postgres"))]
+compile_error!(
+    "outbox-cli needs its `postgres` feature (the configuration's [wal] section, the inbox names and the relay's supervision are written against PostgreSQL): build with `--features postgres,...`"
+);
+
 mod admin;
 mod config;
 mod demo;
@@ -851,7 +856,7 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
     if config.mode == config::Mode::Wal {
         // One engine, two sources: the replication stream and the table, behind one Source.
         let wal = config.wal_config()?;
-        let AnyStore::Postgres(pg) = &store else {
+        let Some(pg) = store.postgres() else {
             return Err(ConfigError("`mode = \"wal\"` needs a PostgreSQL database".into()).into());
         };
         if config.metrics.listen.is_some() {

@@ -429,7 +429,7 @@ async fn destinations_json(State(probe): State<Probe>) -> axum::Json<serde_json:
     axum::Json(serde_json::json!({ "destinations": list }))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};

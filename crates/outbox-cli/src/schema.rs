@@ -11,8 +11,12 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use crate::DbArgs;
-use crate::config::{ConfigError, Layout};
-use crate::store::{mysql_outbox, pg_outbox, sqlite_outbox};
+use crate::config::{ConfigError, Database, Layout};
+#[cfg(feature = "mysql")]
+use crate::store::mysql_outbox;
+use crate::store::pg_outbox;
+#[cfg(feature = "sqlite")]
+use crate::store::sqlite_outbox;
 
 /// Which database's DDL to print.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -115,11 +119,23 @@ pub(crate) fn script(args: &PrintArgs) -> Result<String, ConfigError> {
             "the partitioned layout is PostgreSQL's: use --layout plain (or `database.layout = \"plain\"`) with other databases".into(),
         ));
     }
+    let database = match dialect {
+        Dialect::Postgres => Database::Postgres,
+        Dialect::Mysql | Dialect::Mariadb => Database::MySql,
+        Dialect::Sqlite => Database::Sqlite,
+    };
+    database.built().map_err(|e| ConfigError(e.to_string()))?;
+    #[allow(unreachable_patterns)] // reachable in a build without some database
     Ok(match dialect {
         Dialect::Postgres => pg_outbox(&config)?.schema_script(),
+        #[cfg(feature = "sqlite")]
         Dialect::Sqlite => sqlite_outbox(&config)?.schema_script(),
+        #[cfg(feature = "mysql")]
         Dialect::Mysql => mysql_outbox(&config)?.schema_script(false),
+        #[cfg(feature = "mysql")]
         Dialect::Mariadb => mysql_outbox(&config)?.schema_script(true),
+        // Not reached: `built()` above refused a database this build lacks.
+        other => return Err(ConfigError(format!("{other:?} is not in this build"))),
     })
 }
 

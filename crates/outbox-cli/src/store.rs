@@ -2,20 +2,25 @@
 
 use std::sync::Arc;
 
+use outbox_core::redact::redact_url;
 use outbox_core::{Store, StoreError};
+#[cfg(feature = "mysql")]
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_postgres::{PartitionInterval, Partitioning, PgOutbox, PgStore, redact_url};
+use outbox_postgres::{PartitionInterval, Partitioning, PgOutbox, PgStore};
+#[cfg(feature = "sqlite")]
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
 
-use crate::config::{Config, ConfigError, Layout, PartitionEvery};
+use crate::config::{Config, ConfigError, Database, Layout, PartitionEvery};
 
 /// A store of whichever kind the URL names.
 pub enum AnyStore {
     /// `postgres://…`
     Postgres(PgStore),
     /// `sqlite://…` or `sqlite:…`
+    #[cfg(feature = "sqlite")]
     Sqlite(SqliteStore),
     /// `mysql://…` or `mariadb://…`
+    #[cfg(feature = "mysql")]
     MySql(MySqlStore),
 }
 
@@ -43,6 +48,7 @@ pub fn pg_outbox(full: &Config) -> Result<PgOutbox, ConfigError> {
 }
 
 /// The SQLite outbox `[database]` names, without connecting.
+#[cfg(feature = "sqlite")]
 pub fn sqlite_outbox(full: &Config) -> Result<SqliteOutbox, ConfigError> {
     match full.database.table.as_deref() {
         Some(table) => SqliteOutbox::with_table(table),
@@ -52,6 +58,7 @@ pub fn sqlite_outbox(full: &Config) -> Result<SqliteOutbox, ConfigError> {
 }
 
 /// The MySQL or MariaDB outbox `[database]` names, without connecting.
+#[cfg(feature = "mysql")]
 pub fn mysql_outbox(full: &Config) -> Result<MySqlOutbox, ConfigError> {
     match full.database.table.as_deref() {
         Some(table) => MySqlOutbox::with_table(table),
@@ -66,43 +73,56 @@ impl AnyStore {
     pub async fn open(full: &Config) -> Result<Self, ConfigError> {
         let config = &full.database;
         let url = config.url.trim();
-        let is_postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
-        if config.layout == Layout::Partitioned && !is_postgres {
+        let database = Database::of(url).ok_or_else(|| {
+            ConfigError(format!(
+                "unsupported `database.url` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
+                redact_url(url)
+            ))
+        })?;
+        database
+            .built()
+            .map_err(|e| ConfigError(format!("`database.url`: {e}")))?;
+        if config.layout == Layout::Partitioned && database != Database::Postgres {
             return Err(ConfigError(
                 "`database.layout = \"partitioned\"` is a PostgreSQL layout; use `plain` with other databases".into(),
             ));
         }
-        // `retention.delivered = "0s"` keeps nothing delivered: on PostgreSQL the ack deletes
-        // the row; SQLite and MySQL mark it delivered and the next retention run deletes it.
-        let delete_on_ack = full.retention.enabled && full.retention.delivered.is_zero();
-        if is_postgres {
-            let outbox = pg_outbox(full)?;
-            let store = PgStore::connect(url, outbox)
-                .await
-                .map_err(|e| unreachable(url, e))?
-                .with_delete_on_ack(delete_on_ack);
-            Ok(AnyStore::Postgres(store))
-        } else if url.starts_with("sqlite:") {
-            let outbox = sqlite_outbox(full)?;
-            let store = SqliteStore::connect(url, outbox)
-                .await
-                .map_err(|e| unreachable(url, e))?;
-            Ok(AnyStore::Sqlite(store))
-        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-            let outbox = mysql_outbox(full)?;
-            let url = match url.strip_prefix("mariadb://") {
-                Some(rest) => format!("mysql://{rest}"),
-                None => url.to_owned(),
-            };
-            let store = MySqlStore::connect(&url, outbox)
-                .await
-                .map_err(|e| unreachable(&url, e))?;
-            Ok(AnyStore::MySql(store))
-        } else {
-            Err(ConfigError(format!(
-                "unsupported `database.url` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
-                redact_url(url)
-            )))
+        #[allow(unreachable_patterns)] // reachable in a build without some database
+        match database {
+            Database::Postgres => {
+                // `retention.delivered = "0s"` keeps nothing delivered: on PostgreSQL the ack
+                // deletes the row; SQLite and MySQL mark it delivered and the next retention
+                // run deletes it.
+                let delete_on_ack = full.retention.enabled && full.retention.delivered.is_zero();
+                let outbox = pg_outbox(full)?;
+                let store = PgStore::connect(url, outbox)
+                    .await
+                    .map_err(|e| unreachable(url, e))?
+                    .with_delete_on_ack(delete_on_ack);
+                Ok(AnyStore::Postgres(store))
+            }
+            #[cfg(feature = "sqlite")]
+            Database::Sqlite => {
+                let outbox = sqlite_outbox(full)?;
+                let store = SqliteStore::connect(url, outbox)
+                    .await
+                    .map_err(|e| unreachable(url, e))?;
+                Ok(AnyStore::Sqlite(store))
+            }
+            #[cfg(feature = "mysql")]
+            Database::MySql => {
+                let outbox = mysql_outbox(full)?;
+                let url = match url.strip_prefix("mariadb://") {
+                    Some(rest) => format!("mysql://{rest}"),
+                    None => url.to_owned(),
+                };
+                let store = MySqlStore::connect(&url, outbox)
+                    .await
+                    .map_err(|e| unreachable(&url, e))?;
+                Ok(AnyStore::MySql(store))
+            }
+            // Not reached: `built()` above refused a database this build lacks.
+            other => Err(ConfigError(format!("{other:?} is not in this build"))),
         }
     }
 
@@ -119,7 +139,9 @@ impl AnyStore {
                 }
                 Ok(applied)
             }
+            #[cfg(feature = "sqlite")]
             AnyStore::Sqlite(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
+            #[cfg(feature = "mysql")]
             AnyStore::MySql(s) => Ok(s.outbox().migrate(s.pool()).await?.applied),
         }
     }
@@ -128,8 +150,19 @@ impl AnyStore {
     pub fn dyn_store(&self) -> Arc<dyn Store> {
         match self {
             AnyStore::Postgres(s) => Arc::new(s.clone()),
+            #[cfg(feature = "sqlite")]
             AnyStore::Sqlite(s) => Arc::new(s.clone()),
+            #[cfg(feature = "mysql")]
             AnyStore::MySql(s) => Arc::new(s.clone()),
+        }
+    }
+
+    /// The PostgreSQL store, when the outbox is in PostgreSQL.
+    pub fn postgres(&self) -> Option<&PgStore> {
+        #[allow(unreachable_patterns)] // reachable in a build with another database
+        match self {
+            AnyStore::Postgres(s) => Some(s),
+            _ => None,
         }
     }
 
@@ -153,7 +186,9 @@ impl AnyStore {
                 },
                 s.outbox().qualified_table()
             ),
+            #[cfg(feature = "sqlite")]
             AnyStore::Sqlite(s) => format!("SQLite table {}", s.outbox().quoted_table()),
+            #[cfg(feature = "mysql")]
             AnyStore::MySql(s) => format!("MySQL table {}", s.outbox().quoted_table()),
         }
     }

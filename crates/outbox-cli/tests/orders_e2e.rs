@@ -671,7 +671,7 @@ async fn kafka_orders_exactly_once() {
 /// The relay configuration `scripts/orders.sh` uses is one the binary accepts.
 #[test]
 fn example_relay_config_is_valid() {
-    let config = repo_root().join("examples/orders/outbox.toml");
+    let config = repo_root().join("crates/outbox-orders/outbox.toml");
     let out = std::process::Command::new(BIN)
         .args(["config", "check", "--config"])
         .arg(&config)

@@ -28,7 +28,7 @@
 //! - [`service`]: what the `order-service`, `delivery-service` and `billing-service` binaries
 //!   run.
 //!
-//! See `examples/orders/README.md` for running it on PostgreSQL and NATS with the `outbox`
+//! See `crates/outbox-orders/README.md` for running it on PostgreSQL and NATS with the `outbox`
 //! daemon as a separate process.
 
 pub mod bus;

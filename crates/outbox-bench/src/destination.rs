@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use outbox_core::Sink;
+use outbox_types::Sink;
 use serde::{Deserialize, Serialize};
 
 /// The destinations `drain` can publish to.
@@ -556,7 +556,7 @@ fn find_long_string(bytes: &[u8], key: &[u8]) -> Option<String> {
 }
 
 fn redact(url: &str) -> String {
-    outbox_core::redact::redact_url(url)
+    outbox_types::redact::redact_url(url)
 }
 
 async fn prepare_redis(endpoints: &Endpoints, name: &str) -> anyhow::Result<Prepared> {

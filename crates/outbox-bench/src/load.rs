@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use outbox_core::{Event, NewEvent, Outcome, Sink, SinkError};
-use outbox_postgres::PgStore;
+use outbox_postgresql::PgStore;
+use outbox_types::{Event, NewEvent, Outcome, Sink, SinkError};
 use uuid::Uuid;
 
 /// Microseconds since the Unix epoch: the clock writers (parent) and the relay (child) share.

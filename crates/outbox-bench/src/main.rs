@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use destination::{Destination, Endpoints, SinkKind};
-use outbox_core::{DeadLetterPolicy, NewEvent, Sink, Store};
-use outbox_postgres::{PgOutbox, PgStore};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::{DeadLetterPolicy, NewEvent, Sink, Store};
 use serde::{Deserialize, Serialize};
 use timing::{Percentiles, PublishStats, StoreStats, TimedSink, TimedStore};
 
@@ -253,7 +253,7 @@ struct ChildArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum RelayKind {
-    /// This project's relay (`outbox_relay::Relay`).
+    /// This project's relay (`outbox_engine::Relay`).
     Ours,
     /// The seeds' naive poller: select all pending, send one at a time, delete, sleep 5 s.
     Naive,
@@ -302,7 +302,7 @@ struct ChildReport {
     store: StoreStats,
 }
 
-/// The relay's own report (`outbox_relay::RelayReport` is not deserializable).
+/// The relay's own report (`outbox_engine::RelayReport` is not deserializable).
 #[derive(Serialize, Deserialize, Debug, Default)]
 struct RelayCounts {
     batches: u64,
@@ -1019,7 +1019,7 @@ async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()> {
                 shutdown,
             )
             .await?;
-            outbox_relay::RelayReport {
+            outbox_engine::RelayReport {
                 delivered: naive.delivered,
                 retried: naive.failed,
                 batches: naive.passes,
@@ -1132,7 +1132,7 @@ async fn claim_drain(
     store: &PgStore,
     batch_size: u32,
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>, f64)> {
-    let request = outbox_core::ClaimRequest {
+    let request = outbox_types::ClaimRequest {
         owner: "bench".into(),
         limit: batch_size,
         lease: Duration::from_secs(30),

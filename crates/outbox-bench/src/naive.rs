@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_core::{Event, EventId, Outcome, Sink};
-use outbox_postgres::PgStore;
+use outbox_postgresql::PgStore;
+use outbox_types::{Event, EventId, Outcome, Sink};
 use sqlx::Row;
 
 /// What the naive relay did.

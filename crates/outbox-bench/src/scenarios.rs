@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use outbox_postgres::PgStore;
+use outbox_postgresql::PgStore;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 use crate::load::{self, Variant, WriterPlan};

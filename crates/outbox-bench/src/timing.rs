@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outbox_core::{
+use outbox_types::{
     BuryEvent, Claim, ClaimRequest, DeadFilter, Event, EventId, EventRecord, Lease, OutboxStats,
     Outcome, RetryEvent, Sink, SinkError, Store, StoreError,
 };

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use outbox_core::redact::escape_control;
-use outbox_core::{DeadFilter, EventId, EventRecord, Store, humantime_duration};
+use outbox_types::redact::escape_control;
+use outbox_types::{DeadFilter, EventId, EventRecord, Store, humantime_duration};
 use serde_json::json;
 
 use crate::config::ConfigError;

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
-use outbox_core::route::{Pattern, RouteRule, RouteTable};
-use outbox_relay::RelayConfig;
+use outbox_engine::RelayConfig;
+use outbox_types::route::{Pattern, RouteRule, RouteTable};
 use serde::{Deserialize, Serialize};
 
 /// Top-level sections; environment variables outside them (`OUTBOX_TEST_…`, `OUTBOX_LOG`) are
@@ -72,7 +72,7 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct InboxSection {
     /// The consumer's database (`postgres://…`, `mysql://…`, `sqlite://…`); default: `database.url`.
-    #[serde(serialize_with = "outbox_core::redact::serialize_optional_url")]
+    #[serde(serialize_with = "outbox_types::redact::serialize_optional_url")]
     pub database_url: Option<String>,
     /// PostgreSQL schema of the inbox tables and the claim function.
     pub schema: String,
@@ -81,7 +81,7 @@ pub struct InboxSection {
     pub table: String,
     /// Rows processed longer ago than this are deleted by `outbox inbox purge`. A duplicate
     /// arriving later is no longer detected: keep it well above the longest redelivery delay.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub retention: std::time::Duration,
     /// Rows deleted per statement (short transactions, no long locks).
     pub batch_size: u32,
@@ -154,10 +154,10 @@ pub struct WalSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mark_delivered: Option<bool>,
     /// How often the confirmed position is reported to the server.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub status_interval: std::time::Duration,
     /// Heartbeat message interval (`0ms` = off).
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub heartbeat_interval: std::time::Duration,
     /// Deprecated: the sink calls in flight are `relay.max_batches_in_flight` in both modes.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -167,13 +167,13 @@ pub struct WalSection {
     /// Most payload bytes in memory before the stream is paused.
     pub max_buffered_bytes: usize,
     /// How often a standby checks whether the streamer is gone.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub standby_poll_interval: std::time::Duration,
     /// How long a new leader waits for the server to release the dead streamer's slot.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub takeover_timeout: std::time::Duration,
     /// Longest pause between reconnect attempts.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub max_reconnect_backoff: std::time::Duration,
 }
 
@@ -258,7 +258,7 @@ pub struct MetricsConfig {
     /// e.g. `0.0.0.0:9464`.
     pub listen: Option<std::net::SocketAddr>,
     /// How often the backlog gauges are read from the database.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub refresh: std::time::Duration,
 }
 
@@ -282,10 +282,10 @@ pub struct RetentionConfig {
     /// ack deletes each event's row instead of marking it delivered (about half the ack's
     /// writes); SQLite and MySQL delete them at the next retention run. `outbox replay` then
     /// has no delivered events to replay.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub delivered: std::time::Duration,
     /// How often the relay runs retention.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub interval: std::time::Duration,
     /// Rows deleted per statement (short transactions, no long locks).
     pub batch_size: u32,
@@ -303,7 +303,7 @@ mod keep_or_duration {
     pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
         match value {
             None => s.serialize_str("keep"),
-            Some(d) => s.serialize_str(&outbox_core::humantime_duration::format_duration(*d)),
+            Some(d) => s.serialize_str(&outbox_types::humantime_duration::format_duration(*d)),
         }
     }
 
@@ -312,7 +312,7 @@ mod keep_or_duration {
         if text.trim() == "keep" {
             return Ok(None);
         }
-        outbox_core::humantime_duration::parse_duration(&text)
+        outbox_types::humantime_duration::parse_duration(&text)
             .map(Some)
             .map_err(|e| serde::de::Error::custom(format!("{e} (or \"keep\")")))
     }
@@ -368,7 +368,7 @@ pub struct PartitionsConfig {
     /// Partitions created ahead of the current one.
     pub ahead: u32,
     /// Longest wait for the table lock that creating or dropping a partition takes.
-    #[serde(with = "outbox_core::humantime_duration")]
+    #[serde(with = "outbox_types::humantime_duration")]
     pub lock_timeout: std::time::Duration,
 }
 
@@ -628,7 +628,7 @@ fn check_url(key: &str, url: &str) -> Result<(), ConfigError> {
             .map_err(|e| ConfigError(format!("`{key}`: {e}"))),
         None => Err(ConfigError(format!(
             "unsupported `{key}` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
-            outbox_core::redact::redact_url(url)
+            outbox_types::redact::redact_url(url)
         ))),
     }
 }
@@ -739,8 +739,8 @@ pub fn validate_for(config: &Config, need: Need) -> Result<(), ConfigError> {
     if config.relay.lease <= config.relay.publish_timeout {
         return Err(ConfigError(format!(
             "`relay.lease` ({}) must be longer than `relay.publish_timeout` ({}): a publish must end before another relay may claim the same events",
-            outbox_core::humantime_duration::format_duration(config.relay.lease),
-            outbox_core::humantime_duration::format_duration(config.relay.publish_timeout),
+            outbox_types::humantime_duration::format_duration(config.relay.lease),
+            outbox_types::humantime_duration::format_duration(config.relay.publish_timeout),
         )));
     }
     let effective = config.effective_destinations();

@@ -10,14 +10,14 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_core::humantime_duration::format_duration;
-use outbox_core::redact::{escape_control, redact_in_text, redact_url};
 #[cfg(feature = "mysql")]
 use outbox_inbox::mysql::MySqlInbox;
 use outbox_inbox::postgres::PgInbox;
 #[cfg(feature = "sqlite")]
 use outbox_inbox::sqlite::SqliteInbox;
 use outbox_inbox::{InboxStats, MigrationReport, ParkedQuery, ParkedRecord};
+use outbox_types::humantime_duration::format_duration;
+use outbox_types::redact::{escape_control, redact_in_text, redact_url};
 use serde_json::json;
 #[cfg(feature = "mysql")]
 use sqlx::mysql::MySqlPoolOptions;

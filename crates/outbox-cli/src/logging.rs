@@ -5,7 +5,7 @@
 //! operator's terminal, rewrite earlier lines or fake a log line; a newline could forge one.
 //! [`SafeFields`] formats every field and the message like tracing's default formatter, with
 //! every control character written as a `\u{…}` escape
-//! ([`outbox_core::redact::escape_control`]). JSON logs need nothing: JSON escapes them.
+//! ([`outbox_types::redact::escape_control`]). JSON logs need nothing: JSON escapes them.
 
 use std::fmt;
 
@@ -47,7 +47,7 @@ impl SafeVisitor<'_> {
             self.result = Err(e);
             return;
         }
-        let text = outbox_core::redact::escape_control(text);
+        let text = outbox_types::redact::escape_control(text);
         let name = field.name();
         self.result = match name {
             "message" => self.writer.write_str(&text),

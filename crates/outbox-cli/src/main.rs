@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox_core::humantime_duration;
-use outbox_relay::Relay;
+use outbox_engine::Relay;
+use outbox_types::humantime_duration;
 use serde_json::json;
 
 use crate::config::{Config, ConfigError, SinkConfig};
@@ -438,10 +438,10 @@ struct StatusArgs {
 /// A password in a `--database-url` flag is visible to every user of the machine.
 fn warn_password_flag(url: &Option<String>) {
     if let Some(url) = url
-        && outbox_core::redact::redact_url(url) != *url
+        && outbox_types::redact::redact_url(url) != *url
     {
         tracing::warn!(
-            url = %outbox_core::redact::redact_url(url),
+            url = %outbox_types::redact::redact_url(url),
             "--database-url carries a password, which every user of this machine can read from the process list; set OUTBOX_DATABASE__URL (OUTBOX_INBOX__DATABASE_URL) or the config file instead."
         );
     }
@@ -972,7 +972,7 @@ async fn pause(args: PauseArgs, pause: bool) -> anyhow::Result<()> {
 }
 
 async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    let filter = outbox_core::ReplayFilter {
+    let filter = outbox_types::ReplayFilter {
         from: ops::parse_time("from", &args.from)?,
         to: ops::parse_time("to", &args.to)?,
         destination: args.destination.clone(),
@@ -1000,14 +1000,14 @@ async fn open(db: &DbArgs) -> anyhow::Result<(Config, AnyStore)> {
     Ok((config, store))
 }
 
-fn dead_filter(ids: &[String], all: bool) -> Result<outbox_core::DeadFilter, ConfigError> {
+fn dead_filter(ids: &[String], all: bool) -> Result<outbox_types::DeadFilter, ConfigError> {
     if all {
-        return Ok(outbox_core::DeadFilter::All);
+        return Ok(outbox_types::DeadFilter::All);
     }
     if ids.is_empty() {
         return Err(ConfigError("give event ids, or --all".into()));
     }
-    Ok(outbox_core::DeadFilter::Ids(admin::parse_ids(ids)?))
+    Ok(outbox_types::DeadFilter::Ids(admin::parse_ids(ids)?))
 }
 
 async fn dead(command: DeadCommand) -> anyhow::Result<()> {
@@ -1101,8 +1101,8 @@ async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
 
 /// The relay's retention schedule: purge delivered events every `interval` until shutdown.
 async fn retention_loop(
-    store: Arc<dyn outbox_core::Store>,
-    partitioned: Option<outbox_postgres::PgStore>,
+    store: Arc<dyn outbox_types::Store>,
+    partitioned: Option<outbox_postgresql::PgStore>,
     retention: config::RetentionConfig,
 ) {
     let mut ticker = tokio::time::interval(retention.interval.max(Duration::from_secs(1)));
@@ -1162,7 +1162,7 @@ async fn config_check(db: DbArgs, as_json: bool) -> anyhow::Result<()> {
     // Check every destination's sink as `outbox relay` builds it, without contacting any
     // broker, so the check refuses what the relay would refuse.
     sinks::check(&config).await?;
-    config.database.url = outbox_postgres::redact_url(&config.database.url);
+    config.database.url = outbox_postgresql::redact_url(&config.database.url);
     if as_json {
         println!("{}", serde_json::to_string_pretty(&config)?);
     } else {

@@ -22,8 +22,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use outbox_core::route::RouteTable;
-use outbox_core::{Sink, Store, StoreError};
+use outbox_types::route::RouteTable;
+use outbox_types::{Sink, Store, StoreError};
 
 use crate::config::ConfigError;
 
@@ -35,7 +35,7 @@ struct Probe {
 }
 
 /// The relay's view of its destinations, set once the relay exists (the endpoint starts first).
-pub type DestinationsView = Arc<std::sync::OnceLock<outbox_relay::Destinations>>;
+pub type DestinationsView = Arc<std::sync::OnceLock<outbox_engine::Destinations>>;
 
 /// The answers of `/readyz` and of `/destinations`' reachability, worked out at most once per
 /// [`Readiness::FRESH_FOR`].
@@ -118,7 +118,7 @@ impl Readiness {
         match self.sink.check().await {
             Ok(()) => Vec::new(),
             Err(error) => {
-                let error = outbox_core::redact::redact_in_text(&error.to_string());
+                let error = outbox_types::redact::redact_in_text(&error.to_string());
                 tracing::debug!(sink = self.sink.name(), %error, "A destination is not reachable.");
                 // The router names each failing destination as "destination `NAME`".
                 let names: Vec<String> = error
@@ -412,7 +412,7 @@ async fn destinations_json(State(probe): State<Probe>) -> axum::Json<serde_json:
     let states = probe
         .destinations
         .get()
-        .map(outbox_relay::Destinations::snapshot)
+        .map(outbox_engine::Destinations::snapshot)
         .unwrap_or_default();
     let list: Vec<serde_json::Value> = states
         .into_iter()
@@ -442,13 +442,13 @@ mod tests {
         fn name(&self) -> &str {
             "counting"
         }
-        async fn publish(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
-            vec![outbox_core::Outcome::Delivered; events.len()]
+        async fn publish(&self, events: &[outbox_types::Event]) -> Vec<outbox_types::Outcome> {
+            vec![outbox_types::Outcome::Delivered; events.len()]
         }
-        async fn check(&self) -> Result<(), outbox_core::SinkError> {
+        async fn check(&self) -> Result<(), outbox_types::SinkError> {
             self.0.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(20)).await;
-            Err(outbox_core::SinkError::Unavailable(
+            Err(outbox_types::SinkError::Unavailable(
                 "cannot connect to nats://relay:s3cret@broker.internal:4222".into(),
             ))
         }

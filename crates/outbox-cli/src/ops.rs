@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, NaiveDate, Utc};
-use outbox_core::route::RouteTable;
-use outbox_core::{ReplayFilter, Store, StoreError, humantime_duration};
+use outbox_types::route::RouteTable;
+use outbox_types::{ReplayFilter, Store, StoreError, humantime_duration};
 use serde_json::json;
 
 use crate::config::ConfigError;
@@ -73,7 +73,7 @@ pub fn relay_address(
         Some(url) if url.starts_with("http://") => Ok(Some(url.trim_end_matches('/').to_owned())),
         Some(other) => Err(ConfigError(format!(
             "--relay `{}` is not a relay's metrics address: give it as http://HOST:PORT (the relay's `metrics.listen`, plain HTTP), or `none`",
-            outbox_core::redact::redact_url(other)
+            outbox_types::redact::redact_url(other)
         ))),
         None => Ok(listen.map(|mut addr| {
             if addr.ip().is_unspecified() {

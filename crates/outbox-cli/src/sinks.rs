@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use outbox_core::Sink;
-use outbox_core::route::RouteTable;
-use outbox_relay::router::Router;
+use outbox_engine::router::Router;
+use outbox_types::Sink;
+use outbox_types::route::RouteTable;
 
 use crate::config::{Config, ConfigError, SinkConfig};
 

@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use outbox_core::redact::redact_url;
-use outbox_core::{Store, StoreError};
 #[cfg(feature = "mysql")]
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_postgres::{PartitionInterval, Partitioning, PgOutbox, PgStore};
+use outbox_postgresql::{PartitionInterval, Partitioning, PgOutbox, PgStore};
 #[cfg(feature = "sqlite")]
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_types::redact::redact_url;
+use outbox_types::{Store, StoreError};
 
 use crate::config::{Config, ConfigError, Database, Layout, PartitionEvery};
 
@@ -198,6 +198,6 @@ fn unreachable(url: &str, error: StoreError) -> ConfigError {
     ConfigError(format!(
         "cannot open database `{}`: {} — check `database.url` and that the server is running",
         redact_url(url),
-        outbox_core::redact::redact_in_text(&error.to_string())
+        outbox_types::redact::redact_in_text(&error.to_string())
     ))
 }

@@ -3,8 +3,8 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use outbox_core::{BuryEvent, ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_types::{BuryEvent, ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
@@ -155,5 +155,5 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
 }
 
 fn uuid_like() -> String {
-    outbox_core::EventId::new().to_string()
+    outbox_types::EventId::new().to_string()
 }

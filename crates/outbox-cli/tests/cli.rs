@@ -38,10 +38,10 @@ fn file_sink_config(
 }
 
 /// Enqueue `count` updates of order `o1` in one transaction.
-async fn enqueue_order_updates(store: &outbox_postgres::PgStore, count: u32) {
+async fn enqueue_order_updates(store: &outbox_postgresql::PgStore, count: u32) {
     let mut tx = store.pool().begin().await.unwrap();
     for n in 0..count {
-        let e = outbox_core::NewEvent::new(
+        let e = outbox_types::NewEvent::new(
             "order",
             "o1",
             "OrderUpdated",
@@ -251,7 +251,7 @@ async fn migrate_relay_and_status_work_on_mysql() {
     .unwrap();
     let mut tx = store.pool().begin().await.unwrap();
     for n in 0..20u32 {
-        let e = outbox_core::NewEvent::new(
+        let e = outbox_types::NewEvent::new(
             "order",
             format!("o{}", n % 4),
             "OrderUpdated",
@@ -344,7 +344,7 @@ async fn json_logs_carry_the_event_fields() {
     let store = outbox_sqlite::SqliteStore::connect(&url, outbox_sqlite::SqliteOutbox::new())
         .await
         .unwrap();
-    let event = outbox_core::NewEvent::new("user", "u7", "UserRenamed", &serde_json::json!({}))
+    let event = outbox_types::NewEvent::new("user", "u7", "UserRenamed", &serde_json::json!({}))
         .unwrap()
         .with_idempotency_key("rename-u7-1");
     let mut tx = store.pool().begin().await.unwrap();
@@ -402,17 +402,17 @@ async fn the_partitioned_layout_works_through_the_binary() {
     let config = config.to_str().unwrap();
     let o = outbox(&["migrate", "--config", config]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let outbox_pg = outbox_postgres::PgOutbox::partitioned(
+    let outbox_pg = outbox_postgresql::PgOutbox::partitioned(
         &schema,
         "events",
-        outbox_postgres::Partitioning {
-            interval: outbox_postgres::PartitionInterval::Hourly,
+        outbox_postgresql::Partitioning {
+            interval: outbox_postgresql::PartitionInterval::Hourly,
             ahead: 2,
             ..Default::default()
         },
     )
     .unwrap();
-    let store = outbox_postgres::PgStore::connect(&pg_url(), outbox_pg)
+    let store = outbox_postgresql::PgStore::connect(&pg_url(), outbox_pg)
         .await
         .unwrap();
     let partitions: i64 = sqlx::query_scalar(
@@ -474,9 +474,9 @@ async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
         let config = config.to_str().unwrap();
         let o = outbox(&["migrate", "--config", config]);
         assert!(o.status.success(), "{}", stderr(&o));
-        let store = outbox_postgres::PgStore::connect(
+        let store = outbox_postgresql::PgStore::connect(
             &pg_url(),
-            outbox_postgres::PgOutbox::with_names(&schema, "events").unwrap(),
+            outbox_postgresql::PgOutbox::with_names(&schema, "events").unwrap(),
         )
         .await
         .unwrap();

@@ -13,8 +13,8 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::routing::post;
-use outbox_core::{EventState, NewEvent, Store};
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::{EventState, NewEvent, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 const NATS: &str = "nats://127.0.0.1:4222";
@@ -190,7 +190,7 @@ impl Fixture {
         self.config.path().to_str().unwrap()
     }
 
-    async fn wait_for(&self, what: &str, mut done: impl FnMut(&outbox_core::OutboxStats) -> bool) {
+    async fn wait_for(&self, what: &str, mut done: impl FnMut(&outbox_types::OutboxStats) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let stats = self.store.stats().await.unwrap();

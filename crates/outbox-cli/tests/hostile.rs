@@ -427,7 +427,7 @@ to = "hooks"
         // Any role may call pg_logical_emit_message unless it is revoked; with the default
         // `sources = ["table"]` such a message is never an event.
         let envelope = outbox_wal::encode_envelope(
-            &outbox_core::NewEvent::new("acct", "injected", "Injected", &serde_json::json!({}))
+            &outbox_types::NewEvent::new("acct", "injected", "Injected", &serde_json::json!({}))
                 .unwrap(),
         )
         .unwrap();

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_core::Store;
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::Store;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
@@ -62,7 +62,7 @@ fn ids_in(path: &Path) -> Vec<String> {
 
 /// A fresh outbox in a schema of its own (`prefix_…`) holding 20,000 committed events over 400
 /// aggregates: the schema, the store, the events.
-async fn backlog(prefix: &str) -> (String, PgStore, Vec<outbox_core::NewEvent>) {
+async fn backlog(prefix: &str) -> (String, PgStore, Vec<outbox_types::NewEvent>) {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

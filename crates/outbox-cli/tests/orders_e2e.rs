@@ -27,13 +27,13 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
-use outbox_core::Store;
 use outbox_orders::Db;
 use outbox_orders::check::CheckReport;
 use outbox_orders::consumers::{Consumer, Service};
 use outbox_orders::load::{LoadConfig, LoadCounters, LoadReport};
 use outbox_orders::order::OrderStore;
 use outbox_orders::transport::{Transport, TransportArgs};
+use outbox_types::Store;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -302,7 +302,7 @@ impl System {
         let db = Db::connect(&database_url(), Some(&schemas[0]), 8)
             .await
             .expect("PostgreSQL must be running on 127.0.0.1:5432");
-        let outbox = outbox_postgres::PgOutbox::with_names(&schemas[0], "events").unwrap();
+        let outbox = outbox_postgresql::PgOutbox::with_names(&schemas[0], "events").unwrap();
         let orders = OrderStore::new(db, Some(outbox));
         orders.migrate().await.unwrap();
         let store = orders.relay_store();

@@ -264,7 +264,7 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
         &scripted,
     ]);
     // One statement at a time, as the mysql client runs it (its DELIMITER lines included).
-    for statement in outbox_core::sql_script::statements(&script) {
+    for statement in outbox_types::sql_script::statements(&script) {
         sqlx::raw_sql(AssertSqlSafe(statement))
             .execute(&pool)
             .await

@@ -8,8 +8,8 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_core::{NewEvent, Store};
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::{NewEvent, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 

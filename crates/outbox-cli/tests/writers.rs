@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use outbox_postgres::PgOutbox;
+use outbox_postgresql::PgOutbox;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::EventId;
+use outbox_types::EventId;
 use uuid::Uuid;
 
 use crate::{Error, Processed};

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_core::routing::header;
+use outbox_types::routing::header;
 use rdkafka::Message;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers};

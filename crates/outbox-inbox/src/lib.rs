@@ -21,7 +21,7 @@
 //!
 //! ```no_run
 //! use outbox_inbox::{Claim, postgres::PgInbox};
-//! # async fn demo(pool: sqlx::PgPool, event_id: outbox_core::EventId) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn demo(pool: sqlx::PgPool, event_id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
 //! let inbox = PgInbox::new();
 //! let mut tx = pool.begin().await?;
 //! match inbox.claim(&mut *tx, event_id, "billing").await? {
@@ -41,7 +41,7 @@
 //!
 //! ```no_run
 //! use outbox_inbox::{Processed, postgres::PgInbox};
-//! # async fn demo(pool: sqlx::PgPool, event_id: outbox_core::EventId) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn demo(pool: sqlx::PgPool, event_id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
 //! let inbox = PgInbox::new();
 //! let outcome = inbox
 //!     .process(&pool, event_id, "billing", |tx| Box::pin(async move {
@@ -141,7 +141,7 @@ pub use admin::{HandlerStats, InboxStats, ParkedCount, ParkedQuery, ParkedRecord
 pub use consumer::{AdapterOptions, Delivery, InboxHandler, Outcome, ParkedMessage};
 pub use error::{BoxError, Error};
 pub use names::MAX_HANDLER_LEN;
-pub use outbox_core::EventId;
+pub use outbox_types::EventId;
 
 /// The default inbox table name. Parked messages go to `<table>_parked`, migration bookkeeping
 /// to `<table>_migrations`.

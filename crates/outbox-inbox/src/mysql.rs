@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
-use outbox_core::EventId;
+use outbox_types::EventId;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row, Transaction};
 
@@ -276,7 +276,7 @@ impl MySqlInbox {
                 .replace("{p}", &n.parked)
                 .replace("{f}", &n.claim_procedure)
                 .replace("{table}", &n.table);
-            for statement in outbox_core::sql_script::statements(&sql) {
+            for statement in outbox_types::sql_script::statements(&sql) {
                 sqlx::raw_sql(AssertSqlSafe(statement))
                     .execute(&mut *conn)
                     .await?;
@@ -305,7 +305,7 @@ impl MySqlInbox {
     ///
     /// ```no_run
     /// use outbox_inbox::{Claim, mysql::MySqlInbox};
-    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_core::EventId) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut tx = pool.begin().await?;
     /// if MySqlInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
     ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)").bind(id.to_string()).execute(&mut *tx).await?;
@@ -338,7 +338,7 @@ impl MySqlInbox {
     ///
     /// ```no_run
     /// use outbox_inbox::{Processed, mysql::MySqlInbox};
-    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
     /// let done = MySqlInbox::new()
     ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
     ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
@@ -372,7 +372,7 @@ impl MySqlInbox {
     /// Whether `handler` has processed `event_id` (a committed row exists).
     ///
     /// ```no_run
-    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
     /// let seen = outbox_inbox::mysql::MySqlInbox::new().contains(&pool, id, "billing").await?;
     /// # Ok(()) }
     /// ```
@@ -732,6 +732,6 @@ mod tests {
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
             .collect();
-        assert_eq!(outbox_core::sql_script::statements(sql), old);
+        assert_eq!(outbox_types::sql_script::statements(sql), old);
     }
 }

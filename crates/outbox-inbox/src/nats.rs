@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Message};
 use futures::StreamExt;
-use outbox_core::routing::header;
+use outbox_types::routing::header;
 
 use crate::consumer::{RawMessage, parse_event_id, settle};
 use crate::{AdapterOptions, Error, InboxHandler, Outcome};

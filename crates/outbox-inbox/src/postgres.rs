@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::EventId;
+use outbox_types::EventId;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row, Transaction};
 
@@ -287,7 +287,7 @@ impl PgInbox {
     ///
     /// ```no_run
     /// use outbox_inbox::{Claim, postgres::PgInbox};
-    /// # async fn demo(pool: sqlx::PgPool, id: outbox_core::EventId) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn demo(pool: sqlx::PgPool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut tx = pool.begin().await?;
     /// if PgInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
     ///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)").bind(id.as_uuid()).execute(&mut *tx).await?;
@@ -320,7 +320,7 @@ impl PgInbox {
     ///
     /// ```no_run
     /// use outbox_inbox::{Processed, postgres::PgInbox};
-    /// # async fn demo(pool: sqlx::PgPool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// # async fn demo(pool: sqlx::PgPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
     /// let done = PgInbox::new()
     ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
     ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
@@ -354,7 +354,7 @@ impl PgInbox {
     /// Whether `handler` has processed `event_id` (a committed row exists).
     ///
     /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// # async fn demo(pool: sqlx::PgPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
     /// let seen = outbox_inbox::postgres::PgInbox::new().contains(&pool, id, "billing").await?;
     /// # Ok(()) }
     /// ```

@@ -31,8 +31,8 @@ use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use outbox_core::EventId;
-use outbox_core::routing::header;
+use outbox_types::EventId;
+use outbox_types::routing::header;
 
 use crate::consumer::{RawMessage, parse_event_id, settle};
 use crate::{AdapterOptions, Error, InboxHandler, Outcome};

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use outbox_core::EventId;
+use outbox_types::EventId;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool, Transaction};
 
@@ -246,7 +246,7 @@ impl SqliteInbox {
     ///
     /// ```no_run
     /// use outbox_inbox::{Claim, sqlite::SqliteInbox};
-    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_core::EventId) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     /// if SqliteInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
     ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)").bind(id.to_string()).execute(&mut *tx).await?;
@@ -279,7 +279,7 @@ impl SqliteInbox {
     ///
     /// ```no_run
     /// use outbox_inbox::{Processed, sqlite::SqliteInbox};
-    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
     /// let done = SqliteInbox::new()
     ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
     ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
@@ -316,7 +316,7 @@ impl SqliteInbox {
     /// Whether `handler` has processed `event_id` (a committed row exists).
     ///
     /// ```no_run
-    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_core::EventId) -> Result<(), outbox_inbox::Error> {
+    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
     /// let seen = outbox_inbox::sqlite::SqliteInbox::new().contains(&pool, id, "billing").await?;
     /// # Ok(()) }
     /// ```

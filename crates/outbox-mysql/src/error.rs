@@ -11,7 +11,7 @@
 //! - **not migrated** ([`StoreError::NotMigrated`]): the outbox table does not exist (1146);
 //! - everything else is [`StoreError::Database`].
 
-use outbox_core::StoreError;
+use outbox_types::StoreError;
 use sqlx::mysql::MySqlDatabaseError;
 
 /// `ER_CON_COUNT_ERROR`: too many connections.

@@ -1,12 +1,12 @@
 //! # outbox-mysql
 //!
 //! The MySQL 8 / MariaDB 10.6+ home of the outbox: embedded migrations,
-//! [`MySqlOutbox::enqueue`] into the caller's own transaction, and [`MySqlStore`], the [`Store`](outbox_core::Store)
+//! [`MySqlOutbox::enqueue`] into the caller's own transaction, and [`MySqlStore`], the [`Store`](outbox_types::Store)
 //! a relay claims from. It keeps the same contract as the PostgreSQL and SQLite stores and passes
 //! the same conformance suite (`outbox-store-tests`).
 //!
 //! ```no_run
-//! use outbox_core::NewEvent;
+//! use outbox_types::NewEvent;
 //! use outbox_mysql::{MySqlOutbox, MySqlStore};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -81,7 +81,7 @@
 //!
 //! 1. `GET_LOCK('outbox:claim:…')`, a session-level lock held only around the claim;
 //! 2. a plain read of the first `limit` due and unblocked events in seq order (the ordering rule
-//!    of [`Store`](outbox_core::Store));
+//!    of [`Store`](outbox_types::Store));
 //! 3. `START TRANSACTION`; `SELECT … FOR UPDATE SKIP LOCKED` of those candidates that are still
 //!    due, which locks them and rereads their latest committed version;
 //! 4. the store drops every candidate that could not be locked or is no longer due **and every
@@ -138,7 +138,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{EventId, NewEvent, StoreError};
+use outbox_types::{EventId, NewEvent, StoreError};
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row, Transaction};

@@ -31,7 +31,7 @@
 //! different idempotency keys one. The template names the collation `{bin}`; the checksum is taken
 //! over the template, so it is the same on either server.
 
-use outbox_core::StoreError;
+use outbox_types::StoreError;
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row};
 
 use crate::MySqlOutbox;
@@ -63,7 +63,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 1,
         description: "outbox events table, claim and ordering indexes",
         sql: r#"
--- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
+-- Lifecycle (see outbox_types::EventState): pending -> in_flight -> delivered | dead.
 -- A pending row with attempts > 0 is one waiting for a retry.
 --
 -- Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6): the database's
@@ -404,7 +404,7 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
             }
         }
         let ddl = outbox.render(m.sql).replace("{bin}", &collation);
-        for statement in outbox_core::sql_script::statements(&ddl) {
+        for statement in outbox_types::sql_script::statements(&ddl) {
             sqlx::raw_sql(AssertSqlSafe(statement))
                 .execute(&mut *conn)
                 .await
@@ -626,10 +626,10 @@ mod released {
     fn migrations_split_into_their_statements() {
         let counts: Vec<usize> = MIGRATIONS
             .iter()
-            .map(|m| outbox_core::sql_script::statements(m.sql).len())
+            .map(|m| outbox_types::sql_script::statements(m.sql).len())
             .collect();
         assert_eq!(counts, [1, 1, 2]);
-        let procedure = &outbox_core::sql_script::statements(MIGRATIONS[2].sql)[1];
+        let procedure = &outbox_types::sql_script::statements(MIGRATIONS[2].sql)[1];
         assert!(procedure.starts_with("CREATE PROCEDURE") && procedure.ends_with("END"));
     }
 

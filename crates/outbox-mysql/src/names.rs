@@ -1,6 +1,6 @@
 //! Where the outbox lives: a table name, checked once and quoted everywhere.
 
-use outbox_core::StoreError;
+use outbox_types::StoreError;
 
 /// The longest table name accepted: `<table>_migrations` then stays within MySQL's 64-character
 /// identifier limit, and the rule is the one the PostgreSQL and SQLite stores use, so one

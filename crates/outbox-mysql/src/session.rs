@@ -14,7 +14,7 @@
 //!   it to the pool. Closing the session makes the server roll the transaction back and release
 //!   its named locks.
 
-use outbox_core::StoreError;
+use outbox_types::StoreError;
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool};
 

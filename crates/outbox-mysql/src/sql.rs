@@ -20,8 +20,8 @@
 //!   index. The id columns are declared `ascii_bin` on both sides.
 
 use chrono::{DateTime, Datelike, Utc};
-use outbox_core::ReplayFilter;
-use outbox_core::route::{RouteTable, SqlDialect};
+use outbox_types::ReplayFilter;
+use outbox_types::route::{RouteTable, SqlDialect};
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, MySql};

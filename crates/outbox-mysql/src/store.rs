@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use outbox_core::route::RouteTable;
-use outbox_core::{
+use outbox_types::route::RouteTable;
+use outbox_types::{
     AggregateKey, BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DeadLetterPolicy,
     DestinationStats, Event, EventId, EventRecord, Headers, Lease, LeaseHolder, OutboxStats,
     PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, SortedClaim, Store,
@@ -236,8 +236,8 @@ fn keep_in_order(wanted: &[(i64, AggregateKey)], locked: HashSet<i64>) -> HashSe
 }
 
 /// `scheme://user:secret@host/db?password=…` with both masked: the one redactor of
-/// [`outbox_core::redact`], re-exported where callers have always found it.
-pub use outbox_core::redact::redact_url;
+/// [`outbox_types::redact`], re-exported where callers have always found it.
+pub use outbox_types::redact::redact_url;
 
 fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
@@ -258,7 +258,7 @@ fn decode_event_as(row: &MySqlRow, reading: Reading) -> Result<Event, StoreError
         Reading::Delivery => (decode_id(row, "id", seq)?, decode_headers(seq, &headers)?),
         Reading::Display => (
             decode_id(row, "id", seq).unwrap_or_else(|_| EventId::from_uuid(Uuid::nil())),
-            outbox_core::headers_for_display(&headers),
+            outbox_types::headers_for_display(&headers),
         ),
     };
     Ok(Event {
@@ -267,7 +267,7 @@ fn decode_event_as(row: &MySqlRow, reading: Reading) -> Result<Event, StoreError
         aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
         aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
         event_type: row.try_get("event_type").map_err(map_sqlx)?,
-        payload: outbox_core::check_payload(
+        payload: outbox_types::check_payload(
             seq,
             row.try_get("payload").map_err(map_sqlx)?,
             reading,
@@ -286,7 +286,7 @@ fn decode_record(row: &MySqlRow) -> Result<EventRecord, StoreError> {
     let status: String = row.try_get("status").map_err(map_sqlx)?;
     let state = status
         .parse()
-        .map_err(|e: outbox_core::ParseStateError| StoreError::Corrupt {
+        .map_err(|e: outbox_types::ParseStateError| StoreError::Corrupt {
             seq: event.seq,
             reason: e.to_string(),
         })?;
@@ -388,7 +388,7 @@ impl Store for MySqlStore {
                 serde_json::json!({
                     "seq": e.seq,
                     "delay_us": micros(e.delay),
-                    "error": outbox_core::truncate_error(&e.error),
+                    "error": outbox_types::truncate_error(&e.error),
                     "cost": i32::from(e.counts_attempt),
                 })
             })
@@ -411,7 +411,7 @@ impl Store for MySqlStore {
             .map(|e| {
                 serde_json::json!({
                     "seq": e.seq,
-                    "error": outbox_core::truncate_error(&e.error),
+                    "error": outbox_types::truncate_error(&e.error),
                 })
             })
             .collect();
@@ -801,9 +801,9 @@ mod tests {
             let routes = RouteTable::new(
                 ["kafka", "hooks"],
                 vec![
-                    outbox_core::route::RouteRule::to("hooks")
-                        .event_type(outbox_core::route::Pattern::parse("Hook*")),
-                    outbox_core::route::RouteRule::to("kafka"),
+                    outbox_types::route::RouteRule::to("hooks")
+                        .event_type(outbox_types::route::Pattern::parse("Hook*")),
+                    outbox_types::route::RouteRule::to("kafka"),
                 ],
             )
             .unwrap();
@@ -855,7 +855,7 @@ mod tests {
                 deferred_probes.iter().all(|(_, k)| k == "blockers"),
                 "round {round}: {deferred_plan:?}"
             );
-            let filter = outbox_core::ReplayFilter {
+            let filter = outbox_types::ReplayFilter {
                 from: chrono::DateTime::<Utc>::MIN_UTC,
                 to: Utc::now(),
                 destination: Some("kafka".into()),

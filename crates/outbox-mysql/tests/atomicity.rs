@@ -3,8 +3,8 @@
 
 mod common;
 
-use outbox_core::{NewEvent, Store, StoreError};
 use outbox_mysql::{MySqlOutbox, MySqlStore};
+use outbox_types::{NewEvent, Store, StoreError};
 use sqlx::{Connection, Executor, MySqlConnection};
 
 async fn business_table(store: &MySqlStore) -> String {
@@ -99,11 +99,11 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
     tx.commit().await.unwrap();
     assert_eq!(counts(&store, &orders).await, (1, 10));
     let claimed = store
-        .claim(&outbox_core::ClaimRequest {
+        .claim(&outbox_types::ClaimRequest {
             owner: "t".into(),
             limit: 100,
             lease: std::time::Duration::from_secs(30),
-            dead_letter: outbox_core::DeadLetterPolicy::Block,
+            dead_letter: outbox_types::DeadLetterPolicy::Block,
             hold: None,
             max_batch_bytes: u64::MAX,
             max_payload_bytes: u64::MAX,

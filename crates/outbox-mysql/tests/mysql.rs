@@ -5,9 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, DeadLetterPolicy, EventState, NewEvent, Store, StoreError};
 use outbox_mysql::{CLAIM_LOCK_WAIT_SECONDS, MySqlStore};
 use outbox_testkit::numbered;
+use outbox_types::{ClaimRequest, DeadLetterPolicy, EventState, NewEvent, Store, StoreError};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{Connection, Executor, MySqlConnection};
 

@@ -8,8 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use outbox_mysql::MySqlStore;
+use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use sqlx::{Acquire, MySqlConnection, Row};
 
 /// `CALL` with every argument given (NULL = the default); the id it returns.
@@ -45,7 +45,7 @@ fn event(aggregate_id: &str, event_type: &str, payload: &str) -> [Option<&'stati
     ]
 }
 
-async fn claim_all(store: &MySqlStore) -> Vec<outbox_core::Event> {
+async fn claim_all(store: &MySqlStore) -> Vec<outbox_types::Event> {
     let request = ClaimRequest::new(
         "procedure-test",
         100,

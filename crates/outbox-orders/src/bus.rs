@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{Event, Outcome, Sink, SinkError};
 use outbox_inbox::{Delivery, InboxHandler, ParkedMessage, Processed};
 use outbox_sink_channel::ChannelSink;
+use outbox_types::{Event, Outcome, Sink, SinkError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Notify, mpsc};

@@ -23,10 +23,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use outbox_core::routing::header;
 use outbox_inbox::postgres::PgInbox;
 use outbox_inbox::sqlite::SqliteInbox;
 use outbox_inbox::{Claim, Delivery, InboxHandler, ParkedMessage, Processed};
+use outbox_types::routing::header;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Postgres, Sqlite, Transaction};
 use uuid::Uuid;
@@ -538,7 +538,7 @@ CREATE INDEX billing_ledger_order ON billing_ledger (order_id, action);
 
 /// Headers of an outbox event as a broker would carry them (the demo's bus builds deliveries
 /// with these, so consumers read the same names on every transport).
-pub fn event_headers(event: &outbox_core::Event) -> BTreeMap<String, String> {
+pub fn event_headers(event: &outbox_types::Event) -> BTreeMap<String, String> {
     let mut headers = BTreeMap::new();
     headers.insert(header::EVENT_ID.to_owned(), event.id.to_string());
     headers.insert(header::EVENT_TYPE.to_owned(), event.event_type.clone());

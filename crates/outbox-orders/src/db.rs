@@ -49,7 +49,7 @@ impl Db {
             let mut options = PgConnectOptions::from_str(url).map_err(|e| {
                 Error::Invalid(format!(
                     "invalid PostgreSQL URL `{}`: {e}",
-                    outbox_postgres::redact_url(url)
+                    outbox_postgresql::redact_url(url)
                 ))
             })?;
             if let Some(schema) = schema {
@@ -85,7 +85,7 @@ impl Db {
         } else {
             Err(Error::Invalid(format!(
                 "unsupported database URL `{}`: use postgres://… or sqlite://path",
-                outbox_postgres::redact_url(url)
+                outbox_postgresql::redact_url(url)
             )))
         }
     }

@@ -3,7 +3,7 @@
 //!
 //! What runs: the order service (the real axum app on `127.0.0.1:0`, SQLite `orders.db` holding
 //! the orders and the outbox); a load generator making HTTP requests ([`crate::load`]); the
-//! relay ([`outbox_relay`]) publishing the outbox through [`BusSink`] into the in-process
+//! relay ([`outbox_engine`]) publishing the outbox through [`BusSink`] into the in-process
 //! [`Bus`], which feeds the delivery and billing consumers ([`crate::consumers`], each with its
 //! own SQLite file and inbox) and delivers a share of messages twice. A summary line is printed
 //! once a second.
@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use outbox_core::{EventId, Sink};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
+use outbox_types::{EventId, Sink};
 use uuid::Uuid;
 
 use crate::bus::{Bus, BusConfig, BusSink};
@@ -302,7 +302,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         .iter()
         .filter(|e| !existing.contains(&e.aggregate_id))
         .count();
-    let order_broken = outbox_core::check_first_delivery_order(&published).len();
+    let order_broken = outbox_types::check_first_delivery_order(&published).len();
 
     let report = crate::check::verify(&orders, &delivery, &billing, Some(&load)).await?;
     let bus_counters = bus_snapshot(&live);
@@ -409,7 +409,7 @@ async fn committed_event_ids(orders: &OrderStore) -> Result<HashSet<EventId>, Er
 #[derive(Clone)]
 struct Live {
     load: Arc<LoadCounters>,
-    relay: Arc<outbox_relay::RelayCounters>,
+    relay: Arc<outbox_engine::RelayCounters>,
     bus: Arc<crate::bus::BusCounters>,
     delivery: Arc<crate::consumers::ConsumerCounters>,
     billing: Arc<crate::consumers::ConsumerCounters>,

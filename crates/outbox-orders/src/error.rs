@@ -10,7 +10,7 @@ pub enum Error {
     Database(#[from] sqlx::Error),
     /// The outbox (enqueue, migrations, relay store) failed.
     #[error("outbox error: {0}")]
-    Outbox(#[from] outbox_core::StoreError),
+    Outbox(#[from] outbox_types::StoreError),
     /// The inbox (claim, migrations) failed.
     #[error("inbox error: {0}")]
     Inbox(#[from] outbox_inbox::Error),

@@ -16,9 +16,9 @@
 //! of rollback, not a credit system.)
 
 use chrono::{DateTime, SubsecRound, Utc};
-use outbox_core::{NewEvent, StoreError};
-use outbox_postgres::PgStore;
+use outbox_postgresql::PgStore;
 use outbox_sqlite::SqliteStore;
+use outbox_types::{NewEvent, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Row;
@@ -341,7 +341,7 @@ const COLUMNS: &str =
 impl OrderStore {
     /// The store over `db`, with the outbox table at its default place (`outbox.events` on
     /// PostgreSQL, `outbox_events` on SQLite) or where `outbox_pg` says.
-    pub fn new(db: Db, outbox_pg: Option<outbox_postgres::PgOutbox>) -> Self {
+    pub fn new(db: Db, outbox_pg: Option<outbox_postgresql::PgOutbox>) -> Self {
         match db {
             Db::Postgres(pool) => {
                 OrderStore::Postgres(PgStore::new(pool, outbox_pg.unwrap_or_default()))
@@ -375,7 +375,7 @@ impl OrderStore {
     }
 
     /// The outbox as a relay sees it (for the in-process relay of the demo and tests).
-    pub fn relay_store(&self) -> std::sync::Arc<dyn outbox_core::Store> {
+    pub fn relay_store(&self) -> std::sync::Arc<dyn outbox_types::Store> {
         match self {
             OrderStore::Postgres(s) => std::sync::Arc::new(s.clone()),
             OrderStore::Sqlite(s) => std::sync::Arc::new(s.clone()),

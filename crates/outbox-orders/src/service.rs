@@ -67,7 +67,7 @@ pub async fn open_order_store(args: &OrderServiceArgs) -> Result<OrderStore, Err
         args.max_connections,
     )
     .await?;
-    let outbox = outbox_postgres::PgOutbox::with_names(&args.outbox_schema, &args.outbox_table)?;
+    let outbox = outbox_postgresql::PgOutbox::with_names(&args.outbox_schema, &args.outbox_table)?;
     let store = OrderStore::new(db, Some(outbox));
     store.migrate().await?;
     Ok(store)
@@ -82,7 +82,7 @@ pub async fn run_order_service(
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| Error::Io(format!("cannot listen on {}: {e}", args.listen)))?;
-    tracing::info!(listen = %args.listen, database = %outbox_postgres::redact_url(&args.database_url), "Order service listening.");
+    tracing::info!(listen = %args.listen, database = %outbox_postgresql::redact_url(&args.database_url), "Order service listening.");
     crate::http::serve(listener, store, shutdown)
         .await
         .map_err(|e| Error::Io(format!("HTTP server: {e}")))

@@ -51,7 +51,7 @@ async fn start(backend: Backend) -> Service {
             let db = Db::connect(&database_url(), Some(&schema), 4)
                 .await
                 .expect("PostgreSQL must be running on 127.0.0.1:5432");
-            let outbox = outbox_postgres::PgOutbox::with_names(&schema, "events").unwrap();
+            let outbox = outbox_postgresql::PgOutbox::with_names(&schema, "events").unwrap();
             OrderStore::new(db, Some(outbox))
         }
     };

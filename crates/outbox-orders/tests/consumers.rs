@@ -6,11 +6,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::Utc;
-use outbox_core::routing::header;
 use outbox_inbox::{Delivery, EventId, InboxHandler, Processed};
 use outbox_orders::Db;
 use outbox_orders::consumers::{Action, Consumer, Service};
 use outbox_orders::order::{OrderCancelled, OrderCreated};
+use outbox_types::routing::header;
 use uuid::Uuid;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -10,9 +10,9 @@
 //!
 //! ```
 //! # #[tokio::main] async fn main() {
-//! use outbox_core::{Outcome, Sink};
+//! use outbox_types::{Outcome, Sink};
 //! let (sink, mut rx) = outbox_sink_channel::ChannelSink::new(16);
-//! # let event = outbox_core::Event { seq: 1, id: outbox_core::EventId::new(), aggregate_type: "order".into(),
+//! # let event = outbox_types::Event { seq: 1, id: outbox_types::EventId::new(), aggregate_type: "order".into(),
 //! #   aggregate_id: "1".into(), event_type: "OrderCreated".into(), payload: "{}".into(), destination: None,
 //! #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 };
 //! assert_eq!(sink.publish(&[event]).await, vec![Outcome::Delivered]);
@@ -21,7 +21,7 @@
 //! ```
 
 use async_trait::async_trait;
-use outbox_core::{Event, Outcome, Sink, SinkError};
+use outbox_types::{Event, Outcome, Sink, SinkError};
 use tokio::sync::mpsc;
 
 /// Sends each published event into a bounded channel.

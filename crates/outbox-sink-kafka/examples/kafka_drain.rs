@@ -14,8 +14,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{Event, EventId, Outcome, Sink};
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use outbox_types::{Event, EventId, Outcome, Sink};
 
 const AGGREGATES: usize = 10_000;
 const PAYLOAD_BYTES: usize = 400;

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use outbox_core::routing::{PayloadFormat, Routing, Template};
-use outbox_core::{SinkError, humantime_duration};
+use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::{SinkError, humantime_duration};
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -189,7 +189,7 @@ pub struct KafkaSinkConfig {
     /// literals or names that resolve to the address the broker listens on.
     #[serde(
         deserialize_with = "string_or_list",
-        serialize_with = "outbox_core::redact::serialize_url_list"
+        serialize_with = "outbox_types::redact::serialize_url_list"
     )]
     pub brokers: Vec<String>,
     /// Topic template for events that name no destination themselves.
@@ -288,7 +288,7 @@ fn default_topic() -> Template {
 
 /// Properties as printed by `outbox config check`: values of credential-like keys
 /// (`sasl.password`, `ssl.key.password`, `*.secret`, tokens, inline `*.pem`,
-/// `sasl.oauthbearer.config`: [`outbox_core::redact::is_secret_key`]) are masked.
+/// `sasl.oauthbearer.config`: [`outbox_types::redact::is_secret_key`]) are masked.
 fn masked_properties<S: serde::Serializer>(
     properties: &BTreeMap<String, PropertyValue>,
     s: S,
@@ -296,8 +296,8 @@ fn masked_properties<S: serde::Serializer>(
     use serde::ser::SerializeMap;
     let mut map = s.serialize_map(Some(properties.len()))?;
     for (key, value) in properties {
-        if outbox_core::redact::is_secret_key(key) {
-            map.serialize_entry(key, outbox_core::redact::MASK)?;
+        if outbox_types::redact::is_secret_key(key) {
+            map.serialize_entry(key, outbox_types::redact::MASK)?;
         } else {
             map.serialize_entry(key, value)?;
         }

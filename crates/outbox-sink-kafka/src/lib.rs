@@ -7,7 +7,7 @@
 //!
 //! ## How an event becomes a record
 //!
-//! Everything comes from [`outbox_core::routing`], shared by every sink:
+//! Everything comes from [`outbox_types::routing`], shared by every sink:
 //!
 //! - **Topic**: the event's own `destination` if the writer set one, else the
 //!   [`topic`](KafkaSinkConfig::topic) template (default `events.${event_type}`).
@@ -82,8 +82,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use outbox_core::routing::Routing;
-use outbox_core::{Event, Outcome, Sink, SinkError, truncate_error};
+use outbox_types::routing::Routing;
+use outbox_types::{Event, Outcome, Sink, SinkError, truncate_error};
 use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -675,7 +675,7 @@ mod tests {
         let sink = sink();
         let event = Event {
             seq: 1,
-            id: outbox_core::EventId::new(),
+            id: outbox_types::EventId::new(),
             aggregate_type: "order".into(),
             aggregate_id: "1".into(),
             event_type: "OrderCreated".into(),

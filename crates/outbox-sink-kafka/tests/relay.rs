@@ -1,5 +1,5 @@
 //! End to end against real services: events enqueued in a real PostgreSQL outbox are moved by
-//! `outbox_relay::Relay` through `KafkaSink` to a Kafka-protocol broker (tansu, started by
+//! `outbox_engine::Relay` through `KafkaSink` to a Kafka-protocol broker (tansu, started by
 //! `scripts/kafka.sh`), and read back with a real Kafka consumer.
 
 mod common;
@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{EventState, NewEvent, RetryPolicy, Sink, Store};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use outbox_testkit::numbered;
+use outbox_types::{EventState, NewEvent, RetryPolicy, Sink, Store};
 use rdkafka::Message;
 
 fn relay_config(batch_size: u32) -> RelayConfig {

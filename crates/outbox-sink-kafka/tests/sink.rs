@@ -4,8 +4,8 @@ mod common;
 
 use std::time::Duration;
 
-use outbox_core::{Event, EventId, Outcome, Sink};
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use outbox_types::{Event, EventId, Outcome, Sink};
 use rdkafka::Message;
 
 fn event(aggregate: &str, payload: &str, destination: Option<String>) -> Event {

@@ -6,7 +6,7 @@
 //!
 //! ## How an event becomes a message
 //!
-//! Everything comes from [`outbox_core::routing`], shared by every sink:
+//! Everything comes from [`outbox_types::routing`], shared by every sink:
 //!
 //! - **Subject**: the event's own `destination` if the writer set one, else the
 //!   [`subject`](NatsSinkConfig::subject) template (default `events.${event_type}`).
@@ -73,9 +73,9 @@ use async_nats::jetstream::{self, context::GetStreamByNameErrorKind, context::Pu
 use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
-use outbox_core::redact::redact_url as redact;
-use outbox_core::routing::{PayloadFormat, Routing, Template};
-use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
+use outbox_types::redact::redact_url as redact;
+use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 use tracing::{debug, warn};
@@ -131,7 +131,7 @@ impl fmt::Debug for Secret {
 pub struct NatsSinkConfig {
     /// NATS server URLs (`nats://host:4222`, `tls://host:4222`); the client picks one and fails
     /// over to the others. Printed with passwords and tokens masked.
-    #[serde(serialize_with = "outbox_core::redact::serialize_url_list")]
+    #[serde(serialize_with = "outbox_types::redact::serialize_url_list")]
     pub servers: Vec<String>,
     /// Subject template for events that name no destination themselves.
     pub subject: Template,
@@ -724,7 +724,7 @@ pub fn check_config(config: &NatsSinkConfig) -> Result<(), SinkError> {
 fn warn_cleartext(config: &NatsSinkConfig, what: &str) {
     for url in &config.servers {
         let encrypted = config.tls || url.starts_with("tls://") || url.starts_with("wss://");
-        if let Some(warning) = outbox_core::redact::cleartext_warning(
+        if let Some(warning) = outbox_types::redact::cleartext_warning(
             what,
             url,
             encrypted,

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use outbox_core::{EventState, Outcome, RetryPolicy, Sink, Store};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_nats::{NatsSink, NatsSinkConfig};
 use outbox_testkit::{TcpProxy, numbered};
+use outbox_types::{EventState, Outcome, RetryPolicy, Sink, Store};
 
 const NATS: &str = "nats://127.0.0.1:4222";
 

@@ -21,8 +21,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
-use outbox_core::{Event, EventId, Outcome, Sink};
 use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
+use outbox_types::{Event, EventId, Outcome, Sink};
 
 const AGGREGATES: usize = 10_000;
 const PAYLOAD_BYTES: usize = 400;

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use lapin::ExchangeKind;
 use lapin::uri::{AMQPScheme, AMQPUri};
-use outbox_core::redact::redact_url as redact;
-use outbox_core::routing::{PayloadFormat, Routing, Template};
-use outbox_core::{SinkError, humantime_duration};
+use outbox_types::redact::redact_url as redact;
+use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::{SinkError, humantime_duration};
 use serde::{Deserialize, Serialize};
 
 /// The body format named in configuration.
@@ -119,7 +119,7 @@ pub struct RabbitMqSinkConfig {
     /// `amqp://host:port/vhost` (`%2f` is the vhost `/`), or `amqps://` for TLS. Credentials are
     /// best given with `user` and `password_env` instead of inside the URL. Printed with its
     /// password masked.
-    #[serde(serialize_with = "outbox_core::redact::serialize_url")]
+    #[serde(serialize_with = "outbox_types::redact::serialize_url")]
     pub url: String,
     /// Talk TLS: turns an `amqp://` URL into `amqps://` (port 5672 becomes 5671).
     pub tls: bool,

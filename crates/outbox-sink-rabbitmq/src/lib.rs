@@ -8,7 +8,7 @@
 //!
 //! ## How an event becomes a message
 //!
-//! Everything comes from [`outbox_core::routing`], shared by every sink:
+//! Everything comes from [`outbox_types::routing`], shared by every sink:
 //!
 //! - **Exchange**: the [`exchange`](RabbitMqSinkConfig::exchange) template rendered over the
 //!   event (default `outbox`; `""` is the default exchange).
@@ -95,8 +95,8 @@ use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
-use outbox_core::routing::{Routing, Template};
-use outbox_core::{Event, Outcome, Sink, SinkError, truncate_error};
+use outbox_types::routing::{Routing, Template};
+use outbox_types::{Event, Outcome, Sink, SinkError, truncate_error};
 use tracing::{debug, info, warn};
 
 pub use config::{BodyFormat, ExchangeType, RabbitMqSinkConfig, Secret, Unroutable};
@@ -162,7 +162,7 @@ impl RabbitMqSink {
         let password = &resolved.uri.authority.userinfo.password;
         if !password.is_empty()
             && password != "guest"
-            && let Some(warning) = outbox_core::redact::cleartext_warning(
+            && let Some(warning) = outbox_types::redact::cleartext_warning(
                 "the RabbitMQ password",
                 &resolved.display_url,
                 resolved.uri.scheme == lapin::uri::AMQPScheme::AMQPS,
@@ -790,7 +790,7 @@ mod tests {
     fn event(aggregate: &str) -> Event {
         Event {
             seq: 1,
-            id: outbox_core::EventId::new(),
+            id: outbox_types::EventId::new(),
             aggregate_type: "order".into(),
             aggregate_id: aggregate.into(),
             event_type: "OrderCreated".into(),

@@ -1,5 +1,5 @@
 //! End to end against real services: events enqueued in a real PostgreSQL outbox are moved by
-//! `outbox_relay::Relay` through `RabbitMqSink` to the machine's RabbitMQ, and read back from
+//! `outbox_engine::Relay` through `RabbitMqSink` to the machine's RabbitMQ, and read back from
 //! queues the test binds.
 
 mod common;
@@ -8,10 +8,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{EventState, NewEvent, RetryPolicy, Sink, Store};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
 use outbox_testkit::{TcpProxy, numbered};
+use outbox_types::{EventState, NewEvent, RetryPolicy, Sink, Store};
 
 fn relay_config(batch_size: u32) -> RelayConfig {
     RelayConfig {
@@ -367,9 +367,9 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
         "unroutable": "reject",
     })))
     .unwrap();
-    let e = outbox_core::Event {
+    let e = outbox_types::Event {
         seq: 1,
-        id: outbox_core::EventId::new(),
+        id: outbox_types::EventId::new(),
         aggregate_type: "order".into(),
         aggregate_id: "1".into(),
         event_type: "OrderCreated".into(),
@@ -383,7 +383,7 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
     };
     let outcomes = rejecting.publish(&[e]).await;
     assert!(
-        matches!(&outcomes[..], [outbox_core::Outcome::Reject { reason }] if reason.contains("NO_ROUTE")),
+        matches!(&outcomes[..], [outbox_types::Outcome::Reject { reason }] if reason.contains("NO_ROUTE")),
         "{outcomes:?}"
     );
     rabbit.delete_queue(&queue).await;

@@ -2,8 +2,8 @@
 
 mod common;
 
-use outbox_core::{Event, EventId, Outcome, Sink};
 use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
+use outbox_types::{Event, EventId, Outcome, Sink};
 
 fn event(aggregate: &str, aggregate_type: &str, payload: &str) -> Event {
     Event {

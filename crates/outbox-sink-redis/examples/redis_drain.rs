@@ -13,8 +13,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{Event, EventId, Outcome, Sink};
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
+use outbox_types::{Event, EventId, Outcome, Sink};
 
 fn arg(n: usize, default: usize) -> usize {
     std::env::args()

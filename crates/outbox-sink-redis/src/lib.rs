@@ -6,7 +6,7 @@
 //!
 //! ## How an event becomes a stream entry
 //!
-//! The stream key comes from [`outbox_core::routing`], shared by every sink: the event's own
+//! The stream key comes from [`outbox_types::routing`], shared by every sink: the event's own
 //! `destination` if the writer set one, else the [`stream`](RedisSinkConfig::stream) template
 //! (default `events.${event_type}`). Each entry has these fields:
 //!
@@ -66,9 +66,9 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::redact::redact_url as redact;
-use outbox_core::routing::{PayloadFormat, Routing, Template};
-use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
+use outbox_types::redact::redact_url as redact;
+use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, IntoConnectionInfo, RedisError, Value};
 use serde::{Deserialize, Serialize};
@@ -126,7 +126,7 @@ impl fmt::Debug for Secret {
 pub struct RedisSinkConfig {
     /// `redis://[user[:password]@]host[:port][/db]`; `rediss://` for TLS. Printed with its
     /// password masked.
-    #[serde(serialize_with = "outbox_core::redact::serialize_url")]
+    #[serde(serialize_with = "outbox_types::redact::serialize_url")]
     pub url: String,
     /// Stream key template for events that name no destination themselves.
     pub stream: Template,
@@ -312,7 +312,7 @@ impl RedisSink {
             settings = settings.set_password(password);
         }
         if settings.password().is_some()
-            && let Some(warning) = outbox_core::redact::cleartext_warning(
+            && let Some(warning) = outbox_types::redact::cleartext_warning(
                 "the Redis password",
                 &url,
                 url.starts_with("rediss://"),

@@ -9,10 +9,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{EventState, Outcome, RetryPolicy, Sink, Store};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 use outbox_testkit::{TcpProxy, numbered};
+use outbox_types::{EventState, Outcome, RetryPolicy, Sink, Store};
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
 

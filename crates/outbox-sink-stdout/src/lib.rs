@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use outbox_core::{Event, EventId, Headers, Outcome, Sink, SinkError};
+use outbox_types::{Event, EventId, Headers, Outcome, Sink, SinkError};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncWrite, AsyncWriteExt};

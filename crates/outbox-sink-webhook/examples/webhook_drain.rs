@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{Event, EventId, Outcome, Sink};
+use outbox_types::{Event, EventId, Outcome, Sink};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;

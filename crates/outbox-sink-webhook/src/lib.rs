@@ -30,7 +30,7 @@
 //!   signed request is never replayed to a host nobody configured.
 //!
 //! Every URL the sink writes into a reason (and so into `last_error`) or a log goes through
-//! [`outbox_core::redact::redact_url`]: a password or token in the URL never shows.
+//! [`outbox_types::redact::redact_url`]: a password or token in the URL never shows.
 //!
 //! ## The request
 //!
@@ -56,7 +56,7 @@
 //! | other `4xx`, `3xx`, a URL or header that cannot be sent, a host nobody configured | `Reject` |
 //!
 //! The start of the response body goes into the reason (and so into the event's `last_error`),
-//! cut with [`outbox_core::truncate_error`].
+//! cut with [`outbox_types::truncate_error`].
 //!
 //! ## Throughput
 //!
@@ -156,9 +156,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use outbox_core::redact::{redact_in_text, redact_url};
-use outbox_core::routing::{PayloadFormat, Routing, Template};
-use outbox_core::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
+use outbox_types::redact::{redact_in_text, redact_url};
+use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
@@ -166,8 +166,8 @@ use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 /// A secret read from configuration; prints as `***` (the shared
-/// [`outbox_core::redact::Secret`], re-exported under its old name).
-pub use outbox_core::redact::Secret;
+/// [`outbox_types::redact::Secret`], re-exported under its old name).
+pub use outbox_types::redact::Secret;
 pub use signature::{
     SignatureError, SignatureScheme, sign, sign_standard_webhook, standard_webhooks_key,
     verify_signature, verify_standard_webhook,
@@ -718,7 +718,7 @@ impl WebhookSink {
             .get(reqwest::header::LOCATION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let body = read_prefix(&mut response, outbox_core::MAX_LAST_ERROR_LEN).await;
+        let body = read_prefix(&mut response, outbox_types::MAX_LAST_ERROR_LEN).await;
         if status.is_success() {
             return Outcome::Delivered;
         }

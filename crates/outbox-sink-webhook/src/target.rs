@@ -11,9 +11,9 @@
 //! Every check runs before anything is sent: an event whose URL is refused is rejected without
 //! a connection to its host.
 
-use outbox_core::Event;
-use outbox_core::redact::{escape_control, redact_url};
-use outbox_core::routing::Template;
+use outbox_types::Event;
+use outbox_types::redact::{escape_control, redact_url};
+use outbox_types::routing::Template;
 use reqwest::Url;
 
 /// A URL that passed [`Targets::resolve`]: its origin is the configured one or an allowed host,
@@ -436,7 +436,7 @@ mod tests {
     fn event(aggregate_id: &str, destination: Option<&str>) -> Event {
         Event {
             seq: 1,
-            id: outbox_core::EventId::new(),
+            id: outbox_types::EventId::new(),
             aggregate_type: "order".into(),
             aggregate_id: aggregate_id.into(),
             event_type: "OrderCreated".into(),

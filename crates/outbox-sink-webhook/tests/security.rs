@@ -18,13 +18,13 @@ use axum::http::{HeaderMap, StatusCode};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, KeyInit, Mac};
-use outbox_core::{Event, EventState, Outcome, RetryPolicy, Sink, Store};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_webhook::{
     WebhookSink, WebhookSinkConfig, standard_webhooks_key, verify_signature,
     verify_standard_webhook,
 };
 use outbox_testkit::numbered;
+use outbox_types::{Event, EventState, Outcome, RetryPolicy, Sink, Store};
 use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

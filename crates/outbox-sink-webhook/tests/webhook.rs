@@ -16,10 +16,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use outbox_core::{EventState, Outcome, RetryPolicy, Sink, Store};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_webhook::{WebhookSink, WebhookSinkConfig, verify_signature};
 use outbox_testkit::{TcpProxy, numbered};
+use outbox_types::{EventState, Outcome, RetryPolicy, Sink, Store};
 
 const SECRET: &str = "whsec_integration";
 
@@ -350,7 +350,7 @@ async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered_429_co
     assert!(error.contains("400"), "{error}");
     assert!(error.contains("invalid order"), "{error}");
     assert!(
-        error.len() <= outbox_core::MAX_LAST_ERROR_LEN,
+        error.len() <= outbox_types::MAX_LAST_ERROR_LEN,
         "{}",
         error.len()
     );

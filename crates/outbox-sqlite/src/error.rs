@@ -6,7 +6,7 @@
 //! opened (a missing directory, an unmounted volume). All of those may succeed later, so the relay
 //! backs off and retries instead of giving up.
 
-use outbox_core::StoreError;
+use outbox_types::StoreError;
 
 /// Primary result codes (the low byte of SQLite's extended codes). See
 /// <https://www.sqlite.org/rescode.html>.

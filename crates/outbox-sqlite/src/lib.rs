@@ -6,7 +6,7 @@
 //! (`outbox-store-tests`).
 //!
 //! ```no_run
-//! use outbox_core::NewEvent;
+//! use outbox_types::NewEvent;
 //! use outbox_sqlite::{SqliteOutbox, SqliteStore};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -81,8 +81,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use outbox_core::route::{RouteTable, SqlDialect};
-use outbox_core::{
+use outbox_types::route::{RouteTable, SqlDialect};
+use outbox_types::{
     AggregateKey, BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DeadLetterPolicy,
     DestinationStats, Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent,
     OutboxStats, PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, Store,
@@ -833,7 +833,7 @@ fn decode_event_as(row: &SqliteRow, reading: Reading) -> Result<Event, StoreErro
         Reading::Delivery => (decode_id(row, "id", seq)?, decode_headers(seq, &headers)?),
         Reading::Display => (
             decode_id(row, "id", seq).unwrap_or_else(|_| EventId::from_uuid(Uuid::nil())),
-            outbox_core::headers_for_display(&headers),
+            outbox_types::headers_for_display(&headers),
         ),
     };
     Ok(Event {
@@ -842,7 +842,7 @@ fn decode_event_as(row: &SqliteRow, reading: Reading) -> Result<Event, StoreErro
         aggregate_type: text_as(row, "aggregate_type", reading)?,
         aggregate_id: text_as(row, "aggregate_id", reading)?,
         event_type: text_as(row, "event_type", reading)?,
-        payload: outbox_core::check_payload(seq, text_as(row, "payload", reading)?, reading)?,
+        payload: outbox_types::check_payload(seq, text_as(row, "payload", reading)?, reading)?,
         destination: opt_text_as(row, "destination", reading)?,
         headers,
         idempotency_key: opt_text_as(row, "idempotency_key", reading)?,
@@ -858,7 +858,7 @@ fn decode_record(row: &SqliteRow) -> Result<EventRecord, StoreError> {
     let status: String = row.try_get("status").map_err(map_sqlx)?;
     let state = status
         .parse()
-        .map_err(|e: outbox_core::ParseStateError| StoreError::Corrupt {
+        .map_err(|e: outbox_types::ParseStateError| StoreError::Corrupt {
             seq,
             reason: e.to_string(),
         })?;
@@ -989,7 +989,7 @@ impl Store for SqliteStore {
                 serde_json::json!({
                     "seq": e.seq,
                     "due": after(now, e.delay),
-                    "error": outbox_core::truncate_error(&e.error),
+                    "error": outbox_types::truncate_error(&e.error),
                     "cost": i32::from(e.counts_attempt),
                 })
             })
@@ -1012,7 +1012,7 @@ impl Store for SqliteStore {
             .map(|e| {
                 serde_json::json!({
                     "seq": e.seq,
-                    "error": outbox_core::truncate_error(&e.error),
+                    "error": outbox_types::truncate_error(&e.error),
                 })
             })
             .collect();
@@ -1431,9 +1431,9 @@ mod tests {
         let routes = RouteTable::new(
             ["kafka", "hooks"],
             vec![
-                outbox_core::route::RouteRule::to("hooks")
-                    .event_type(outbox_core::route::Pattern::parse("Hook*")),
-                outbox_core::route::RouteRule::to("kafka"),
+                outbox_types::route::RouteRule::to("hooks")
+                    .event_type(outbox_types::route::Pattern::parse("Hook*")),
+                outbox_types::route::RouteRule::to("kafka"),
             ],
         )
         .unwrap();

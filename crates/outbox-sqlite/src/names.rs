@@ -1,6 +1,6 @@
 //! Where the outbox lives: a table name, checked once and quoted everywhere.
 
-use outbox_core::StoreError;
+use outbox_types::StoreError;
 
 /// Check that `name` is a plain SQL identifier (`[a-z_][a-z0-9_]*`, at most 48 bytes, the same
 /// rule as the PostgreSQL store so one configuration works for both) that SQLite lets us create.

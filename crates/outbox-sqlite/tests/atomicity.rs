@@ -8,8 +8,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::TempStore;
-use outbox_core::{NewEvent, Store};
 use outbox_sqlite::SqliteStore;
+use outbox_types::{NewEvent, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CHILD_ENV: &str = "OUTBOX_SQLITE_CHILD_DB";
@@ -231,11 +231,11 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
         .await
         .unwrap();
     let claim = reopened
-        .claim(&outbox_core::ClaimRequest {
+        .claim(&outbox_types::ClaimRequest {
             owner: "after-crash".into(),
             limit: 10,
             lease: Duration::from_secs(30),
-            dead_letter: outbox_core::DeadLetterPolicy::Block,
+            dead_letter: outbox_types::DeadLetterPolicy::Block,
             hold: None,
             max_batch_bytes: u64::MAX,
             max_payload_bytes: u64::MAX,

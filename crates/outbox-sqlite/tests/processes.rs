@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::TempStore;
-use outbox_core::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CHILD_ENV: &str = "OUTBOX_SQLITE_CLAIMER_DB";
@@ -27,7 +27,7 @@ fn events(aggregates: usize, per_aggregate: u64) -> Vec<NewEvent> {
     events
 }
 
-fn n_of(e: &outbox_core::Event) -> u64 {
+fn n_of(e: &outbox_types::Event) -> u64 {
     let value: serde_json::Value = serde_json::from_str(&e.payload).unwrap();
     value["n"].as_u64().unwrap()
 }

@@ -5,8 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::TempStore;
-use outbox_core::{ClaimRequest, DeadLetterPolicy, NewEvent, Store, StoreError};
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store, StoreError};
 use sqlx::sqlite::SqlitePoolOptions;
 
 async fn tables(store: &SqliteStore) -> Vec<String> {
@@ -344,7 +344,7 @@ async fn a_key_freed_by_discard_can_be_used_again() {
     store
         .bury(
             &claim.lease,
-            &[outbox_core::BuryEvent {
+            &[outbox_types::BuryEvent {
                 seq: claim.events[0].seq,
                 error: "no".into(),
             }],
@@ -352,7 +352,7 @@ async fn a_key_freed_by_discard_can_be_used_again() {
         .await
         .unwrap();
     store
-        .discard_dead(&outbox_core::DeadFilter::All)
+        .discard_dead(&outbox_types::DeadFilter::All)
         .await
         .unwrap();
     let second = outbox_testkit::numbered("a", 2).with_idempotency_key("k");
@@ -379,7 +379,7 @@ async fn huge_leases_and_delays_saturate_instead_of_failing() {
     store
         .retry(
             &claim.lease,
-            &[outbox_core::RetryEvent {
+            &[outbox_types::RetryEvent {
                 counts_attempt: true,
                 seq: claim.events[0].seq,
                 delay: Duration::MAX,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_core::route::{Pattern, RouteRule, RouteTable};
-use outbox_core::{
+use outbox_types::route::{Pattern, RouteRule, RouteTable};
+use outbox_types::{
     BuryEvent, ClaimRequest, DeadLetterPolicy, DestinationStats, Event, EventId, EventState, Hold,
     NewEvent, ReplayFilter, RetryEvent, Store,
 };
@@ -748,7 +748,7 @@ pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
 async fn futures_all<S: Store + ?Sized>(
     store: &S,
     ids: &[EventId],
-) -> Vec<outbox_core::EventRecord> {
+) -> Vec<outbox_types::EventRecord> {
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         out.push(store.get(*id).await.unwrap().unwrap());

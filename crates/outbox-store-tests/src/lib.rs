@@ -1,6 +1,6 @@
 //! # outbox-store-tests
 //!
-//! The contract of [`outbox_core::Store`], written once as tests and run by every store crate
+//! The contract of [`outbox_types::Store`], written once as tests and run by every store crate
 //! against its real database: `outbox_store_tests::conformance!(MyHarness::new())` inside a test
 //! file expands to one `#[tokio::test]` per property. A store added later passes the same suite
 //! as the first one, or it is not done.
@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{
+use outbox_engine::{Relay, RelayConfig};
+use outbox_testkit::{Faults, RecordingSink, check_first_delivery_order, numbered};
+use outbox_types::{
     BuryEvent, ClaimRequest, DeadFilter, DeadLetterPolicy, EventId, EventState, MAX_LAST_ERROR_LEN,
     NewEvent, RetryEvent, RetryPolicy, Store,
 };
-use outbox_relay::{Relay, RelayConfig};
-use outbox_testkit::{Faults, RecordingSink, check_first_delivery_order, numbered};
 
 /// How the suite gets at a store.
 #[async_trait]
@@ -40,7 +40,7 @@ pub trait Harness: Send + Sync + 'static {
         &self,
         store: &Arc<Self::Store>,
         relay: &RelayConfig,
-    ) -> Arc<dyn outbox_core::Source> {
+    ) -> Arc<dyn outbox_types::Source> {
         let _ = relay;
         store.clone()
     }
@@ -165,7 +165,7 @@ pub(crate) fn req(limit: u32) -> ClaimRequest {
     )
 }
 
-pub(crate) fn payload_n(e: &outbox_core::Event) -> u64 {
+pub(crate) fn payload_n(e: &outbox_types::Event) -> u64 {
     let value: serde_json::Value = serde_json::from_str(&e.payload).unwrap_or_default();
     value["n"].as_u64().unwrap_or(u64::MAX)
 }
@@ -923,7 +923,7 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
         h.enqueue(&store, chunk).await;
     }
     let poisoned_aggregate = |aggregate_id: &str| aggregate_id.ends_with('7');
-    let poison = move |e: &outbox_core::Event| {
+    let poison = move |e: &outbox_types::Event| {
         poisoned_aggregate(&e.aggregate_id) && payload_n(e) == POISON_N
     };
     // A publish takes a moment, so two publishes of one event at once would overlap and be
@@ -1019,7 +1019,7 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
 
     // The relays' books balance: every claimed event was settled exactly one way, every
     // delivery and burial was recorded once, and nothing was fenced under a 30 s lease.
-    let sum = |f: fn(&outbox_relay::RelayReport) -> u64| reports.iter().map(f).sum::<u64>();
+    let sum = |f: fn(&outbox_engine::RelayReport) -> u64| reports.iter().map(f).sum::<u64>();
     assert_eq!(sum(|r| r.fenced), 0, "{reports:?}");
     assert_eq!(sum(|r| r.delivered), expected_delivered, "{reports:?}");
     assert_eq!(sum(|r| r.dead), expected_dead, "{reports:?}");
@@ -1070,7 +1070,7 @@ pub async fn relay_gives_up_after_max_attempts<H: Harness>(h: &H) {
         )
         .await;
     let sink = Arc::new(RecordingSink::with_faults(Faults {
-        fail: Some(Arc::new(|e: &outbox_core::Event| {
+        fail: Some(Arc::new(|e: &outbox_types::Event| {
             e.aggregate_id == "m" && payload_n(e) == 1
         })),
         ..Faults::default()
@@ -1125,7 +1125,7 @@ pub async fn dead_policy_block_holds_the_aggregate_in_a_relay_run<H: Harness>(h:
     }
     h.enqueue(&store, &events).await;
     let sink = Arc::new(RecordingSink::with_faults(Faults {
-        reject: Some(Arc::new(|e: &outbox_core::Event| {
+        reject: Some(Arc::new(|e: &outbox_types::Event| {
             e.aggregate_id == "y" && payload_n(e) == 2
         })),
         ..Faults::default()
@@ -1210,11 +1210,11 @@ impl Drop for OutGuard<'_> {
 }
 
 #[async_trait]
-impl outbox_core::Sink for Hanging {
+impl outbox_types::Sink for Hanging {
     fn name(&self) -> &str {
         "stuck"
     }
-    async fn publish(&self, _events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+    async fn publish(&self, _events: &[outbox_types::Event]) -> Vec<outbox_types::Outcome> {
         use std::sync::atomic::Ordering::SeqCst;
         self.calls.fetch_add(1, SeqCst);
         let out = self.out.fetch_add(1, SeqCst) + 1;
@@ -1234,15 +1234,15 @@ const PER_AGGREGATE: u64 = 10;
 async fn run_with_a_hanging_destination<H: Harness>(
     h: &H,
     config: RelayConfig,
-    done: impl Fn(&RecordingSink, &outbox_relay::RelayReport) -> bool,
+    done: impl Fn(&RecordingSink, &outbox_engine::RelayReport) -> bool,
 ) -> (
     Arc<H::Store>,
     Arc<RecordingSink>,
     Arc<Hanging>,
-    outbox_relay::RelayReport,
+    outbox_engine::RelayReport,
     Duration,
 ) {
-    use outbox_core::route::{Pattern, RouteRule, RouteTable};
+    use outbox_types::route::{Pattern, RouteRule, RouteTable};
     let store = h.fresh().await;
     let event = |aggregate_type: &str, a: u64, n: u64| {
         NewEvent::new(
@@ -1273,16 +1273,16 @@ async fn run_with_a_hanging_destination<H: Harness>(
     .unwrap();
     let good = Arc::new(RecordingSink::new());
     let stuck = Arc::new(Hanging::default());
-    let router = outbox_relay::router::Router::new(
+    let router = outbox_engine::router::Router::new(
         routes.clone(),
         vec![
             (
                 "good".to_owned(),
-                good.clone() as Arc<dyn outbox_core::Sink>,
+                good.clone() as Arc<dyn outbox_types::Sink>,
             ),
             (
                 "stuck".to_owned(),
-                stuck.clone() as Arc<dyn outbox_core::Sink>,
+                stuck.clone() as Arc<dyn outbox_types::Sink>,
             ),
         ],
     )
@@ -1329,7 +1329,7 @@ fn hanging_config(id: &str) -> RelayConfig {
 async fn check_isolation<S: Store + ?Sized>(
     store: &S,
     good: &RecordingSink,
-    report: &outbox_relay::RelayReport,
+    report: &outbox_engine::RelayReport,
 ) {
     assert_eq!(
         good.attempts(),
@@ -1530,7 +1530,7 @@ pub async fn a_panicking_sink_costs_attempts_not_a_stuck_claim<H: Harness>(h: &H
         )
         .await;
     let sink = Arc::new(RecordingSink::with_faults(Faults {
-        panic: Some(Arc::new(|e: &outbox_core::Event| e.aggregate_id == "p")),
+        panic: Some(Arc::new(|e: &outbox_types::Event| e.aggregate_id == "p")),
         ..Faults::default()
     }));
     let config = RelayConfig {
@@ -1578,7 +1578,7 @@ async fn two_destination_relay<H: Harness>(
     Arc<RecordingSink>,
     Arc<RecordingSink>,
     tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<outbox_relay::RelayReport>,
+    tokio::task::JoinHandle<outbox_engine::RelayReport>,
 ) {
     two_destination_relay_with(h, store, config, RecordingSink::new()).await
 }
@@ -1594,9 +1594,9 @@ async fn two_destination_relay_with<H: Harness>(
     Arc<RecordingSink>,
     Arc<RecordingSink>,
     tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<outbox_relay::RelayReport>,
+    tokio::task::JoinHandle<outbox_engine::RelayReport>,
 ) {
-    use outbox_core::route::{Pattern, RouteRule, RouteTable};
+    use outbox_types::route::{Pattern, RouteRule, RouteTable};
     let routes = RouteTable::new(
         ["main", "hooks"],
         vec![
@@ -1607,16 +1607,16 @@ async fn two_destination_relay_with<H: Harness>(
     .unwrap_or_else(|e| panic!("{e}"));
     let main = Arc::new(RecordingSink::new());
     let hooks = Arc::new(hooks);
-    let router = outbox_relay::router::Router::new(
+    let router = outbox_engine::router::Router::new(
         routes.clone(),
         vec![
             (
                 "main".to_owned(),
-                main.clone() as Arc<dyn outbox_core::Sink>,
+                main.clone() as Arc<dyn outbox_types::Sink>,
             ),
             (
                 "hooks".to_owned(),
-                hooks.clone() as Arc<dyn outbox_core::Sink>,
+                hooks.clone() as Arc<dyn outbox_types::Sink>,
             ),
         ],
     )
@@ -1739,7 +1739,7 @@ pub async fn a_requeued_dead_event_goes_out_while_the_relay_runs<H: Harness>(h: 
     let reject = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let rejecting = reject.clone();
     let sink = Arc::new(RecordingSink::with_faults(Faults {
-        reject: Some(Arc::new(move |e: &outbox_core::Event| {
+        reject: Some(Arc::new(move |e: &outbox_types::Event| {
             rejecting.load(std::sync::atomic::Ordering::SeqCst)
                 && e.aggregate_id == "p"
                 && payload_n(e) == 1

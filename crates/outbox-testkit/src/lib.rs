@@ -20,12 +20,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{Event, EventId, NewEvent, Outcome, Sink};
+use outbox_types::{Event, EventId, NewEvent, Outcome, Sink};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 pub use memory::{MemoryRow, MemorySource, MemoryState};
-pub use outbox_core::check_first_delivery_order;
+pub use outbox_types::check_first_delivery_order;
 pub use proxy::TcpProxy;
 
 /// Build event number `n` of aggregate `aggregate_id` (type `agg`); the payload records both so a

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{
+use outbox_types::{
     BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, EventId, Lease, NewEvent,
     PausedDestination, RetryEvent, Source, StoreError,
 };

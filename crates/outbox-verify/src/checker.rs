@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use outbox_core::EventId;
+use outbox_types::EventId;
 use serde::Serialize;
 
 use crate::history::{History, LateWrites, TxnOutcome, WrittenEvent};

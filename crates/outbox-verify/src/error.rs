@@ -12,7 +12,7 @@ pub enum Error {
     Database(#[from] sqlx::Error),
     /// The outbox library failed (migrations).
     #[error("outbox store: {0}")]
-    Store(#[from] outbox_core::StoreError),
+    Store(#[from] outbox_types::StoreError),
     /// The inbox library failed (migrations).
     #[error("inbox: {0}")]
     Inbox(#[from] outbox_inbox::Error),

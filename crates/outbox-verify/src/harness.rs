@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_core::EventId;
-use outbox_postgres::PgOutbox;
+use outbox_postgresql::PgOutbox;
 use outbox_testkit::TcpProxy;
+use outbox_types::EventId;
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};

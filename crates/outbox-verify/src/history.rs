@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use outbox_core::EventId;
+use outbox_types::EventId;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

@@ -84,7 +84,7 @@ struct Cli {
 }
 
 fn duration(text: &str) -> anyhow::Result<Duration> {
-    outbox_core::humantime_duration::parse_duration(text)
+    outbox_types::humantime_duration::parse_duration(text)
         .map_err(|e| anyhow::anyhow!("invalid duration `{text}`: {e}"))
 }
 

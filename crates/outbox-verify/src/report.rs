@@ -353,7 +353,7 @@ pub struct DestinationLatency {
 /// Commit-to-first-receipt latency per destination. `outage`: the destination taken down and
 /// the window (Unix ms) it was down, whose committed events are also measured on their own.
 pub fn latencies(history: &History, outage: Option<(&str, u64, u64)>) -> Vec<DestinationLatency> {
-    let mut first: std::collections::HashMap<(&str, outbox_core::EventId), u64> =
+    let mut first: std::collections::HashMap<(&str, outbox_types::EventId), u64> =
         std::collections::HashMap::new();
     for o in &history.observed {
         if let (Some(id), Some(at)) = (o.event_id, o.received_unix_ms) {
@@ -462,7 +462,7 @@ pub fn summarize_logs(files: &[std::path::PathBuf]) -> LogSummary {
 mod tests {
     use super::*;
     use crate::history::{Observed, Txn, WrittenEvent};
-    use outbox_core::EventId;
+    use outbox_types::EventId;
 
     fn event(destination: &str, poison: bool) -> WrittenEvent {
         WrittenEvent {

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use outbox_core::{EventId, NewEvent};
-use outbox_postgres::PgOutbox;
+use outbox_postgresql::PgOutbox;
+use outbox_types::{EventId, NewEvent};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::postgres::PgConnectOptions;

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use outbox_core::{EventId, EventState, NewEvent, Store};
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::{EventId, EventState, NewEvent, Store};
 use sqlx::AssertSqlSafe;
 
 fn database_url() -> String {

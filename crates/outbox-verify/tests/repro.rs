@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use sqlx::AssertSqlSafe;
 
 fn database_url() -> String {

@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use outbox_core::{Event, EventId, NewEvent, Outcome, Sink};
-use outbox_postgres::PgOutbox;
+use outbox_postgresql::PgOutbox;
+use outbox_types::{Event, EventId, NewEvent, Outcome, Sink};
 use outbox_wal::{Source, WalConfig, WalRelay};
 use sqlx::postgres::PgPoolOptions;
 
@@ -173,7 +173,7 @@ async fn child(args: &[String]) -> Res<()> {
     };
     // The engine's settings, the same in both modes: batches of 1000, and WAL_BENCH_IN_FLIGHT
     // batches in flight (default 4).
-    let relay = WalRelay::new(cfg, sink).with_relay(outbox_relay::RelayConfig {
+    let relay = WalRelay::new(cfg, sink).with_relay(outbox_engine::RelayConfig {
         relay_id: "wal-bench".into(),
         batch_size: 1000,
         max_batches_in_flight: std::env::var("WAL_BENCH_IN_FLIGHT")
@@ -185,7 +185,7 @@ async fn child(args: &[String]) -> Res<()> {
             .and_then(|v| v.parse().ok())
             .map(std::time::Duration::from_millis)
             .unwrap_or(std::time::Duration::from_millis(100)),
-        ..outbox_relay::RelayConfig::default()
+        ..outbox_engine::RelayConfig::default()
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let started = Instant::now();

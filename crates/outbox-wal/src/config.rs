@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox_core::humantime_duration;
+use outbox_types::humantime_duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::WalError;
@@ -30,7 +30,7 @@ pub struct WalConfig {
     /// `REPLICATION` attribute (or superuser) and a `host replication` line in `pg_hba.conf`.
     /// TLS settings (`sslmode`, `sslrootcert`, or `PGSSLMODE`, `PGSSLROOTCERT`) apply to the
     /// replication session too; the default is `prefer`. Serialized with the password masked.
-    #[serde(serialize_with = "outbox_core::redact::serialize_url")]
+    #[serde(serialize_with = "outbox_types::redact::serialize_url")]
     pub database_url: String,
     /// Schema of the outbox table.
     pub schema: String,

@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use outbox_core::redact::{redact_in_text, redact_url};
+use outbox_types::redact::{redact_in_text, redact_url};
 use pgwire_replication::{ReplicationClient, ReplicationConfig, TlsConfig};
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};

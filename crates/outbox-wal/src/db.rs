@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outbox_core::{AggregateKey, DeadLetterPolicy, Event, RetryEvent};
+use outbox_types::{AggregateKey, DeadLetterPolicy, Event, RetryEvent};
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use uuid::Uuid;
 
@@ -307,7 +307,7 @@ pub(crate) async fn insert_messages(
         let errors: Vec<Option<String>> = rest
             .iter()
             .map(|r| match (&r.event.idempotency_key, keep_keys) {
-                (Some(key), false) => Some(outbox_core::truncate_error(&format!(
+                (Some(key), false) => Some(outbox_types::truncate_error(&format!(
                     "{} (idempotency key `{key}` was taken by another row)",
                     r.error.as_deref().unwrap_or("handed to the table")
                 ))),

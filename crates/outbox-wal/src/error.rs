@@ -5,7 +5,7 @@
 //! for the retry and dead-letter path. These errors are about the database, the replication slot
 //! and configuration.
 
-use outbox_core::StoreError;
+use outbox_types::StoreError;
 use thiserror::Error;
 
 /// A WAL-mode operation failed.
@@ -65,7 +65,7 @@ pub enum WalError {
     Store(#[from] StoreError),
     /// An event could not be encoded.
     #[error(transparent)]
-    Encode(#[from] outbox_core::EncodeError),
+    Encode(#[from] outbox_types::EncodeError),
 }
 
 impl WalError {
@@ -80,7 +80,7 @@ impl WalError {
     }
 }
 
-/// Classify a sqlx error like `outbox-postgres` does: connection trouble is transient.
+/// Classify a sqlx error like `outbox-postgresql` does: connection trouble is transient.
 pub(crate) fn map_sqlx(error: sqlx::Error) -> WalError {
     match &error {
         sqlx::Error::Io(_)

@@ -6,7 +6,7 @@
 //! events can even skip the table altogether.
 //!
 //! ```no_run
-//! # async fn demo(sink: std::sync::Arc<dyn outbox_core::Sink>) -> Result<(), outbox_wal::WalError> {
+//! # async fn demo(sink: std::sync::Arc<dyn outbox_types::Sink>) -> Result<(), outbox_wal::WalError> {
 //! use outbox_wal::{WalConfig, WalRelay};
 //! let config = WalConfig::new("postgres://relay@db:5432/app"); // slot and publication `outbox_wal`
 //! let report = WalRelay::new(config, sink) // the relay's settings: `.with_relay(RelayConfig)`
@@ -19,7 +19,7 @@
 //! ## One engine, two sources
 //!
 //! WAL mode has no delivery engine of its own. [`WalSource`] is a
-//! [`Source`](outbox_core::Source) of the relay engine (`outbox_relay::Relay`), the same engine
+//! [`Source`](outbox_types::Source) of the relay engine (`outbox_engine::Relay`), the same engine
 //! polling mode runs over the table: batching, per-aggregate order, per-destination lanes and
 //! cooldown, retries and backoff, dead letters under `block` or `skip`, `outbox pause`,
 //! metrics and graceful shutdown are one implementation, configured by one `RelayConfig`
@@ -46,7 +46,7 @@
 //! - [`WalConfig`] — `serde`, `deny_unknown_fields`, durations like `500ms`: what only WAL mode
 //!   needs. The CLI fills `database_url`, `schema` and `table` from its `[database]` section.
 //! - [`WalSource::start`]`(config, store, &relay_config)` → a source for
-//!   `outbox_relay::Relay::new(source, sink, relay_config)`; [`WalSource::shutdown`] after the
+//!   `outbox_engine::Relay::new(source, sink, relay_config)`; [`WalSource::shutdown`] after the
 //!   relay returned → [`WalReport`] or the [`WalError`] that stopped the stream.
 //! - [`WalRelay`]: the same in one call, for library users.
 //! - [`wal_status`] / [`wal_status_sampled`] → [`WalStatus`]: slot lag bytes
@@ -56,7 +56,7 @@
 //! - [`message_source_access`]: who may write events as logical messages, and the statements
 //!   that restrict it; [`check_replication_connection`]: whether the replication session
 //!   connects and is encrypted. `outbox wal prepare` prints both.
-//! - Writers: [`PgOutbox::enqueue`](outbox_postgres::PgOutbox::enqueue) (table source) or
+//! - Writers: [`PgOutbox::enqueue`](outbox_postgresql::PgOutbox::enqueue) (table source) or
 //!   [`enqueue_message`] (message source), both inside the caller's transaction.
 //!
 //! ## Capture sources
@@ -84,7 +84,7 @@
 //!   REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;
 //!   REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC;
 //!   -- PostgreSQL 17+: the same for the (…, boolean) overloads
-//!   GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) TO app_writer, outbox_relay;
+//!   GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) TO app_writer, outbox_engine;
 //!   ```
 //!   `outbox wal prepare` prints these statements for the server at hand, and `outbox wal status`
 //!   ([`WalStatus::message_source`], [`message_source_access`]) shows who may write. Grant the
@@ -111,7 +111,7 @@
 //! required column, an `id` that is not a UUID, a payload that is not JSON (possible in a
 //! hand-altered table), anything the decoder refuses — is dead-lettered at once, whether it is
 //! streamed or claimed from the table, with a `last_error` that names the column and the fix:
-//! the text the polling relay writes for the same row (`outbox_core::bury_malformed`). It never
+//! the text the polling relay writes for the same row (`outbox_types::bury_malformed`). It never
 //! fails a claim or stops the relay; under `block` it holds its aggregate back like any dead
 //! event (when its aggregate can be read); the position moves past it
 //! once its `dead` mark is written, so a restart neither redelivers nor revives it. A message
@@ -144,7 +144,7 @@
 //!   walsender (which keeps getting status updates, so it does not time out). A destination
 //!   that is down does not fill memory: its events go to the table.
 //! - **Dead letters.** A rejected event, or one out of attempts per
-//!   [`RetryPolicy`](outbox_core::RetryPolicy), is dead in the table (a message is inserted as a
+//!   [`RetryPolicy`](outbox_types::RetryPolicy), is dead in the table (a message is inserted as a
 //!   `dead` row). Under `dead_letter = "block"` (the default, as in polling mode) the later
 //!   events of its aggregate wait in the table behind it; under `skip` they go on. A requeued
 //!   dead event (`outbox dead retry`) is delivered by the next table claim, while the relay
@@ -303,10 +303,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::Sink;
-use outbox_core::route::RouteTable;
-use outbox_postgres::{PgOutbox, PgStore};
-use outbox_relay::{Relay, RelayConfig};
+use outbox_engine::{Relay, RelayConfig};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::Sink;
+use outbox_types::route::RouteTable;
 use serde::Serialize;
 
 pub use config::{Source, WalConfig};
@@ -322,7 +322,7 @@ pub use source::WalSource;
 
 use conn::Target;
 
-/// WAL mode in one call: a [`WalSource`] under the relay engine (`outbox_relay::Relay`), for a
+/// WAL mode in one call: a [`WalSource`] under the relay engine (`outbox_engine::Relay`), for a
 /// library user who wants `run` and a report. The `outbox` CLI does the same with its own
 /// routes and metrics.
 ///
@@ -355,7 +355,7 @@ impl WalRelay {
         self
     }
 
-    /// Several destinations: see `outbox_relay::Relay::with_routes`.
+    /// Several destinations: see `outbox_engine::Relay::with_routes`.
     pub fn with_routes(mut self, routes: Arc<RouteTable>) -> Self {
         self.routes = Some(routes);
         self

@@ -12,7 +12,7 @@
 //! carried as a JSON *string* so the bytes the writer produced are the bytes a sink publishes.
 
 use chrono::{DateTime, Utc};
-use outbox_core::{Event, EventId, Headers, NewEvent};
+use outbox_types::{Event, EventId, Headers, NewEvent};
 use serde::{Deserialize, Serialize};
 use sqlx::PgExecutor;
 use uuid::Uuid;
@@ -85,7 +85,7 @@ pub fn encode_envelope(event: &NewEvent) -> Result<String, WalError> {
         idempotency_key: event.idempotency_key(),
         occurred_at: event.occurred_at(),
     })
-    .map_err(|e| WalError::Encode(outbox_core::EncodeError::Serialize(e)))
+    .map_err(|e| WalError::Encode(outbox_types::EncodeError::Serialize(e)))
 }
 
 pub(crate) fn decode_envelope(content: &[u8]) -> Result<Envelope, String> {
@@ -207,14 +207,14 @@ pub(crate) fn malformed_message(
 /// transactional logical message with `prefix` (use [`DEFAULT_PREFIX`] unless the relay's
 /// `message_prefix` says otherwise). Never commits by itself.
 ///
-/// Unlike [`PgOutbox::enqueue`](outbox_postgres::PgOutbox::enqueue) there is no table and so no
+/// Unlike [`PgOutbox::enqueue`](outbox_postgresql::PgOutbox::enqueue) there is no table and so no
 /// unique index: an idempotency key is carried to the destination but not deduplicated here.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut tx = pool.begin().await?;
 /// // … the business change …
-/// let event = outbox_core::NewEvent::new("order", "42", "OrderCreated", &serde_json::json!({"amount": 1999}))?;
+/// let event = outbox_types::NewEvent::new("order", "42", "OrderCreated", &serde_json::json!({"amount": 1999}))?;
 /// outbox_wal::enqueue_message(&mut *tx, outbox_wal::DEFAULT_PREFIX, &event).await?;
 /// tx.commit().await?;
 /// # Ok(()) }

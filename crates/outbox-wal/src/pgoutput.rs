@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use outbox_core::{Event, EventId, Headers};
+use outbox_types::{Event, EventId, Headers};
 use uuid::Uuid;
 
 /// One decoded `pgoutput` message we care about.
@@ -173,9 +173,9 @@ pub(crate) struct BadRow {
 /// The text every malformed row gets as `last_error`, in polling and WAL mode alike: what is
 /// wrong and what to do about it.
 pub(crate) fn malformed_error(seq: i64, reason: &str) -> String {
-    outbox_core::bury_malformed(
+    outbox_types::bury_malformed(
         seq,
-        &outbox_core::StoreError::Corrupt {
+        &outbox_types::StoreError::Corrupt {
             seq,
             reason: reason.to_owned(),
         },

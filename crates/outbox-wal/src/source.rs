@@ -1,6 +1,6 @@
 //! [`WalSource`]: the replication stream as a [`Source`] of the one relay engine.
 //!
-//! The engine (`outbox_relay::Relay`) claims, publishes and settles exactly as it does over the
+//! The engine (`outbox_engine::Relay`) claims, publishes and settles exactly as it does over the
 //! table; this source decides where each claim's events come from (see the `state` module for
 //! the rules):
 //!
@@ -24,11 +24,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outbox_core::{
+use outbox_postgresql::PgStore;
+use outbox_types::{
     BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Lease, PausedDestination, RetryEvent, Source,
     Store, StoreError,
 };
-use outbox_postgres::PgStore;
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -172,14 +172,14 @@ impl TableTurn {
     }
 }
 
-/// The replication stream as a [`Source`]: hand it to `outbox_relay::Relay` and the engine
+/// The replication stream as a [`Source`]: hand it to `outbox_engine::Relay` and the engine
 /// delivers WAL mode's events with every feature it has. See the module docs.
 ///
 /// ```no_run
-/// # async fn demo(sink: std::sync::Arc<dyn outbox_core::Sink>) -> Result<(), outbox_wal::WalError> {
+/// # async fn demo(sink: std::sync::Arc<dyn outbox_types::Sink>) -> Result<(), outbox_wal::WalError> {
 /// use std::sync::Arc;
-/// use outbox_postgres::{PgOutbox, PgStore};
-/// use outbox_relay::{Relay, RelayConfig};
+/// use outbox_postgresql::{PgOutbox, PgStore};
+/// use outbox_engine::{Relay, RelayConfig};
 /// use outbox_wal::{WalConfig, WalSource};
 ///
 /// let config = WalConfig::new("postgres://relay@db:5432/app");
@@ -205,7 +205,7 @@ impl WalSource {
     pub async fn start(
         config: WalConfig,
         store: PgStore,
-        relay: &outbox_relay::RelayConfig,
+        relay: &outbox_engine::RelayConfig,
     ) -> Result<WalSource, WalError> {
         Self::start_with(config, store, relay, Arc::new(WalCounters::default())).await
     }
@@ -214,7 +214,7 @@ impl WalSource {
     pub async fn start_with(
         config: WalConfig,
         store: PgStore,
-        relay: &outbox_relay::RelayConfig,
+        relay: &outbox_engine::RelayConfig,
         counters: Arc<WalCounters>,
     ) -> Result<WalSource, WalError> {
         config.validate()?;

@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use outbox_core::{AggregateKey, Event, Hold};
+use outbox_types::{AggregateKey, Event, Hold};
 use uuid::Uuid;
 
 use crate::lsn::Lsn;
@@ -767,7 +767,7 @@ impl State {
 mod tests {
     use super::*;
     use chrono::Utc;
-    use outbox_core::EventId;
+    use outbox_types::EventId;
 
     fn event(agg: &str, seq: i64) -> Event {
         Event {
@@ -900,7 +900,7 @@ mod tests {
 
     #[test]
     fn a_resumed_destination_leaves_its_aggregates_to_the_table() {
-        use outbox_core::route::{Pattern, RouteRule, RouteTable};
+        use outbox_types::route::{Pattern, RouteRule, RouteTable};
         let routes = RouteTable::new(
             ["a", "b"],
             vec![

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use outbox_core::{DeadLetterPolicy, Event};
+use outbox_types::{DeadLetterPolicy, Event};
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::watch;
@@ -563,7 +563,7 @@ impl Decoder {
             if origin == Origin::Table {
                 event.payload = String::new();
             }
-            outbox_core::bury_oversized(event.seq, size, self.max_payload_bytes).error
+            outbox_types::bury_oversized(event.seq, size, self.max_payload_bytes).error
         });
         state.push(event, origin, in_tx, standalone_end, dead);
     }
@@ -662,7 +662,7 @@ impl Decoder {
                         Ok(envelope) => {
                             let event = Event {
                                 seq: i64::try_from(lsn.0).unwrap_or(i64::MAX),
-                                id: outbox_core::EventId::from_uuid(envelope.id),
+                                id: outbox_types::EventId::from_uuid(envelope.id),
                                 aggregate_type: envelope.aggregate_type,
                                 aggregate_id: envelope.aggregate_id,
                                 event_type: envelope.event_type,

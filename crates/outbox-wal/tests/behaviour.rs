@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{EventId, NewEvent};
-use outbox_postgres::PgStore;
-use outbox_relay::RelayConfig;
+use outbox_engine::RelayConfig;
+use outbox_postgresql::PgStore;
 use outbox_store_tests::Harness;
+use outbox_types::{EventId, NewEvent};
 use outbox_wal::{Source, WalConfig, WalSource};
 
 struct WalHarness;
@@ -80,7 +80,7 @@ impl Harness for WalHarness {
         &self,
         store: &Arc<PgStore>,
         relay: &RelayConfig,
-    ) -> Arc<dyn outbox_core::Source> {
+    ) -> Arc<dyn outbox_types::Source> {
         let store = PgStore::new(store.pool().clone(), store.outbox().clone());
         let config = wal_config(&store);
         Arc::new(

@@ -9,9 +9,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use outbox_core::{DeadFilter, Store};
-use outbox_relay::RelayConfig;
+use outbox_engine::RelayConfig;
 use outbox_testkit::{Faults, RecordingSink, check_first_delivery_order, numbered};
+use outbox_types::{DeadFilter, Store};
 use outbox_wal::{Source, WalConfig, WalError};
 
 const BOTH: &[Source] = &[Source::Table, Source::Messages];
@@ -89,11 +89,11 @@ struct FileSink {
 }
 
 #[async_trait::async_trait]
-impl outbox_core::Sink for FileSink {
+impl outbox_types::Sink for FileSink {
     fn name(&self) -> &str {
         "file"
     }
-    async fn publish(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+    async fn publish(&self, events: &[outbox_types::Event]) -> Vec<outbox_types::Outcome> {
         use std::io::Write;
         tokio::time::sleep(self.delay).await;
         let mut text = String::new();
@@ -102,7 +102,7 @@ impl outbox_core::Sink for FileSink {
         }
         let mut file = self.file.lock().unwrap();
         file.write_all(text.as_bytes()).unwrap();
-        vec![outbox_core::Outcome::Delivered; events.len()]
+        vec![outbox_types::Outcome::Delivered; events.len()]
     }
 }
 
@@ -129,7 +129,7 @@ async fn child_relay_process() {
         .await;
 }
 
-fn read_deliveries(path: &std::path::Path) -> Vec<outbox_core::Event> {
+fn read_deliveries(path: &std::path::Path) -> Vec<outbox_types::Event> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines()
         .filter_map(|line| {
@@ -137,7 +137,7 @@ fn read_deliveries(path: &std::path::Path) -> Vec<outbox_core::Event> {
             let id = parts.next()?.parse().ok()?;
             let seq = parts.next()?.parse().ok()?;
             let agg = parts.next()?.to_owned();
-            Some(outbox_core::Event {
+            Some(outbox_types::Event {
                 seq,
                 id,
                 aggregate_type: "agg".into(),
@@ -241,7 +241,7 @@ async fn a_sink_outage_moves_waiting_events_to_the_table_and_the_stream_keeps_mo
     let mut config = fx.config.clone();
     config.max_buffered_events = 200;
     let relay_settings = RelayConfig {
-        retry: outbox_core::RetryPolicy {
+        retry: outbox_types::RetryPolicy {
             base: Duration::from_millis(20),
             cap: Duration::from_millis(200),
             max_attempts: 10_000,
@@ -463,7 +463,7 @@ async fn fifty_thousand_events_over_a_thousand_aggregates_keep_order() {
 async fn permanently_failing_events_are_dead_lettered_and_the_stream_moves_on() {
     let fx = Fixture::new(BOTH).await;
     let sink = Arc::new(RecordingSink::with_faults(Faults {
-        reject: Some(Arc::new(|e: &outbox_core::Event| {
+        reject: Some(Arc::new(|e: &outbox_types::Event| {
             e.payload.contains("\"n\":1}") && e.aggregate_id.starts_with('r')
         })),
         ..Faults::default()
@@ -471,15 +471,15 @@ async fn permanently_failing_events_are_dead_lettered_and_the_stream_moves_on() 
     // Events of aggregates `x*` are retried until out of attempts.
     struct Flaky(Arc<RecordingSink>);
     #[async_trait::async_trait]
-    impl outbox_core::Sink for Flaky {
+    impl outbox_types::Sink for Flaky {
         fn name(&self) -> &str {
             "flaky"
         }
-        async fn publish(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+        async fn publish(&self, events: &[outbox_types::Event]) -> Vec<outbox_types::Outcome> {
             let mut out = self.0.publish(events).await;
             for (o, e) in out.iter_mut().zip(events) {
                 if e.aggregate_id.starts_with('x') && e.payload.contains("\"n\":0}") {
-                    *o = outbox_core::Outcome::retry("always failing (test)");
+                    *o = outbox_types::Outcome::retry("always failing (test)");
                 }
             }
             out
@@ -490,14 +490,14 @@ async fn permanently_failing_events_are_dead_lettered_and_the_stream_moves_on() 
     let relay = start_relay(
         fx.config.clone(),
         RelayConfig {
-            dead_letter: outbox_core::DeadLetterPolicy::Skip,
+            dead_letter: outbox_types::DeadLetterPolicy::Skip,
             ..test_relay(&fx.config)
         },
         Arc::new(Flaky(sink.clone())),
     )
     .ready()
     .await;
-    let store = outbox_postgres::PgStore::new(fx.pool.clone(), fx.outbox.clone());
+    let store = outbox_postgresql::PgStore::new(fx.pool.clone(), fx.outbox.clone());
     let table: Vec<_> = (0..3)
         .flat_map(|n| [numbered("rt", n), numbered("xt", n)])
         .collect();
@@ -646,7 +646,7 @@ async fn hot_standby_takes_over_when_the_streamer_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mode_switch_polling_wal_polling_loses_nothing() {
     let fx = Fixture::bare(&[Source::Table]).await;
-    let store = Arc::new(outbox_postgres::PgStore::new(
+    let store = Arc::new(outbox_postgresql::PgStore::new(
         fx.pool.clone(),
         fx.outbox.clone(),
     ));
@@ -672,10 +672,10 @@ async fn mode_switch_polling_wal_polling_loses_nothing() {
         })
     };
     let polling = |sink: Arc<RecordingSink>, idle: bool| {
-        let relay = outbox_relay::Relay::new(
+        let relay = outbox_engine::Relay::new(
             store.clone(),
             sink,
-            outbox_relay::RelayConfig {
+            outbox_engine::RelayConfig {
                 poll_interval: Duration::from_millis(20),
                 batch_size: 50,
                 stop_when_idle: idle,
@@ -874,7 +874,7 @@ type MixRow = (
 /// hand edit would: returns the ids of the good rows and, per bad row, its seq and the column
 /// its `last_error` must name. The table is loosened first (`loosen`) so that a NULL
 /// `event_type`, a non-UUID `id` and a non-JSON `payload` can be stored at all.
-async fn insert_mix(fx: &Fixture) -> (Vec<outbox_core::EventId>, Vec<(i64, &'static str)>) {
+async fn insert_mix(fx: &Fixture) -> (Vec<outbox_types::EventId>, Vec<(i64, &'static str)>) {
     let table = fx.outbox.qualified_table();
     let sql = format!(
         "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload, headers)
@@ -935,7 +935,7 @@ async fn insert_mix(fx: &Fixture) -> (Vec<outbox_core::EventId>, Vec<(i64, &'sta
             .await
             .unwrap();
         match problem {
-            None => good.push(outbox_core::EventId::from_uuid(uuid)),
+            None => good.push(outbox_types::EventId::from_uuid(uuid)),
             Some(column) => bad.push((seq, column)),
         }
     }
@@ -969,7 +969,7 @@ async fn malformed_rows_are_dead_lettered_in_the_catch_up_scan_and_in_the_stream
     // `skip`: good rows behind a bad one of their aggregate go on (under `block` they wait
     // behind it, as in polling mode).
     let skip = RelayConfig {
-        dead_letter: outbox_core::DeadLetterPolicy::Skip,
+        dead_letter: outbox_types::DeadLetterPolicy::Skip,
         ..test_relay(&fx.config)
     };
     let relay = start_relay(fx.config.clone(), skip.clone(), sink.clone())
@@ -1078,7 +1078,7 @@ async fn malformed_messages_are_dead_lettered_and_the_stream_moves_on() {
     assert_eq!(sink.distinct_delivered(), ids(&good));
     let report = relay.stop().await;
     assert_eq!(report.undecodable, 2, "{report:?}");
-    let store = outbox_postgres::PgStore::new(fx.pool.clone(), fx.outbox.clone());
+    let store = outbox_postgresql::PgStore::new(fx.pool.clone(), fx.outbox.clone());
     let dead = store.list_dead(None, 10).await.unwrap();
     assert_eq!(dead.len(), 2, "{dead:?}");
     for record in &dead {
@@ -1171,7 +1171,7 @@ async fn the_message_source_is_refused_while_every_role_may_write_messages() {
         u.to_string()
     };
     let db_pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let outbox = outbox_postgres::PgOutbox::with_names("outbox", "events").unwrap();
+    let outbox = outbox_postgresql::PgOutbox::with_names("outbox", "events").unwrap();
     outbox.migrate(&db_pool).await.unwrap();
     let config = outbox_wal::WalConfig {
         sources: BOTH.to_vec(),
@@ -1415,7 +1415,7 @@ async fn oversized_payloads_are_dead_lettered_and_the_catch_up_pages_by_bytes() 
         ..test_relay(&fx.config)
     };
     // Written before the relay starts: twelve 2 kB rows (about five per page) and one too large.
-    let mut backlog: Vec<outbox_core::NewEvent> = (0..12)
+    let mut backlog: Vec<outbox_types::NewEvent> = (0..12)
         .map(|n| sized(&format!("a{}", n % 3), n, 2_000))
         .collect();
     backlog.insert(5, sized("big", 0, 20_000));
@@ -1506,10 +1506,10 @@ async fn the_partitioned_layout_streams() {
     let pool = pool(4).await;
     drop_stale_slots(&pool).await;
     let name = format!("owt_{}_part", std::process::id());
-    let outbox = outbox_postgres::PgOutbox::partitioned(
+    let outbox = outbox_postgresql::PgOutbox::partitioned(
         &name,
         "events",
-        outbox_postgres::Partitioning::default(),
+        outbox_postgresql::Partitioning::default(),
     )
     .unwrap();
     outbox.migrate(&pool).await.unwrap();
@@ -1527,7 +1527,7 @@ async fn the_partitioned_layout_streams() {
         ..WalConfig::new(cluster_url())
     };
     outbox_wal::prepare(&config).await.unwrap();
-    let store = outbox_postgres::PgStore::new(pool.clone(), outbox.clone());
+    let store = outbox_postgresql::PgStore::new(pool.clone(), outbox.clone());
     let sink = Arc::new(RecordingSink::new());
     let relay_config = test_relay(&config);
     let source = Arc::new(
@@ -1536,7 +1536,7 @@ async fn the_partitioned_layout_streams() {
             .unwrap(),
     );
     let counters = source.counters();
-    let relay = outbox_relay::Relay::new(source.clone(), sink.clone(), relay_config);
+    let relay = outbox_engine::Relay::new(source.clone(), sink.clone(), relay_config);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(relay.run(async move {
         let _ = rx.await;
@@ -1586,11 +1586,11 @@ async fn the_partitioned_layout_streams() {
 /// with the skipped destination's rows pending).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_with_fair_turns_delivers_every_destinations_backlog() {
-    use outbox_core::route::{Pattern, RouteRule, RouteTable};
+    use outbox_types::route::{Pattern, RouteRule, RouteTable};
     let fx = Fixture::bare(&[Source::Table]).await;
     let hook_events: Vec<_> = (0..3000u64)
         .map(|n| {
-            outbox_core::NewEvent::new(
+            outbox_types::NewEvent::new(
                 "hook",
                 format!("h{}", n % 40),
                 "Numbered",
@@ -1616,16 +1616,16 @@ async fn a_drain_with_fair_turns_delivers_every_destinations_backlog() {
     .unwrap();
     let main = Arc::new(RecordingSink::new());
     let hooks = Arc::new(RecordingSink::new());
-    let router = outbox_relay::router::Router::new(
+    let router = outbox_engine::router::Router::new(
         routes.clone(),
         vec![
             (
                 "main".to_owned(),
-                main.clone() as Arc<dyn outbox_core::Sink>,
+                main.clone() as Arc<dyn outbox_types::Sink>,
             ),
             (
                 "hooks".to_owned(),
-                hooks.clone() as Arc<dyn outbox_core::Sink>,
+                hooks.clone() as Arc<dyn outbox_types::Sink>,
             ),
         ],
     )

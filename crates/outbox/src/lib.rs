@@ -36,14 +36,14 @@
 //! `opentelemetry` lets [`trace::current_traceparent`] read the W3C trace context of the current
 //! `tracing` span, to store with an event ([`NewEvent::with_traceparent`]).
 
-pub use outbox_core::*;
+pub use outbox_types::*;
 
 /// The relay engine: claim → publish → ack.
-pub use outbox_relay as relay;
+pub use outbox_engine as relay;
 
 /// PostgreSQL: [`postgres::PgOutbox`] to migrate and enqueue, [`postgres::PgStore`] for relays.
 #[cfg(feature = "postgres")]
-pub use outbox_postgres as postgres;
+pub use outbox_postgresql as postgres;
 
 /// SQLite: [`sqlite::SqliteOutbox`] to migrate and enqueue, [`sqlite::SqliteStore`] for relays.
 #[cfg(feature = "sqlite")]

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{EventId, NewEvent};
 use outbox_mysql::{MySqlOutbox, MySqlStore};
 use outbox_store_tests::Harness;
+use outbox_types::{EventId, NewEvent};
 use sqlx::MySqlPool;
 use sqlx::mysql::MySqlPoolOptions;
 use tokio::sync::OnceCell;

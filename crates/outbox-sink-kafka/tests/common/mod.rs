@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_core::NewEvent;
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::NewEvent;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};

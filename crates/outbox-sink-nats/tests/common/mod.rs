@@ -6,8 +6,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use outbox_core::{EventId, EventRecord, NewEvent, OutboxStats, Store};
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::{EventId, EventRecord, NewEvent, OutboxStats, Store};
 use sqlx::postgres::PgPoolOptions;
 
 /// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
@@ -108,8 +108,8 @@ pub async fn wait_for_record(
 }
 
 /// An event as a relay would hand it to a sink, for tests that call `publish` directly.
-pub fn event(aggregate_id: &str, n: u64) -> outbox_core::Event {
-    outbox_core::Event {
+pub fn event(aggregate_id: &str, n: u64) -> outbox_types::Event {
+    outbox_types::Event {
         seq: n as i64,
         id: EventId::new(),
         aggregate_type: "agg".into(),

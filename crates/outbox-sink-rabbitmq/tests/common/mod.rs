@@ -13,8 +13,8 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
-use outbox_core::NewEvent;
-use outbox_postgres::{PgOutbox, PgStore};
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::NewEvent;
 use sqlx::postgres::PgPoolOptions;
 
 /// The machine's RabbitMQ.

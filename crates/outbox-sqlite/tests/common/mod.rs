@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::route::RouteTable;
-use outbox_core::{
+use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_store_tests::Harness;
+use outbox_types::route::RouteTable;
+use outbox_types::{
     BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, EventId, EventRecord, Lease,
     LeaseHolder, NewEvent, OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent,
     Store, StoreError,
 };
-use outbox_sqlite::{SqliteOutbox, SqliteStore};
-use outbox_store_tests::Harness;
 use tempfile::TempDir;
 
 /// A store over a file in a temporary directory that lives exactly as long as the store.

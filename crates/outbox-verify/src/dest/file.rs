@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::EventId;
 use outbox_inbox::Delivery;
 use outbox_testkit::TcpProxy;
+use outbox_types::EventId;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

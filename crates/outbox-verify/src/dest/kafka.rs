@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outbox_core::EventId;
-use outbox_core::routing::header;
 use outbox_inbox::{AdapterOptions, Delivery, InboxHandler, ParkedMessage, Processed};
 use outbox_testkit::TcpProxy;
+use outbox_types::EventId;
+use outbox_types::routing::header;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};

@@ -102,10 +102,10 @@ pub trait Destination: Send + Sync {
 #[derive(Clone, Debug, Default)]
 pub struct BrokerReadBack {
     /// Every event id in the log.
-    pub held: HashSet<outbox_core::EventId>,
+    pub held: HashSet<outbox_types::EventId>,
     /// Events not in the log that the broker acknowledged storing at a partition and offset
     /// (as the relays logged the acks): dropped by the broker after its ack.
-    pub dropped_after_ack: HashSet<outbox_core::EventId>,
+    pub dropped_after_ack: HashSet<outbox_types::EventId>,
 }
 
 /// The consumer side shared by every destination: the consumer's database, its inbox and
@@ -169,7 +169,7 @@ impl ConsumerSide {
     /// How many times each event's effect ran.
     pub async fn effects(
         &self,
-    ) -> Result<std::collections::HashMap<outbox_core::EventId, u32>, Error> {
+    ) -> Result<std::collections::HashMap<outbox_types::EventId, u32>, Error> {
         let rows: Vec<(uuid::Uuid, i32)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT event_id, applied FROM {}",
             self.effects
@@ -180,7 +180,7 @@ impl ConsumerSide {
             .into_iter()
             .map(|(id, n)| {
                 (
-                    outbox_core::EventId::from_uuid(id),
+                    outbox_types::EventId::from_uuid(id),
                     u32::try_from(n).unwrap_or(0),
                 )
             })
@@ -202,7 +202,7 @@ impl DestinationHandler {
     }
 
     /// Record one arrival (call once per message received, before handling it).
-    pub fn record(&self, event_id: Option<outbox_core::EventId>, payload: &[u8]) {
+    pub fn record(&self, event_id: Option<outbox_types::EventId>, payload: &[u8]) {
         let parsed: Option<serde_json::Value> = serde_json::from_slice(payload).ok();
         let aggregate = parsed
             .as_ref()

@@ -16,9 +16,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use outbox_core::EventId;
 use outbox_inbox::Delivery;
 use outbox_testkit::TcpProxy;
+use outbox_types::EventId;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 

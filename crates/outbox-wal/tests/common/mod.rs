@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outbox_core::{Event, EventId, NewEvent, Outcome, RetryPolicy, Sink};
-use outbox_postgres::PgOutbox;
-use outbox_relay::RelayConfig;
+use outbox_engine::RelayConfig;
+use outbox_postgresql::PgOutbox;
 use outbox_testkit::RecordingSink;
+use outbox_types::{Event, EventId, NewEvent, Outcome, RetryPolicy, Sink};
 use outbox_wal::{Source, WalConfig, WalError, WalRelay, WalReport};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

@@ -1,0 +1,645 @@
+//! Embedded, versioned migrations for the outbox schema.
+//!
+//! Why not `sqlx::migrate!`: its bookkeeping table is always `_sqlx_migrations` in the current
+//! schema, which the application's own sqlx migrations already use, and its SQL is fixed at
+//! compile time while our table name is configurable. So the outbox keeps its own short list of
+//! versioned SQL templates and its own bookkeeping table next to the outbox table
+//! (`<schema>.<table>_migrations`). Applying them is idempotent (applied versions are skipped),
+//! serialized (a transaction-scoped advisory lock, so two relays starting together do not race),
+//! atomic (one transaction; PostgreSQL DDL is transactional) and verified (a checksum per
+//! version; an edited or unknown newer migration is an error, not a silent skip).
+
+use outbox_types::StoreError;
+use sqlx::{PgPool, Row};
+
+use crate::PgOutbox;
+use crate::error::map_sqlx;
+use crate::names::fnv1a;
+
+/// One schema change. `{schema}`, `{table}` and `{t}` (the quoted qualified table name) are
+/// replaced before it runs.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub description: &'static str,
+    pub sql: &'static str,
+}
+
+/// The start of the enqueue function, the same in both layouts (each migration adds the
+/// layout's inserts). A macro, not a const: `concat!` builds the migrations' `&'static str`.
+macro_rules! enqueue_function_head {
+    () => {
+        r#"
+-- Any language writes an event with one call inside its own transaction, in the same layout
+-- and with the same rules as the Rust library's enqueue:
+--   SELECT "{schema}"."{table}_enqueue"('order', '42', 'OrderPlaced', '{"total": 10}');
+--   SELECT "{schema}"."{table}_enqueue"('order', '42', 'OrderPaid', '{}',
+--              headers => '{"trace-id": "abc"}', idempotency_key => 'pay-42');
+-- It returns the event's id: a new UUID (version 7, time-ordered) unless `id` is given, or, for
+-- an idempotency key already in the table, the id of the event that has it (nothing written).
+-- It never commits: the event commits or rolls back with the caller's transaction.
+CREATE FUNCTION "{schema}"."{table}_enqueue"(
+    aggregate_type  TEXT,
+    aggregate_id    TEXT,
+    event_type      TEXT,
+    payload         JSON,
+    headers         JSONB       DEFAULT '{}',
+    destination     TEXT        DEFAULT NULL,
+    idempotency_key TEXT        DEFAULT NULL,
+    occurred_at     TIMESTAMPTZ DEFAULT now(),
+    id              UUID        DEFAULT NULL
+) RETURNS UUID
+LANGUAGE plpgsql
+AS $fn$
+-- Parameters are always written qualified ({table}_enqueue.name): a bare name is the column.
+#variable_conflict use_column
+DECLARE
+    f_id       UUID;
+    f_created  BOOLEAN;
+    f_enqueued TIMESTAMPTZ;
+    f_bad      TEXT;
+BEGIN
+    IF coalesce({table}_enqueue.aggregate_type, '') = '' THEN
+        RAISE EXCEPTION 'outbox: aggregate_type must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF coalesce({table}_enqueue.aggregate_id, '') = '' THEN
+        RAISE EXCEPTION 'outbox: aggregate_id must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF coalesce({table}_enqueue.event_type, '') = '' THEN
+        RAISE EXCEPTION 'outbox: event_type must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF {table}_enqueue.payload IS NULL THEN
+        RAISE EXCEPTION 'outbox: payload must not be NULL (write ''null'' for a JSON null)' USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_typeof(coalesce({table}_enqueue.headers, '{}')) <> 'object' THEN
+        RAISE EXCEPTION 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}' USING ERRCODE = '22023';
+    END IF;
+    SELECT h.key INTO f_bad FROM jsonb_each(coalesce({table}_enqueue.headers, '{}')) h
+    WHERE jsonb_typeof(h.value) <> 'string' LIMIT 1;
+    IF f_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: header "%" is not a string; header values are strings (e.g. "3", not 3)', f_bad
+            USING ERRCODE = '22023';
+    END IF;
+    -- A version 7 UUID: 48 bits of Unix milliseconds, then a random one's bits with the
+    -- version set to 7 (the variant stays RFC 4122's).
+    f_id := coalesce({table}_enqueue.id, encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+        placing substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid);"#
+    };
+}
+
+/// The outbox schema, oldest first. Never edit a released entry: add a new one.
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox events table, claim and ordering indexes",
+        sql: r#"
+-- Lifecycle (see outbox_types::EventState): pending -> in_flight -> delivered | dead.
+-- The seeds' new / sent / error are pending / delivered / dead; a pending row with attempts > 0
+-- is one waiting for a retry.
+CREATE TABLE {t} (
+    seq              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id               UUID        NOT NULL,
+    aggregate_type   TEXT        NOT NULL,
+    aggregate_id     TEXT        NOT NULL,
+    event_type       TEXT        NOT NULL,
+    -- json, not jsonb: the bytes the writer produced are the bytes a sink publishes.
+    payload          JSON        NOT NULL,
+    destination      TEXT,
+    headers          JSONB       NOT NULL DEFAULT '{}',
+    idempotency_key  TEXT,
+    occurred_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    enqueued_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    status           TEXT        NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead')),
+    attempts         INTEGER     NOT NULL DEFAULT 0,
+    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_error       TEXT,
+    lease_owner      TEXT,
+    lease_token      UUID,
+    lease_expires_at TIMESTAMPTZ,
+    delivered_at     TIMESTAMPTZ,
+    dead_at          TIMESTAMPTZ,
+    CONSTRAINT {table}_id_key UNIQUE (id)
+);
+
+-- A second enqueue with the same key finds the first row.
+CREATE UNIQUE INDEX {table}_idempotency_key ON {t} (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+-- Claim scans only undelivered rows, in enqueue order: its cost does not grow with the number
+-- of delivered rows kept for retention.
+CREATE INDEX {table}_open ON {t} (seq)
+    WHERE status IN ('pending', 'in_flight');
+
+-- Rows that can hold back later events of their aggregate: in flight, dead, or waiting for a
+-- retry. Small by construction, so the per-aggregate order check is a short index probe.
+CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
+"#,
+    },
+    Migration {
+        version: 2,
+        description: "claimed_at, paused destinations, dead-row index, autovacuum settings",
+        sql: r#"
+-- When the row was last claimed: `outbox status` shows which relay holds claims since when.
+-- Nullable without a default, so adding it rewrites nothing (a catalog change only). It stays
+-- set after the row leaves in_flight (the last claim's time); only in_flight rows read it.
+ALTER TABLE {t} ADD COLUMN claimed_at TIMESTAMPTZ;
+
+-- Destinations an operator paused (`outbox pause`). Relays read it every poll and claim around
+-- the paused destinations' events; the events themselves are not touched.
+CREATE TABLE "{schema}"."{table}_paused" (
+    destination TEXT        PRIMARY KEY,
+    paused_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    paused_by   TEXT        NOT NULL
+);
+
+-- Dead rows in seq order: list_dead, the per-destination dead counts and dead-letter retention
+-- read only these, however many delivered rows retention keeps. (Building it reads the table
+-- once, under a lock that holds writers back for that time.)
+CREATE INDEX {table}_dead ON {t} (seq) WHERE status = 'dead';
+
+-- Autovacuum for a queue table. Every event leaves three or more dead row versions behind
+-- (claim, ack, each retry, and the purge's delete), and none of those updates can be HOT:
+-- `status` appears in the partial indexes' predicates. With the defaults (vacuum once 20% of
+-- the table is dead) a table keeping a week of delivered events for retention collects
+-- millions of dead versions between two vacuums, and the small `_open` and `_blockers` indexes
+-- every claim reads fill with dead entries: claims slow down exactly when the backlog grows.
+-- Vacuum instead after 1000 + 1% dead rows, analyze after 1000 + 2% changed rows (the status
+-- mix shifts quickly and the planner's choice of partial index depends on it), and let the
+-- worker run with half the default cost delay so it keeps up. Setting these takes a SHARE
+-- UPDATE EXCLUSIVE lock: reads and writes go on. Tune further with `ALTER TABLE … SET`;
+-- see the crate docs.
+ALTER TABLE {t} SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_analyze_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 1
+);
+"#,
+    },
+    Migration {
+        version: 3,
+        description: "open rows by aggregate, for claims behind held aggregates",
+        sql: r#"
+-- Open rows by aggregate, in seq order. A claim that finds the front of the queue held back (one
+-- relay holds the head of every aggregate, or a few aggregates wait behind a retry or a dead
+-- event with long queues behind them) walks the aggregates through this index, one probe each,
+-- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
+-- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
+-- Its rows are `_open`'s, but the predicate is written so that the planner cannot use `_open`
+-- in its place (see the claim statement).
+CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status NOT IN ('delivered', 'dead');
+"#,
+    },
+    Migration {
+        version: 4,
+        description: "blockers marked by last_error: an outage costs no attempt",
+        sql: r#"
+-- An outage (the destination unavailable) costs a waiting event no attempt, so `attempts` alone
+-- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
+-- does (every retry writes it). The blockers are rebuilt with that mark: the new index first
+-- (it reads the table once, under a lock that holds writers back but lets claims read), then the
+-- old one goes (an exclusive lock held only from the drop to the commit). With many delivered
+-- rows retained, build it ahead without holding writers back:
+--   CREATE INDEX CONCURRENTLY {table}_blockers_next ON ... (this predicate);
+-- the migration then finds it and only swaps the names.
+CREATE INDEX IF NOT EXISTS {table}_blockers_next ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead')
+       OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
+DROP INDEX "{schema}".{table}_blockers;
+ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
+"#,
+    },
+    Migration {
+        version: 5,
+        description: "enqueue function for writers in any language",
+        sql: concat!(
+            enqueue_function_head!(),
+            r#"
+    INSERT INTO {t} AS o (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                          idempotency_key, occurred_at)
+    VALUES (f_id, {table}_enqueue.aggregate_type, {table}_enqueue.aggregate_id, {table}_enqueue.event_type,
+            {table}_enqueue.payload, {table}_enqueue.destination, coalesce({table}_enqueue.headers, '{}'),
+            {table}_enqueue.idempotency_key, coalesce({table}_enqueue.occurred_at, now()))
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+    DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+    RETURNING o.id INTO f_id;
+    RETURN f_id;
+END;
+$fn$;
+"#
+        ),
+    },
+];
+
+/// The partitioned layout (see [`crate::Partitioning`]), oldest first. A separate list: the
+/// tables differ from the plain layout's from the first version on. Never edit a released entry.
+pub(crate) const PARTITIONED_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "partitioned outbox: events range-partitioned by enqueued_at, keys table, paused destinations",
+        sql: r#"
+-- Lifecycle and columns as in the plain layout (pending -> in_flight -> delivered | dead).
+--
+-- Range-partitioned by enqueued_at, so retention drops whole partitions: no DELETE of delivered
+-- rows, no dead versions for vacuum to clean, no index bloat from them. A partitioned table's
+-- unique constraints must contain the partition key, so:
+-- - seq comes from a sequence (identity columns on partitioned tables need PostgreSQL 17), and
+--   the primary key is (seq, enqueued_at); seq alone is still unique, since only the sequence
+--   writes it;
+-- - the id and the idempotency key are kept unique across partitions by the small,
+--   unpartitioned `_keys` table, written by the same enqueue statement.
+CREATE SEQUENCE "{schema}"."{table}_seq";
+
+CREATE TABLE {t} (
+    seq              BIGINT      NOT NULL DEFAULT nextval('"{schema}"."{table}_seq"'),
+    id               UUID        NOT NULL,
+    aggregate_type   TEXT        NOT NULL,
+    aggregate_id     TEXT        NOT NULL,
+    event_type       TEXT        NOT NULL,
+    payload          JSON        NOT NULL,
+    destination      TEXT,
+    headers          JSONB       NOT NULL DEFAULT '{}',
+    idempotency_key  TEXT,
+    occurred_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    enqueued_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    status           TEXT        NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead')),
+    attempts         INTEGER     NOT NULL DEFAULT 0,
+    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_error       TEXT,
+    lease_owner      TEXT,
+    lease_token      UUID,
+    lease_expires_at TIMESTAMPTZ,
+    delivered_at     TIMESTAMPTZ,
+    dead_at          TIMESTAMPTZ,
+    claimed_at       TIMESTAMPTZ,
+    PRIMARY KEY (seq, enqueued_at)
+) PARTITION BY RANGE (enqueued_at);
+
+ALTER SEQUENCE "{schema}"."{table}_seq" OWNED BY {t}.seq;
+
+-- Catches rows no dated partition covers (maintenance fell behind): a writer never fails for
+-- want of a partition. Rotation never drops it; purge_delivered cleans it row by row.
+CREATE TABLE "{schema}"."{table}_default" PARTITION OF {t} DEFAULT;
+
+-- get() by id (uniqueness is the keys table's job).
+CREATE INDEX {table}_id ON {t} (id);
+
+-- The same partial indexes as the plain layout, created on every partition.
+CREATE INDEX {table}_open ON {t} (seq)
+    WHERE status IN ('pending', 'in_flight');
+CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
+CREATE INDEX {table}_dead ON {t} (seq) WHERE status = 'dead';
+
+-- One row per event: its id and idempotency key, and the enqueued_at that says which
+-- partition it lives in. Rows go when their event is deleted (same statement) or, for a
+-- dropped partition, by enqueued_at range right after the drop.
+CREATE TABLE "{schema}"."{table}_keys" (
+    id              UUID        PRIMARY KEY,
+    idempotency_key TEXT,
+    enqueued_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX {table}_keys_idempotency_key ON "{schema}"."{table}_keys" (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX {table}_keys_enqueued_at ON "{schema}"."{table}_keys" (enqueued_at);
+
+CREATE TABLE "{schema}"."{table}_paused" (
+    destination TEXT        PRIMARY KEY,
+    paused_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    paused_by   TEXT        NOT NULL
+);
+"#,
+    },
+    Migration {
+        version: 2,
+        description: "open rows by aggregate, for claims behind held aggregates",
+        sql: r#"
+-- Open rows by aggregate, in seq order. A claim that finds the front of the queue held back (one
+-- relay holds the head of every aggregate, or a few aggregates wait behind a retry or a dead
+-- event with long queues behind them) walks the aggregates through this index, one probe each,
+-- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
+-- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
+-- Its rows are `_open`'s, but the predicate is written so that the planner cannot use `_open`
+-- in its place (see the claim statement).
+-- Created on every partition.
+CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status NOT IN ('delivered', 'dead');
+"#,
+    },
+    Migration {
+        version: 3,
+        description: "blockers marked by last_error: an outage costs no attempt",
+        sql: r#"
+-- An outage (the destination unavailable) costs a waiting event no attempt, so `attempts` alone
+-- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
+-- does (every retry writes it). The blockers are rebuilt with that mark. Building reads the
+-- table once, under a lock that holds writers back meanwhile.
+-- Created (first) and dropped on every partition.
+CREATE INDEX {table}_blockers_next ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead')
+       OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
+DROP INDEX "{schema}".{table}_blockers;
+ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
+"#,
+    },
+    Migration {
+        version: 4,
+        description: "enqueue function for writers in any language",
+        sql: concat!(
+            enqueue_function_head!(),
+            r#"
+    -- The keys table first: its primary key and unique index make id and key unique across
+    -- partitions; the event takes its enqueued_at, so both agree on the partition.
+    INSERT INTO "{schema}"."{table}_keys" AS k (id, idempotency_key)
+    VALUES (f_id, {table}_enqueue.idempotency_key)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
+    DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+    RETURNING k.id, k.enqueued_at, (k.xmax = 0) INTO f_id, f_enqueued, f_created;
+    IF f_created THEN
+        INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                         idempotency_key, occurred_at, enqueued_at)
+        VALUES (f_id, {table}_enqueue.aggregate_type, {table}_enqueue.aggregate_id, {table}_enqueue.event_type,
+                {table}_enqueue.payload, {table}_enqueue.destination, coalesce({table}_enqueue.headers, '{}'),
+                {table}_enqueue.idempotency_key, coalesce({table}_enqueue.occurred_at, now()), f_enqueued);
+    END IF;
+    RETURN f_id;
+END;
+$fn$;
+"#
+        ),
+    },
+];
+
+/// The migrations of `outbox`'s layout.
+pub(crate) fn migrations_for(outbox: &PgOutbox) -> &'static [Migration] {
+    if outbox.partitioning().is_some() {
+        PARTITIONED_MIGRATIONS
+    } else {
+        MIGRATIONS
+    }
+}
+
+/// The newest schema version this build knows for `outbox`'s layout.
+pub(crate) fn latest_version(outbox: &PgOutbox) -> i64 {
+    migrations_for(outbox)
+        .last()
+        .map(|m| m.version)
+        .unwrap_or(0)
+}
+
+/// What [`PgOutbox::migrate`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Versions applied by this call, oldest first (empty when the schema was current).
+    pub applied: Vec<i64>,
+    /// The schema version now in the database.
+    pub current: i64,
+}
+
+pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationReport, StoreError> {
+    let bookkeeping = outbox.migrations_table();
+    let mut tx = pool.begin().await.map_err(map_sqlx)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(outbox.lock_key("migrate"))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(bookkeeping_ddl(outbox)))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    check_layout(outbox, &mut tx).await?;
+    let migrations = migrations_for(outbox);
+    let mut applied_before = Vec::with_capacity(rows.len());
+    for row in rows {
+        let version: i64 = row.try_get("version").map_err(map_sqlx)?;
+        let checksum: String = row.try_get("checksum").map_err(map_sqlx)?;
+        applied_before.push((version, checksum));
+    }
+
+    for (version, checksum) in &applied_before {
+        match migrations.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(StoreError::NotMigrated(format!(
+                    "the database has outbox schema version {version}, newer than this build knows ({}); upgrade the outbox binary or library",
+                    latest_version(outbox)
+                )));
+            }
+            Some(m) if checksum_of(m) != *checksum => {
+                return Err(StoreError::NotMigrated(format!(
+                    "outbox migration {version} ({}) differs from the one applied to the database; migrations must never be edited once released",
+                    m.description
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+
+    let mut applied = Vec::new();
+    for m in migrations {
+        if applied_before.iter().any(|(v, _)| *v == m.version) {
+            continue;
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(outbox.render(m.sql)))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {bookkeeping} (version, description, checksum) VALUES ($1, $2, $3)"
+        )))
+        .bind(m.version)
+        .bind(m.description)
+        .bind(checksum_of(m))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        applied.push(m.version);
+    }
+    tx.commit().await.map_err(map_sqlx)?;
+    if !applied.is_empty() {
+        tracing::info!(
+            schema = outbox.schema(),
+            table = outbox.table(),
+            ?applied,
+            "Outbox migrations applied."
+        );
+    }
+    Ok(MigrationReport {
+        applied,
+        current: latest_version(outbox),
+    })
+}
+
+/// The schema and the table that record which migrations were applied (created when missing).
+fn bookkeeping_ddl(outbox: &PgOutbox) -> String {
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+CREATE TABLE IF NOT EXISTS {bookkeeping} (
+    version     BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    checksum    TEXT NOT NULL,
+    applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+);",
+        schema = outbox.schema(),
+        bookkeeping = outbox.migrations_table()
+    )
+}
+
+/// Everything [`run`] applies to a database without this outbox, as one SQL script: the
+/// bookkeeping table, each migration as it is rendered for `outbox`, and the row that records
+/// it (with the checksum `run` checks), in one transaction. Applied by another tool (Flyway,
+/// Liquibase, Alembic, psql), it leaves a database that `run` finds current and the relay
+/// accepts.
+pub(crate) fn script(outbox: &PgOutbox) -> String {
+    let migrations = migrations_for(outbox);
+    let mut out = format!(
+        "-- The outbox {} on PostgreSQL, {} layout, schema version {}: the DDL `outbox migrate`\n\
+         -- applies to a database without it, and the bookkeeping rows that record it applied.\n\
+         -- Apply it whole and unedited (`outbox migrate` checks each migration's checksum).\n\
+         BEGIN;\n\n{}\n",
+        outbox.qualified_table(),
+        if outbox.partitioning().is_some() {
+            "partitioned"
+        } else {
+            "plain"
+        },
+        latest_version(outbox),
+        bookkeeping_ddl(outbox)
+    );
+    for m in migrations {
+        out.push_str(&format!(
+            "\n-- Migration {}: {}\n{}\nINSERT INTO {} (version, description, checksum) VALUES ({}, {}, '{}');\n",
+            m.version,
+            m.description,
+            outbox.render(m.sql).trim(),
+            outbox.migrations_table(),
+            m.version,
+            sql_text(m.description),
+            checksum_of(m)
+        ));
+    }
+    if outbox.partitioning().is_some() {
+        out.push_str(
+            "\n-- The dated partitions are not in this script: the relay creates them ahead as it runs\n\
+             -- (and `outbox migrate` does once); until then the default partition takes every row.\n",
+        );
+    }
+    out.push_str("\nCOMMIT;\n");
+    out
+}
+
+/// `text` as a SQL string literal.
+fn sql_text(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// An outbox table that exists must have the layout `outbox` expects: a plain table for a plain
+/// outbox, a partitioned one for a partitioned outbox (the migrations of one layout would
+/// otherwise be checked against the other's, with a misleading "migration differs" error).
+async fn check_layout(
+    outbox: &PgOutbox,
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+) -> Result<(), StoreError> {
+    let kind: Option<String> = sqlx::query_scalar(
+        "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = $2",
+    )
+    .bind(outbox.schema())
+    .bind(outbox.table())
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map_sqlx)?;
+    let partitioned = match kind.as_deref() {
+        None => return Ok(()),
+        Some("p") => true,
+        Some(_) => false,
+    };
+    match (partitioned, outbox.partitioning().is_some()) {
+        (true, false) => Err(StoreError::NotMigrated(format!(
+            "outbox table {} is partitioned: open it with PgOutbox::partitioned (the outbox binary: database.layout = \"partitioned\")",
+            outbox.qualified_table()
+        ))),
+        (false, true) => Err(StoreError::NotMigrated(format!(
+            "outbox table {} is a plain table, not a partitioned one: open it with PgOutbox::with_names (the outbox binary: database.layout = \"plain\"), or see the outbox-postgresql crate docs for moving to the partitioned layout",
+            outbox.qualified_table()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The schema version the database is at, `0` when the outbox was never migrated there.
+pub(crate) async fn current_version(outbox: &PgOutbox, pool: &PgPool) -> Result<i64, StoreError> {
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(outbox.migrations_table())
+        .fetch_one(pool)
+        .await
+        .map_err(map_sqlx)?;
+    if exists.is_none() {
+        return Ok(0);
+    }
+    let version: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT max(version) FROM {}",
+        outbox.migrations_table()
+    )))
+    .fetch_one(pool)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(version.unwrap_or(0))
+}
+
+fn checksum_of(m: &Migration) -> String {
+    format!("{:016x}", fnv1a(m.sql))
+}
+
+#[cfg(test)]
+mod released {
+    use super::*;
+
+    const MIGRATIONS_UNDER_TEST: &[&[Migration]] = &[MIGRATIONS, PARTITIONED_MIGRATIONS];
+    /// (version, checksum) of every released migration, per list above.
+    const RELEASED: &[&[(i64, &str)]] = &[
+        &[
+            (1, "0a8d25c6f810a039"),
+            (2, "9ac7c6123d20c3f8"),
+            (3, "ef6dc1f74bc4514d"),
+            (4, "c0c7411a2a8cde39"),
+            (5, "07918ce1dea4acaa"),
+        ],
+        &[
+            (1, "75d66952a4ec90d4"),
+            (2, "4c76a5fbe27f773b"),
+            (3, "df72cc71c6a52f1b"),
+            (4, "77d2bee6eb2cee56"),
+        ],
+    ];
+
+    /// A released migration's text never changes: a database that applied it checks its
+    /// checksum on every migrate, and a changed text (a comment is enough) would stop every
+    /// existing outbox from upgrading. New behaviour goes into a new migration.
+    #[test]
+    fn released_migrations_keep_their_checksums() {
+        for (list, released) in MIGRATIONS_UNDER_TEST.iter().zip(RELEASED) {
+            let got: Vec<(i64, String)> =
+                list.iter().map(|m| (m.version, checksum_of(m))).collect();
+            for (i, (version, checksum)) in released.iter().enumerate() {
+                assert_eq!(
+                    got.get(i),
+                    Some(&(*version, (*checksum).to_owned())),
+                    "migration {version} changed after its release: {got:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Shared by the PostgreSQL integration tests: a connection to the test database and a fresh,
+//! migrated outbox in its own schema for every test.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_postgresql::{Partitioning, PgOutbox, PgStore};
+use outbox_store_tests::Harness;
+use outbox_types::{EventId, NewEvent};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+/// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
+pub fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A schema name no other test (or test process) uses.
+pub fn unique_schema() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("outbox_t_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+}
+
+pub async fn pool(max: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .connect(&database_url())
+        .await
+        .expect("PostgreSQL must be running on 127.0.0.1:5432 (scripts/services.sh starts it)")
+}
+
+/// A fresh migrated outbox and a store over it.
+pub async fn fresh_store() -> PgStore {
+    let pool = pool(10).await;
+    let outbox = PgOutbox::with_names(&unique_schema(), "events").unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    PgStore::new(pool, outbox)
+}
+
+/// A fresh migrated outbox in the partitioned layout, with its current partitions created.
+pub async fn fresh_partitioned_store(partitioning: Partitioning) -> PgStore {
+    let pool = pool(10).await;
+    let outbox = PgOutbox::partitioned(&unique_schema(), "events", partitioning).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    outbox
+        .maintain_partitions(&pool, chrono::Utc::now())
+        .await
+        .unwrap();
+    PgStore::new(pool, outbox)
+}
+
+pub struct PgHarness;
+
+/// The same contract against the partitioned layout.
+pub struct PgPartitionedHarness;
+
+#[async_trait]
+impl Harness for PgPartitionedHarness {
+    type Store = PgStore;
+
+    async fn fresh(&self) -> Arc<PgStore> {
+        Arc::new(fresh_partitioned_store(Partitioning::default()).await)
+    }
+
+    async fn enqueue(&self, store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
+        PgHarness.enqueue(store, events).await
+    }
+
+    async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {
+        // Moving enqueued_at moves the rows to the partition of their new time (or the default
+        // one); the keys rows follow, as an enqueue at that time would have written them.
+        PgHarness.backdate(store, ids, by).await;
+        let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE \"{}\".\"{}_keys\" SET enqueued_at = enqueued_at - $2 * interval '1 millisecond'
+             WHERE id = ANY($1)",
+            store.outbox().schema(),
+            store.outbox().table()
+        )))
+        .bind(&ids)
+        .bind(by.as_millis() as i64)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+}
+
+#[async_trait]
+impl Harness for PgHarness {
+    type Store = PgStore;
+
+    async fn fresh(&self) -> Arc<PgStore> {
+        Arc::new(fresh_store().await)
+    }
+
+    async fn enqueue(&self, store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
+        let mut tx = store.pool().begin().await.unwrap();
+        let done = store
+            .outbox()
+            .enqueue_batch(&mut *tx, events)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        done.into_iter().map(|e| (e.id, e.created)).collect()
+    }
+
+    async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {
+        let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET occurred_at = occurred_at - $2 * interval '1 millisecond',
+                 enqueued_at = enqueued_at - $2 * interval '1 millisecond',
+                 claimed_at = claimed_at - $2 * interval '1 millisecond',
+                 delivered_at = delivered_at - $2 * interval '1 millisecond',
+                 dead_at = dead_at - $2 * interval '1 millisecond'
+             WHERE id = ANY($1)",
+            store.outbox().qualified_table()
+        )))
+        .bind(&ids)
+        .bind(by.as_millis() as i64)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+}

@@ -1,0 +1,122 @@
+//! Per-aggregate order when rows are locked by someone else at claim time.
+//!
+//! The claim uses `FOR UPDATE SKIP LOCKED`. A pending event whose row another transaction holds
+//! at that moment (a writer's duplicate-key enqueue hitting it, a stalled relay's late retry or
+//! release of an expired lease, an operator's `SELECT … FOR UPDATE`) is skipped; the claim must
+//! then also leave the later events of that aggregate alone instead of handing them out first.
+
+mod common;
+
+use std::time::Duration;
+
+use outbox_testkit::numbered;
+use outbox_types::{ClaimRequest, DeadLetterPolicy, Event, Store};
+
+fn request(owner: &str, lease: Duration) -> ClaimRequest {
+    ClaimRequest::new(owner, 100, lease, DeadLetterPolicy::Block)
+}
+
+fn labels(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(&e.payload).unwrap();
+            format!("{}/{}", e.aggregate_id, v["n"])
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_locked_earlier_event_holds_back_its_aggregate_duplicate_key_enqueue() {
+    let store = common::fresh_store().await;
+    let a1 = numbered("a", 1).with_idempotency_key("a-1");
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut *tx, &[a1, numbered("a", 2), numbered("b", 1)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    // A writer retries its business transaction: its enqueue hits a/1's key (ON CONFLICT DO
+    // UPDATE locks that row) and the transaction stays open.
+    let mut writer = store.pool().begin().await.unwrap();
+    let again = store
+        .outbox()
+        .enqueue(&mut *writer, &numbered("a", 1).with_idempotency_key("a-1"))
+        .await
+        .unwrap();
+    assert!(!again.created);
+
+    let claim = store
+        .claim(&request("relay", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(
+        labels(&claim.events),
+        vec!["b/1"],
+        "a/2 must not go out while a/1 is skipped"
+    );
+    writer.commit().await.unwrap();
+    let next = store
+        .claim(&request("relay", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(labels(&next.events), vec!["a/1", "a/2"]);
+}
+
+#[tokio::test]
+async fn a_locked_earlier_event_holds_back_its_aggregate_stalled_relay_write() {
+    let store = common::fresh_store().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(
+            &mut *tx,
+            &[numbered("a", 1), numbered("b", 1), numbered("a", 2)],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    // Relay 1 claims a/1 alone, then stalls past its lease.
+    let stalled = store
+        .claim(&ClaimRequest::new(
+            "stalled",
+            1,
+            Duration::from_millis(100),
+            DeadLetterPolicy::Block,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(labels(&stalled.events), vec!["a/1"]);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+
+    // Its late write (here: a row lock, as its retry UPDATE holds while it runs) is under way
+    // when relay 2 claims.
+    let mut late = store.pool().begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT seq FROM {} WHERE seq = $1 FOR UPDATE",
+        store.outbox().qualified_table()
+    )))
+    .bind(stalled.events[0].seq)
+    .fetch_one(&mut *late)
+    .await
+    .unwrap();
+
+    let claim = store
+        .claim(&request("relay-2", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(
+        labels(&claim.events),
+        vec!["b/1"],
+        "a/2 must not overtake the expired, locked a/1"
+    );
+    late.rollback().await.unwrap();
+    let next = store
+        .claim(&request("relay-2", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(labels(&next.events), vec!["a/1", "a/2"]);
+}

@@ -1,0 +1,441 @@
+//! Where an event goes and what the message looks like, shared by every sink — modelled on
+//! Debezium's Outbox Event Router.
+//!
+//! - **Destination**: the event's own `destination` if the writer set one, else a [`Template`]
+//!   over the event's fields, e.g. `events.${event_type}` or `${aggregate_type}.events`.
+//! - **Key**: the aggregate id, so one aggregate stays in one partition / ordering lane.
+//! - **Headers**: the event id, type, aggregate type and id, occurred_at and idempotency key, under
+//!   the names in [`header`], then the event's own headers (which may carry a W3C `traceparent`).
+//! - **Body**: the stored JSON bytes as they are, or a CloudEvents 1.0 structured envelope
+//!   around them ([`PayloadFormat::CloudEvents`]).
+//!
+//! ```
+//! use outbox_types::routing::{Routing, Template};
+//! # let event = outbox_types::Event { seq: 1, id: outbox_types::EventId::new(), aggregate_type: "order".into(),
+//! #   aggregate_id: "42".into(), event_type: "OrderCreated".into(), payload: r#"{"a":1}"#.into(), destination: None,
+//! #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 };
+//! let routing = Routing::new(Template::parse("events.${event_type}").unwrap());
+//! assert_eq!(routing.destination(&event), "events.OrderCreated");
+//! assert_eq!(routing.key(&event), "42");
+//! assert_eq!(routing.body(&event), br#"{"a":1}"#);
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::Event;
+
+/// Header names every sink uses for the event's own fields.
+pub mod header {
+    /// The event id (UUID): what consumers deduplicate on.
+    pub const EVENT_ID: &str = "outbox-event-id";
+    /// e.g. `OrderCreated`.
+    pub const EVENT_TYPE: &str = "outbox-event-type";
+    /// e.g. `order`.
+    pub const AGGREGATE_TYPE: &str = "outbox-aggregate-type";
+    /// The aggregate id (also the message key).
+    pub const AGGREGATE_ID: &str = "outbox-aggregate-id";
+    /// RFC 3339 time the business fact happened.
+    pub const OCCURRED_AT: &str = "outbox-occurred-at";
+    /// The writer's idempotency key, when it set one.
+    pub const IDEMPOTENCY_KEY: &str = "outbox-idempotency-key";
+}
+
+/// A destination template: text with `${field}` placeholders.
+///
+/// Fields: `event_type`, `aggregate_type`, `aggregate_id`, `event_id`, and `header.NAME` for one
+/// of the event's headers (empty when absent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Template {
+    source: String,
+    parts: Vec<Part>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    EventType,
+    AggregateType,
+    AggregateId,
+    EventId,
+    Header(String),
+}
+
+/// A template that does not parse; the message names the problem and the valid fields.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid destination template `{template}`: {reason}")]
+pub struct TemplateError {
+    /// The template as written.
+    pub template: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl Template {
+    /// Parse `text`.
+    ///
+    /// ```
+    /// use outbox_types::routing::Template;
+    /// assert!(Template::parse("${aggregate_type}.events").is_ok());
+    /// let err = Template::parse("events.${evnt_type}").unwrap_err();
+    /// assert!(err.to_string().contains("unknown field `evnt_type`"));
+    /// ```
+    pub fn parse(text: &str) -> Result<Self, TemplateError> {
+        let fail = |reason: String| TemplateError {
+            template: text.to_owned(),
+            reason,
+        };
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            if start > 0 {
+                parts.push(Part::Text(rest[..start].to_owned()));
+            }
+            let after = &rest[start + 2..];
+            let end = after
+                .find('}')
+                .ok_or_else(|| fail("a `${` is never closed with `}`".to_owned()))?;
+            let field = after[..end].trim();
+            let part = match field {
+                "event_type" => Part::EventType,
+                "aggregate_type" => Part::AggregateType,
+                "aggregate_id" => Part::AggregateId,
+                "event_id" | "id" => Part::EventId,
+                f if f.starts_with("header.") && f.len() > "header.".len() => {
+                    Part::Header(f["header.".len()..].to_owned())
+                }
+                other => {
+                    return Err(fail(format!(
+                        "unknown field `{other}` (use event_type, aggregate_type, aggregate_id, event_id or header.NAME)"
+                    )));
+                }
+            };
+            parts.push(part);
+            rest = &after[end + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Text(rest.to_owned()));
+        }
+        if parts.is_empty() {
+            return Err(fail("the template is empty".to_owned()));
+        }
+        Ok(Template {
+            source: text.to_owned(),
+            parts,
+        })
+    }
+
+    /// A template that is plain text (no placeholders).
+    pub fn fixed(text: impl Into<String>) -> Self {
+        let text = text.into();
+        Template {
+            parts: vec![Part::Text(text.clone())],
+            source: text,
+        }
+    }
+
+    /// The template as written.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// Fill the placeholders from `event`, values as they are: for topic, subject and stream
+    /// names, where every character of a value is just a character.
+    pub fn render(&self, event: &Event) -> String {
+        self.render_with(event, |out, value| out.push_str(value))
+    }
+
+    /// Fill the placeholders from `event` with every value percent-encoded: each byte except the
+    /// RFC 3986 unreserved characters `A-Z a-z 0-9 - . _ ~` is written as `%XX`. The template's
+    /// own text is kept as written.
+    ///
+    /// For URLs: a value then stays inside the one path segment or query value it was put in.
+    /// With [`render`](Template::render), an aggregate id `../../admin?debug=1#` in
+    /// `/orders/${aggregate_id}/events` would end the path, start a query and cut the rest off
+    /// as a fragment. Encoding leaves `.` alone (it is unreserved), so a value that is exactly
+    /// `.` or `..` still makes a dot segment; a caller building a URL refuses those.
+    ///
+    /// ```
+    /// use outbox_types::routing::Template;
+    /// # let mut event = outbox_types::Event { seq: 1, id: outbox_types::EventId::new(), aggregate_type: "order".into(),
+    /// #   aggregate_id: "42".into(), event_type: "OrderCreated".into(), payload: "{}".into(), destination: None,
+    /// #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 };
+    /// event.aggregate_id = "../../admin?debug=1#".into();
+    /// let t = Template::parse("https://h.example/orders/${aggregate_id}/events").unwrap();
+    /// assert_eq!(
+    ///     t.render_url_encoded(&event),
+    ///     "https://h.example/orders/..%2F..%2Fadmin%3Fdebug%3D1%23/events"
+    /// );
+    /// assert_eq!(t.render(&event), "https://h.example/orders/../../admin?debug=1#/events");
+    /// ```
+    pub fn render_url_encoded(&self, event: &Event) -> String {
+        self.render_with(event, percent_encode_into)
+    }
+
+    fn render_with(&self, event: &Event, put: impl Fn(&mut String, &str)) -> String {
+        let mut out = String::with_capacity(self.source.len() + 16);
+        for part in &self.parts {
+            match part {
+                Part::Text(t) => out.push_str(t),
+                Part::EventType => put(&mut out, &event.event_type),
+                Part::AggregateType => put(&mut out, &event.aggregate_type),
+                Part::AggregateId => put(&mut out, &event.aggregate_id),
+                Part::EventId => put(&mut out, &event.id.to_string()),
+                Part::Header(name) => {
+                    if let Some(v) = event.headers.get(name) {
+                        put(&mut out, v);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Append `value` to `out` with every byte outside the RFC 3986 unreserved set
+/// (`A-Z a-z 0-9 - . _ ~`) written as `%XX` (upper-case hex), UTF-8 byte by byte.
+fn percent_encode_into(out: &mut String, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in value.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0x0f)]));
+        }
+    }
+}
+
+impl Serialize for Template {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.source)
+    }
+}
+
+impl<'de> Deserialize<'de> for Template {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Template::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// How the message body is built.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "format", deny_unknown_fields)]
+pub enum PayloadFormat {
+    /// The stored JSON bytes, untouched.
+    #[default]
+    Raw,
+    /// A CloudEvents 1.0 JSON envelope (structured mode) with the payload as `data`.
+    CloudEvents {
+        /// The CloudEvents `source` attribute, e.g. `/orders-service`.
+        source: String,
+    },
+}
+
+/// Destination, key, headers and body for events: what every sink needs to turn an event into a
+/// message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routing {
+    /// Used when the event names no destination itself.
+    pub destination: Template,
+    /// Raw or CloudEvents.
+    pub format: PayloadFormat,
+}
+
+impl Routing {
+    /// Raw bodies, destination from `template` unless the event sets one.
+    pub fn new(destination: Template) -> Self {
+        Routing {
+            destination,
+            format: PayloadFormat::Raw,
+        }
+    }
+
+    /// Use `format` for bodies.
+    pub fn with_format(mut self, format: PayloadFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The event's own destination, else the template rendered over it.
+    pub fn destination(&self, event: &Event) -> String {
+        match &event.destination {
+            Some(d) if !d.is_empty() => d.clone(),
+            _ => self.destination.render(event),
+        }
+    }
+
+    /// The message key: the aggregate id.
+    pub fn key<'e>(&self, event: &'e Event) -> &'e str {
+        &event.aggregate_id
+    }
+
+    /// Headers to put on the message: the event's fields under [`header`] names, then its own
+    /// headers (an own header never replaces one of ours).
+    pub fn headers(&self, event: &Event) -> Vec<(String, String)> {
+        let mut out = Vec::with_capacity(6 + event.headers.len());
+        out.push((header::EVENT_ID.to_owned(), event.id.to_string()));
+        out.push((header::EVENT_TYPE.to_owned(), event.event_type.clone()));
+        out.push((
+            header::AGGREGATE_TYPE.to_owned(),
+            event.aggregate_type.clone(),
+        ));
+        out.push((header::AGGREGATE_ID.to_owned(), event.aggregate_id.clone()));
+        out.push((
+            header::OCCURRED_AT.to_owned(),
+            event.occurred_at.to_rfc3339(),
+        ));
+        if let Some(k) = &event.idempotency_key {
+            out.push((header::IDEMPOTENCY_KEY.to_owned(), k.clone()));
+        }
+        for (name, value) in &event.headers {
+            if !name.starts_with("outbox-") {
+                out.push((name.clone(), value.clone()));
+            }
+        }
+        out
+    }
+
+    /// The message body.
+    pub fn body(&self, event: &Event) -> Vec<u8> {
+        match &self.format {
+            PayloadFormat::Raw => event.payload.as_bytes().to_vec(),
+            PayloadFormat::CloudEvents { source } => cloudevent(event, source).into_bytes(),
+        }
+    }
+
+    /// The body's content type.
+    pub fn content_type(&self) -> &'static str {
+        match self.format {
+            PayloadFormat::Raw => "application/json",
+            PayloadFormat::CloudEvents { .. } => "application/cloudevents+json",
+        }
+    }
+}
+
+/// A CloudEvents 1.0 structured-mode JSON envelope whose `data` is the stored payload, spliced in
+/// byte for byte.
+pub fn cloudevent(event: &Event, source: &str) -> String {
+    let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned());
+    let mut out = String::with_capacity(event.payload.len() + 256);
+    out.push_str("{\"specversion\":\"1.0\",\"id\":");
+    out.push_str(&quote(&event.id.to_string()));
+    out.push_str(",\"source\":");
+    out.push_str(&quote(source));
+    out.push_str(",\"type\":");
+    out.push_str(&quote(&event.event_type));
+    out.push_str(",\"subject\":");
+    out.push_str(&quote(&event.aggregate_id));
+    out.push_str(",\"time\":");
+    out.push_str(&quote(&event.occurred_at.to_rfc3339()));
+    out.push_str(",\"datacontenttype\":\"application/json\",\"aggregatetype\":");
+    out.push_str(&quote(&event.aggregate_type));
+    if let Some(k) = &event.idempotency_key {
+        out.push_str(",\"idempotencykey\":");
+        out.push_str(&quote(k));
+    }
+    if let Some(tp) = event.headers.get("traceparent") {
+        out.push_str(",\"traceparent\":");
+        out.push_str(&quote(tp));
+    }
+    out.push_str(",\"data\":");
+    out.push_str(&event.payload);
+    out.push('}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{EventId, Headers};
+
+    fn event() -> Event {
+        let mut headers = Headers::new();
+        headers.insert("traceparent".into(), "00-abc-def-01".into());
+        headers.insert("outbox-event-id".into(), "forged".into());
+        Event {
+            seq: 1,
+            id: EventId::new(),
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "OrderCreated".into(),
+            payload: r#"{"amount": 1999}"#.into(),
+            destination: None,
+            headers,
+            idempotency_key: Some("k-1".into()),
+            occurred_at: chrono::Utc::now(),
+            enqueued_at: chrono::Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn own_destination_wins_over_the_template() {
+        let routing = Routing::new(Template::parse("${aggregate_type}.events").unwrap());
+        let mut e = event();
+        assert_eq!(routing.destination(&e), "order.events");
+        e.destination = Some("audit".into());
+        assert_eq!(routing.destination(&e), "audit");
+    }
+
+    #[test]
+    fn templates_fill_every_field() {
+        let e = event();
+        let t = Template::parse("x.${event_type}.${aggregate_type}.${aggregate_id}.${header.traceparent}.${header.none}").unwrap();
+        assert_eq!(t.render(&e), "x.OrderCreated.order.42.00-abc-def-01.");
+        assert!(Template::parse("a.${event_type").is_err());
+        assert!(Template::parse("").is_err());
+    }
+
+    #[test]
+    fn url_rendering_encodes_every_value_byte_outside_the_unreserved_set() {
+        let mut e = event();
+        e.aggregate_id = "a/b?c=d#e f%2e%2E\\ü@:".into();
+        e.event_type = "Az09-._~".into();
+        e.headers.insert("tenant".into(), "x&y=z".into());
+        let t = Template::parse("http://h:8080/p/${aggregate_id}/${event_type}?t=${header.tenant}")
+            .unwrap();
+        assert_eq!(
+            t.render_url_encoded(&e),
+            "http://h:8080/p/a%2Fb%3Fc%3Dd%23e%20f%252e%252E%5C%C3%BC%40%3A/Az09-._~?t=x%26y%3Dz"
+        );
+        // The template's own text is not touched, and the raw rendering is unchanged.
+        assert_eq!(
+            t.render(&e),
+            "http://h:8080/p/a/b?c=d#e f%2e%2E\\ü@:/Az09-._~?t=x&y=z"
+        );
+    }
+
+    #[test]
+    fn headers_carry_the_event_fields_and_cannot_be_forged() {
+        let e = event();
+        let h = Routing::new(Template::fixed("t")).headers(&e);
+        let get = |n: &str| {
+            h.iter()
+                .filter(|(k, _)| k == n)
+                .map(|(_, v)| v.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(get(header::EVENT_ID), vec![e.id.to_string()]);
+        assert_eq!(get(header::IDEMPOTENCY_KEY), vec!["k-1".to_owned()]);
+        assert_eq!(get("traceparent"), vec!["00-abc-def-01".to_owned()]);
+    }
+
+    #[test]
+    fn cloudevents_envelope_is_valid_json_with_the_payload_as_data() {
+        let e = event();
+        let routing = Routing::new(Template::fixed("t")).with_format(PayloadFormat::CloudEvents {
+            source: "/orders".into(),
+        });
+        let body = String::from_utf8(routing.body(&e)).unwrap();
+        assert!(body.contains(r#""data":{"amount": 1999}"#), "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["specversion"], "1.0");
+        assert_eq!(v["type"], "OrderCreated");
+        assert_eq!(v["source"], "/orders");
+        assert_eq!(v["id"], e.id.to_string());
+        assert_eq!(v["traceparent"], "00-abc-def-01");
+        assert_eq!(routing.content_type(), "application/cloudevents+json");
+    }
+}

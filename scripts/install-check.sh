@@ -38,7 +38,11 @@ say "cargo install --path crates/outbox-cli --no-default-features --features pos
 cargo install --quiet --locked --debug --path crates/outbox-cli \
   --no-default-features --features postgres,webhook --root "$work/root"
 bin="$work/root/bin/outbox"
-"$bin" --version >/dev/null || fail "the installed binary does not run"
+version="$("$bin" --version)" || fail "the installed binary does not run"
+case "$version" in
+  "outbox "*" (postgres, webhook, stdout, file)") ;;
+  *) fail "outbox --version says \`$version\`, not the features it was built with" ;;
+esac
 linked="$(links_ssl_or_zlib "$bin")"
 [ -z "$linked" ] || fail "the postgres,webhook build links $linked"
 if grep -q rd_kafka_new "$bin"; then fail "the postgres,webhook build contains librdkafka"; fi

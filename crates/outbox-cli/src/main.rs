@@ -34,10 +34,33 @@ use serde_json::json;
 use crate::config::{Config, ConfigError, SinkConfig};
 use crate::store::AnyStore;
 
+/// `outbox --version`: the version and what this build has (its cargo features), e.g.
+/// `0.1.0 (postgres, webhook, stdout, file)`, so an operator can tell which databases and sinks
+/// a binary supports without a config to try.
+static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let built: Vec<&str> = [
+        ("postgres", cfg!(feature = "postgres")),
+        ("mysql", cfg!(feature = "mysql")),
+        ("sqlite", cfg!(feature = "sqlite")),
+        ("kafka", cfg!(feature = "kafka")),
+        ("rabbitmq", cfg!(feature = "rabbitmq")),
+        ("nats", cfg!(feature = "nats")),
+        ("redis", cfg!(feature = "redis")),
+        ("webhook", cfg!(feature = "webhook")),
+        ("stdout", true),
+        ("file", true),
+        ("demo", cfg!(feature = "demo")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    format!("{} ({})", env!("CARGO_PKG_VERSION"), built.join(", "))
+});
+
 #[derive(Parser)]
 #[command(
     name = "outbox",
-    version,
+    version = VERSION.as_str(),
     about = "Transactional outbox relay and tools"
 )]
 struct Cli {

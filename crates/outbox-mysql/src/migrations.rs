@@ -63,7 +63,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 1,
         description: "outbox events table, claim and ordering indexes",
         sql: r#"
--- Lifecycle (see outbox_types::EventState): pending -> in_flight -> delivered | dead.
+-- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- A pending row with attempts > 0 is one waiting for a retry.
 --
 -- Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6): the database's

@@ -93,7 +93,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 1,
         description: "outbox events table, claim and ordering indexes",
         sql: r#"
--- Lifecycle (see outbox_types::EventState): pending -> in_flight -> delivered | dead.
+-- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- The seeds' new / sent / error are pending / delivered / dead; a pending row with attempts > 0
 -- is one waiting for a retry.
 CREATE TABLE {t} (

@@ -37,7 +37,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 1,
         description: "outbox events table, claim and ordering indexes",
         sql: r#"
--- Lifecycle (see outbox_types::EventState): pending -> in_flight -> delivered | dead.
+-- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- A pending row with attempts > 0 is one waiting for a retry.
 --
 -- Times are INTEGER microseconds since the Unix epoch, written by the store from the host clock

@@ -474,22 +474,7 @@ impl SinkConfig {
 
     /// Why this build cannot deliver to the destination: its sink was not built.
     pub fn built(&self) -> Result<(), NotInBuild> {
-        let built = match self {
-            SinkConfig::Stdout | SinkConfig::File(_) => true,
-            SinkConfig::Kafka(_) => cfg!(feature = "kafka"),
-            SinkConfig::Rabbitmq(_) => cfg!(feature = "rabbitmq"),
-            SinkConfig::Nats(_) => cfg!(feature = "nats"),
-            SinkConfig::Redis(_) => cfg!(feature = "redis"),
-            SinkConfig::Webhook(_) => cfg!(feature = "webhook"),
-        };
-        if built {
-            Ok(())
-        } else {
-            Err(NotInBuild {
-                what: format!("`{}` sink", self.kind()),
-                feature: self.kind(),
-            })
-        }
+        require_feature(self.kind(), format!("`{}` sink", self.kind()))
     }
 }
 
@@ -621,15 +606,50 @@ pub fn load_for(
     Ok(config)
 }
 
-fn check_url(key: &str, url: &str) -> Result<(), ConfigError> {
-    match Database::of(url) {
-        Some(database) => database
-            .built()
-            .map_err(|e| ConfigError(format!("`{key}`: {e}"))),
-        None => Err(ConfigError(format!(
+/// The database `url` (the value of `key`) names, when it is one this build supports; else the
+/// error naming the key and the fix.
+pub fn database_of(key: &str, url: &str) -> Result<Database, ConfigError> {
+    let database = Database::of(url).ok_or_else(|| {
+        ConfigError(format!(
             "unsupported `{key}` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
             outbox_types::redact::redact_url(url)
-        ))),
+        ))
+    })?;
+    database
+        .built()
+        .map_err(|e| ConfigError(format!("`{key}`: {e}")))?;
+    Ok(database)
+}
+
+/// The cargo features of this build, in the order `outbox --version` lists them; the sinks'
+/// names are their `type`s (stdout and file are always built).
+const FEATURES: [(&str, bool); 11] = [
+    ("postgres", cfg!(feature = "postgres")),
+    ("mysql", cfg!(feature = "mysql")),
+    ("sqlite", cfg!(feature = "sqlite")),
+    ("kafka", cfg!(feature = "kafka")),
+    ("rabbitmq", cfg!(feature = "rabbitmq")),
+    ("nats", cfg!(feature = "nats")),
+    ("redis", cfg!(feature = "redis")),
+    ("webhook", cfg!(feature = "webhook")),
+    ("stdout", true),
+    ("file", true),
+    ("demo", cfg!(feature = "demo")),
+];
+
+/// The features this build has, e.g. `["postgres", "webhook", "stdout", "file"]`.
+pub fn built_features() -> impl Iterator<Item = &'static str> {
+    FEATURES
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+}
+
+/// `Ok` when this build has `feature`; else the error saying `what` is missing.
+pub fn require_feature(feature: &'static str, what: String) -> Result<(), NotInBuild> {
+    if built_features().any(|f| f == feature) {
+        Ok(())
+    } else {
+        Err(NotInBuild { what, feature })
     }
 }
 
@@ -661,19 +681,21 @@ impl Database {
 
     /// `Ok` when this build has the database's cargo feature; else the error naming it.
     pub fn built(self) -> Result<(), NotInBuild> {
-        let (name, feature, built) = match self {
-            Database::Postgres => ("PostgreSQL", "postgres", cfg!(feature = "postgres")),
-            Database::MySql => ("MySQL/MariaDB", "mysql", cfg!(feature = "mysql")),
-            Database::Sqlite => ("SQLite", "sqlite", cfg!(feature = "sqlite")),
+        let (name, feature) = match self {
+            Database::Postgres => ("PostgreSQL", "postgres"),
+            Database::MySql => ("MySQL/MariaDB", "mysql"),
+            Database::Sqlite => ("SQLite", "sqlite"),
         };
-        if built {
-            Ok(())
-        } else {
-            Err(NotInBuild {
-                what: format!("{name} support"),
-                feature,
-            })
-        }
+        require_feature(feature, format!("{name} support"))
+    }
+}
+
+/// The URL the MySQL driver takes: `mariadb://` is our alias of its `mysql://`.
+#[cfg(feature = "mysql")]
+pub fn mysql_driver_url(url: &str) -> String {
+    match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
     }
 }
 
@@ -717,10 +739,10 @@ pub fn validate_for(config: &Config, need: Need) -> Result<(), ConfigError> {
         _ => {}
     }
     if !url.is_empty() {
-        check_url("database.url", url)?;
+        database_of("database.url", url)?;
     }
     if let Some(inbox_url) = &config.inbox.database_url {
-        check_url("inbox.database_url", inbox_url.trim())?;
+        database_of("inbox.database_url", inbox_url.trim())?;
     }
     if config.inbox.batch_size == 0 {
         return Err(ConfigError("`inbox.batch_size` must be at least 1".into()));

@@ -25,7 +25,9 @@ use sqlx::postgres::PgPoolOptions;
 #[cfg(feature = "sqlite")]
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
-use crate::config::{Config, ConfigError, Database};
+#[cfg(feature = "mysql")]
+use crate::config::mysql_driver_url;
+use crate::config::{Config, ConfigError, Database, database_of};
 
 /// An inbox in whichever database the URL names.
 pub enum AnyInbox {
@@ -64,15 +66,12 @@ impl AnyInbox {
             ))
         };
         let invalid = |e: outbox_inbox::Error| ConfigError(format!("invalid `[inbox]`: {e}"));
-        let database = Database::of(url).ok_or_else(|| {
-            ConfigError(format!(
-                "unsupported inbox database URL `{}`: use postgres://…, mysql://… or sqlite://…",
-                redact_url(url)
-            ))
-        })?;
-        database
-            .built()
-            .map_err(|e| ConfigError(format!("the inbox database: {e}")))?;
+        // The key `inbox_url` took the URL from.
+        let key = match &section.database_url {
+            Some(own) if !own.trim().is_empty() => "inbox.database_url",
+            _ => "database.url",
+        };
+        let database = database_of(key, url)?;
         #[allow(unreachable_patterns)] // reachable in a build without some database
         match database {
             Database::Postgres => {
@@ -88,10 +87,7 @@ impl AnyInbox {
             #[cfg(feature = "mysql")]
             Database::MySql => {
                 let inbox = MySqlInbox::with_table(&section.table).map_err(invalid)?;
-                let url = match url.strip_prefix("mariadb://") {
-                    Some(rest) => format!("mysql://{rest}"),
-                    None => url.to_owned(),
-                };
+                let url = mysql_driver_url(url);
                 let pool = MySqlPoolOptions::new()
                     .max_connections(2)
                     .connect(&url)

@@ -38,22 +38,7 @@ use crate::store::AnyStore;
 /// `0.1.0 (postgres, webhook, stdout, file)`, so an operator can tell which databases and sinks
 /// a binary supports without a config to try.
 static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let built: Vec<&str> = [
-        ("postgres", cfg!(feature = "postgres")),
-        ("mysql", cfg!(feature = "mysql")),
-        ("sqlite", cfg!(feature = "sqlite")),
-        ("kafka", cfg!(feature = "kafka")),
-        ("rabbitmq", cfg!(feature = "rabbitmq")),
-        ("nats", cfg!(feature = "nats")),
-        ("redis", cfg!(feature = "redis")),
-        ("webhook", cfg!(feature = "webhook")),
-        ("stdout", true),
-        ("file", true),
-        ("demo", cfg!(feature = "demo")),
-    ]
-    .into_iter()
-    .filter_map(|(name, on)| on.then_some(name))
-    .collect();
+    let built: Vec<&str> = config::built_features().collect();
     format!("{} ({})", env!("CARGO_PKG_VERSION"), built.join(", "))
 });
 

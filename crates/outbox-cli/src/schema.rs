@@ -53,20 +53,14 @@ pub(crate) struct PrintArgs {
     pub layout: Option<LayoutFlag>,
 }
 
-/// The dialect a database URL names.
+/// The dialect a database URL names: its database, MariaDB told from MySQL by the scheme.
 fn dialect_of(url: &str) -> Option<Dialect> {
-    let url = url.trim();
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Some(Dialect::Postgres)
-    } else if url.starts_with("mysql://") {
-        Some(Dialect::Mysql)
-    } else if url.starts_with("mariadb://") {
-        Some(Dialect::Mariadb)
-    } else if url.starts_with("sqlite:") {
-        Some(Dialect::Sqlite)
-    } else {
-        None
-    }
+    Some(match Database::of(url)? {
+        Database::Postgres => Dialect::Postgres,
+        Database::MySql if url.trim().starts_with("mariadb://") => Dialect::Mariadb,
+        Database::MySql => Dialect::Mysql,
+        Database::Sqlite => Dialect::Sqlite,
+    })
 }
 
 /// A URL of `dialect`, only so the configuration loads when none is given: nothing connects.

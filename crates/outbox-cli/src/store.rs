@@ -10,7 +10,9 @@ use outbox_sqlite::{SqliteOutbox, SqliteStore};
 use outbox_types::redact::redact_url;
 use outbox_types::{Store, StoreError};
 
-use crate::config::{Config, ConfigError, Database, Layout, PartitionEvery};
+#[cfg(feature = "mysql")]
+use crate::config::mysql_driver_url;
+use crate::config::{Config, ConfigError, Database, Layout, PartitionEvery, database_of};
 
 /// A store of whichever kind the URL names.
 pub enum AnyStore {
@@ -73,15 +75,7 @@ impl AnyStore {
     pub async fn open(full: &Config) -> Result<Self, ConfigError> {
         let config = &full.database;
         let url = config.url.trim();
-        let database = Database::of(url).ok_or_else(|| {
-            ConfigError(format!(
-                "unsupported `database.url` `{}`: use postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/file.db",
-                redact_url(url)
-            ))
-        })?;
-        database
-            .built()
-            .map_err(|e| ConfigError(format!("`database.url`: {e}")))?;
+        let database = database_of("database.url", url)?;
         if config.layout == Layout::Partitioned && database != Database::Postgres {
             return Err(ConfigError(
                 "`database.layout = \"partitioned\"` is a PostgreSQL layout; use `plain` with other databases".into(),
@@ -112,10 +106,7 @@ impl AnyStore {
             #[cfg(feature = "mysql")]
             Database::MySql => {
                 let outbox = mysql_outbox(full)?;
-                let url = match url.strip_prefix("mariadb://") {
-                    Some(rest) => format!("mysql://{rest}"),
-                    None => url.to_owned(),
-                };
+                let url = mysql_driver_url(url);
                 let store = MySqlStore::connect(&url, outbox)
                     .await
                     .map_err(|e| unreachable(&url, e))?;

@@ -246,7 +246,8 @@ struct RelayArgs {
     /// Events claimed per batch.
     #[arg(long)]
     batch_size: Option<u32>,
-    /// Pause after a short batch, e.g. `100ms`.
+    /// Longest pause between claims of an idle outbox, e.g. `100ms` (while events trickle in,
+    /// claims follow every `relay.min_poll_interval`).
     #[arg(long)]
     poll_interval: Option<String>,
     /// Claim lease, e.g. `30s`.

@@ -8,7 +8,8 @@
 //! ones held back by an earlier failure of their aggregate. While claims come back full the loop
 //! claims again at once (up to [`RelayConfig::max_batches_in_flight`] batches are published
 //! concurrently, plus batches left waiting only on a slow destination, below); when a claim comes
-//! back short it waits [`RelayConfig::poll_interval`].
+//! back short it waits [`RelayConfig::min_poll_interval`] if it found events, and after claims
+//! that found nothing longer and longer, up to [`RelayConfig::poll_interval`].
 //!
 //! ```no_run
 //! # async fn demo(store: std::sync::Arc<dyn outbox_types::Store>, sink: std::sync::Arc<dyn outbox_types::Sink>) {
@@ -165,10 +166,18 @@ pub struct RelayConfig {
     /// reason that names this limit (raise it and `outbox dead retry` the event if the
     /// destination accepts such messages).
     pub max_payload_bytes: u64,
-    /// Pause after a claim that came back short, before claiming again. Bounds the delivery
-    /// latency of a quiet outbox; shorter costs one cheap indexed query per interval.
+    /// Longest pause between claims: the pause of an idle outbox, which bounds the delivery
+    /// latency of its next event. Shorter costs one cheap indexed query per interval while
+    /// nothing happens. See [`RelayConfig::min_poll_interval`] for the pause while events trickle
+    /// in.
     #[serde(with = "humantime_duration")]
     pub poll_interval: Duration,
+    /// Pause after a claim that found events but came back short (events are trickling in):
+    /// the delivery latency of a busy outbox. After each claim that finds nothing the pause
+    /// doubles, up to [`RelayConfig::poll_interval`], so an idle outbox is asked no more often
+    /// than before. Set it equal to `poll_interval` for a fixed interval.
+    #[serde(with = "humantime_duration")]
+    pub min_poll_interval: Duration,
     /// How long a claim is exclusive. Another relay can re-claim the events after it, so it must
     /// exceed the slowest expected publish of one batch.
     #[serde(with = "humantime_duration")]
@@ -216,6 +225,7 @@ impl Default for RelayConfig {
             max_batch_bytes: 32 * 1024 * 1024,
             max_payload_bytes: 16 * 1024 * 1024,
             poll_interval: Duration::from_millis(100),
+            min_poll_interval: Duration::from_millis(10),
             lease: Duration::from_secs(30),
             publish_timeout: Duration::from_secs(10),
             max_batches_in_flight: 1,
@@ -499,6 +509,7 @@ where
         let mut batches: JoinSet<()> = JoinSet::new();
         let mut store_failures: u32 = 0;
         let mut failure: Option<String> = None;
+        let mut pacer = Pacer::new(config.min_poll_interval, config.poll_interval);
         tokio::pin!(shutdown);
         info!(
             relay_id = %config.relay_id,
@@ -563,7 +574,7 @@ where
                             break;
                         }
                     }
-                    Some(config.poll_interval)
+                    Some(pacer.found_nothing())
                 }
                 Ok(claim) => {
                     store_failures = 0;
@@ -583,7 +594,8 @@ where
                     });
                     // After the others' turn, the deferred destination's backlog is claimed
                     // again at once.
-                    (!full && deferred.is_none()).then_some(config.poll_interval)
+                    let pause = pacer.found_some();
+                    (!full && deferred.is_none()).then_some(pause)
                 }
                 Err(StoreError::Stopped(reason)) => {
                     drop(slot);
@@ -735,6 +747,48 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Exponential pause between attempts to reach the database: 100 ms, 200 ms, … up to `max`.
+/// The pause between claims that come back short. While claims find events, the next one
+/// follows after `min` (a trickle is delivered within about `min`); each claim that finds nothing
+/// doubles the pause, up to `max`, so an idle outbox costs the database what a fixed `max`
+/// interval did (after a handful of claims) while a busy one is not held to it. A wake-up signal
+/// from writers (`NOTIFY`) was the alternative; it was not taken because `NOTIFY` in a business
+/// transaction takes a database-wide lock at commit, serialising every writer's commits.
+#[derive(Debug)]
+struct Pacer {
+    min: Duration,
+    max: Duration,
+    /// The pause after the next claim that finds nothing.
+    idle: Duration,
+}
+
+impl Pacer {
+    fn new(min: Duration, max: Duration) -> Self {
+        let min = min.min(max);
+        Pacer {
+            min,
+            max,
+            idle: min,
+        }
+    }
+
+    /// The claim found events (and came back short): claim again soon.
+    fn found_some(&mut self) -> Duration {
+        self.idle = self.min;
+        self.min
+    }
+
+    /// The claim found nothing: wait, and wait longer next time.
+    fn found_nothing(&mut self) -> Duration {
+        let pause = self.idle;
+        self.idle = self
+            .idle
+            .saturating_mul(2)
+            .max(Duration::from_millis(1))
+            .min(self.max);
+        pause
+    }
+}
+
 fn store_backoff(failures: u32, max: Duration) -> Duration {
     let exponent = failures.saturating_sub(1).min(20);
     Duration::from_millis(100u64.saturating_mul(1 << exponent)).min(max)
@@ -1503,6 +1557,30 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn polling_is_quick_while_events_trickle_in_and_slows_to_the_interval_when_idle() {
+        let ms = Duration::from_millis;
+        let mut pacer = Pacer::new(ms(10), ms(100));
+        // Busy: every claim found something.
+        assert_eq!(pacer.found_some(), ms(10));
+        assert_eq!(pacer.found_some(), ms(10));
+        // Idle: the pause doubles up to the poll interval, and stays there.
+        let idle: Vec<Duration> = (0..6).map(|_| pacer.found_nothing()).collect();
+        assert_eq!(idle, [ms(10), ms(20), ms(40), ms(80), ms(100), ms(100)]);
+        // One event: quick again at once.
+        assert_eq!(pacer.found_some(), ms(10));
+        assert_eq!(pacer.found_nothing(), ms(10));
+        // A minimum above the interval is the interval: a fixed pause.
+        let mut fixed = Pacer::new(ms(500), ms(100));
+        assert_eq!(fixed.found_some(), ms(100));
+        assert_eq!(fixed.found_nothing(), ms(100));
+        assert_eq!(fixed.found_nothing(), ms(100));
+        // A zero minimum does not spin on an idle outbox.
+        let mut zero = Pacer::new(Duration::ZERO, ms(100));
+        assert_eq!(zero.found_nothing(), Duration::ZERO);
+        assert!(zero.found_nothing() > Duration::ZERO);
+    }
 
     #[test]
     fn store_backoff_grows_then_caps() {

@@ -21,6 +21,11 @@ run() { echo; echo "\$ outbox-bench $*"; "$bench" --json-out "$out" "$@"; }
 
 # 1. What enqueueing costs a business transaction, and the library's overhead over raw SQL.
 run write-overhead
+# 1b. pgbench-style writer cost: business UPDATE + one event, for a hand-written insert into a
+#     primary-key-only table, our enqueue (and without each index), and a logical message; then
+#     the same with our WAL relay delivering beside the writers (on the logical cluster).
+scripts/pg-logical.sh start
+run --database-url "$(scripts/pg-logical.sh url)" writer-cost --relay both
 # 2. Drain a backlog into the in-process sink: ours against the seeds' naive relay, then 1M.
 run drain --events 100000 --relay both
 run drain --events 1000000

@@ -11,6 +11,8 @@
 //! cargo run --release -p outbox-bench -- drain --sink nats --events 100000
 //! cargo run --release -p outbox-bench -- drain --sink all --json-out drain.jsonl
 //! cargo run --release -p outbox-bench -- claim-latency --delivered 10000,1000000
+//! cargo run --release -p outbox-bench -- --database-url "$(scripts/pg-logical.sh url)" writer-cost --relay both
+//! cargo run --release -p outbox-bench -- steady --rates 500,2000
 //! ```
 //!
 //! `drain --sink nats|kafka|rabbitmq|redis|webhook` drains the same backlog through the real
@@ -25,6 +27,7 @@ mod load;
 mod naive;
 mod scenarios;
 mod timing;
+mod writer_cost;
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -68,12 +71,19 @@ enum Command {
     /// Commits/s of a business transaction alone, with `enqueue`, and with a hand-written
     /// INSERT of the same event: the outbox's cost and the library's overhead over raw SQL.
     WriteOverhead(scenarios::WriteArgs),
+    /// pgbench-style: business transactions/s with an event written by hand into a table with
+    /// only a primary key, by `enqueue` (with and without each index), and as a logical message;
+    /// optionally with our WAL relay delivering beside the writers.
+    WriterCost(writer_cost::WriterCostArgs),
     /// Writers at fixed rates (and flat out) with the relay running: commit → ack latency,
     /// backlog, relay CPU and RSS; `--relay both` adds the naive baseline.
     Steady(scenarios::SteadyArgs),
     /// Internal: run a relay until the outbox is drained and print its own figures.
     #[command(hide = true)]
     RelayChild(ChildArgs),
+    /// Internal: run the WAL relay beside `writer-cost`'s writers until stdin closes.
+    #[command(hide = true)]
+    WalRelayChild(writer_cost::WalChildArgs),
 }
 
 /// `--sink`: one destination, or all of them in turn.
@@ -232,9 +242,13 @@ struct ChildArgs {
     /// Which relay runs: ours, or the seeds' naive poller (the baseline).
     #[arg(long, value_enum, default_value = "ours")]
     relay: RelayKind,
-    /// Our relay's pause after a short claim.
-    #[arg(long, default_value_t = 5)]
-    poll_interval_ms: u64,
+    /// Our relay's longest pause between claims (`relay.poll_interval`); its default when absent.
+    #[arg(long)]
+    poll_interval_ms: Option<u64>,
+    /// Our relay's pause after a short claim that found events (`relay.min_poll_interval`); its
+    /// default when absent.
+    #[arg(long)]
+    min_poll_interval_ms: Option<u64>,
     /// The naive relay's sleep when nothing is pending (the seeds' five seconds).
     #[arg(long, default_value_t = 5000)]
     idle_sleep_ms: u64,
@@ -331,7 +345,11 @@ fn main() -> anyhow::Result<()> {
             Command::Steady(args) => {
                 scenarios::steady(&cli.database_url, cli.json_out.as_deref(), args).await
             }
+            Command::WriterCost(args) => {
+                writer_cost::writer_cost(&cli.database_url, cli.json_out.as_deref(), args).await
+            }
             Command::RelayChild(args) => relay_child(&cli.database_url, args).await,
+            Command::WalRelayChild(args) => writer_cost::wal_relay_child(args).await,
         }
     })
 }
@@ -997,7 +1015,14 @@ async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()> {
         relay_id: "bench".into(),
         batch_size: args.batch_size,
         max_batches_in_flight: args.batches_in_flight,
-        poll_interval: Duration::from_millis(args.poll_interval_ms),
+        poll_interval: args
+            .poll_interval_ms
+            .map(Duration::from_millis)
+            .unwrap_or(RelayConfig::default().poll_interval),
+        min_poll_interval: args
+            .min_poll_interval_ms
+            .map(Duration::from_millis)
+            .unwrap_or(RelayConfig::default().min_poll_interval),
         dead_letter: DeadLetterPolicy::Block,
         stop_when_idle: !until_eof,
         ..RelayConfig::default()

@@ -198,9 +198,14 @@ pub struct SteadyArgs {
     /// Relay batch size.
     #[arg(long, default_value_t = 500)]
     batch_size: u32,
-    /// Our relay's pause after a claim that came back short, in milliseconds.
-    #[arg(long, default_value_t = 10)]
-    poll_interval_ms: u64,
+    /// Our relay's longest pause between claims (`relay.poll_interval`), in milliseconds; the
+    /// relay's default (100 ms) when absent.
+    #[arg(long)]
+    poll_interval_ms: Option<u64>,
+    /// Our relay's pause after a short claim that found events (`relay.min_poll_interval`), in
+    /// milliseconds; the relay's default (10 ms) when absent.
+    #[arg(long)]
+    min_poll_interval_ms: Option<u64>,
     /// Our relay's ack deletes the row instead of marking it delivered (the relay's
     /// `retention.delivered = "0s"`).
     #[arg(long)]
@@ -208,6 +213,18 @@ pub struct SteadyArgs {
     /// Longest wait for the relay to deliver what was written, after the writers stop.
     #[arg(long, default_value_t = 180)]
     drain_timeout_seconds: u64,
+}
+
+/// The relay's poll settings as the run used them.
+fn poll_label(args: &SteadyArgs) -> String {
+    let ms = |v: Option<u64>, default: &str| {
+        v.map_or(format!("{default} (default)"), |v| format!("{v} ms"))
+    };
+    format!(
+        "{} idle / {} busy",
+        ms(args.poll_interval_ms, "100 ms"),
+        ms(args.min_poll_interval_ms, "10 ms")
+    )
 }
 
 /// Figures of one steady-state run.
@@ -232,6 +249,9 @@ struct SteadyRun {
     backlog_at_stop: u64,
     drain_after_stop_seconds: f64,
     relay_cpu_us_per_event: f64,
+    /// PostgreSQL's CPU (all its processes) while the writers ran, per committed event: the
+    /// writers' and the relay's work together.
+    postgres_cpu_us_per_event: f64,
     relay_peak_rss_mb: f64,
     relay_rss_mb_first: f64,
     relay_rss_mb_last: f64,
@@ -271,13 +291,13 @@ pub async fn steady(
     let settings = server_settings(&probe).await?;
     drop_schema(&probe).await?;
     println!(
-        "steady: {} writers, one {} B event per transaction (order row + enqueue), {} s per run after which the relay drains what is left, {} run(s) per rate; relay batch {}, poll interval {} ms (ours{}) / idle sleep 5 s (naive); sink: in-process channel; latency = sink ack − COMMIT returned, events of the first {} s left out; {settings}",
+        "steady: {} writers, one {} B event per transaction (order row + enqueue), {} s per run after which the relay drains what is left, {} run(s) per rate; relay batch {}, poll interval {} (ours{}) / idle sleep 5 s (naive); sink: in-process channel; latency = sink ack − COMMIT returned, events of the first {} s left out; {settings}",
         args.writers,
         args.payload_bytes,
         args.seconds,
         args.runs.max(1),
         args.batch_size,
-        args.poll_interval_ms,
+        poll_label(&args),
         if args.delete_on_ack {
             ", acks delete the rows"
         } else {
@@ -319,6 +339,7 @@ pub async fn steady(
                 backlog_at_stop: m(|r| r.backlog_at_stop as f64) as u64,
                 drain_after_stop_seconds: m(|r| r.drain_after_stop_seconds),
                 relay_cpu_us_per_event: m(|r| r.relay_cpu_us_per_event),
+                postgres_cpu_us_per_event: m(|r| r.postgres_cpu_us_per_event),
                 relay_peak_rss_mb: m(|r| r.relay_peak_rss_mb),
                 relay_rss_mb_first: m(|r| r.relay_rss_mb_first),
                 relay_rss_mb_last: m(|r| r.relay_rss_mb_last),
@@ -329,6 +350,7 @@ pub async fn steady(
                     "scenario": "steady", "relay": relay.name(), "rate": rate.to_string(),
                     "writers": args.writers, "seconds": args.seconds, "payload_bytes": args.payload_bytes,
                     "batch_size": args.batch_size, "poll_interval_ms": args.poll_interval_ms,
+                    "min_poll_interval_ms": args.min_poll_interval_ms,
                     "runs": args.runs, "database": settings, "median": summary, "per_run": runs,
                 }),
             )?;
@@ -342,7 +364,7 @@ pub async fn steady(
         args.writers
     );
     println!(
-        "{:<6} {:>7} {:>9} {:>8} {:>8} {:>8} {:>9} {:>11} {:>9} {:>8} {:>7}",
+        "{:<6} {:>7} {:>9} {:>8} {:>8} {:>8} {:>9} {:>11} {:>9} {:>8} {:>7} {:>8}",
         "relay",
         "rate",
         "commits/s",
@@ -353,11 +375,12 @@ pub async fn steady(
         "backlog max",
         "bounded",
         "µs/event",
-        "RSS MB"
+        "RSS MB",
+        "PG µs/ev"
     );
     for (relay, rate, s) in &table {
         println!(
-            "{:<6} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>11} {:>9} {:>8.1} {:>7.1}",
+            "{:<6} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>11} {:>9} {:>8.1} {:>7.1} {:>8.1}",
             relay.name(),
             rate.to_string(),
             s.commits_per_second,
@@ -369,6 +392,7 @@ pub async fn steady(
             if bounded(s) { "yes" } else { "NO" },
             s.relay_cpu_us_per_event,
             s.relay_peak_rss_mb,
+            s.postgres_cpu_us_per_event,
         );
         if let Some(alone) = s.commits_per_second_without_relay
             && alone > 0.0
@@ -416,7 +440,7 @@ fn bounded(s: &SteadyRun) -> bool {
 
 fn print_steady_run(relay: RelayKind, rate: Rate, run: usize, r: &SteadyRun) {
     println!(
-        "  {} {rate} run {}: {:.0} commits/s{}, latency p50 {:.2} / p95 {:.2} / p99 {:.2} / max {:.1} ms over {} events, {} undelivered; backlog max {} (halves {} → {}), {} at stop, drained {:.1} s later; relay {:.1} µs CPU/event, RSS {:.1} → {:.1} MB (peak {:.1})",
+        "  {} {rate} run {}: {:.0} commits/s{}, latency p50 {:.2} / p95 {:.2} / p99 {:.2} / max {:.1} ms over {} events, {} undelivered; backlog max {} (halves {} → {}), {} at stop, drained {:.1} s later; relay {:.1} µs CPU/event, PostgreSQL {:.1} µs CPU/event, RSS {:.1} → {:.1} MB (peak {:.1})",
         relay.name(),
         run + 1,
         r.commits_per_second,
@@ -435,6 +459,7 @@ fn print_steady_run(relay: RelayKind, rate: Rate, run: usize, r: &SteadyRun) {
         r.backlog_at_stop,
         r.drain_after_stop_seconds,
         r.relay_cpu_us_per_event,
+        r.postgres_cpu_us_per_event,
         r.relay_rss_mb_first,
         r.relay_rss_mb_last,
         r.relay_peak_rss_mb,
@@ -499,7 +524,16 @@ async fn steady_run_in(
         .args(["--batch-size", &args.batch_size.to_string()])
         .args(["--batches-in-flight", "1", "--sink", "channel"])
         .args(["--relay", relay.name()])
-        .args(["--poll-interval-ms", &args.poll_interval_ms.to_string()])
+        .args(
+            args.poll_interval_ms
+                .iter()
+                .flat_map(|ms| ["--poll-interval-ms".to_owned(), ms.to_string()]),
+        )
+        .args(
+            args.min_poll_interval_ms
+                .iter()
+                .flat_map(|ms| ["--min-poll-interval-ms".to_owned(), ms.to_string()]),
+        )
         .args((args.delete_on_ack && relay == RelayKind::Ours).then_some("--delete-on-ack"))
         .arg("--until-stdin-eof")
         .arg("--record-acks")
@@ -537,8 +571,11 @@ async fn steady_run_in(
             samples
         })
     };
+    let postgres = crate::writer_cost::PostgresCpu::locate(store.pool()).await?;
+    let postgres_before = postgres.seconds()?;
     let writing_started = crate::load::now_micros();
     let writers = load::run_writers(store, &plan).await?;
+    let postgres_seconds = postgres.seconds()? - postgres_before;
     sampling.store(false, Ordering::Relaxed);
     let samples = sampler.await?;
     if writers.errors > 0 {
@@ -583,6 +620,7 @@ async fn steady_run_in(
         Rate::Max => None,
     };
     figures.commits_per_second = writers.commits as f64 / writers.seconds;
+    figures.postgres_cpu_us_per_event = postgres_seconds / writers.commits.max(1) as f64 * 1e6;
     figures.events = writers.commits;
     figures.late_transactions = writers.late;
     figures.measured_events = latencies.len() as u64;

@@ -571,7 +571,7 @@ async fn steady_run_in(
             samples
         })
     };
-    let postgres = crate::writer_cost::PostgresCpu::locate(store.pool()).await?;
+    let postgres = crate::writer_cost::postgres_cpu(store.pool()).await?;
     let postgres_before = postgres.seconds()?;
     let writing_started = crate::load::now_micros();
     let writers = load::run_writers(store, &plan).await?;

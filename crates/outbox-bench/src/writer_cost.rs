@@ -163,7 +163,7 @@ pub async fn writer_cost(
     let schema = crate::schema_name("cost");
     let store = crate::fresh(url, &schema).await?;
     let pool = store.pool().clone();
-    let postgres = PostgresCpu::locate(&pool).await?;
+    let postgres = postgres_cpu(&pool).await?;
     let wal_level: String = sqlx::query_scalar("SHOW wal_level")
         .fetch_one(&pool)
         .await?;
@@ -518,70 +518,13 @@ async fn run_writers(
     Ok((commits.load(Ordering::Relaxed), seconds))
 }
 
-/// CPU seconds of one PostgreSQL server: the postmaster's own and its reaped children's time,
-/// plus its live children's.
-pub struct PostgresCpu {
-    postmaster: u32,
-    ticks_per_second: f64,
-}
-
-impl PostgresCpu {
-    pub async fn locate(pool: &sqlx::PgPool) -> anyhow::Result<Self> {
-        let dir: String = sqlx::query_scalar("SHOW data_directory")
-            .fetch_one(pool)
-            .await
-            .context("SHOW data_directory (the bench reads PostgreSQL's CPU from /proc: connect as a superuser to a server on this machine)")?;
-        let pidfile = std::path::Path::new(&dir).join("postmaster.pid");
-        let text = std::fs::read_to_string(&pidfile).with_context(|| {
-            format!(
-                "reading {} (is the server on this machine, and readable by this user?)",
-                pidfile.display()
-            )
-        })?;
-        let postmaster = text
-            .lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok())
-            .with_context(|| format!("no pid on the first line of {}", pidfile.display()))?;
-        Ok(PostgresCpu {
-            postmaster,
-            ticks_per_second: 100.0,
-        })
-    }
-
-    pub fn seconds(&self) -> anyhow::Result<f64> {
-        let (own, reaped, _) = stat(self.postmaster)
-            .with_context(|| format!("/proc/{}/stat: the postmaster is gone", self.postmaster))?;
-        let mut ticks = own + reaped;
-        for entry in std::fs::read_dir("/proc")?.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if let Some((own, _, parent)) = stat(pid)
-                && parent == self.postmaster
-            {
-                ticks += own;
-            }
-        }
-        Ok(ticks / self.ticks_per_second)
-    }
-}
-
-/// `(utime + stime, cutime + cstime, ppid)` of a process, in clock ticks.
-fn stat(pid: u32) -> Option<(f64, f64, u32)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
-    let f = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
-    // After the comm: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
-    Some((
-        f(11)? + f(12)?,
-        f(13)? + f(14)?,
-        fields.get(1)?.parse().ok()?,
-    ))
+/// The server `pool` connects to, for its CPU time (it must run on this machine).
+pub async fn postgres_cpu(pool: &sqlx::PgPool) -> anyhow::Result<outbox_testkit::PostgresCpu> {
+    let dir: String = sqlx::query_scalar("SHOW data_directory")
+        .fetch_one(pool)
+        .await
+        .context("SHOW data_directory (the bench reads PostgreSQL's CPU from /proc: connect as a superuser to a server on this machine)")?;
+    Ok(outbox_testkit::PostgresCpu::from_data_directory(&dir)?)
 }
 
 /// Our relay in WAL mode in a child process (`wal-relay-child`), delivering to the in-process

@@ -12,6 +12,7 @@
 //!   broker going away and coming back.
 
 mod memory;
+mod postgres_cpu;
 mod proxy;
 
 use std::collections::{HashMap, HashSet};
@@ -26,6 +27,7 @@ use rand::{Rng, SeedableRng};
 
 pub use memory::{MemoryRow, MemorySource, MemoryState};
 pub use outbox_types::check_first_delivery_order;
+pub use postgres_cpu::PostgresCpu;
 pub use proxy::TcpProxy;
 
 /// Build event number `n` of aggregate `aggregate_id` (type `agg`); the payload records both so a

@@ -269,6 +269,14 @@ fn child_figures(child: std::process::Child) -> Res<serde_json::Value> {
     Ok(serde_json::from_str(line)?)
 }
 
+/// The server's CPU meter (it runs on this machine: the logical cluster of the scripts).
+async fn postgres_cpu(pool: &sqlx::PgPool) -> Res<outbox_testkit::PostgresCpu> {
+    let dir: String = sqlx::query_scalar("SHOW data_directory")
+        .fetch_one(pool)
+        .await?;
+    Ok(outbox_testkit::PostgresCpu::from_data_directory(&dir)?)
+}
+
 async fn setup(url: &str, source: Source) -> Res<(sqlx::PgPool, PgOutbox, WalConfig)> {
     let pool = PgPoolOptions::new()
         .max_connections(16)
@@ -333,8 +341,13 @@ async fn drain(args: &[String]) -> Res<()> {
     eprintln!("backlog of {n} committed in {:?}", loading.elapsed());
     let dir = tempfile_dir()?;
     let sink = arg(args, "--sink", "channel");
+    let server = postgres_cpu(&pool).await?;
+    let server_before = server.seconds()?;
     let child = spawn_child(&cfg, n as usize, &dir.join("recv.txt"), &sink)?;
     let figures = child_figures(child)?;
+    // From the relay's start to its exit: decoding in the walsender, the write-back, the
+    // catch-up look at the table, heartbeats.
+    let server_seconds = server.seconds()? - server_before;
     let events = figures["events"].as_f64().unwrap_or(0.0);
     let total = figures["since_start_s"].as_f64().unwrap_or(0.0);
     let cpu = figures["cpu_s"].as_f64().unwrap_or(0.0);
@@ -345,12 +358,13 @@ async fn drain(args: &[String]) -> Res<()> {
         }
     }
     println!(
-        "drain sink={sink} source={source:?} delete_on_ack={} events={n} aggregates={aggregates} payload={size}B: {:.0} events/s (relay start → last ack {:.2} s; first → last {:.2} s), CPU {:.1} µs/event, peak RSS {:.1} MB",
+        "drain sink={sink} source={source:?} delete_on_ack={} events={n} aggregates={aggregates} payload={size}B: {:.0} events/s (relay start → last ack {:.2} s; first → last {:.2} s), CPU {:.1} µs/event, PostgreSQL CPU {:.1} µs/event, peak RSS {:.1} MB",
         cfg.delete_on_ack,
         events / total.max(1e-9),
         total,
         figures["first_to_last_s"].as_f64().unwrap_or(0.0),
         cpu / events.max(1.0) * 1e6,
+        server_seconds / events.max(1.0) * 1e6,
         figures["peak_rss_kb"].as_f64().unwrap_or(0.0) / 1024.0
     );
     teardown(&pool, &cfg).await;
@@ -384,6 +398,8 @@ async fn latency(args: &[String]) -> Res<()> {
     // Let the child connect and start streaming.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let interval = Duration::from_secs_f64(writers as f64 / rate as f64);
+    let server = postgres_cpu(&pool).await?;
+    let server_before = server.seconds()?;
     let mut tasks = Vec::new();
     for w in 0..writers {
         let pool = pool.clone();
@@ -419,6 +435,8 @@ async fn latency(args: &[String]) -> Res<()> {
         commits.extend(t.await??);
     }
     let write_secs = started.elapsed().as_secs_f64();
+    // While the writers ran: their transactions and the relay's work on the server together.
+    let server_seconds = server.seconds()? - server_before;
     let figures = child_figures(child)?;
     let text = std::fs::read_to_string(&recv_file)?;
     let mut lat: Vec<f64> = Vec::with_capacity(commits.len());
@@ -449,13 +467,14 @@ async fn latency(args: &[String]) -> Res<()> {
         }
     }
     println!(
-        "latency sink={sink} source={source:?} target={rate}/s achieved={:.0}/s events={} writers={writers} payload={size}B: commit→sink p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; relay CPU {:.1} µs/event, peak RSS {:.1} MB",
+        "latency sink={sink} source={source:?} target={rate}/s achieved={:.0}/s events={} writers={writers} payload={size}B: commit→sink p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; relay CPU {:.1} µs/event, PostgreSQL CPU {:.1} µs/event (writers and relay), peak RSS {:.1} MB",
         commits.len() as f64 / write_secs,
         lat.len(),
         pct(0.50),
         pct(0.99),
         lat.last().copied().unwrap_or(f64::NAN),
         figures["cpu_s"].as_f64().unwrap_or(0.0) / events.max(1.0) * 1e6,
+        server_seconds / commits.len().max(1) as f64 * 1e6,
         figures["peak_rss_kb"].as_f64().unwrap_or(0.0) / 1024.0
     );
     teardown(&pool, &cfg).await;

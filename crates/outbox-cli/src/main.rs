@@ -259,6 +259,10 @@ struct RelayArgs {
     /// Exit once nothing is due instead of waiting for more events.
     #[arg(long)]
     drain: bool,
+    /// With `--drain`: how long to keep waiting, once nothing else is due, for events that
+    /// failed during the drain and come due again, e.g. `30s` (default `60s`, the default retry cap).
+    #[arg(long, requires = "drain")]
+    drain_wait: Option<String>,
     /// `poll` the outbox table, or stream PostgreSQL's `wal` (see `[wal]` in the config).
     #[arg(long)]
     mode: Option<String>,
@@ -820,6 +824,10 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         ),
         ("relay.lease", duration_flag("relay.lease", &args.lease)?),
         ("relay.stop_when_idle", args.drain.then_some(json!(true))),
+        (
+            "relay.drain_wait",
+            duration_flag("relay.drain_wait", &args.drain_wait)?,
+        ),
         ("mode", mode_flag(&args.mode)?),
         (
             "metrics.listen",
@@ -838,6 +846,7 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| ConfigError(format!("{} is not ready: {e}", store.describe())))?;
     let (sink, routes) = sinks::build(&config).await?;
+    let at_start = dyn_store.stats().await.ok();
     let destinations = observe::DestinationsView::default();
     if let Some(listen) = config.metrics.listen {
         observe::serve(
@@ -887,32 +896,83 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
             task.abort();
         }
         let wal_report = source.shutdown().await.map_err(wal_error)?;
+        let left = left_behind(dyn_store.as_ref(), at_start.as_ref()).await;
         tracing::info!(
             delivered = report.delivered,
             retried = report.retried,
-            dead = report.dead,
+            dead = left.dead_this_run.unwrap_or(report.dead),
             from_table = wal_report.from_table,
             duplicates = wal_report.duplicates,
             last_acked_lsn = %wal_report.last_acked_lsn,
             "WAL relay exited."
         );
+        left.report(config.relay.stop_when_idle);
         return Ok(());
     }
-    let relay = Relay::new(dyn_store, sink, config.relay.clone()).with_routes(routes);
+    let relay = Relay::new(dyn_store.clone(), sink, config.relay.clone()).with_routes(routes);
     let _ = destinations.set(relay.destinations());
     let report = relay.run(shutdown_signal()).await;
     if let Some(task) = retention {
         task.abort();
     }
+    let left = left_behind(dyn_store.as_ref(), at_start.as_ref()).await;
     tracing::info!(
         delivered = report.delivered,
         retried = report.retried,
-        dead = report.dead,
+        dead = left.dead_this_run.unwrap_or(report.dead),
         released = report.released,
         fenced = report.fenced,
         "Relay exited."
     );
+    left.report(config.relay.stop_when_idle);
     Ok(())
+}
+
+/// What the outbox holds as a relay exits, against what it held at its start.
+struct LeftBehind {
+    stats: Option<outbox_types::OutboxStats>,
+    /// Dead events the outbox gained while the relay ran: every dead letter counts, also those
+    /// written where the engine does not see them (a row the WAL stream could not read).
+    dead_this_run: Option<u64>,
+}
+
+async fn left_behind(
+    store: &dyn outbox_types::Store,
+    at_start: Option<&outbox_types::OutboxStats>,
+) -> LeftBehind {
+    let stats = store.stats().await.ok();
+    let dead_this_run = stats
+        .as_ref()
+        .zip(at_start)
+        .map(|(now, start)| now.dead.saturating_sub(start.dead));
+    LeftBehind {
+        stats,
+        dead_this_run,
+    }
+}
+
+impl LeftBehind {
+    /// After a drain, say what it leaves: events still pending or in flight, and why they may be.
+    fn report(&self, drained: bool) {
+        let Some(stats) = &self.stats else {
+            return;
+        };
+        let open = stats.pending + stats.in_flight;
+        if !drained {
+            return;
+        }
+        if open == 0 {
+            tracing::info!(dead = stats.dead, "Drained: nothing is pending.");
+        } else {
+            tracing::warn!(
+                pending = stats.pending,
+                waiting_for_retry = stats.retrying,
+                in_flight = stats.in_flight,
+                dead = stats.dead,
+                "Drain finished with events still pending: retries due later than --drain-wait, events of paused destinations or held behind a dead event, or events another relay holds. `outbox status` shows them; run the drain again later, or raise --drain-wait."
+            );
+        }
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

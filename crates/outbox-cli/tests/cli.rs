@@ -633,3 +633,69 @@ fn log_format_from_the_flag_or_the_environment_and_no_colour_in_a_pipe() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("yaml"), "{}", stderr(&o));
 }
+
+/// The exit summary of a drain counts every dead letter, also a row dead-lettered at claim time
+/// because it cannot be read (a header that is not a string), and says that nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_counts_every_dead_letter_and_says_what_it_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let o = outbox(&["migrate", "--database-url", &url]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let store = outbox_sqlite::SqliteStore::connect(&url, outbox_sqlite::SqliteOutbox::new())
+        .await
+        .unwrap();
+    let good =
+        outbox_types::NewEvent::new("user", "u1", "UserRenamed", &serde_json::json!({})).unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    store.outbox().enqueue(&mut *tx, &good).await.unwrap();
+    tx.commit().await.unwrap();
+    // Written by hand, as another language's writer might: a header value that is a number.
+    sqlx::query(
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload, headers,
+                                    occurred_at, enqueued_at, next_attempt_at)
+         VALUES ('0190a0a0-0000-7000-8000-000000000001', 'user', 'u2', 'UserRenamed', '{}', '{\"retry\": 3}',
+                 0, 0, 0)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.pool().close().await;
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!("[database]\nurl = \"{url}\"\n[destinations.out]\ntype = \"stdout\"\n"),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args([
+            "--log-format",
+            "json",
+            "relay",
+            "--drain",
+            "--drain-wait",
+            "1s",
+            "--config",
+        ])
+        .arg(&config)
+        .env("OUTBOX_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stderr(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let line = |text: &str| {
+        lines
+            .iter()
+            .find(|l| l["message"].as_str().unwrap_or("").contains(text))
+            .unwrap_or_else(|| panic!("no `{text}` line in {lines:?}"))
+            .clone()
+    };
+    let exited = line("Relay exited.");
+    assert_eq!(exited["delivered"], 1, "{exited}");
+    assert_eq!(exited["dead"], 1, "the unreadable row counts: {exited}");
+    let drained = line("Drained: nothing is pending.");
+    assert_eq!(drained["dead"], 1, "{drained}");
+}

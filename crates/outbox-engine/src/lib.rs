@@ -215,6 +215,13 @@ pub struct RelayConfig {
     pub dead_after_unavailable_for: BTreeMap<String, Duration>,
     /// Return once a claim finds nothing due and no batch is in flight (`outbox relay --drain`).
     pub stop_when_idle: bool,
+    /// With `stop_when_idle`: once nothing is due, keep claiming for events this relay set to
+    /// retry that come due within this long, so a drain does not leave a failed event behind
+    /// whose retry is seconds away. What is left after it (retries due later, events of paused
+    /// destinations, events that failed before this run) stays pending; `outbox relay --drain`
+    /// says how many. `0s`: stop as soon as nothing is due.
+    #[serde(with = "humantime_duration")]
+    pub drain_wait: Duration,
 }
 
 impl Default for RelayConfig {
@@ -236,6 +243,8 @@ impl Default for RelayConfig {
             dead_after_unavailable: Duration::ZERO,
             dead_after_unavailable_for: BTreeMap::new(),
             stop_when_idle: false,
+            // The default retry cap: a drain waits out one full backoff.
+            drain_wait: RetryPolicy::default().cap,
         }
     }
 }
@@ -482,6 +491,7 @@ where
             sink: self.sink.clone(),
             config: config.clone(),
             counters: self.counters.clone(),
+            retrying: std::sync::Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             lanes: self.lanes.clone(),
         });
@@ -510,6 +520,8 @@ where
         let mut store_failures: u32 = 0;
         let mut failure: Option<String> = None;
         let mut pacer = Pacer::new(config.min_poll_interval, config.poll_interval);
+        // When a drain first found nothing due: it waits for retries at most `drain_wait` past it.
+        let mut idle_since: Option<Instant> = None;
         tokio::pin!(shutdown);
         info!(
             relay_id = %config.relay_id,
@@ -571,7 +583,22 @@ where
                             continue;
                         }
                         if self.source.exhausted() {
-                            break;
+                            let now = Instant::now();
+                            let idle = *idle_since.get_or_insert(now);
+                            // A retry of this run that comes due within the drain's wait: claim
+                            // until it is settled (or a little past its time: it may wait behind
+                            // a paused destination or another failure).
+                            let waiting = ctx
+                                .retrying
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .values()
+                                .any(|due| {
+                                    *due <= idle + config.drain_wait && now <= *due + DRAIN_GRACE
+                                });
+                            if !waiting {
+                                break;
+                            }
                         }
                     }
                     Some(pacer.found_nothing())
@@ -799,6 +826,9 @@ struct BatchContext<S: ?Sized, K: ?Sized> {
     sink: Arc<K>,
     config: Arc<RelayConfig>,
     counters: Arc<RelayCounters>,
+    /// A drain's retries (`stop_when_idle` only): event seq → when it comes due. Settling the
+    /// event removes it.
+    retrying: std::sync::Mutex<HashMap<i64, Instant>>,
     stopping: AtomicBool,
     /// The destinations, from the routes when there are any (else the sink alone).
     lanes: Arc<Lanes>,
@@ -857,6 +887,9 @@ const WHILE_TRYING: Duration = Duration::from_millis(500);
 /// a destination's backlog reads past it (about 80 ms past 100k rows on PostgreSQL, measured),
 /// so while the backlog drains the others get a turn at least this often, not after every claim.
 const FAIR_TURN_SPACING: Duration = Duration::from_millis(250);
+
+/// How long past a retry's due time a drain keeps claiming for it.
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
 /// Least time before the next fair turn after one that found nothing of the others due.
 const FAIR_TURN_AFTER_NOTHING: Duration = Duration::from_secs(2);
@@ -1467,6 +1500,7 @@ where
             {
                 add(&self.counters.delivered, done);
                 self.note_fenced("ack", expected, done);
+                self.settled(&delivered);
             }
         }
         if !retries.is_empty() {
@@ -1478,6 +1512,13 @@ where
                 // Events that waited for an unavailable destination are counted as unavailable
                 // when settled, not as retries (attempts).
                 let waiting = retries.iter().filter(|r| !r.counts_attempt).count() as u64;
+                if self.config.stop_when_idle {
+                    let now = Instant::now();
+                    let mut retrying = self.retrying.lock().unwrap_or_else(|p| p.into_inner());
+                    for r in &retries {
+                        retrying.insert(r.seq, now + r.delay);
+                    }
+                }
                 add(&self.counters.retried, done.saturating_sub(waiting));
                 self.note_fenced("retry", expected, done);
             }
@@ -1490,6 +1531,8 @@ where
             {
                 add(&self.counters.dead, done);
                 self.note_fenced("bury", expected, done);
+                let seqs: Vec<i64> = buries.iter().map(|b| b.seq).collect();
+                self.settled(&seqs);
             }
         }
         if !released.is_empty() {
@@ -1502,6 +1545,19 @@ where
             {
                 add(&self.counters.released, done);
                 self.note_fenced("release", expected, done);
+            }
+        }
+    }
+
+    /// A drain's retried events that are now settled (acked or dead) no longer keep it waiting.
+    fn settled(&self, seqs: &[i64]) {
+        if !self.config.stop_when_idle {
+            return;
+        }
+        let mut retrying = self.retrying.lock().unwrap_or_else(|p| p.into_inner());
+        if !retrying.is_empty() {
+            for seq in seqs {
+                retrying.remove(seq);
             }
         }
     }

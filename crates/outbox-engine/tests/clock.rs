@@ -459,3 +459,56 @@ async fn unavailable_for_one_event_while_others_are_delivered_costs_attempts() {
         "{rows:?}"
     );
 }
+
+/// `relay --drain` (`stop_when_idle`) waits for an event of its own that failed and comes due
+/// again within `drain_wait`, delivers it and returns; with a shorter wait it returns as soon as
+/// nothing is due and leaves the event pending.
+#[tokio::test(start_paused = true)]
+async fn a_drain_waits_for_a_retry_due_within_its_wait_and_not_longer() {
+    for (wait, expect_delivered) in [(Duration::from_secs(10), 2), (Duration::from_secs(1), 1)] {
+        let source = Arc::new(MemorySource::new());
+        source.enqueue(&[numbered("a", 0), numbered("b", 0)]);
+        let sink = Arc::new(Timed::new(Duration::ZERO, |e, call| {
+            if call == 1 && e.aggregate_id == "a" {
+                Outcome::Retry {
+                    reason: "busy".into(),
+                    after: Some(Duration::from_secs(5)),
+                }
+            } else {
+                Outcome::Delivered
+            }
+        }));
+        let config = RelayConfig {
+            stop_when_idle: true,
+            drain_wait: wait,
+            ..config("drain")
+        };
+        let started = Instant::now();
+        let report = tokio::time::timeout(
+            Duration::from_secs(120),
+            Relay::new(source.clone(), sink.clone(), config).run(std::future::pending::<()>()),
+        )
+        .await
+        .expect("a drain returns by itself");
+        let took = started.elapsed();
+        assert_eq!(report.delivered, expect_delivered, "drain_wait {wait:?}");
+        let a = source
+            .snapshot()
+            .into_iter()
+            .find(|r| r.event.aggregate_id == "a")
+            .unwrap();
+        if expect_delivered == 2 {
+            assert_eq!(a.state, MemoryState::Delivered);
+            assert!(
+                took >= Duration::from_secs(5) && took < Duration::from_secs(7),
+                "waited for the retry due after 5 s, then stopped: {took:?}"
+            );
+        } else {
+            assert!(matches!(a.state, MemoryState::Pending { .. }), "{a:?}");
+            assert!(
+                took < Duration::from_secs(1),
+                "a retry due after the wait is not waited for: {took:?}"
+            );
+        }
+    }
+}

@@ -26,6 +26,22 @@ pub enum BodyFormat {
     Cloudevents,
 }
 
+/// What a record's timestamp says (the `CreateTime` the broker stores and consumers, retention
+/// and time-based offset lookups read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordTimestamp {
+    /// When the relay published the record (the producer's clock; Kafka's usual meaning).
+    #[default]
+    PublishTime,
+    /// When the event happened: its `occurred_at`, in milliseconds. Consumers that window or
+    /// look up offsets by time then see business time, also for a backlog delivered late. A
+    /// broker that limits how far a timestamp may lie in the past
+    /// (`log.message.timestamp.before.max.ms`, older brokers `…difference.max.ms`) refuses older
+    /// events: the sink answers `Reject` naming the topic, and they are dead-lettered.
+    OccurredAt,
+}
+
 /// Compression of record batches (`compression.type`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -196,6 +212,8 @@ pub struct KafkaSinkConfig {
     pub topic: Template,
     /// `raw` (default) or `cloudevents`.
     pub format: BodyFormat,
+    /// The records' timestamp: `publish_time` (default) or `occurred_at`.
+    pub record_timestamp: RecordTimestamp,
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
     pub cloudevents_source: Option<String>,
@@ -257,6 +275,7 @@ impl Default for KafkaSinkConfig {
             brokers: vec!["127.0.0.1:9092".to_owned()],
             topic: default_topic(),
             format: BodyFormat::Raw,
+            record_timestamp: RecordTimestamp::PublishTime,
             cloudevents_source: None,
             tls: false,
             tls_ca_file: None,

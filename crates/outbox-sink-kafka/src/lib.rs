@@ -19,6 +19,9 @@
 //!   `content-type` (`application/json`, or `application/cloudevents+json` — the CloudEvents
 //!   Kafka binding's structured mode).
 //! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope.
+//! - **Timestamp**: when the relay published the record (`CreateTime`, the producer's clock), or
+//!   with [`record_timestamp`](KafkaSinkConfig::record_timestamp) `= "occurred_at"` the event's
+//!   `occurred_at` in milliseconds.
 //!
 //! ## Duplicates
 //!
@@ -93,7 +96,8 @@ use tracing::{debug, error, info, warn};
 
 use config::config_error;
 pub use config::{
-    BodyFormat, Compression, KafkaSinkConfig, Partitioner, PropertyValue, SaslMechanism, Secret,
+    BodyFormat, Compression, KafkaSinkConfig, Partitioner, PropertyValue, RecordTimestamp,
+    SaslMechanism, Secret,
 };
 
 /// How long a broker error reported by librdkafka stays relevant for a `Retry` reason.
@@ -155,6 +159,7 @@ pub struct KafkaSink {
     news: Arc<BrokerNews>,
     brokers: String,
     delivery_timeout: Duration,
+    record_timestamp: RecordTimestamp,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -196,6 +201,7 @@ impl KafkaSink {
             news,
             brokers: config.bootstrap_servers()?,
             delivery_timeout: config.delivery_timeout,
+            record_timestamp: config.record_timestamp,
         })
     }
 
@@ -290,6 +296,9 @@ impl KafkaSink {
             .key(self.routing.key(event))
             .payload(&body)
             .headers(self.headers(event));
+        if self.record_timestamp == RecordTimestamp::OccurredAt {
+            record = record.timestamp(event.occurred_at.timestamp_millis());
+        }
         loop {
             match producer.send_result(record) {
                 Ok(delivery) => {

@@ -147,3 +147,55 @@ async fn a_missing_topic_is_rejected_when_auto_creation_is_off() {
         }
     }
 }
+
+/// `record_timestamp = "occurred_at"`: the record's timestamp is the event's `occurred_at` in
+/// milliseconds; by default it is the time of publishing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_timestamp_is_the_publish_time_or_occurred_at() {
+    if !common::kafka_available() {
+        return;
+    }
+    let occurred = chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05.678901Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    for (setting, expect_occurred) in [("publish_time", false), ("occurred_at", true)] {
+        let topic = common::unique("outbox_ts");
+        common::create_topic(common::BROKERS, &topic, 1).await;
+        let sink = KafkaSink::new(&config(serde_json::json!({
+            "brokers": [common::BROKERS],
+            "topic": topic,
+            "record_timestamp": setting,
+        })))
+        .unwrap();
+        let mut e = event("7", "{}", None);
+        e.occurred_at = occurred;
+        let before = chrono::Utc::now().timestamp_millis();
+        assert_eq!(
+            sink.publish(std::slice::from_ref(&e)).await,
+            vec![Outcome::Delivered]
+        );
+        let after = chrono::Utc::now().timestamp_millis();
+        let messages = common::consume(
+            common::BROKERS,
+            &topic,
+            1,
+            1,
+            Duration::from_secs(20),
+            Duration::from_millis(300),
+        )
+        .await;
+        assert_eq!(messages.len(), 1);
+        let at = messages[0]
+            .timestamp()
+            .to_millis()
+            .expect("a record timestamp");
+        if expect_occurred {
+            assert_eq!(at, occurred.timestamp_millis(), "{setting}");
+        } else {
+            assert!(
+                (before - 1_000..=after + 1_000).contains(&at),
+                "{setting}: {at} not between {before} and {after}"
+            );
+        }
+    }
+}

@@ -13,6 +13,7 @@
 //! | `enqueue` | `PgOutbox::enqueue` into our table with every index of the polling layout |
 //! | `enqueue-no-open`, `enqueue-no-heads`, `enqueue-no-id` | the same with one index dropped: what that index costs |
 //! | `enqueue-pk-only` | the same with `_open`, `_heads` and the unique `id` index dropped |
+//! | `stream-table` | `outbox_wal::enqueue_streamed`: the insert-only stream table of WAL mode |
 //! | `message` | `outbox_wal::enqueue_message`: a logical message, no row |
 //!
 //! Variants run interleaved in every run (the order rotates), each on freshly truncated tables
@@ -52,6 +53,7 @@ pub enum WriterVariant {
     EnqueueNoHeads,
     EnqueueNoId,
     EnqueuePkOnly,
+    StreamTable,
     Message,
 }
 
@@ -65,6 +67,7 @@ impl WriterVariant {
             WriterVariant::EnqueueNoHeads => "enqueue-no-heads",
             WriterVariant::EnqueueNoId => "enqueue-no-id",
             WriterVariant::EnqueuePkOnly => "enqueue-pk-only",
+            WriterVariant::StreamTable => "stream-table",
             WriterVariant::Message => "message",
         }
     }
@@ -73,7 +76,9 @@ impl WriterVariant {
     fn table(self) -> Option<&'static str> {
         match self {
             WriterVariant::BusinessOnly | WriterVariant::PkOnly => None,
-            WriterVariant::Enqueue | WriterVariant::Message => Some("events"),
+            WriterVariant::Enqueue | WriterVariant::Message | WriterVariant::StreamTable => {
+                Some("events")
+            }
             WriterVariant::EnqueueNoOpen => Some("events_no_open"),
             WriterVariant::EnqueueNoHeads => Some("events_no_heads"),
             WriterVariant::EnqueueNoId => Some("events_no_id"),
@@ -129,7 +134,7 @@ pub struct WriterCostArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "business-only,pk-only,enqueue,enqueue-no-open,enqueue-no-heads,enqueue-no-id,enqueue-pk-only,message"
+        default_value = "business-only,pk-only,enqueue,enqueue-no-open,enqueue-no-heads,enqueue-no-id,enqueue-pk-only,stream-table,message"
     )]
     variants: Vec<WriterVariant>,
     /// Our relay beside the writers.
@@ -368,6 +373,16 @@ async fn setup(store: &PgStore, args: &WriterCostArgs) -> anyhow::Result<()> {
     ] {
         sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
     }
+    if args.variants.contains(&WriterVariant::StreamTable) {
+        let config = outbox_wal::WalConfig {
+            schema: s.clone(),
+            table: "events".into(),
+            ..outbox_wal::WalConfig::new("")
+        };
+        sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_wal::stream_table_ddl(&config)))
+            .execute(pool)
+            .await?;
+    }
     for variant in &args.variants {
         let Some(table) = variant.table() else {
             continue;
@@ -388,6 +403,9 @@ async fn setup(store: &PgStore, args: &WriterCostArgs) -> anyhow::Result<()> {
 async fn truncate(store: &PgStore, args: &WriterCostArgs) -> anyhow::Result<()> {
     let s = store.outbox().schema();
     let mut tables = vec![format!("\"{s}\".debezium_outbox")];
+    if args.variants.contains(&WriterVariant::StreamTable) {
+        tables.push(format!("\"{s}\".events_stream"));
+    }
     for variant in &args.variants {
         if let Some(t) = variant.table() {
             tables.push(format!("\"{s}\".\"{t}\""));
@@ -488,6 +506,10 @@ async fn run_writers(
                             let e = event(aggregate, n, payload_bytes)?;
                             outbox_wal::enqueue_message(&mut *tx, &prefix, &e).await?;
                         }
+                        WriterVariant::StreamTable => {
+                            let e = event(aggregate, n, payload_bytes)?;
+                            outbox_wal::enqueue_streamed(&mut *tx, &outbox, &e).await?;
+                        }
                         _ => {
                             let e = event(aggregate, n, payload_bytes)?;
                             outbox.enqueue(&mut *tx, &e).await?;
@@ -558,10 +580,10 @@ impl WalChild {
             slot: name.clone(),
             publication: name,
             message_prefix: format!("{schema}_events"),
-            sources: vec![if variant == WriterVariant::Message {
-                outbox_wal::Source::Messages
-            } else {
-                outbox_wal::Source::Table
+            sources: vec![match variant {
+                WriterVariant::Message => outbox_wal::Source::Messages,
+                WriterVariant::StreamTable => outbox_wal::Source::StreamTable,
+                _ => outbox_wal::Source::Table,
             }],
             catch_up: false,
             ..outbox_wal::WalConfig::new(url)

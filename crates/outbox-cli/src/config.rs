@@ -139,7 +139,8 @@ pub struct WalSection {
     pub slot: String,
     /// Publication name (over the outbox table, inserts only).
     pub publication: String,
-    /// Capture sources: `table` (outbox inserts), `messages` (`pg_logical_emit_message`).
+    /// Capture sources: `table` (outbox inserts), `stream_table` (inserts into the insert-only
+    /// `<table>_stream`), `messages` (`pg_logical_emit_message`).
     pub sources: Vec<outbox_wal::Source>,
     /// Prefix of the logical messages that carry events.
     pub message_prefix: String,

@@ -5,6 +5,7 @@
 //! scripts/pg-logical.sh start
 //! cargo run --release -p outbox-wal --example wal_bench -- drain --events 100000 --source table
 //! cargo run --release -p outbox-wal --example wal_bench -- drain --events 100000 --source messages
+//! cargo run --release -p outbox-wal --example wal_bench -- drain --events 100000 --source stream_table
 //! cargo run --release -p outbox-wal --example wal_bench -- latency --rate 1000 --seconds 10
 //! cargo run --release -p outbox-wal --example wal_bench -- latency --rate 5000 --seconds 10
 //! ```
@@ -313,6 +314,7 @@ async fn drain(args: &[String]) -> Res<()> {
     let size: usize = arg(args, "--payload-bytes", "400").parse()?;
     let source = match arg(args, "--source", "table").as_str() {
         "messages" => Source::Messages,
+        "stream_table" => Source::StreamTable,
         _ => Source::Table,
     };
     let (pool, outbox, mut cfg) = setup(&url, source).await?;
@@ -334,6 +336,11 @@ async fn drain(args: &[String]) -> Res<()> {
             }
             Source::Messages => {
                 outbox_wal::enqueue_messages(&mut *tx, &cfg.message_prefix, &events).await?;
+            }
+            Source::StreamTable => {
+                for e in &events {
+                    outbox_wal::enqueue_streamed(&mut *tx, &outbox, e).await?;
+                }
             }
         }
         tx.commit().await?;
@@ -386,6 +393,7 @@ async fn latency(args: &[String]) -> Res<()> {
     let size: usize = arg(args, "--payload-bytes", "400").parse()?;
     let source = match arg(args, "--source", "table").as_str() {
         "messages" => Source::Messages,
+        "stream_table" => Source::StreamTable,
         _ => Source::Table,
     };
     let (pool, outbox, cfg) = setup(&url, source).await?;
@@ -420,6 +428,9 @@ async fn latency(args: &[String]) -> Res<()> {
                     }
                     Source::Messages => {
                         outbox_wal::enqueue_message(&mut *tx, &prefix, &e).await?;
+                    }
+                    Source::StreamTable => {
+                        outbox_wal::enqueue_streamed(&mut *tx, &outbox, &e).await?;
                     }
                 }
                 tx.commit().await?;

@@ -20,6 +20,11 @@ pub enum Source {
     /// Transactional logical messages written by [`enqueue_message`](crate::enqueue_message)
     /// with the configured prefix: no table row, nothing to vacuum.
     Messages,
+    /// Inserts into the stream table `<table>_stream` ([`enqueue_streamed`](crate::enqueue_streamed),
+    /// or a plain `INSERT`): an insert-only table with the event columns and its primary key
+    /// only. Nothing is written back for a delivered event: the slot's confirmed position is
+    /// the record of what was delivered, as for messages.
+    StreamTable,
 }
 
 /// How WAL mode behaves. Every field has a default; only `database_url` must be set.
@@ -136,6 +141,11 @@ impl WalConfig {
         self.sources.contains(&source)
     }
 
+    /// The name of the stream table (`<table>_stream`, in `schema`).
+    pub fn stream_table(&self) -> String {
+        format!("{}_stream", self.table)
+    }
+
     /// Check the values before anything connects; the error says which setting is wrong.
     pub fn validate(&self) -> Result<(), WalError> {
         if self.database_url.trim().is_empty() {
@@ -149,7 +159,8 @@ impl WalConfig {
         check_name("table", &self.table, 48)?;
         if self.sources.is_empty() {
             return Err(WalError::Config(
-                "`sources` is empty: list `table`, `messages` or both".into(),
+                "`sources` is empty: list one or more of `table`, `stream_table` and `messages`"
+                    .into(),
             ));
         }
         if self.captures(Source::Messages) && self.message_prefix.is_empty() {

@@ -139,7 +139,8 @@ pub(crate) fn decode(data: &[u8]) -> Result<Decoded<'_>, String> {
 /// Where each outbox column sits in the table's relation.
 #[derive(Clone, Debug)]
 pub(crate) struct OutboxLayout {
-    seq: usize,
+    /// The `seq` column; `None` for a stream table, whose events take their LSN as `seq`.
+    seq: Option<usize>,
     id: usize,
     aggregate_type: usize,
     aggregate_id: usize,
@@ -234,7 +235,7 @@ impl OutboxLayout {
             })
         };
         Ok(OutboxLayout {
-            seq: need("seq")?,
+            seq: Some(need("seq")?),
             id: need("id")?,
             aggregate_type: need("aggregate_type")?,
             aggregate_id: need("aggregate_id")?,
@@ -254,10 +255,26 @@ impl OutboxLayout {
         })
     }
 
-    /// Turn an inserted row into an event. Returns `None` for rows not inserted as `pending`
-    /// (dead-letter rows that WAL mode itself inserts for message events). A row that cannot be
-    /// read is a [`BadRow`] whose reason names the column.
-    pub fn event(&self, values: &[Option<&[u8]>]) -> Result<Option<Event>, BadRow> {
+    /// Map the columns of a stream table (`<table>_stream`): the outbox table's event columns
+    /// without `seq` and the delivery state, which such a table does not have.
+    pub fn of_stream(relation: &Relation) -> Result<Self, String> {
+        let mut with_seq = relation.clone();
+        with_seq.columns.push("seq".to_owned());
+        with_seq.types.push(20);
+        let layout = OutboxLayout::of(&with_seq)?;
+        Ok(OutboxLayout {
+            seq: None,
+            status: None,
+            attempts: None,
+            ..layout
+        })
+    }
+
+    /// Turn an inserted row into an event; `lsn` is its position in the WAL, the `seq` of a row
+    /// without one. Returns `None` for rows not inserted as `pending` (dead-letter rows that WAL
+    /// mode itself inserts for message events). A row that cannot be read is a [`BadRow`] whose
+    /// reason names the column.
+    pub fn event(&self, values: &[Option<&[u8]>], lsn: i64) -> Result<Option<Event>, BadRow> {
         let row = Columns { values };
         let bad = |seq: Option<i64>, attempts: u32, reason: String| BadRow {
             seq,
@@ -271,13 +288,16 @@ impl OutboxLayout {
         {
             return Ok(None);
         }
-        let seq: i64 = row
-            .required(self.seq, "seq")
-            .and_then(|s| {
-                s.parse()
-                    .map_err(|e| format!("column `seq` is not a number ({e})"))
-            })
-            .map_err(|r| bad(None, 0, r))?;
+        let seq: i64 = match self.seq {
+            None => lsn,
+            Some(column) => row
+                .required(column, "seq")
+                .and_then(|s| {
+                    s.parse()
+                        .map_err(|e| format!("column `seq` is not a number ({e})"))
+                })
+                .map_err(|r| bad(None, 0, r))?,
+        };
         let attempts = row
             .optional(self.attempts, "attempts")
             .ok()
@@ -461,7 +481,7 @@ mod tests {
             panic!("not an insert")
         };
         assert_eq!(relid, 16384);
-        let event = layout.event(&values).unwrap().unwrap();
+        let event = layout.event(&values, 0).unwrap().unwrap();
         assert_eq!(event.seq, 7);
         assert_eq!(event.id.to_string(), id);
         assert_eq!(event.payload, r#"{"a":1}"#);
@@ -524,7 +544,7 @@ mod tests {
         };
         let check = |layout: &OutboxLayout, values: Vec<Option<Vec<u8>>>| {
             let refs: Vec<Option<&[u8]>> = values.iter().map(|v| v.as_deref()).collect();
-            layout.event(&refs)
+            layout.event(&refs, 0)
         };
         assert!(check(&json_layout, row(&[])).unwrap().is_some());
         for (changes, column) in [

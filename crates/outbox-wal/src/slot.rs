@@ -35,6 +35,48 @@ pub(crate) fn outbox_table(config: &WalConfig) -> String {
     format!("\"{}\".\"{}\"", config.schema, config.table)
 }
 
+/// The stream table, quoted and qualified.
+pub(crate) fn stream_table(config: &WalConfig) -> String {
+    format!("\"{}\".\"{}\"", config.schema, config.stream_table())
+}
+
+/// The stream table's definition (`CREATE TABLE IF NOT EXISTS`, for schema migrations that
+/// create it ahead of the relay): the event columns of the outbox table and a primary key, so
+/// that an insert costs what a hand-written outbox table's does (measured with
+/// `outbox-bench writer-cost`), and a BRIN index for purging by age, which costs an insert
+/// next to nothing. Rows are never updated; `id` defaults to a version 4 UUID for writers that
+/// leave it out (the library writes version 7).
+pub fn stream_table_ddl(config: &WalConfig) -> String {
+    let t = stream_table(config);
+    let name = config.stream_table();
+    format!(
+        "CREATE TABLE IF NOT EXISTS {t} (
+             id              UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+             aggregate_type  TEXT        NOT NULL CHECK (aggregate_type <> ''),
+             aggregate_id    TEXT        NOT NULL CHECK (aggregate_id <> ''),
+             event_type      TEXT        NOT NULL CHECK (event_type <> ''),
+             payload         JSON        NOT NULL,
+             destination     TEXT,
+             headers         JSONB       NOT NULL DEFAULT '{{}}' CHECK (jsonb_typeof(headers) = 'object'),
+             occurred_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+             enqueued_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+         );
+         CREATE INDEX IF NOT EXISTS \"{name}_enqueued_at\" ON {t} USING brin (enqueued_at);"
+    )
+}
+
+/// Create the stream table when it is captured and missing.
+pub(crate) async fn ensure_stream_table(pool: &PgPool, config: &WalConfig) -> Result<(), WalError> {
+    if !config.captures(Source::StreamTable) {
+        return Ok(());
+    }
+    sqlx::raw_sql(AssertSqlSafe(stream_table_ddl(config)))
+        .execute(pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(())
+}
+
 pub(crate) fn fnv1a(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in text.as_bytes() {
@@ -285,7 +327,23 @@ async fn marker_exists(pool: &PgPool, config: &WalConfig) -> Result<bool, WalErr
 
 /// Create the publication if it is missing; check an existing one publishes what we need.
 pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Result<(), WalError> {
-    let table_wanted = config.captures(Source::Table);
+    ensure_stream_table(pool, config).await?;
+    // (schema, name, quoted) of every table whose inserts are events.
+    let mut tables: Vec<(String, String, String)> = Vec::new();
+    if config.captures(Source::Table) {
+        tables.push((
+            config.schema.clone(),
+            config.table.clone(),
+            outbox_table(config),
+        ));
+    }
+    if config.captures(Source::StreamTable) {
+        tables.push((
+            config.schema.clone(),
+            config.stream_table(),
+            stream_table(config),
+        ));
+    }
     let existing = sqlx::query("SELECT pubinsert FROM pg_publication WHERE pubname = $1")
         .bind(&config.publication)
         .fetch_optional(pool)
@@ -293,11 +351,15 @@ pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Res
         .map_err(map_sqlx)?;
     match existing {
         None => {
-            let sql = if table_wanted {
+            let sql = if !tables.is_empty() {
                 format!(
                     "CREATE PUBLICATION \"{}\" FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
                     config.publication,
-                    outbox_table(config)
+                    tables
+                        .iter()
+                        .map(|(_, _, quoted)| quoted.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             } else {
                 // Messages need no table, but START_REPLICATION needs a publication.
@@ -316,24 +378,40 @@ pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Res
         }
         Some(row) => {
             let inserts: bool = row.try_get("pubinsert").map_err(map_sqlx)?;
-            if table_wanted {
+            if config.captures(Source::StreamTable) {
+                // The stream table is ours: add it to an existing publication, so turning the
+                // source on is one setting (inserts after this commit are captured).
+                let sql = format!(
+                    "DO $$ BEGIN
+                         IF NOT EXISTS (SELECT 1 FROM pg_publication_tables
+                                        WHERE pubname = '{pubname}' AND schemaname = '{schema}' AND tablename = '{name}') THEN
+                             ALTER PUBLICATION \"{pubname}\" ADD TABLE {quoted};
+                         END IF;
+                     END $$",
+                    pubname = config.publication,
+                    schema = config.schema,
+                    name = config.stream_table(),
+                    quoted = stream_table(config),
+                );
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .execute(pool)
+                    .await
+                    .map_err(map_sqlx)?;
+            }
+            for (schema, name, quoted) in &tables {
                 let has_table: Option<i32> = sqlx::query_scalar(
                     "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
                 )
                 .bind(&config.publication)
-                .bind(&config.schema)
-                .bind(&config.table)
+                .bind(schema)
+                .bind(name)
                 .fetch_optional(pool)
                 .await
                 .map_err(map_sqlx)?;
                 if !inserts || has_table.is_none() {
                     return Err(WalError::Config(format!(
-                        "publication `{}` exists but does not publish inserts into {}: run `ALTER PUBLICATION \"{}\" ADD TABLE {}` and `ALTER PUBLICATION \"{}\" SET (publish = 'insert')`, or configure another publication name",
-                        config.publication,
-                        outbox_table(config),
-                        config.publication,
-                        outbox_table(config),
-                        config.publication
+                        "publication `{}` exists but does not publish inserts into {quoted}: run `ALTER PUBLICATION \"{}\" ADD TABLE {quoted}` and `ALTER PUBLICATION \"{}\" SET (publish = 'insert')`, or configure another publication name",
+                        config.publication, config.publication, config.publication
                     )));
                 }
             }

@@ -223,6 +223,11 @@ impl WalSource {
                 "the message source with the partitioned layout: WAL mode writes message events that fail or wait into the outbox table, and does not write the partitioned layout's keys table yet; use `sources = [\"table\"]` with the partitioned layout, or the plain layout".into(),
             ));
         }
+        if config.captures(Capture::StreamTable) && store.outbox().partitioning().is_some() {
+            return Err(WalError::Config(
+                "the stream table source with the partitioned layout: WAL mode writes stream events that fail or wait into the outbox table, and does not write the partitioned layout's keys table yet; use `sources = [\"table\"]` with the partitioned layout, or the plain layout".into(),
+            ));
+        }
         // The settings WAL mode shares with the engine come from the engine's own.
         let from_relay = crate::config::FromRelay {
             relay_id: relay.relay_id.clone(),

@@ -492,8 +492,13 @@ struct Decoder {
     counters: Arc<WalCounters>,
     relid: Option<u32>,
     layout: Option<OutboxLayout>,
+    /// The stream table (`<table>_stream`), when captured.
+    stream_relid: Option<u32>,
+    stream_layout: Option<OutboxLayout>,
+    stream_table: String,
     heartbeat_prefix: String,
     tables: bool,
+    streams: bool,
     messages: bool,
     ignored: metrics::Counter,
     /// When the last warning about ignored messages was logged, and how many came since.
@@ -510,11 +515,15 @@ impl Decoder {
             max_payload_bytes,
             heartbeat_prefix: format!("{}{HEARTBEAT_SUFFIX}", cfg.message_prefix),
             tables: cfg.captures(Source::Table),
+            streams: cfg.captures(Source::StreamTable),
+            stream_table: cfg.stream_table(),
             messages: cfg.captures(Source::Messages),
             cfg,
             counters,
             relid: None,
             layout: None,
+            stream_relid: None,
+            stream_layout: None,
             ignored: metrics::counter!("outbox_wal_messages_ignored_total"),
             ignored_warned: None,
             ignored_since_warning: 0,
@@ -609,6 +618,42 @@ impl Decoder {
                     if relation.namespace == self.cfg.schema && relation.name == self.cfg.table {
                         self.layout = Some(OutboxLayout::of(&relation).map_err(WalError::Decode)?);
                         self.relid = Some(relation.relid);
+                    } else if relation.namespace == self.cfg.schema
+                        && relation.name == self.stream_table
+                    {
+                        self.stream_layout =
+                            Some(OutboxLayout::of_stream(&relation).map_err(WalError::Decode)?);
+                        self.stream_relid = Some(relation.relid);
+                    }
+                }
+                Decoded::Insert { relid, values }
+                    if self.streams && Some(relid) == self.stream_relid =>
+                {
+                    // A stream table's row is an event like a logical message: it exists in
+                    // the WAL (and as a row nobody updates); what fails is handed to the outbox
+                    // table as a row of its own.
+                    let Some(layout) = &self.stream_layout else {
+                        return Ok(());
+                    };
+                    let lsn = Lsn::from(wal_start);
+                    match layout.event(&values, i64::try_from(lsn.0).unwrap_or(i64::MAX)) {
+                        Ok(Some(event)) => self.push(state, event, Origin::Message, true, None),
+                        Ok(None) => {}
+                        Err(BadRow { reason, .. }) => {
+                            let (mut event, _) = malformed_message(
+                                &self.cfg.slot,
+                                lsn,
+                                b"null",
+                                &reason,
+                                state.commit_time.unwrap_or_else(chrono::Utc::now),
+                            );
+                            event.event_type = "outbox.malformed_row".to_owned();
+                            let error = format!(
+                                "the row of \"{}\".\"{}\" at {lsn} cannot be read as an event: {reason}. The row stays in that table; fix the writer, then `outbox dead discard` this event",
+                                self.cfg.schema, self.stream_table
+                            );
+                            self.push_dead(state, event, Origin::Message, true, None, error);
+                        }
                     }
                 }
                 Decoded::Insert { relid, values } => {
@@ -616,7 +661,7 @@ impl Decoder {
                         && Some(relid) == self.relid
                         && let Some(layout) = &self.layout
                     {
-                        match layout.event(&values) {
+                        match layout.event(&values, 0) {
                             Ok(Some(event)) => self.push(state, event, Origin::Table, true, None),
                             Ok(None) => {}
                             // Dead-lettered like the polling relay does, so one bad row

@@ -157,7 +157,7 @@ fn read_deliveries(path: &std::path::Path) -> Vec<outbox_types::Event> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamer_killed_mid_stream_restarts_without_loss() {
-    for source in [Source::Table, Source::Messages] {
+    for source in [Source::Table, Source::Messages, Source::StreamTable] {
         let fx = Fixture::new(&[source]).await;
         let config = fx.config.clone();
         let relay_settings = RelayConfig {
@@ -173,6 +173,7 @@ async fn streamer_killed_mid_stream_restarts_without_loss() {
             match source {
                 Source::Table => fx.enqueue_table(chunk).await,
                 Source::Messages => fx.enqueue_messages(chunk).await,
+                Source::StreamTable => fx.enqueue_streamed(chunk).await,
             }
         }
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())

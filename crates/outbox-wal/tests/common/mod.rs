@@ -155,6 +155,17 @@ impl Fixture {
         tx.commit().await.unwrap();
     }
 
+    /// Commit `events` into the stream table in one transaction.
+    pub async fn enqueue_streamed(&self, events: &[NewEvent]) {
+        let mut tx = self.pool.begin().await.unwrap();
+        for e in events {
+            outbox_wal::enqueue_streamed(&mut *tx, &self.outbox, e)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+
     pub async fn status_counts(&self) -> (i64, i64, i64) {
         let row: (i64, i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FILTER (WHERE status IN ('pending','in_flight')),

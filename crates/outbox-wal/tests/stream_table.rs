@@ -1,0 +1,243 @@
+//! The stream table source (`sources = ["stream_table"]`): insert-only rows delivered from the
+//! WAL with nothing written back, on the throwaway logical cluster of `scripts/pg-logical.sh`.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use outbox_testkit::{RecordingSink, check_first_delivery_order, numbered};
+use outbox_types::EventId;
+use outbox_wal::Source;
+
+/// Rows of the stream table written by the library and by plain SQL (also inserted and deleted
+/// in one transaction, Debezium's pattern) are delivered in order; rolled-back ones never;
+/// nothing is written back for them; an outage hands the waiting ones to the outbox table and
+/// they follow in order when the destination is back; a restart delivers nothing again; a row
+/// the relay cannot read is dead-lettered and the stream moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_table_rows_are_delivered_in_order_with_nothing_written_back() {
+    let fx = Fixture::new(&[Source::StreamTable]).await;
+    let stream = format!("\"{}\".\"events_stream\"", fx.config.schema);
+    let sink = Arc::new(SwitchSink::new(RecordingSink::new()));
+    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+
+    // The library's writer, four aggregates in one transaction.
+    let events: Vec<_> = (0..20)
+        .map(|n| numbered(&format!("s{}", n % 4), n / 4))
+        .collect();
+    {
+        let mut tx = fx.pool.begin().await.unwrap();
+        for e in &events {
+            outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, e)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    // Plain SQL: an insert that leaves `id` to its default, and an insert deleted again in the
+    // same transaction.
+    let mut sql_ids: Vec<uuid::Uuid> = Vec::new();
+    {
+        let mut tx = fx.pool.begin().await.unwrap();
+        let id: uuid::Uuid = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {stream} (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', 'q', 'OrderPlaced', '{{\"n\": 1}}') RETURNING id"
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        sql_ids.push(id);
+        let id: uuid::Uuid = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {stream} (aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ('order', 'q', 'OrderPaid', '{{\"n\": 2}}', '{{\"trace-id\": \"abc\"}}') RETURNING id"
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        sql_ids.push(id);
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {stream} WHERE id = $1"
+        )))
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    // Rolled back: never delivered.
+    let rolled_back = numbered("rb", 0);
+    {
+        let mut tx = fx.pool.begin().await.unwrap();
+        outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, &rolled_back)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+    }
+
+    let mut expected: HashSet<EventId> = ids(&events);
+    expected.extend(sql_ids.iter().map(|id| EventId::from_uuid(*id)));
+    wait_for("22 committed events", Duration::from_secs(20), || {
+        sink.inner.distinct_delivered().len() >= expected.len()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sink.inner.distinct_delivered(), expected);
+    let delivered = sink.inner.delivered();
+    assert!(check_first_delivery_order(&delivered).is_empty());
+    let paid = delivered
+        .iter()
+        .find(|e| e.event_type == "OrderPaid")
+        .expect("the row deleted in its own transaction is delivered");
+    assert_eq!(paid.payload, "{\"n\": 2}");
+    assert_eq!(
+        paid.headers.get("trace-id").map(String::as_str),
+        Some("abc")
+    );
+    let placed = delivered
+        .iter()
+        .position(|e| e.event_type == "OrderPlaced")
+        .unwrap();
+    let paid_at = delivered
+        .iter()
+        .position(|e| e.event_type == "OrderPaid")
+        .unwrap();
+    assert!(placed < paid_at, "commit order within the aggregate");
+    // Nothing written back: the outbox table holds nothing, the stream table its rows as
+    // written (one deleted by its writer).
+    assert_eq!(fx.status_counts().await, (0, 0, 0));
+    let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {stream}"
+    )))
+    .fetch_one(&fx.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, 21);
+
+    // An outage: the waiting events go to the outbox table as rows, and come out in order
+    // once the destination is back.
+    sink.down.store(true, Ordering::SeqCst);
+    let during: Vec<_> = (0..10).map(|n| numbered("f", n)).collect();
+    {
+        let mut tx = fx.pool.begin().await.unwrap();
+        for e in &during {
+            outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, e)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    wait_for(
+        "the outage's events in the table",
+        Duration::from_secs(20),
+        || sink.calls_while_down.load(Ordering::Relaxed) > 0,
+    )
+    .await;
+    let mut open = 0;
+    for _ in 0..100 {
+        open = fx.status_counts().await.0;
+        if open == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(open, 10, "every waiting event is a row of the outbox table");
+    sink.down.store(false, Ordering::SeqCst);
+    expected.extend(ids(&during));
+    wait_for("the outage's events", Duration::from_secs(30), || {
+        sink.inner.distinct_delivered().len() >= expected.len()
+    })
+    .await;
+    assert!(check_first_delivery_order(&sink.inner.delivered()).is_empty());
+    let first = relay.stop().await;
+    assert_eq!(first.dead, 0, "{first:?}");
+
+    // A restart delivers nothing again: the slot's position is the record.
+    let before = sink.inner.delivered().len();
+    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    // A row whose header is not a string passes the table's checks but is no event: dead, and
+    // the stream moves on to the next row.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {stream} (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('order', 'bad', 'OrderPlaced', '{{}}', '{{\"retry\": 3}}')"
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
+    let after_bad = numbered("after", 0);
+    {
+        let mut tx = fx.pool.begin().await.unwrap();
+        outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, &after_bad)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    wait_for("the row after the bad one", Duration::from_secs(20), || {
+        sink.inner.distinct_delivered().contains(&after_bad.id())
+    })
+    .await;
+    assert_eq!(
+        sink.inner.delivered().len(),
+        before + 1,
+        "only the new event after a restart"
+    );
+    let report = relay.stop().await;
+    assert_eq!(report.duplicates, 0, "{report:?}");
+    let (open, _, dead) = fx.status_counts().await;
+    assert_eq!((open, dead), (0, 1));
+    let error: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT last_error FROM {} WHERE status = 'dead'",
+        fx.outbox.qualified_table()
+    )))
+    .fetch_one(&fx.pool)
+    .await
+    .unwrap();
+    assert!(
+        error.contains("events_stream") && error.contains("headers"),
+        "{error}"
+    );
+
+    // The stream table has no idempotency key: such an event is refused with the way out.
+    let keyed = numbered("k", 0).with_idempotency_key("k-0");
+    let mut tx = fx.pool.begin().await.unwrap();
+    let refused = outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, &keyed)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("PgOutbox::enqueue"),
+        "{refused}"
+    );
+    drop(tx);
+    fx.cleanup().await;
+}
+
+/// Turning the stream table on for an outbox whose publication already exists is one setting:
+/// the relay creates the table and adds it to the publication, and both sources stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_table_joins_an_existing_publication() {
+    let fx = Fixture::new(&[Source::Table]).await;
+    let mut config = fx.config.clone();
+    config.sources = vec![Source::Table, Source::StreamTable];
+    let sink = Arc::new(RecordingSink::new());
+    let relay = start(config, sink.clone()).ready().await;
+    let row = numbered("both", 0);
+    let streamed = numbered("both", 1);
+    fx.enqueue_table(std::slice::from_ref(&row)).await;
+    {
+        let mut tx = fx.pool.begin().await.unwrap();
+        outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, &streamed)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    wait_for("both events", Duration::from_secs(20), || {
+        sink.distinct_delivered().len() >= 2
+    })
+    .await;
+    assert_eq!(sink.distinct_delivered(), ids(&[row, streamed]));
+    relay.stop().await;
+    fx.cleanup().await;
+}

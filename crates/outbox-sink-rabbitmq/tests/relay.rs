@@ -327,12 +327,14 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
         cap: Duration::from_millis(300),
         max_attempts: 100,
     };
-    // No queue is bound: every message comes back under `mandatory`.
+    // No queue is bound: every message comes back under `mandatory`. One round: the drain
+    // does not wait for the retries.
     let report = Relay::new(
         store.clone(),
         sink.clone(),
         RelayConfig {
             retry,
+            drain_wait: Duration::ZERO,
             ..relay_config(10)
         },
     )

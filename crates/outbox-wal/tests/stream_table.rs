@@ -29,15 +29,7 @@ async fn stream_table_rows_are_delivered_in_order_with_nothing_written_back() {
     let events: Vec<_> = (0..20)
         .map(|n| numbered(&format!("s{}", n % 4), n / 4))
         .collect();
-    {
-        let mut tx = fx.pool.begin().await.unwrap();
-        for e in &events {
-            outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, e)
-                .await
-                .unwrap();
-        }
-        tx.commit().await.unwrap();
-    }
+    fx.enqueue_streamed(&events).await;
     // Plain SQL: an insert that leaves `id` to its default, and an insert deleted again in the
     // same transaction.
     let mut sql_ids: Vec<uuid::Uuid> = Vec::new();
@@ -121,15 +113,7 @@ async fn stream_table_rows_are_delivered_in_order_with_nothing_written_back() {
     // once the destination is back.
     sink.down.store(true, Ordering::SeqCst);
     let during: Vec<_> = (0..10).map(|n| numbered("f", n)).collect();
-    {
-        let mut tx = fx.pool.begin().await.unwrap();
-        for e in &during {
-            outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, e)
-                .await
-                .unwrap();
-        }
-        tx.commit().await.unwrap();
-    }
+    fx.enqueue_streamed(&during).await;
     wait_for(
         "the outage's events in the table",
         Duration::from_secs(20),
@@ -168,13 +152,7 @@ async fn stream_table_rows_are_delivered_in_order_with_nothing_written_back() {
     .await
     .unwrap();
     let after_bad = numbered("after", 0);
-    {
-        let mut tx = fx.pool.begin().await.unwrap();
-        outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, &after_bad)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-    }
+    fx.enqueue_streamed(std::slice::from_ref(&after_bad)).await;
     wait_for("the row after the bad one", Duration::from_secs(20), || {
         sink.inner.distinct_delivered().contains(&after_bad.id())
     })
@@ -226,13 +204,7 @@ async fn the_stream_table_joins_an_existing_publication() {
     let row = numbered("both", 0);
     let streamed = numbered("both", 1);
     fx.enqueue_table(std::slice::from_ref(&row)).await;
-    {
-        let mut tx = fx.pool.begin().await.unwrap();
-        outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, &streamed)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-    }
+    fx.enqueue_streamed(std::slice::from_ref(&streamed)).await;
     wait_for("both events", Duration::from_secs(20), || {
         sink.distinct_delivered().len() >= 2
     })

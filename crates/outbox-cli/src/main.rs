@@ -864,10 +864,21 @@ async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         destinations = %routes.destinations().join(", "),
         "Relaying."
     );
+    // WAL mode's stream table is purged by age like delivered rows (its rows are never read
+    // back, so purging cannot lose an event).
+    let stream_table = match (config.mode, store.postgres()) {
+        (config::Mode::Wal, Some(pg)) => {
+            let wal = config.wal_config()?;
+            wal.captures(outbox_wal::Source::StreamTable)
+                .then(|| (wal, pg.pool().clone()))
+        }
+        _ => None,
+    };
     let retention = config.retention.enabled.then(|| {
         tokio::spawn(retention_loop(
             dyn_store.clone(),
             store.partitioned(),
+            stream_table,
             config.retention.clone(),
         ))
     });
@@ -1172,6 +1183,7 @@ async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
 async fn retention_loop(
     store: Arc<dyn outbox_types::Store>,
     partitioned: Option<outbox_postgresql::PgStore>,
+    stream_table: Option<(outbox_wal::WalConfig, sqlx::PgPool)>,
     retention: config::RetentionConfig,
 ) {
     let mut ticker = tokio::time::interval(retention.interval.max(Duration::from_secs(1)));
@@ -1211,6 +1223,25 @@ async fn retention_loop(
                 Ok(n) => tracing::info!(deleted = n, "Retention deleted delivered events."),
                 Err(error) => {
                     tracing::warn!(error = %format!("{error:#}"), "Retention run failed; will try again at the next interval.")
+                }
+            }
+        }
+        if let Some((wal, pool)) = &stream_table {
+            match outbox_wal::purge_stream_table(
+                wal,
+                pool,
+                retention.delivered,
+                retention.batch_size,
+            )
+            .await
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    deleted = n,
+                    "Retention deleted old rows of the stream table."
+                ),
+                Err(error) => {
+                    tracing::warn!(%error, "Stream table retention failed; will try again at the next interval.")
                 }
             }
         }

@@ -78,8 +78,9 @@
 //!   messages (`seq` is the insert's LSN; nothing is written back when one is delivered; one that
 //!   fails, waits or dies is copied into the outbox table as a row). So an insert costs what a
 //!   hand-written outbox table's does, and the relay's database work per event is decoding, not a
-//!   row update: measured below. Unlike a message, the event also stays as a row (yours to
-//!   purge), and any role with `INSERT` on that table may write events, like the outbox table.
+//!   row update: measured below. Unlike a message, the event also stays as a row (purged
+//!   by age: [`purge_stream_table`], which `outbox relay` runs with `retention.delivered`), and any
+//!   role with `INSERT` on that table may write events, like the outbox table.
 //!
 //! All share the slot and are delivered in commit order. Three things to know about messages:
 //! - **who may write them.** PostgreSQL lets every role (PUBLIC) execute
@@ -341,7 +342,7 @@ pub use message::{
 };
 pub use slot::{MessageSourceAccess, WalStatus, stream_table_ddl};
 pub use source::WalSource;
-pub use stream_table::enqueue_streamed;
+pub use stream_table::{enqueue_streamed, purge_stream_table};
 
 use conn::Target;
 

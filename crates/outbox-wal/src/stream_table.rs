@@ -75,3 +75,39 @@ pub async fn enqueue_streamed<'e, E: PgExecutor<'e>>(
         .map_err(map_sqlx)?;
     Ok(event.id())
 }
+
+/// Delete rows of the stream table enqueued more than `older_than` ago, `batch` rows per
+/// statement (short transactions, no long locks), through its BRIN index on `enqueued_at`.
+/// Returns how many. Purging never loses an event: the relay reads events from the WAL, never
+/// from these rows. `outbox relay` runs it with `retention.delivered` when WAL mode captures the
+/// stream table.
+pub async fn purge_stream_table(
+    config: &crate::WalConfig,
+    pool: &sqlx::PgPool,
+    older_than: std::time::Duration,
+    batch: u32,
+) -> Result<u64, WalError> {
+    let t = crate::slot::stream_table(config);
+    let sql = format!(
+        "DELETE FROM {t} WHERE ctid IN (
+             SELECT ctid FROM {t}
+             WHERE enqueued_at < now() - $1 * interval '1 millisecond'
+             LIMIT $2)"
+    );
+    let batch = i64::from(batch.max(1));
+    let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+    let mut total = 0;
+    loop {
+        let deleted = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(millis)
+            .bind(batch)
+            .execute(pool)
+            .await
+            .map_err(map_sqlx)?
+            .rows_affected();
+        total += deleted;
+        if deleted < batch as u64 {
+            return Ok(total);
+        }
+    }
+}

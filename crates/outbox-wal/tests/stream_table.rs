@@ -189,6 +189,23 @@ async fn stream_table_rows_are_delivered_in_order_with_nothing_written_back() {
         "{refused}"
     );
     drop(tx);
+
+    // Purging by age, a few rows per statement: rows younger than the age stay.
+    let purged = outbox_wal::purge_stream_table(&fx.config, &fx.pool, Duration::from_secs(3600), 5)
+        .await
+        .unwrap();
+    assert_eq!(purged, 0, "nothing is an hour old");
+    let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {stream}"
+    )))
+    .fetch_one(&fx.pool)
+    .await
+    .unwrap();
+    assert!(rows > 5, "{rows}");
+    let purged = outbox_wal::purge_stream_table(&fx.config, &fx.pool, Duration::ZERO, 5)
+        .await
+        .unwrap();
+    assert_eq!(purged as i64, rows, "every row, in batches of 5");
     fx.cleanup().await;
 }
 

@@ -306,7 +306,12 @@ async fn broker_down_at_start_keeps_events_pending_until_it_is_back() {
     // Longer than three attempts with their backoff would take.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let record = store.get(ids[0]).await.unwrap().unwrap();
-    assert_eq!(record.state, EventState::Pending);
+    // Waiting, or claimed for the trial call the relay makes now and then: never delivered or
+    // dead, and no attempt spent.
+    assert!(
+        matches!(record.state, EventState::Pending | EventState::InFlight),
+        "{record:?}"
+    );
     assert!(
         record.event.attempts == 0,
         "an outage costs no attempt: {record:?}"

@@ -429,7 +429,12 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
         counters.report()
     );
     let record = store.get(record.event.id).await.unwrap().unwrap();
-    assert_eq!(record.state, EventState::Pending);
+    // Waiting, or claimed for the trial call the relay makes now and then: never delivered or
+    // dead, and no attempt spent.
+    assert!(
+        matches!(record.state, EventState::Pending | EventState::InFlight),
+        "{record:?}"
+    );
     assert!(
         record.event.attempts == 0,
         "an outage costs no attempt: {record:?}"

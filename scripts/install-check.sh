@@ -109,5 +109,11 @@ say "default build: librdkafka with OpenSSL and zlib compiled in, none linked fr
 
 # --- 3. every library crate packages and builds alone -------------------------------------------
 # The benchmark and the verification harness are tools of this repository (publish = false).
+# Cargo verifies each package against the others through a local registry, whose sources it
+# unpacks under $CARGO_HOME/registry/src/-<hash>/ and does not unpack again for the same
+# version: an earlier run's unpacked sources (same 0.1.0, older code) would be built instead of
+# this checkout's. They are removed first (only that registry's `outbox*` directories).
+registry="${CARGO_HOME:-$HOME/.cargo}/registry"
+rm -rf "$registry"/src/-*/outbox-* "$registry"/cache/-*/outbox-*
 cargo package --quiet --workspace --locked --exclude outbox-bench --exclude outbox-verify
 say "cargo package: every published crate builds from its package"

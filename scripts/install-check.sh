@@ -109,11 +109,16 @@ say "default build: librdkafka with OpenSSL and zlib compiled in, none linked fr
 
 # --- 3. every library crate packages and builds alone -------------------------------------------
 # The benchmark and the verification harness are tools of this repository (publish = false).
-# Cargo verifies each package against the others through a local registry, whose sources it
-# unpacks under $CARGO_HOME/registry/src/-<hash>/ and does not unpack again for the same
-# version: an earlier run's unpacked sources (same 0.1.0, older code) would be built instead of
-# this checkout's. They are removed first (only that registry's `outbox*` directories).
+# Cargo verifies each package against the others through a local registry. Its sources are
+# unpacked under $CARGO_HOME/registry/src/-<hash>/ and not unpacked again for the same version,
+# and what it builds from them is never rebuilt for the same version either (registry sources
+# are taken to be immutable): an earlier run's outbox packages (same 0.1.0, older code) would
+# be used instead of this checkout's. Both are removed first: that registry's `outbox*`
+# sources, and every build of an `outbox*` crate in the target directory (this checkout's are
+# rebuilt in a minute or two; no dependency is).
 registry="${CARGO_HOME:-$HOME/.cargo}/registry"
 rm -rf "$registry"/src/-*/outbox-* "$registry"/cache/-*/outbox-*
+rm -rf "$CARGO_TARGET_DIR"/debug/.fingerprint/outbox* "$CARGO_TARGET_DIR"/debug/deps/liboutbox* \
+  "$CARGO_TARGET_DIR"/debug/deps/outbox* "$CARGO_TARGET_DIR"/debug/build/outbox*
 cargo package --quiet --workspace --locked --exclude outbox-bench --exclude outbox-verify
 say "cargo package: every published crate builds from its package"

@@ -266,7 +266,7 @@ pub async fn writer_cost(
             "database": settings, "wal_level": wal_level, "results": results,
         }),
     )?;
-    teardown(&store).await
+    crate::drop_schema(&store).await
 }
 
 /// Ratio of `variant` to `pk-only` within each run where both ran.
@@ -422,18 +422,12 @@ async fn truncate(store: &PgStore, args: &WriterCostArgs) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn teardown(store: &PgStore) -> anyhow::Result<()> {
-    crate::drop_schema(store).await
-}
-
 fn event(aggregate: u64, n: u64, payload_bytes: usize) -> anyhow::Result<NewEvent> {
-    let head = format!(r#"{{"account":{aggregate},"n":{n},"pad":""#);
-    let pad = payload_bytes.saturating_sub(head.len() + 2);
-    Ok(NewEvent::from_json(
+    Ok(NewEvent::new(
         "account",
         aggregate.to_string(),
         "BalanceChanged",
-        format!("{head}{}\"}}", "x".repeat(pad)),
+        &crate::payload(payload_bytes, aggregate, n),
     )?)
 }
 

@@ -965,14 +965,10 @@ async fn left_behind(
 impl LeftBehind {
     /// After a drain, say what it leaves: events still pending or in flight, and why they may be.
     fn report(&self, drained: bool) {
-        let Some(stats) = &self.stats else {
+        let Some(stats) = self.stats.as_ref().filter(|_| drained) else {
             return;
         };
-        let open = stats.pending + stats.in_flight;
-        if !drained {
-            return;
-        }
-        if open == 0 {
+        if stats.pending + stats.in_flight == 0 {
             tracing::info!(dead = stats.dead, "Drained: nothing is pending.");
         } else {
             tracing::warn!(

@@ -773,7 +773,6 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Exponential pause between attempts to reach the database: 100 ms, 200 ms, … up to `max`.
 /// The pause between claims that come back short. While claims find events, the next one
 /// follows after `min` (a trickle is delivered within about `min`); each claim that finds nothing
 /// doubles the pause, up to `max`, so an idle outbox costs the database what a fixed `max`
@@ -816,6 +815,7 @@ impl Pacer {
     }
 }
 
+/// Exponential pause between attempts to reach the database: 100 ms, 200 ms, … up to `max`.
 fn store_backoff(failures: u32, max: Duration) -> Duration {
     let exponent = failures.saturating_sub(1).min(20);
     Duration::from_millis(100u64.saturating_mul(1 << exponent)).min(max)

@@ -220,6 +220,18 @@ pub(crate) fn parse_headers(json: &str) -> Result<Headers, String> {
 impl OutboxLayout {
     /// Map the columns of `relation`; fails when a required column is missing.
     pub fn of(relation: &Relation) -> Result<Self, String> {
+        Self::map(relation, true)
+    }
+
+    /// Map the columns of a stream table (`<table>_stream`): the outbox table's event columns
+    /// without `seq` and the delivery state, which such a table does not have.
+    pub fn of_stream(relation: &Relation) -> Result<Self, String> {
+        Self::map(relation, false)
+    }
+
+    /// The event columns, and with `delivery_state` the `seq`, `status` and `attempts` of the
+    /// outbox table.
+    fn map(relation: &Relation, delivery_state: bool) -> Result<Self, String> {
         let index: HashMap<&str, usize> = relation
             .columns
             .iter()
@@ -234,8 +246,19 @@ impl OutboxLayout {
                 )
             })
         };
+        let state = |name: &str| {
+            if delivery_state {
+                index.get(name).copied()
+            } else {
+                None
+            }
+        };
         Ok(OutboxLayout {
-            seq: Some(need("seq")?),
+            seq: if delivery_state {
+                Some(need("seq")?)
+            } else {
+                None
+            },
             id: need("id")?,
             aggregate_type: need("aggregate_type")?,
             aggregate_id: need("aggregate_id")?,
@@ -246,27 +269,12 @@ impl OutboxLayout {
             idempotency_key: index.get("idempotency_key").copied(),
             occurred_at: index.get("occurred_at").copied(),
             enqueued_at: index.get("enqueued_at").copied(),
-            status: index.get("status").copied(),
-            attempts: index.get("attempts").copied(),
+            status: state("status"),
+            attempts: state("attempts"),
             payload_is_json: index
                 .get("payload")
                 .and_then(|&i| relation.types.get(i))
                 .is_some_and(|t| JSON_TYPES.contains(t)),
-        })
-    }
-
-    /// Map the columns of a stream table (`<table>_stream`): the outbox table's event columns
-    /// without `seq` and the delivery state, which such a table does not have.
-    pub fn of_stream(relation: &Relation) -> Result<Self, String> {
-        let mut with_seq = relation.clone();
-        with_seq.columns.push("seq".to_owned());
-        with_seq.types.push(20);
-        let layout = OutboxLayout::of(&with_seq)?;
-        Ok(OutboxLayout {
-            seq: None,
-            status: None,
-            attempts: None,
-            ..layout
         })
     }
 

@@ -378,26 +378,6 @@ pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Res
         }
         Some(row) => {
             let inserts: bool = row.try_get("pubinsert").map_err(map_sqlx)?;
-            if config.captures(Source::StreamTable) {
-                // The stream table is ours: add it to an existing publication, so turning the
-                // source on is one setting (inserts after this commit are captured).
-                let sql = format!(
-                    "DO $$ BEGIN
-                         IF NOT EXISTS (SELECT 1 FROM pg_publication_tables
-                                        WHERE pubname = '{pubname}' AND schemaname = '{schema}' AND tablename = '{name}') THEN
-                             ALTER PUBLICATION \"{pubname}\" ADD TABLE {quoted};
-                         END IF;
-                     END $$",
-                    pubname = config.publication,
-                    schema = config.schema,
-                    name = config.stream_table(),
-                    quoted = stream_table(config),
-                );
-                sqlx::raw_sql(AssertSqlSafe(sql))
-                    .execute(pool)
-                    .await
-                    .map_err(map_sqlx)?;
-            }
             for (schema, name, quoted) in &tables {
                 let has_table: Option<i32> = sqlx::query_scalar(
                     "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
@@ -408,6 +388,23 @@ pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Res
                 .fetch_optional(pool)
                 .await
                 .map_err(map_sqlx)?;
+                if inserts && has_table.is_none() && *name == config.stream_table() {
+                    // The stream table is ours: added to an existing publication, so turning
+                    // the source on is one setting (inserts after this commit are captured).
+                    let sql = format!(
+                        "ALTER PUBLICATION \"{}\" ADD TABLE {quoted}",
+                        config.publication
+                    );
+                    match sqlx::query(AssertSqlSafe(sql)).execute(pool).await {
+                        Ok(_) => {}
+                        // Added concurrently by another relay starting: fine.
+                        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {
+                        }
+                        Err(e) => return Err(map_sqlx(e)),
+                    }
+                    tracing::info!(publication = %config.publication, table = %quoted, "Stream table added to the publication.");
+                    continue;
+                }
                 if !inserts || has_table.is_none() {
                     return Err(WalError::Config(format!(
                         "publication `{}` exists but does not publish inserts into {quoted}: run `ALTER PUBLICATION \"{}\" ADD TABLE {quoted}` and `ALTER PUBLICATION \"{}\" SET (publish = 'insert')`, or configure another publication name",

@@ -140,7 +140,8 @@ pub struct WalSection {
     /// Publication name (over the outbox table, inserts only).
     pub publication: String,
     /// Capture sources: `table` (outbox inserts), `stream_table` (inserts into the insert-only
-    /// `<table>_stream`), `messages` (`pg_logical_emit_message`).
+    /// `<table>_stream`), `messages` (`pg_logical_emit_message`), `debezium` (a Debezium outbox
+    /// table, read as `[wal.debezium]` says).
     pub sources: Vec<outbox_wal::Source>,
     /// Prefix of the logical messages that carry events.
     pub message_prefix: String,
@@ -176,6 +177,9 @@ pub struct WalSection {
     /// Longest pause between reconnect attempts.
     #[serde(with = "outbox_types::humantime_duration")]
     pub max_reconnect_backoff: std::time::Duration,
+    /// `[wal.debezium]`: the Debezium outbox table and the Outbox Event Router options (under
+    /// Debezium's own names) that the `debezium` source reads it with.
+    pub debezium: outbox_wal::DebeziumTable,
 }
 
 impl Default for WalSection {
@@ -197,6 +201,7 @@ impl Default for WalSection {
             standby_poll_interval: d.standby_poll_interval,
             takeover_timeout: d.takeover_timeout,
             max_reconnect_backoff: d.max_reconnect_backoff,
+            debezium: d.debezium,
         }
     }
 }
@@ -244,6 +249,7 @@ impl Config {
         config.standby_poll_interval = w.standby_poll_interval;
         config.takeover_timeout = w.takeover_timeout;
         config.max_reconnect_backoff = w.max_reconnect_backoff;
+        config.debezium = w.debezium.clone();
         config
             .validate()
             .map_err(|e| ConfigError(format!("invalid `[wal]`: {e}")))?;

@@ -9,22 +9,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::routing::{Routing, Template};
 use outbox_types::{SinkError, humantime_duration};
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BodyFormat {
-    /// The stored JSON bytes, untouched.
-    #[default]
-    Raw,
-    /// A CloudEvents 1.0 structured-mode envelope (needs `cloudevents_source`).
-    #[serde(alias = "cloud_events")]
-    Cloudevents,
-}
+/// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
+/// every sink.
+pub use outbox_types::routing::BodyFormat;
 
 /// What a record's timestamp says (the `CreateTime` the broker stores and consumers, retention
 /// and time-based offset lookups read).
@@ -210,7 +202,8 @@ pub struct KafkaSinkConfig {
     pub brokers: Vec<String>,
     /// Topic template for events that name no destination themselves.
     pub topic: Template,
-    /// `raw` (default) or `cloudevents`.
+    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
+    /// Event Router, for its consumers).
     pub format: BodyFormat,
     /// The records' timestamp: `publish_time` (default) or `occurred_at`.
     pub record_timestamp: RecordTimestamp,
@@ -385,21 +378,10 @@ fn millis(d: Duration) -> String {
 impl KafkaSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = match self.format {
-            BodyFormat::Raw => PayloadFormat::Raw,
-            BodyFormat::Cloudevents => {
-                let source = self
-                    .cloudevents_source
-                    .clone()
-                    .filter(|s| !s.trim().is_empty())
-                    .ok_or_else(|| {
-                        config_error(
-                            "`format = \"cloudevents\"` needs `cloudevents_source`, the CloudEvents `source` attribute (e.g. `cloudevents_source = \"/orders-service\"`)",
-                        )
-                    })?;
-                PayloadFormat::CloudEvents { source }
-            }
-        };
+        let format = self
+            .format
+            .payload_format(self.cloudevents_source.as_deref())
+            .map_err(config_error)?;
         Ok(Routing::new(self.topic.clone()).with_format(format))
     }
 

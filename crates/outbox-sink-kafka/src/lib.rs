@@ -19,6 +19,11 @@
 //!   `content-type` (`application/json`, or `application/cloudevents+json` — the CloudEvents
 //!   Kafka binding's structured mode).
 //! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope.
+//! - **`format = "debezium"`**: what Debezium's Outbox Event Router emits through Kafka
+//!   Connect's JSON converter — key = the aggregate id as a JSON string, value = the payload as
+//!   stored (no value at all, a tombstone, for a `null` payload), headers `id` and the event's
+//!   own as JSON strings, no `content-type`. With the WAL mode's `debezium` source the topic is
+//!   the router's (`outbox.event.<aggregatetype>` by default). See `docs/from-debezium.md`.
 //! - **Timestamp**: when the relay published the record (`CreateTime`, the producer's clock), or
 //!   with [`record_timestamp`](KafkaSinkConfig::record_timestamp) `= "occurred_at"` the event's
 //!   `occurred_at` in milliseconds.
@@ -67,7 +72,7 @@
 //! type = "kafka"
 //! brokers = ["kafka-1:9092", "kafka-2:9092"]
 //! topic = "${aggregate_type}.events"
-//! format = "raw"                 # or "cloudevents" with cloudevents_source = "/orders"
+//! format = "raw"                 # or "cloudevents" (with cloudevents_source = "/orders"), "debezium"
 //! tls = true
 //! user = "relay"
 //! password_env = "KAFKA_PASSWORD"
@@ -85,7 +90,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use outbox_types::routing::Routing;
+use outbox_types::routing::{PayloadFormat, Routing};
 use outbox_types::{Event, Outcome, Sink, SinkError, truncate_error};
 use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -269,10 +274,13 @@ impl KafkaSink {
     fn headers(&self, event: &Event) -> OwnedHeaders {
         let headers = self.routing.headers(event);
         let mut owned = OwnedHeaders::new_with_capacity(headers.len() + 1);
-        owned = owned.insert(Header {
-            key: "content-type",
-            value: Some(self.routing.content_type()),
-        });
+        // Debezium's records carry no content type; its consumers see exactly its headers.
+        if self.routing.format != PayloadFormat::Debezium {
+            owned = owned.insert(Header {
+                key: "content-type",
+                value: Some(self.routing.content_type()),
+            });
+        }
         for (name, value) in &headers {
             owned = owned.insert(Header {
                 key: name.as_str(),
@@ -292,10 +300,13 @@ impl KafkaSink {
             )));
         }
         let body = self.routing.body(event);
+        let key = self.routing.key(event);
         let mut record = FutureRecord::to(&topic)
-            .key(self.routing.key(event))
-            .payload(&body)
+            .key(key.as_ref())
             .headers(self.headers(event));
+        if !self.routing.is_tombstone(event) {
+            record = record.payload(&body);
+        }
         if self.record_timestamp == RecordTimestamp::OccurredAt {
             record = record.timestamp(event.occurred_at.timestamp_millis());
         }

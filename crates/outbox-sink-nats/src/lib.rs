@@ -74,23 +74,15 @@ use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::routing::{Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
-/// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BodyFormat {
-    /// The stored JSON bytes, untouched.
-    #[default]
-    Raw,
-    /// A CloudEvents 1.0 structured-mode envelope (needs `cloudevents_source`).
-    #[serde(alias = "cloud_events")]
-    Cloudevents,
-}
+/// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
+/// every sink.
+pub use outbox_types::routing::BodyFormat;
 
 /// A secret read from configuration; never printed.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -135,7 +127,8 @@ pub struct NatsSinkConfig {
     pub servers: Vec<String>,
     /// Subject template for events that name no destination themselves.
     pub subject: Template,
-    /// `raw` (default) or `cloudevents`.
+    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
+    /// Event Router, for its consumers).
     pub format: BodyFormat,
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
@@ -218,21 +211,10 @@ fn default_subject() -> Template {
 impl NatsSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = match self.format {
-            BodyFormat::Raw => PayloadFormat::Raw,
-            BodyFormat::Cloudevents => {
-                let source = self
-                    .cloudevents_source
-                    .clone()
-                    .filter(|s| !s.trim().is_empty())
-                    .ok_or_else(|| {
-                        config_error(
-                            "`format = \"cloudevents\"` needs `cloudevents_source`, the CloudEvents `source` attribute (e.g. `cloudevents_source = \"/orders-service\"`)",
-                        )
-                    })?;
-                PayloadFormat::CloudEvents { source }
-            }
-        };
+        let format = self
+            .format
+            .payload_format(self.cloudevents_source.as_deref())
+            .map_err(config_error)?;
         let subject = self.subject.as_str();
         if subject.chars().any(char::is_whitespace)
             || subject.starts_with('.')

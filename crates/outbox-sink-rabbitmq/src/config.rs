@@ -10,21 +10,13 @@ use std::time::Duration;
 use lapin::ExchangeKind;
 use lapin::uri::{AMQPScheme, AMQPUri};
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::routing::{Routing, Template};
 use outbox_types::{SinkError, humantime_duration};
 use serde::{Deserialize, Serialize};
 
-/// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BodyFormat {
-    /// The stored JSON bytes, untouched.
-    #[default]
-    Raw,
-    /// A CloudEvents 1.0 structured-mode envelope (needs `cloudevents_source`).
-    #[serde(alias = "cloud_events")]
-    Cloudevents,
-}
+/// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
+/// every sink.
+pub use outbox_types::routing::BodyFormat;
 
 /// The type of the exchanges created with `declare = true`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -139,7 +131,8 @@ pub struct RabbitMqSinkConfig {
     /// Routing-key template for events that name no destination themselves. An event's own
     /// destination is its routing key.
     pub routing_key: Template,
-    /// `raw` (default) or `cloudevents`.
+    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
+    /// Event Router, for its consumers).
     pub format: BodyFormat,
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
@@ -221,21 +214,10 @@ pub(crate) struct Resolved {
 impl RabbitMqSinkConfig {
     /// The routing this configuration describes (its destination is the routing key).
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = match self.format {
-            BodyFormat::Raw => PayloadFormat::Raw,
-            BodyFormat::Cloudevents => {
-                let source = self
-                    .cloudevents_source
-                    .clone()
-                    .filter(|s| !s.trim().is_empty())
-                    .ok_or_else(|| {
-                        config_error(
-                            "`format = \"cloudevents\"` needs `cloudevents_source`, the CloudEvents `source` attribute (e.g. `cloudevents_source = \"/orders-service\"`)",
-                        )
-                    })?;
-                PayloadFormat::CloudEvents { source }
-            }
-        };
+        let format = self
+            .format
+            .payload_format(self.cloudevents_source.as_deref())
+            .map_err(config_error)?;
         Ok(Routing::new(self.routing_key.clone()).with_format(format))
     }
 

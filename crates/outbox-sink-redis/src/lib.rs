@@ -67,7 +67,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::routing::{Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, IntoConnectionInfo, RedisError, Value};
@@ -75,17 +75,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
 
-/// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BodyFormat {
-    /// The stored JSON bytes, untouched.
-    #[default]
-    Raw,
-    /// A CloudEvents 1.0 structured-mode envelope (needs `cloudevents_source`).
-    #[serde(alias = "cloud_events")]
-    Cloudevents,
-}
+/// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
+/// every sink.
+pub use outbox_types::routing::BodyFormat;
 
 /// A secret read from configuration; never printed.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -130,7 +122,8 @@ pub struct RedisSinkConfig {
     pub url: String,
     /// Stream key template for events that name no destination themselves.
     pub stream: Template,
-    /// `raw` (default) or `cloudevents`.
+    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
+    /// Event Router, for its consumers).
     pub format: BodyFormat,
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
@@ -195,21 +188,10 @@ fn config_error(message: impl Into<String>) -> SinkError {
 impl RedisSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = match self.format {
-            BodyFormat::Raw => PayloadFormat::Raw,
-            BodyFormat::Cloudevents => {
-                let source = self
-                    .cloudevents_source
-                    .clone()
-                    .filter(|s| !s.trim().is_empty())
-                    .ok_or_else(|| {
-                        config_error(
-                            "`format = \"cloudevents\"` needs `cloudevents_source`, the CloudEvents `source` attribute (e.g. `cloudevents_source = \"/orders-service\"`)",
-                        )
-                    })?;
-                PayloadFormat::CloudEvents { source }
-            }
-        };
+        let format = self
+            .format
+            .payload_format(self.cloudevents_source.as_deref())
+            .map_err(config_error)?;
         Ok(Routing::new(self.stream.clone()).with_format(format))
     }
 }

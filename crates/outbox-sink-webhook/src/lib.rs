@@ -44,6 +44,12 @@
 //!   of the sink's own (including `webhook-id`, `webhook-timestamp`, `webhook-signature`) is not
 //!   forwarded.
 //! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope.
+//! - **`format = "debezium"`**: the body as stored (an empty body for a `null` payload), the
+//!   headers `id` and the event's own as JSON strings instead of the routing headers (see
+//!   [`PayloadFormat::Debezium`](outbox_types::routing::PayloadFormat::Debezium)); an event
+//!   destination that is a topic name (neither a path nor a URL, as the `debezium` WAL source
+//!   sets) is not a target: the request goes to `url`, as Debezium Server's HTTP sink sends
+//!   every event to its one URL.
 //!
 //! ## Outcomes
 //!
@@ -157,7 +163,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use outbox_types::redact::{redact_in_text, redact_url};
-use outbox_types::routing::{PayloadFormat, Routing, Template};
+use outbox_types::routing::{Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -174,18 +180,9 @@ pub use signature::{
 };
 use target::Targets;
 
-/// The body format named in configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BodyFormat {
-    /// The stored JSON bytes, untouched (`application/json`).
-    #[default]
-    Raw,
-    /// A CloudEvents 1.0 structured-mode envelope (`application/cloudevents+json`; needs
-    /// `cloudevents_source`).
-    #[serde(alias = "cloud_events")]
-    Cloudevents,
-}
+/// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
+/// every sink.
+pub use outbox_types::routing::BodyFormat;
 
 /// Printed configurations (`outbox config check`) show the `url` template with a password,
 /// token or credential-like query value masked.
@@ -215,7 +212,8 @@ pub struct WebhookSinkConfig {
     /// same `Authorization` and signature: list only your own hosts. Empty by default: a row
     /// may only pick a path under the `url`'s origin.
     pub allowed_hosts: Vec<String>,
-    /// `raw` (default) or `cloudevents`.
+    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
+    /// Event Router, for its consumers).
     pub format: BodyFormat,
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
@@ -425,22 +423,12 @@ impl WebhookSink {
             }));
         }
         let targets = Targets::new(template.clone(), &config.allowed_hosts, config.tls)
+            .map_err(config_error)?
+            .with_topic_destinations(config.format == BodyFormat::Debezium);
+        let format = config
+            .format
+            .payload_format(config.cloudevents_source.as_deref())
             .map_err(config_error)?;
-        let format = match config.format {
-            BodyFormat::Raw => PayloadFormat::Raw,
-            BodyFormat::Cloudevents => {
-                let source = config
-                    .cloudevents_source
-                    .clone()
-                    .filter(|s| !s.trim().is_empty())
-                    .ok_or_else(|| {
-                        config_error(
-                            "`format = \"cloudevents\"` needs `cloudevents_source`, the CloudEvents `source` attribute (e.g. `cloudevents_source = \"/orders-service\"`)",
-                        )
-                    })?;
-                PayloadFormat::CloudEvents { source }
-            }
-        };
         let routing = Routing::new(template).with_format(format);
 
         let password = resolve_secret(

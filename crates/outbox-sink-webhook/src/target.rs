@@ -151,6 +151,10 @@ pub(crate) struct Targets {
     fixed_origin: bool,
     allowed: Vec<HostPattern>,
     https_only: bool,
+    /// An event destination that is neither a path nor a URL is a topic name (the `debezium`
+    /// source routes every event to one, `outbox.event.Order`): post to the template, as
+    /// Debezium Server's HTTP sink posts every event to its one URL.
+    topic_destinations: bool,
 }
 
 /// Byte offsets in `url` of the authority (`user@host:port`): from after `://` up to the first
@@ -227,7 +231,15 @@ impl Targets {
             fixed_origin,
             allowed,
             https_only,
+            topic_destinations: false,
         })
+    }
+
+    /// Treat event destinations that are neither a path nor a URL as topic names and post
+    /// those events to the template (`format = "debezium"`).
+    pub(crate) fn with_topic_destinations(mut self, on: bool) -> Self {
+        self.topic_destinations = on;
+        self
     }
 
     /// Whether some `allowed_hosts` entry admits `url`.
@@ -279,7 +291,12 @@ impl Targets {
         }
         let (_, authority_end) = authority(&rendered).unwrap_or((0, rendered.len()));
         let prefix = &rendered[..authority_end];
-        let target = match event.destination.as_deref().filter(|d| !d.is_empty()) {
+        let own = event
+            .destination
+            .as_deref()
+            .filter(|d| !d.is_empty())
+            .filter(|d| !(self.topic_destinations && !d.starts_with('/') && !d.contains("://")));
+        let target = match own {
             None => base.clone(),
             Some(destination) => self.destination(destination, &base, prefix)?,
         };

@@ -10,10 +10,13 @@
 //! - [`check_first_delivery_order`]: per-aggregate order among first deliveries.
 //! - [`TcpProxy`]: a loopback TCP proxy that can cut every connection, to play a database or a
 //!   broker going away and coming back.
+//! - [`logical_cluster_url`], [`kafka_brokers`]: the throwaway servers the repository's scripts
+//!   start.
 
 mod memory;
 mod postgres_cpu;
 mod proxy;
+mod servers;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -29,6 +32,7 @@ pub use memory::{MemoryRow, MemorySource, MemoryState};
 pub use outbox_types::check_first_delivery_order;
 pub use postgres_cpu::PostgresCpu;
 pub use proxy::TcpProxy;
+pub use servers::{kafka_brokers, logical_cluster_url};
 
 /// Build event number `n` of aggregate `aggregate_id` (type `agg`); the payload records both so a
 /// consumer can check order.

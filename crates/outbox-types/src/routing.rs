@@ -8,6 +8,10 @@
 //!   the names in [`header`], then the event's own headers (which may carry a W3C `traceparent`).
 //! - **Body**: the stored JSON bytes as they are, or a CloudEvents 1.0 structured envelope
 //!   around them ([`PayloadFormat::CloudEvents`]).
+//! - **Debezium shape** ([`PayloadFormat::Debezium`]): what consumers of Debezium's Outbox Event
+//!   Router read with Kafka Connect's JSON converter — the key as a JSON string, the body as
+//!   stored, one `id` header plus the event's own headers as JSON strings, and no body at all
+//!   (a Kafka tombstone) for a `null` payload. For consumers that move over from Debezium.
 //!
 //! ```
 //! use outbox_types::routing::{Routing, Template};
@@ -19,6 +23,8 @@
 //! assert_eq!(routing.key(&event), "42");
 //! assert_eq!(routing.body(&event), br#"{"a":1}"#);
 //! ```
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
@@ -219,6 +225,42 @@ impl<'de> Deserialize<'de> for Template {
     }
 }
 
+/// The body format a sink's configuration names (`format = "raw" | "cloudevents" |
+/// "debezium"`): one word list for every sink.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BodyFormat {
+    /// The stored JSON bytes, untouched (`application/json`).
+    #[default]
+    Raw,
+    /// A CloudEvents 1.0 structured-mode envelope (`application/cloudevents+json`; needs
+    /// `cloudevents_source`).
+    #[serde(alias = "cloud_events")]
+    Cloudevents,
+    /// The message shape of Debezium's Outbox Event Router with the JSON converter
+    /// ([`PayloadFormat::Debezium`]).
+    Debezium,
+}
+
+impl BodyFormat {
+    /// The [`PayloadFormat`] this names; `cloudevents_source` is the sink's setting of that
+    /// name. The error says what to add.
+    pub fn payload_format(self, cloudevents_source: Option<&str>) -> Result<PayloadFormat, String> {
+        Ok(match self {
+            BodyFormat::Raw => PayloadFormat::Raw,
+            BodyFormat::Debezium => PayloadFormat::Debezium,
+            BodyFormat::Cloudevents => {
+                let source = cloudevents_source
+                    .filter(|s| !s.trim().is_empty())
+                    .ok_or("`format = \"cloudevents\"` needs `cloudevents_source`, the CloudEvents `source` attribute (e.g. `cloudevents_source = \"/orders-service\"`)")?;
+                PayloadFormat::CloudEvents {
+                    source: source.to_owned(),
+                }
+            }
+        })
+    }
+}
+
 /// How the message body is built.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "format", deny_unknown_fields)]
@@ -231,6 +273,19 @@ pub enum PayloadFormat {
         /// The CloudEvents `source` attribute, e.g. `/orders-service`.
         source: String,
     },
+    /// What Debezium's Outbox Event Router emits through Kafka Connect's JSON converter
+    /// (`converter.schemas.enable=false`), so its consumers read our messages unchanged:
+    ///
+    /// - key: the aggregate id as a JSON string (`"order-1"`, quotes included);
+    /// - body: the stored payload as it is — for events read from a Debezium outbox table the
+    ///   WAL source has already shaped it as the router would (a JSON string holding the
+    ///   payload's text, or the expanded JSON, or an envelope with additional fields); a
+    ///   payload of `null` has no body at all (on Kafka a tombstone, the key kept);
+    /// - headers: `id` (the event id as a JSON string), then the event's own headers (for a
+    ///   Debezium table, its `header` placements) as JSON strings; none of the `outbox-*`
+    ///   headers, and not Debezium's `__debezium.context.*` headers (its connector option
+    ///   `extended.headers.enabled=false` shows the same set).
+    Debezium,
 }
 
 /// Destination, key, headers and body for events: what every sink needs to turn an event into a
@@ -266,14 +321,34 @@ impl Routing {
         }
     }
 
-    /// The message key: the aggregate id.
-    pub fn key<'e>(&self, event: &'e Event) -> &'e str {
-        &event.aggregate_id
+    /// The message key: the aggregate id (as a JSON string in the Debezium shape).
+    pub fn key<'e>(&self, event: &'e Event) -> Cow<'e, str> {
+        match self.format {
+            PayloadFormat::Debezium => Cow::Owned(json_string(&event.aggregate_id)),
+            _ => Cow::Borrowed(&event.aggregate_id),
+        }
+    }
+
+    /// Whether the message carries no body at all: a `null` payload in the Debezium shape (a
+    /// tombstone on Kafka, an empty body elsewhere).
+    pub fn is_tombstone(&self, event: &Event) -> bool {
+        matches!(self.format, PayloadFormat::Debezium) && event.payload.trim() == "null"
     }
 
     /// Headers to put on the message: the event's fields under [`header`] names, then its own
-    /// headers (an own header never replaces one of ours).
+    /// headers (an own header never replaces one of ours). In the Debezium shape: `id`, then the
+    /// own headers, every value as a JSON string.
     pub fn headers(&self, event: &Event) -> Vec<(String, String)> {
+        if matches!(self.format, PayloadFormat::Debezium) {
+            let mut out = Vec::with_capacity(1 + event.headers.len());
+            out.push(("id".to_owned(), json_string(&event.id.to_string())));
+            for (name, value) in &event.headers {
+                if !name.starts_with("outbox-") && name != "id" {
+                    out.push((name.clone(), json_string(value)));
+                }
+            }
+            return out;
+        }
         let mut out = Vec::with_capacity(6 + event.headers.len());
         out.push((header::EVENT_ID.to_owned(), event.id.to_string()));
         out.push((header::EVENT_TYPE.to_owned(), event.event_type.clone()));
@@ -301,6 +376,8 @@ impl Routing {
     pub fn body(&self, event: &Event) -> Vec<u8> {
         match &self.format {
             PayloadFormat::Raw => event.payload.as_bytes().to_vec(),
+            PayloadFormat::Debezium if self.is_tombstone(event) => Vec::new(),
+            PayloadFormat::Debezium => event.payload.as_bytes().to_vec(),
             PayloadFormat::CloudEvents { source } => cloudevent(event, source).into_bytes(),
         }
     }
@@ -308,10 +385,44 @@ impl Routing {
     /// The body's content type.
     pub fn content_type(&self) -> &'static str {
         match self.format {
-            PayloadFormat::Raw => "application/json",
+            PayloadFormat::Raw | PayloadFormat::Debezium => "application/json",
             PayloadFormat::CloudEvents { .. } => "application/cloudevents+json",
         }
     }
+}
+
+/// `value` as a JSON string, quotes included, written as Debezium's JSON converter writes it
+/// (see [`escape_non_bmp`]).
+fn json_string(value: &str) -> String {
+    let quoted = serde_json::to_string(value).unwrap_or_else(|_| "\"\"".to_owned());
+    escape_non_bmp(&quoted).into_owned()
+}
+
+/// JSON text with every character outside the Basic Multilingual Plane written as a
+/// `\uXXXX\uXXXX` surrogate pair (upper-case hex), as Java's JSON writers (and so Debezium's
+/// messages) have it; other text is unchanged. Such characters only occur inside strings, where
+/// the escape means the same character.
+///
+/// ```
+/// use outbox_types::routing::escape_non_bmp;
+/// assert_eq!(escape_non_bmp(r#"{"s":"😀 ü"}"#), r#"{"s":"\uD83D\uDE00 ü"}"#);
+/// ```
+pub fn escape_non_bmp(json: &str) -> Cow<'_, str> {
+    if !json.chars().any(|c| u32::from(c) > 0xFFFF) {
+        return Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 8);
+    for c in json.chars() {
+        if u32::from(c) > 0xFFFF {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// A CloudEvents 1.0 structured-mode JSON envelope whose `data` is the stored payload, spliced in
@@ -437,5 +548,39 @@ mod tests {
         assert_eq!(v["id"], e.id.to_string());
         assert_eq!(v["traceparent"], "00-abc-def-01");
         assert_eq!(routing.content_type(), "application/cloudevents+json");
+    }
+
+    #[test]
+    fn debezium_shape_quotes_key_and_headers_and_turns_null_into_a_tombstone() {
+        let mut e = event();
+        e.headers.insert("eventType".into(), "OrderCreated".into());
+        let routing = Routing::new(Template::fixed("t")).with_format(PayloadFormat::Debezium);
+        assert_eq!(routing.key(&e), "\"42\"");
+        let h = routing.headers(&e);
+        assert_eq!(h[0], ("id".to_owned(), format!("\"{}\"", e.id)));
+        assert!(h.contains(&("eventType".to_owned(), "\"OrderCreated\"".to_owned())));
+        assert!(h.contains(&("traceparent".to_owned(), "\"00-abc-def-01\"".to_owned())));
+        assert!(!h.iter().any(|(k, _)| k.starts_with("outbox-")), "{h:?}");
+        assert_eq!(routing.body(&e), br#"{"amount": 1999}"#);
+        assert!(!routing.is_tombstone(&e));
+        e.payload = "null".into();
+        assert!(routing.is_tombstone(&e));
+        assert!(routing.body(&e).is_empty());
+        // Raw keeps a `null` payload as the four bytes.
+        assert_eq!(Routing::new(Template::fixed("t")).body(&e), b"null");
+    }
+
+    #[test]
+    fn body_format_names_its_payload_format_and_what_cloudevents_needs() {
+        assert_eq!(
+            BodyFormat::Debezium.payload_format(None),
+            Ok(PayloadFormat::Debezium)
+        );
+        let err = BodyFormat::Cloudevents
+            .payload_format(Some(" "))
+            .unwrap_err();
+        assert!(err.contains("cloudevents_source"), "{err}");
+        let f: BodyFormat = serde_json::from_str("\"cloud_events\"").unwrap();
+        assert_eq!(f, BodyFormat::Cloudevents);
     }
 }

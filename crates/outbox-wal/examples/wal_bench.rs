@@ -79,6 +79,10 @@ fn config(url: &str, name: &str, source: Source) -> WalConfig {
         publication: name.to_owned(),
         message_prefix: name.to_owned(),
         sources: vec![source],
+        debezium: outbox_wal::DebeziumTable {
+            table: format!("{name}.outbox"),
+            ..Default::default()
+        },
         catch_up: false,
         status_interval: Duration::from_millis(200),
         ..WalConfig::new(url)
@@ -287,8 +291,36 @@ async fn setup(url: &str, source: Source) -> Res<(sqlx::PgPool, PgOutbox, WalCon
     let outbox = PgOutbox::with_names(&name, "events")?;
     outbox.migrate(&pool).await?;
     let cfg = config(url, &name, source);
+    if source == Source::Debezium {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_wal::debezium_table_ddl(
+            &cfg.debezium,
+        )))
+        .execute(&pool)
+        .await?;
+    }
     outbox_wal::prepare(&cfg).await?;
     Ok((pool, outbox, cfg))
+}
+
+/// What a service writing Debezium's documented table does: one plain INSERT.
+async fn insert_debezium(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    cfg: &WalConfig,
+    e: &NewEvent,
+) -> Res<()> {
+    let (schema, table) = cfg.debezium.schema_and_name();
+    let sql = format!(
+        "INSERT INTO \"{schema}\".\"{table}\" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5::jsonb)"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(e.id().as_uuid())
+        .bind(e.aggregate_type())
+        .bind(e.aggregate_id())
+        .bind(e.event_type())
+        .bind(e.payload())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 async fn teardown(pool: &sqlx::PgPool, cfg: &WalConfig) {
@@ -315,6 +347,7 @@ async fn drain(args: &[String]) -> Res<()> {
     let source = match arg(args, "--source", "table").as_str() {
         "messages" => Source::Messages,
         "stream_table" => Source::StreamTable,
+        "debezium" => Source::Debezium,
         _ => Source::Table,
     };
     let (pool, outbox, mut cfg) = setup(&url, source).await?;
@@ -340,6 +373,11 @@ async fn drain(args: &[String]) -> Res<()> {
             Source::StreamTable => {
                 for e in &events {
                     outbox_wal::enqueue_streamed(&mut *tx, &outbox, e).await?;
+                }
+            }
+            Source::Debezium => {
+                for e in &events {
+                    insert_debezium(&mut tx, &cfg, e).await?;
                 }
             }
         }
@@ -394,6 +432,7 @@ async fn latency(args: &[String]) -> Res<()> {
     let source = match arg(args, "--source", "table").as_str() {
         "messages" => Source::Messages,
         "stream_table" => Source::StreamTable,
+        "debezium" => Source::Debezium,
         _ => Source::Table,
     };
     let (pool, outbox, cfg) = setup(&url, source).await?;
@@ -413,6 +452,7 @@ async fn latency(args: &[String]) -> Res<()> {
         let pool = pool.clone();
         let outbox = outbox.clone();
         let prefix = cfg.message_prefix.clone();
+        let cfg = cfg.clone();
         tasks.push(tokio::spawn(async move {
             let mut commits: Vec<(EventId, u128)> = Vec::with_capacity(per_writer as usize);
             let mut tick = tokio::time::interval(interval);
@@ -432,6 +472,7 @@ async fn latency(args: &[String]) -> Res<()> {
                     Source::StreamTable => {
                         outbox_wal::enqueue_streamed(&mut *tx, &outbox, &e).await?;
                     }
+                    Source::Debezium => insert_debezium(&mut tx, &cfg, &e).await?,
                 }
                 tx.commit().await?;
                 let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();

@@ -8,6 +8,7 @@ use std::time::Duration;
 use outbox_types::humantime_duration;
 use serde::{Deserialize, Serialize};
 
+use crate::debezium::DebeziumTable;
 use crate::error::WalError;
 
 /// Where events come from in the WAL.
@@ -25,6 +26,10 @@ pub enum Source {
     /// only. Nothing is written back for a delivered event: the slot's confirmed position is
     /// the record of what was delivered, as for messages.
     StreamTable,
+    /// Inserts into a Debezium outbox table (`[wal.debezium]`, default `public.outbox` with
+    /// Debezium's columns), read with the Outbox Event Router's options and shaped as it
+    /// shapes them; deletes are ignored. Nothing is written back, as for the stream table.
+    Debezium,
 }
 
 /// How WAL mode behaves. Every field has a default; only `database_url` must be set.
@@ -88,6 +93,9 @@ pub struct WalConfig {
     /// Longest pause between attempts to reach a database that is down.
     #[serde(with = "humantime_duration")]
     pub max_reconnect_backoff: Duration,
+    /// The Debezium outbox table and the Outbox Event Router options it is read with, when
+    /// `sources` has `debezium`.
+    pub debezium: DebeziumTable,
 }
 
 /// What WAL mode takes from the engine's settings (`RelayConfig`), set by
@@ -123,6 +131,7 @@ impl Default for WalConfig {
             standby_poll_interval: Duration::from_secs(1),
             takeover_timeout: Duration::from_secs(30),
             max_reconnect_backoff: Duration::from_secs(10),
+            debezium: DebeziumTable::default(),
         }
     }
 }
@@ -159,9 +168,12 @@ impl WalConfig {
         check_name("table", &self.table, 48)?;
         if self.sources.is_empty() {
             return Err(WalError::Config(
-                "`sources` is empty: list one or more of `table`, `stream_table` and `messages`"
+                "`sources` is empty: list one or more of `table`, `stream_table`, `messages` and `debezium`"
                     .into(),
             ));
+        }
+        if self.captures(Source::Debezium) {
+            self.debezium.validate()?;
         }
         if self.captures(Source::Messages) && self.message_prefix.is_empty() {
             return Err(WalError::Config(

@@ -81,6 +81,15 @@
 //!   row update: measured below. Unlike a message, the event also stays as a row (purged
 //!   by age: [`purge_stream_table`], which `outbox relay` runs with `retention.delivered`), and any
 //!   role with `INSERT` on that table may write events, like the outbox table.
+//! - **debezium** ([`Source::Debezium`], opt-in): inserts into a Debezium outbox table as
+//!   services that ran Debezium's Outbox Event Router write it (default `public.outbox`:
+//!   `id`, `aggregatetype`, `aggregateid`, `type`, `payload`), read with the router's own
+//!   options in [`DebeziumTable`] (`[wal.debezium]`) and shaped as the router shapes them —
+//!   topic, key, payload as a string or expanded, `header`/`envelope` placements. Handled like
+//!   the stream table (nothing written back; failures copied into the outbox table); deletes
+//!   are ignored (insert + delete in one transaction works), updates follow
+//!   `table.op.invalid.behavior`. Pair it with `format = "debezium"` on the destinations for
+//!   consumers that read Debezium's messages; `docs/from-debezium.md` is the migration guide.
 //!
 //! All share the slot and are delivered in commit order. Three things to know about messages:
 //! - **who may write them.** PostgreSQL lets every role (PUBLIC) execute
@@ -312,6 +321,7 @@ mod config;
 mod conn;
 mod counters;
 mod db;
+mod debezium;
 mod error;
 mod lsn;
 mod message;
@@ -335,6 +345,7 @@ use serde::Serialize;
 pub use config::{Source, WalConfig};
 pub use conn::{ReplicationConnection, SslMode};
 pub use counters::{WalCounters, WalReport};
+pub use debezium::{DebeziumTable, InvalidOp, debezium_table_ddl};
 pub use error::WalError;
 pub use lsn::Lsn;
 pub use message::{

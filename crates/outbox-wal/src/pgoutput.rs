@@ -1,9 +1,10 @@
 //! Decoding the parts of the `pgoutput` protocol (version 1) that the replication client hands
 //! over raw: `Relation` and `Insert`, and turning an inserted outbox row into an [`Event`].
 //!
-//! `Begin`, `Commit` and logical `Message`s are parsed by the client itself. Updates, deletes,
-//! truncates, type and origin messages are not needed (the publication publishes inserts only)
-//! and are skipped. Column values arrive in text form; the replication session pins
+//! `Begin`, `Commit` and logical `Message`s are parsed by the client itself. Of updates and
+//! deletes only the relation is read (a reused Debezium publication publishes them; the
+//! `debezium` source ignores deletes and reports updates); truncates, type and origin messages
+//! are skipped. Column values arrive in text form; the replication session pins
 //! `DateStyle=ISO` and `TimeZone=UTC` so timestamps always read the same.
 
 use std::collections::HashMap;
@@ -23,7 +24,11 @@ pub(crate) enum Decoded<'a> {
         relid: u32,
         values: Vec<Option<&'a [u8]>>,
     },
-    /// Anything else (updates, deletes, truncates, types, origins).
+    /// An update of a row of the relation (only its id is read).
+    Update { relid: u32 },
+    /// A delete of a row (ignored wherever it is: nothing reads deletes).
+    Delete,
+    /// Anything else (truncates, types, origins).
     Other,
 }
 
@@ -132,6 +137,10 @@ pub(crate) fn decode(data: &[u8]) -> Result<Decoded<'_>, String> {
             }
             Ok(Decoded::Insert { relid, values })
         }
+        b'U' => Ok(Decoded::Update {
+            relid: r.i32()? as u32,
+        }),
+        b'D' => Ok(Decoded::Delete),
         _ => Ok(Decoded::Other),
     }
 }
@@ -158,7 +167,7 @@ pub(crate) struct OutboxLayout {
 }
 
 /// `json` and `jsonb`.
-const JSON_TYPES: [u32; 2] = [114, 3802];
+pub(crate) const JSON_TYPES: [u32; 2] = [114, 3802];
 
 /// An inserted outbox row that cannot be read as an event.
 #[derive(Clone, Debug, PartialEq, Eq)]

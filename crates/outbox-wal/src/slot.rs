@@ -344,6 +344,11 @@ pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Res
             stream_table(config),
         ));
     }
+    if config.captures(Source::Debezium) {
+        crate::debezium::check_table(pool, &config.debezium).await?;
+        let (schema, name) = config.debezium.schema_and_name();
+        tables.push((schema, name, config.debezium.quoted()));
+    }
     let existing = sqlx::query("SELECT pubinsert FROM pg_publication WHERE pubname = $1")
         .bind(&config.publication)
         .fetch_optional(pool)

@@ -218,15 +218,24 @@ impl WalSource {
         counters: Arc<WalCounters>,
     ) -> Result<WalSource, WalError> {
         config.validate()?;
-        if config.captures(Capture::Messages) && store.outbox().partitioning().is_some() {
-            return Err(WalError::Config(
-                "the message source with the partitioned layout: WAL mode writes message events that fail or wait into the outbox table, and does not write the partitioned layout's keys table yet; use `sources = [\"table\"]` with the partitioned layout, or the plain layout".into(),
-            ));
-        }
-        if config.captures(Capture::StreamTable) && store.outbox().partitioning().is_some() {
-            return Err(WalError::Config(
-                "the stream table source with the partitioned layout: WAL mode writes stream events that fail or wait into the outbox table, and does not write the partitioned layout's keys table yet; use `sources = [\"table\"]` with the partitioned layout, or the plain layout".into(),
-            ));
+        for (source, name, events) in [
+            (Capture::Messages, "the message source", "message events"),
+            (
+                Capture::StreamTable,
+                "the stream table source",
+                "stream events",
+            ),
+            (
+                Capture::Debezium,
+                "the debezium source",
+                "Debezium table events",
+            ),
+        ] {
+            if config.captures(source) && store.outbox().partitioning().is_some() {
+                return Err(WalError::Config(format!(
+                    "{name} with the partitioned layout: WAL mode writes {events} that fail or wait into the outbox table, and does not write the partitioned layout's keys table yet; use `sources = [\"table\"]` with the partitioned layout, or the plain layout"
+                )));
+            }
         }
         // The settings WAL mode shares with the engine come from the engine's own.
         let from_relay = crate::config::FromRelay {

@@ -17,6 +17,7 @@ use crate::config::{FromRelay, Source, WalConfig};
 use crate::conn::{Target, wire_error};
 use crate::counters::{WalCounters, add};
 use crate::db;
+use crate::debezium::{DebeziumLayout, InvalidOp};
 use crate::error::{WalError, map_wire};
 use crate::lsn::Lsn;
 use crate::message::{HEARTBEAT_SUFFIX, decode_envelope, malformed_message};
@@ -496,6 +497,10 @@ struct Decoder {
     stream_relid: Option<u32>,
     stream_layout: Option<OutboxLayout>,
     stream_table: String,
+    /// The Debezium outbox table, when captured: `(schema, name)`, its relation and layout.
+    debezium: Option<(String, String)>,
+    debezium_relid: Option<u32>,
+    debezium_layout: Option<DebeziumLayout>,
     heartbeat_prefix: String,
     tables: bool,
     streams: bool,
@@ -517,6 +522,11 @@ impl Decoder {
             tables: cfg.captures(Source::Table),
             streams: cfg.captures(Source::StreamTable),
             stream_table: cfg.stream_table(),
+            debezium: cfg
+                .captures(Source::Debezium)
+                .then(|| cfg.debezium.schema_and_name()),
+            debezium_relid: None,
+            debezium_layout: None,
             messages: cfg.captures(Source::Messages),
             cfg,
             counters,
@@ -597,6 +607,48 @@ impl Decoder {
         state.push(event, origin, in_tx, standalone_end, Some(error));
     }
 
+    /// A row of an insert-only table (the stream table, a Debezium outbox table) that cannot
+    /// be read as an event: dead-lettered under its LSN, the row left where it is.
+    fn push_malformed_row(
+        &self,
+        state: &mut crate::state::State,
+        lsn: Lsn,
+        table: &str,
+        reason: &str,
+    ) {
+        let (mut event, _) = malformed_message(
+            &self.cfg.slot,
+            lsn,
+            b"null",
+            reason,
+            state.commit_time.unwrap_or_else(chrono::Utc::now),
+        );
+        event.event_type = "outbox.malformed_row".to_owned();
+        let error = format!(
+            "the row of {table} at {lsn} cannot be read as an event: {reason}. The row stays in that table; fix the writer, then `outbox dead discard` this event"
+        );
+        self.push_dead(state, event, Origin::Message, true, None, error);
+    }
+
+    /// An update of a Debezium outbox table row: never an event; `table.op.invalid.behavior`
+    /// says how loudly.
+    fn invalid_op(&self, lsn: Lsn) -> Result<(), WalError> {
+        let table = self.cfg.debezium.quoted();
+        match self.cfg.debezium.op_invalid_behavior {
+            InvalidOp::Warn => {
+                warn!(%lsn, %table, "Ignored an update of the Debezium outbox table: only inserts are events (`table.op.invalid.behavior = \"warn\"`).");
+                Ok(())
+            }
+            InvalidOp::Error => {
+                error!(%lsn, %table, "Ignored an update of the Debezium outbox table: only inserts are events (`table.op.invalid.behavior = \"error\"`).");
+                Ok(())
+            }
+            InvalidOp::Fatal => Err(WalError::Config(format!(
+                "an update of the Debezium outbox table {table} at {lsn}: only inserts are events and `table.op.invalid.behavior = \"fatal\"` stops the relay. Stop the writer that updates outbox rows; to get past this update, set the option to `warn` (with `fatal` a restart stops here again)"
+            ))),
+        }
+    }
+
     fn handle(
         &mut self,
         event: ReplicationEvent,
@@ -624,8 +676,35 @@ impl Decoder {
                         self.stream_layout =
                             Some(OutboxLayout::of_stream(&relation).map_err(WalError::Decode)?);
                         self.stream_relid = Some(relation.relid);
+                    } else if self.debezium.as_ref().is_some_and(|(schema, name)| {
+                        relation.namespace == *schema && relation.name == *name
+                    }) {
+                        self.debezium_layout =
+                            Some(DebeziumLayout::of(&relation, &self.cfg.debezium)?);
+                        self.debezium_relid = Some(relation.relid);
                     }
                 }
+                Decoded::Insert { relid, values } if Some(relid) == self.debezium_relid => {
+                    // Like a stream table's row: an event that lives in the WAL.
+                    let Some(layout) = &self.debezium_layout else {
+                        return Ok(());
+                    };
+                    let lsn = Lsn::from(wal_start);
+                    let committed = state.commit_time.unwrap_or_else(chrono::Utc::now);
+                    match layout.event(&values, i64::try_from(lsn.0).unwrap_or(i64::MAX), committed)
+                    {
+                        Ok(event) => self.push(state, event, Origin::Message, true, None),
+                        Err(reason) => {
+                            let table = self.cfg.debezium.quoted();
+                            self.push_malformed_row(state, lsn, &table, &reason);
+                        }
+                    }
+                }
+                Decoded::Update { relid } if Some(relid) == self.debezium_relid => {
+                    self.invalid_op(Lsn::from(wal_start))?;
+                }
+                // Deletes of a Debezium outbox table are how writers keep it empty.
+                Decoded::Update { .. } | Decoded::Delete => {}
                 Decoded::Insert { relid, values }
                     if self.streams && Some(relid) == self.stream_relid =>
                 {
@@ -640,19 +719,9 @@ impl Decoder {
                         Ok(Some(event)) => self.push(state, event, Origin::Message, true, None),
                         Ok(None) => {}
                         Err(BadRow { reason, .. }) => {
-                            let (mut event, _) = malformed_message(
-                                &self.cfg.slot,
-                                lsn,
-                                b"null",
-                                &reason,
-                                state.commit_time.unwrap_or_else(chrono::Utc::now),
-                            );
-                            event.event_type = "outbox.malformed_row".to_owned();
-                            let error = format!(
-                                "the row of \"{}\".\"{}\" at {lsn} cannot be read as an event: {reason}. The row stays in that table; fix the writer, then `outbox dead discard` this event",
-                                self.cfg.schema, self.stream_table
-                            );
-                            self.push_dead(state, event, Origin::Message, true, None, error);
+                            let table =
+                                format!("\"{}\".\"{}\"", self.cfg.schema, self.stream_table);
+                            self.push_malformed_row(state, lsn, &table, &reason);
                         }
                     }
                 }

@@ -157,7 +157,12 @@ fn read_deliveries(path: &std::path::Path) -> Vec<outbox_types::Event> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamer_killed_mid_stream_restarts_without_loss() {
-    for source in [Source::Table, Source::Messages, Source::StreamTable] {
+    for source in [
+        Source::Table,
+        Source::Messages,
+        Source::StreamTable,
+        Source::Debezium,
+    ] {
         let fx = Fixture::new(&[source]).await;
         let config = fx.config.clone();
         let relay_settings = RelayConfig {
@@ -174,6 +179,7 @@ async fn streamer_killed_mid_stream_restarts_without_loss() {
                 Source::Table => fx.enqueue_table(chunk).await,
                 Source::Messages => fx.enqueue_messages(chunk).await,
                 Source::StreamTable => fx.enqueue_streamed(chunk).await,
+                Source::Debezium => fx.enqueue_debezium(chunk).await,
             }
         }
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())

@@ -130,8 +130,20 @@ impl Fixture {
             standby_poll_interval: Duration::from_millis(200),
             takeover_timeout: Duration::from_secs(15),
             max_reconnect_backoff: Duration::from_millis(500),
+            debezium: outbox_wal::DebeziumTable {
+                table: format!("{name}.outbox"),
+                ..Default::default()
+            },
             ..WalConfig::new(cluster_url())
         };
+        if sources.contains(&Source::Debezium) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_wal::debezium_table_ddl(
+                &config.debezium,
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
         Fixture {
             pool,
             outbox,
@@ -164,6 +176,41 @@ impl Fixture {
                 .unwrap();
         }
         tx.commit().await.unwrap();
+    }
+
+    /// Commit `events` into the Debezium outbox table in one transaction, as a service writing
+    /// Debezium's documented table does: plain INSERTs, each followed by a DELETE of the row
+    /// (the pattern that keeps the table empty; the relay ignores deletes).
+    pub async fn enqueue_debezium(&self, events: &[NewEvent]) {
+        let table = self.debezium_table();
+        let mut tx = self.pool.begin().await.unwrap();
+        for e in events {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5::jsonb)"
+            )))
+            .bind(e.id().as_uuid())
+            .bind(e.aggregate_type())
+            .bind(e.aggregate_id())
+            .bind(e.event_type())
+            .bind(e.payload())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM {table} WHERE id = $1"
+            )))
+            .bind(e.id().as_uuid())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+
+    /// The Debezium outbox table, quoted.
+    pub fn debezium_table(&self) -> String {
+        let (schema, name) = self.config.debezium.schema_and_name();
+        format!("\"{schema}\".\"{name}\"")
     }
 
     pub async fn status_counts(&self) -> (i64, i64, i64) {

@@ -1,0 +1,349 @@
+//! A Debezium user's outbox moved over to `outbox relay`, as they would run it: the table
+//! created with Debezium's documented DDL and written by plain SQL (insert only, and insert +
+//! delete in one transaction), WAL mode with `sources = ["debezium"]` and the Outbox Event
+//! Router's options in `[wal.debezium]`, destinations with `format = "debezium"`. A Kafka
+//! consumer and an HTTP receiver check key, value and headers against what Debezium 3.6
+//! recorded for the same rows (`../shared/debezium-output.md` of the project's workspace,
+//! restated in `docs/from-debezium.md`).
+
+use std::collections::HashMap;
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use outbox_postgresql::PgOutbox;
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+fn outbox(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .expect("the outbox binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The rows every destination gets: one order event alone, one inserted and deleted in the
+/// same transaction, one with a NULL payload.
+const ROWS: &str = "
+    INSERT INTO {t} VALUES ('00000000-0000-4000-8000-000000000001', 'Order', 'order-1', 'OrderCreated',
+        '{\"items\": [{\"sku\": \"A-1\", \"qty\": 2}], \"amount\": 42}');
+    BEGIN;
+    INSERT INTO {t} VALUES ('00000000-0000-4000-8000-000000000002', 'Order', 'order-1', 'OrderPaid', '{\"paid\": true}');
+    DELETE FROM {t} WHERE id = '00000000-0000-4000-8000-000000000002';
+    COMMIT;
+    INSERT INTO {t} VALUES ('00000000-0000-4000-8000-000000000003', 'Customer', 'c-9', 'CustomerDeleted', NULL);";
+
+/// The recorded value of the first row with default options: the jsonb text as a JSON string.
+const STRING_VALUE: &str = r#""{\"items\": [{\"qty\": 2, \"sku\": \"A-1\"}], \"amount\": 42}""#;
+
+/// One config file per destination: its own slot and publication over the same table.
+fn write_config(
+    dir: &std::path::Path,
+    name: &str,
+    url: &str,
+    schema: &str,
+    debezium: &str,
+    destination: &str,
+) -> String {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+mode = "wal"
+
+[database]
+url = "{url}"
+schema = "{schema}"
+
+[relay]
+publish_timeout = "10s"
+
+[wal]
+slot = "{schema}_{name}"
+publication = "{schema}_{name}"
+sources = ["debezium"]
+status_interval = "100ms"
+
+[wal.debezium]
+table = "{schema}.outbox"
+{debezium}
+
+{destination}
+"#
+        ),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+type Request = (HashMap<String, String>, String);
+
+/// A consumed Kafka record: topic, key, value (`None` for a tombstone), headers in order.
+type Record = (String, String, Option<String>, Vec<(String, String)>);
+
+async fn receive(
+    State(received): State<Arc<Mutex<Vec<Request>>>>,
+    headers: HeaderMap,
+    body: String,
+) -> &'static str {
+    let headers = headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    received.lock().unwrap().push((headers, body));
+    "ok"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debezium_outbox_reaches_kafka_and_a_webhook_in_debeziums_shape() {
+    let Some(brokers) = outbox_testkit::kafka_brokers() else {
+        return;
+    };
+    let url = outbox_testkit::logical_cluster_url();
+    let schema = format!("dbz_{}", std::process::id());
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    PgOutbox::with_names(&schema, "events")
+        .unwrap()
+        .migrate(&pool)
+        .await
+        .unwrap();
+    let table = outbox_wal::DebeziumTable {
+        table: format!("{schema}.outbox"),
+        ..Default::default()
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_wal::debezium_table_ddl(&table)))
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // Kafka: string payloads, a header placement, tombstones, topics by aggregate type.
+    let prefix = format!("dbz{}", std::process::id());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let topics = [format!("{prefix}.Order"), format!("{prefix}.Customer")];
+    let new: Vec<_> = topics
+        .iter()
+        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+        .collect();
+    for r in admin
+        .create_topics(&new, &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = write_config(
+        dir.path(),
+        "kafka",
+        &url,
+        &schema,
+        &format!(
+            r#""table.fields.additional.placement" = "type:header:eventType"
+"route.topic.replacement" = "{prefix}.${{routedByValue}}"
+"route.tombstone.on.empty.payload" = true"#
+        ),
+        &format!(
+            r#"[destinations.kafka]
+type = "kafka"
+brokers = ["{brokers}"]
+format = "debezium""#
+        ),
+    );
+    // The webhook: expanded payloads, an envelope placement.
+    let received: Arc<Mutex<Vec<Request>>> = Arc::default();
+    let app = Router::new()
+        .route("/hook", post(receive))
+        .with_state(received.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let hook = write_config(
+        dir.path(),
+        "hook",
+        &url,
+        &schema,
+        r#""table.expand.json.payload" = true
+"table.fields.additional.placement" = "aggregatetype:envelope:aggType""#,
+        &format!(
+            r#"[destinations.hook]
+type = "webhook"
+url = "http://127.0.0.1:{port}/hook"
+format = "debezium""#
+        ),
+    );
+
+    for config in [&kafka, &hook] {
+        let o = outbox(&["config", "check", "--config", config]);
+        assert!(o.status.success(), "{}", text(&o));
+        let o = outbox(&["wal", "prepare", "--config", config]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(
+        ROWS.replace("{t}", &format!("\"{schema}\".\"outbox\"")),
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    for config in [&kafka, &hook] {
+        let o = outbox(&["relay", "--drain", "--config", config]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+
+    // What a Kafka consumer reads.
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", format!("{prefix}-check"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer
+        .subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())
+        .unwrap();
+    let mut records: Vec<Record> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while records.len() < 3 && Instant::now() < deadline {
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let m = message.unwrap();
+        let headers = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        records.push((
+            m.topic().to_owned(),
+            String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+            m.payload().map(|p| String::from_utf8_lossy(p).into_owned()),
+            headers,
+        ));
+    }
+    assert_eq!(records.len(), 3, "{records:?}");
+    let h = |id: u8, event_type: &str| {
+        vec![
+            (
+                "id".to_owned(),
+                format!("\"00000000-0000-4000-8000-00000000000{id}\""),
+            ),
+            ("eventType".to_owned(), format!("\"{event_type}\"")),
+        ]
+    };
+    let orders: Vec<_> = records
+        .iter()
+        .filter(|r| r.0 == topics[0])
+        .cloned()
+        .collect();
+    assert_eq!(
+        orders,
+        vec![
+            (
+                topics[0].clone(),
+                "\"order-1\"".to_owned(),
+                Some(STRING_VALUE.to_owned()),
+                h(1, "OrderCreated")
+            ),
+            (
+                topics[0].clone(),
+                "\"order-1\"".to_owned(),
+                Some(r#""{\"paid\": true}""#.to_owned()),
+                h(2, "OrderPaid")
+            ),
+        ]
+    );
+    let tombstone = records.iter().find(|r| r.0 == topics[1]).unwrap();
+    assert_eq!(
+        tombstone,
+        &(
+            topics[1].clone(),
+            "\"c-9\"".to_owned(),
+            None,
+            h(3, "CustomerDeleted")
+        ),
+        "a NULL payload is a tombstone with key and headers"
+    );
+
+    // What the HTTP receiver got: one URL for every topic, the expanded envelope.
+    let requests = received.lock().unwrap().clone();
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    let bodies: Vec<&str> = requests.iter().map(|(_, b)| b.as_str()).collect();
+    // Per aggregate in commit order; the two aggregates may interleave.
+    let (orders, others): (Vec<&str>, Vec<&str>) = bodies
+        .iter()
+        .partition(|b| b.contains(r#""aggType":"Order""#));
+    assert_eq!(
+        orders,
+        vec![
+            r#"{"payload":{"items":[{"qty":2,"sku":"A-1"}],"amount":42},"aggType":"Order"}"#,
+            r#"{"payload":{"paid":true},"aggType":"Order"}"#,
+        ]
+    );
+    assert_eq!(others, vec![r#"{"payload":null,"aggType":"Customer"}"#]);
+    let created = requests.iter().find(|(_, b)| b.contains("amount")).unwrap();
+    assert_eq!(
+        created.0.get("id").map(String::as_str),
+        Some("\"00000000-0000-4000-8000-000000000001\"")
+    );
+
+    // Nothing of ours in the Debezium table, nothing left in the outbox table.
+    let dead: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{schema}\".\"events\""
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(dead, 0);
+    for config in [&kafka, &hook] {
+        let o = outbox(&["wal", "drop-slot", "--config", config]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    for name in ["kafka", "hook"] {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP PUBLICATION IF EXISTS \"{schema}_{name}\""
+        )))
+        .execute(&pool)
+        .await;
+    }
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .execute(&pool)
+    .await;
+    let _ = admin
+        .delete_topics(
+            &topics.iter().map(String::as_str).collect::<Vec<_>>(),
+            &AdminOptions::new(),
+        )
+        .await;
+}

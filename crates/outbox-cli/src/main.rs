@@ -11,6 +11,7 @@ compile_error!(
 mod admin;
 mod config;
 mod demo;
+mod import_debezium;
 mod inbox;
 mod logging;
 mod observe;
@@ -290,6 +291,25 @@ enum ConfigCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Turn a Debezium configuration (Debezium Server `application.properties`, or a Kafka
+    /// Connect connector JSON) for the PostgreSQL connector with the Outbox Event Router into
+    /// an `outbox.toml` on standard output; what is not carried over is listed on standard
+    /// error and at the top of the file. See docs/from-debezium.md.
+    ImportDebezium {
+        /// The Debezium configuration file.
+        file: PathBuf,
+        /// Kafka bootstrap servers (`host:9092,host2:9092`); a Kafka Connect configuration
+        /// does not hold them.
+        #[arg(long)]
+        kafka_brokers: Option<String>,
+        /// Take over the connector's replication slot and publication (stop the connector
+        /// first: a slot has one reader) instead of creating the relay's own.
+        #[arg(long)]
+        reuse_slot: bool,
+        /// The outbox table (`schema.table`), when `table.include.list` names several.
+        #[arg(long)]
+        table: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -564,6 +584,27 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Wal(command) => wal(command).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Config(ConfigCommand::Check { db, json }) => config_check(db, json).await,
+        Command::Config(ConfigCommand::ImportDebezium {
+            file,
+            kafka_brokers,
+            reuse_slot,
+            table,
+        }) => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let options = import_debezium::ImportOptions {
+                kafka_brokers,
+                reuse_slot,
+                table,
+            };
+            let imported = import_debezium::import(&text, &options)
+                .with_context(|| format!("importing {}", file.display()))?;
+            for note in &imported.notes {
+                eprintln!("not carried over: {note}");
+            }
+            print!("{}", imported.toml);
+            Ok(())
+        }
         Command::Schema(SchemaCommand::Print(args)) => {
             print!("{}", schema::script(&args)?);
             Ok(())

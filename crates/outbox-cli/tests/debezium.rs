@@ -347,3 +347,73 @@ format = "debezium""#
         )
         .await;
 }
+
+/// `outbox config import-debezium` turns a Debezium Server configuration for each sink, and a
+/// Kafka Connect one, into a file that `outbox config check` accepts as it is; what is not
+/// carried over is named on standard error.
+#[test]
+fn imported_debezium_configurations_pass_the_config_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let source =
+        "debezium.source.connector.class=io.debezium.connector.postgresql.PostgresConnector
+debezium.source.database.hostname=127.0.0.1
+debezium.source.database.user=postgres
+debezium.source.database.dbname=test
+debezium.source.plugin.name=pgoutput
+debezium.source.table.include.list=public.outbox
+debezium.source.snapshot.mode=initial
+debezium.transforms=outbox
+debezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+debezium.transforms.outbox.table.expand.json.payload=true
+debezium.transforms.outbox.table.fields.additional.placement=type:header:eventType
+";
+    let sinks = [
+        "debezium.sink.type=kafka\ndebezium.sink.kafka.producer.bootstrap.servers=127.0.0.1:19092\n",
+        "debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.host=127.0.0.1\ndebezium.sink.rabbitmq.connection.username=guest\ndebezium.sink.rabbitmq.connection.password=guest\ndebezium.sink.rabbitmq.exchange=events\n",
+        "debezium.sink.type=nats-jetstream\ndebezium.sink.nats-jetstream.url=nats://127.0.0.1:4222\n",
+        "debezium.sink.type=redis\ndebezium.sink.redis.address=127.0.0.1:6379\n",
+        "debezium.sink.type=http\ndebezium.sink.http.url=https://hooks.example.com/outbox\n",
+    ];
+    let connect = r#"{"name": "outbox", "config": {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "database.hostname": "127.0.0.1", "database.user": "postgres", "database.dbname": "test",
+        "plugin.name": "pgoutput", "slot.name": "debezium",
+        "transforms": "outbox",
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter"}}"#;
+    let mut inputs: Vec<(String, Vec<&str>)> = sinks
+        .iter()
+        .map(|s| (format!("{source}{s}"), vec![]))
+        .collect();
+    inputs.push((
+        connect.to_owned(),
+        vec!["--kafka-brokers", "127.0.0.1:19092", "--reuse-slot"],
+    ));
+    for (i, (input, flags)) in inputs.iter().enumerate() {
+        let from = dir.path().join(format!("debezium-{i}"));
+        std::fs::write(&from, input).unwrap();
+        let mut args = vec!["config", "import-debezium", from.to_str().unwrap()];
+        args.extend(flags);
+        let o = outbox(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let toml = String::from_utf8(o.stdout.clone()).unwrap();
+        assert!(toml.contains("format = \"debezium\""), "{toml}");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        if i == 0 {
+            assert!(stderr.contains("snapshot.mode"), "{stderr}");
+        }
+        let to = dir.path().join(format!("outbox-{i}.toml"));
+        std::fs::write(&to, &toml).unwrap();
+        let o = outbox(&["config", "check", "--config", to.to_str().unwrap()]);
+        assert!(o.status.success(), "{toml}\n{}", text(&o));
+    }
+    // Not a PostgreSQL connector: refused, naming why.
+    let mysql = dir.path().join("mysql.json");
+    std::fs::write(
+        &mysql,
+        r#"{"config": {"connector.class": "io.debezium.connector.mysql.MySqlConnector"}}"#,
+    )
+    .unwrap();
+    let o = outbox(&["config", "import-debezium", mysql.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("PostgreSQL connector"), "{}", text(&o));
+}

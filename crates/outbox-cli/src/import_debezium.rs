@@ -1,0 +1,759 @@
+//! `outbox config import-debezium FILE`: a Debezium configuration for the PostgreSQL connector
+//! with the Outbox Event Router turned into an `outbox.toml`.
+//!
+//! Two inputs are read, told apart by their first character:
+//!
+//! - a **Debezium Server** `application.properties` (`debezium.source.*` for the connector,
+//!   `debezium.transforms.*` for the router, `debezium.sink.type` and `debezium.sink.<type>.*`
+//!   for Kafka, RabbitMQ, NATS JetStream, Redis or HTTP);
+//! - a **Kafka Connect** connector configuration in JSON (`{"name": …, "config": {…}}` or the
+//!   bare `config` object); the Kafka bootstrap servers are not in it and come from
+//!   `--kafka-brokers`.
+//!
+//! The result uses WAL mode with the `debezium` source, the router's options carried over under
+//! their own names, and the destination with `format = "debezium"`, so producers and consumers
+//! stay as they are. Every option that is not carried over is named with the reason, at the top
+//! of the file and on standard error: nothing is dropped silently.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use anyhow::{Context, bail};
+
+/// What the command line adds to the file.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// Kafka bootstrap servers (a Kafka Connect configuration does not hold them).
+    pub kafka_brokers: Option<String>,
+    /// Take over the connector's slot and publication instead of creating new ones.
+    pub reuse_slot: bool,
+    /// The outbox table, when `table.include.list` names several tables.
+    pub table: Option<String>,
+}
+
+/// The generated file and what was not carried over (also written into the file).
+#[derive(Clone, Debug)]
+pub struct Imported {
+    pub toml: String,
+    pub notes: Vec<String>,
+}
+
+/// The router options the `debezium` source reads, under Debezium's names.
+const ROUTER_OPTIONS: [&str; 12] = [
+    "table.field.event.id",
+    "table.field.event.key",
+    "table.field.event.type",
+    "table.field.event.payload",
+    "table.field.event.timestamp",
+    "table.fields.additional.placement",
+    "route.by.field",
+    "route.topic.regex",
+    "route.topic.replacement",
+    "route.tombstone.on.empty.payload",
+    "table.expand.json.payload",
+    "table.op.invalid.behavior",
+];
+const BOOLEAN_OPTIONS: [&str; 2] = [
+    "route.tombstone.on.empty.payload",
+    "table.expand.json.payload",
+];
+
+/// Connector options that have no counterpart because the relay does not need them, and why.
+const NOT_NEEDED: [(&str, &str); 9] = [
+    (
+        "topic.prefix",
+        "the router replaces the topic; the relay has no connector topics",
+    ),
+    (
+        "database.server.name",
+        "the router replaces the topic; the relay has no connector topics",
+    ),
+    (
+        "snapshot.mode",
+        "the relay takes no snapshot: it starts at the slot's position, and rows already in the outbox table are not delivered again",
+    ),
+    (
+        "schema.include.list",
+        "the relay reads the one outbox table of `[wal.debezium] table`",
+    ),
+    (
+        "tasks.max",
+        "one relay streams a slot; run a second one as a standby",
+    ),
+    (
+        "publication.autocreate.mode",
+        "the relay creates its publication over the outbox table only (inserts), or reuses yours",
+    ),
+    (
+        "tombstones.on.delete",
+        "deletes of outbox rows are never messages",
+    ),
+    ("name", "not needed"),
+    (
+        "offset.storage",
+        "the slot's confirmed position is the relay's offset",
+    ),
+];
+
+/// Parsed input: connector options, the router's options, and the sink.
+#[derive(Debug, Default)]
+struct Input {
+    server: bool,
+    source: BTreeMap<String, String>,
+    router: BTreeMap<String, String>,
+    sink_type: Option<String>,
+    sink: BTreeMap<String, String>,
+    /// Converter / format settings (`debezium.format.*`, `*.converter*`).
+    format: BTreeMap<String, String>,
+    ignored: Vec<String>,
+}
+
+/// Turn `text` (Debezium Server properties or Kafka Connect JSON) into an `outbox.toml`.
+pub fn import(text: &str, options: &ImportOptions) -> anyhow::Result<Imported> {
+    let input = if text.trim_start().starts_with('{') {
+        connect_json(text)?
+    } else {
+        server_properties(text)
+    };
+    let mut notes = Vec::new();
+    let database_url = database_url(&input.source)?;
+    let table = outbox_table(&input.source, options)?;
+    let (slot, publication) = slot_names(&input.source, options, &mut notes);
+    let router = router_options(&input.router, &mut notes)?;
+    let destination = destination(&input, options, &mut notes)?;
+    check_format(&input, &mut notes);
+    for key in input.source.keys() {
+        let not_needed = NOT_NEEDED
+            .iter()
+            .find(|(k, _)| key == k || key.starts_with(&format!("{k}.")));
+        if let Some((_, why)) = not_needed {
+            notes.push(format!("`{key}` is not used: {why}"));
+        } else if !USED_SOURCE.contains(&key.as_str()) {
+            notes.push(format!(
+                "`{key}` is not used: the relay has no such setting"
+            ));
+        }
+    }
+    for key in &input.ignored {
+        notes.push(format!(
+            "`{key}` is not used: not a setting of the connector, the router or the sink"
+        ));
+    }
+
+    let q = |s: &str| toml::Value::from(s).to_string();
+    let mut out = String::new();
+    out.push_str("# Generated by `outbox config import-debezium` from a ");
+    out.push_str(if input.server {
+        "Debezium Server configuration.\n"
+    } else {
+        "Kafka Connect connector configuration.\n"
+    });
+    out.push_str("# Check it with `outbox config check --config FILE`; docs/from-debezium.md has the cut-over steps.\n");
+    if !notes.is_empty() {
+        out.push_str("#\n# Not carried over:\n");
+        for note in &notes {
+            let _ = writeln!(out, "#   - {note}");
+        }
+    }
+    out.push_str("\nmode = \"wal\"\n\n[database]\n");
+    let _ = writeln!(out, "url = {}", q(&database_url));
+    out.push_str("# The relay's own table (in this schema, created by the relay): where events that fail wait\n# for their retry, and dead events stay for `outbox dead list` (Debezium has neither).\nschema = \"outbox\"\n\n[wal]\n");
+    let _ = writeln!(out, "slot = {}", q(&slot));
+    let _ = writeln!(out, "publication = {}", q(&publication));
+    if options.reuse_slot {
+        out.push_str("# The connector's slot: stop the connector first (a slot has one reader).\ncreate_slot = false\n");
+    }
+    out.push_str("sources = [\"debezium\"]\n\n[wal.debezium]\n");
+    let _ = writeln!(out, "table = {}", q(&table));
+    for (key, value) in &router {
+        if BOOLEAN_OPTIONS.contains(&key.as_str()) {
+            let _ = writeln!(out, "{} = {value}", q(key));
+        } else {
+            let _ = writeln!(out, "{} = {}", q(key), q(value));
+        }
+    }
+    out.push('\n');
+    out.push_str(&destination);
+    Ok(Imported { toml: out, notes })
+}
+
+/// Connector options the import reads.
+const USED_SOURCE: [&str; 11] = [
+    "connector.class",
+    "database.hostname",
+    "database.port",
+    "database.user",
+    "database.password",
+    "database.dbname",
+    "database.sslmode",
+    "slot.name",
+    "publication.name",
+    "plugin.name",
+    "table.include.list",
+];
+
+fn server_properties(text: &str) -> Input {
+    let mut input = Input {
+        server: true,
+        ..Input::default()
+    };
+    let mut transforms: Vec<String> = Vec::new();
+    let mut per_transform: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut logical = String::new();
+    for raw in text.lines() {
+        let line = raw.trim_start();
+        if logical.is_empty() && (line.is_empty() || line.starts_with('#') || line.starts_with('!'))
+        {
+            continue;
+        }
+        // A trailing backslash continues the line.
+        if let Some(head) = line.strip_suffix('\\') {
+            logical.push_str(head);
+            continue;
+        }
+        logical.push_str(line);
+        let entry = std::mem::take(&mut logical);
+        let split = entry.find(['=', ':']).unwrap_or(entry.len());
+        let key = entry[..split].trim().to_owned();
+        let value = entry
+            .get(split + 1..)
+            .unwrap_or("")
+            .trim()
+            .replace("\\:", ":")
+            .replace("\\=", "=");
+        if let Some(k) = key.strip_prefix("debezium.source.") {
+            input.source.insert(k.to_owned(), value);
+        } else if key == "debezium.transforms" {
+            transforms = list(&value);
+        } else if let Some(rest) = key.strip_prefix("debezium.transforms.") {
+            if let Some((name, option)) = rest.split_once('.') {
+                per_transform
+                    .entry(name.to_owned())
+                    .or_default()
+                    .insert(option.to_owned(), value);
+            }
+        } else if key == "debezium.sink.type" {
+            input.sink_type = Some(value);
+        } else if let Some(rest) = key.strip_prefix("debezium.sink.") {
+            input.sink.insert(rest.to_owned(), value);
+        } else if let Some(rest) = key.strip_prefix("debezium.format.") {
+            input.format.insert(rest.to_owned(), value);
+        } else if !key.starts_with("quarkus.") {
+            input.ignored.push(key);
+        }
+    }
+    // The sink's own options, without the `<type>.` prefix.
+    if let Some(kind) = &input.sink_type {
+        let prefix = format!("{kind}.");
+        input.sink = std::mem::take(&mut input.sink)
+            .into_iter()
+            .filter_map(|(k, v)| k.strip_prefix(&prefix).map(|k| (k.to_owned(), v)))
+            .collect();
+    }
+    input.router = pick_router(&transforms, per_transform);
+    input
+}
+
+fn connect_json(text: &str) -> anyhow::Result<Input> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).context("the file starts with `{` but is not valid JSON")?;
+    let config = value.get("config").unwrap_or(&value);
+    let object = config.as_object().context(
+        "a Kafka Connect connector configuration is a JSON object (with a `config` object)",
+    )?;
+    let mut input = Input::default();
+    let mut transforms = Vec::new();
+    let mut per_transform: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for (key, value) in object {
+        let value = match value {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        if key == "transforms" {
+            transforms = list(&value);
+        } else if let Some(rest) = key.strip_prefix("transforms.") {
+            if let Some((name, option)) = rest.split_once('.') {
+                per_transform
+                    .entry(name.to_owned())
+                    .or_default()
+                    .insert(option.to_owned(), value);
+            }
+        } else if key.contains("converter") {
+            input.format.insert(key.clone(), value);
+        } else {
+            input.source.insert(key.clone(), value);
+        }
+    }
+    let class = input
+        .source
+        .get("connector.class")
+        .cloned()
+        .unwrap_or_default();
+    if !class.contains("PostgresConnector") {
+        bail!(
+            "`connector.class` is `{class}`: only Debezium's PostgreSQL connector (io.debezium.connector.postgresql.PostgresConnector) can be imported; the relay reads PostgreSQL's WAL"
+        );
+    }
+    input.router = pick_router(&transforms, per_transform);
+    input.sink_type = Some("kafka".to_owned());
+    Ok(input)
+}
+
+/// The options of the transform that is the Outbox Event Router (empty when there is none).
+fn pick_router(
+    transforms: &[String],
+    mut per_transform: BTreeMap<String, BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    transforms
+        .iter()
+        .find_map(|name| {
+            let options = per_transform.remove(name)?;
+            options
+                .get("type")
+                .is_some_and(|t| t.contains("outbox.EventRouter"))
+                .then_some(options)
+        })
+        .unwrap_or_default()
+}
+
+fn list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn database_url(source: &BTreeMap<String, String>) -> anyhow::Result<String> {
+    let get = |k: &str| source.get(k).map(String::as_str).filter(|v| !v.is_empty());
+    let host = get("database.hostname").context(
+        "`database.hostname` is missing: the connector configuration names the database server",
+    )?;
+    let dbname = get("database.dbname")
+        .context("`database.dbname` is missing: the connector configuration names the database")?;
+    let port = get("database.port").unwrap_or("5432");
+    let mut url = String::from("postgres://");
+    if let Some(user) = get("database.user") {
+        url.push_str(&encode(user));
+        if let Some(password) = get("database.password") {
+            url.push(':');
+            url.push_str(&encode(password));
+        }
+        url.push('@');
+    }
+    let _ = write!(url, "{host}:{port}/{}", encode(dbname));
+    if let Some(mode) = get("database.sslmode") {
+        let _ = write!(url, "?sslmode={}", encode(mode));
+    }
+    Ok(url)
+}
+
+/// Percent-encode everything but RFC 3986's unreserved characters.
+fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn outbox_table(
+    source: &BTreeMap<String, String>,
+    options: &ImportOptions,
+) -> anyhow::Result<String> {
+    if let Some(t) = &options.table {
+        return Ok(t.clone());
+    }
+    let tables = list(
+        source
+            .get("table.include.list")
+            .map(String::as_str)
+            .unwrap_or(""),
+    );
+    // The entries are regular expressions; the outbox table is usually written plainly, with
+    // its dot maybe escaped.
+    let tables: Vec<String> = tables.iter().map(|t| t.replace("\\.", ".")).collect();
+    match tables.as_slice() {
+        [] => Ok("public.outbox".to_owned()),
+        [one] => Ok(one.clone()),
+        many => {
+            let outboxes: Vec<&String> = many.iter().filter(|t| t.ends_with("outbox")).collect();
+            match outboxes.as_slice() {
+                [one] => Ok((*one).clone()),
+                _ => bail!(
+                    "`table.include.list` names several tables ({}): say which is the outbox table with `--table schema.table`",
+                    many.join(", ")
+                ),
+            }
+        }
+    }
+}
+
+fn slot_names(
+    source: &BTreeMap<String, String>,
+    options: &ImportOptions,
+    notes: &mut Vec<String>,
+) -> (String, String) {
+    if !options.reuse_slot {
+        notes.push(
+            "the connector's slot and publication: the relay gets its own (`outbox_wal`), so both can run side by side until the cut-over; consumers deduplicate on the `id` header (pass `--reuse-slot` to take over the connector's slot instead)".to_owned(),
+        );
+        return ("outbox_wal".to_owned(), "outbox_wal".to_owned());
+    }
+    let slot = source
+        .get("slot.name")
+        .cloned()
+        .unwrap_or_else(|| "debezium".to_owned());
+    let publication = source
+        .get("publication.name")
+        .cloned()
+        .unwrap_or_else(|| "dbz_publication".to_owned());
+    match source.get("plugin.name").map(String::as_str) {
+        Some("pgoutput") => {}
+        other => notes.push(format!(
+            "`plugin.name` is {}: the relay reads only `pgoutput` slots and refuses slot `{slot}` otherwise (check `SELECT plugin FROM pg_replication_slots WHERE slot_name = '{slot}'`); without one, drop `--reuse-slot`",
+            other.map_or("not set (Debezium's default is `decoderbufs`)".to_owned(), |p| format!("`{p}`"))
+        )),
+    }
+    (slot, publication)
+}
+
+fn router_options(
+    router: &BTreeMap<String, String>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    if router.is_empty() {
+        bail!(
+            "no Outbox Event Router transform found (`transforms` naming one whose `type` is io.debezium.transforms.outbox.EventRouter): the relay replaces the connector plus that router"
+        );
+    }
+    let mut out = BTreeMap::new();
+    for (key, value) in router {
+        if key == "type" {
+            continue;
+        }
+        if key == "table.fields.additional.placement" {
+            let (kept, partition): (Vec<&str>, Vec<&str>) = value
+                .split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .partition(|e| e.split(':').nth(1).map(str::trim) != Some("partition"));
+            for entry in partition {
+                notes.push(format!(
+                    "placement `{entry}` is not supported: the key picks the partition, which keeps each key's events in order"
+                ));
+            }
+            if !kept.is_empty() {
+                out.insert(key.clone(), kept.join(","));
+            }
+            continue;
+        }
+        if ROUTER_OPTIONS.contains(&key.as_str()) {
+            if BOOLEAN_OPTIONS.contains(&key.as_str()) && value != "true" && value != "false" {
+                bail!("router option `{key}` is `{value}`: write `true` or `false`");
+            }
+            out.insert(key.clone(), value.clone());
+        } else {
+            notes.push(format!(
+                "router option `{key}` is not supported: {}",
+                router_reason(key)
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn router_reason(key: &str) -> &'static str {
+    match key {
+        "table.field.event.schema.version" => {
+            "schemas are a converter feature; the relay sends JSON without a schema"
+        }
+        "table.json.payload.null.behavior" => {
+            "a NULL payload is `null` (a tombstone on Kafka with `route.tombstone.on.empty.payload`)"
+        }
+        "table.fields.additional.error.on.missing" => {
+            "a missing column is always an error, named at start"
+        }
+        k if k.starts_with("tracing.") => {
+            "tracing headers come from the outbox table's columns as `header` placements"
+        }
+        _ => "the relay has no such option",
+    }
+}
+
+/// The `[destinations.*]` table for the sink.
+fn destination(
+    input: &Input,
+    options: &ImportOptions,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<String> {
+    let q = |s: &str| toml::Value::from(s).to_string();
+    let sink = &input.sink;
+    let get = |k: &str| sink.get(k).map(String::as_str).filter(|v| !v.is_empty());
+    let mut used: Vec<&str> = Vec::new();
+    let mut out = String::new();
+    let kind = input.sink_type.as_deref().unwrap_or("");
+    match kind {
+        "kafka" => {
+            let brokers = options
+                .kafka_brokers
+                .clone()
+                .or_else(|| get("producer.bootstrap.servers").map(str::to_owned))
+                .context("no Kafka bootstrap servers: pass `--kafka-brokers host:9092[,host2:9092]` (a Kafka Connect configuration does not hold them)")?;
+            used.push("producer.bootstrap.servers");
+            let brokers: Vec<String> = list(&brokers).iter().map(|b| q(b)).collect();
+            let _ = write!(
+                out,
+                "[destinations.kafka]\ntype = \"kafka\"\nbrokers = [{}]\n",
+                brokers.join(", ")
+            );
+            if let Some(c) = get("producer.compression.type") {
+                used.push("producer.compression.type");
+                let _ = writeln!(out, "compression = {}", q(c));
+            }
+        }
+        "rabbitmq" => {
+            let host = get("connection.host").unwrap_or("localhost");
+            let port = get("connection.port").unwrap_or("5672");
+            let vhost = get("connection.virtual.host").unwrap_or("/");
+            used.extend([
+                "connection.host",
+                "connection.port",
+                "connection.virtual.host",
+            ]);
+            let _ = write!(
+                out,
+                "[destinations.rabbitmq]\ntype = \"rabbitmq\"\nurl = {}\n",
+                q(&format!("amqp://{host}:{port}/{}", encode(vhost)))
+            );
+            if let Some(user) = get("connection.username") {
+                let _ = writeln!(out, "user = {}", q(user));
+            }
+            if let Some(password) = get("connection.password") {
+                let _ = writeln!(out, "password = {}", q(password));
+            }
+            used.extend(["connection.username", "connection.password"]);
+            let _ = writeln!(out, "exchange = {}", q(get("exchange").unwrap_or("")));
+            used.push("exchange");
+            if let Some(key) = get("routingKey") {
+                used.extend(["routingKey", "routingKeyFromTopicName"]);
+                if get("routingKeyFromTopicName") != Some("true") {
+                    notes.push(format!(
+                        "RabbitMQ `routingKey = {key}`: every event's destination is its topic, which becomes the routing key; to send all to `{key}`, set `route.topic.replacement = \"{key}\"` in [wal.debezium]"
+                    ));
+                }
+            }
+        }
+        "nats-jetstream" | "nats-streaming" => {
+            let url = get("url").unwrap_or("nats://localhost:4222");
+            used.push("url");
+            let _ = write!(
+                out,
+                "[destinations.nats]\ntype = \"nats\"\nservers = [{}]\n",
+                q(url)
+            );
+            if get("create-stream").is_some() {
+                used.push("create-stream");
+                notes.push("NATS `create-stream`: the relay does not create streams; create one whose subjects cover the topics".to_owned());
+            }
+        }
+        "redis" => {
+            let address = get("address").unwrap_or("localhost:6379");
+            used.push("address");
+            let _ = write!(
+                out,
+                "[destinations.redis]\ntype = \"redis\"\nurl = {}\n",
+                q(&format!("redis://{address}"))
+            );
+            if let Some(user) = get("user") {
+                let _ = writeln!(out, "user = {}", q(user));
+            }
+            if let Some(password) = get("password") {
+                let _ = writeln!(out, "password = {}", q(password));
+            }
+            used.extend(["user", "password"]);
+        }
+        "http" => {
+            let url = get("url")
+                .context("`debezium.sink.http.url` is missing: the HTTP sink needs its URL")?;
+            used.push("url");
+            let _ = write!(
+                out,
+                "[destinations.webhook]\ntype = \"webhook\"\nurl = {}\n",
+                q(url)
+            );
+        }
+        "" => bail!("no sink: a Debezium Server configuration names one with `debezium.sink.type`"),
+        other => bail!(
+            "sink `{other}` has no counterpart: the relay delivers to kafka, rabbitmq, nats-jetstream, redis and http (webhook) destinations"
+        ),
+    }
+    out.push_str("format = \"debezium\"\n");
+    for key in sink.keys() {
+        if !used.contains(&key.as_str()) {
+            notes.push(format!("sink option `{key}` is not used: the relay's {kind} destination has no such setting (see outbox.example.toml)"));
+        }
+    }
+    Ok(out)
+}
+
+/// What the consumers read depends on the converters: `format = "debezium"` is Kafka
+/// Connect's JSON converter without schemas.
+fn check_format(input: &Input, notes: &mut Vec<String>) {
+    for (key, value) in &input.format {
+        let fine = match key.as_str() {
+            "value" | "key" => value == "json",
+            k if k.ends_with("schemas.enable") => value == "false",
+            k if k.ends_with("converter") => value.ends_with("JsonConverter"),
+            _ => false,
+        };
+        if !fine {
+            notes.push(format!(
+                "`{key} = {value}`: `format = \"debezium\"` writes what the JSON converter writes with `schemas.enable=false`; consumers that read another format (Avro, Protobuf, a string converter, a schema envelope) need a change"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SERVER: &str = r#"
+# Debezium Server
+debezium.sink.type=kafka
+debezium.sink.kafka.producer.bootstrap.servers=kafka-1:9092,kafka-2:9092
+debezium.sink.kafka.producer.key.serializer=org.apache.kafka.common.serialization.StringSerializer
+debezium.source.connector.class=io.debezium.connector.postgresql.PostgresConnector
+debezium.source.offset.storage.file.filename=data/offsets.dat
+debezium.source.database.hostname=db.internal
+debezium.source.database.port=5432
+debezium.source.database.user=dbz
+debezium.source.database.password=s3cr@t
+debezium.source.database.dbname=orders
+debezium.source.topic.prefix=app
+debezium.source.plugin.name=pgoutput
+debezium.source.slot.name=orders_slot
+debezium.source.table.include.list=public.outbox
+debezium.transforms=outbox
+debezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+debezium.transforms.outbox.table.expand.json.payload=true
+debezium.transforms.outbox.table.fields.additional.placement=type:header:eventType,shard:partition
+debezium.transforms.outbox.route.topic.replacement=events.${routedByValue}
+debezium.transforms.outbox.table.field.event.schema.version=version
+debezium.format.value=json
+quarkus.log.level=INFO
+"#;
+
+    #[test]
+    fn a_debezium_server_configuration_becomes_a_relay_configuration() {
+        let imported = import(SERVER, &ImportOptions::default()).unwrap();
+        let t = &imported.toml;
+        let parsed: toml::Value = toml::from_str(t).unwrap();
+        assert_eq!(parsed["mode"].as_str(), Some("wal"));
+        assert_eq!(
+            parsed["database"]["url"].as_str(),
+            Some("postgres://dbz:s3cr%40t@db.internal:5432/orders")
+        );
+        assert_eq!(parsed["wal"]["slot"].as_str(), Some("outbox_wal"));
+        let d = &parsed["wal"]["debezium"];
+        assert_eq!(d["table"].as_str(), Some("public.outbox"));
+        assert_eq!(d["table.expand.json.payload"].as_bool(), Some(true));
+        assert_eq!(
+            d["table.fields.additional.placement"].as_str(),
+            Some("type:header:eventType")
+        );
+        assert_eq!(
+            d["route.topic.replacement"].as_str(),
+            Some("events.${routedByValue}")
+        );
+        let k = &parsed["destinations"]["kafka"];
+        assert_eq!(k["format"].as_str(), Some("debezium"));
+        assert_eq!(k["brokers"].as_array().map(Vec::len), Some(2));
+        let notes = imported.notes.join("\n");
+        for expected in [
+            "shard:partition",
+            "table.field.event.schema.version",
+            "topic.prefix",
+            "producer.key.serializer",
+            "offset.storage.file.filename",
+        ] {
+            assert!(
+                notes.contains(expected),
+                "{expected} missing from:\n{notes}"
+            );
+        }
+        assert!(!notes.contains("quarkus"), "{notes}");
+        assert!(t.contains("# Not carried over:"), "{t}");
+    }
+
+    #[test]
+    fn a_kafka_connect_configuration_needs_the_brokers_and_can_reuse_the_slot() {
+        let json = r#"{"name": "orders-outbox", "config": {
+            "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+            "database.hostname": "db", "database.port": 5433, "database.user": "u",
+            "database.dbname": "app", "slot.name": "dbz_orders",
+            "table.include.list": "public.customers,public.outbox",
+            "transforms": "unwrap,outbox",
+            "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
+            "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+            "transforms.outbox.route.tombstone.on.empty.payload": "true",
+            "value.converter": "org.apache.kafka.connect.storage.StringConverter"}}"#;
+        let err = import(json, &ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--kafka-brokers"), "{err}");
+        let options = ImportOptions {
+            kafka_brokers: Some("k:9092".into()),
+            reuse_slot: true,
+            table: None,
+        };
+        let imported = import(json, &options).unwrap();
+        let parsed: toml::Value = toml::from_str(&imported.toml).unwrap();
+        assert_eq!(parsed["wal"]["slot"].as_str(), Some("dbz_orders"));
+        assert_eq!(
+            parsed["wal"]["publication"].as_str(),
+            Some("dbz_publication")
+        );
+        assert_eq!(parsed["wal"]["create_slot"].as_bool(), Some(false));
+        assert_eq!(
+            parsed["database"]["url"].as_str(),
+            Some("postgres://u@db:5433/app")
+        );
+        assert_eq!(
+            parsed["wal"]["debezium"]["table"].as_str(),
+            Some("public.outbox")
+        );
+        assert_eq!(
+            parsed["wal"]["debezium"]["route.tombstone.on.empty.payload"].as_bool(),
+            Some(true)
+        );
+        let notes = imported.notes.join("\n");
+        assert!(notes.contains("StringConverter"), "{notes}");
+        assert!(notes.contains("decoderbufs"), "{notes}");
+    }
+
+    #[test]
+    fn what_cannot_be_imported_is_named() {
+        let err = |text: &str| {
+            import(text, &ImportOptions::default())
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            err(r#"{"connector.class": "io.debezium.connector.mysql.MySqlConnector"}"#)
+                .contains("PostgreSQL connector")
+        );
+        let no_router = SERVER.replace("debezium.transforms=outbox", "debezium.transforms=");
+        assert!(err(&no_router).contains("Outbox Event Router"));
+        let pubsub = SERVER.replace("debezium.sink.type=kafka", "debezium.sink.type=pubsub");
+        assert!(err(&pubsub).contains("`pubsub`"));
+        let no_host = SERVER.replace("debezium.source.database.hostname=db.internal", "");
+        assert!(err(&no_host).contains("database.hostname"));
+    }
+}

@@ -1064,9 +1064,9 @@ mod example {
             .map(|line| {
                 let rest = line.strip_prefix('#').unwrap_or("");
                 let is_setting = rest.starts_with('[')
-                    || rest.split_once(" =").is_some_and(|(k, _)| {
-                        !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    });
+                    || rest
+                        .split_once(" =")
+                        .is_some_and(|(k, _)| setting_key(k).is_some());
                 if is_setting {
                     switched += 1;
                     format!("{rest}\n")
@@ -1136,13 +1136,27 @@ mod example {
             if let Some((name, _)) = header {
                 section = name.to_owned();
             } else if let Some((key, _)) = l.split_once(" =")
-                && !key.is_empty()
-                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && let Some(key) = setting_key(key)
             {
                 keys.insert((section.clone(), key.to_owned()));
             }
         }
         keys
+    }
+
+    /// The key of a setting line: a bare key, or a quoted one with dots (the Debezium option
+    /// names of `[wal.debezium]`); `None` for prose.
+    fn setting_key(key: &str) -> Option<&str> {
+        let name = |k: &str, dots: bool| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || (dots && c == '.'))
+        };
+        match key.strip_prefix('"').and_then(|k| k.strip_suffix('"')) {
+            Some(quoted) if name(quoted, true) => Some(quoted),
+            None if name(key, false) => Some(key),
+            _ => None,
+        }
     }
 
     /// Every key the configuration accepts, as the loaded example serializes it (every section,

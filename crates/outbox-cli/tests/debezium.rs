@@ -2,7 +2,7 @@
 //! created with Debezium's documented DDL and written by plain SQL (insert only, and insert +
 //! delete in one transaction), WAL mode with `sources = ["debezium"]` and the Outbox Event
 //! Router's options in `[wal.debezium]`, destinations with `format = "debezium"`. A Kafka
-//! consumer and an HTTP receiver check key, value and headers against what Debezium 3.6
+//! consumer, a RabbitMQ queue and an HTTP receiver check key, value and headers against what Debezium 3.6
 //! recorded for the same rows (`../shared/debezium-output.md` of the project's workspace,
 //! restated in `docs/from-debezium.md`).
 
@@ -115,7 +115,7 @@ async fn receive(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_debezium_outbox_reaches_kafka_and_a_webhook_in_debeziums_shape() {
+async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_shape() {
     let Some(brokers) = outbox_testkit::kafka_brokers() else {
         return;
     };
@@ -195,7 +195,59 @@ format = "debezium""#
         ),
     );
 
-    for config in [&kafka, &hook] {
+    // RabbitMQ: the defaults (string payloads); the topic is the routing key.
+    let rabbit = lapin::Connection::connect(
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .expect("RabbitMQ on 127.0.0.1:5672 (scripts/services.sh starts it)");
+    let channel = rabbit.create_channel().await.unwrap();
+    let exchange = format!("dbz_{}", std::process::id());
+    channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Topic,
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let queue = format!("dbz_q_{}", std::process::id());
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            "outbox.event.#".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let amqp = write_config(
+        dir.path(),
+        "amqp",
+        &url,
+        &schema,
+        "",
+        &format!(
+            r#"[destinations.rabbitmq]
+type = "rabbitmq"
+url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+exchange = "{exchange}"
+format = "debezium""#
+        ),
+    );
+
+    for config in [&kafka, &hook, &amqp] {
         let o = outbox(&["config", "check", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
         let o = outbox(&["wal", "prepare", "--config", config]);
@@ -207,7 +259,7 @@ format = "debezium""#
     .execute(&pool)
     .await
     .unwrap();
-    for config in [&kafka, &hook] {
+    for config in [&kafka, &hook, &amqp] {
         let o = outbox(&["relay", "--drain", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
     }
@@ -316,6 +368,77 @@ format = "debezium""#
         Some("\"00000000-0000-4000-8000-000000000001\"")
     );
 
+    // What the RabbitMQ queue holds: routing key = topic, body = value, `id` header.
+    let mut deliveries = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while deliveries.len() < 3 && Instant::now() < deadline {
+        match channel
+            .basic_get(
+                queue.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap()
+        {
+            Some(m) => deliveries.push(m.delivery),
+            None => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let amqp_header = |d: &lapin::message::Delivery, name: &str| {
+        let headers = d.properties.headers().as_ref()?;
+        match headers
+            .inner()
+            .get(&lapin::types::ShortString::from(name))?
+        {
+            lapin::types::AMQPValue::LongString(s) => {
+                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+            }
+            other => Some(format!("{other:?}")),
+        }
+    };
+    let seen: Vec<(String, String, Option<String>)> = deliveries
+        .iter()
+        .map(|d| {
+            (
+                d.routing_key.to_string(),
+                String::from_utf8_lossy(&d.data).into_owned(),
+                amqp_header(d, "id"),
+            )
+        })
+        .collect();
+    let id = |n: u8| Some(format!("\"00000000-0000-4000-8000-00000000000{n}\""));
+    let order_msgs: Vec<_> = seen
+        .iter()
+        .filter(|m| m.0 == "outbox.event.Order")
+        .cloned()
+        .collect();
+    assert_eq!(
+        order_msgs,
+        vec![
+            (
+                "outbox.event.Order".to_owned(),
+                STRING_VALUE.to_owned(),
+                id(1)
+            ),
+            (
+                "outbox.event.Order".to_owned(),
+                r#""{\"paid\": true}""#.to_owned(),
+                id(2)
+            ),
+        ],
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&("outbox.event.Customer".to_owned(), String::new(), id(3))),
+        "a NULL payload is an empty body: {seen:?}"
+    );
+    let _ = channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await;
+    let _ = channel
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await;
+
     // Nothing of ours in the Debezium table, nothing left in the outbox table.
     let dead: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM \"{schema}\".\"events\""
@@ -324,11 +447,11 @@ format = "debezium""#
     .await
     .unwrap();
     assert_eq!(dead, 0);
-    for config in [&kafka, &hook] {
+    for config in [&kafka, &hook, &amqp] {
         let o = outbox(&["wal", "drop-slot", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
     }
-    for name in ["kafka", "hook"] {
+    for name in ["kafka", "hook", "amqp"] {
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP PUBLICATION IF EXISTS \"{schema}_{name}\""
         )))

@@ -142,7 +142,12 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
         .set("bootstrap.servers", &brokers)
         .create()
         .unwrap();
-    let topics = [format!("{prefix}.Order"), format!("{prefix}.Customer")];
+    let topics = [
+        format!("{prefix}.Order"),
+        format!("{prefix}.Customer"),
+        format!("{prefix}x.Order"),
+        format!("{prefix}x.Customer"),
+    ];
     let new: Vec<_> = topics
         .iter()
         .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
@@ -163,6 +168,25 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
         &format!(
             r#""table.fields.additional.placement" = "type:header:eventType"
 "route.topic.replacement" = "{prefix}.${{routedByValue}}"
+"route.tombstone.on.empty.payload" = true"#
+        ),
+        &format!(
+            r#"[destinations.kafka]
+type = "kafka"
+brokers = ["{brokers}"]
+format = "debezium""#
+        ),
+    );
+    // Kafka again: expanded payloads with an envelope placement and tombstones.
+    let kexp = write_config(
+        dir.path(),
+        "kexp",
+        &url,
+        &schema,
+        &format!(
+            r#""table.expand.json.payload" = true
+"table.fields.additional.placement" = "aggregatetype:envelope:aggType,type:header:eventType"
+"route.topic.replacement" = "{prefix}x.${{routedByValue}}"
 "route.tombstone.on.empty.payload" = true"#
         ),
         &format!(
@@ -247,7 +271,7 @@ format = "debezium""#
         ),
     );
 
-    for config in [&kafka, &hook, &amqp] {
+    for config in [&kafka, &kexp, &hook, &amqp] {
         let o = outbox(&["config", "check", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
         let o = outbox(&["wal", "prepare", "--config", config]);
@@ -259,7 +283,7 @@ format = "debezium""#
     .execute(&pool)
     .await
     .unwrap();
-    for config in [&kafka, &hook, &amqp] {
+    for config in [&kafka, &kexp, &hook, &amqp] {
         let o = outbox(&["relay", "--drain", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
     }
@@ -277,7 +301,7 @@ format = "debezium""#
         .unwrap();
     let mut records: Vec<Record> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while records.len() < 3 && Instant::now() < deadline {
+    while records.len() < 6 && Instant::now() < deadline {
         let Some(message) = consumer.poll(Duration::from_millis(500)) else {
             continue;
         };
@@ -302,7 +326,7 @@ format = "debezium""#
             headers,
         ));
     }
-    assert_eq!(records.len(), 3, "{records:?}");
+    assert_eq!(records.len(), 6, "{records:?}");
     let h = |id: u8, event_type: &str| {
         vec![
             (
@@ -344,6 +368,28 @@ format = "debezium""#
             h(3, "CustomerDeleted")
         ),
         "a NULL payload is a tombstone with key and headers"
+    );
+
+    let expanded: Vec<_> = records
+        .iter()
+        .filter(|r| r.0 == topics[2])
+        .map(|r| r.2.clone())
+        .collect();
+    assert_eq!(
+        expanded,
+        vec![
+            Some(
+                r#"{"payload":{"items":[{"qty":2,"sku":"A-1"}],"amount":42},"aggType":"Order"}"#
+                    .to_owned()
+            ),
+            Some(r#"{"payload":{"paid":true},"aggType":"Order"}"#.to_owned()),
+        ]
+    );
+    let expanded_tombstone = records.iter().find(|r| r.0 == topics[3]).unwrap();
+    assert_eq!(
+        (expanded_tombstone.2.clone(), expanded_tombstone.3.clone()),
+        (None, h(3, "CustomerDeleted")),
+        "tombstones win over the envelope when asked for"
     );
 
     // What the HTTP receiver got: one URL for every topic, the expanded envelope.
@@ -447,11 +493,11 @@ format = "debezium""#
     .await
     .unwrap();
     assert_eq!(dead, 0);
-    for config in [&kafka, &hook, &amqp] {
+    for config in [&kafka, &kexp, &hook, &amqp] {
         let o = outbox(&["wal", "drop-slot", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
     }
-    for name in ["kafka", "hook", "amqp"] {
+    for name in ["kafka", "kexp", "hook", "amqp"] {
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP PUBLICATION IF EXISTS \"{schema}_{name}\""
         )))

@@ -6,6 +6,7 @@
 //! cargo run --release -p outbox-wal --example wal_bench -- drain --events 100000 --source table
 //! cargo run --release -p outbox-wal --example wal_bench -- drain --events 100000 --source messages
 //! cargo run --release -p outbox-wal --example wal_bench -- drain --events 100000 --source stream_table
+//! cargo run --release -p outbox-wal --example wal_bench -- drain --events 100000 --source debezium
 //! cargo run --release -p outbox-wal --example wal_bench -- latency --rate 1000 --seconds 10
 //! cargo run --release -p outbox-wal --example wal_bench -- latency --rate 5000 --seconds 10
 //! ```

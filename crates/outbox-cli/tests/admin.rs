@@ -1,28 +1,13 @@
 //! Admin commands against a real SQLite outbox: dead list/show/retry/discard and cleanup.
 
-use std::process::{Command, Output};
+mod common;
+
+use common::{outbox, text};
+
 use std::time::Duration;
 
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
 use outbox_types::{BuryEvent, ClaimRequest, DeadLetterPolicy, NewEvent, Store};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn outbox(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .expect("runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 #[tokio::test]
 async fn dead_events_can_be_listed_shown_requeued_and_discarded() {

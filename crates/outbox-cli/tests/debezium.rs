@@ -6,8 +6,11 @@
 //! recorded for the same rows (`../shared/debezium-output.md` of the project's workspace,
 //! restated in `docs/from-debezium.md`).
 
+mod common;
+
+use common::{outbox, text};
+
 use std::collections::HashMap;
-use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,24 +25,6 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn outbox(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .expect("the outbox binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// The rows every destination gets: one order event alone, one inserted and deleted in the
 /// same transaction, one with a NULL payload.
@@ -135,6 +120,13 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
         .execute(&pool)
         .await
         .unwrap();
+    // A column for a `partition` placement; the rows below leave it to its default.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE \"{schema}\".\"outbox\" ADD COLUMN shard int NOT NULL DEFAULT 1"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
 
     // Kafka: string payloads, a header placement, tombstones, topics by aggregate type.
     let prefix = format!("dbz{}", std::process::id());
@@ -150,7 +142,8 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
     ];
     let new: Vec<_> = topics
         .iter()
-        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+        .enumerate()
+        .map(|(i, t)| NewTopic::new(t, if i < 2 { 1 } else { 2 }, TopicReplication::Fixed(1)))
         .collect();
     for r in admin
         .create_topics(&new, &AdminOptions::new())
@@ -160,6 +153,12 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
         r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
     }
     let dir = tempfile::tempdir().unwrap();
+    let kafka_destination = format!(
+        r#"[destinations.kafka]
+type = "kafka"
+brokers = ["{brokers}"]
+format = "debezium""#
+    );
     let kafka = write_config(
         dir.path(),
         "kafka",
@@ -170,14 +169,10 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
 "route.topic.replacement" = "{prefix}.${{routedByValue}}"
 "route.tombstone.on.empty.payload" = true"#
         ),
-        &format!(
-            r#"[destinations.kafka]
-type = "kafka"
-brokers = ["{brokers}"]
-format = "debezium""#
-        ),
+        &kafka_destination,
     );
-    // Kafka again: expanded payloads with an envelope placement and tombstones.
+    // Kafka again: expanded payloads with an envelope placement, tombstones, and the partition
+    // from a column (two partitions; the rows name partition 1).
     let kexp = write_config(
         dir.path(),
         "kexp",
@@ -185,16 +180,11 @@ format = "debezium""#
         &schema,
         &format!(
             r#""table.expand.json.payload" = true
-"table.fields.additional.placement" = "aggregatetype:envelope:aggType,type:header:eventType"
+"table.fields.additional.placement" = "aggregatetype:envelope:aggType,type:header:eventType,shard:partition"
 "route.topic.replacement" = "{prefix}x.${{routedByValue}}"
 "route.tombstone.on.empty.payload" = true"#
         ),
-        &format!(
-            r#"[destinations.kafka]
-type = "kafka"
-brokers = ["{brokers}"]
-format = "debezium""#
-        ),
+        &kafka_destination,
     );
     // The webhook: expanded payloads, an envelope placement.
     let received: Arc<Mutex<Vec<Request>>> = Arc::default();
@@ -300,12 +290,14 @@ format = "debezium""#
         .subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())
         .unwrap();
     let mut records: Vec<Record> = Vec::new();
+    let mut partitions: Vec<(String, i32)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while records.len() < 6 && Instant::now() < deadline {
         let Some(message) = consumer.poll(Duration::from_millis(500)) else {
             continue;
         };
         let m = message.unwrap();
+        partitions.push((m.topic().to_owned(), m.partition()));
         let headers = m
             .headers()
             .map(|h| {
@@ -370,6 +362,14 @@ format = "debezium""#
         "a NULL payload is a tombstone with key and headers"
     );
 
+    for (topic, partition) in &partitions {
+        let named = topic.starts_with(&format!("{prefix}x."));
+        assert_eq!(
+            *partition,
+            if named { 1 } else { 0 },
+            "{topic}: the partition placement's value, else the only partition"
+        );
+    }
     let expanded: Vec<_> = records
         .iter()
         .filter(|r| r.0 == topics[2])

@@ -3,8 +3,12 @@
 //! and a real HTTP receiver, rolled-back events never do, unroutable events are dead-lettered
 //! with the fix named; an operator pauses a destination while the relay runs and resumes it.
 
+mod common;
+
+use common::{BIN, outbox};
+
 use std::collections::HashMap;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,20 +20,11 @@ use axum::routing::post;
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_types::{EventState, NewEvent, Store};
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 const NATS: &str = "nats://127.0.0.1:4222";
 
 fn pg_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn outbox(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .expect("the outbox binary runs")
 }
 
 struct Killed(Child);

@@ -74,25 +74,10 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Start the Kafka-protocol test broker with `scripts/kafka.sh`; `false` (after a loud message)
+/// Start the Kafka-protocol test broker (`scripts/kafka.sh`); `false` (after a loud message)
 /// when that fails outside CI.
 fn kafka_available() -> bool {
-    let script = repo_root().join("scripts/kafka.sh");
-    let why = match std::process::Command::new("bash").arg(&script).output() {
-        Ok(out) if out.status.success() => return true,
-        Ok(out) => format!(
-            "{} exited with {}: {}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => format!("cannot run {}: {e}", script.display()),
-    };
-    if std::env::var_os("CI").is_some() {
-        panic!("the Kafka test broker could not be started: {why}");
-    }
-    eprintln!("\n!!! SKIPPING a Kafka test: the test broker could not be started.\n!!! {why}\n");
-    false
+    outbox_testkit::kafka_brokers().is_some()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

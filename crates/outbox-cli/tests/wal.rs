@@ -5,53 +5,16 @@
 //!
 //! Runs against the throwaway `wal_level=logical` cluster of `scripts/pg-logical.sh`.
 
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use common::{BIN, outbox, text};
+use outbox_testkit::logical_cluster_url as cluster_url;
+
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_types::{NewEvent, Store};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn cluster_url() -> String {
-    if let Ok(url) = std::env::var("OUTBOX_WAL_TEST_URL") {
-        return url;
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-logical.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg("start")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/pg-logical.sh start failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let url = Command::new("bash")
-        .arg(script)
-        .arg("url")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&url.stdout).trim().to_owned()
-}
-
-fn outbox(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .expect("the outbox binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 struct Killed(Child);
 impl Drop for Killed {

@@ -23,7 +23,8 @@
 //!   Connect's JSON converter — key = the aggregate id as a JSON string, value = the payload as
 //!   stored (no value at all, a tombstone, for a `null` payload), headers `id` and the event's
 //!   own as JSON strings, no `content-type`. With the WAL mode's `debezium` source the topic is
-//!   the router's (`outbox.event.<aggregatetype>` by default). See `docs/from-debezium.md`.
+//!   the router's (`outbox.event.<aggregatetype>` by default), and a `partition` placement
+//!   picks the partition. See `docs/from-debezium.md`.
 //! - **Timestamp**: when the relay published the record (`CreateTime`, the producer's clock), or
 //!   with [`record_timestamp`](KafkaSinkConfig::record_timestamp) `= "occurred_at"` the event's
 //!   `occurred_at` in milliseconds.
@@ -90,7 +91,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use outbox_types::routing::{PayloadFormat, Routing};
+use outbox_types::routing::{PayloadFormat, Routing, header};
 use outbox_types::{Event, Outcome, Sink, SinkError, truncate_error};
 use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -307,6 +308,18 @@ impl KafkaSink {
         if !self.routing.is_tombstone(event) {
             record = record.payload(&body);
         }
+        if self.routing.format == PayloadFormat::Debezium
+            && let Some(partition) = event.headers.get(header::PARTITION)
+        {
+            match partition.parse::<i32>() {
+                Ok(p) if p >= 0 => record = record.partition(p),
+                _ => {
+                    return Slot::Done(Outcome::reject(format!(
+                        "partition `{partition}` for topic `{topic}` is not a partition number: fix the Debezium `partition` placement's column"
+                    )));
+                }
+            }
+        }
         if self.record_timestamp == RecordTimestamp::OccurredAt {
             record = record.timestamp(event.occurred_at.timestamp_millis());
         }
@@ -359,6 +372,9 @@ impl KafkaSink {
                     "record of {size} bytes for topic `{topic}` is too large ({error}): raise `max_message_bytes` of the sink and `max.message.bytes` of the topic (or `message.max.bytes` of the broker), or make the event smaller"
                 )))
             }
+            Some(C::UnknownPartition) => Outcome::reject(reason(format!(
+                "topic `{topic}` has no such partition ({error}): the event names its partition (a Debezium `partition` placement); fix the column's value or add partitions to the topic"
+            ))),
             Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownTopicId) => {
                 Outcome::reject(reason(format!(
                     "topic `{topic}` does not exist and the broker does not create topics automatically ({error}): create the topic, or fix the `topic` template / the event's destination"

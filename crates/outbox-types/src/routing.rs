@@ -44,6 +44,9 @@ pub mod header {
     pub const OCCURRED_AT: &str = "outbox-occurred-at";
     /// The writer's idempotency key, when it set one.
     pub const IDEMPOTENCY_KEY: &str = "outbox-idempotency-key";
+    /// Not sent: the Kafka partition a Debezium table's `partition` placement chose, which the
+    /// Kafka sink honours in the Debezium shape ([`PayloadFormat::Debezium`](super::PayloadFormat::Debezium)).
+    pub const PARTITION: &str = "outbox-partition";
 }
 
 /// A destination template: text with `${field}` placeholders.
@@ -195,6 +198,18 @@ impl Template {
         }
         out
     }
+}
+
+/// `value` with every byte outside the RFC 3986 unreserved set (`A-Z a-z 0-9 - . _ ~`) written
+/// as `%XX`: one URL component (user, password, path segment, query value) whatever it holds.
+///
+/// ```
+/// assert_eq!(outbox_types::routing::percent_encode("s3cr@t/1"), "s3cr%40t%2F1");
+/// ```
+pub fn percent_encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    percent_encode_into(&mut out, value);
+    out
 }
 
 /// Append `value` to `out` with every byte outside the RFC 3986 unreserved set
@@ -393,7 +408,11 @@ impl Routing {
 
 /// `value` as a JSON string, quotes included, written as Debezium's JSON converter writes it
 /// (see [`escape_non_bmp`]).
-fn json_string(value: &str) -> String {
+///
+/// ```
+/// assert_eq!(outbox_types::routing::json_string("a\"😀"), r#""a\"\uD83D\uDE00""#);
+/// ```
+pub fn json_string(value: &str) -> String {
     let quoted = serde_json::to_string(value).unwrap_or_else(|_| "\"\"".to_owned());
     escape_non_bmp(&quoted).into_owned()
 }

@@ -174,6 +174,20 @@ impl WalConfig {
         }
         if self.captures(Source::Debezium) {
             self.debezium.validate()?;
+            let (schema, name) = self.debezium.schema_and_name();
+            if schema == self.schema && (name == self.table || name == self.stream_table()) {
+                return Err(WalError::Config(format!(
+                    "[wal.debezium] table = `{}` is the relay's own {} table: name the table your services write for Debezium (the relay keeps its own in `{}.{}`)",
+                    self.debezium.table,
+                    if name == self.table {
+                        "outbox"
+                    } else {
+                        "stream"
+                    },
+                    self.schema,
+                    self.table
+                )));
+            }
         }
         if self.captures(Source::Messages) && self.message_prefix.is_empty() {
             return Err(WalError::Config(
@@ -239,6 +253,19 @@ mod tests {
             !json.contains("hunter2") && json.contains("relay:***@db"),
             "{json}"
         );
+    }
+
+    #[test]
+    fn a_debezium_table_cannot_be_the_relays_own() {
+        let mut c = WalConfig::new("postgres://x");
+        c.sources = vec![Source::Debezium];
+        c.debezium.table = "outbox.events".into();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("relay's own outbox table"), "{err}");
+        c.debezium.table = "outbox.events_stream".into();
+        assert!(c.validate().unwrap_err().to_string().contains("stream"));
+        c.debezium.table = "public.outbox".into();
+        c.validate().unwrap();
     }
 
     #[test]

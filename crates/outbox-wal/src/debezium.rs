@@ -20,17 +20,15 @@
 //!
 //! [`Source::Debezium`]: crate::Source::Debezium
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, NaiveDateTime, Utc};
-use outbox_types::routing::escape_non_bmp;
+use outbox_types::routing::{escape_non_bmp, header, json_string};
 use outbox_types::{Event, EventId, Headers};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::error::WalError;
-use crate::pgoutput::{JSON_TYPES, Relation, parse_timestamptz};
+use crate::pgoutput::{Relation, parse_timestamptz};
 
 /// What the source does with an update of a Debezium outbox table row (Debezium's
 /// `table.op.invalid.behavior`). Deletes are always ignored silently: deleting right after
@@ -97,10 +95,11 @@ pub struct DebeziumTable {
     )]
     pub field_event_timestamp: Option<String>,
     /// Extra columns put on the message (`table.fields.additional.placement`):
-    /// `column:header[:alias]` or `column:envelope[:alias]`, comma-separated. A header carries
-    /// the column's text; an envelope placement wraps the payload as
-    /// `{"payload": …, "alias": value}`. (`partition` placements are refused: the key picks the
-    /// partition, which keeps each key's order.)
+    /// `column:header[:alias]`, `column:envelope[:alias]` or `column:partition`,
+    /// comma-separated. A header carries the column's text; an envelope placement wraps the
+    /// payload as `{"payload": …, "alias": value}`; a partition placement (an integer column, at
+    /// most one) picks the Kafka partition with `format = "debezium"` instead of the key's hash
+    /// (events of one key then keep their order only if they name one partition).
     #[serde(rename = "table.fields.additional.placement")]
     pub additional_placement: String,
     /// Column whose value routes the event (`route.by.field`, default `aggregatetype`); it is
@@ -112,10 +111,10 @@ pub struct DebeziumTable {
     /// topic (as Kafka Connect's `RegexRouter`).
     #[serde(rename = "route.topic.regex")]
     pub route_topic_regex: String,
-    /// The topic (`route.topic.replacement`, default `outbox.event.${routedByValue}`), with
-    /// `${name}` / `$1` for the regex's groups. It is the event's destination: the Kafka topic,
-    /// the RabbitMQ routing key, the NATS subject, the Redis stream; a webhook sink posts to
-    /// its `url` (set a path such as `/events/${routedByValue}` to choose one).
+    /// The topic (`route.topic.replacement`, default `outbox.event.${routedByValue}`), in
+    /// Java's replacement syntax: `${name}` / `$1` for the regex's groups, `\$` for a dollar
+    /// sign. It is the event's destination: the Kafka topic, the RabbitMQ routing key, the NATS
+    /// subject, the Redis stream; a webhook sink with `format = "debezium"` posts to its `url`.
     #[serde(rename = "route.topic.replacement")]
     pub route_topic_replacement: String,
     /// A NULL payload becomes a message without a body, a Kafka tombstone
@@ -162,6 +161,7 @@ const DEFAULT_REGEX: &str = "(?<routedByValue>.*)";
 pub(crate) enum Placement {
     Header,
     Envelope,
+    Partition,
 }
 
 /// One parsed `table.fields.additional.placement` entry.
@@ -212,9 +212,68 @@ impl DebeziumTable {
                 )));
             }
         }
-        self.regex()?;
+        self.replacement(&self.regex()?)?;
         self.additional()?;
         Ok(())
+    }
+
+    /// `route.topic.replacement` in the regex crate's syntax. Debezium's is Java's
+    /// (`Matcher.replaceFirst`): `$n` takes as many digits as name an existing group, `${name}`
+    /// a named group, and `\x` is `x` as it is (`\$` a dollar sign).
+    pub(crate) fn replacement(&self, regex: &Regex) -> Result<String, WalError> {
+        let text = &self.route_topic_replacement;
+        let groups = regex.captures_len() - 1;
+        let bad = |why: String| {
+            WalError::Config(format!(
+                "[wal.debezium] `route.topic.replacement` = `{text}`: {why}"
+            ))
+        };
+        let mut out = String::with_capacity(text.len() + 8);
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('$') => out.push_str("$$"),
+                    Some(other) => out.push(other),
+                    None => return Err(bad("it ends in a lone `\\`".into())),
+                },
+                '$' => match chars.next() {
+                    Some('{') => {
+                        let name: String = chars.by_ref().take_while(|&c| c != '}').collect();
+                        if !regex.capture_names().any(|n| n == Some(name.as_str())) {
+                            return Err(bad(format!(
+                                "`route.topic.regex` has no group named `{name}`"
+                            )));
+                        }
+                        out.push_str(&format!("${{{name}}}"));
+                    }
+                    Some(d) if d.is_ascii_digit() => {
+                        let mut number = d.to_digit(10).unwrap_or(0) as usize;
+                        if number > groups {
+                            return Err(bad(format!(
+                                "`${number}` names a group `route.topic.regex` does not have"
+                            )));
+                        }
+                        while let Some(next) = chars.peek().and_then(|c| c.to_digit(10)) {
+                            let longer = number * 10 + next as usize;
+                            if longer > groups {
+                                break;
+                            }
+                            number = longer;
+                            chars.next();
+                        }
+                        out.push_str(&format!("${{{number}}}"));
+                    }
+                    _ => {
+                        return Err(bad(
+                            "a `$` must start a group reference (`$1`, `${name}`); write `\\$` for a dollar sign".into(),
+                        ));
+                    }
+                },
+                other => out.push(other),
+            }
+        }
+        Ok(out)
     }
 
     /// The compiled `route.topic.regex`, anchored at both ends (Java's `matches()`).
@@ -248,17 +307,22 @@ impl DebeziumTable {
             let placement = match parts[1] {
                 "header" => Placement::Header,
                 "envelope" => Placement::Envelope,
-                "partition" => {
-                    return Err(bad(
-                        "the `partition` placement is not supported (the key picks the partition, which keeps each key's events in order); remove it",
-                    ));
-                }
+                "partition" => Placement::Partition,
                 other => return Err(bad(&format!("unknown placement `{other}`"))),
             };
             let alias = parts.get(2).filter(|a| !a.is_empty()).unwrap_or(&parts[0]);
             if placement == Placement::Envelope && *alias == "payload" {
                 return Err(bad(
                     "the envelope already has a field `payload`; give the column another alias",
+                ));
+            }
+            if placement == Placement::Partition
+                && out
+                    .iter()
+                    .any(|a: &Additional| a.placement == Placement::Partition)
+            {
+                return Err(bad(
+                    "a record has one partition; keep one `partition` placement",
                 ));
             }
             out.push(Additional {
@@ -351,8 +415,11 @@ pub(crate) async fn check_table(
     Ok(())
 }
 
-/// Column types whose text form is a JSON number or boolean as it is.
-const NUMBER_TYPES: [u32; 6] = [20, 21, 23, 700, 701, 1700];
+/// Column types Debezium's JSON converter writes as JSON numbers: `int2`, `int4`, `int8`,
+/// `float4`, `float8`. (`numeric` is a base64 decimal with its default
+/// `decimal.handling.mode`, and timestamps are epoch numbers with its default
+/// `time.precision.mode`: both are sent as PostgreSQL's text here, see docs/from-debezium.md.)
+const NUMBER_TYPES: [u32; 5] = [20, 21, 23, 700, 701];
 const BOOL_TYPE: u32 = 16;
 const TIMESTAMP_TYPE: u32 = 1114;
 
@@ -376,12 +443,7 @@ pub(crate) struct DebeziumLayout {
 impl DebeziumLayout {
     /// Map the columns the options name; the error names a missing column and its option.
     pub fn of(relation: &Relation, table: &DebeziumTable) -> Result<Self, WalError> {
-        let index: HashMap<&str, usize> = relation
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.as_str(), i))
-            .collect();
+        let index = relation.column_index();
         let need = |column: &str, option: &str| {
             index.get(column).copied().ok_or_else(|| {
                 WalError::Config(format!(
@@ -404,6 +466,7 @@ impl DebeziumLayout {
             let i = need(&a.column, "table.fields.additional.placement")?;
             additional.push((i, type_of(i), a.placement, a.alias));
         }
+        let regex = table.regex()?;
         Ok(DebeziumLayout {
             id: need(&table.field_event_id, "table.field.event.id")?,
             key: need(&table.field_event_key, "table.field.event.key")?,
@@ -411,8 +474,8 @@ impl DebeziumLayout {
             payload,
             timestamp,
             route_by: need(&table.route_by_field, "route.by.field")?,
-            regex: table.regex()?,
-            replacement: table.route_topic_replacement.clone(),
+            replacement: table.replacement(&regex)?,
+            regex,
             additional,
             tombstone_on_empty_payload: table.tombstone_on_empty_payload,
             expand_json_payload: table.expand_json_payload,
@@ -476,6 +539,16 @@ impl DebeziumLayout {
                     }
                 }
                 Placement::Envelope => envelope.push((alias, typed_json(*type_oid, v))),
+                Placement::Partition => {
+                    if let Some(v) = v {
+                        if v.parse::<u16>().is_err() {
+                            return Err(format!(
+                                "the partition column (`table.fields.additional.placement`) holds `{v}`, not a partition number"
+                            ));
+                        }
+                        headers.insert(header::PARTITION.to_owned(), v.to_owned());
+                    }
+                }
             }
         }
         let tombstone =
@@ -523,15 +596,9 @@ impl DebeziumLayout {
     }
 }
 
-/// `value` as a JSON string with characters outside the Basic Multilingual Plane escaped as
-/// surrogate pairs, as Debezium's JSON converter writes them.
-fn json_string(value: &str) -> String {
-    let quoted = serde_json::to_string(value).unwrap_or_else(|_| "\"\"".to_owned());
-    escape_non_bmp(&quoted).into_owned()
-}
-
-/// A column's text as the JSON value Debezium's envelope holds: numbers and booleans as they
-/// are, JSON columns as JSON, everything else as a string; NULL as `null`.
+/// A column's text as the JSON value Debezium's envelope holds: integers, floats and booleans
+/// as JSON numbers and booleans, everything else (also `json`/`jsonb`, which Debezium sends as
+/// a string) as a string; NULL as `null`.
 fn typed_json(type_oid: u32, text: Option<&str>) -> String {
     match text {
         None => "null".to_owned(),
@@ -541,7 +608,6 @@ fn typed_json(type_oid: u32, text: Option<&str>) -> String {
             t.to_owned()
         }
         Some(t) if type_oid == BOOL_TYPE => (if t == "t" { "true" } else { "false" }).to_owned(),
-        Some(t) if JSON_TYPES.contains(&type_oid) => expand(t).unwrap_or_else(|| json_string(t)),
         Some(t) => json_string(t),
     }
 }
@@ -577,6 +643,29 @@ pub(crate) fn expand(text: &str) -> Option<String> {
     Some(escape_non_bmp(&out).into_owned())
 }
 
+/// A number as Jackson writes the value it parsed: integers as they are, fractions as Java's
+/// `Double.toString` — plain between 10⁻³ and 10⁷ (`42.5`, `42.0`), else in scientific
+/// notation (`1.0E-4`, `1.23456785E7`), with the shortest digits that read back the same.
+fn java_number(n: &serde_json::Number, out: &mut String) {
+    let Some(x) = n.as_f64().filter(|_| n.is_f64()) else {
+        out.push_str(&n.to_string());
+        return;
+    };
+    let magnitude = x.abs();
+    if x == 0.0 || (1e-3..1e7).contains(&magnitude) {
+        out.push_str(&n.to_string());
+        return;
+    }
+    let sci = format!("{x:e}");
+    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
+    out.push_str(mantissa);
+    if !mantissa.contains('.') {
+        out.push_str(".0");
+    }
+    out.push('E');
+    out.push_str(exponent);
+}
+
 /// A JSON value that keeps its objects' key order (serde_json's `Value` sorts them here).
 enum Json {
     Null,
@@ -592,10 +681,8 @@ impl Json {
         match self {
             Json::Null => out.push_str("null"),
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Number(n) => out.push_str(&n.to_string()),
-            Json::String(s) => {
-                out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned()))
-            }
+            Json::Number(n) => java_number(n, out),
+            Json::String(s) => out.push_str(&json_string(s)),
             Json::Array(items) => {
                 out.push('[');
                 for (i, item) in items.iter().enumerate() {
@@ -612,7 +699,7 @@ impl Json {
                     if i > 0 {
                         out.push(',');
                     }
-                    out.push_str(&serde_json::to_string(k).unwrap_or_else(|_| "\"\"".to_owned()));
+                    out.push_str(&json_string(k));
                     out.push(':');
                     v.write(out);
                 }
@@ -750,6 +837,11 @@ mod tests {
         );
         // Not JSON: sent as a string, as Debezium does.
         assert_eq!(expand("not json"), None);
+        // Doubles as Java prints them.
+        assert_eq!(
+            expand(r#"[0.0001, 12345678.5, 1e21, -0.5, 2.0, 7]"#).unwrap(),
+            "[1.0E-4,1.23456785E7,1.0E21,-0.5,2.0,7]"
+        );
     }
 
     #[test]
@@ -794,16 +886,39 @@ mod tests {
         assert_eq!(layout.topic("abc-12"), "t.abc.12");
         // Whole-value match only (Java's `matches()`); else the value itself.
         assert_eq!(layout.topic("abc-12x"), "abc-12x");
+        // Java's replacement syntax: `$2_x` is group 2 then `_x`, `\$` a dollar sign, and `$21`
+        // group 2 then `1` when there is no group 21.
+        let t = DebeziumTable {
+            route_topic_regex: "(?<kind>[a-z]+)-(\\d+)".into(),
+            route_topic_replacement: "t.$2_x.\\$.$21".into(),
+            ..DebeziumTable::default()
+        };
+        let layout = DebeziumLayout::of(&documented(), &t).unwrap();
+        assert_eq!(layout.topic("abc-12"), "t.12_x.$.121");
+        for bad in ["t.$3", "t.${nope}", "t.$x", "t.\\"] {
+            let t = DebeziumTable {
+                route_topic_regex: "(?<kind>[a-z]+)-(\\d+)".into(),
+                route_topic_replacement: bad.into(),
+                ..DebeziumTable::default()
+            };
+            let err = t.validate().unwrap_err().to_string();
+            assert!(err.contains("route.topic.replacement"), "{bad}: {err}");
+        }
     }
 
     #[test]
     fn bad_options_and_rows_are_named() {
         let bad = |t: DebeziumTable| t.validate().unwrap_err().to_string();
         let err = bad(DebeziumTable {
-            additional_placement: "x:partition".into(),
+            additional_placement: "x:partition,y:partition".into(),
             ..DebeziumTable::default()
         });
-        assert!(err.contains("partition"), "{err}");
+        assert!(err.contains("one `partition`"), "{err}");
+        let err = bad(DebeziumTable {
+            additional_placement: "x:somewhere".into(),
+            ..DebeziumTable::default()
+        });
+        assert!(err.contains("unknown placement `somewhere`"), "{err}");
         let err = bad(DebeziumTable {
             route_topic_regex: "(".into(),
             ..DebeziumTable::default()
@@ -846,7 +961,7 @@ mod tests {
         ]);
         let t = DebeziumTable {
             field_event_timestamp: Some("ts".into()),
-            additional_placement: "n:envelope,ok:envelope:flag".into(),
+            additional_placement: "n:envelope,ok:envelope:flag,n:partition".into(),
             ..DebeziumTable::default()
         };
         let layout = DebeziumLayout::of(&rel, &t).unwrap();
@@ -864,5 +979,13 @@ mod tests {
         // No type column: the routed-by value is the event type.
         assert_eq!(e.event_type, "Order");
         assert_eq!(e.payload, r#"{"payload":"plain text","n":7,"flag":true}"#);
+        assert_eq!(
+            e.headers.get(header::PARTITION).map(String::as_str),
+            Some("7")
+        );
+        let mut values = values;
+        values[5] = Some(b"-1");
+        let err = layout.event(&values, 1, Utc::now()).unwrap_err();
+        assert!(err.contains("not a partition number"), "{err}");
     }
 }

@@ -43,6 +43,17 @@ pub(crate) struct Relation {
     pub types: Vec<u32>,
 }
 
+impl Relation {
+    /// Each column's position, by name.
+    pub fn column_index(&self) -> HashMap<&str, usize> {
+        self.columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.as_str(), i))
+            .collect()
+    }
+}
+
 struct Reader<'a> {
     data: &'a [u8],
 }
@@ -167,7 +178,7 @@ pub(crate) struct OutboxLayout {
 }
 
 /// `json` and `jsonb`.
-pub(crate) const JSON_TYPES: [u32; 2] = [114, 3802];
+const JSON_TYPES: [u32; 2] = [114, 3802];
 
 /// An inserted outbox row that cannot be read as an event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,12 +252,7 @@ impl OutboxLayout {
     /// The event columns, and with `delivery_state` the `seq`, `status` and `attempts` of the
     /// outbox table.
     fn map(relation: &Relation, delivery_state: bool) -> Result<Self, String> {
-        let index: HashMap<&str, usize> = relation
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.as_str(), i))
-            .collect();
+        let index = relation.column_index();
         let need = |name: &str| {
             index.get(name).copied().ok_or_else(|| {
                 format!(

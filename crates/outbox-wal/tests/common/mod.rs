@@ -20,36 +20,15 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-static CLUSTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// The URL of a PostgreSQL with `wal_level = logical`: `OUTBOX_WAL_TEST_URL`, or the throwaway
-/// cluster `scripts/pg-logical.sh` starts (idempotently) on port 54329.
+static CLUSTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The URL of a PostgreSQL with `wal_level = logical` (`outbox_testkit::logical_cluster_url`),
+/// found or started once per test binary.
 pub fn cluster_url() -> String {
     CLUSTER
-        .get_or_init(|| {
-            if let Ok(url) = std::env::var("OUTBOX_WAL_TEST_URL") {
-                return url;
-            }
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-logical.sh");
-            let out = std::process::Command::new("bash")
-                .arg(script)
-                .arg("start")
-                .output()
-                .expect("run scripts/pg-logical.sh");
-            assert!(
-                out.status.success(),
-                "scripts/pg-logical.sh start failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let url = std::process::Command::new("bash")
-                .arg(script)
-                .arg("url")
-                .output()
-                .expect("run scripts/pg-logical.sh url");
-            String::from_utf8_lossy(&url.stdout).trim().to_owned()
-        })
+        .get_or_init(outbox_testkit::logical_cluster_url)
         .clone()
 }
 

@@ -25,6 +25,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
+use rdkafka::{Offset, TopicPartitionList};
 
 /// The rows every destination gets: one order event alone, one inserted and deleted in the
 /// same transaction, one with a NULL payload.
@@ -97,6 +98,73 @@ async fn receive(
         .collect();
     received.lock().unwrap().push((headers, body));
     "ok"
+}
+
+/// Up to `expected` records of `topics` (every partition, from the beginning; one minute at
+/// most), with the partition each came from.
+async fn read_kafka(
+    brokers: &str,
+    topics: &[String],
+    expected: usize,
+) -> (Vec<Record>, Vec<(String, i32)>) {
+    let brokers = brokers.to_owned();
+    let topics = topics.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", format!("dbz-check-{}", std::process::id()))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut assignment = TopicPartitionList::new();
+        for topic in &topics {
+            let metadata = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .unwrap();
+            let count = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .map_or(1, |t| t.partitions().len() as i32);
+            for p in 0..count {
+                assignment
+                    .add_partition_offset(topic, p, Offset::Beginning)
+                    .unwrap();
+            }
+        }
+        consumer.assign(&assignment).unwrap();
+        let mut records = Vec::new();
+        let mut partitions = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while records.len() < expected && Instant::now() < deadline {
+            let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else {
+                continue;
+            };
+            partitions.push((m.topic().to_owned(), m.partition()));
+            let headers = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            records.push((
+                m.topic().to_owned(),
+                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                m.payload().map(|p| String::from_utf8_lossy(p).into_owned()),
+                headers,
+            ));
+        }
+        (records, partitions)
+    })
+    .await
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,46 +346,9 @@ format = "debezium""#
         assert!(o.status.success(), "{}", text(&o));
     }
 
-    // What a Kafka consumer reads.
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", format!("{prefix}-check"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer
-        .subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())
-        .unwrap();
-    let mut records: Vec<Record> = Vec::new();
-    let mut partitions: Vec<(String, i32)> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while records.len() < 6 && Instant::now() < deadline {
-        let Some(message) = consumer.poll(Duration::from_millis(500)) else {
-            continue;
-        };
-        let m = message.unwrap();
-        partitions.push((m.topic().to_owned(), m.partition()));
-        let headers = m
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| {
-                        (
-                            h.key.to_owned(),
-                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        records.push((
-            m.topic().to_owned(),
-            String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-            m.payload().map(|p| String::from_utf8_lossy(p).into_owned()),
-            headers,
-        ));
-    }
+    // What a Kafka consumer reads: every partition from the beginning, assigned directly
+    // (joining a consumer group takes ~20 s on the test broker), off the async workers.
+    let (records, partitions) = read_kafka(&brokers, &topics, 6).await;
     assert_eq!(records.len(), 6, "{records:?}");
     let h = |id: u8, event_type: &str| {
         vec![

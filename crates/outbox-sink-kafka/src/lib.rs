@@ -276,13 +276,18 @@ impl KafkaSink {
         let headers = self.routing.headers(event);
         let mut owned = OwnedHeaders::new_with_capacity(headers.len() + 1);
         // Debezium's records carry no content type; its consumers see exactly its headers.
-        if self.routing.format != PayloadFormat::Debezium {
+        let ours = self.routing.format != PayloadFormat::Debezium;
+        if ours {
             owned = owned.insert(Header {
                 key: "content-type",
                 value: Some(self.routing.content_type()),
             });
         }
         for (name, value) in &headers {
+            // One content type per record: the body's, not a second one from the writer.
+            if ours && name.eq_ignore_ascii_case("content-type") {
+                continue;
+            }
             owned = owned.insert(Header {
                 key: name.as_str(),
                 value: Some(value.as_str()),
@@ -733,5 +738,36 @@ mod tests {
 
     fn chrono_now() -> chrono::DateTime<chrono::Utc> {
         chrono::Utc::now()
+    }
+
+    #[test]
+    fn a_record_carries_one_content_type() {
+        use rdkafka::message::Headers as _;
+        let sink = sink();
+        let mut headers = outbox_types::Headers::new();
+        headers.insert("Content-Type".into(), "text/plain".into());
+        headers.insert("trace-id".into(), "t".into());
+        let event = Event {
+            seq: 1,
+            id: outbox_types::EventId::new(),
+            aggregate_type: "order".into(),
+            aggregate_id: "1".into(),
+            event_type: "OrderCreated".into(),
+            payload: "{}".into(),
+            destination: None,
+            headers,
+            idempotency_key: None,
+            occurred_at: chrono_now(),
+            enqueued_at: chrono_now(),
+            attempts: 0,
+        };
+        let owned = sink.headers(&event);
+        let types: Vec<_> = owned
+            .iter()
+            .filter(|h| h.key.eq_ignore_ascii_case("content-type"))
+            .map(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+            .collect();
+        assert_eq!(types, vec![Some("application/json".to_owned())]);
+        assert!(owned.iter().any(|h| h.key == "trace-id"));
     }
 }

@@ -456,6 +456,10 @@ impl NatsSink {
                 debug!(event_id = %event.id, header = %name, "NATS control header from the event not forwarded");
                 continue;
             }
+            // One content type per message: the body's, set below.
+            if name.eq_ignore_ascii_case("content-type") {
+                continue;
+            }
             let header_name = HeaderName::from_str(&name).map_err(|e| {
                 format!("header name `{name}` cannot travel in a NATS message: {e}")
             })?;

@@ -21,6 +21,10 @@
 //! | `headers` | a JSON object: the routing headers (`outbox-event-id`, …) and the event's own headers, such as `traceparent` |
 //! | `payload` | the stored JSON bytes, or a CloudEvents 1.0 envelope |
 //!
+//! With `format = "debezium"`, `key` is the aggregate id as a JSON string and `headers` holds
+//! `id` and the event's own headers as JSON strings (Debezium's shape). All destinations:
+//! `docs/wire-format.md`.
+//!
 //! Redis assigns entry ids itself (`*`), so a redelivered event (an `XADD` reply lost on the way
 //! back, a relay crash) appears twice in the stream; consumers deduplicate on the `id` field,
 //! as they must with any at-least-once outbox.

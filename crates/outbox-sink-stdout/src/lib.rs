@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! {"id":"0190…","seq":1,"aggregate_type":"order","aggregate_id":"42","event_type":"OrderCreated",
-//!  "destination":null,"headers":{},"idempotency_key":null,"occurred_at":"2026-…Z","payload":{"amount":1999}}
+//!  "destination":null,"headers":{},"idempotency_key":null,"occurred_at":"2026-…Z","attempt":1,"payload":{"amount":1999}}
 //! ```
 //!
 //! A batch counts as delivered once its lines were written and flushed (and, for a file with

@@ -611,12 +611,7 @@ impl WalChild {
             .context("the WAL relay child printed nothing")?;
         let report: WalChildReport = serde_json::from_str(line)?;
         // Its walsender may take a moment to exit after it did.
-        for _ in 0..50 {
-            if outbox_wal::drop_slot(&self.config).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let _ = outbox_wal::drop_slot_waiting(&self.config, Duration::from_secs(5)).await;
         let pool = sqlx::PgPool::connect(&self.config.database_url).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP PUBLICATION IF EXISTS \"{}\"",

@@ -5,7 +5,8 @@
 //! database it was applied to is one `outbox migrate` finds current ("schema is current") and
 //! the relay accepts; no other switch is needed for an externally managed schema. A later
 //! release's script has the new migrations at its end, after the ones already applied: apply
-//! the new ones (their `-- Migration N` sections) with the same tool.
+//! the new ones (their `-- Migration N` sections) with the same tool. In WAL mode with the stream
+//! table among `[wal] sources`, its definition follows the migrations.
 
 use clap::{Args, ValueEnum};
 use serde_json::json;
@@ -121,7 +122,20 @@ pub(crate) fn script(args: &PrintArgs) -> Result<String, ConfigError> {
     database.built().map_err(|e| ConfigError(e.to_string()))?;
     #[allow(unreachable_patterns)] // reachable in a build without some database
     Ok(match dialect {
-        Dialect::Postgres => pg_outbox(&config)?.schema_script(),
+        Dialect::Postgres => {
+            let mut script = pg_outbox(&config)?.schema_script();
+            if config.mode == crate::config::Mode::Wal
+                && config
+                    .wal
+                    .sources
+                    .contains(&outbox_wal::Source::StreamTable)
+            {
+                script.push_str("\n-- The stream table of WAL mode (`[wal] sources` has \"stream_table\"). Not a migration:\n-- the relay and `outbox wal prepare` create it when it is missing, and add it to the publication.\n");
+                script.push_str(&outbox_wal::stream_table_ddl(&config.wal_config()?));
+                script.push('\n');
+            }
+            script
+        }
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => sqlite_outbox(&config)?.schema_script(),
         #[cfg(feature = "mysql")]

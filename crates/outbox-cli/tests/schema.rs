@@ -129,6 +129,55 @@ async fn the_postgres_script_gives_what_migrate_gives() {
     drop_pg_schemas(&pool, &[&scripted, &migrated]).await;
 }
 
+/// With the stream table among WAL mode's sources, the script also creates it, and psql
+/// applies the whole script.
+#[tokio::test]
+async fn the_postgres_script_includes_the_stream_table_when_wal_mode_reads_it() {
+    let pool = sqlx::PgPool::connect(&pg_url()).await.unwrap();
+    let schema = format!("outbox_t_script_stream_{}", std::process::id());
+    drop_pg_schemas(&pool, &[&schema]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "mode = \"wal\"\n[database]\nurl = \"{}\"\nschema = \"{schema}\"\n[wal]\nsources = [\"table\", \"stream_table\"]\n",
+            pg_url()
+        ),
+    )
+    .unwrap();
+    let script = outbox(&["schema", "print", "--config", config.to_str().unwrap()]);
+    assert!(script.contains("events_stream"), "{script}");
+    let applied = Command::new("psql")
+        .args([&pg_url(), "-v", "ON_ERROR_STOP=1", "-q", "-X"])
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        applied.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(format!("\"{schema}\".events_stream"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(exists.is_some());
+    // Polling mode has no stream table.
+    let polling = outbox(&[
+        "schema",
+        "print",
+        "--dialect",
+        "postgres",
+        "--schema",
+        &schema,
+    ]);
+    assert!(!polling.contains("events_stream"));
+    drop_pg_schemas(&pool, &[&schema]).await;
+}
+
 #[tokio::test]
 async fn the_partitioned_postgres_script_is_current_for_migrate() {
     let pool = sqlx::PgPool::connect(&pg_url()).await.unwrap();

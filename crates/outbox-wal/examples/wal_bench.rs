@@ -326,12 +326,7 @@ async fn insert_debezium(
 
 async fn teardown(pool: &sqlx::PgPool, cfg: &WalConfig) {
     // The child's walsender may take a moment to exit after the child did.
-    for _ in 0..50 {
-        if outbox_wal::drop_slot(cfg).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let _ = outbox_wal::drop_slot_waiting(cfg, Duration::from_secs(5)).await;
     for sql in [
         format!("DROP PUBLICATION IF EXISTS \"{}\"", cfg.publication),
         format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", cfg.schema),

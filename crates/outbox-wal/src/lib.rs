@@ -545,6 +545,24 @@ pub async fn drop_slot(config: &WalConfig) -> Result<bool, WalError> {
     dropped
 }
 
+/// [`drop_slot`], retried for up to `wait` while it fails: a relay that has just stopped (or been
+/// killed) holds the slot until its walsender notices, a moment later. Returns the last error
+/// when the slot is still held after `wait`.
+pub async fn drop_slot_waiting(
+    config: &WalConfig,
+    wait: std::time::Duration,
+) -> Result<bool, WalError> {
+    config.validate()?;
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match drop_slot(config).await {
+            Ok(dropped) => return Ok(dropped),
+            Err(error) if std::time::Instant::now() >= deadline => return Err(error),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+}
+
 /// What [`recover`] did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RecoverReport {

@@ -1289,12 +1289,7 @@ async fn the_message_source_is_refused_while_every_role_may_write_messages() {
     writer_pool.close().await;
     nobody_pool.close().await;
     db_pool.close().await;
-    for _ in 0..50 {
-        if outbox_wal::drop_slot(&config).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let _ = outbox_wal::drop_slot_waiting(&config, Duration::from_secs(5)).await;
     for sql in [
         format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
         format!("DROP ROLE IF EXISTS {nobody}"),

@@ -207,12 +207,7 @@ impl Fixture {
 
     /// Drop the slot and the schema.
     pub async fn cleanup(self) {
-        for _ in 0..50 {
-            match outbox_wal::drop_slot(&self.config).await {
-                Ok(_) => break,
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
+        let _ = outbox_wal::drop_slot_waiting(&self.config, Duration::from_secs(5)).await;
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP PUBLICATION IF EXISTS \"{}\"",
             self.config.publication

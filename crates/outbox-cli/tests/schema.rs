@@ -20,6 +20,21 @@ fn mysql_url() -> String {
 }
 
 /// Run `outbox` with `args`; its stdout, or a panic with its stderr.
+/// Apply `script` with psql as a DBA would: stop at the first error, which fails the test.
+fn psql(script: &str) {
+    let applied = Command::new("psql")
+        .args([&pg_url(), "-v", "ON_ERROR_STOP=1", "-q", "-X"])
+        .arg("-c")
+        .arg(script)
+        .output()
+        .unwrap();
+    assert!(
+        applied.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+}
+
 fn outbox(args: &[&str]) -> String {
     let out = Command::new(BIN)
         .args(args)
@@ -105,17 +120,7 @@ async fn the_postgres_script_gives_what_migrate_gives() {
         &scripted,
     ]);
     // Applied by psql, as a DBA would: stop at the first error.
-    let applied = Command::new("psql")
-        .args([&pg_url(), "-v", "ON_ERROR_STOP=1", "-q", "-X"])
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert!(
-        applied.status.success(),
-        "psql: {}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    psql(&script);
     let url = pg_url();
     let said = outbox(&["migrate", "--database-url", &url, "--schema", &scripted]);
     assert!(said.contains("schema is current"), "{said}");
@@ -148,17 +153,7 @@ async fn the_postgres_script_includes_the_stream_table_when_wal_mode_reads_it() 
     .unwrap();
     let script = outbox(&["schema", "print", "--config", config.to_str().unwrap()]);
     assert!(script.contains("events_stream"), "{script}");
-    let applied = Command::new("psql")
-        .args([&pg_url(), "-v", "ON_ERROR_STOP=1", "-q", "-X"])
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert!(
-        applied.status.success(),
-        "psql: {}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    psql(&script);
     let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
         .bind(format!("\"{schema}\".events_stream"))
         .fetch_one(&pool)

@@ -714,7 +714,18 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_broker_means_unavailable_not_a_failed_start() {
         let sink = sink();
-        let event = Event {
+        let event = event();
+        let outcomes = sink.publish(&[event]).await;
+        assert!(
+            matches!(&outcomes[..], [Outcome::Unavailable { reason, .. }] if reason.contains("events.OrderCreated") && reason.contains("127.0.0.1:1")),
+            "{outcomes:?}"
+        );
+        assert!(sink.check().await.is_err());
+    }
+
+    /// An `OrderCreated` event of aggregate `order` `1`.
+    fn event() -> Event {
+        Event {
             seq: 1,
             id: outbox_types::EventId::new(),
             aggregate_type: "order".into(),
@@ -724,20 +735,10 @@ mod tests {
             destination: None,
             headers: Default::default(),
             idempotency_key: None,
-            occurred_at: chrono_now(),
-            enqueued_at: chrono_now(),
+            occurred_at: chrono::Utc::now(),
+            enqueued_at: chrono::Utc::now(),
             attempts: 0,
-        };
-        let outcomes = sink.publish(&[event]).await;
-        assert!(
-            matches!(&outcomes[..], [Outcome::Unavailable { reason, .. }] if reason.contains("events.OrderCreated") && reason.contains("127.0.0.1:1")),
-            "{outcomes:?}"
-        );
-        assert!(sink.check().await.is_err());
-    }
-
-    fn chrono_now() -> chrono::DateTime<chrono::Utc> {
-        chrono::Utc::now()
+        }
     }
 
     #[test]
@@ -747,20 +748,7 @@ mod tests {
         let mut headers = outbox_types::Headers::new();
         headers.insert("Content-Type".into(), "text/plain".into());
         headers.insert("trace-id".into(), "t".into());
-        let event = Event {
-            seq: 1,
-            id: outbox_types::EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: "1".into(),
-            event_type: "OrderCreated".into(),
-            payload: "{}".into(),
-            destination: None,
-            headers,
-            idempotency_key: None,
-            occurred_at: chrono_now(),
-            enqueued_at: chrono_now(),
-            attempts: 0,
-        };
+        let event = Event { headers, ..event() };
         let owned = sink.headers(&event);
         let types: Vec<_> = owned
             .iter()

@@ -639,16 +639,12 @@ fn destination(
                 "[destinations.rabbitmq]\ntype = \"rabbitmq\"\nurl = {}\n",
                 q(&format!("amqp://{host}:{port}/{}", percent_encode(vhost)))
             );
-            if let Some(user) = get("connection.username") {
-                let _ = writeln!(out, "user = {}", q(user));
-            }
-            if let Some(password) = get("connection.password") {
-                out.push_str(&password_line(
-                    password,
-                    "debezium.sink.rabbitmq.connection.password",
-                    notes,
-                ));
-            }
+            out.push_str(&credentials(
+                get("connection.username"),
+                get("connection.password"),
+                "debezium.sink.rabbitmq.connection.password",
+                notes,
+            ));
             used.extend(["connection.username", "connection.password"]);
             let _ = writeln!(out, "exchange = {}", q(get("exchange").unwrap_or("")));
             used.push("exchange");
@@ -682,16 +678,12 @@ fn destination(
                 "[destinations.redis]\ntype = \"redis\"\nurl = {}\n",
                 q(&format!("redis://{address}"))
             );
-            if let Some(user) = get("user") {
-                let _ = writeln!(out, "user = {}", q(user));
-            }
-            if let Some(password) = get("password") {
-                out.push_str(&password_line(
-                    password,
-                    "debezium.sink.redis.password",
-                    notes,
-                ));
-            }
+            out.push_str(&credentials(
+                get("user"),
+                get("password"),
+                "debezium.sink.redis.password",
+                notes,
+            ));
             used.extend(["user", "password"]);
         }
         "http" => {
@@ -716,6 +708,24 @@ fn destination(
         }
     }
     Ok(out)
+}
+
+/// A sink's `user` and password lines (`password_key` names the password's Debezium option in
+/// notes).
+fn credentials(
+    user: Option<&str>,
+    password: Option<&str>,
+    password_key: &str,
+    notes: &mut Vec<String>,
+) -> String {
+    let mut out = String::new();
+    if let Some(user) = user {
+        let _ = writeln!(out, "user = {}", toml_str(user));
+    }
+    if let Some(password) = password {
+        out.push_str(&password_line(password, password_key, notes));
+    }
+    out
 }
 
 /// A sink's password setting: `password_env` for an environment expression (`${NAME}`), else

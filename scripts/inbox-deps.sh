@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install, idempotently (check first, install only what is missing), what the writers and the
 # inbox's consumers in other languages need: a Python venv under .cache/inbox-py (psycopg, pika,
-# confluent-kafka, nats-py) and Node modules under .cache/inbox-node (pg, amqplib), pinned. Used
-# by scripts/test.sh (crates/outbox-cli/tests/writers.rs runs examples/writers with them),
-# scripts/inbox-polyglot.sh and scripts/orders.sh; prints nothing when everything is there.
+# confluent-kafka, nats-py; and redis, cloudevents, standardwebhooks for the wire-format check)
+# and Node modules under .cache/inbox-node (pg, amqplib), pinned. Used by scripts/test.sh
+# (crates/outbox-cli/tests/writers.rs runs examples/writers with them, wire_format.rs runs
+# crates/outbox-cli/tests/wire/check.py), scripts/inbox-polyglot.sh and scripts/orders.sh; prints
+# nothing when everything is there.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,7 +13,8 @@ CACHE="$ROOT/.cache"
 PYENV="$CACHE/inbox-py"
 NODEDIR="$CACHE/inbox-node"
 LOG="$CACHE/inbox-deps-install.log"
-PY_PACKAGES=("psycopg[binary]==3.3.9" "pika==1.4.4" "confluent-kafka==2.16.1" "nats-py==2.16.0")
+PY_PACKAGES=("psycopg[binary]==3.3.9" "pika==1.4.4" "confluent-kafka==2.16.1" "nats-py==2.16.0"
+    "redis==8.1.0" "cloudevents==2.2.0" "standardwebhooks==1.1.0")
 NODE_PACKAGES=("pg@8.23.1" "amqplib@2.3.1")
 
 fail() {
@@ -20,7 +23,7 @@ fail() {
 }
 mkdir -p "$CACHE"
 
-if ! "$PYENV/bin/python" -c 'import psycopg, pika, confluent_kafka, nats' >/dev/null 2>&1; then
+if ! "$PYENV/bin/python" -c 'import psycopg, pika, confluent_kafka, nats, redis, cloudevents.core, standardwebhooks' >/dev/null 2>&1; then
     echo "inbox-deps: installing ${PY_PACKAGES[*]} into $PYENV (log: $LOG)"
     command -v python3 >/dev/null || fail "python3 is not installed (apt-get install python3 python3-venv)"
     [ -x "$PYENV/bin/python" ] || python3 -m venv "$PYENV" >>"$LOG" 2>&1 \

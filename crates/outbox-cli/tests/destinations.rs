@@ -417,11 +417,11 @@ async fn a_paused_destination_holds_its_events_while_the_others_flow() {
     let received = f.received.0.lock().unwrap().clone();
     let first: Vec<&String> = received[..5]
         .iter()
-        .map(|(_, h, _)| &h["x-event-id"])
+        .map(|(_, h, _)| &h["outbox-event-id"])
         .collect();
     let again: Vec<&String> = received[5..]
         .iter()
-        .map(|(_, h, _)| &h["x-event-id"])
+        .map(|(_, h, _)| &h["outbox-event-id"])
         .collect();
     assert_eq!(first, again, "replays keep the event ids (and their order)");
     let _ = relay.0.kill();

@@ -174,8 +174,8 @@ async fn per_destination_metrics_and_sink_readiness() {
     #[derive(Clone, Default)]
     struct Seen(Arc<Mutex<HashSet<String>>>);
     async fn hook(State(seen): State<Seen>, headers: axum::http::HeaderMap) -> StatusCode {
-        let id = headers["x-event-id"].to_str().unwrap().to_owned();
-        if headers["x-event-type"] == "Poison" {
+        let id = headers["outbox-event-id"].to_str().unwrap().to_owned();
+        if headers["outbox-event-type"] == "Poison" {
             return StatusCode::BAD_REQUEST;
         }
         // Every event fails once, then goes through.

@@ -9,14 +9,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use outbox_types::routing::{Routing, Template};
+use outbox_types::routing::{CloudEventsKeys, Routing, Template};
 use outbox_types::{SinkError, humantime_duration};
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
-pub use outbox_types::routing::BodyFormat;
+pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
 
 /// What a record's timestamp says (the `CreateTime` the broker stores and consumers, retention
 /// and time-based offset lookups read).
@@ -210,6 +210,14 @@ pub struct KafkaSinkConfig {
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
     pub cloudevents_source: Option<String>,
+    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
+    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_mode: Option<CloudEventsMode>,
+    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
+    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_type_prefix: Option<String>,
     /// Talk TLS to the brokers (`security.protocol` `ssl`, or `sasl_ssl` with a `user`).
     pub tls: bool,
     /// PEM file of the CA that signed the brokers' certificates (`ssl.ca.location`); the system
@@ -270,6 +278,8 @@ impl Default for KafkaSinkConfig {
             format: BodyFormat::Raw,
             record_timestamp: RecordTimestamp::PublishTime,
             cloudevents_source: None,
+            cloudevents_mode: None,
+            cloudevents_type_prefix: None,
             tls: false,
             tls_ca_file: None,
             user: None,
@@ -380,7 +390,11 @@ impl KafkaSinkConfig {
     pub fn routing(&self) -> Result<Routing, SinkError> {
         let format = self
             .format
-            .payload_format(self.cloudevents_source.as_deref())
+            .payload_format(CloudEventsKeys {
+                source: self.cloudevents_source.as_deref(),
+                mode: self.cloudevents_mode,
+                type_prefix: self.cloudevents_type_prefix.as_deref(),
+            })
             .map_err(config_error)?;
         Ok(Routing::new(self.topic.clone()).with_format(format))
     }

@@ -17,8 +17,10 @@
 //!   `outbox-aggregate-type`, `outbox-aggregate-id`, `outbox-occurred-at`,
 //!   `outbox-idempotency-key`, then the event's own headers such as `traceparent`), plus
 //!   `content-type` (`application/json`, or `application/cloudevents+json` — the CloudEvents
-//!   Kafka binding's structured mode).
-//! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope.
+//!   Kafka binding's structured mode); in CloudEvents binary mode the attributes as `ce_`
+//!   headers (the key is the `partitionkey`, as the binding has it).
+//! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope (binary mode:
+//!   the stored bytes).
 //! - **`format = "debezium"`**: what Debezium's Outbox Event Router emits through Kafka
 //!   Connect's JSON converter — key = the aggregate id as a JSON string, value = the payload as
 //!   stored (no value at all, a tombstone, for a `null` payload), headers `id` and the event's
@@ -91,7 +93,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use outbox_types::routing::{PayloadFormat, Routing, header};
+use outbox_types::routing::{Binding, PayloadFormat, Routing, header};
 use outbox_types::{Event, Outcome, Sink, SinkError, truncate_error};
 use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -273,7 +275,8 @@ impl KafkaSink {
     }
 
     fn headers(&self, event: &Event) -> OwnedHeaders {
-        let headers = self.routing.headers(event);
+        let mut headers = self.routing.headers(event);
+        headers.extend(self.routing.cloudevents_headers(event, Binding::Kafka));
         let mut owned = OwnedHeaders::new_with_capacity(headers.len() + 1);
         // Debezium's records carry no content type; its consumers see exactly its headers.
         let ours = self.routing.format != PayloadFormat::Debezium;

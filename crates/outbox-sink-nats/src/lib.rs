@@ -13,7 +13,8 @@
 //! - **Headers**: the routing headers (`outbox-event-id`, `outbox-event-type`,
 //!   `outbox-aggregate-type`, `outbox-aggregate-id` — the key —, `outbox-occurred-at`,
 //!   `outbox-idempotency-key`, then the event's own headers such as `traceparent`),
-//!   `Content-Type`, and **`Nats-Msg-Id` = the event id**. JetStream drops a second message with
+//!   `content-type` (`Content-Type` with `legacy_headers = true`), CloudEvents binary mode's
+//!   `ce-` attributes, and **`Nats-Msg-Id` = the event id**. JetStream drops a second message with
 //!   the same id inside the stream's duplicate window, so the relay's at-least-once redelivery
 //!   (an ack lost on the way back, a relay crash) does not store an event twice. An event header
 //!   whose name starts with `Nats-` is *not* forwarded: those headers steer JetStream itself
@@ -74,7 +75,7 @@ use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{Routing, Template};
+use outbox_types::routing::{Binding, CloudEventsKeys, Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
@@ -82,7 +83,7 @@ use tracing::{debug, warn};
 
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
-pub use outbox_types::routing::BodyFormat;
+pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
 
 /// A secret read from configuration; never printed.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -133,6 +134,17 @@ pub struct NatsSinkConfig {
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
     pub cloudevents_source: Option<String>,
+    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
+    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_mode: Option<CloudEventsMode>,
+    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
+    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_type_prefix: Option<String>,
+    /// Send the header names of earlier releases (`Content-Type` instead of `content-type`)
+    /// for consumers that look them up with case; default `false`.
+    pub legacy_headers: bool,
     /// Require TLS on every connection (also implied by a `tls://` URL).
     pub tls: bool,
     /// A PEM file of CA certificates to trust instead of the system's roots (a private CA).
@@ -182,6 +194,9 @@ impl Default for NatsSinkConfig {
             subject: default_subject(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
+            cloudevents_mode: None,
+            cloudevents_type_prefix: None,
+            legacy_headers: false,
             tls: false,
             tls_ca_file: None,
             user: None,
@@ -213,7 +228,11 @@ impl NatsSinkConfig {
     pub fn routing(&self) -> Result<Routing, SinkError> {
         let format = self
             .format
-            .payload_format(self.cloudevents_source.as_deref())
+            .payload_format(CloudEventsKeys {
+                source: self.cloudevents_source.as_deref(),
+                mode: self.cloudevents_mode,
+                type_prefix: self.cloudevents_type_prefix.as_deref(),
+            })
             .map_err(config_error)?;
         let subject = self.subject.as_str();
         if subject.chars().any(char::is_whitespace)
@@ -320,6 +339,8 @@ struct ConnectionNews {
 /// Publishes events to NATS JetStream. See the [crate docs](crate).
 pub struct NatsSink {
     routing: Routing,
+    /// See the configuration's `legacy_headers`.
+    legacy_headers: bool,
     client: async_nats::Client,
     jetstream: jetstream::Context,
     servers: String,
@@ -355,6 +376,7 @@ impl NatsSink {
         };
         Ok(NatsSink {
             routing,
+            legacy_headers: config.legacy_headers,
             client,
             jetstream,
             servers,
@@ -451,7 +473,9 @@ impl NatsSink {
             )
         })?;
         let mut headers = HeaderMap::new();
-        for (name, value) in unique_headers(self.routing.headers(event)) {
+        let mut routing_headers = self.routing.headers(event);
+        routing_headers.extend(self.routing.cloudevents_headers(event, Binding::Nats));
+        for (name, value) in unique_headers(routing_headers) {
             if name.len() >= 5 && name[..5].eq_ignore_ascii_case("nats-") {
                 debug!(event_id = %event.id, header = %name, "NATS control header from the event not forwarded");
                 continue;
@@ -468,7 +492,12 @@ impl NatsSink {
             })?;
             headers.append(header_name, header_value);
         }
-        headers.insert("Content-Type", self.routing.content_type());
+        let content_type = if self.legacy_headers {
+            "Content-Type"
+        } else {
+            "content-type"
+        };
+        headers.insert(content_type, self.routing.content_type());
         headers.insert(
             async_nats::header::NATS_MESSAGE_ID,
             event.id.to_string().as_str(),

@@ -10,13 +10,13 @@ use std::time::Duration;
 use lapin::ExchangeKind;
 use lapin::uri::{AMQPScheme, AMQPUri};
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{Routing, Template};
+use outbox_types::routing::{CloudEventsKeys, Routing, Template};
 use outbox_types::{SinkError, humantime_duration};
 use serde::{Deserialize, Serialize};
 
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
-pub use outbox_types::routing::BodyFormat;
+pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
 
 /// The type of the exchanges created with `declare = true`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -137,6 +137,14 @@ pub struct RabbitMqSinkConfig {
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
     pub cloudevents_source: Option<String>,
+    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
+    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_mode: Option<CloudEventsMode>,
+    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
+    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_type_prefix: Option<String>,
     /// Publish with `mandatory`, so a message no queue receives comes back instead of vanishing.
     pub mandatory: bool,
     /// What a message returned as unroutable counts as: `retry` (default) or `reject`. Never
@@ -178,6 +186,8 @@ impl Default for RabbitMqSinkConfig {
             routing_key: default_routing_key(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
+            cloudevents_mode: None,
+            cloudevents_type_prefix: None,
             mandatory: true,
             unroutable: Unroutable::Retry,
             persistent: true,
@@ -216,7 +226,11 @@ impl RabbitMqSinkConfig {
     pub fn routing(&self) -> Result<Routing, SinkError> {
         let format = self
             .format
-            .payload_format(self.cloudevents_source.as_deref())
+            .payload_format(CloudEventsKeys {
+                source: self.cloudevents_source.as_deref(),
+                mode: self.cloudevents_mode,
+                type_prefix: self.cloudevents_type_prefix.as_deref(),
+            })
             .map_err(config_error)?;
         Ok(Routing::new(self.routing_key.clone()).with_format(format))
     }

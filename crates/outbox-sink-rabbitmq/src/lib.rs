@@ -22,8 +22,12 @@
 //!   `app_id` = `client_name`.
 //! - **Headers** (an AMQP table of long strings): `outbox-event-id`, `outbox-event-type`,
 //!   `outbox-aggregate-type`, `outbox-aggregate-id` (the key), `outbox-occurred-at`,
-//!   `outbox-idempotency-key`, then the event's own headers such as `traceparent`.
-//! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope.
+//!   `outbox-idempotency-key`, then the event's own headers such as `traceparent`; and
+//!   [`TIMESTAMP_IN_MS`] (`timestamp_in_ms`, a 64-bit integer: the property `timestamp` has
+//!   whole seconds only). CloudEvents binary mode adds the attributes as `ce-` headers, as
+//!   RabbitMQ's CloudEvents binding names them.
+//! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope (binary mode:
+//!   the stored bytes).
 //!
 //! The sink **declares nothing** unless `declare = true`, which creates each exchange (durable,
 //! of `exchange_type`, default `topic`) on first use. Queues and bindings belong to consumers.
@@ -95,7 +99,7 @@ use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
-use outbox_types::routing::{Routing, Template};
+use outbox_types::routing::{Binding, Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, truncate_error};
 use tracing::{debug, info, warn};
 
@@ -106,6 +110,8 @@ const MAX_IDLE_CHANNELS: usize = 8;
 
 /// The longest AMQP short string (exchange, routing key, header name, property).
 const SHORT_STRING_MAX: usize = 255;
+/// The header holding `occurred_at` in Unix milliseconds (a signed 64-bit integer).
+pub const TIMESTAMP_IN_MS: &str = "timestamp_in_ms";
 
 /// Publishes events to RabbitMQ. See the [crate docs](crate).
 pub struct RabbitMqSink {
@@ -441,7 +447,9 @@ impl RabbitMqSink {
             )));
         }
         let mut headers = FieldTable::default();
-        for (name, value) in self.routing.headers(event) {
+        let mut routing_headers = self.routing.headers(event);
+        routing_headers.extend(self.routing.cloudevents_headers(event, Binding::RabbitMq));
+        for (name, value) in routing_headers {
             if name.len() > SHORT_STRING_MAX {
                 return Err(Outcome::reject(truncate_error(&format!(
                     "header name `{name}` is longer than 255 bytes, which AMQP cannot carry: shorten it"
@@ -452,6 +460,12 @@ impl RabbitMqSink {
                 AMQPValue::LongString(LongString::from(value)),
             );
         }
+        // The `timestamp` property has whole seconds only; this header keeps the milliseconds,
+        // under the name RabbitMQ's own message-timestamp plugin uses.
+        headers.insert(
+            ShortString::from(TIMESTAMP_IN_MS),
+            AMQPValue::LongLongInt(event.occurred_at.timestamp_millis()),
+        );
         let mut properties = BasicProperties::default()
             .with_message_id(ShortString::from(event.id.to_string()))
             .with_content_type(ShortString::from(self.routing.content_type()))

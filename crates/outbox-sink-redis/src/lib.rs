@@ -71,7 +71,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{Routing, Template};
+use outbox_types::routing::{CloudEventsKeys, PayloadFormat, Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, IntoConnectionInfo, RedisError, Value};
@@ -81,7 +81,7 @@ use tracing::{debug, warn};
 
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
-pub use outbox_types::routing::BodyFormat;
+pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
 
 /// A secret read from configuration; never printed.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -132,6 +132,14 @@ pub struct RedisSinkConfig {
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
     pub cloudevents_source: Option<String>,
+    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
+    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_mode: Option<CloudEventsMode>,
+    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
+    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_type_prefix: Option<String>,
     /// Trim each stream to about this many entries (`XADD … MAXLEN ~ N`); unset keeps everything.
     pub maxlen: Option<u64>,
     /// Use TLS even when the URL says `redis://` (a `rediss://` URL always does).
@@ -165,6 +173,8 @@ impl Default for RedisSinkConfig {
             stream: default_stream(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
+            cloudevents_mode: None,
+            cloudevents_type_prefix: None,
             maxlen: None,
             tls: false,
             user: None,
@@ -194,8 +204,19 @@ impl RedisSinkConfig {
     pub fn routing(&self) -> Result<Routing, SinkError> {
         let format = self
             .format
-            .payload_format(self.cloudevents_source.as_deref())
+            .payload_format(CloudEventsKeys {
+                source: self.cloudevents_source.as_deref(),
+                mode: self.cloudevents_mode,
+                type_prefix: self.cloudevents_type_prefix.as_deref(),
+            })
             .map_err(config_error)?;
+        if let PayloadFormat::CloudEvents(ce) = &format
+            && ce.mode == CloudEventsMode::Binary
+        {
+            return Err(config_error(
+                "`cloudevents_mode = \"binary\"` is not available on Redis Streams: CloudEvents defines no Redis binding, so there are no attribute names a consumer could expect; use `cloudevents_mode = \"structured\"` (the default), whose entry `payload` is the JSON envelope",
+            ));
+        }
         Ok(Routing::new(self.stream.clone()).with_format(format))
     }
 }
@@ -662,6 +683,14 @@ mod tests {
             (r#"{"maxlen": 0}"#, "maxlen = 0"),
             (r#"{"client_name": "a b"}"#, "client_name"),
             (r#"{"format": "cloudevents"}"#, "cloudevents_source"),
+            (
+                r#"{"format": "cloudevents", "cloudevents_source": "/s", "cloudevents_mode": "binary"}"#,
+                "no Redis binding",
+            ),
+            (
+                r#"{"cloudevents_mode": "binary"}"#,
+                "applies only with `format = \"cloudevents\"`",
+            ),
         ];
         for (json, expected) in cases {
             let config: RedisSinkConfig = serde_json::from_str(json).unwrap();

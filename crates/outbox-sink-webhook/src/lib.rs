@@ -36,14 +36,17 @@
 //!
 //! - **Headers**: `Content-Type` (`application/json`, or `application/cloudevents+json`),
 //!   `Idempotency-Key` (the writer's idempotency key if it set one, else the event id: the
-//!   receiver deduplicates on it), `X-Event-Id`, `X-Event-Type`, the routing headers
+//!   receiver deduplicates on it), the routing headers
 //!   (`outbox-event-id`, `outbox-aggregate-id` — the key —, …, and the event's own headers such
 //!   as `traceparent`), `Authorization` when configured, and the signature headers when a secret
 //!   is configured. An event header that would change how the request is framed or routed
 //!   (`Host`, `Content-Length`, `Transfer-Encoding`, `Connection`, …) or that would replace one
 //!   of the sink's own (including `webhook-id`, `webhook-timestamp`, `webhook-signature`) is not
-//!   forwarded.
-//! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope.
+//!   forwarded. `X-Event-Id` and `X-Event-Type`, which earlier releases sent, come back with
+//!   `legacy_headers = true`.
+//! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope; in CloudEvents
+//!   binary mode the stored bytes, with the attributes as `ce-` headers (percent-encoded as the
+//!   HTTP binding says).
 //! - **`format = "debezium"`**: the body as stored (an empty body for a `null` payload), the
 //!   headers `id` and the event's own as JSON strings instead of the routing headers (see
 //!   [`PayloadFormat::Debezium`](outbox_types::routing::PayloadFormat::Debezium)); an event
@@ -163,7 +166,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use outbox_types::redact::{redact_in_text, redact_url};
-use outbox_types::routing::{Routing, Template};
+use outbox_types::routing::{Binding, CloudEventsKeys, Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -182,7 +185,7 @@ use target::Targets;
 
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
-pub use outbox_types::routing::BodyFormat;
+pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
 
 /// Printed configurations (`outbox config check`) show the `url` template with a password,
 /// token or credential-like query value masked.
@@ -218,6 +221,17 @@ pub struct WebhookSinkConfig {
     /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
     /// `format = "cloudevents"`.
     pub cloudevents_source: Option<String>,
+    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
+    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_mode: Option<CloudEventsMode>,
+    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
+    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
+    /// `format = "cloudevents"`.
+    pub cloudevents_type_prefix: Option<String>,
+    /// Also send the headers of earlier releases, `x-event-id` and `x-event-type` (the
+    /// same values as `outbox-event-id` and `outbox-event-type`); default `false`.
+    pub legacy_headers: bool,
     /// Only send to `https://` URLs (a plain `http://` URL is then rejected).
     pub tls: bool,
     /// HTTP Basic user name, with `password` or `password_env` (`user`, as in every sink).
@@ -270,6 +284,9 @@ impl Default for WebhookSinkConfig {
             allowed_hosts: Vec::new(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
+            cloudevents_mode: None,
+            cloudevents_type_prefix: None,
+            legacy_headers: false,
             tls: false,
             user: None,
             username: None,
@@ -384,6 +401,8 @@ const RESERVED: &[&str] = &[
 /// Posts events to a webhook. See the [crate docs](crate).
 pub struct WebhookSink {
     routing: Routing,
+    /// See the configuration's `legacy_headers`.
+    legacy_headers: bool,
     /// Decides each event's URL; the only way to get a URL credentials may go to.
     targets: Targets,
     client: reqwest::Client,
@@ -427,7 +446,11 @@ impl WebhookSink {
             .with_topic_destinations(config.format == BodyFormat::Debezium);
         let format = config
             .format
-            .payload_format(config.cloudevents_source.as_deref())
+            .payload_format(CloudEventsKeys {
+                source: config.cloudevents_source.as_deref(),
+                mode: config.cloudevents_mode,
+                type_prefix: config.cloudevents_type_prefix.as_deref(),
+            })
             .map_err(config_error)?;
         let routing = Routing::new(template).with_format(format);
 
@@ -568,6 +591,7 @@ impl WebhookSink {
             })?;
         Ok(WebhookSink {
             routing,
+            legacy_headers: config.legacy_headers,
             targets,
             client,
             limit: Arc::new(Semaphore::new(config.concurrency)),
@@ -588,7 +612,9 @@ impl WebhookSink {
             Some(Signing::OutboxV1 { header, .. }) => Some(header.as_str()),
             _ => None,
         };
-        for (name, value) in unique_headers(self.routing.headers(event)) {
+        let mut routing_headers = self.routing.headers(event);
+        routing_headers.extend(self.routing.cloudevents_headers(event, Binding::Http));
+        for (name, value) in unique_headers(routing_headers) {
             let lower = name.to_ascii_lowercase();
             if RESERVED.contains(&lower.as_str()) || signature_header == Some(lower.as_str()) {
                 debug!(event_id = %event.id, header = %name, "event header not forwarded");
@@ -617,14 +643,16 @@ impl WebhookSink {
                 "idempotency key",
             )?,
         );
-        headers.insert(
-            HeaderName::from_static("x-event-id"),
-            text(&id, "event id")?,
-        );
-        headers.insert(
-            HeaderName::from_static("x-event-type"),
-            text(&event.event_type, "event type")?,
-        );
+        if self.legacy_headers {
+            headers.insert(
+                HeaderName::from_static("x-event-id"),
+                text(&id, "event id")?,
+            );
+            headers.insert(
+                HeaderName::from_static("x-event-type"),
+                text(&event.event_type, "event type")?,
+            );
+        }
         // `target` is the configured origin or an allowed host (see `target`): the only
         // places the credentials may go.
         if let Some(auth) = &self.authorization {

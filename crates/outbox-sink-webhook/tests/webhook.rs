@@ -180,18 +180,22 @@ async fn relay_posts_exactly_the_committed_events_signed_with_headers_and_order(
     );
     let got: HashSet<String> = requests
         .iter()
-        .map(|r| header(r, "X-Event-Id").unwrap())
+        .map(|r| header(r, "outbox-event-id").unwrap())
         .collect();
     let want: HashSet<String> = committed_ids.iter().map(|i| i.to_string()).collect();
     assert_eq!(got, want, "exactly the committed events");
 
     let mut order = Vec::new();
     for r in &requests {
-        let id = header(r, "X-Event-Id").unwrap();
+        let id = header(r, "outbox-event-id").unwrap();
         let payload: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         let aggregate = payload["aggregate"].as_str().unwrap().to_owned();
         assert_ne!(aggregate, "ghost");
-        assert_eq!(header(r, "X-Event-Type").as_deref(), Some("Numbered"));
+        assert_eq!(header(r, "outbox-event-type").as_deref(), Some("Numbered"));
+        assert!(
+            header(r, "x-event-id").is_none(),
+            "legacy_headers is off by default"
+        );
         assert_eq!(
             header(r, "content-type").as_deref(),
             Some("application/json")
@@ -460,7 +464,7 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
     let got: HashSet<String> = receiver
         .requests()
         .iter()
-        .map(|r| header(r, "X-Event-Id").unwrap())
+        .map(|r| header(r, "outbox-event-id").unwrap())
         .collect();
     let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
     assert_eq!(got, want);

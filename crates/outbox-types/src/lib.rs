@@ -33,6 +33,7 @@
 
 mod error;
 mod event;
+pub mod cloudevents;
 pub mod redact;
 mod retry;
 pub mod route;

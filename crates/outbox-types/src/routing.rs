@@ -6,8 +6,10 @@
 //! - **Key**: the aggregate id, so one aggregate stays in one partition / ordering lane.
 //! - **Headers**: the event id, type, aggregate type and id, occurred_at and idempotency key, under
 //!   the names in [`header`], then the event's own headers (which may carry a W3C `traceparent`).
-//! - **Body**: the stored JSON bytes as they are, or a CloudEvents 1.0 structured envelope
-//!   around them ([`PayloadFormat::CloudEvents`]).
+//! - **Body**: the stored JSON bytes as they are, or CloudEvents 1.0
+//!   ([`PayloadFormat::CloudEvents`]): a structured envelope around them, or (binary mode) the
+//!   bytes as they are with the attributes as headers named by the protocol's binding
+//!   ([`Routing::cloudevents_headers`]).
 //! - **Debezium shape** ([`PayloadFormat::Debezium`]): what consumers of Debezium's Outbox Event
 //!   Router read with Kafka Connect's JSON converter — the key as a JSON string, the body as
 //!   stored, one `id` header plus the event's own headers as JSON strings, and no body at all
@@ -28,6 +30,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::cloudevents::{Binding, CloudEvents, Mode as CloudEventsMode};
 use crate::event::Event;
 
 /// Header names every sink uses for the event's own fields.
@@ -248,8 +251,8 @@ pub enum BodyFormat {
     /// The stored JSON bytes, untouched (`application/json`).
     #[default]
     Raw,
-    /// A CloudEvents 1.0 structured-mode envelope (`application/cloudevents+json`; needs
-    /// `cloudevents_source`).
+    /// CloudEvents 1.0 (needs `cloudevents_source`; `cloudevents_mode` picks structured or
+    /// binary), see [`crate::cloudevents`].
     #[serde(alias = "cloud_events")]
     Cloudevents,
     /// The message shape of Debezium's Outbox Event Router with the JSON converter
@@ -257,20 +260,50 @@ pub enum BodyFormat {
     Debezium,
 }
 
+/// The CloudEvents keys of a sink's configuration, as written: `cloudevents_source`,
+/// `cloudevents_mode`, `cloudevents_type_prefix`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CloudEventsKeys<'a> {
+    /// `cloudevents_source`.
+    pub source: Option<&'a str>,
+    /// `cloudevents_mode`.
+    pub mode: Option<CloudEventsMode>,
+    /// `cloudevents_type_prefix`.
+    pub type_prefix: Option<&'a str>,
+}
+
 impl BodyFormat {
-    /// The [`PayloadFormat`] this names; `cloudevents_source` is the sink's setting of that
-    /// name. The error says what to add.
-    pub fn payload_format(self, cloudevents_source: Option<&str>) -> Result<PayloadFormat, String> {
+    /// The [`PayloadFormat`] this names, with the sink's CloudEvents keys. The error names the
+    /// key to add or remove.
+    pub fn payload_format(self, ce: CloudEventsKeys<'_>) -> Result<PayloadFormat, String> {
+        // Binary mode asked for with another format is a mistake that would go unnoticed (the
+        // consumer would get no attributes): refused. The other CloudEvents keys, like
+        // `cloudevents_source`, are only read with that format, so switching `format` back and
+        // forth does not mean editing them out.
+        if self != BodyFormat::Cloudevents && ce.mode == Some(CloudEventsMode::Binary) {
+            return Err(
+                "`cloudevents_mode = \"binary\"` applies only with `format = \"cloudevents\"`: set that format, or remove `cloudevents_mode`"
+                    .to_owned(),
+            );
+        }
         Ok(match self {
             BodyFormat::Raw => PayloadFormat::Raw,
             BodyFormat::Debezium => PayloadFormat::Debezium,
             BodyFormat::Cloudevents => {
-                let source = cloudevents_source
+                let source = ce
+                    .source
                     .filter(|s| !s.trim().is_empty())
                     .ok_or("`format = \"cloudevents\"` needs `cloudevents_source`, the CloudEvents `source` attribute (e.g. `cloudevents_source = \"/orders-service\"`)")?;
-                PayloadFormat::CloudEvents {
-                    source: source.to_owned(),
+                let mut out = CloudEvents::new(source).with_mode(ce.mode.unwrap_or_default());
+                if let Some(prefix) = ce.type_prefix {
+                    if prefix.trim().is_empty() || prefix.chars().any(char::is_whitespace) {
+                        return Err(format!(
+                            "`cloudevents_type_prefix = {prefix:?}` is not a type prefix: use reverse-DNS text without spaces, e.g. `com.example.orders`"
+                        ));
+                    }
+                    out = out.with_type_prefix(prefix);
                 }
+                PayloadFormat::CloudEvents(out)
             }
         })
     }
@@ -283,11 +316,9 @@ pub enum PayloadFormat {
     /// The stored JSON bytes, untouched.
     #[default]
     Raw,
-    /// A CloudEvents 1.0 JSON envelope (structured mode) with the payload as `data`.
-    CloudEvents {
-        /// The CloudEvents `source` attribute, e.g. `/orders-service`.
-        source: String,
-    },
+    /// CloudEvents 1.0, structured (a JSON envelope with the payload as `data`) or binary (the
+    /// payload as the body, the attributes as headers): see [`crate::cloudevents`].
+    CloudEvents(CloudEvents),
     /// What Debezium's Outbox Event Router emits through Kafka Connect's JSON converter
     /// (`converter.schemas.enable=false`), so its consumers read our messages unchanged:
     ///
@@ -379,10 +410,14 @@ impl Routing {
         if let Some(k) = &event.idempotency_key {
             out.push((header::IDEMPOTENCY_KEY.to_owned(), k.clone()));
         }
+        let binary = matches!(&self.format, PayloadFormat::CloudEvents(ce) if ce.mode == CloudEventsMode::Binary);
         for (name, value) in &event.headers {
-            if !name.starts_with("outbox-") {
-                out.push((name.clone(), value.clone()));
+            if name.starts_with("outbox-")
+                || (binary && crate::cloudevents::is_binding_attribute(name))
+            {
+                continue;
             }
+            out.push((name.clone(), value.clone()));
         }
         out
     }
@@ -393,15 +428,28 @@ impl Routing {
             PayloadFormat::Raw => event.payload.as_bytes().to_vec(),
             PayloadFormat::Debezium if self.is_tombstone(event) => Vec::new(),
             PayloadFormat::Debezium => event.payload.as_bytes().to_vec(),
-            PayloadFormat::CloudEvents { source } => cloudevent(event, source).into_bytes(),
+            PayloadFormat::CloudEvents(ce) if ce.mode == CloudEventsMode::Binary => {
+                event.payload.as_bytes().to_vec()
+            }
+            PayloadFormat::CloudEvents(ce) => ce.envelope(event).into_bytes(),
         }
     }
 
     /// The body's content type.
     pub fn content_type(&self) -> &'static str {
-        match self.format {
+        match &self.format {
             PayloadFormat::Raw | PayloadFormat::Debezium => "application/json",
-            PayloadFormat::CloudEvents { .. } => "application/cloudevents+json",
+            PayloadFormat::CloudEvents(ce) => ce.content_type(),
+        }
+    }
+
+    /// CloudEvents binary mode's attribute headers for `binding` (see
+    /// [`CloudEvents::headers`]); empty in every other format. A sink sends them beside
+    /// [`headers`](Routing::headers).
+    pub fn cloudevents_headers(&self, event: &Event, binding: Binding) -> Vec<(String, String)> {
+        match &self.format {
+            PayloadFormat::CloudEvents(ce) => ce.headers(event, binding),
+            _ => Vec::new(),
         }
     }
 }
@@ -442,37 +490,6 @@ pub fn escape_non_bmp(json: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
-}
-
-/// A CloudEvents 1.0 structured-mode JSON envelope whose `data` is the stored payload, spliced in
-/// byte for byte.
-pub fn cloudevent(event: &Event, source: &str) -> String {
-    let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned());
-    let mut out = String::with_capacity(event.payload.len() + 256);
-    out.push_str("{\"specversion\":\"1.0\",\"id\":");
-    out.push_str(&quote(&event.id.to_string()));
-    out.push_str(",\"source\":");
-    out.push_str(&quote(source));
-    out.push_str(",\"type\":");
-    out.push_str(&quote(&event.event_type));
-    out.push_str(",\"subject\":");
-    out.push_str(&quote(&event.aggregate_id));
-    out.push_str(",\"time\":");
-    out.push_str(&quote(&event.occurred_at.to_rfc3339()));
-    out.push_str(",\"datacontenttype\":\"application/json\",\"aggregatetype\":");
-    out.push_str(&quote(&event.aggregate_type));
-    if let Some(k) = &event.idempotency_key {
-        out.push_str(",\"idempotencykey\":");
-        out.push_str(&quote(k));
-    }
-    if let Some(tp) = event.headers.get("traceparent") {
-        out.push_str(",\"traceparent\":");
-        out.push_str(&quote(tp));
-    }
-    out.push_str(",\"data\":");
-    out.push_str(&event.payload);
-    out.push('}');
-    out
 }
 
 #[cfg(test)]
@@ -555,9 +572,8 @@ mod tests {
     #[test]
     fn cloudevents_envelope_is_valid_json_with_the_payload_as_data() {
         let e = event();
-        let routing = Routing::new(Template::fixed("t")).with_format(PayloadFormat::CloudEvents {
-            source: "/orders".into(),
-        });
+        let routing = Routing::new(Template::fixed("t"))
+            .with_format(PayloadFormat::CloudEvents(CloudEvents::new("/orders")));
         let body = String::from_utf8(routing.body(&e)).unwrap();
         assert!(body.contains(r#""data":{"amount": 1999}"#), "{body}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -591,14 +607,46 @@ mod tests {
 
     #[test]
     fn body_format_names_its_payload_format_and_what_cloudevents_needs() {
+        let keys = CloudEventsKeys::default();
         assert_eq!(
-            BodyFormat::Debezium.payload_format(None),
+            BodyFormat::Debezium.payload_format(keys),
             Ok(PayloadFormat::Debezium)
         );
-        let err = BodyFormat::Cloudevents
-            .payload_format(Some(" "))
-            .unwrap_err();
+        let blank = CloudEventsKeys {
+            source: Some(" "),
+            ..keys
+        };
+        let err = BodyFormat::Cloudevents.payload_format(blank).unwrap_err();
         assert!(err.contains("cloudevents_source"), "{err}");
+        let binary = CloudEventsKeys {
+            mode: Some(CloudEventsMode::Binary),
+            ..keys
+        };
+        let err = BodyFormat::Raw.payload_format(binary).unwrap_err();
+        assert!(
+            err.contains("`cloudevents_mode = \"binary\"` applies only"),
+            "{err}"
+        );
+        let spaced = CloudEventsKeys {
+            source: Some("/s"),
+            type_prefix: Some("com example"),
+            ..keys
+        };
+        let err = BodyFormat::Cloudevents.payload_format(spaced).unwrap_err();
+        assert!(err.contains("cloudevents_type_prefix"), "{err}");
+        let ok = CloudEventsKeys {
+            source: Some("/s"),
+            type_prefix: Some("com.example"),
+            ..binary
+        };
+        assert_eq!(
+            BodyFormat::Cloudevents.payload_format(ok),
+            Ok(PayloadFormat::CloudEvents(
+                CloudEvents::new("/s")
+                    .with_mode(CloudEventsMode::Binary)
+                    .with_type_prefix("com.example")
+            ))
+        );
         let f: BodyFormat = serde_json::from_str("\"cloud_events\"").unwrap();
         assert_eq!(f, BodyFormat::Cloudevents);
     }

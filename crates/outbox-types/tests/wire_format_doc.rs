@@ -2,7 +2,9 @@
 //! header name and content type the routing puts on a message must be in it, so renaming one
 //! without the document fails here.
 
-use outbox_types::routing::{PayloadFormat, Routing, Template, header};
+use outbox_types::routing::{
+    CloudEvents, CloudEventsMode, PayloadFormat, Routing, Template, header,
+};
 use outbox_types::{Event, EventId};
 
 fn doc() -> String {
@@ -32,9 +34,8 @@ fn every_header_and_content_type_the_routing_sends_is_documented() {
     let doc = doc();
     let formats = [
         PayloadFormat::Raw,
-        PayloadFormat::CloudEvents {
-            source: "/s".into(),
-        },
+        PayloadFormat::CloudEvents(CloudEvents::new("/s")),
+        PayloadFormat::CloudEvents(CloudEvents::new("/s").with_mode(CloudEventsMode::Binary)),
         PayloadFormat::Debezium,
     ];
     for format in formats {

@@ -148,31 +148,33 @@ fn print_record(r: &EventRecord) {
     field("payload", &e.payload);
 }
 
-/// `outbox dead retry` / `discard`.
+/// `outbox dead requeue` / `outbox dead purge`.
 pub async fn act(
     store: &dyn Store,
     filter: DeadFilter,
-    retry: bool,
+    requeue: bool,
     as_json: bool,
 ) -> anyhow::Result<()> {
     let asked = match &filter {
         DeadFilter::Ids(ids) => Some(ids.len()),
         DeadFilter::All => None,
     };
-    let n = if retry {
+    let n = if requeue {
         store
             .requeue_dead(&filter)
             .await
             .context("requeue failed")?
     } else {
-        store
-            .discard_dead(&filter)
-            .await
-            .context("discard failed")?
+        store.discard_dead(&filter).await.context("purge failed")?
     };
-    let verb = if retry { "requeued" } else { "discarded" };
+    let verb = if requeue { "requeued" } else { "purged" };
     if as_json {
-        println!("{}", json!({ verb: n, "asked": asked }));
+        let mut out = json!({ verb: n, "asked": asked });
+        if !requeue {
+            // The key of earlier releases, kept for scripts that read it (see CHANGELOG.md).
+            out["discarded"] = json!(n);
+        }
+        println!("{out}");
     } else {
         println!("{verb} {n} dead event(s)");
         if let Some(asked) = asked
@@ -187,9 +189,9 @@ pub async fn act(
     Ok(())
 }
 
-/// `outbox cleanup`: delete delivered events older than `older_than` (and dead events older than
+/// `outbox purge`: delete delivered events older than `older_than` (and dead events older than
 /// `dead_older_than`, when dead retention is on), in batches by primary key.
-pub async fn cleanup(
+pub async fn purge_expired(
     store: &dyn Store,
     older_than: Duration,
     dead_older_than: Option<Duration>,

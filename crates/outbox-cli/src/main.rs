@@ -98,12 +98,13 @@ enum Command {
     /// Validate a configuration and print the effective settings (secrets masked).
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Inspect, requeue or discard dead events.
+    /// Inspect, requeue or purge dead events.
     #[command(subcommand)]
     Dead(DeadCommand),
-    /// Delete delivered events older than the retention period, now (the relay also does it on
-    /// its schedule).
-    Cleanup(CleanupArgs),
+    /// Purge: delete delivered events older than the retention period, now (the relay also does
+    /// it on its schedule). `cleanup` is the old spelling.
+    #[command(alias = "cleanup")]
+    Purge(PurgeArgs),
     /// The consumer-side inbox, for consumers in any language: create its tables and claim
     /// routine, show its state, purge old rows, list parked messages (docs/inbox.md).
     #[command(subcommand)]
@@ -338,8 +339,10 @@ enum DeadCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Make dead events pending again (attempts reset), due now.
-    Retry {
+    /// Requeue: make dead events pending again (attempts reset), due now. `retry` is the old
+    /// spelling.
+    #[command(alias = "retry")]
+    Requeue {
         #[command(flatten)]
         db: DbArgs,
         /// Event ids.
@@ -351,8 +354,9 @@ enum DeadCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete dead events for good.
-    Discard {
+    /// Purge: delete dead events for good. `discard` is the old spelling.
+    #[command(alias = "discard")]
+    Purge {
         #[command(flatten)]
         db: DbArgs,
         /// Event ids.
@@ -367,7 +371,7 @@ enum DeadCommand {
 }
 
 #[derive(Args)]
-struct CleanupArgs {
+struct PurgeArgs {
     #[command(flatten)]
     db: DbArgs,
     /// Override `retention.delivered`, e.g. `7d`.
@@ -524,7 +528,13 @@ impl DbArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some((old, new)) = deprecated_spelling(&args) {
+        eprintln!(
+            "warning: `outbox {old}` is deprecated: use `outbox {new}` (the same command; the old spelling goes in a later release)"
+        );
+    }
+    let cli = Cli::parse_from(&args);
     init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -610,7 +620,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Dead(command) => dead(command).await,
-        Command::Cleanup(args) => cleanup(args).await,
+        Command::Purge(args) => purge(args).await,
         Command::Inbox(command) => inbox_command(command).await,
     }
 }
@@ -1143,12 +1153,12 @@ async fn dead(command: DeadCommand) -> anyhow::Result<()> {
             let (_, store) = open(&db).await?;
             admin::show(store.dyn_store().as_ref(), id, json).await
         }
-        DeadCommand::Retry { db, ids, all, json } => {
+        DeadCommand::Requeue { db, ids, all, json } => {
             let filter = dead_filter(&ids, all)?;
             let (_, store) = open(&db).await?;
             admin::act(store.dyn_store().as_ref(), filter, true, json).await
         }
-        DeadCommand::Discard { db, ids, all, json } => {
+        DeadCommand::Purge { db, ids, all, json } => {
             let filter = dead_filter(&ids, all)?;
             let (_, store) = open(&db).await?;
             admin::act(store.dyn_store().as_ref(), filter, false, json).await
@@ -1156,7 +1166,37 @@ async fn dead(command: DeadCommand) -> anyhow::Result<()> {
     }
 }
 
-async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
+/// The old spelling of a command the glossary renamed, if `args` uses one, with the new one:
+/// `dead retry` → `dead requeue`, `dead discard` → `dead purge`, `cleanup` → `purge`.
+fn deprecated_spelling(args: &[String]) -> Option<(&'static str, &'static str)> {
+    // The words before the first option that takes no value: the command path. Global options
+    // come first (`--log-format json`), so they are skipped with their value.
+    let mut words = Vec::new();
+    let mut rest = args.iter().skip(1);
+    while let Some(arg) = rest.next() {
+        if arg == "--log-format" {
+            rest.next();
+        } else if arg.starts_with('-') {
+            if words.is_empty() {
+                continue;
+            }
+            break;
+        } else {
+            words.push(arg.as_str());
+            if words.len() == 2 {
+                break;
+            }
+        }
+    }
+    match words.as_slice() {
+        ["dead", "retry", ..] => Some(("dead retry", "dead requeue")),
+        ["dead", "discard", ..] => Some(("dead discard", "dead purge")),
+        ["cleanup", ..] => Some(("cleanup", "purge")),
+        _ => None,
+    }
+}
+
+async fn purge(args: PurgeArgs) -> anyhow::Result<()> {
     let extra = vec![(
         "retention.delivered",
         duration_flag("retention.older_than", &args.older_than)?,
@@ -1206,7 +1246,7 @@ async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    admin::cleanup(
+    admin::purge_expired(
         store.dyn_store().as_ref(),
         config.retention.delivered,
         config.retention.dead,

@@ -184,8 +184,12 @@ pub async fn serve(
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
+        "outbox_events_delivered_total",
+        "Events the destination acked (delivered)."
+    );
+    describe_counter!(
         "outbox_events_published_total",
-        "Events the destination confirmed."
+        "Deprecated: the same count as outbox_events_delivered_total, under its old name."
     );
     describe_counter!(
         "outbox_events_failed_total",

@@ -81,7 +81,7 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
 
     let o = outbox(&[
         "dead",
-        "retry",
+        "requeue",
         "--database-url",
         &url,
         &first,
@@ -99,10 +99,19 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
         text(&o)
     );
 
+    // The old spelling still works, with a warning naming the new one.
     let o = outbox(&["dead", "discard", "--database-url", &url, "--all", "--json"]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("`outbox dead discard` is deprecated: use `outbox dead purge`"),
+        "{}",
+        text(&o)
+    );
     let done: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(done["discarded"], 1);
+    assert_eq!(
+        (&done["purged"], &done["discarded"]),
+        (&1.into(), &1.into())
+    );
     let stats = store.stats().await.unwrap();
     assert_eq!(
         (stats.dead, stats.pending, stats.delivered),
@@ -110,7 +119,7 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
         "{stats:?}"
     );
 
-    let o = outbox(&["dead", "retry", "--database-url", &url, "not-a-uuid"]);
+    let o = outbox(&["dead", "requeue", "--database-url", &url, "not-a-uuid"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         text(&o).contains("`not-a-uuid` is not an event id"),
@@ -119,13 +128,18 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
     );
     let o = outbox(&["dead", "retry", "--database-url", &url]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("`outbox dead retry` is deprecated: use `outbox dead requeue`"),
+        "{}",
+        text(&o)
+    );
     let o = outbox(&["dead", "show", "--database-url", &url, &uuid_like()]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("no event with id"), "{}", text(&o));
 
     tokio::time::sleep(Duration::from_millis(20)).await;
     let o = outbox(&[
-        "cleanup",
+        "purge",
         "--database-url",
         &url,
         "--older-than",

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{BIN, outbox};
+use common::{BIN, fresh_pg_store, outbox, pg_url};
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -17,15 +17,10 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::routing::post;
-use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_postgresql::PgStore;
 use outbox_types::{EventState, NewEvent, Store};
 
 const NATS: &str = "nats://127.0.0.1:4222";
-
-fn pg_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 struct Killed(Child);
 impl Drop for Killed {
@@ -106,16 +101,7 @@ struct Fixture {
 
 async fn fixture(tag: &str) -> Fixture {
     let schema = format!("outbox_t_{tag}_{}", std::process::id());
-    let store = PgStore::connect(&pg_url(), PgOutbox::with_names(&schema, "events").unwrap())
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(store.pool())
-    .await
-    .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
+    let store = fresh_pg_store(&schema).await;
     let subject_prefix = schema.clone();
     let stream = schema.to_uppercase();
     let (port, received) = webhook_receiver().await;

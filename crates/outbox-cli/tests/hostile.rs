@@ -6,6 +6,9 @@
 //! credential reaches a host nobody configured; and no log line or command output of the suite
 //! holds a secret or a raw control character (SECURITY.md, "The proof").
 
+mod common;
+
+use common::pg_url;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,11 +30,6 @@ const BEARER: &str = "bearer-sekrit-9a1f";
 const SIGNING: &str = "signing-sekrit-2b7c";
 const DB_PASSWORD: &str = "dbpw-sekrit-5d3e";
 const SECRETS: [&str; 3] = [BEARER, SIGNING, DB_PASSWORD];
-
-fn pg_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 fn cluster_url() -> String {
     if let Ok(url) = std::env::var("OUTBOX_WAL_TEST_URL") {
@@ -421,6 +419,15 @@ to = "hooks"
     unknown.destination = Some("nowhere-special".into());
     rows.push(unknown);
     expect.push(Expect::Dead(&["nowhere-special"]));
+    // The table refuses headers that are not strings when they are written (its check,
+    // `events_header_rules`); the relay's own defence is for rows from before that check, so the
+    // check goes for this test.
+    sqlx::query(AssertSqlSafe(format!(
+        "ALTER TABLE {table} DROP CONSTRAINT events_header_rules"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
     let ids = insert(&pool, &table, &rows).await;
 
     if mode == Mode::Wal {
@@ -735,6 +742,12 @@ async fn rows_sqlite_cannot_type_check_are_dead_lettered() {
             None,
         ),
     ];
+    // The table refuses headers that are not strings when they are written (its insert
+    // trigger); the relay's own defence is for rows from before that trigger, so it goes here.
+    sqlx::query("DROP TRIGGER outbox_events_check_insert")
+        .execute(&pool)
+        .await
+        .unwrap();
     for (label, id, aggregate, payload, headers, _) in &rows {
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload, headers,

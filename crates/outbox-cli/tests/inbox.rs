@@ -3,6 +3,9 @@
 //! (`OUTBOX_TEST_MYSQL_URL`, its own table per test). Rows are claimed with the same SQL a
 //! consumer in another language runs, not through the Rust API.
 
+mod common;
+
+use common::pg_url;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,11 +50,6 @@ fn text(o: &Output) -> String {
 fn json_of(o: &Output) -> Value {
     assert!(o.status.success(), "{}", text(o));
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(o)))
-}
-
-fn pg_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 fn mysql_url() -> String {

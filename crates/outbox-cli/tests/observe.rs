@@ -1,5 +1,8 @@
 //! The relay's operator endpoints: metrics move as events flow, readiness follows the database.
 
+mod common;
+
+use common::pg_url;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -8,11 +11,6 @@ use outbox_testkit::TcpProxy;
 use outbox_types::{NewEvent, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn pg_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -111,15 +109,21 @@ async fn metrics_move_and_readiness_follows_the_database() {
     tx.commit().await.unwrap();
     loop {
         let (_, body) = get(port, "/metrics").await.unwrap();
-        if metric(&body, "outbox_events_published_total") >= 250.0 {
+        if metric(&body, "outbox_events_delivered_total") >= 250.0 {
             assert!(body.contains("outbox_publish_duration_seconds"), "{body}");
             assert!(body.contains("outbox_claim_batch_size"), "{body}");
             assert!(body.contains("outbox_events_pending"), "{body}");
+            // The deprecated name counts the same acks.
+            assert_eq!(
+                metric(&body, "outbox_events_published_total"),
+                metric(&body, "outbox_events_delivered_total"),
+                "{body}"
+            );
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "published counter never reached 250: {body}"
+            "delivered counter never reached 250: {body}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -287,8 +291,8 @@ to = "ok"
     let hook_label = "destination=\"hook\"";
     let body = loop {
         let (_, body) = get(port, "/metrics").await.unwrap();
-        if metric_with(&body, "outbox_events_published_total", ok) >= 40.0
-            && metric_with(&body, "outbox_events_published_total", hook_label) >= 6.0
+        if metric_with(&body, "outbox_events_delivered_total", ok) >= 40.0
+            && metric_with(&body, "outbox_events_delivered_total", hook_label) >= 6.0
             && metric_with(&body, "outbox_destination_events_dead", hook_label) >= 1.0
         {
             break body;
@@ -297,7 +301,7 @@ to = "ok"
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(
-        metric_with(&body, "outbox_events_published_total", ok),
+        metric_with(&body, "outbox_events_delivered_total", ok),
         40.0,
         "{body}"
     );
@@ -307,7 +311,7 @@ to = "ok"
         "{body}"
     );
     assert_eq!(
-        metric_with(&body, "outbox_events_published_total", hook_label),
+        metric_with(&body, "outbox_events_delivered_total", hook_label),
         6.0,
         "{body}"
     );

@@ -3,16 +3,14 @@
 //! functions), and `outbox migrate` then finds the schema current: a team that applies schema
 //! changes with Flyway, Liquibase, Alembic or psql can run the relay on it.
 
+mod common;
+
+use common::pg_url;
 use std::process::Command;
 
 use sqlx::{AssertSqlSafe, Row};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn pg_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 fn mysql_url() -> String {
     std::env::var("OUTBOX_TEST_MYSQL_URL")

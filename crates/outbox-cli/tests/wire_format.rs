@@ -8,24 +8,14 @@
 
 mod common;
 
-use common::{outbox, text};
+use common::{fresh_pg_store, outbox, pg_url, repo, text};
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_types::{NewEvent, Store};
 use serde_json::json;
-
-fn pg_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn python() -> PathBuf {
     let python = repo().join(".cache/inbox-py/bin/python");
@@ -164,16 +154,7 @@ async fn every_destination_sends_what_the_wire_format_document_says() {
     };
     let tag = format!("w{}", std::process::id());
     let schema = format!("outbox_t_wire_{}", std::process::id());
-    let store = PgStore::connect(&pg_url(), PgOutbox::with_names(&schema, "events").unwrap())
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(store.pool())
-    .await
-    .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
+    let store = fresh_pg_store(&schema).await;
 
     let variants = variants();
     let hint: Vec<_> = variants

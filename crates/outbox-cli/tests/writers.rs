@@ -4,17 +4,15 @@
 //! the relay delivers exactly the committed events, in order. The clients are installed by
 //! `scripts/inbox-deps.sh` (which `scripts/test.sh` runs) under the repository's `.cache`.
 
+mod common;
+
+use common::pg_url;
 use std::path::PathBuf;
 use std::process::Command;
 
 use outbox_postgresql::PgOutbox;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn pg_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 /// Where `scripts/inbox-deps.sh` installed the clients: the repository's `.cache`.
 fn clients() -> PathBuf {

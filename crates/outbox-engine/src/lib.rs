@@ -1342,6 +1342,10 @@ where
         let label = || sink.to_owned();
         match &outcome {
             Outcome::Delivered => {
+                metrics::counter!("outbox_events_delivered_total", "destination" => label())
+                    .increment(1);
+                // The name of earlier releases (it counted acks, not publishes), kept for
+                // dashboards until a later release; see CHANGELOG.md.
                 metrics::counter!("outbox_events_published_total", "destination" => label())
                     .increment(1);
             }

@@ -25,3 +25,35 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// The PostgreSQL the tests use: `OUTBOX_TEST_DATABASE_URL`, else the local `test` database.
+pub fn pg_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The repository's root directory.
+pub fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A store on an outbox table `events` in `schema`, dropped first if an earlier run left it,
+/// migrated.
+pub async fn fresh_pg_store(schema: &str) -> outbox_postgresql::PgStore {
+    let outbox = outbox_postgresql::PgOutbox::with_names(schema, "events").expect("a valid name");
+    let store = outbox_postgresql::PgStore::connect(&pg_url(), outbox)
+        .await
+        .expect("PostgreSQL is up");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("the old schema goes");
+    store
+        .outbox()
+        .migrate(store.pool())
+        .await
+        .expect("the outbox migrates");
+    store
+}

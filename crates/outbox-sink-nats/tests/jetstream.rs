@@ -3,7 +3,7 @@
 //! duplicates are dropped by `Nats-Msg-Id`; a missing stream is a clear rejection; a broker that
 //! is down at start-up keeps the events pending until it is back.
 
-mod common;
+use outbox_sink_tests as common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

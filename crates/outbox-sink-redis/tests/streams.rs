@@ -3,7 +3,7 @@
 //! type is a clear rejection that spares the rest of the pipeline; `MAXLEN ~` trims; a Redis
 //! that is down at start-up (or goes away later) keeps the events pending until it is back.
 
-mod common;
+use outbox_sink_tests as common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

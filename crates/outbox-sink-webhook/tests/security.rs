@@ -5,7 +5,7 @@
 //! do: name a path under the configured origin, or a host in `allowed_hosts`; Standard Webhooks
 //! signatures that an independent HMAC check accepts.
 
-mod common;
+use outbox_sink_tests as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

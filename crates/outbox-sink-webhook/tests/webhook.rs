@@ -4,7 +4,7 @@
 //! dead with the response body in `last_error`, 200 is delivered; an unreachable receiver keeps
 //! the events pending until it is back.
 
-mod common;
+use outbox_sink_tests as common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

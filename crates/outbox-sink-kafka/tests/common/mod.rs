@@ -4,21 +4,19 @@
 
 #![allow(dead_code)]
 
+pub use outbox_sink_tests::*;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_types::NewEvent;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use sqlx::postgres::PgPoolOptions;
 
 /// Where the shared test broker listens.
 pub const BROKERS: &str = "127.0.0.1:19092";
@@ -113,18 +111,6 @@ impl Drop for OwnBroker {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A name no other test (or test process) uses.
-pub fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
 }
 
 /// Create `topic` with `partitions` partitions.
@@ -227,44 +213,4 @@ pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
         .iter()
         .find(|h| h.key == name)
         .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
-}
-
-/// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
-pub fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A fresh migrated outbox in a schema of its own, and a store over it.
-pub async fn fresh_store() -> PgStore {
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&database_url())
-        .await
-        .expect("PostgreSQL must be running on 127.0.0.1:5432");
-    let outbox = PgOutbox::with_names(&unique("outbox_t_kafka"), "events").unwrap();
-    outbox.migrate(&pool).await.unwrap();
-    PgStore::new(pool, outbox)
-}
-
-/// Enqueue `events` in one transaction that commits.
-pub async fn enqueue_committed(store: &PgStore, events: &[NewEvent]) {
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-}
-
-/// Enqueue `events` in one transaction that rolls back.
-pub async fn enqueue_rolled_back(store: &PgStore, events: &[NewEvent]) {
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, events)
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
 }

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+pub use outbox_sink_tests::*;
 
 use lapin::message::Delivery;
 use lapin::options::{
@@ -13,24 +13,9 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
-use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_types::NewEvent;
-use sqlx::postgres::PgPoolOptions;
 
 /// The machine's RabbitMQ.
 pub const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A name no other test (or test process) uses.
-pub fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
-}
 
 /// A test's own connection and channel to RabbitMQ, to set up queues and read them.
 pub struct Rabbit {
@@ -149,44 +134,4 @@ pub fn header(delivery: &Delivery, name: &str) -> Option<String> {
         AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
         other => Some(format!("{other:?}")),
     }
-}
-
-/// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
-pub fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A fresh migrated outbox in a schema of its own, and a store over it.
-pub async fn fresh_store() -> PgStore {
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&database_url())
-        .await
-        .expect("PostgreSQL must be running on 127.0.0.1:5432");
-    let outbox = PgOutbox::with_names(&unique("outbox_t_rmq"), "events").unwrap();
-    outbox.migrate(&pool).await.unwrap();
-    PgStore::new(pool, outbox)
-}
-
-/// Enqueue `events` in one transaction that commits.
-pub async fn enqueue_committed(store: &PgStore, events: &[NewEvent]) {
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-}
-
-/// Enqueue `events` in one transaction that rolls back.
-pub async fn enqueue_rolled_back(store: &PgStore, events: &[NewEvent]) {
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, events)
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
 }

@@ -1,7 +1,11 @@
-//! Shared by the integration tests: a fresh outbox in its own PostgreSQL schema, transactional
-//! enqueue (committed or rolled back), names no other test uses, and waiting for the store.
-
-#![allow(dead_code)]
+//! What every sink crate's integration tests share, so a new sink's tests start from the same
+//! pieces: a fresh outbox in its own PostgreSQL schema, transactional enqueue (committed or
+//! rolled back), names no other test uses, waiting for the store, an event as a relay hands it
+//! to a sink, and the per-aggregate order check.
+//!
+//! A sink's `tests/common/mod.rs` re-exports this crate and adds what is broker-specific (a
+//! consumer, a topic or queue of the test's own); a sink with nothing broker-specific uses the
+//! crate directly (`use outbox_sink_tests as common;`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

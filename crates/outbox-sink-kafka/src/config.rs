@@ -14,6 +14,7 @@ use outbox_types::{SinkError, humantime_duration};
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
@@ -122,35 +123,9 @@ impl SaslMechanism {
     }
 }
 
-/// A secret read from configuration; never printed.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-/// Printed configurations (`outbox config check`) show `***`, never the value.
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("***")
-    }
-}
-
-impl Secret {
-    /// Wrap a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    /// The value itself.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
-    }
-}
+/// A secret read from configuration, never printed (one type for every sink,
+/// [`outbox_types::redact::Secret`], re-exported under this crate's name).
+pub use outbox_types::redact::Secret;
 
 /// A librdkafka property value as written in the file: text, a number or a boolean.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -406,22 +381,13 @@ impl KafkaSinkConfig {
 
     /// The SASL password, from `password` or the variable named by `password_env`.
     fn password(&self) -> Result<Option<String>, SinkError> {
-        match (&self.password, &self.password_env) {
-            (Some(_), Some(_)) => Err(config_error(
-                "both `password` and `password_env` are set: keep one (prefer `password_env`, so the secret stays out of the file)",
-            )),
-            (Some(secret), None) => Ok(Some(secret.expose().to_owned())),
-            (None, Some(var)) => match std::env::var(var) {
-                Ok(value) if !value.is_empty() => Ok(Some(value)),
-                Ok(_) => Err(config_error(format!(
-                    "`password_env = \"{var}\"` names an empty environment variable: export {var} with the SASL password"
-                ))),
-                Err(_) => Err(config_error(format!(
-                    "`password_env = \"{var}\"` names an environment variable that is not set: export {var}, or set `password`"
-                ))),
-            },
-            (None, None) => Ok(None),
-        }
+        resolve_secret(
+            "password",
+            self.password.as_ref(),
+            "password_env",
+            self.password_env.as_deref(),
+        )
+        .map_err(config_error)
     }
 
     /// The brokers as one `bootstrap.servers` string, checked.

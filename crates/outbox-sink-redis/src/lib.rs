@@ -66,7 +66,6 @@
 //! assert_eq!(config.maxlen, Some(1_000_000));
 //! ```
 
-use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -79,39 +78,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
 
+use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
 
-/// A secret read from configuration; never printed.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-/// Printed configurations (`outbox config check`) show `***`, never the value.
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("***")
-    }
-}
-
-impl Secret {
-    /// Wrap a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    /// The value itself.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
-    }
-}
+/// A secret read from configuration, never printed (one type for every sink,
+/// [`outbox_types::redact::Secret`], re-exported under this crate's name).
+pub use outbox_types::redact::Secret;
 
 /// Settings of the Redis sink, as read from the relay's configuration file.
 ///
@@ -221,31 +195,6 @@ impl RedisSinkConfig {
     }
 }
 
-/// Read a secret given either inline or through an environment variable.
-fn resolve_secret(
-    inline_key: &str,
-    inline: Option<&Secret>,
-    env_key: &str,
-    env: Option<&str>,
-) -> Result<Option<String>, SinkError> {
-    match (inline, env) {
-        (Some(_), Some(_)) => Err(config_error(format!(
-            "both `{inline_key}` and `{env_key}` are set: keep one (prefer `{env_key}`, so the secret stays out of the file)"
-        ))),
-        (Some(secret), None) => Ok(Some(secret.expose().to_owned())),
-        (None, Some(var)) => match std::env::var(var) {
-            Ok(value) if !value.is_empty() => Ok(Some(value)),
-            Ok(_) => Err(config_error(format!(
-                "`{env_key} = \"{var}\"` names an empty environment variable: export {var} with the secret"
-            ))),
-            Err(_) => Err(config_error(format!(
-                "`{env_key} = \"{var}\"` names an environment variable that is not set: export {var}, or set `{inline_key}`"
-            ))),
-        },
-        (None, None) => Ok(None),
-    }
-}
-
 /// The fields of one stream entry, in order.
 type Fields = Vec<(&'static str, Vec<u8>)>;
 
@@ -315,7 +264,9 @@ impl RedisSink {
             config.password.as_ref(),
             "password_env",
             config.password_env.as_deref(),
-        )? {
+        )
+        .map_err(config_error)?
+        {
             settings = settings.set_password(password);
         }
         if settings.password().is_some()

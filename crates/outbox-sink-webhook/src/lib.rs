@@ -183,6 +183,7 @@ pub use signature::{
 };
 use target::Targets;
 
+use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
@@ -311,35 +312,6 @@ fn config_error(message: impl Into<String>) -> SinkError {
     SinkError::Config(message.into())
 }
 
-/// Read a secret given either inline or through an environment variable. An empty value is a
-/// mistake either way (an empty signing key signs nothing anyone could not forge).
-fn resolve_secret(
-    inline_key: &str,
-    inline: Option<&Secret>,
-    env_key: &str,
-    env: Option<&str>,
-) -> Result<Option<String>, SinkError> {
-    match (inline, env) {
-        (Some(_), Some(_)) => Err(config_error(format!(
-            "both `{inline_key}` and `{env_key}` are set: keep one (prefer `{env_key}`, so the secret stays out of the file)"
-        ))),
-        (Some(secret), None) if secret.is_empty() => Err(config_error(format!(
-            "`{inline_key} = \"\"` is empty: set the value (better: `{env_key} = \"VAR\"`), or remove the key"
-        ))),
-        (Some(secret), None) => Ok(Some(secret.expose().to_owned())),
-        (None, Some(var)) => match std::env::var(var) {
-            Ok(value) if !value.is_empty() => Ok(Some(value)),
-            Ok(_) => Err(config_error(format!(
-                "`{env_key} = \"{var}\"` names an empty environment variable: export {var} with the secret"
-            ))),
-            Err(_) => Err(config_error(format!(
-                "`{env_key} = \"{var}\"` names an environment variable that is not set: export {var}, or set `{inline_key}`"
-            ))),
-        },
-        (None, None) => Ok(None),
-    }
-}
-
 /// How requests are signed, with the key resolved.
 enum Signing {
     /// `header: t=…,v1=…`.
@@ -459,13 +431,15 @@ impl WebhookSink {
             config.password.as_ref(),
             "password_env",
             config.password_env.as_deref(),
-        )?;
+        )
+        .map_err(config_error)?;
         let bearer = resolve_secret(
             "bearer_token",
             config.bearer_token.as_ref(),
             "bearer_token_env",
             config.bearer_token_env.as_deref(),
-        )?;
+        )
+        .map_err(config_error)?;
         let user = match (&config.user, &config.username) {
             (Some(_), Some(_)) => {
                 return Err(config_error(
@@ -512,7 +486,8 @@ impl WebhookSink {
             config.secret.as_ref(),
             "secret_env",
             config.secret_env.as_deref(),
-        )?;
+        )
+        .map_err(config_error)?;
         let signing = match (secret, config.signature_scheme) {
             (None, _) => None,
             (Some(secret), SignatureScheme::OutboxV1) => {

@@ -296,7 +296,7 @@ pub struct RetentionConfig {
     pub interval: std::time::Duration,
     /// Rows deleted per statement (short transactions, no long locks).
     pub batch_size: u32,
-    /// Dead events: `"keep"` (default: an operator decides with `outbox dead retry|discard`) or
+    /// Dead events: `"keep"` (default: an operator decides with `outbox dead requeue|purge`) or
     /// a duration after which they are deleted.
     #[serde(with = "keep_or_duration")]
     pub dead: Option<std::time::Duration>,

@@ -245,7 +245,7 @@ async fn events_are_routed_to_their_destinations_and_unroutable_ones_are_dead_le
     let error = dead.last_error.unwrap();
     assert!(error.contains("no route matches"), "{error}");
     assert!(error.contains("UserRenamed"), "{error}");
-    assert!(error.contains("outbox dead retry"), "{error}");
+    assert!(error.contains("outbox dead requeue"), "{error}");
 
     // NATS got exactly the committed order events, in order per aggregate.
     let messages = stream_messages(&f.stream).await;

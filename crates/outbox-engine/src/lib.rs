@@ -163,7 +163,7 @@ pub struct RelayConfig {
     /// 292 MB RSS).
     pub max_batch_bytes: u64,
     /// An event whose payload is larger is not loaded: it is dead-lettered at claim time with a
-    /// reason that names this limit (raise it and `outbox dead retry` the event if the
+    /// reason that names this limit (raise it and `outbox dead requeue` the event if the
     /// destination accepts such messages).
     pub max_payload_bytes: u64,
     /// Longest pause between claims: the pause of an idle outbox, which bounds the delivery
@@ -1480,7 +1480,7 @@ where
             attempts = event.attempts + 1,
             destination,
             error,
-            "Event is dead; it stays in the outbox for `outbox dead retry` or `discard`."
+            "Event is dead; it stays in the outbox for `outbox dead requeue` or `purge`."
         );
     }
 

@@ -6,7 +6,7 @@
 //! (a batch holds at most one event per aggregate), so routing changes nothing about ordering.
 //!
 //! Events no route matches are rejected with a reason that names the event and the fix; they
-//! become dead and wait for `outbox dead retry` once a route exists, so a gap in the routing
+//! become dead and wait for `outbox dead requeue` once a route exists, so a gap in the routing
 //! table never loses an event and never blocks other aggregates.
 //!
 //! ```
@@ -91,7 +91,7 @@ pub fn unroutable_reason(event: &Event) -> String {
     format!(
         "no route matches this event (event_type `{}`, aggregate_type `{}`, destination column {}): \
          add a [[routes]] rule that matches it (or set the destination column to a configured destination), \
-         then run `outbox dead retry {}`",
+         then run `outbox dead requeue {}`",
         event.event_type,
         event.aggregate_type,
         event

@@ -53,7 +53,7 @@ pub enum Unroutable {
     /// reason once its attempts run out.
     #[default]
     Retry,
-    /// Bury it at once (`outbox dead retry` brings it back after the binding exists).
+    /// Bury it at once (`outbox dead requeue` brings it back after the binding exists).
     Reject,
 }
 

@@ -452,7 +452,7 @@ fn classify_command_error(key: &str, e: &RedisError) -> Outcome {
             format!("Redis refused the entry for `{key}` as too large: {text}"),
         ),
         // NOPERM is about this key (an ACL key pattern): refused for good, like Kafka's topic
-        // authorization. Grant the key and `outbox dead retry`.
+        // authorization. Grant the key and `outbox dead requeue`.
         "NOPERM" => Outcome::reject(format!(
             "Redis refused the XADD to `{key}`: the user's ACL does not allow this key ({text}); grant it (ACL SETUSER … ~pattern) or route these events to another key"
         )),

@@ -1731,7 +1731,7 @@ pub async fn a_backlog_of_one_destination_does_not_starve_the_others<H: Harness>
     run.await.unwrap();
 }
 
-/// Under `block`, a rejected event holds its aggregate; `outbox dead retry` while the relay
+/// Under `block`, a rejected event holds its aggregate; `outbox dead requeue` while the relay
 /// runs sends it again, and it and the events held behind it go out in order, without a
 /// restart; other aggregates are never held.
 pub async fn a_requeued_dead_event_goes_out_while_the_relay_runs<H: Harness>(h: &H) {

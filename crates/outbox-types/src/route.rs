@@ -8,7 +8,7 @@
 //! 2. the first [`RouteRule`] whose patterns all match the event (`event_type`,
 //!    `aggregate_type`, and the `destination` column, each exact, `prefix*`, or `*`);
 //! 3. nothing: the event is *unroutable* (the relay dead-letters it with an error that says
-//!    which rule to add; `outbox dead retry` sends it again once one exists).
+//!    which rule to add; `outbox dead requeue` sends it again once one exists).
 //!
 //! The same decision is needed in two places: in the relay, per claimed event, and inside the
 //! database, where a claim must skip the events of a paused destination and `outbox status`

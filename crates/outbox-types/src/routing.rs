@@ -586,6 +586,46 @@ mod tests {
     }
 
     #[test]
+    fn binary_cloudevents_carry_attribute_headers_and_no_forged_ones() {
+        let mut e = event();
+        e.headers.insert("ce-type".into(), "Forged".into());
+        e.headers.insert("CE_ID".into(), "forged".into());
+        let binary = Routing::new(Template::fixed("t")).with_format(PayloadFormat::CloudEvents(
+            CloudEvents::new("/orders").with_mode(CloudEventsMode::Binary),
+        ));
+        let names: Vec<String> = binary.headers(&e).into_iter().map(|(k, _)| k).collect();
+        assert!(
+            !names.iter().any(|n| n.eq_ignore_ascii_case("ce-type")),
+            "{names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.eq_ignore_ascii_case("ce_id")),
+            "{names:?}"
+        );
+        assert!(names.contains(&"traceparent".to_owned()), "{names:?}");
+        let ce = binary.cloudevents_headers(&e, Binding::Kafka);
+        assert!(
+            ce.contains(&("ce_type".to_owned(), "OrderCreated".to_owned())),
+            "{ce:?}"
+        );
+        assert!(
+            ce.contains(&("ce_id".to_owned(), e.id.to_string())),
+            "{ce:?}"
+        );
+        assert_eq!(binary.body(&e), e.payload.as_bytes());
+        assert_eq!(binary.content_type(), "application/json");
+        // Structured mode sends writer headers as they are, and no attribute headers.
+        let structured = Routing::new(Template::fixed("t"))
+            .with_format(PayloadFormat::CloudEvents(CloudEvents::new("/orders")));
+        assert!(structured.headers(&e).iter().any(|(k, _)| k == "ce-type"));
+        assert!(
+            structured
+                .cloudevents_headers(&e, Binding::Kafka)
+                .is_empty()
+        );
+    }
+
+    #[test]
     fn debezium_shape_quotes_key_and_headers_and_turns_null_into_a_tombstone() {
         let mut e = event();
         e.headers.insert("eventType".into(), "OrderCreated".into());

@@ -215,6 +215,39 @@ async fn a_redelivered_event_is_stored_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_headers_send_content_type_as_earlier_releases_did() {
+    let id = common::unique("l");
+    let stream = format!("S_{id}").to_uppercase();
+    let sink = NatsSink::connect(config(serde_json::json!({
+        "servers": [NATS],
+        "subject": format!("outbox_{id}.${{event_type}}"),
+        "create_stream": true,
+        "stream_name": stream,
+        "legacy_headers": true,
+    })))
+    .await
+    .unwrap();
+    for _ in 0..100 {
+        if sink.check().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        sink.publish(&[common::event("x", 1)]).await,
+        vec![Outcome::Delivered]
+    );
+    let js = jetstream_context().await;
+    let messages = read_stream(&js, &stream).await;
+    assert_eq!(
+        header(&messages[0], "Content-Type").as_deref(),
+        Some("application/json")
+    );
+    assert!(header(&messages[0], "content-type").is_none());
+    js.delete_stream(&stream).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subject_without_a_stream_is_rejected_with_the_fix() {
     let id = common::unique("n");
     let sink = NatsSink::connect(config(serde_json::json!({

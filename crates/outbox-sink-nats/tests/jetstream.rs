@@ -180,19 +180,21 @@ async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
     js.delete_stream(&stream).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redelivered_event_is_stored_once() {
-    let id = common::unique("d");
-    let prefix = format!("outbox_{id}");
+/// A connected sink whose subjects (`outbox_<id>.<event type>`) go to a stream of the test's
+/// own, which the sink creates; `extra` adds settings. Returns the sink and the stream's name.
+async fn sink_with_own_stream(tag: &str, extra: serde_json::Value) -> (NatsSink, String) {
+    let id = common::unique(tag);
     let stream = format!("S_{id}").to_uppercase();
-    let sink = NatsSink::connect(config(serde_json::json!({
+    let mut settings = serde_json::json!({
         "servers": [NATS],
-        "subject": format!("{prefix}.${{event_type}}"),
+        "subject": format!("outbox_{id}.${{event_type}}"),
         "create_stream": true,
         "stream_name": stream,
-    })))
-    .await
-    .unwrap();
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        settings[key] = value.clone();
+    }
+    let sink = NatsSink::connect(config(settings)).await.unwrap();
     // Give the background connection a moment.
     for _ in 0..100 {
         if sink.check().await.is_ok() {
@@ -200,6 +202,12 @@ async fn a_redelivered_event_is_stored_once() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    (sink, stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_event_is_stored_once() {
+    let (sink, stream) = sink_with_own_stream("d", serde_json::json!({})).await;
     let events = vec![common::event("x", 1), common::event("y", 1)];
     assert_eq!(sink.publish(&events).await, vec![Outcome::Delivered; 2]);
     assert_eq!(sink.publish(&events[..1]).await, vec![Outcome::Delivered]);
@@ -216,23 +224,8 @@ async fn a_redelivered_event_is_stored_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_headers_send_content_type_as_earlier_releases_did() {
-    let id = common::unique("l");
-    let stream = format!("S_{id}").to_uppercase();
-    let sink = NatsSink::connect(config(serde_json::json!({
-        "servers": [NATS],
-        "subject": format!("outbox_{id}.${{event_type}}"),
-        "create_stream": true,
-        "stream_name": stream,
-        "legacy_headers": true,
-    })))
-    .await
-    .unwrap();
-    for _ in 0..100 {
-        if sink.check().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (sink, stream) =
+        sink_with_own_stream("l", serde_json::json!({ "legacy_headers": true })).await;
     assert_eq!(
         sink.publish(&[common::event("x", 1)]).await,
         vec![Outcome::Delivered]

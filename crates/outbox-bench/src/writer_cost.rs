@@ -12,9 +12,13 @@
 //! | `pk-only` | a hand-written `INSERT` into Debezium's documented outbox table (`id uuid PRIMARY KEY`, `aggregatetype`, `aggregateid`, `type`, `payload jsonb`): the floor any table outbox pays |
 //! | `enqueue` | `PgOutbox::enqueue` into our table with every index of the polling layout |
 //! | `enqueue-no-open`, `enqueue-no-heads`, `enqueue-no-id` | the same with one index dropped: what that index costs |
+//! | `enqueue-no-header-check` | the same without the `_header_rules` trigger: what checking headers at insert costs |
 //! | `enqueue-pk-only` | the same with `_open`, `_heads` and the unique `id` index dropped |
 //! | `stream-table` | `outbox_wal::enqueue_streamed`: the insert-only stream table of WAL mode |
 //! | `message` | `outbox_wal::enqueue_message`: a logical message, no row |
+//!
+//! `--headers N` gives every event N string headers (a `traceparent` first, then `h1`, `h2`, …),
+//! so the header check has members to walk; the default 0 leaves `{}`.
 //!
 //! Variants run interleaved in every run (the order rotates), each on freshly truncated tables
 //! after a `CHECKPOINT`; ratios to `pk-only` are taken within a run and their median reported,
@@ -52,6 +56,7 @@ pub enum WriterVariant {
     EnqueueNoOpen,
     EnqueueNoHeads,
     EnqueueNoId,
+    EnqueueNoHeaderCheck,
     EnqueuePkOnly,
     StreamTable,
     Message,
@@ -66,6 +71,7 @@ impl WriterVariant {
             WriterVariant::EnqueueNoOpen => "enqueue-no-open",
             WriterVariant::EnqueueNoHeads => "enqueue-no-heads",
             WriterVariant::EnqueueNoId => "enqueue-no-id",
+            WriterVariant::EnqueueNoHeaderCheck => "enqueue-no-header-check",
             WriterVariant::EnqueuePkOnly => "enqueue-pk-only",
             WriterVariant::StreamTable => "stream-table",
             WriterVariant::Message => "message",
@@ -82,6 +88,7 @@ impl WriterVariant {
             WriterVariant::EnqueueNoOpen => Some("events_no_open"),
             WriterVariant::EnqueueNoHeads => Some("events_no_heads"),
             WriterVariant::EnqueueNoId => Some("events_no_id"),
+            WriterVariant::EnqueueNoHeaderCheck => Some("events_no_hdr_check"),
             WriterVariant::EnqueuePkOnly => Some("events_pk_only"),
         }
     }
@@ -91,10 +98,13 @@ impl WriterVariant {
         const OPEN: &str = r#"DROP INDEX "{s}".{t}_open"#;
         const HEADS: &str = r#"DROP INDEX "{s}".{t}_heads"#;
         const ID: &str = r#"ALTER TABLE "{s}".{t} DROP CONSTRAINT {t}_id_key"#;
+        // IF EXISTS: a build from before the check measures the same table as `enqueue`.
+        const HEADER_CHECK: &str = r#"DROP TRIGGER IF EXISTS {t}_header_rules ON "{s}".{t}"#;
         match self {
             WriterVariant::EnqueueNoOpen => &[OPEN],
             WriterVariant::EnqueueNoHeads => &[HEADS],
             WriterVariant::EnqueueNoId => &[ID],
+            WriterVariant::EnqueueNoHeaderCheck => &[HEADER_CHECK],
             WriterVariant::EnqueuePkOnly => &[OPEN, HEADS, ID],
             _ => &[],
         }
@@ -129,6 +139,9 @@ pub struct WriterCostArgs {
     /// Aggregates the events are spread over.
     #[arg(long, default_value_t = 1000)]
     aggregates: u64,
+    /// String headers per event (a `traceparent`, then `h1`, `h2`, …); 0: none.
+    #[arg(long, default_value_t = 0)]
+    headers: usize,
     /// Variants to measure, comma separated.
     #[arg(
         long,
@@ -187,11 +200,12 @@ pub async fn writer_cost(
     setup(&store, &args).await?;
     let settings = server_settings(&store).await?;
     println!(
-        "writer-cost: {} writers, one connection each, {} s per variant, {} run(s); a transaction updates one of {ACCOUNTS} account rows and, per variant, writes one {} B event over {} aggregates; wal_level={wal_level} {settings}",
+        "writer-cost: {} writers, one connection each, {} s per variant, {} run(s); a transaction updates one of {ACCOUNTS} account rows and, per variant, writes one {} B event with {} header(s) over {} aggregates; wal_level={wal_level} {settings}",
         args.writers,
         args.seconds,
         args.runs.max(1),
         args.payload_bytes,
+        args.headers,
         args.aggregates
     );
     // Warm-up: connections, the tables' first pages, the enqueue function's plan.
@@ -263,6 +277,7 @@ pub async fn writer_cost(
         serde_json::json!({
             "scenario": "writer-cost", "writers": args.writers, "seconds": args.seconds,
             "runs": args.runs, "payload_bytes": args.payload_bytes, "aggregates": args.aggregates,
+            "headers": args.headers,
             "database": settings, "wal_level": wal_level, "results": results,
         }),
     )?;
@@ -422,13 +437,23 @@ async fn truncate(store: &PgStore, args: &WriterCostArgs) -> anyhow::Result<()> 
     Ok(())
 }
 
-fn event(aggregate: u64, n: u64, payload_bytes: usize) -> anyhow::Result<NewEvent> {
-    Ok(NewEvent::new(
+fn event(aggregate: u64, n: u64, payload_bytes: usize, headers: usize) -> anyhow::Result<NewEvent> {
+    let mut event = NewEvent::new(
         "account",
         aggregate.to_string(),
         "BalanceChanged",
         &crate::payload(payload_bytes, aggregate, n),
-    )?)
+    )?;
+    for h in 0..headers {
+        event = match h {
+            0 => event.with_header(
+                "traceparent",
+                format!("00-{:032x}-{:016x}-01", u128::from(n) + 1, aggregate + 1),
+            ),
+            _ => event.with_header(format!("h{h}"), format!("value-{n}-{h}")),
+        };
+    }
+    Ok(event)
 }
 
 /// Writers flat out for `duration`: (commits, seconds).
@@ -468,7 +493,8 @@ async fn run_writers(
             prefix.clone(),
         );
         let (commits, failed) = (commits.clone(), failed.clone());
-        let (aggregates, payload_bytes) = (args.aggregates.max(1), args.payload_bytes);
+        let (aggregates, payload_bytes, headers) =
+            (args.aggregates.max(1), args.payload_bytes, args.headers);
         tasks.push(tokio::spawn(async move {
             let mut n: u64 = w as u64;
             while Instant::now() < deadline && !failed.load(Ordering::Relaxed) {
@@ -486,7 +512,7 @@ async fn run_writers(
                     match variant {
                         WriterVariant::BusinessOnly => {}
                         WriterVariant::PkOnly => {
-                            let e = event(aggregate, n, payload_bytes)?;
+                            let e = event(aggregate, n, payload_bytes, headers)?;
                             sqlx::query(sqlx::AssertSqlSafe(pk_only.as_str()))
                                 .bind(Uuid::now_v7())
                                 .bind(e.aggregate_type())
@@ -497,15 +523,15 @@ async fn run_writers(
                                 .await?;
                         }
                         WriterVariant::Message => {
-                            let e = event(aggregate, n, payload_bytes)?;
+                            let e = event(aggregate, n, payload_bytes, headers)?;
                             outbox_wal::enqueue_message(&mut *tx, &prefix, &e).await?;
                         }
                         WriterVariant::StreamTable => {
-                            let e = event(aggregate, n, payload_bytes)?;
+                            let e = event(aggregate, n, payload_bytes, headers)?;
                             outbox_wal::enqueue_streamed(&mut *tx, &outbox, &e).await?;
                         }
                         _ => {
-                            let e = event(aggregate, n, payload_bytes)?;
+                            let e = event(aggregate, n, payload_bytes, headers)?;
                             outbox.enqueue(&mut *tx, &e).await?;
                         }
                     }

@@ -397,7 +397,7 @@ to = "hooks"
     let mut bad_headers = row("headers not strings", "h1", "BadHeaders", "{}".into());
     bad_headers.headers = r#"{"retry": 3}"#.into();
     rows.push(bad_headers);
-    expect.push(Expect::Dead(&["headers", "outbox dead retry"]));
+    expect.push(Expect::Dead(&["headers", "outbox dead requeue"]));
     let mut crlf = row("CR/LF in a header", "h2", "CrLf", "{}".into());
     crlf.headers = r#"{"x-note": "a\r\nx-injected: yes"}"#.into();
     rows.push(crlf);
@@ -419,11 +419,11 @@ to = "hooks"
     unknown.destination = Some("nowhere-special".into());
     rows.push(unknown);
     expect.push(Expect::Dead(&["nowhere-special"]));
-    // The table refuses headers that are not strings when they are written (its check,
-    // `events_header_rules`); the relay's own defence is for rows from before that check, so the
-    // check goes for this test.
+    // The table refuses headers that are not strings when they are written (its trigger
+    // `events_header_rules`); the relay's own defence is for rows from before that trigger, so
+    // the trigger goes for this test.
     sqlx::query(AssertSqlSafe(format!(
-        "ALTER TABLE {table} DROP CONSTRAINT events_header_rules"
+        "DROP TRIGGER events_header_rules ON {table}"
     )))
     .execute(&pool)
     .await

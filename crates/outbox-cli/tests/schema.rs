@@ -1,7 +1,7 @@
 //! `outbox schema print`: the script, applied by another tool to a database without the outbox,
 //! gives the same catalog as `outbox migrate` (tables, columns, defaults, constraints, indexes,
-//! functions), and `outbox migrate` then finds the schema current: a team that applies schema
-//! changes with Flyway, Liquibase, Alembic or psql can run the relay on it.
+//! triggers, functions), and `outbox migrate` then finds the schema current: a team that applies
+//! schema changes with Flyway, Liquibase, Alembic or psql can run the relay on it.
 
 mod common;
 
@@ -70,6 +70,10 @@ async fn pg_catalog(pool: &sqlx::PgPool, schema: &str) -> Vec<String> {
          SELECT 'index ' || pg_get_indexdef(i.indexrelid)
          FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
          JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1
+         UNION ALL
+         SELECT 'trigger ' || c.relname || ' ' || pg_get_triggerdef(t.oid)
+         FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND NOT t.tgisinternal
          UNION ALL
          SELECT 'function ' || pg_get_functiondef(p.oid)
          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
@@ -357,6 +361,26 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
         procedure(migrated.clone()).await,
     );
     assert!(a.contains("CREATE DEFINER"), "{a}");
+    assert_eq!(a, b);
+    // The insert trigger that checks headers (migration 4).
+    let trigger = |name: String| {
+        let pool = pool.clone();
+        async move {
+            let row = sqlx::query(AssertSqlSafe(format!(
+                "SHOW CREATE TRIGGER `{name}_headers_insert`"
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            let ddl: String = row.get(2);
+            ddl.replace(&name, "<name>")
+        }
+    };
+    let (a, b) = (
+        trigger(scripted.clone()).await,
+        trigger(migrated.clone()).await,
+    );
+    assert!(a.contains("BEFORE INSERT"), "{a}");
     assert_eq!(a, b);
     drop(scripted).await;
     drop(migrated).await;

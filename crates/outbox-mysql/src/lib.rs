@@ -68,12 +68,36 @@
 //!   or no idempotency key) has its id. Enqueueing the very same event (same id and key) again is
 //!   the ordinary duplicate case.
 //!
+//! Header names under the prefix reserved for the relay's own message headers (`outbox-…`,
+//! except `outbox-partition`) are refused before anything is sent ([`StoreError::Encode`]); the
+//! table's triggers refuse them too, for writers that insert by hand (see "Rows are checked
+//! when written" below).
+//!
 //! Field lengths are checked before anything is sent ([`StoreError::Invalid`]), so a server in
 //! non-strict SQL mode can never silently truncate an aggregate id or an idempotency key:
 //! `aggregate_type` up to [`MAX_AGGREGATE_TYPE_CHARS`] characters, `aggregate_id`, `event_type`
 //! and the idempotency key up to [`MAX_KEY_CHARS`], the destination up to
 //! [`MAX_DESTINATION_CHARS`]; `occurred_at` within DATETIME's years 1000–9999. Payloads and
 //! headers are `LONGTEXT`, bounded in practice by the server's `max_allowed_packet`.
+//!
+//! ## Rows are checked when written
+//!
+//! Writers in other languages insert into the table by hand (or call the enqueue procedure), so
+//! the table itself refuses what the relay could only dead-letter later (migration 4; the
+//! writers' contract is `docs/table-contract.md`):
+//!
+//! - `id` defaults to `UUID()`, so a writer may leave it out. That is a version 1 UUID (MySQL's
+//!   and MariaDB's only built-in kind), a valid event id though not time-ordered like the v7
+//!   ids this library and the procedure write; ordering never depends on it (`seq` does).
+//! - A `BEFORE INSERT` trigger checks `headers`: a JSON object whose values are all strings,
+//!   with no name under the prefix `outbox-` other than `outbox-partition`. A bad row fails the
+//!   writer's statement with SQLSTATE `45000` and a message naming the header. A trigger,
+//!   because a CHECK constraint cannot loop over a JSON object's members. Inserts only: rows
+//!   written before the trigger existed are claimed, dead-lettered and requeued as before, so
+//!   there is nothing to validate on upgrade; and a `BEFORE UPDATE` trigger (any, even an
+//!   empty one, on MariaDB 10.11) makes the server report no insert id for an upsert that hit
+//!   a duplicate key, which is how [`MySqlOutbox::enqueue`] finds the event an idempotency key
+//!   belongs to (see "Writers" above).
 //!
 //! ## Claims
 //!
@@ -643,8 +667,10 @@ fn batch_row(e: &NewEvent) -> serde_json::Value {
     serde_json::Value::Object(row)
 }
 
-/// Refuse what the table would truncate or reject, before anything is sent.
+/// Refuse what the table would truncate or reject, before anything is sent: a header name
+/// under the reserved prefix (the table's triggers refuse it too), and fields too long.
 fn validate(e: &NewEvent) -> Result<(), StoreError> {
+    e.check_headers()?;
     let checks = [
         (
             "aggregate_type",

@@ -57,6 +57,54 @@ pub(crate) struct Migration {
     pub add_columns: &'static [(&'static str, &'static str)],
 }
 
+/// The header rules of the outbox table's insert trigger (migration 4): `headers`
+/// is a JSON object whose values are all strings, with no name under the prefix `outbox-`
+/// except `outbox-partition` (`outbox_types::is_reserved_header`). A CHECK constraint cannot
+/// loop over an object's members in MySQL or MariaDB, so a trigger does: the names come from
+/// `JSON_KEYS`, the values from `$.*` in the same order (as in the enqueue procedure). Name
+/// comparisons are binary (`outbox-` is reserved in lower case, as written). SQLSTATE 45000
+/// with a message that names the header (cut to 40 characters: MESSAGE_TEXT holds 128). A
+/// macro, not a const: `concat!` builds the migration's `&'static str`.
+macro_rules! header_check_body {
+    () => {
+        r#"        IF NEW.headers IS NULL OR NOT JSON_VALID(NEW.headers) OR JSON_TYPE(NEW.headers) <> 'OBJECT' THEN
+            SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}';
+        END IF;
+        SET v_keys = JSON_KEYS(NEW.headers);
+        SET v_values = JSON_EXTRACT(NEW.headers, '$.*');
+        SET v_n = COALESCE(JSON_LENGTH(v_keys), 0);
+        WHILE v_i < v_n DO
+            SET v_key = JSON_UNQUOTE(JSON_EXTRACT(v_keys, CONCAT('$[', v_i, ']')));
+            IF JSON_TYPE(JSON_EXTRACT(v_values, CONCAT('$[', v_i, ']'))) <> 'STRING' THEN
+                SET v_message = CONCAT('outbox: header "', LEFT(v_key, 40),
+                    '" is not a string; header values are strings ("3", not 3)');
+                SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = v_message;
+            END IF;
+            IF CAST(LEFT(v_key, 7) AS BINARY) = CAST('outbox-' AS BINARY)
+                AND CAST(v_key AS BINARY) <> CAST('outbox-partition' AS BINARY) THEN
+                SET v_message = CONCAT('outbox: header "', LEFT(v_key, 40),
+                    '" uses the reserved prefix outbox- (only outbox-partition is allowed)');
+                SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = v_message;
+            END IF;
+            SET v_i = v_i + 1;
+        END WHILE;
+"#
+    };
+}
+
+/// The variables [`header_check_body`] uses.
+macro_rules! header_check_declarations {
+    () => {
+        r#"    DECLARE v_keys    LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_values  LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_key     LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_n       INT DEFAULT 0;
+    DECLARE v_i       INT DEFAULT 0;
+    DECLARE v_message VARCHAR(128) CHARACTER SET utf8mb4;
+"#
+    };
+}
+
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -277,6 +325,47 @@ BEGIN
 END //
 DELIMITER ;
 "#,
+        columns: &[],
+        add_columns: &[],
+    },
+    Migration {
+        version: 4,
+        description: "rows checked when written: id default, header trigger",
+        sql: concat!(
+            r#"
+-- Rows are checked when they are written, not only when the relay claims them.
+--
+-- `id` defaults to UUID(): a writer in any language may leave it out. MySQL's and MariaDB's
+-- UUID() is a version 1 UUID (time and node based, lowercase hyphenated, as this column stores
+-- ids), not the time-ordered version 7 the library and the enqueue procedure write; any version
+-- is a valid event id. An expression default needs MySQL 8.0.13+ or MariaDB 10.2+; setting it
+-- changes the table's definition only. (Under binlog_format = STATEMENT, MySQL logs an insert
+-- that relies on it as unsafe: use ROW or MIXED, the defaults.) Re-runnable.
+ALTER TABLE {t} ALTER COLUMN id SET DEFAULT (UUID());
+
+-- Headers: a JSON object whose values are all strings, with no name under the prefix outbox-
+-- (the relay's own message headers; outbox-partition, which the relay stores itself, excepted).
+-- Such a row used to insert and was dead-lettered when claimed; now the writer's INSERT fails
+-- with SQLSTATE 45000 and a message naming the header, and the transaction can roll back.
+-- A trigger, because a CHECK constraint cannot loop over a JSON object's members here. On
+-- INSERT only: the relay never changes `headers`, rows written before the trigger existed are
+-- claimed, dead-lettered and requeued as before (nothing to validate), and any BEFORE UPDATE
+-- trigger makes the server report no insert id for an upsert that hit a duplicate key, which
+-- is how the library's enqueue finds the row an idempotency key points to. Creating a trigger
+-- needs the TRIGGER privilege; on a server with binary logging, also SUPER (or
+-- log_bin_trust_function_creators = 1), MySQL's rule for stored programs. Drop + create keeps
+-- the migration re-runnable.
+DROP TRIGGER IF EXISTS `{table}_headers_insert`;
+DELIMITER //
+CREATE TRIGGER `{table}_headers_insert` BEFORE INSERT ON {t} FOR EACH ROW
+BEGIN
+"#,
+            header_check_declarations!(),
+            header_check_body!(),
+            r#"END //
+DELIMITER ;
+"#
+        ),
         columns: &[],
         add_columns: &[],
     },
@@ -619,6 +708,7 @@ mod released {
         (1, "38fadcaa21e52292"),
         (2, "843858d7b611842b"),
         (3, "9eb26b8ad9fed7f5"),
+        (4, "7e424d3e0165c889"),
     ]];
 
     /// The migration runner sends one statement at a time; a routine's body stays whole.
@@ -628,7 +718,9 @@ mod released {
             .iter()
             .map(|m| outbox_types::sql_script::statements(m.sql).len())
             .collect();
-        assert_eq!(counts, [1, 1, 2]);
+        assert_eq!(counts, [1, 1, 2, 3]);
+        let trigger = &outbox_types::sql_script::statements(MIGRATIONS[3].sql)[2];
+        assert!(trigger.starts_with("CREATE TRIGGER") && trigger.ends_with("END"));
         let procedure = &outbox_types::sql_script::statements(MIGRATIONS[2].sql)[1];
         assert!(procedure.starts_with("CREATE PROCEDURE") && procedure.ends_with("END"));
     }

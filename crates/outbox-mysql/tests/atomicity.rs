@@ -268,7 +268,7 @@ async fn enqueue_futures_are_send() {
 async fn migrate_is_idempotent_and_safe_to_race() {
     let pool = common::pool(10).await;
     let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 3));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 4));
     let mut tasks = Vec::new();
     for _ in 0..6 {
         let outbox = outbox.clone();
@@ -280,12 +280,12 @@ async fn migrate_is_idempotent_and_safe_to_race() {
     let mut applied = Vec::new();
     for t in tasks {
         let report = t.await.unwrap();
-        assert_eq!(report.current, 3);
+        assert_eq!(report.current, 4);
         applied.extend(report.applied);
     }
     assert_eq!(
         applied,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4],
         "exactly one racer applied each version"
     );
     let store = MySqlStore::new(pool.clone(), outbox.clone());
@@ -297,7 +297,7 @@ async fn migrate_is_idempotent_and_safe_to_race() {
         .id;
     let again = outbox.migrate(&pool).await.unwrap();
     assert!(again.applied.is_empty(), "migrating twice is a no-op");
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (3, 3));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (4, 4));
     assert!(
         store.get(id).await.unwrap().is_some(),
         "data survives a re-run"
@@ -326,7 +326,8 @@ async fn migrate_is_idempotent_and_safe_to_race() {
 #[tokio::test]
 async fn a_migration_interrupted_after_its_ddl_completes_on_the_next_run() {
     // MySQL DDL is not transactional: simulate a crash between the DDL (CREATE TABLE; ADD
-    // COLUMN and CREATE TABLE of version 2, the procedure of version 3) and the bookkeeping rows by
+    // COLUMN and CREATE TABLE of version 2, the procedure of version 3, the default and triggers of
+    // version 4) and the bookkeeping rows by
     // deleting the rows.
     let pool = common::pool(2).await;
     let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
@@ -338,10 +339,10 @@ async fn a_migration_interrupted_after_its_ddl_completes_on_the_next_run() {
     .execute(&pool)
     .await
     .unwrap();
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 3));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 4));
     let report = outbox.migrate(&pool).await.unwrap();
-    assert_eq!(report.applied, vec![1, 2, 3]);
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (3, 3));
+    assert_eq!(report.applied, vec![1, 2, 3, 4]);
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (4, 4));
 }
 
 #[tokio::test]

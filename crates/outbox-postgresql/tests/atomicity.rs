@@ -167,12 +167,12 @@ async fn migrate_is_idempotent_and_safe_to_race() {
     }
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5],
+        vec![1, 2, 3, 4, 5, 6],
         "exactly one racer applied each version"
     );
     let again = outbox.migrate(&pool).await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (5, 5));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (6, 6));
     // The bookkeeping table sits next to the outbox, not in the application's `_sqlx_migrations`.
     let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
         .bind(format!("{}.my_events_migrations", outbox.schema()))
@@ -207,16 +207,20 @@ async fn a_store_on_an_unmigrated_schema_says_to_migrate() {
 
 /// An outbox migrated by an earlier release (version 3: blockers marked by `attempts` alone, no
 /// enqueue function) upgrades in place, with an event in it: the blockers index is rebuilt
-/// with the new mark and the function appears.
+/// with the new mark, and the function and the header trigger appear.
 #[tokio::test]
 async fn an_outbox_of_the_previous_release_upgrades_in_place() {
     let pool = common::pool(4).await;
     let schema = common::unique_schema();
     let outbox = PgOutbox::with_names(&schema, "events").unwrap();
     outbox.migrate(&pool).await.unwrap();
-    // Back to what version 3 left: its index predicate, no function, no bookkeeping of 4 and 5.
+    // Back to what version 3 left: its index predicate, no functions, no id default or header
+    // trigger, no bookkeeping of 4 to 6.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         r#"DROP FUNCTION "{schema}".events_enqueue;
+           DROP TRIGGER events_header_rules ON "{schema}".events;
+           DROP FUNCTION "{schema}".events_check_headers;
+           ALTER TABLE "{schema}".events ALTER COLUMN id DROP DEFAULT;
            DROP INDEX "{schema}".events_blockers;
            CREATE INDEX events_blockers ON "{schema}".events (aggregate_type, aggregate_id, seq)
                WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
@@ -225,14 +229,14 @@ async fn an_outbox_of_the_previous_release_upgrades_in_place() {
     .execute(&pool)
     .await
     .unwrap();
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (3, 5));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (3, 6));
     let store = PgStore::new(pool.clone(), outbox.clone());
     outbox
         .enqueue(&pool, &outbox_testkit::numbered("a", 1))
         .await
         .unwrap();
     let report = outbox.migrate(&pool).await.unwrap();
-    assert_eq!(report.applied, vec![4, 5]);
+    assert_eq!(report.applied, vec![4, 5, 6]);
     let predicate: String = sqlx::query_scalar(
         "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
          JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace

@@ -51,6 +51,23 @@
 //! `pool.begin_with("BEGIN IMMEDIATE")` when it reads before it writes, for the reason above; a
 //! transaction whose first statement is a write is safe with a plain `begin()`.
 //!
+//! ## What the table checks when a row is written
+//!
+//! Writers in other languages insert into the table by hand, so the table itself refuses what
+//! the relay could only dead-letter later (migration 4; the writers' contract is
+//! `docs/table-contract.md`). Triggers check `headers` on insert (and when an `UPDATE` sets it):
+//! a JSON object whose values are all strings, with no name under the prefix `outbox-` (the
+//! relay's own message headers) other than `outbox-partition`; a bad row fails the writer's
+//! statement with `SQLITE_CONSTRAINT` and a message naming the rule. [`SqliteOutbox::enqueue`]
+//! refuses the same names before sending anything. Triggers, because a CHECK constraint cannot
+//! read `json_each`; they never look at rows already there, so an outbox upgrades whatever it
+//! holds and the relay settles old rows as before.
+//!
+//! Unlike PostgreSQL and MySQL, `id` has **no default** here: SQLite cannot add one to an
+//! existing column, and the rebuild that would (copying every retained row under the write
+//! lock) stalls writers for something each of them has in one call. A writer gives the id
+//! (lowercase hyphenated UUID text, v7 preferred); without one the insert trigger says so.
+//!
 //! ## Time
 //!
 //! Timestamps are `INTEGER` microseconds since the Unix epoch and "now" is read from the host
@@ -247,12 +264,14 @@ impl SqliteOutbox {
     /// never commits by itself.
     ///
     /// With an idempotency key that is already in the table, nothing is written and the existing
-    /// event's id comes back with `created: false`.
+    /// event's id comes back with `created: false`. A header name the table refuses (under the
+    /// reserved prefix `outbox-`) is [`StoreError::Encode`] before anything is sent.
     pub async fn enqueue<'e, E: SqliteExecutor<'e>>(
         &self,
         executor: E,
         event: &NewEvent,
     ) -> Result<Enqueued, StoreError> {
+        event.check_headers()?;
         let row = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue.as_str()))
             .bind(event.id().to_string())
             .bind(event.aggregate_type())
@@ -297,6 +316,7 @@ impl SqliteOutbox {
         let mut first_with_key: HashMap<&str, usize> = HashMap::new();
         let mut to_write = Vec::with_capacity(events.len());
         for (i, event) in events.iter().enumerate() {
+            event.check_headers()?;
             match event.idempotency_key() {
                 Some(key) if first_with_key.contains_key(key) => {}
                 Some(key) => {

@@ -31,6 +31,25 @@ pub(crate) struct Migration {
     pub sql: &'static str,
 }
 
+/// The header rules of migration 4's triggers, one body for both: `headers` is a JSON object
+/// whose values are all strings, with no name under the prefix `outbox-` other than
+/// `outbox-partition` (`outbox_types::is_reserved_header`). One `RAISE` per rule, in order, so
+/// `json_each` only ever reads an object. The messages are string literals: SQLite before 3.47
+/// accepts nothing else in `RAISE`, and a schema it cannot parse would lock such a writer out of
+/// the whole database file. A macro, not a const: `concat!` builds the migration's text.
+macro_rules! header_check_body {
+    () => {
+        r#"    SELECT RAISE(ABORT, 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}')
+    WHERE NEW.headers IS NULL OR json_valid(NEW.headers) = 0 OR json_type(NEW.headers) <> 'object';
+    SELECT RAISE(ABORT, 'outbox: header values must be JSON strings ("3", not 3)')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.headers) WHERE type <> 'text');
+    SELECT RAISE(ABORT, 'outbox: header names starting with outbox- are reserved for the relay (only outbox-partition is allowed)')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.headers)
+                  WHERE substr(key, 1, 7) = 'outbox-' AND key <> 'outbox-partition');
+"#
+    };
+}
+
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -128,6 +147,42 @@ DROP INDEX "{table}_blockers";
 CREATE INDEX "{table}_blockers" ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
 "#,
+    },
+    Migration {
+        version: 4,
+        description: "rows checked when written: header triggers, a missing id named",
+        sql: concat!(
+            r#"
+-- Rows are checked when they are written, not only when the relay claims them.
+--
+-- Headers: a JSON object whose values are all strings, with no name under the prefix outbox-
+-- (the relay's own message headers; outbox-partition, which the relay stores itself, excepted).
+-- Such a row used to insert and was dead-lettered when claimed; now the writer's INSERT fails
+-- (SQLITE_CONSTRAINT) with a message naming the rule. Triggers, because a CHECK constraint
+-- cannot read json_each. On UPDATE only when `headers` is set: the relay never sets it, so rows
+-- written before the triggers existed are claimed, dead-lettered and requeued as before, and
+-- nothing needs validating. Writers need SQLite's JSON functions (built in since 3.38).
+--
+-- `id` keeps no default here: SQLite cannot add one to an existing column, and rebuilding the
+-- table for it (copy every retained row under the write lock, then recreate its indexes and
+-- its AUTOINCREMENT counter) would stall writers on a large outbox for a convenience a writer
+-- has in one call in any language. A missing id is named instead of failing as a bare
+-- NOT NULL constraint.
+CREATE TRIGGER "{table}_check_insert" BEFORE INSERT ON {t}
+BEGIN
+    SELECT RAISE(ABORT, 'outbox: id is required: give each event a UUID as lowercase hyphenated text (SQLite has no default for it)')
+    WHERE NEW.id IS NULL;
+"#,
+            header_check_body!(),
+            r#"END;
+
+CREATE TRIGGER "{table}_check_headers_update" BEFORE UPDATE OF headers ON {t}
+BEGIN
+"#,
+            header_check_body!(),
+            r#"END;
+"#
+        ),
     },
 ];
 
@@ -302,6 +357,7 @@ mod released {
         (1, "cd8d1fbc5520703d"),
         (2, "257f4451e150a7e6"),
         (3, "ee0cfa0b5d09ce96"),
+        (4, "ba618018511559ce"),
     ]];
 
     /// A released migration's text never changes: a database that applied it checks its

@@ -35,11 +35,11 @@ async fn migrate_twice_is_a_no_op() {
     let store = common::open(&path, SqliteOutbox::new()).await;
     assert_eq!(
         store.outbox().schema_version(store.pool()).await.unwrap(),
-        (0, 3)
+        (0, 4)
     );
     let first = store.outbox().migrate(store.pool()).await.unwrap();
-    assert_eq!(first.applied, vec![1, 2, 3]);
-    assert_eq!(first.current, 3);
+    assert_eq!(first.applied, vec![1, 2, 3, 4]);
+    assert_eq!(first.current, 4);
     let id = store
         .outbox()
         .enqueue(store.pool(), &outbox_testkit::numbered("a", 1))
@@ -48,10 +48,10 @@ async fn migrate_twice_is_a_no_op() {
         .id;
     let again = store.outbox().migrate(store.pool()).await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.current, 3);
+    assert_eq!(again.current, 4);
     assert_eq!(
         store.outbox().schema_version(store.pool()).await.unwrap(),
-        (3, 3)
+        (4, 4)
     );
     assert!(
         store.get(id).await.unwrap().is_some(),
@@ -90,7 +90,7 @@ async fn migrations_racing_from_several_pools_apply_once() {
     }
     assert_eq!(
         applied,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4],
         "exactly one racer applied each version"
     );
 }

@@ -23,6 +23,14 @@ pub enum EncodeError {
         "`{0}` is not a W3C traceparent (expected 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>)"
     )]
     InvalidTraceparent(String),
+    /// A header name under the prefix reserved for the relay's own message headers
+    /// ([`RESERVED_HEADER_PREFIX`](crate::RESERVED_HEADER_PREFIX)). Refused here because the
+    /// outbox table refuses it too (a trigger at insert), so the error comes from the library with
+    /// the header's name rather than from the database.
+    #[error(
+        "header `{0}` uses the prefix `outbox-`, which is reserved for the relay's own message headers (only `outbox-partition` may be stored): rename the header"
+    )]
+    ReservedHeader(String),
 }
 
 /// A store operation failed.

@@ -40,6 +40,33 @@ pub fn headers_for_display(text: &str) -> Headers {
     }
 }
 
+/// The header-name prefix reserved for the relay's own message headers (`outbox-event-id`,
+/// `outbox-event-type`, … in [`routing::header`](crate::routing::header)).
+///
+/// Sinks put those headers on every message, and an event's own header of the same name is never
+/// sent (it could otherwise forge the id consumers deduplicate on). So a writer's header with
+/// this prefix is a mistake that would vanish silently at delivery; every store refuses it when
+/// the event is written instead: the Rust enqueue with [`EncodeError::ReservedHeader`], the
+/// database with a trigger on the outbox table (see `docs/table-contract.md`). The one exception
+/// is [`routing::header::PARTITION`](crate::routing::header::PARTITION): the WAL relay stores it
+/// itself (the Kafka partition a Debezium table chose) when it hands an event to the table.
+pub const RESERVED_HEADER_PREFIX: &str = "outbox-";
+
+/// Whether a header named `name` may not be stored with an event: it starts with
+/// [`RESERVED_HEADER_PREFIX`] (lower case, as written) and is not `outbox-partition`.
+///
+/// ```
+/// use outbox_types::is_reserved_header;
+/// assert!(is_reserved_header("outbox-event-id"));
+/// assert!(is_reserved_header("outbox-"));
+/// assert!(!is_reserved_header("outbox-partition"));
+/// assert!(!is_reserved_header("Outbox-Tenant"));
+/// assert!(!is_reserved_header("tenant"));
+/// ```
+pub fn is_reserved_header(name: &str) -> bool {
+    name.starts_with(RESERVED_HEADER_PREFIX) && name != crate::routing::header::PARTITION
+}
+
 /// The longest `last_error` a store keeps, in bytes. Longer errors are cut at a character boundary
 /// (a sink that echoes a 10 MB response body must not bloat the outbox table).
 pub const MAX_LAST_ERROR_LEN: usize = 2048;
@@ -253,7 +280,9 @@ impl NewEvent {
         self
     }
 
-    /// Add one header.
+    /// Add one header. A name under [`RESERVED_HEADER_PREFIX`] (`outbox-…`, other than
+    /// `outbox-partition`) is refused when the event is enqueued (see
+    /// [`NewEvent::check_headers`]).
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());
         self
@@ -290,7 +319,7 @@ impl NewEvent {
         Ok(self)
     }
 
-    /// Replace all headers.
+    /// Replace all headers (the same rule for names as [`NewEvent::with_header`]).
     pub fn with_headers(mut self, headers: Headers) -> Self {
         self.headers = headers;
         self
@@ -345,6 +374,25 @@ impl NewEvent {
     pub fn occurred_at(&self) -> DateTime<Utc> {
         self.occurred_at
     }
+    /// Check the header names against the rule every outbox table enforces at insert: none
+    /// under [`RESERVED_HEADER_PREFIX`] except `outbox-partition` (the values are strings by
+    /// construction). Every store's enqueue calls it before anything is sent, so a bad name is
+    /// an [`EncodeError::ReservedHeader`] naming the header rather than a database error.
+    ///
+    /// ```
+    /// use outbox_types::NewEvent;
+    /// let e = NewEvent::new("order", "1", "OrderCreated", &1).unwrap();
+    /// assert!(e.clone().with_header("tenant", "acme").check_headers().is_ok());
+    /// let err = e.with_header("outbox-tenant", "acme").check_headers().unwrap_err();
+    /// assert!(err.to_string().contains("`outbox-tenant`"));
+    /// ```
+    pub fn check_headers(&self) -> Result<(), EncodeError> {
+        match self.headers.keys().find(|name| is_reserved_header(name)) {
+            Some(name) => Err(EncodeError::ReservedHeader(name.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// The headers as a JSON object, the form stores keep them in.
     pub fn headers_json(&self) -> String {
         // A map of strings always serializes.

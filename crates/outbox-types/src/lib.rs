@@ -31,9 +31,9 @@
 //! assert_eq!(event.payload(), r#"{"order_id":42,"amount_cents":1999}"#);
 //! ```
 
+pub mod cloudevents;
 mod error;
 mod event;
-pub mod cloudevents;
 pub mod redact;
 mod retry;
 pub mod route;
@@ -46,8 +46,8 @@ mod store;
 pub use error::{EncodeError, StoreError};
 pub use event::{
     AggregateKey, Event, EventId, EventRecord, EventState, Headers, MAX_LAST_ERROR_LEN, NewEvent,
-    ParseStateError, check_first_delivery_order, headers_for_display, is_valid_traceparent,
-    truncate_error,
+    ParseStateError, RESERVED_HEADER_PREFIX, check_first_delivery_order, headers_for_display,
+    is_reserved_header, is_valid_traceparent, truncate_error,
 };
 pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};

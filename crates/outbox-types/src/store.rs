@@ -157,7 +157,7 @@ pub fn bury_malformed(seq: i64, error: &StoreError) -> BuryEvent {
     BuryEvent {
         seq,
         error: format!(
-            "the stored row cannot be read as an event ({error}); fix the row and run `outbox dead retry`, or `outbox dead discard` it"
+            "the stored row cannot be read as an event ({error}); fix the row and run `outbox dead requeue`, or `outbox dead purge` it"
         ),
     }
 }
@@ -170,8 +170,8 @@ pub fn bury_oversized(seq: i64, bytes: u64, limit: u64) -> BuryEvent {
         seq,
         error: format!(
             "the payload is {bytes} bytes, above relay.max_payload_bytes = {limit}: the relay does not deliver it; \
-             raise relay.max_payload_bytes (if the destination accepts such messages) and run `outbox dead retry`, \
-             or `outbox dead discard` it"
+             raise relay.max_payload_bytes (if the destination accepts such messages) and run `outbox dead requeue`, \
+             or `outbox dead purge` it"
         ),
     }
 }

@@ -249,6 +249,22 @@ impl MessageRow {
     }
 }
 
+/// `event`'s headers as the outbox table stores them: without names under the reserved prefix
+/// `outbox-` other than `outbox-partition` (which this relay writes itself, for Debezium
+/// tables), since the table's header trigger refuses those. A logical message, a Debezium
+/// table's `header` placement or a stream table row from before that table's trigger may carry
+/// one; no sink ever sends such a header (routing leaves every `outbox-` name out), so dropping
+/// it changes nothing a consumer sees, where keeping it would fail the insert and stop the relay
+/// handing failed events to the table.
+fn storable_headers(event: &Event) -> String {
+    let kept: std::collections::BTreeMap<&String, &String> = event
+        .headers
+        .iter()
+        .filter(|(name, _)| !outbox_types::is_reserved_header(name))
+        .collect();
+    serde_json::to_string(&kept).unwrap_or_else(|_| "{}".to_owned())
+}
+
 /// Insert message events as rows of the outbox table, so table claims (and `outbox dead …`)
 /// find them. Returns each row's seq in input order (`None` where a row with that id existed
 /// already: written by an earlier attempt, or the same message re-sent). An idempotency key
@@ -277,10 +293,7 @@ pub(crate) async fn insert_messages(
             .iter()
             .map(|r| r.event.destination.as_deref())
             .collect();
-        let headers: Vec<String> = rest
-            .iter()
-            .map(|r| serde_json::to_string(&r.event.headers).unwrap_or_else(|_| "{}".to_owned()))
-            .collect();
+        let headers: Vec<String> = rest.iter().map(|r| storable_headers(&r.event)).collect();
         let keys: Vec<Option<&str>> = rest
             .iter()
             .map(|r| {

@@ -33,7 +33,7 @@
 //! - **the table**: claims like the polling relay's, under a lease, for what the table owns: a
 //!   failed event (its retry is written to its row, or a message is inserted as a row) and
 //!   every later event of its aggregate, a dead event under `block` and what follows it, events
-//!   of a paused destination, rows requeued (`outbox dead retry`) or replayed, and rows left
+//!   of a paused destination, rows requeued (`outbox dead requeue`) or replayed, and rows left
 //!   undelivered when a session starts (`catch_up`). Table claims never take a row the stream
 //!   holds, and a row the table claimed is checked before the stream would publish it again.
 //!
@@ -80,7 +80,11 @@
 //!   hand-written outbox table's does, and the relay's database work per event is decoding, not a
 //!   row update: measured below. Unlike a message, the event also stays as a row (purged
 //!   by age: [`purge_stream_table`], which `outbox relay` runs with `retention.delivered`), and any
-//!   role with `INSERT` on that table may write events, like the outbox table.
+//!   role with `INSERT` on that table may write events, like the outbox table. Its `headers`
+//!   are checked at insert as the outbox table's are (a JSON object of strings, no name under
+//!   the reserved prefix `outbox-` but `outbox-partition`: the trigger
+//!   `<table>_stream_header_rules`). An event copied into the outbox table keeps its headers
+//!   without reserved names (which no sink sends), since that table refuses them.
 //! - **debezium** ([`Source::Debezium`], opt-in): inserts into a Debezium outbox table as
 //!   services that ran Debezium's Outbox Event Router write it (default `public.outbox`:
 //!   `id`, `aggregatetype`, `aggregateid`, `type`, `payload`), read with the router's own
@@ -167,7 +171,7 @@
 //!   [`RetryPolicy`](outbox_types::RetryPolicy), is dead in the table (a message is inserted as a
 //!   `dead` row). Under `dead_letter = "block"` (the default, as in polling mode) the later
 //!   events of its aggregate wait in the table behind it; under `skip` they go on. A requeued
-//!   dead event (`outbox dead retry`) is delivered by the next table claim, while the relay
+//!   dead event (`outbox dead requeue`) is delivered by the next table claim, while the relay
 //!   streams.
 //! - **Heartbeats.** Every `heartbeat_interval` the relay writes an empty transactional logical
 //!   message (prefix `outbox.heartbeat`); its commit gives an idle outbox a position to confirm,
@@ -225,7 +229,7 @@
 //! While streaming, the table is claimed from every poll interval as long as it owns an
 //! aggregate (a retry waiting for its backoff, a dead event under `block`, events behind them);
 //! otherwise it is only asked, once a second and off the claim path, whether anything became due
-//! (an operator's `outbox dead retry` or `replay`, a lease that ran out), and claimed from when it
+//! (an operator's `outbox dead requeue` or `replay`, a lease that ran out), and claimed from when it
 //! has.
 //!
 //! ## Switching modes on a live outbox

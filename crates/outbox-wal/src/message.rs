@@ -73,6 +73,8 @@ pub(crate) struct Envelope {
 
 /// The message content for `event`.
 pub fn encode_envelope(event: &NewEvent) -> Result<String, WalError> {
+    // The outbox table refuses these names, and a message that fails is handed to it.
+    event.check_headers()?;
     serde_json::to_string(&EnvelopeOut {
         v: 1,
         id: event.id().as_uuid(),
@@ -183,7 +185,7 @@ pub(crate) fn malformed_message(
         .map(|id| format!(" (the writer's id was {id})"))
         .unwrap_or_default();
     let error = format!(
-        "the logical message at {lsn} cannot be read as an event: {reason}{writer_id}. Its content is kept as this row's payload; fix the writer, then `outbox dead discard` this row (or correct it and `outbox dead retry`)"
+        "the logical message at {lsn} cannot be read as an event: {reason}{writer_id}. Its content is kept as this row's payload; fix the writer, then `outbox dead purge` this row (or correct it and `outbox dead requeue`)"
     );
     let event = Event {
         seq: i64::try_from(lsn.0).unwrap_or(i64::MAX),

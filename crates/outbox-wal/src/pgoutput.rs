@@ -594,7 +594,7 @@ mod tests {
         // The shared wording: what is wrong and what to do.
         let error = malformed_error(9, &bad.reason);
         assert!(
-            error.contains("column `payload`") && error.contains("outbox dead retry"),
+            error.contains("column `payload`") && error.contains("outbox dead requeue"),
             "{error}"
         );
     }

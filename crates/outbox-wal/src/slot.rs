@@ -40,15 +40,36 @@ pub(crate) fn stream_table(config: &WalConfig) -> String {
     format!("\"{}\".\"{}\"", config.schema, config.stream_table())
 }
 
+/// The name of the stream table's header trigger: `<stream table>_header_rules`, cut to
+/// PostgreSQL's 63-byte identifier limit (names are ASCII, checked by the configuration), so
+/// the catalog holds exactly the name the statement that creates it looks for.
+pub(crate) fn stream_header_trigger(config: &WalConfig) -> String {
+    let mut name = format!("{}_header_rules", config.stream_table());
+    name.truncate(63);
+    name
+}
+
 /// The stream table's definition (`CREATE TABLE IF NOT EXISTS`, for schema migrations that
 /// create it ahead of the relay): the event columns of the outbox table and a primary key, so
 /// that an insert costs what a hand-written outbox table's does (measured with
 /// `outbox-bench writer-cost`), and a BRIN index for purging by age, which costs an insert
 /// next to nothing. Rows are never updated; `id` defaults to a version 4 UUID for writers that
 /// leave it out (the library writes version 7).
+///
+/// `headers` is checked as the outbox table's are, by the same trigger function
+/// (`<table>_check_headers`, which the outbox's migrations create: migrate first): a JSON
+/// object of string values, no name under the reserved prefix `outbox-` other than
+/// `outbox-partition`. A writer's insert that breaks it fails with SQLSTATE 23514 naming the
+/// header, instead of the row being dead-lettered when the relay reads it. A trigger for the
+/// reason the outbox table has one: a CHECK constraint would cost every insert several times
+/// as much (see the `outbox-postgresql` crate docs). A stream table created before the check
+/// gets the trigger from the statement at the end; it checks new rows only, and the relay
+/// dead-letters old ones it cannot read, as before.
 pub fn stream_table_ddl(config: &WalConfig) -> String {
     let t = stream_table(config);
     let name = config.stream_table();
+    let trigger = stream_header_trigger(config);
+    let function = format!("\"{}\".\"{}_check_headers\"", config.schema, config.table);
     format!(
         "CREATE TABLE IF NOT EXISTS {t} (
              id              UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
@@ -61,11 +82,22 @@ pub fn stream_table_ddl(config: &WalConfig) -> String {
              occurred_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
              enqueued_at     TIMESTAMPTZ NOT NULL DEFAULT now()
          );
-         CREATE INDEX IF NOT EXISTS \"{name}_enqueued_at\" ON {t} USING brin (enqueued_at);"
+         CREATE INDEX IF NOT EXISTS \"{name}_enqueued_at\" ON {t} USING brin (enqueued_at);
+         DO $outbox$ BEGIN
+             IF to_regprocedure('{function}()') IS NULL THEN
+                 RAISE EXCEPTION 'outbox: function {function}() is missing: run `outbox migrate` for the outbox table first (it checks the stream table''s headers too)';
+             END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                            WHERE tgrelid = '{t}'::regclass AND tgname = '{trigger}') THEN
+                 CREATE TRIGGER \"{trigger}\" BEFORE INSERT OR UPDATE OF headers ON {t}
+                     FOR EACH ROW EXECUTE FUNCTION {function}();
+             END IF;
+         END $outbox$;"
     )
 }
 
-/// Create the stream table when it is captured and missing.
+/// Create the stream table when it is captured and missing (and its header trigger when a
+/// stream table from before the trigger lacks it).
 pub(crate) async fn ensure_stream_table(pool: &PgPool, config: &WalConfig) -> Result<(), WalError> {
     if !config.captures(Source::StreamTable) {
         return Ok(());

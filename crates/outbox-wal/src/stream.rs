@@ -625,7 +625,7 @@ impl Decoder {
         );
         event.event_type = "outbox.malformed_row".to_owned();
         let error = format!(
-            "the row of {table} at {lsn} cannot be read as an event: {reason}. The row stays in that table; fix the writer, then `outbox dead discard` this event"
+            "the row of {table} at {lsn} cannot be read as an event: {reason}. The row stays in that table; fix the writer, then `outbox dead purge` this event"
         );
         self.push_dead(state, event, Origin::Message, true, None, error);
     }

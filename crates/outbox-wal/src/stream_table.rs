@@ -49,6 +49,9 @@ pub async fn enqueue_streamed<'e, E: PgExecutor<'e>>(
     outbox: &PgOutbox,
     event: &NewEvent,
 ) -> Result<EventId, WalError> {
+    // The stream table refuses these names itself (and so does the outbox table, which takes
+    // the events that fail); refused here first, naming the header.
+    event.check_headers()?;
     if event.idempotency_key().is_some() {
         return Err(WalError::Config(
             "the stream table has no idempotency key: enqueue events that carry one with PgOutbox::enqueue (the outbox table)".into(),

@@ -142,8 +142,15 @@ async fn stream_table_rows_are_delivered_in_order_with_nothing_written_back() {
     // A restart delivers nothing again: the slot's position is the record.
     let before = sink.inner.delivered().len();
     let relay = start(fx.config.clone(), sink.clone()).ready().await;
-    // A row whose header is not a string passes the table's checks but is no event: dead, and
-    // the stream moves on to the next row.
+    // A row whose header is not a string is no event: the table's trigger refuses it now, but
+    // a stream table from before that trigger may hold one. Such a row is dead, and the stream
+    // moves on to the next row.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TRIGGER events_stream_header_rules ON {stream}"
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {stream} (aggregate_type, aggregate_id, event_type, payload, headers)
          VALUES ('order', 'bad', 'OrderPlaced', '{{}}', '{{\"retry\": 3}}')"
@@ -227,6 +234,149 @@ async fn the_stream_table_joins_an_existing_publication() {
     })
     .await;
     assert_eq!(sink.distinct_delivered(), ids(&[row, streamed]));
+    relay.stop().await;
+    fx.cleanup().await;
+}
+
+/// The stream table checks `headers` as the outbox table does (the same trigger function): a
+/// writer's insert with a value that is not a string, or a name under the reserved prefix
+/// `outbox-`, fails naming the header. A stream table from before the trigger still holds such
+/// rows and the relay goes on with them: an unreadable one is dead-lettered as an empty-headed
+/// row; a readable one that waits for its destination goes to the outbox table without the
+/// reserved name (which no sink sends), so that table's own trigger takes it. The relay's start
+/// gives an old stream table the trigger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_table_checks_headers_and_a_table_from_before_the_check_still_flows() {
+    let fx = Fixture::new(&[Source::StreamTable]).await;
+    let stream = format!("\"{}\".\"events_stream\"", fx.config.schema);
+    let insert = |headers: &'static str, aggregate: &'static str| {
+        let (pool, stream) = (fx.pool.clone(), stream.clone());
+        async move {
+            sqlx::query_scalar::<_, uuid::Uuid>(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {stream} (aggregate_type, aggregate_id, event_type, payload, headers)
+                 VALUES ('order', '{aggregate}', 'OrderPlaced', '{{}}', $1::jsonb) RETURNING id"
+            )))
+            .bind(headers)
+            .fetch_one(&pool)
+            .await
+        }
+    };
+    let has_trigger = || {
+        let pool = fx.pool.clone();
+        let stream = stream.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_trigger
+                 WHERE tgrelid = to_regclass($1) AND tgname = 'events_stream_header_rules'",
+            )
+            .bind(stream)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                == 1
+        }
+    };
+    assert!(has_trigger().await);
+    for (headers, says) in [
+        (r#"{"retry": 3}"#, r#"header "retry" is not a string"#),
+        (
+            r#"{"outbox-x": "v"}"#,
+            r#"header "outbox-x" uses the prefix outbox-"#,
+        ),
+        ("[1]", "headers must be a JSON object"),
+    ] {
+        let err = insert(headers, "refused").await.unwrap_err();
+        let db = err.as_database_error().unwrap();
+        assert_eq!(db.code().as_deref(), Some("23514"), "{headers}: {err}");
+        assert!(err.to_string().contains(says), "{headers}: {err}");
+    }
+    let streamed_bad = numbered("lib", 0).with_header("outbox-x", "v");
+    let mut tx = fx.pool.begin().await.unwrap();
+    let err = outbox_wal::enqueue_streamed(&mut *tx, &fx.outbox, &streamed_bad)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("`outbox-x`"), "{err}");
+    drop(tx);
+
+    // As a stream table created before the trigger, holding rows it refuses.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TRIGGER events_stream_header_rules ON {stream}"
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
+    let reserved = insert(
+        r#"{"outbox-x": "v", "outbox-partition": "2", "tenant": "acme"}"#,
+        "reserved",
+    )
+    .await
+    .unwrap();
+    insert(r#"{"retry": 3}"#, "unreadable").await.unwrap();
+    // The relay's start gives the table its trigger back; the rows already there flow.
+    let sink = Arc::new(SwitchSink::new(RecordingSink::new()));
+    sink.down.store(true, Ordering::SeqCst);
+    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    assert!(has_trigger().await);
+    let err = insert(r#"{"retry": 3}"#, "new").await.unwrap_err();
+    assert!(
+        err.to_string().contains("is not a string"),
+        "new rows are checked: {err}"
+    );
+    wait_for(
+        "both rows in the outbox table",
+        Duration::from_secs(20),
+        || sink.calls_while_down.load(Ordering::Relaxed) > 0,
+    )
+    .await;
+    let table = fx.outbox.qualified_table().to_owned();
+    let mut rows: Vec<(String, String, serde_json::Value)> = Vec::new();
+    for _ in 0..100 {
+        rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT aggregate_id, status, headers::json FROM {table}
+             ORDER BY aggregate_id = 'reserved' DESC"
+        )))
+        .fetch_all(&fx.pool)
+        .await
+        .unwrap();
+        if rows.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let (agg, status, headers) = &rows[0];
+    assert_eq!(agg, "reserved");
+    assert_eq!(status, "pending", "waits for its destination: {rows:?}");
+    assert_eq!(
+        headers,
+        &serde_json::json!({"outbox-partition": "2", "tenant": "acme"}),
+        "the reserved name is dropped, outbox-partition kept"
+    );
+    // The unreadable row, under its LSN.
+    let (_, status, headers) = &rows[1];
+    assert_eq!(status, "dead", "{rows:?}");
+    assert_eq!(
+        headers,
+        &serde_json::json!({}),
+        "the unreadable headers stay behind"
+    );
+    sink.down.store(false, Ordering::SeqCst);
+    wait_for("the waiting event", Duration::from_secs(30), || {
+        sink.inner
+            .distinct_delivered()
+            .contains(&EventId::from_uuid(reserved))
+    })
+    .await;
+    let delivered = sink.inner.delivered();
+    let event = delivered
+        .iter()
+        .find(|e| *e.id.as_uuid() == reserved)
+        .unwrap();
+    assert_eq!(
+        event.headers.get("tenant").map(String::as_str),
+        Some("acme")
+    );
+    assert!(!event.headers.contains_key("outbox-x"));
     relay.stop().await;
     fx.cleanup().await;
 }

@@ -567,7 +567,7 @@ async fn permanently_failing_events_are_dead_lettered_and_the_stream_moves_on() 
             .count(),
         1
     );
-    // `outbox dead retry` works on them; the next start's catch-up delivers them.
+    // `outbox dead requeue` works on them; the next start's catch-up delivers them.
     assert_eq!(store.requeue_dead(&DeadFilter::All).await.unwrap(), 4);
     let relay = start(fx.config.clone(), sink.clone()).ready().await;
     wait_for(
@@ -953,9 +953,10 @@ async fn insert_mix(fx: &Fixture) -> (Vec<outbox_types::EventId>, Vec<(i64, &'st
 /// What a hand-altered outbox table allows (the stock one refuses these values outright).
 async fn loosen(fx: &Fixture) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE {} ALTER COLUMN event_type DROP NOT NULL,
-             ALTER COLUMN id TYPE text, ALTER COLUMN payload TYPE text",
-        fx.outbox.qualified_table()
+        "ALTER TABLE {t} ALTER COLUMN event_type DROP NOT NULL,
+             ALTER COLUMN id TYPE text, ALTER COLUMN payload TYPE text;
+         DROP TRIGGER events_header_rules ON {t}",
+        t = fx.outbox.qualified_table()
     )))
     .execute(&fx.pool)
     .await
@@ -1018,7 +1019,7 @@ async fn malformed_rows_are_dead_lettered_in_the_catch_up_scan_and_in_the_stream
         let error = error.as_deref().unwrap_or_default();
         assert_eq!(status, "dead", "row {seq}");
         assert!(
-            error.contains(column) && error.contains("outbox dead retry"),
+            error.contains(column) && error.contains("outbox dead requeue"),
             "row {seq}: {error}"
         );
     }

@@ -1,0 +1,467 @@
+//! Rows are checked when they are written, not only when the relay claims them: a writer that
+//! inserts by hand may leave out `id` (a UUID v7 default), and headers that are not a JSON
+//! object of strings, or that use the reserved `outbox-` prefix, fail the writer's own
+//! transaction with a message naming the header. Both layouts, an upgrade of an outbox that
+//! already holds bad rows, and the Rust enqueue refusing the same names before the database
+//! does.
+
+mod common;
+
+use std::time::Duration;
+
+use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_types::{
+    ClaimRequest, DeadFilter, DeadLetterPolicy, EncodeError, EventState, NewEvent, Store,
+    StoreError,
+};
+use sqlx::{AssertSqlSafe, PgPool};
+
+/// Headers no writer may store, with the message that says why.
+const BAD_HEADERS: [(&str, &str); 6] = [
+    (
+        r#"{"a": "1", "retry": 3}"#,
+        r#"header "retry" is not a string"#,
+    ),
+    (r#"{"a": {"b": "c"}}"#, r#"header "a" is not a string"#),
+    (r#"{"a": null}"#, r#"header "a" is not a string"#),
+    (r#"["x"]"#, "headers must be a JSON object of strings"),
+    (r#""x""#, "headers must be a JSON object of strings"),
+    (
+        r#"{"ok": "1", "outbox-x": "v"}"#,
+        r#"header "outbox-x" uses the prefix outbox-"#,
+    ),
+];
+
+fn claim_request() -> ClaimRequest {
+    ClaimRequest::new(
+        "write-checks",
+        100,
+        Duration::from_secs(30),
+        DeadLetterPolicy::Skip,
+    )
+}
+
+/// A hand-written insert of the event columns, `id` left out, returning the new id.
+async fn insert_without_id(
+    executor: impl sqlx::PgExecutor<'_>,
+    table: &str,
+    headers: &str,
+) -> Result<uuid::Uuid, sqlx::Error> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb) RETURNING id"
+    )))
+    .bind(headers)
+    .fetch_one(executor)
+    .await
+}
+
+/// The partitioned layout's hand-written insert: the keys row first, `id` left out, and the
+/// event with the id and `enqueued_at` it got (docs/table-contract.md).
+async fn insert_partitioned(
+    executor: impl sqlx::PgExecutor<'_>,
+    outbox: &PgOutbox,
+    headers: &str,
+) -> Result<uuid::Uuid, sqlx::Error> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "WITH k AS (INSERT INTO \"{s}\".\"{t}_keys\" DEFAULT VALUES RETURNING id, enqueued_at)
+         INSERT INTO \"{s}\".\"{t}\" (id, aggregate_type, aggregate_id, event_type, payload, headers, enqueued_at)
+         SELECT k.id, 'order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb, k.enqueued_at FROM k
+         RETURNING id",
+        s = outbox.schema(),
+        t = outbox.table()
+    )))
+    .bind(headers)
+    .fetch_one(executor)
+    .await
+}
+
+async fn insert(store: &PgStore, headers: &str) -> Result<uuid::Uuid, sqlx::Error> {
+    if store.outbox().partitioning().is_some() {
+        insert_partitioned(store.pool(), store.outbox(), headers).await
+    } else {
+        insert_without_id(store.pool(), store.outbox().qualified_table(), headers).await
+    }
+}
+
+/// The tables of `outbox` that carry its header trigger (the partitions, for the partitioned
+/// layout, each with the clone of the partitioned table's).
+async fn tables_with_trigger(pool: &PgPool, outbox: &PgOutbox) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND g.tgname = $2 ORDER BY 1",
+    )
+    .bind(outbox.schema())
+    .bind(format!("{}_header_rules", outbox.table()))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+fn sqlstate(error: &sqlx::Error) -> String {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+        .unwrap_or_default()
+}
+
+async fn omitted_id_gets_a_v7_uuid(store: PgStore) {
+    let id = insert(&store, "{}").await.unwrap();
+    assert_eq!(id.get_version_num(), 7, "a time-ordered id: {id}");
+    let ms = u64::from_be_bytes([
+        0,
+        0,
+        id.as_bytes()[0],
+        id.as_bytes()[1],
+        id.as_bytes()[2],
+        id.as_bytes()[3],
+        id.as_bytes()[4],
+        id.as_bytes()[5],
+    ]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(now.abs_diff(ms) < 60_000, "its time is now: {ms} vs {now}");
+    assert_eq!(id.as_bytes()[8] >> 6, 0b10, "RFC 4122 variant: {id}");
+    let other = insert(&store, "{}").await.unwrap();
+    assert_ne!(id, other);
+    // The relay reads the row like any other.
+    let record = store
+        .get(outbox_types::EventId::from_uuid(id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, EventState::Pending);
+}
+
+#[tokio::test]
+async fn an_insert_without_id_gets_a_time_ordered_uuid() {
+    omitted_id_gets_a_v7_uuid(common::fresh_store().await).await;
+}
+
+#[tokio::test]
+async fn a_partitioned_insert_without_id_gets_a_time_ordered_uuid_from_the_keys_table() {
+    let store = common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await;
+    omitted_id_gets_a_v7_uuid(store.clone()).await;
+    // The event table has no default of its own: an event's id is its keys row's.
+    let err = insert_without_id(store.pool(), store.outbox().qualified_table(), "{}")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "23502", "NOT NULL: {err}");
+    assert!(err.to_string().contains("\"id\""), "{err}");
+}
+
+/// Every bad header fails the writer's insert inside its transaction, naming the header, and
+/// takes the business change down with it; `outbox-partition` is stored and read back.
+async fn bad_headers_fail_the_writers_transaction(store: PgStore) {
+    let schema = store.outbox().schema().to_owned();
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE \"{schema}\".orders (id INT PRIMARY KEY)"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    for (n, (headers, what)) in BAD_HEADERS.iter().enumerate() {
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO \"{schema}\".orders (id) VALUES ($1)"
+        )))
+        .bind(n as i32)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let err = if store.outbox().partitioning().is_some() {
+            insert_partitioned(&mut *tx, store.outbox(), headers).await
+        } else {
+            insert_without_id(&mut *tx, store.outbox().qualified_table(), headers).await
+        }
+        .expect_err(headers);
+        assert_eq!(sqlstate(&err), "23514", "{headers}: {err}");
+        assert!(err.to_string().contains(what), "{headers}: {err}");
+        // The transaction is aborted: the writer cannot commit its business change without
+        // the event.
+        let next = sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap_err();
+        assert_eq!(sqlstate(&next), "25P02", "{next}");
+        drop(tx);
+    }
+    let orders: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{schema}\".orders"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(orders, 0, "every business change rolled back");
+    assert_eq!(store.stats().await.unwrap().pending, 0);
+
+    // The one reserved name the relay stores itself, beside a writer's own header.
+    let id = insert(
+        &store,
+        r#"{"outbox-partition": "3", "tenant": "acme", "Outbox-Case": "upper is not reserved"}"#,
+    )
+    .await
+    .unwrap();
+    let claim = store.claim(&claim_request()).await.unwrap();
+    assert_eq!(claim.events.len(), 1, "{claim:?}");
+    let event = &claim.events[0];
+    assert_eq!(*event.id.as_uuid(), id);
+    assert_eq!(event.headers["outbox-partition"], "3");
+    assert_eq!(event.headers["tenant"], "acme");
+    store.ack(&claim.lease, &[event.seq]).await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_headers_fail_the_writers_insert_with_the_rule_in_the_message() {
+    bad_headers_fail_the_writers_transaction(common::fresh_store().await).await;
+}
+
+#[tokio::test]
+async fn bad_headers_fail_the_writers_insert_in_the_partitioned_layout() {
+    let store = common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await;
+    // The trigger fires on the default partition and on the dated ones the relay creates.
+    let tables = tables_with_trigger(store.pool(), store.outbox()).await;
+    assert!(tables.len() >= 3, "{tables:?}");
+    assert!(tables.contains(&"events_default".to_owned()), "{tables:?}");
+    bad_headers_fail_the_writers_transaction(store).await;
+}
+
+/// The enqueue function names the reserved header itself (22023, like its other checks).
+#[tokio::test]
+async fn the_enqueue_function_names_a_reserved_header() {
+    for store in [
+        common::fresh_store().await,
+        common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await,
+    ] {
+        let function = format!(
+            "{}_enqueue\"",
+            store.outbox().qualified_table().trim_end_matches('"')
+        );
+        let err = sqlx::query_scalar::<_, uuid::Uuid>(AssertSqlSafe(format!(
+            "SELECT {function}('a', '1', 'T', '{{}}', headers => '{{\"ok\": \"1\", \"outbox-event-id\": \"forged\"}}')"
+        )))
+        .fetch_one(store.pool())
+        .await
+        .unwrap_err();
+        assert_eq!(sqlstate(&err), "22023", "{err}");
+        assert!(
+            err.to_string()
+                .contains(r#"header "outbox-event-id" uses the prefix outbox-"#),
+            "{err}"
+        );
+        let id: uuid::Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT {function}('a', '1', 'T', '{{}}', headers => '{{\"outbox-partition\": \"2\"}}')"
+        )))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(id.get_version_num(), 7);
+    }
+}
+
+/// The Rust enqueue refuses the reserved names before anything reaches the database.
+#[tokio::test]
+async fn the_library_refuses_a_reserved_header_before_the_database_does() {
+    for store in [
+        common::fresh_store().await,
+        common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await,
+    ] {
+        let bad = NewEvent::new("order", "1", "OrderPlaced", &1)
+            .unwrap()
+            .with_header("outbox-event-id", "forged");
+        let mut tx = store.pool().begin().await.unwrap();
+        let err = store.outbox().enqueue(&mut *tx, &bad).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("`outbox-event-id`"), "{err}");
+        let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
+        let err = store
+            .outbox()
+            .enqueue_batch(&mut *tx, &[good.clone(), bad.clone()])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Encode(_)), "{err}");
+        // Nothing was sent: the transaction is still usable.
+        let partition = good.clone().with_header("outbox-partition", "1");
+        store.outbox().enqueue(&mut *tx, &partition).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(store.stats().await.unwrap().pending, 1);
+    }
+}
+
+/// Back to the schema before the header check, as an outbox of the previous release has it.
+async fn downgrade(pool: &PgPool, outbox: &PgOutbox, version: i64) {
+    let (s, t) = (outbox.schema(), outbox.table());
+    let id_default = if outbox.partitioning().is_some() {
+        format!("ALTER TABLE \"{s}\".\"{t}_keys\" ALTER COLUMN id DROP DEFAULT;")
+    } else {
+        format!("ALTER TABLE \"{s}\".\"{t}\" ALTER COLUMN id DROP DEFAULT;")
+    };
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "{id_default}
+         DROP TRIGGER {t}_header_rules ON \"{s}\".\"{t}\";
+         DROP FUNCTION \"{s}\".\"{t}_check_headers\"();
+         DELETE FROM \"{s}\".\"{t}_migrations\" WHERE version >= {version};"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// An outbox of the previous release that holds rows the check refuses upgrades all the same:
+/// new rows are checked at once, while the relay still claims, dead-letters and delivers the
+/// old rows, an operator requeues them, and a writer's duplicate idempotency key still finds
+/// an old row (the trigger looks at inserts and at updates that set headers, nothing else). An
+/// operator's correction of an old row's headers is checked.
+async fn upgrades_with_bad_rows(store: PgStore, version: i64) {
+    let (pool, outbox) = (store.pool().clone(), store.outbox().clone());
+    let t = outbox.qualified_table().to_owned();
+    downgrade(&pool, &outbox, version).await;
+    assert!(tables_with_trigger(&pool, &outbox).await.is_empty());
+    // A number where a string belongs, a reserved name with an idempotency key, and a dead row
+    // dead-lettered long ago.
+    let number = NewEvent::new("old", "1", "Old", &1).unwrap();
+    let reserved = NewEvent::new("old", "2", "Old", &2)
+        .unwrap()
+        .with_idempotency_key("old-2");
+    let dead = NewEvent::new("old", "3", "Old", &3).unwrap();
+    for e in [&number, &reserved, &dead] {
+        outbox.enqueue(&pool, e).await.unwrap();
+    }
+    for (e, headers, extra) in [
+        (&number, r#"{"retry": 3}"#, ""),
+        (&reserved, r#"{"outbox-tenant": "acme"}"#, ""),
+        (
+            &dead,
+            r#"{"retry": 3}"#,
+            ", status = 'dead', dead_at = now(), last_error = 'unreadable'",
+        ),
+    ] {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {t} SET headers = $2::jsonb{extra} WHERE id = $1"
+        )))
+        .bind(e.id().as_uuid())
+        .bind(headers)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+
+    let report = outbox.migrate(&pool).await.unwrap();
+    assert_eq!(report.applied, vec![version]);
+    assert!(!tables_with_trigger(&pool, &outbox).await.is_empty());
+    // New rows are checked.
+    let err = insert(&store, r#"{"retry": 3}"#).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "23514", "{err}");
+    let id_default = insert(&store, "{}").await.unwrap();
+    assert_eq!(id_default.get_version_num(), 7);
+    // A writer's retry of the old keyed event finds it, as before.
+    let again = outbox
+        .enqueue(&pool, &reserved_twin(&reserved))
+        .await
+        .unwrap();
+    assert_eq!((again.id, again.created), (reserved.id(), false));
+
+    // The relay goes on with the old rows: the unreadable one is dead-lettered at claim, the
+    // reserved name is delivered (and never sent), the old dead row can be requeued.
+    let claim = store.claim(&claim_request()).await.unwrap();
+    assert_eq!(claim.buried, 1, "{claim:?}");
+    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        claim.events.len(),
+        2,
+        "the reserved one and the new one: {claim:?}"
+    );
+    store.ack(&claim.lease, &seqs).await.unwrap();
+    let state = |id| {
+        let store = store.clone();
+        async move { store.get(id).await.unwrap().unwrap().state }
+    };
+    assert_eq!(state(number.id()).await, EventState::Dead);
+    assert_eq!(state(reserved.id()).await, EventState::Delivered);
+    let requeued = store
+        .requeue_dead(&DeadFilter::Ids(vec![dead.id(), number.id()]))
+        .await
+        .unwrap();
+    assert_eq!(requeued, 2);
+    // Correcting headers by hand is checked; a correct value is taken and delivered.
+    let fix = |id: uuid::Uuid, headers: &'static str| {
+        let (pool, t) = (pool.clone(), t.clone());
+        async move {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {t} SET headers = $2::jsonb WHERE id = $1"
+            )))
+            .bind(id)
+            .bind(headers)
+            .execute(&pool)
+            .await
+        }
+    };
+    let err = fix(*number.id().as_uuid(), r#"{"retry": 4}"#)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(r#"header "retry" is not a string"#),
+        "{err}"
+    );
+    fix(*number.id().as_uuid(), r#"{"retry": "4"}"#)
+        .await
+        .unwrap();
+    fix(*dead.id().as_uuid(), r#"{"retry": "3"}"#)
+        .await
+        .unwrap();
+    let claim = store.claim(&claim_request()).await.unwrap();
+    assert_eq!((claim.events.len(), claim.buried), (2, 0), "{claim:?}");
+}
+
+/// The same event again (same id and key), as a writer's retry sends it.
+fn reserved_twin(e: &NewEvent) -> NewEvent {
+    NewEvent::new("old", "2", "Old", &2)
+        .unwrap()
+        .with_id(e.id())
+        .with_idempotency_key("old-2")
+}
+
+#[tokio::test]
+async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
+    upgrades_with_bad_rows(common::fresh_store().await, 6).await;
+}
+
+#[tokio::test]
+async fn a_partitioned_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
+    let store = common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await;
+    upgrades_with_bad_rows(store, 5).await;
+}
+
+/// The script for other migration tools gives the trigger too, and migrate finds it current.
+#[tokio::test]
+async fn the_schema_script_creates_the_trigger() {
+    for outbox in [
+        PgOutbox::with_names(&common::unique_schema(), "events").unwrap(),
+        PgOutbox::partitioned(
+            &common::unique_schema(),
+            "events",
+            outbox_postgresql::Partitioning::default(),
+        )
+        .unwrap(),
+    ] {
+        let pool = common::pool(2).await;
+        sqlx::raw_sql(AssertSqlSafe(outbox.schema_script()))
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            tables_with_trigger(&pool, &outbox)
+                .await
+                .first()
+                .map(String::as_str),
+            Some("events")
+        );
+        let report = outbox.migrate(&pool).await.unwrap();
+        assert!(report.applied.is_empty(), "{report:?}");
+    }
+}

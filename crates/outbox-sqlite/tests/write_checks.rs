@@ -1,0 +1,236 @@
+//! Rows are checked when they are written, not only when the relay claims them (migration 4):
+//! headers that are not a JSON object of strings, or that use the reserved `outbox-` prefix,
+//! fail the writer's insert with a message naming the rule; a missing `id` (SQLite keeps no
+//! default for it, see the crate docs) is named; an outbox that already holds such rows
+//! upgrades, and the relay still settles them.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TempStore;
+use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_types::{
+    ClaimRequest, DeadFilter, DeadLetterPolicy, EncodeError, EventState, NewEvent, Store,
+    StoreError,
+};
+use sqlx::AssertSqlSafe;
+
+fn claim_request() -> ClaimRequest {
+    ClaimRequest::new(
+        "write-checks",
+        100,
+        Duration::from_secs(30),
+        DeadLetterPolicy::Skip,
+    )
+}
+
+/// A hand-written insert as the table contract describes it; `id` NULL leaves it out.
+async fn insert<'e>(
+    executor: impl sqlx::SqliteExecutor<'e>,
+    store: &SqliteStore,
+    id: Option<&str>,
+    headers: &str,
+) -> Result<(), sqlx::Error> {
+    let now = chrono::Utc::now().timestamp_micros();
+    let (columns, value) = match id {
+        Some(_) => ("id, ", "?4, "),
+        None => ("", ""),
+    };
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{}\" ({columns}aggregate_type, aggregate_id, event_type, payload, headers,
+                             occurred_at, enqueued_at, next_attempt_at)
+         VALUES ({value}'order', '42', 'OrderPlaced', '{{\"total\": 10}}', ?1, ?2, ?2, ?3)",
+        store.outbox().table()
+    )))
+    .bind(headers)
+    .bind(now)
+    .bind(now)
+    .bind(id)
+    .execute(executor)
+    .await
+    .map(|_| ())
+}
+
+fn id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+async fn count(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\"",
+        store.outbox().table()
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn bad_headers_fail_the_writers_insert_naming_the_rule() {
+    let store = TempStore::new().await;
+    let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    for (headers, says) in [
+        (
+            r#"{"a": "1", "retry": 3}"#,
+            "header values must be JSON strings",
+        ),
+        (
+            r#"{"nested": {"x": "1"}}"#,
+            "header values must be JSON strings",
+        ),
+        (r#"{"n": null}"#, "header values must be JSON strings"),
+        (r#"["x"]"#, "headers must be a JSON object"),
+        (r#""x""#, "headers must be a JSON object"),
+        ("nope", "headers must be a JSON object"),
+        (
+            r#"{"ok": "1", "outbox-event-id": "forged"}"#,
+            "header names starting with outbox- are reserved",
+        ),
+    ] {
+        let err = insert(&mut *tx, &store, Some(&id()), headers)
+            .await
+            .unwrap_err();
+        let db = err.as_database_error().expect("a database error");
+        assert!(db.message().contains(says), "{headers}: {err}");
+        assert_eq!(
+            db.code().as_deref(),
+            Some("1811"),
+            "SQLITE_CONSTRAINT_TRIGGER: {err}"
+        );
+    }
+    tx.rollback().await.unwrap();
+    assert_eq!(count(&store).await, 0);
+
+    // A missing id is named, not a bare NOT NULL failure.
+    let err = insert(store.pool(), &store, None, "{}").await.unwrap_err();
+    assert!(err.to_string().contains("outbox: id is required"), "{err}");
+
+    // Accepted: the one reserved name the relay stores itself, and names that only look alike.
+    let given = id();
+    insert(
+        store.pool(),
+        &store,
+        Some(&given),
+        r#"{"outbox-partition": "3", "Outbox-Tenant": "acme", "outboxer": "x"}"#,
+    )
+    .await
+    .unwrap();
+    let claim = store.claim(&claim_request()).await.unwrap();
+    assert_eq!(claim.events.len(), 1, "{claim:?}");
+    assert_eq!(claim.events[0].id.to_string(), given);
+    assert_eq!(claim.events[0].headers["outbox-partition"], "3");
+    store
+        .ack(&claim.lease, &[claim.events[0].seq])
+        .await
+        .unwrap();
+
+    // Setting headers by UPDATE is checked the same way.
+    let err = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}\" SET headers = '{{\"retry\": 3}}' WHERE id = ?1",
+        store.outbox().table()
+    )))
+    .bind(&given)
+    .execute(store.pool())
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("header values must be JSON strings"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_library_refuses_a_reserved_header_before_the_database_does() {
+    let store = TempStore::new().await;
+    let bad = NewEvent::new("order", "1", "OrderPlaced", &1)
+        .unwrap()
+        .with_header("outbox-event-id", "forged");
+    let err = store
+        .outbox()
+        .enqueue(store.pool(), &bad)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
+        "{err}"
+    );
+    let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
+    let err = store
+        .outbox()
+        .enqueue_batch(store.pool(), &[good.clone(), bad])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Encode(_)), "{err}");
+    assert_eq!(count(&store).await, 0);
+    store
+        .outbox()
+        .enqueue(store.pool(), &good.with_header("outbox-partition", "1"))
+        .await
+        .unwrap();
+}
+
+/// An outbox of the previous release (version 3) with rows the triggers refuse upgrades: the
+/// triggers never look at rows already there, and the relay's updates never set `headers`, so
+/// it claims, dead-letters and requeues them as before.
+#[tokio::test]
+async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
+    let store = TempStore::with_outbox(SqliteOutbox::with_table("old_events").unwrap()).await;
+    sqlx::raw_sql(
+        "DROP TRIGGER old_events_check_insert;
+         DROP TRIGGER old_events_check_headers_update;
+         DELETE FROM old_events_migrations WHERE version >= 4;",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        store.outbox().schema_version(store.pool()).await.unwrap(),
+        (3, 4)
+    );
+    let (number, reserved) = (id(), id());
+    insert(store.pool(), &store, Some(&number), r#"{"retry": 3}"#)
+        .await
+        .unwrap();
+    insert(
+        store.pool(),
+        &store,
+        Some(&reserved),
+        r#"{"outbox-tenant": "acme"}"#,
+    )
+    .await
+    .unwrap();
+
+    let report = store.outbox().migrate(store.pool()).await.unwrap();
+    assert_eq!(report.applied, vec![4]);
+    let err = insert(store.pool(), &store, Some(&id()), r#"{"retry": 3}"#)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("header values must be JSON strings"),
+        "{err}"
+    );
+
+    let claim = store.claim(&claim_request()).await.unwrap();
+    assert_eq!((claim.events.len(), claim.buried), (1, 1), "{claim:?}");
+    store
+        .ack(&claim.lease, &[claim.events[0].seq])
+        .await
+        .unwrap();
+    let state = |id: &str| {
+        let id = id.parse().unwrap();
+        let store = store.store.clone();
+        async move { store.get(id).await.unwrap().unwrap().state }
+    };
+    assert_eq!(state(&number).await, EventState::Dead);
+    assert_eq!(state(&reserved).await, EventState::Delivered);
+    let requeued = store
+        .requeue_dead(&DeadFilter::Ids(vec![number.parse().unwrap()]))
+        .await
+        .unwrap();
+    assert_eq!(requeued, 1);
+    let claim = store.claim(&claim_request()).await.unwrap();
+    assert_eq!(claim.buried, 1, "dead-lettered again: {claim:?}");
+}

@@ -6,9 +6,9 @@
 mod common;
 
 use common::pg_url;
+use outbox_testkit::unique;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox_inbox::ParkedMessage;
@@ -18,17 +18,6 @@ use outbox_inbox::sqlite::SqliteInbox;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
-}
-
 fn outbox(args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)

@@ -19,10 +19,11 @@
 //! The tests take a shared lock and run one at a time: each drives a few thousand HTTP
 //! requests and transactions, and the machine is small.
 
+use outbox_testkit::unique;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -46,17 +47,6 @@ const ORDERS: u64 = 1_000;
 
 /// One test at a time (see the module docs).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
-}
-
 fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())

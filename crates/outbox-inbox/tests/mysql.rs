@@ -3,24 +3,13 @@
 
 #![cfg(feature = "mysql")]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use outbox_testkit::unique;
 use std::time::{Duration, Instant};
 
 use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
 use outbox_inbox::{Claim, Delivery, Error, EventId, InboxHandler, ParkedMessage, Processed};
 use sqlx::MySqlPool;
 use sqlx::mysql::MySqlPoolOptions;
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
-}
 
 async fn setup() -> (MySqlPool, MySqlInbox, String) {
     let url = std::env::var("OUTBOX_TEST_MYSQL_URL")

@@ -3,22 +3,11 @@
 //! a fresh `outbox_t_…` schema per test): status codes, error bodies, and what each request
 //! wrote — the order row and its event together, or nothing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use outbox_testkit::unique;
 
 use outbox_orders::Db;
 use outbox_orders::order::OrderStore;
 use serde_json::{Value, json};
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
-}
 
 fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")

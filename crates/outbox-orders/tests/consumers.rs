@@ -3,7 +3,8 @@
 //! transient (the transport delivers it again later), malformed messages are not transient.
 //! And the whole demo, small, as `outbox demo` runs it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use outbox_testkit::unique;
+use std::sync::atomic::Ordering;
 
 use chrono::Utc;
 use outbox_inbox::{Delivery, EventId, InboxHandler, Processed};
@@ -12,17 +13,6 @@ use outbox_orders::consumers::{Action, Consumer, Service};
 use outbox_orders::order::{OrderCancelled, OrderCreated};
 use outbox_types::routing::header;
 use uuid::Uuid;
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
-}
 
 async fn open(service: Service, postgres: bool) -> (Consumer, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@
 //! consumer, a topic or queue of the test's own); a sink with nothing broker-specific uses the
 //! crate directly (`use outbox_sink_tests as common;`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+pub use outbox_testkit::unique;
 use std::time::Duration;
 
 use outbox_postgresql::{PgOutbox, PgStore};
@@ -18,18 +18,6 @@ use sqlx::postgres::PgPoolOptions;
 pub fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A name no other test (or test process) uses: letters, digits and `_`.
-pub fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
 }
 
 /// A fresh migrated outbox in its own schema (`outbox_t_…`, which `scripts/test.sh` drops before

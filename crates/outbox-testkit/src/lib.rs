@@ -34,6 +34,19 @@ pub use postgres_cpu::PostgresCpu;
 pub use proxy::TcpProxy;
 pub use servers::{kafka_brokers, logical_cluster_url};
 
+/// A name no other test (or test process) uses, for schemas, tables, streams and queues:
+/// `prefix`, the process id, a per-process counter and the clock's nanoseconds; letters, digits
+/// and `_` when `prefix` is.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+}
+
 /// Build event number `n` of aggregate `aggregate_id` (type `agg`); the payload records both so a
 /// consumer can check order.
 pub fn numbered(aggregate_id: &str, n: u64) -> NewEvent {

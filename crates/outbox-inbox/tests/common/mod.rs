@@ -2,24 +2,13 @@
 
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+pub use outbox_testkit::unique;
 use std::time::{Duration, Instant};
 
 use outbox_inbox::BoxFuture;
 use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-pub fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
-}
 
 pub struct Fixture {
     pub pool: SqlitePool,

@@ -28,7 +28,7 @@ use outbox_inbox::sqlite::SqliteInbox;
 use outbox_inbox::{Claim, Delivery, InboxHandler, ParkedMessage, Processed};
 use outbox_types::routing::header;
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, Postgres, Sqlite, Transaction};
+use sqlx::{AssertSqlSafe, Transaction};
 use uuid::Uuid;
 
 use crate::Error;
@@ -335,18 +335,30 @@ impl Consumer {
         }
     }
 
-    async fn apply_pg(
+    /// Write `message`'s effect in `tx`: one ledger row, after checking that a cancellation's
+    /// order was opened here first. One body for both databases; only the SQL text differs.
+    async fn apply<DB>(
         &self,
-        tx: &mut Transaction<'static, Postgres>,
+        tx: &mut Transaction<'static, DB>,
+        dialect: Dialect,
         delivery: &Delivery,
         message: &OrderMessage,
-    ) -> Result<Effect, outbox_inbox::Error> {
+    ) -> Result<Effect, outbox_inbox::Error>
+    where
+        DB: sqlx::Database,
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+        DB::Arguments: sqlx::IntoArguments<DB>,
+        String: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        &'static str: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    {
         let Some((order_id, action, value, closes)) = self.plan(message) else {
             return Ok(Effect::Ignored);
         };
         if closes {
             let (open, _) = self.service.actions();
-            let seen: i64 = sqlx::query_scalar(self.opened_sql(Dialect::Postgres))
+            let seen: i64 = sqlx::query_scalar(self.opened_sql(dialect))
                 .bind(order_id.to_string())
                 .bind(open.as_str())
                 .fetch_one(&mut **tx)
@@ -357,43 +369,7 @@ impl Consumer {
                 ))));
             }
         }
-        sqlx::query(self.insert_sql(Dialect::Postgres))
-            .bind(order_id.to_string())
-            .bind(action.as_str())
-            .bind(value)
-            .bind(delivery.event_id.to_string())
-            .execute(&mut **tx)
-            .await?;
-        Ok(if closes {
-            Effect::Closed
-        } else {
-            Effect::Opened
-        })
-    }
-
-    async fn apply_sqlite(
-        &self,
-        tx: &mut Transaction<'static, Sqlite>,
-        delivery: &Delivery,
-        message: &OrderMessage,
-    ) -> Result<Effect, outbox_inbox::Error> {
-        let Some((order_id, action, value, closes)) = self.plan(message) else {
-            return Ok(Effect::Ignored);
-        };
-        if closes {
-            let (open, _) = self.service.actions();
-            let seen: i64 = sqlx::query_scalar(self.opened_sql(Dialect::Sqlite))
-                .bind(order_id.to_string())
-                .bind(open.as_str())
-                .fetch_one(&mut **tx)
-                .await?;
-            if seen == 0 {
-                return Err(outbox_inbox::Error::Handler(Box::new(CreationNotSeenYet(
-                    order_id,
-                ))));
-            }
-        }
-        sqlx::query(self.insert_sql(Dialect::Sqlite))
+        sqlx::query(self.insert_sql(dialect))
             .bind(order_id.to_string())
             .bind(action.as_str())
             .bind(value)
@@ -425,7 +401,9 @@ impl InboxHandler for Consumer {
                 if inbox.claim(&mut *tx, delivery.event_id, name).await? == Claim::Duplicate {
                     None
                 } else {
-                    let effect = self.apply_pg(&mut tx, delivery, &message).await?;
+                    let effect = self
+                        .apply(&mut tx, Dialect::Postgres, delivery, &message)
+                        .await?;
                     tx.commit().await?;
                     Some(effect)
                 }
@@ -437,7 +415,9 @@ impl InboxHandler for Consumer {
                 if inbox.claim(&mut *tx, delivery.event_id, name).await? == Claim::Duplicate {
                     None
                 } else {
-                    let effect = self.apply_sqlite(&mut tx, delivery, &message).await?;
+                    let effect = self
+                        .apply(&mut tx, Dialect::Sqlite, delivery, &message)
+                        .await?;
                     tx.commit().await?;
                     Some(effect)
                 }

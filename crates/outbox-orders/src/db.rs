@@ -134,7 +134,6 @@ pub(crate) async fn migrate(
 ) -> Result<Vec<i64>, Error> {
     check_identifier("migration set", name)?;
     let book = format!("\"{name}_migrations\"");
-    let mut applied = Vec::new();
     match db {
         Db::Postgres(pool) => {
             let mut tx = pool.begin().await?;
@@ -142,66 +141,80 @@ pub(crate) async fn migrate(
                 .bind(name)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS {book} (
-                     version     BIGINT PRIMARY KEY,
-                     description TEXT NOT NULL,
-                     applied_at  TIMESTAMPTZ NOT NULL DEFAULT now())"
-            )))
-            .execute(&mut *tx)
+            let applied = apply_pending(
+                &mut tx,
+                &book,
+                "BIGINT PRIMARY KEY",
+                "TIMESTAMPTZ NOT NULL DEFAULT now()",
+                "($1, $2)",
+                migrations.iter().map(|m| (m, m.postgres)),
+            )
             .await?;
-            let done: Vec<i64> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {book}")))
-                .fetch_all(&mut *tx)
-                .await?
-                .iter()
-                .map(|r| r.try_get(0))
-                .collect::<Result<_, _>>()?;
-            for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
-                sqlx::raw_sql(AssertSqlSafe(m.postgres))
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT INTO {book} (version, description) VALUES ($1, $2)"
-                )))
-                .bind(m.version)
-                .bind(m.description)
-                .execute(&mut *tx)
-                .await?;
-                applied.push(m.version);
-            }
             tx.commit().await?;
+            Ok(applied)
         }
         Db::Sqlite(pool) => {
             let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS {book} (
-                     version     INTEGER PRIMARY KEY,
-                     description TEXT NOT NULL,
-                     applied_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
-            )))
-            .execute(&mut *tx)
+            let applied = apply_pending(
+                &mut tx,
+                &book,
+                "INTEGER PRIMARY KEY",
+                "TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+                "(?1, ?2)",
+                migrations.iter().map(|m| (m, m.sqlite)),
+            )
             .await?;
-            let done: Vec<i64> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {book}")))
-                .fetch_all(&mut *tx)
-                .await?
-                .iter()
-                .map(|r| r.try_get(0))
-                .collect::<Result<_, _>>()?;
-            for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
-                sqlx::raw_sql(AssertSqlSafe(m.sqlite))
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT INTO {book} (version, description) VALUES (?1, ?2)"
-                )))
-                .bind(m.version)
-                .bind(m.description)
-                .execute(&mut *tx)
-                .await?;
-                applied.push(m.version);
-            }
             tx.commit().await?;
+            Ok(applied)
         }
+    }
+}
+
+/// The body of [`migrate`] both databases share, inside the caller's serialized transaction:
+/// create the bookkeeping table `book`, then run each migration not recorded there and record
+/// it. The column types and the placeholders are the dialect's.
+async fn apply_pending<'m, DB>(
+    tx: &mut sqlx::Transaction<'static, DB>,
+    book: &str,
+    version_type: &str,
+    applied_at_type: &str,
+    placeholders: &str,
+    migrations: impl Iterator<Item = (&'m Migration, &'static str)>,
+) -> Result<Vec<i64>, Error>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    i64: for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    &'static str: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+    Error: From<sqlx::Error>,
+{
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {book} (
+             version     {version_type},
+             description TEXT NOT NULL,
+             applied_at  {applied_at_type})"
+    )))
+    .execute(&mut **tx)
+    .await?;
+    let done: Vec<i64> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {book}")))
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
+    let mut applied = Vec::new();
+    for (m, sql) in migrations.filter(|(m, _)| !done.contains(&m.version)) {
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **tx).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {book} (version, description) VALUES {placeholders}"
+        )))
+        .bind(m.version)
+        .bind(m.description)
+        .execute(&mut **tx)
+        .await?;
+        applied.push(m.version);
     }
     Ok(applied)
 }

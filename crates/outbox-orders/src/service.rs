@@ -104,6 +104,26 @@ pub async fn run_consumer(
     crate::transport::consume(consumer, &args.transport, shutdown).await
 }
 
+/// The whole of `delivery-service` and `billing-service`: logging, their arguments (the binary's
+/// name and help name the service), and [`run_consumer`] until ctrl-c or SIGTERM.
+pub async fn consumer_main(service: Service) -> Result<(), Error> {
+    use clap::{Args, FromArgMatches};
+    init_logging();
+    let (name, about) = match service {
+        Service::Delivery => (
+            "delivery-service",
+            "The delivery consumer of the Order system.",
+        ),
+        Service::Billing => (
+            "billing-service",
+            "The billing consumer of the Order system.",
+        ),
+    };
+    let command = ConsumerArgs::augment_args(clap::Command::new(name).about(about));
+    let args = ConsumerArgs::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
+    run_consumer(service, args, shutdown_signal()).await
+}
+
 /// Completes on ctrl-c or SIGTERM.
 pub async fn shutdown_signal() {
     #[cfg(unix)]

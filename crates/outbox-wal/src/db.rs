@@ -408,8 +408,18 @@ pub(crate) async fn not_pending(
     cfg: &WalConfig,
     seqs: &[i64],
 ) -> Result<HashSet<i64>, WalError> {
+    seqs_where(pool, cfg, seqs, "status <> 'pending'").await
+}
+
+/// Of `seqs`, those whose row matches `condition` (a fixed SQL condition on the outbox table).
+async fn seqs_where(
+    pool: &PgPool,
+    cfg: &WalConfig,
+    seqs: &[i64],
+    condition: &str,
+) -> Result<HashSet<i64>, WalError> {
     let rows: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT seq FROM {} WHERE seq = ANY($1) AND status <> 'pending'",
+        "SELECT seq FROM {} WHERE seq = ANY($1) AND {condition}",
         outbox_table(cfg)
     )))
     .bind(seqs)
@@ -498,15 +508,7 @@ pub(crate) async fn already_done(
     cfg: &WalConfig,
     seqs: &[i64],
 ) -> Result<HashSet<i64>, WalError> {
-    let rows: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT seq FROM {} WHERE seq = ANY($1) AND status IN ('delivered', 'dead')",
-        outbox_table(cfg)
-    )))
-    .bind(seqs)
-    .fetch_all(pool)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(rows.into_iter().collect())
+    seqs_where(pool, cfg, seqs, "status IN ('delivered', 'dead')").await
 }
 
 /// The highest seq in the table now.

@@ -119,7 +119,8 @@ pub async fn consumer_main(service: Service) -> Result<(), Error> {
             "The billing consumer of the Order system.",
         ),
     };
-    let command = ConsumerArgs::augment_args(clap::Command::new(name).about(about));
+    // `about` after the arguments: their struct's doc comment would replace it otherwise.
+    let command = ConsumerArgs::augment_args(clap::Command::new(name)).about(about);
     let args = ConsumerArgs::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     run_consumer(service, args, shutdown_signal()).await
 }

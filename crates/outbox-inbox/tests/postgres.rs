@@ -7,7 +7,7 @@ use outbox_testkit::unique;
 use std::time::{Duration, Instant};
 
 use outbox_inbox::postgres::{PgHandler, PgInbox};
-use outbox_inbox::{Claim, Delivery, Error, EventId, InboxHandler, ParkedMessage, Processed};
+use outbox_inbox::{Delivery, Error, EventId, InboxClaim, InboxHandler, ParkedMessage, Processed};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -122,7 +122,7 @@ async fn concurrent_duplicate_waits_then_skips() {
     let mut first = pool.begin().await.unwrap();
     assert_eq!(
         inbox.claim(&mut *first, id, "billing").await.unwrap(),
-        Claim::Fresh
+        InboxClaim::Fresh
     );
     let second = {
         let (pool, inbox, effects) = (pool.clone(), inbox.clone(), effects.clone());
@@ -155,7 +155,7 @@ async fn concurrent_duplicate_after_rollback_applies() {
     let mut first = pool.begin().await.unwrap();
     assert_eq!(
         inbox.claim(&mut *first, id, "billing").await.unwrap(),
-        Claim::Fresh
+        InboxClaim::Fresh
     );
     let second = {
         let (pool, inbox, effects) = (pool.clone(), inbox.clone(), effects.clone());
@@ -411,7 +411,7 @@ async fn a_version_1_inbox_is_upgraded_and_says_so_until_then() {
             .claim(&mut *tx, EventId::new(), "billing")
             .await
             .unwrap(),
-        Claim::Fresh
+        InboxClaim::Fresh
     );
 }
 

@@ -193,7 +193,7 @@ async fn entry_without_id_is_parked_at_once() {
     .await
     .unwrap();
     assert_eq!(outcomes.len(), 1);
-    assert!(matches!(outcomes[0], outbox_inbox::Outcome::Parked));
+    assert!(matches!(outcomes[0], outbox_inbox::HandlerOutcome::Parked));
     assert_eq!(pending(&mut conn, &stream, "billing").await, 0);
     let _: i64 = redis::cmd("DEL")
         .arg(&stream)

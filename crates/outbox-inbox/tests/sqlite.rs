@@ -6,7 +6,7 @@ use outbox_testkit::unique;
 use std::time::{Duration, Instant};
 
 use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
-use outbox_inbox::{Claim, Delivery, Error, EventId, InboxHandler, ParkedMessage, Processed};
+use outbox_inbox::{Delivery, Error, EventId, InboxClaim, InboxHandler, ParkedMessage, Processed};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
@@ -125,7 +125,7 @@ async fn concurrent_duplicate_waits_then_skips() {
     let mut first = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     assert_eq!(
         inbox.claim(&mut *first, id, "billing").await.unwrap(),
-        Claim::Fresh
+        InboxClaim::Fresh
     );
     let second = {
         let (pool, inbox, effects) = (pool.clone(), inbox.clone(), effects.clone());
@@ -158,7 +158,7 @@ async fn concurrent_duplicate_after_rollback_applies() {
     let mut first = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     assert_eq!(
         inbox.claim(&mut *first, id, "billing").await.unwrap(),
-        Claim::Fresh
+        InboxClaim::Fresh
     );
     let second = {
         let (pool, inbox, effects) = (pool.clone(), inbox.clone(), effects.clone());

@@ -5,8 +5,8 @@
 pub use outbox_testkit::unique;
 use std::time::{Duration, Instant};
 
-use outbox_inbox::BoxFuture;
 use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
+use outbox_inbox::{BoxFuture, EventId};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
@@ -41,17 +41,23 @@ type Effect = for<'c> fn(
     &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>>;
 
+/// The effect every handler here applies: a row in `effects`.
+async fn insert_effect(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    d: &outbox_inbox::Delivery,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
+        .bind(d.event_id.to_string())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 fn record<'c>(
     tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
-    Box::pin(async move {
-        sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
-            .bind(d.event_id.to_string())
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    })
+    Box::pin(async move { Ok(insert_effect(tx, d).await?) })
 }
 
 fn record_then_fail<'c>(
@@ -59,10 +65,7 @@ fn record_then_fail<'c>(
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
     Box::pin(async move {
-        sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
-            .bind(d.event_id.to_string())
-            .execute(&mut **tx)
-            .await?;
+        insert_effect(tx, d).await?;
         Err("downstream rejected the event".into())
     })
 }
@@ -73,10 +76,7 @@ fn fail_first<'c>(
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
     Box::pin(async move {
-        sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
-            .bind(d.event_id.to_string())
-            .execute(&mut **tx)
-            .await?;
+        insert_effect(tx, d).await?;
         if d.attempt == 1 {
             return Err("first delivery fails".into());
         }
@@ -91,57 +91,34 @@ fn needs_json<'c>(
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
     Box::pin(async move {
         let _: serde_json::Value = d.json()?;
-        sqlx::query("INSERT INTO effects (event_id) VALUES (?1)")
-            .bind(d.event_id.to_string())
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
+        Ok(insert_effect(tx, d).await?)
     })
 }
 
 impl Fixture {
+    /// The handler `billing` running `effect`.
+    fn handler_with(&self, effect: Effect) -> SqliteHandler<Effect> {
+        SqliteHandler::new(self.pool.clone(), self.inbox.clone(), "billing", effect).unwrap()
+    }
+
     /// A handler whose effect fails on the first delivery only.
     pub fn flaky_handler(&self) -> SqliteHandler<Effect> {
-        SqliteHandler::new(
-            self.pool.clone(),
-            self.inbox.clone(),
-            "billing",
-            fail_first as Effect,
-        )
-        .unwrap()
+        self.handler_with(fail_first)
     }
 
     /// A handler whose effect parses the payload as JSON.
     pub fn json_handler(&self) -> SqliteHandler<Effect> {
-        SqliteHandler::new(
-            self.pool.clone(),
-            self.inbox.clone(),
-            "billing",
-            needs_json as Effect,
-        )
-        .unwrap()
+        self.handler_with(needs_json)
     }
 
     /// A handler whose effect inserts into `effects`.
     pub fn handler(&self) -> SqliteHandler<Effect> {
-        SqliteHandler::new(
-            self.pool.clone(),
-            self.inbox.clone(),
-            "billing",
-            record as Effect,
-        )
-        .unwrap()
+        self.handler_with(record)
     }
 
     /// A handler whose effect writes and then always fails.
     pub fn failing_handler(&self) -> SqliteHandler<Effect> {
-        SqliteHandler::new(
-            self.pool.clone(),
-            self.inbox.clone(),
-            "billing",
-            record_then_fail as Effect,
-        )
-        .unwrap()
+        self.handler_with(record_then_fail)
     }
 
     pub async fn effects(&self) -> i64 {
@@ -153,6 +130,23 @@ impl Fixture {
 
     pub async fn parked(&self) -> Vec<outbox_inbox::ParkedMessage> {
         self.inbox.parked(&self.pool, "billing", 100).await.unwrap()
+    }
+
+    /// Wait up to `timeout` for a parked message.
+    pub async fn wait_parked(&self, timeout: Duration) -> bool {
+        eventually(timeout, || async { !self.parked().await.is_empty() }).await
+    }
+
+    /// What the always-failing handler leaves behind after `attempts` deliveries of event `id`
+    /// with body `payload`: one parked message saying why, and no effect (each was rolled back).
+    pub async fn assert_parked_after_failures(&self, id: EventId, attempts: u32, payload: &[u8]) {
+        let parked = self.parked().await;
+        assert_eq!(parked.len(), 1);
+        assert_eq!(parked[0].event_id, Some(id));
+        assert_eq!(parked[0].attempts, attempts);
+        assert!(parked[0].error.contains("downstream rejected"));
+        assert_eq!(parked[0].payload, payload);
+        assert_eq!(self.effects().await, 0, "failed effects were rolled back");
     }
 }
 

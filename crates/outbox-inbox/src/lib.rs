@@ -10,6 +10,8 @@
 //!   [`DEFAULT_TABLE`], configurable), ship its embedded versioned migrations, and offer
 //!   [`claim`](postgres::PgInbox::claim), [`process`](postgres::PgInbox::process) and
 //!   [`purge`](postgres::PgInbox::purge).
+//! - [`sql::SqlInbox`] is what the three have in common, as a trait: code written once over it
+//!   (the crate's conformance tests are) runs on any of them.
 //! - The broker adapters (features `nats`, `rabbitmq`, `redis`, `kafka`; off by default) read
 //!   the event id from the `outbox-event-id` header (the Redis stream field `id`), run an
 //!   [`InboxHandler`], ack (commit the offset) after its commit and park poison messages.

@@ -9,9 +9,9 @@ mod conformance;
 use outbox_testkit::unique;
 use std::time::Duration;
 
-use conformance::{Backend, Fixture, setup};
+use conformance::{Backend, Fixture, effect, run_sql, setup};
 use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
-use outbox_inbox::{BoxFuture, EventId, InboxHandler};
+use outbox_inbox::{EventId, InboxHandler};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySqlConnection, MySqlPool};
 
@@ -20,6 +20,7 @@ struct My;
 impl Backend for My {
     type Inbox = MySqlInbox;
     const SCHEMA_VERSION: i64 = 2;
+    const COUNT: &'static str = "CAST(count(*) AS SIGNED)";
 
     async fn open() -> (MySqlPool, MySqlInbox, String) {
         let url = std::env::var("OUTBOX_TEST_MYSQL_URL")
@@ -41,66 +42,25 @@ impl Backend for My {
         (pool, inbox, effects)
     }
 
-    fn insert_effect<'c>(
-        conn: &'c mut MySqlConnection,
-        effects: &'c str,
-        id: EventId,
-    ) -> BoxFuture<'c, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO {effects} (event_id, handler) VALUES (?, 'billing')"
-            )))
-            .bind(id.to_string())
-            .execute(conn)
-            .await?;
-            Ok(())
-        })
+    run_sql!(MySqlConnection);
+
+    fn backdate(inbox: &MySqlInbox, id: EventId, hours: u32) -> String {
+        format!(
+            "UPDATE {} SET processed_at = NOW(6) - INTERVAL {hours} HOUR WHERE event_id = '{id}'",
+            inbox.qualified_table()
+        )
     }
 
-    async fn effect_count(fx: &Fixture<Self>) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT CAST(count(*) AS SIGNED) FROM {}",
-            fx.effects
-        )))
-        .fetch_one(&fx.pool)
-        .await
-        .unwrap()
-    }
-
-    async fn backdate(fx: &Fixture<Self>, id: EventId, hours: u32) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE {} SET processed_at = NOW(6) - INTERVAL {hours} HOUR WHERE event_id = ?",
-            fx.inbox.qualified_table()
-        )))
-        .bind(id.to_string())
-        .execute(&fx.pool)
-        .await
-        .unwrap();
-    }
-
-    async fn edit_first_migration(fx: &Fixture<Self>) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE `{}_migrations` SET checksum = 'edited' WHERE version = 1",
-            fx.inbox.table()
-        )))
-        .execute(&fx.pool)
-        .await
-        .unwrap();
+    fn migrations_table(inbox: &MySqlInbox) -> String {
+        format!("`{}_migrations`", inbox.table())
     }
 
     fn handler(fx: &Fixture<Self>) -> impl InboxHandler {
-        let effects = fx.effects.clone();
         MySqlHandler::new(
             fx.pool.clone(),
             fx.inbox.clone(),
             "billing",
-            move |tx, d| {
-                let effects = effects.clone();
-                Box::pin(async move {
-                    My::insert_effect(&mut **tx, &effects, d.event_id).await?;
-                    Ok(())
-                })
-            },
+            effect::<My>(&fx.effects),
         )
         .unwrap()
     }
@@ -108,26 +68,18 @@ impl Backend for My {
     fn refuses_bad_table_name() -> bool {
         MySqlInbox::with_table("Bad-Name").is_err()
     }
+
+    fn downgrade_to_version_1(inbox: &MySqlInbox) -> String {
+        format!(
+            "DROP PROCEDURE {}; DELETE FROM {} WHERE version = 2",
+            inbox.claim_procedure(),
+            Self::migrations_table(inbox)
+        )
+    }
 }
 
 conformance::conformance_tests!(My);
-
-/// An inbox created before the claim procedure (schema version 1) gets it from the next
-/// migrate; until then the Rust claim says what to run.
-#[tokio::test]
-async fn a_version_1_inbox_is_upgraded_and_says_so_until_then() {
-    let fx = setup::<My>().await;
-    let downgrade = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP PROCEDURE {}; DELETE FROM `{}_migrations` WHERE version = 2",
-        fx.inbox.claim_procedure(),
-        fx.inbox.table()
-    )))
-    .execute(&fx.pool);
-    conformance::a_version_1_inbox_is_upgraded_and_says_so_until_then(&fx, async {
-        downgrade.await.unwrap();
-    })
-    .await;
-}
+conformance::conformance_tests!(@tests My; a_version_1_inbox_is_upgraded_and_says_so_until_then);
 
 /// The claim procedure as a consumer in another language calls it: plain SQL in its own
 /// transaction, one row `fresh` back. 1 once; 0 for a committed duplicate; 1 again after a

@@ -9,9 +9,9 @@ mod conformance;
 use outbox_testkit::unique;
 use std::time::Duration;
 
-use conformance::{Backend, Fixture, setup};
+use conformance::{Backend, Fixture, effect, run_sql, setup};
 use outbox_inbox::postgres::{PgHandler, PgInbox};
-use outbox_inbox::{BoxFuture, EventId, InboxHandler};
+use outbox_inbox::{EventId, InboxHandler};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
@@ -42,67 +42,25 @@ impl Backend for Pg {
         (pool, inbox, format!("\"{schema}\".effects"))
     }
 
-    fn insert_effect<'c>(
-        conn: &'c mut PgConnection,
-        effects: &'c str,
-        id: EventId,
-    ) -> BoxFuture<'c, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO {effects} (event_id, handler) VALUES ($1, 'billing')"
-            )))
-            .bind(id.as_uuid())
-            .execute(conn)
-            .await?;
-            Ok(())
-        })
+    run_sql!(PgConnection);
+
+    fn backdate(inbox: &PgInbox, id: EventId, hours: u32) -> String {
+        format!(
+            "UPDATE {} SET processed_at = now() - interval '{hours} hours' WHERE event_id = '{id}'",
+            inbox.qualified_table()
+        )
     }
 
-    async fn effect_count(fx: &Fixture<Self>) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM {}",
-            fx.effects
-        )))
-        .fetch_one(&fx.pool)
-        .await
-        .unwrap()
-    }
-
-    async fn backdate(fx: &Fixture<Self>, id: EventId, hours: u32) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE {} SET processed_at = now() - interval '{hours} hours' WHERE event_id = $1",
-            fx.inbox.qualified_table()
-        )))
-        .bind(id.as_uuid())
-        .execute(&fx.pool)
-        .await
-        .unwrap();
-    }
-
-    async fn edit_first_migration(fx: &Fixture<Self>) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE \"{}\".\"{}_migrations\" SET checksum = 'edited' WHERE version = 1",
-            fx.inbox.schema(),
-            fx.inbox.table()
-        )))
-        .execute(&fx.pool)
-        .await
-        .unwrap();
+    fn migrations_table(inbox: &PgInbox) -> String {
+        format!("\"{}\".\"{}_migrations\"", inbox.schema(), inbox.table())
     }
 
     fn handler(fx: &Fixture<Self>) -> impl InboxHandler {
-        let effects = fx.effects.clone();
         PgHandler::new(
             fx.pool.clone(),
             fx.inbox.clone(),
             "billing",
-            move |tx, d| {
-                let effects = effects.clone();
-                Box::pin(async move {
-                    Pg::insert_effect(&mut **tx, &effects, d.event_id).await?;
-                    Ok(())
-                })
-            },
+            effect::<Pg>(&fx.effects),
         )
         .unwrap()
     }
@@ -110,27 +68,18 @@ impl Backend for Pg {
     fn refuses_bad_table_name() -> bool {
         PgInbox::with_names("ok", "Bad-Name").is_err()
     }
+
+    fn downgrade_to_version_1(inbox: &PgInbox) -> String {
+        format!(
+            "DROP FUNCTION {}(UUID, TEXT); DELETE FROM {} WHERE version = 2",
+            inbox.claim_function(),
+            Self::migrations_table(inbox)
+        )
+    }
 }
 
 conformance::conformance_tests!(Pg);
-
-/// An inbox created before the claim function (schema version 1) gets it from the next
-/// migrate; until then the Rust claim says what to run.
-#[tokio::test]
-async fn a_version_1_inbox_is_upgraded_and_says_so_until_then() {
-    let fx = setup::<Pg>().await;
-    let downgrade = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP FUNCTION {}(UUID, TEXT); DELETE FROM \"{}\".\"{}_migrations\" WHERE version = 2",
-        fx.inbox.claim_function(),
-        fx.inbox.schema(),
-        fx.inbox.table()
-    )))
-    .execute(&fx.pool);
-    conformance::a_version_1_inbox_is_upgraded_and_says_so_until_then(&fx, async {
-        downgrade.await.unwrap();
-    })
-    .await;
-}
+conformance::conformance_tests!(@tests Pg; a_version_1_inbox_is_upgraded_and_says_so_until_then);
 
 /// The claim function as a consumer in another language calls it: plain SQL in its own
 /// transaction. True once; false for a committed duplicate; true again after a rollback (the

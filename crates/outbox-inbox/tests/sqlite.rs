@@ -3,15 +3,14 @@
 
 #![cfg(feature = "sqlite")]
 
+mod common;
 mod conformance;
 
-use outbox_testkit::unique;
-use std::time::Duration;
+use common::unique;
 
-use conformance::{Backend, Fixture, setup};
+use conformance::{Backend, Fixture, effect, run_sql, setup};
 use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
-use outbox_inbox::{BoxFuture, EventId, InboxHandler};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use outbox_inbox::{EventId, InboxHandler};
 use sqlx::{SqliteConnection, SqlitePool};
 
 struct Lite;
@@ -21,17 +20,7 @@ impl Backend for Lite {
     const SCHEMA_VERSION: i64 = 1;
 
     async fn open() -> (SqlitePool, SqliteInbox, String) {
-        let dir = tempfile::tempdir().unwrap().keep();
-        let options = SqliteConnectOptions::new()
-            .filename(dir.join("inbox.db"))
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(12)
-            .connect_with(options)
-            .await
-            .unwrap();
+        let pool = common::sqlite_pool(12).await;
         let table = unique("inbox_t");
         let inbox = SqliteInbox::with_table(&table).unwrap();
         let effects = format!("\"{table}_effects\"");
@@ -44,67 +33,26 @@ impl Backend for Lite {
         (pool, inbox, effects)
     }
 
-    fn insert_effect<'c>(
-        conn: &'c mut SqliteConnection,
-        effects: &'c str,
-        id: EventId,
-    ) -> BoxFuture<'c, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO {effects} (event_id, handler) VALUES (?1, 'billing')"
-            )))
-            .bind(id.to_string())
-            .execute(conn)
-            .await?;
-            Ok(())
-        })
-    }
-
-    async fn effect_count(fx: &Fixture<Self>) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM {}",
-            fx.effects
-        )))
-        .fetch_one(&fx.pool)
-        .await
-        .unwrap()
-    }
+    run_sql!(SqliteConnection);
 
     /// SQLite's times are the host's microseconds: moved back from the row's own.
-    async fn backdate(fx: &Fixture<Self>, id: EventId, hours: u32) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE {} SET processed_at = processed_at - {hours} * 3600 * 1000000 WHERE event_id = ?1",
-            fx.inbox.qualified_table()
-        )))
-        .bind(id.to_string())
-        .execute(&fx.pool)
-        .await
-        .unwrap();
+    fn backdate(inbox: &SqliteInbox, id: EventId, hours: u32) -> String {
+        format!(
+            "UPDATE {} SET processed_at = processed_at - {hours} * 3600 * 1000000 WHERE event_id = '{id}'",
+            inbox.qualified_table()
+        )
     }
 
-    async fn edit_first_migration(fx: &Fixture<Self>) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE \"{}_migrations\" SET checksum = 'edited' WHERE version = 1",
-            fx.inbox.table()
-        )))
-        .execute(&fx.pool)
-        .await
-        .unwrap();
+    fn migrations_table(inbox: &SqliteInbox) -> String {
+        format!("\"{}_migrations\"", inbox.table())
     }
 
     fn handler(fx: &Fixture<Self>) -> impl InboxHandler {
-        let effects = fx.effects.clone();
         SqliteHandler::new(
             fx.pool.clone(),
             fx.inbox.clone(),
             "billing",
-            move |tx, d| {
-                let effects = effects.clone();
-                Box::pin(async move {
-                    Lite::insert_effect(&mut **tx, &effects, d.event_id).await?;
-                    Ok(())
-                })
-            },
+            effect::<Lite>(&fx.effects),
         )
         .unwrap()
     }

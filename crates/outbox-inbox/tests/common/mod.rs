@@ -1,4 +1,5 @@
-//! Shared by the broker adapter tests: a fresh SQLite inbox and handlers that count effects.
+//! Shared by the broker adapter tests: a fresh SQLite inbox and handlers that count effects
+//! (and the SQLite pool, by the SQLite inbox tests).
 
 #![allow(dead_code)]
 
@@ -15,18 +16,23 @@ pub struct Fixture {
     pub inbox: SqliteInbox,
 }
 
-pub async fn fixture() -> Fixture {
+/// A pool on a new database file (WAL, 10 s busy timeout).
+pub async fn sqlite_pool(max_connections: u32) -> SqlitePool {
     let dir = tempfile::tempdir().unwrap().keep();
     let options = SqliteConnectOptions::new()
         .filename(dir.join("inbox.db"))
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .busy_timeout(Duration::from_secs(10));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(4)
+    SqlitePoolOptions::new()
+        .max_connections(max_connections)
         .connect_with(options)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+pub async fn fixture() -> Fixture {
+    let pool = sqlite_pool(4).await;
     let inbox = SqliteInbox::with_table("inbox").unwrap();
     inbox.migrate(&pool).await.unwrap();
     sqlx::raw_sql("CREATE TABLE effects (event_id TEXT NOT NULL)")

@@ -15,49 +15,85 @@ use std::time::{Duration, Instant};
 
 use outbox_inbox::sql::SqlInbox;
 use outbox_inbox::{
-    BoxFuture, Delivery, Error, EventId, InboxClaim, InboxHandler, ParkedMessage, ParkedQuery,
-    Processed,
+    BoxError, BoxFuture, Delivery, Error, EventId, InboxClaim, InboxHandler, ParkedMessage,
+    ParkedQuery, Processed,
 };
-use sqlx::{Database, Pool};
+use sqlx::{Database, Pool, Transaction};
+use tokio::task::JoinHandle;
 
 /// The database of a backend.
 pub type Db<B> = <<B as Backend>::Inbox as SqlInbox>::Db;
 /// A connection of a backend's database.
 pub type Conn<B> = <Db<B> as Database>::Connection;
 
-/// How the suite gets at one database.
+/// How the suite gets at one database: a connection, two ways to run SQL, and the SQL that
+/// differs.
 pub trait Backend: Sized + Send + Sync + 'static {
     /// The inbox under test.
     type Inbox: SqlInbox;
     /// The schema version a fresh `migrate` reaches (it applies versions 1 to this).
     const SCHEMA_VERSION: i64;
+    /// `count(*)` as a signed 64-bit integer.
+    const COUNT: &'static str = "count(*)";
 
     /// A pool, an unmigrated inbox of its own (unique names) and the quoted name of a new, empty
-    /// effects table with the columns `event_id` and `handler`.
+    /// effects table with the columns `event_id` (the UUID) and `handler`.
     fn open() -> impl Future<Output = (Pool<Db<Self>>, Self::Inbox, String)> + Send;
 
-    /// Insert `(id, 'billing')` into `effects` on `conn`: the effect the tests run.
-    fn insert_effect<'c>(
-        conn: &'c mut Conn<Self>,
-        effects: &'c str,
-        id: EventId,
-    ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
+    /// Run `sql` on `conn`. (Written per database, by [`run_sql!`], because sqlx's executor
+    /// bound cannot be stated once for every database.)
+    fn execute(conn: &mut Conn<Self>, sql: String) -> BoxFuture<'_, Result<(), sqlx::Error>>;
 
-    /// Rows in the effects table.
-    fn effect_count(fx: &Fixture<Self>) -> impl Future<Output = i64> + Send;
+    /// Run `sql`, which returns one integer, on `conn`.
+    fn fetch_i64(conn: &mut Conn<Self>, sql: String) -> BoxFuture<'_, i64>;
 
-    /// Set `id`'s `processed_at` to `hours` before now.
-    fn backdate(fx: &Fixture<Self>, id: EventId, hours: u32) -> impl Future<Output = ()> + Send;
+    /// SQL setting `id`'s `processed_at` to `hours` before now.
+    fn backdate(inbox: &Self::Inbox, id: EventId, hours: u32) -> String;
 
-    /// Edit the recorded checksum of migration 1, as if the migration had been changed.
-    fn edit_first_migration(fx: &Fixture<Self>) -> impl Future<Output = ()> + Send;
+    /// The quoted migrations (bookkeeping) table.
+    fn migrations_table(inbox: &Self::Inbox) -> String;
 
-    /// The database's ready-made handler named `billing` running [`Backend::insert_effect`].
+    /// The database's ready-made handler named `billing` running [`effect`].
     fn handler(fx: &Fixture<Self>) -> impl InboxHandler;
 
     /// Whether the inbox constructor refuses the table name `Bad-Name`.
     fn refuses_bad_table_name() -> bool;
+
+    /// SQL that takes a migrated inbox back to schema version 1: drops the claim routine
+    /// (function or procedure) and its bookkeeping row. Only for databases whose schema has a
+    /// version 2, which run [`a_version_1_inbox_is_upgraded_and_says_so_until_then`].
+    fn downgrade_to_version_1(inbox: &Self::Inbox) -> String {
+        let _ = inbox;
+        unreachable!("this database's inbox schema has one version")
+    }
 }
+
+/// [`Backend::execute`] and [`Backend::fetch_i64`] for the connection type `$conn`.
+macro_rules! run_sql {
+    ($conn:ty) => {
+        fn execute(
+            conn: &mut $conn,
+            sql: String,
+        ) -> outbox_inbox::BoxFuture<'_, Result<(), sqlx::Error>> {
+            Box::pin(async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        }
+
+        fn fetch_i64(conn: &mut $conn, sql: String) -> outbox_inbox::BoxFuture<'_, i64> {
+            Box::pin(async move {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(conn)
+                    .await
+                    .unwrap()
+            })
+        }
+    };
+}
+pub(crate) use run_sql;
 
 /// A migrated inbox of its own, the pool and the effects table.
 pub struct Fixture<B: Backend> {
@@ -88,21 +124,82 @@ pub async fn setup<B: Backend>() -> Fixture<B> {
     }
 }
 
-/// `process` with the effect [`Backend::insert_effect`], as handler `billing`.
+/// The effect the tests run: insert `(id, 'billing')` into `effects`.
+fn insert_effect(effects: &str, id: EventId) -> String {
+    format!("INSERT INTO {effects} (event_id, handler) VALUES ('{id}', 'billing')")
+}
+
+/// Run `sql` on the pool.
+pub async fn execute<B: Backend>(fx: &Fixture<B>, sql: String) {
+    let mut conn = fx.pool.acquire().await.unwrap();
+    B::execute(&mut conn, sql).await.unwrap();
+}
+
+async fn effect_count<B: Backend>(fx: &Fixture<B>) -> i64 {
+    let mut conn = fx.pool.acquire().await.unwrap();
+    B::fetch_i64(
+        &mut conn,
+        format!("SELECT {} FROM {}", B::COUNT, fx.effects),
+    )
+    .await
+}
+
+/// The effect of the ready-made handlers, [`Backend::handler`].
+pub fn effect<B: Backend>(
+    effects: &str,
+) -> impl for<'c> Fn(
+    &'c mut Transaction<'static, Db<B>>,
+    &'c Delivery,
+) -> BoxFuture<'c, Result<(), BoxError>>
++ Send
++ Sync
++ 'static {
+    let effects = effects.to_owned();
+    move |tx, d| {
+        let sql = insert_effect(&effects, d.event_id);
+        Box::pin(async move {
+            B::execute(&mut **tx, sql).await?;
+            Ok(())
+        })
+    }
+}
+
+/// `process` with the effect [`insert_effect`], as handler `billing`.
 pub async fn apply<B: Backend>(fx: &Fixture<B>, id: EventId) -> Result<Processed<()>, Error> {
-    let effects = fx.effects.clone();
+    let sql = insert_effect(&fx.effects, id);
     fx.inbox
         .process(&fx.pool, id, "billing", move |tx| {
             Box::pin(async move {
-                B::insert_effect(&mut **tx, &effects, id).await?;
+                B::execute(&mut **tx, sql).await?;
                 Ok(())
             })
         })
         .await
 }
 
+/// Begin a transaction and claim `id` for `billing` in it: a first consumer, not committed yet.
+async fn claim_and_hold<B: Backend>(fx: &Fixture<B>, id: EventId) -> Transaction<'static, Db<B>> {
+    let mut first = fx.inbox.begin(&fx.pool).await.unwrap();
+    assert_eq!(
+        fx.inbox.claim(&mut *first, id, "billing").await.unwrap(),
+        InboxClaim::Fresh
+    );
+    first
+}
+
+/// A second consumer applying `id` in the background; what it got and how long it took.
+fn spawn_apply<B: Backend>(fx: &Fixture<B>, id: EventId) -> JoinHandle<(Processed<()>, Duration)> {
+    let fx = fx.clone();
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let r = apply(&fx, id).await.unwrap();
+        (r, started.elapsed())
+    })
+}
+
 /// Expand to one test per property of the inbox contract for `$backend` (a type implementing
-/// [`Backend`]); `@tests $backend; names` for properties only some databases have.
+/// [`Backend`]); `@tests $backend; names` for properties only some databases have
+/// (`a_version_1_inbox_is_upgraded_and_says_so_until_then`).
 macro_rules! conformance_tests {
     ($backend:ty) => {
         $crate::conformance::conformance_tests!(@tests $backend;
@@ -142,7 +239,7 @@ pub async fn process_twice_applies_once<B: Backend>() {
     let id = EventId::new();
     assert_eq!(apply(&fx, id).await.unwrap(), Processed::Applied(()));
     assert_eq!(apply(&fx, id).await.unwrap(), Processed::Duplicate);
-    assert_eq!(B::effect_count(&fx).await, 1);
+    assert_eq!(effect_count(&fx).await, 1);
     assert!(fx.inbox.contains(&fx.pool, id, "billing").await.unwrap());
     // Another handler is another key.
     assert!(!fx.inbox.contains(&fx.pool, id, "shipping").await.unwrap());
@@ -151,68 +248,50 @@ pub async fn process_twice_applies_once<B: Backend>() {
 pub async fn failed_effect_records_nothing_and_retry_applies<B: Backend>() {
     let fx = setup::<B>().await;
     let id = EventId::new();
-    let effects = fx.effects.clone();
+    let sql = insert_effect(&fx.effects, id);
     let failed: Result<Processed<()>, Error> = fx
         .inbox
         .process(&fx.pool, id, "billing", move |tx| {
             Box::pin(async move {
-                B::insert_effect(&mut **tx, &effects, id).await?;
+                B::execute(&mut **tx, sql).await?;
                 Err(Error::BadMessage("the effect failed after writing".into()))
             })
         })
         .await;
     assert!(failed.is_err());
     assert!(!fx.inbox.contains(&fx.pool, id, "billing").await.unwrap());
-    assert_eq!(B::effect_count(&fx).await, 0);
+    assert_eq!(effect_count(&fx).await, 0);
     assert_eq!(apply(&fx, id).await.unwrap(), Processed::Applied(()));
-    assert_eq!(B::effect_count(&fx).await, 1);
+    assert_eq!(effect_count(&fx).await, 1);
 }
 
 pub async fn concurrent_duplicate_waits_then_skips<B: Backend>() {
     let fx = setup::<B>().await;
     let id = EventId::new();
     // First consumer claims and holds its transaction open.
-    let mut first = fx.inbox.begin(&fx.pool).await.unwrap();
-    assert_eq!(
-        fx.inbox.claim(&mut *first, id, "billing").await.unwrap(),
-        InboxClaim::Fresh
-    );
-    let second = {
-        let fx = fx.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let r = apply(&fx, id).await.unwrap();
-            (r, started.elapsed())
-        })
-    };
+    let mut first = claim_and_hold(&fx, id).await;
+    let second = spawn_apply(&fx, id);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!second.is_finished(), "the second claim must wait");
-    B::insert_effect(&mut *first, &fx.effects, id)
+    B::execute(&mut first, insert_effect(&fx.effects, id))
         .await
         .unwrap();
     first.commit().await.unwrap();
     let (r, waited) = second.await.unwrap();
     assert_eq!(r, Processed::Duplicate);
     assert!(waited >= Duration::from_millis(300));
-    assert_eq!(B::effect_count(&fx).await, 1);
+    assert_eq!(effect_count(&fx).await, 1);
 }
 
 pub async fn concurrent_duplicate_after_rollback_applies<B: Backend>() {
     let fx = setup::<B>().await;
     let id = EventId::new();
-    let mut first = fx.inbox.begin(&fx.pool).await.unwrap();
-    assert_eq!(
-        fx.inbox.claim(&mut *first, id, "billing").await.unwrap(),
-        InboxClaim::Fresh
-    );
-    let second = {
-        let fx = fx.clone();
-        tokio::spawn(async move { apply(&fx, id).await.unwrap() })
-    };
+    let first = claim_and_hold(&fx, id).await;
+    let second = spawn_apply(&fx, id);
     tokio::time::sleep(Duration::from_millis(300)).await;
     first.rollback().await.unwrap();
-    assert_eq!(second.await.unwrap(), Processed::Applied(()));
-    assert_eq!(B::effect_count(&fx).await, 1);
+    assert_eq!(second.await.unwrap().0, Processed::Applied(()));
+    assert_eq!(effect_count(&fx).await, 1);
 }
 
 pub async fn many_concurrent_deliveries_apply_once<B: Backend>() {
@@ -230,7 +309,7 @@ pub async fn many_concurrent_deliveries_apply_once<B: Backend>() {
         }
     }
     assert_eq!(applied, 1);
-    assert_eq!(B::effect_count(&fx).await, 1);
+    assert_eq!(effect_count(&fx).await, 1);
 }
 
 pub async fn purge_removes_old_rows_and_keeps_recent_ones<B: Backend>() {
@@ -241,7 +320,7 @@ pub async fn purge_removes_old_rows_and_keeps_recent_ones<B: Backend>() {
     }
     // Age three of them by two days.
     for id in &ids[..3] {
-        B::backdate(&fx, *id, 48).await;
+        execute(&fx, B::backdate(&fx.inbox, *id, 48)).await;
     }
     let deleted = fx
         .inbox
@@ -265,7 +344,7 @@ pub async fn handler_applies_once_and_parks<B: Backend>() {
     let d = Delivery::new(EventId::new(), b"{}".to_vec(), "orders");
     assert!(handler.handle(&d).await.unwrap().is_applied());
     assert_eq!(handler.handle(&d).await.unwrap(), Processed::Duplicate);
-    assert_eq!(B::effect_count(&fx).await, 1);
+    assert_eq!(effect_count(&fx).await, 1);
 
     let p = ParkedMessage::new(Some(d.event_id), "orders", b"{}".to_vec(), 3, "boom");
     handler.park(&p).await.unwrap();
@@ -288,7 +367,12 @@ pub async fn bad_names_are_rejected<B: Backend>() {
 
 pub async fn edited_migration_is_refused<B: Backend>() {
     let fx = setup::<B>().await;
-    B::edit_first_migration(&fx).await;
+    let migrations = B::migrations_table(&fx.inbox);
+    execute(
+        &fx,
+        format!("UPDATE {migrations} SET checksum = 'edited' WHERE version = 1"),
+    )
+    .await;
     let err = fx.inbox.migrate(&fx.pool).await.unwrap_err();
     assert!(matches!(err, Error::NotMigrated(_)), "{err}");
     assert!(!err.is_transient());
@@ -306,7 +390,7 @@ pub async fn stats_and_parked_records_describe_the_inbox<B: Backend>() {
     for id in &ids {
         assert!(apply(&fx, *id).await.unwrap().is_applied());
     }
-    B::backdate(&fx, ids[0], 2).await;
+    execute(&fx, B::backdate(&fx.inbox, ids[0], 2)).await;
     for n in 0..3 {
         let p = ParkedMessage::new(None, "orders", vec![n], 1, format!("boom {n}"));
         inbox
@@ -354,13 +438,10 @@ pub async fn stats_and_parked_records_describe_the_inbox<B: Backend>() {
 }
 
 /// PostgreSQL and MySQL: an inbox created before the claim routine (schema version 1) gets it
-/// from the next migrate; until then the Rust claim says what to run. `downgrade` drops the
-/// routine and its bookkeeping row.
-pub async fn a_version_1_inbox_is_upgraded_and_says_so_until_then<B: Backend>(
-    fx: &Fixture<B>,
-    downgrade: impl Future<Output = ()>,
-) {
-    downgrade.await;
+/// from the next migrate; until then the Rust claim says what to run.
+pub async fn a_version_1_inbox_is_upgraded_and_says_so_until_then<B: Backend>() {
+    let fx = setup::<B>().await;
+    execute(&fx, B::downgrade_to_version_1(&fx.inbox)).await;
     let mut tx = fx.pool.begin().await.unwrap();
     let err = fx
         .inbox

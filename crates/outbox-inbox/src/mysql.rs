@@ -17,17 +17,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_types::EventId;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row, Transaction};
 
-use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier, fnv1a};
-use crate::sql::{self, InboxRow};
+use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxError, BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
+    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
     ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
 };
 
@@ -580,83 +579,25 @@ impl InboxRow for MySqlRow {
 }
 
 /// The effect a [`MySqlHandler`] runs inside the inbox transaction.
-pub trait MySqlEffect:
-    for<'c> Fn(
-        &'c mut Transaction<'static, MySql>,
-        &'c Delivery,
-    ) -> BoxFuture<'c, Result<(), BoxError>>
-    + Send
-    + Sync
-{
-}
+pub trait MySqlEffect: SqlEffect<MySql> {}
 
-impl<F> MySqlEffect for F where
-    F: for<'c> Fn(
-            &'c mut Transaction<'static, MySql>,
-            &'c Delivery,
-        ) -> BoxFuture<'c, Result<(), BoxError>>
-        + Send
-        + Sync
-{
-}
+impl<F: SqlEffect<MySql>> MySqlEffect for F {}
 
-/// An [`InboxHandler`] over MySQL: claims, runs `effect`, commits; parks into
-/// `<table>_parked`. Give it to a broker adapter.
-pub struct MySqlHandler<F> {
-    pool: MySqlPool,
-    inbox: MySqlInbox,
-    handler: String,
-    effect: F,
-}
-
-impl<F: MySqlEffect> MySqlHandler<F> {
-    /// A handler named `handler` (the second half of the inbox key) running `effect`.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
-    /// # fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-    /// let handler = MySqlHandler::new(pool, MySqlInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)")
-    ///         .bind(delivery.event_id.to_string())
-    ///         .execute(&mut **tx).await?;
-    ///     Ok(())
-    /// }))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(
-        pool: MySqlPool,
-        inbox: MySqlInbox,
-        handler: impl Into<String>,
-        effect: F,
-    ) -> Result<Self, Error> {
-        let handler = handler.into();
-        check_handler(&handler)?;
-        Ok(MySqlHandler {
-            pool,
-            inbox,
-            handler,
-            effect,
-        })
-    }
-}
-
-#[async_trait]
-impl<F: MySqlEffect> InboxHandler for MySqlHandler<F> {
-    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
-        sql::handle(
-            &self.inbox,
-            &self.pool,
-            &self.handler,
-            delivery,
-            &self.effect,
-        )
-        .await
-    }
-
-    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
-        self.inbox.park(&self.pool, &self.handler, message).await
-    }
-}
+/// An [`InboxHandler`](crate::InboxHandler) over MySQL: claims, runs `effect`, commits; parks
+/// into `<table>_parked`. Give it to a broker adapter.
+///
+/// ```no_run
+/// use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
+/// # fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+/// let handler = MySqlHandler::new(pool, MySqlInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)")
+///         .bind(delivery.event_id.to_string())
+///         .execute(&mut **tx).await?;
+///     Ok(())
+/// }))?;
+/// # Ok(()) }
+/// ```
+pub type MySqlHandler<F> = SqlHandler<MySqlInbox, F>;
 
 #[cfg(test)]
 mod tests {

@@ -11,16 +11,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use outbox_types::EventId;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row, Transaction};
 
-use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier, fnv1a};
-use crate::sql::{self, InboxRow};
+use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxError, BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
+    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
     ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
 };
 
@@ -557,80 +556,22 @@ impl InboxRow for PgRow {
 }
 
 /// The effect a [`PgHandler`] runs inside the inbox transaction.
-pub trait PgEffect:
-    for<'c> Fn(
-        &'c mut Transaction<'static, Postgres>,
-        &'c Delivery,
-    ) -> BoxFuture<'c, Result<(), BoxError>>
-    + Send
-    + Sync
-{
-}
+pub trait PgEffect: SqlEffect<Postgres> {}
 
-impl<F> PgEffect for F where
-    F: for<'c> Fn(
-            &'c mut Transaction<'static, Postgres>,
-            &'c Delivery,
-        ) -> BoxFuture<'c, Result<(), BoxError>>
-        + Send
-        + Sync
-{
-}
+impl<F: SqlEffect<Postgres>> PgEffect for F {}
 
-/// An [`InboxHandler`] over PostgreSQL: claims, runs `effect`, commits; parks into
-/// `<table>_parked`. Give it to a broker adapter.
-pub struct PgHandler<F> {
-    pool: PgPool,
-    inbox: PgInbox,
-    handler: String,
-    effect: F,
-}
-
-impl<F: PgEffect> PgHandler<F> {
-    /// A handler named `handler` (the second half of the inbox key) running `effect`.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::postgres::{PgHandler, PgInbox};
-    /// # fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-    /// let handler = PgHandler::new(pool, PgInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)")
-    ///         .bind(delivery.event_id.as_uuid())
-    ///         .execute(&mut **tx).await?;
-    ///     Ok(())
-    /// }))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(
-        pool: PgPool,
-        inbox: PgInbox,
-        handler: impl Into<String>,
-        effect: F,
-    ) -> Result<Self, Error> {
-        let handler = handler.into();
-        check_handler(&handler)?;
-        Ok(PgHandler {
-            pool,
-            inbox,
-            handler,
-            effect,
-        })
-    }
-}
-
-#[async_trait]
-impl<F: PgEffect> InboxHandler for PgHandler<F> {
-    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
-        sql::handle(
-            &self.inbox,
-            &self.pool,
-            &self.handler,
-            delivery,
-            &self.effect,
-        )
-        .await
-    }
-
-    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
-        self.inbox.park(&self.pool, &self.handler, message).await
-    }
-}
+/// An [`InboxHandler`](crate::InboxHandler) over PostgreSQL: claims, runs `effect`, commits; parks
+/// into `<table>_parked`. Give it to a broker adapter.
+///
+/// ```no_run
+/// use outbox_inbox::postgres::{PgHandler, PgInbox};
+/// # fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+/// let handler = PgHandler::new(pool, PgInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)")
+///         .bind(delivery.event_id.as_uuid())
+///         .execute(&mut **tx).await?;
+///     Ok(())
+/// }))?;
+/// # Ok(()) }
+/// ```
+pub type PgHandler<F> = SqlHandler<PgInbox, F>;

@@ -12,11 +12,13 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_types::EventId;
 use sqlx::{ColumnIndex, Database, Decode, Pool, Row, Transaction, Type};
 
-use crate::consumer::{Delivery, ParkedMessage};
+use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::names::check_handler;
 use crate::{
     BoxError, BoxFuture, Error, HandlerStats, InboxClaim, InboxStats, MigrationReport, ParkedCount,
     ParkedQuery, ParkedRecord, Processed,
@@ -249,33 +251,93 @@ where
     Ok(Processed::Applied(value))
 }
 
-/// What the ready-made handlers (`PgHandler`, `MySqlHandler`, `SqliteHandler`) do with a
-/// delivery: claim it and run `effect` in one committed transaction.
-pub(crate) async fn handle<I, F>(
-    inbox: &I,
-    pool: &Pool<I::Db>,
-    handler: &str,
-    delivery: &Delivery,
-    effect: &F,
-) -> Result<Processed<()>, Error>
-where
-    I: SqlInbox,
+/// The effect a [`SqlHandler`] runs inside the inbox transaction of database `DB`
+/// (`PgEffect`, `MySqlEffect` and `SqliteEffect` name it for each database).
+pub trait SqlEffect<DB: Database>:
+    for<'c> Fn(
+        &'c mut Transaction<'static, DB>,
+        &'c Delivery,
+    ) -> BoxFuture<'c, Result<(), BoxError>>
+    + Send
+    + Sync
+{
+}
+
+impl<DB: Database, F> SqlEffect<DB> for F where
     F: for<'c> Fn(
-            &'c mut Transaction<'static, I::Db>,
+            &'c mut Transaction<'static, DB>,
             &'c Delivery,
         ) -> BoxFuture<'c, Result<(), BoxError>>
-        + Sync,
+        + Send
+        + Sync
 {
-    let mut tx = inbox.begin(pool).await?;
-    if SqlInbox::claim(inbox, &mut *tx, delivery.event_id, handler).await? == InboxClaim::Duplicate
-    {
-        return Ok(Processed::Duplicate);
+}
+
+/// An [`InboxHandler`] over an SQL inbox: claims, runs `effect`, commits; parks into
+/// `<table>_parked`. Give it to a broker adapter. Each database names it:
+/// [`PgHandler`](crate::postgres::PgHandler), [`MySqlHandler`](crate::mysql::MySqlHandler),
+/// [`SqliteHandler`](crate::sqlite::SqliteHandler).
+pub struct SqlHandler<I: SqlInbox, F> {
+    pool: Pool<I::Db>,
+    inbox: I,
+    handler: String,
+    effect: F,
+}
+
+impl<I: SqlInbox, F: SqlEffect<I::Db>> SqlHandler<I, F> {
+    /// A handler named `handler` (the second half of the inbox key) running `effect`.
+    ///
+    /// ```no_run
+    /// use outbox_inbox::postgres::{PgHandler, PgInbox};
+    /// # fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+    /// let handler = PgHandler::new(pool, PgInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)")
+    ///         .bind(delivery.event_id.as_uuid())
+    ///         .execute(&mut **tx).await?;
+    ///     Ok(())
+    /// }))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(
+        pool: Pool<I::Db>,
+        inbox: I,
+        handler: impl Into<String>,
+        effect: F,
+    ) -> Result<Self, Error> {
+        let handler = handler.into();
+        check_handler(&handler)?;
+        Ok(SqlHandler {
+            pool,
+            inbox,
+            handler,
+            effect,
+        })
     }
-    effect(&mut tx, delivery)
-        .await
-        .map_err(Error::from_effect)?;
-    tx.commit().await?;
-    Ok(Processed::Applied(()))
+}
+
+#[async_trait]
+impl<I: SqlInbox, F: SqlEffect<I::Db>> InboxHandler for SqlHandler<I, F> {
+    /// Claim the delivery and run the effect in one committed transaction.
+    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
+        let mut tx = self.inbox.begin(&self.pool).await?;
+        if self
+            .inbox
+            .claim(&mut *tx, delivery.event_id, &self.handler)
+            .await?
+            == InboxClaim::Duplicate
+        {
+            return Ok(Processed::Duplicate);
+        }
+        (self.effect)(&mut tx, delivery)
+            .await
+            .map_err(Error::from_effect)?;
+        tx.commit().await?;
+        Ok(Processed::Applied(()))
+    }
+
+    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
+        self.inbox.park(&self.pool, &self.handler, message).await
+    }
 }
 
 /// Run `delete_batch` (one purge statement deleting at most `batch` rows) until it deletes fewer

@@ -17,17 +17,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_types::EventId;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool, Transaction};
 
-use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier};
-use crate::sql::{self, InboxRow};
+use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxError, BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
+    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
     ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
 };
 
@@ -523,83 +522,25 @@ impl InboxRow for SqliteRow {
 }
 
 /// The effect a [`SqliteHandler`] runs inside the inbox transaction.
-pub trait SqliteEffect:
-    for<'c> Fn(
-        &'c mut Transaction<'static, Sqlite>,
-        &'c Delivery,
-    ) -> BoxFuture<'c, Result<(), BoxError>>
-    + Send
-    + Sync
-{
-}
+pub trait SqliteEffect: SqlEffect<Sqlite> {}
 
-impl<F> SqliteEffect for F where
-    F: for<'c> Fn(
-            &'c mut Transaction<'static, Sqlite>,
-            &'c Delivery,
-        ) -> BoxFuture<'c, Result<(), BoxError>>
-        + Send
-        + Sync
-{
-}
+impl<F: SqlEffect<Sqlite>> SqliteEffect for F {}
 
-/// An [`InboxHandler`] over SQLite: claims, runs `effect`, commits; parks into
-/// `<table>_parked`. Give it to a broker adapter.
-pub struct SqliteHandler<F> {
-    pool: SqlitePool,
-    inbox: SqliteInbox,
-    handler: String,
-    effect: F,
-}
-
-impl<F: SqliteEffect> SqliteHandler<F> {
-    /// A handler named `handler` (the second half of the inbox key) running `effect`.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
-    /// # fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
-    /// let handler = SqliteHandler::new(pool, SqliteInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)")
-    ///         .bind(delivery.event_id.to_string())
-    ///         .execute(&mut **tx).await?;
-    ///     Ok(())
-    /// }))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(
-        pool: SqlitePool,
-        inbox: SqliteInbox,
-        handler: impl Into<String>,
-        effect: F,
-    ) -> Result<Self, Error> {
-        let handler = handler.into();
-        check_handler(&handler)?;
-        Ok(SqliteHandler {
-            pool,
-            inbox,
-            handler,
-            effect,
-        })
-    }
-}
-
-#[async_trait]
-impl<F: SqliteEffect> InboxHandler for SqliteHandler<F> {
-    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
-        sql::handle(
-            &self.inbox,
-            &self.pool,
-            &self.handler,
-            delivery,
-            &self.effect,
-        )
-        .await
-    }
-
-    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
-        self.inbox.park(&self.pool, &self.handler, message).await
-    }
-}
+/// An [`InboxHandler`](crate::InboxHandler) over SQLite: claims, runs `effect`, commits; parks
+/// into `<table>_parked`. Give it to a broker adapter.
+///
+/// ```no_run
+/// use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
+/// # fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+/// let handler = SqliteHandler::new(pool, SqliteInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)")
+///         .bind(delivery.event_id.to_string())
+///         .execute(&mut **tx).await?;
+///     Ok(())
+/// }))?;
+/// # Ok(()) }
+/// ```
+pub type SqliteHandler<F> = SqlHandler<SqliteInbox, F>;
 
 /// Microseconds since the Unix epoch by SQLite's clock, as SQL: what the claim statement writes
 /// as `processed_at` (`unixepoch('subsec')` would need SQLite 3.42; this works in any version a

@@ -563,13 +563,6 @@ impl MySqlInbox {
 sql::sql_inbox!(MySqlInbox, MySql, |pool| pool.begin());
 
 impl InboxRow for MySqlRow {
-    fn event_id(&self, index: usize) -> Result<Option<EventId>, Error> {
-        Ok(self
-            .try_get::<Option<String>, _>(index)?
-            .and_then(|s| uuid::Uuid::parse_str(&s).ok())
-            .map(EventId::from_uuid))
-    }
-
     /// A DATETIME(6) column as UTC (sqlx sets the session time zone to +00:00).
     fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, Error> {
         Ok(self

@@ -359,8 +359,19 @@ where
 
 /// How one database stores the two columns whose types differ: event ids and times.
 pub(crate) trait InboxRow: Row {
-    /// A nullable event-id column.
-    fn event_id(&self, index: usize) -> Result<Option<EventId>, Error>;
+    /// A nullable event-id column; by default UUID text (MySQL, SQLite), a text that is no
+    /// UUID reading as none.
+    fn event_id(&self, index: usize) -> Result<Option<EventId>, Error>
+    where
+        usize: ColumnIndex<Self>,
+        for<'r> String: Decode<'r, Self::Database> + Type<Self::Database>,
+    {
+        Ok(self
+            .try_get::<Option<String>, _>(index)?
+            .and_then(|s| uuid::Uuid::parse_str(&s).ok())
+            .map(EventId::from_uuid))
+    }
+
     /// A nullable time column.
     fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, Error>;
 }

@@ -506,13 +506,6 @@ sql::sql_inbox!(SqliteInbox, Sqlite, |pool| pool
     .begin_with("BEGIN IMMEDIATE"));
 
 impl InboxRow for SqliteRow {
-    fn event_id(&self, index: usize) -> Result<Option<EventId>, Error> {
-        Ok(self
-            .try_get::<Option<String>, _>(index)?
-            .and_then(|s| uuid::Uuid::parse_str(&s).ok())
-            .map(EventId::from_uuid))
-    }
-
     /// An INTEGER microseconds column as a time.
     fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, Error> {
         Ok(self

@@ -9,9 +9,9 @@ mod conformance;
 use outbox_testkit::unique;
 use std::time::Duration;
 
-use conformance::{Backend, Fixture, effect, run_sql, setup};
-use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
-use outbox_inbox::{EventId, InboxHandler};
+use conformance::{Backend, Fixture, run_sql, setup};
+use outbox_inbox::EventId;
+use outbox_inbox::mysql::MySqlInbox;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySqlConnection, MySqlPool};
 
@@ -19,10 +19,12 @@ struct My;
 
 impl Backend for My {
     type Inbox = MySqlInbox;
+    const EFFECTS_DEFINITION: &'static str =
+        "(event_id CHAR(36) NOT NULL, handler VARCHAR(50) NOT NULL) ENGINE = InnoDB";
     const SCHEMA_VERSION: i64 = 2;
     const COUNT: &'static str = "CAST(count(*) AS SIGNED)";
 
-    async fn open() -> (MySqlPool, MySqlInbox, String) {
+    async fn open() -> (MySqlPool, MySqlInbox) {
         let url = std::env::var("OUTBOX_TEST_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
         let pool = MySqlPoolOptions::new()
@@ -30,16 +32,12 @@ impl Backend for My {
             .connect(&url)
             .await
             .expect("MySQL/MariaDB must be running on 127.0.0.1:3306");
-        let table = unique("inbox_t");
-        let inbox = MySqlInbox::with_table(&table).unwrap();
-        let effects = format!("`{table}_effects`");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "CREATE TABLE {effects} (event_id CHAR(36) NOT NULL, handler VARCHAR(50) NOT NULL) ENGINE = InnoDB"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        (pool, inbox, effects)
+        let inbox = MySqlInbox::with_table(&unique("inbox_t")).unwrap();
+        (pool, inbox)
+    }
+
+    fn effects_table(inbox: &MySqlInbox) -> String {
+        format!("`{}_effects`", inbox.table())
     }
 
     run_sql!(MySqlConnection);
@@ -53,16 +51,6 @@ impl Backend for My {
 
     fn migrations_table(inbox: &MySqlInbox) -> String {
         format!("`{}_migrations`", inbox.table())
-    }
-
-    fn handler(fx: &Fixture<Self>) -> impl InboxHandler {
-        MySqlHandler::new(
-            fx.pool.clone(),
-            fx.inbox.clone(),
-            "billing",
-            effect::<My>(&fx.effects),
-        )
-        .unwrap()
     }
 
     fn refuses_bad_table_name() -> bool {

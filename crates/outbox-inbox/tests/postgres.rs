@@ -9,9 +9,9 @@ mod conformance;
 use outbox_testkit::unique;
 use std::time::Duration;
 
-use conformance::{Backend, Fixture, effect, run_sql, setup};
-use outbox_inbox::postgres::{PgHandler, PgInbox};
-use outbox_inbox::{EventId, InboxHandler};
+use conformance::{Backend, Fixture, run_sql, setup};
+use outbox_inbox::EventId;
+use outbox_inbox::postgres::PgInbox;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
@@ -19,9 +19,10 @@ struct Pg;
 
 impl Backend for Pg {
     type Inbox = PgInbox;
+    const EFFECTS_DEFINITION: &'static str = "(event_id UUID NOT NULL, handler TEXT NOT NULL)";
     const SCHEMA_VERSION: i64 = 2;
 
-    async fn open() -> (PgPool, PgInbox, String) {
+    async fn open() -> (PgPool, PgInbox) {
         let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
         let pool = PgPoolOptions::new()
@@ -29,17 +30,12 @@ impl Backend for Pg {
             .connect(&url)
             .await
             .expect("PostgreSQL must be running on 127.0.0.1:5432");
-        let schema = unique("inbox_t");
-        let inbox = PgInbox::with_names(&schema, "inbox").unwrap();
-        // The effects table lives in the inbox's schema (migrate then finds the schema there).
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "CREATE SCHEMA IF NOT EXISTS \"{schema}\"; \
-             CREATE TABLE \"{schema}\".effects (event_id UUID NOT NULL, handler TEXT NOT NULL)"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        (pool, inbox, format!("\"{schema}\".effects"))
+        let inbox = PgInbox::with_names(&unique("inbox_t"), "inbox").unwrap();
+        (pool, inbox)
+    }
+
+    fn effects_table(inbox: &PgInbox) -> String {
+        format!("\"{}\".effects", inbox.schema())
     }
 
     run_sql!(PgConnection);
@@ -53,16 +49,6 @@ impl Backend for Pg {
 
     fn migrations_table(inbox: &PgInbox) -> String {
         format!("\"{}\".\"{}_migrations\"", inbox.schema(), inbox.table())
-    }
-
-    fn handler(fx: &Fixture<Self>) -> impl InboxHandler {
-        PgHandler::new(
-            fx.pool.clone(),
-            fx.inbox.clone(),
-            "billing",
-            effect::<Pg>(&fx.effects),
-        )
-        .unwrap()
     }
 
     fn refuses_bad_table_name() -> bool {

@@ -8,29 +8,26 @@ mod conformance;
 
 use common::unique;
 
-use conformance::{Backend, Fixture, effect, run_sql, setup};
-use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
-use outbox_inbox::{EventId, InboxHandler};
+use conformance::{Backend, Fixture, run_sql, setup};
+use outbox_inbox::EventId;
+use outbox_inbox::sqlite::SqliteInbox;
 use sqlx::{SqliteConnection, SqlitePool};
 
 struct Lite;
 
 impl Backend for Lite {
     type Inbox = SqliteInbox;
+    const EFFECTS_DEFINITION: &'static str = "(event_id TEXT NOT NULL, handler TEXT NOT NULL)";
     const SCHEMA_VERSION: i64 = 1;
 
-    async fn open() -> (SqlitePool, SqliteInbox, String) {
+    async fn open() -> (SqlitePool, SqliteInbox) {
         let pool = common::sqlite_pool(12).await;
-        let table = unique("inbox_t");
-        let inbox = SqliteInbox::with_table(&table).unwrap();
-        let effects = format!("\"{table}_effects\"");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "CREATE TABLE {effects} (event_id TEXT NOT NULL, handler TEXT NOT NULL)"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        (pool, inbox, effects)
+        let inbox = SqliteInbox::with_table(&unique("inbox_t")).unwrap();
+        (pool, inbox)
+    }
+
+    fn effects_table(inbox: &SqliteInbox) -> String {
+        format!("\"{}_effects\"", inbox.table())
     }
 
     run_sql!(SqliteConnection);
@@ -45,16 +42,6 @@ impl Backend for Lite {
 
     fn migrations_table(inbox: &SqliteInbox) -> String {
         format!("\"{}_migrations\"", inbox.table())
-    }
-
-    fn handler(fx: &Fixture<Self>) -> impl InboxHandler {
-        SqliteHandler::new(
-            fx.pool.clone(),
-            fx.inbox.clone(),
-            "billing",
-            effect::<Lite>(&fx.effects),
-        )
-        .unwrap()
     }
 
     fn refuses_bad_table_name() -> bool {

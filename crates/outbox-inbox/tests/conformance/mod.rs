@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use outbox_inbox::sql::SqlInbox;
+use outbox_inbox::sql::{SqlHandler, SqlInbox};
 use outbox_inbox::{
     BoxError, BoxFuture, Delivery, Error, EventId, InboxClaim, InboxHandler, ParkedMessage,
     ParkedQuery, Processed,
@@ -36,9 +36,14 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// `count(*)` as a signed 64-bit integer.
     const COUNT: &'static str = "count(*)";
 
-    /// A pool, an unmigrated inbox of its own (unique names) and the quoted name of a new, empty
-    /// effects table with the columns `event_id` (the UUID) and `handler`.
-    fn open() -> impl Future<Output = (Pool<Db<Self>>, Self::Inbox, String)> + Send;
+    /// What follows `CREATE TABLE <effects>`: the columns `event_id` (the UUID) and `handler`.
+    const EFFECTS_DEFINITION: &'static str;
+
+    /// A pool and an unmigrated inbox of its own (unique names).
+    fn open() -> impl Future<Output = (Pool<Db<Self>>, Self::Inbox)> + Send;
+
+    /// The quoted name of the effects table next to `inbox`.
+    fn effects_table(inbox: &Self::Inbox) -> String;
 
     /// Run `sql` on `conn`. (Written per database, by [`run_sql!`], because sqlx's executor
     /// bound cannot be stated once for every database.)
@@ -52,9 +57,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
 
     /// The quoted migrations (bookkeeping) table.
     fn migrations_table(inbox: &Self::Inbox) -> String;
-
-    /// The database's ready-made handler named `billing` running [`effect`].
-    fn handler(fx: &Fixture<Self>) -> impl InboxHandler;
 
     /// Whether the inbox constructor refuses the table name `Bad-Name`.
     fn refuses_bad_table_name() -> bool;
@@ -112,16 +114,19 @@ impl<B: Backend> Clone for Fixture<B> {
     }
 }
 
-/// Open and migrate: every version is applied.
+/// Open and migrate (every version is applied), then create the effects table.
 pub async fn setup<B: Backend>() -> Fixture<B> {
-    let (pool, inbox, effects) = B::open().await;
+    let (pool, inbox) = B::open().await;
     let report = inbox.migrate(&pool).await.unwrap();
     assert_eq!(report.applied, (1..=B::SCHEMA_VERSION).collect::<Vec<_>>());
-    Fixture {
+    let fx = Fixture {
+        effects: B::effects_table(&inbox),
         pool,
         inbox,
-        effects,
-    }
+    };
+    let definition = B::EFFECTS_DEFINITION;
+    execute(&fx, format!("CREATE TABLE {} {definition}", fx.effects)).await;
+    fx
 }
 
 /// The effect the tests run: insert `(id, 'billing')` into `effects`.
@@ -144,7 +149,7 @@ async fn effect_count<B: Backend>(fx: &Fixture<B>) -> i64 {
     .await
 }
 
-/// The effect of the ready-made handlers, [`Backend::handler`].
+/// The effect of the ready-made handler the tests use.
 pub fn effect<B: Backend>(
     effects: &str,
 ) -> impl for<'c> Fn(
@@ -340,7 +345,13 @@ pub async fn purge_removes_old_rows_and_keeps_recent_ones<B: Backend>() {
 
 pub async fn handler_applies_once_and_parks<B: Backend>() {
     let fx = setup::<B>().await;
-    let handler = B::handler(&fx);
+    let handler = SqlHandler::new(
+        fx.pool.clone(),
+        fx.inbox.clone(),
+        "billing",
+        effect::<B>(&fx.effects),
+    )
+    .unwrap();
     let d = Delivery::new(EventId::new(), b"{}".to_vec(), "orders");
     assert!(handler.handle(&d).await.unwrap().is_applied());
     assert_eq!(handler.handle(&d).await.unwrap(), Processed::Duplicate);

@@ -241,3 +241,19 @@ pub(crate) fn verify_applied(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    /// The names before `InboxClaim` and `HandlerOutcome` still compile, as aliases.
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_names_still_work() {
+        let claim: crate::Claim = crate::InboxClaim::Fresh;
+        assert_eq!(claim, crate::Claim::Fresh);
+        assert!(matches!(
+            crate::Outcome::Duplicate,
+            crate::HandlerOutcome::Duplicate
+        ));
+        assert!(crate::consumer::Outcome::Parked.is_acked());
+    }
+}

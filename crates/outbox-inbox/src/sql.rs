@@ -1,5 +1,6 @@
 //! What the three SQL inboxes share: the [`SqlInbox`] trait that PostgreSQL, MySQL and SQLite
-//! implement, and the inbox logic written once on top of their SQL.
+//! implement, the ready-made [`SqlHandler`] (`PgHandler`, `MySqlHandler`, `SqliteHandler`), and
+//! the inbox logic written once on top of their SQL.
 //!
 //! Why: the databases differ in their statements, not in what an inbox does — begin, claim
 //! first, run the effect, commit; delete old rows in batches until a short batch; turn parked

@@ -1,6 +1,6 @@
 //! What the broker adapters share: the message they hand over ([`Delivery`]), the handler they
 //! call ([`InboxHandler`]), the poison policy ([`AdapterOptions`]) and what happened to a
-//! message ([`Outcome`]).
+//! message ([`HandlerOutcome`]).
 //!
 //! Why a trait between adapters and databases: an adapter only needs "apply this message in a
 //! committed transaction, or tell me it was a duplicate" and "park this message"; it must not
@@ -189,10 +189,11 @@ impl AdapterOptions {
     }
 }
 
-/// What an adapter did with one message.
+/// What an adapter did with one message. Named `HandlerOutcome`, not `Outcome`, because
+/// `outbox_types::Outcome` is what a sink reports to the relay.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum HandlerOutcome {
     /// The effect ran and committed; the message was acked.
     Applied,
     /// Already processed; acked without running the effect.
@@ -203,14 +204,18 @@ pub enum Outcome {
     Retry(Error),
 }
 
-impl Outcome {
+/// The old name of [`HandlerOutcome`].
+#[deprecated(note = "renamed to HandlerOutcome")]
+pub type Outcome = HandlerOutcome;
+
+impl HandlerOutcome {
     /// Whether the adapter acked the message.
     ///
     /// ```
-    /// assert!(outbox_inbox::Outcome::Duplicate.is_acked());
+    /// assert!(outbox_inbox::HandlerOutcome::Duplicate.is_acked());
     /// ```
     pub fn is_acked(&self) -> bool {
-        !matches!(self, Outcome::Retry(_))
+        !matches!(self, HandlerOutcome::Retry(_))
     }
 }
 
@@ -243,7 +248,7 @@ pub(crate) async fn settle<H: InboxHandler + ?Sized>(
     handler: &H,
     raw: RawMessage,
     options: &AdapterOptions,
-) -> Outcome {
+) -> HandlerOutcome {
     let (event_id, failure) = match raw.event_id {
         Ok(event_id) => {
             let delivery = Delivery {
@@ -254,13 +259,13 @@ pub(crate) async fn settle<H: InboxHandler + ?Sized>(
                 attempt: raw.attempt,
             };
             match handler.handle(&delivery).await {
-                Ok(Processed::Applied(())) => return Outcome::Applied,
-                Ok(Processed::Duplicate) => return Outcome::Duplicate,
+                Ok(Processed::Applied(())) => return HandlerOutcome::Applied,
+                Ok(Processed::Duplicate) => return HandlerOutcome::Duplicate,
                 Err(error)
                     if error.is_transient() && delivery.attempt < options.max_attempts.max(1) =>
                 {
                     tracing::warn!(event_id = %event_id, attempt = delivery.attempt, source = %delivery.source, error = %error, "Inbox handler failed; the message will be delivered again.");
-                    return Outcome::Retry(error);
+                    return HandlerOutcome::Retry(error);
                 }
                 Err(error) => {
                     let parked = ParkedMessage {
@@ -290,11 +295,11 @@ pub(crate) async fn settle<H: InboxHandler + ?Sized>(
     match handler.park(&failure).await {
         Ok(()) => {
             tracing::error!(event_id = ?event_id.map(|e| e.to_string()), attempts = failure.attempts, source = %failure.source, error = %failure.error, "Inbox parked a poison message.");
-            Outcome::Parked
+            HandlerOutcome::Parked
         }
         Err(error) => {
             tracing::warn!(error = %error, "Parking a poison message failed; it will be delivered again.");
-            Outcome::Retry(error)
+            HandlerOutcome::Retry(error)
         }
     }
 }

@@ -25,7 +25,7 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers};
 
 use crate::consumer::{RawMessage, parse_event_id, settle};
-use crate::{AdapterOptions, Error, InboxHandler, Outcome};
+use crate::{AdapterOptions, Error, HandlerOutcome, InboxHandler};
 
 /// Settle one message: handle it through `handler`, retrying in place up to
 /// [`AdapterOptions::max_attempts`], then commit its offset (applied, duplicate, parked). `Err`
@@ -47,7 +47,7 @@ pub async fn handle_message<H: InboxHandler + ?Sized>(
     handler: &H,
     message: &BorrowedMessage<'_>,
     options: &AdapterOptions,
-) -> Result<Outcome, Error> {
+) -> Result<HandlerOutcome, Error> {
     let mut headers = BTreeMap::new();
     if let Some(hs) = message.headers() {
         for h in hs.iter() {
@@ -74,12 +74,12 @@ pub async fn handle_message<H: InboxHandler + ?Sized>(
             attempt,
         };
         match settle(handler, raw, options).await {
-            Outcome::Retry(error) if attempt < options.max_attempts.max(1) => {
+            HandlerOutcome::Retry(error) if attempt < options.max_attempts.max(1) => {
                 tracing::debug!(error = %error, attempt, "Retrying Kafka message in place.");
                 attempt += 1;
                 tokio::time::sleep(options.retry_delay).await;
             }
-            Outcome::Retry(error) => return Err(error),
+            HandlerOutcome::Retry(error) => return Err(error),
             outcome => {
                 consumer
                     .commit_message(message, CommitMode::Async)

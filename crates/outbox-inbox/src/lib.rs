@@ -10,6 +10,8 @@
 //!   [`DEFAULT_TABLE`], configurable), ship its embedded versioned migrations, and offer
 //!   [`claim`](postgres::PgInbox::claim), [`process`](postgres::PgInbox::process) and
 //!   [`purge`](postgres::PgInbox::purge).
+//! - [`sql::SqlInbox`] is what the three have in common, as a trait: code written once over it
+//!   (the crate's conformance tests are) runs on any of them.
 //! - The broker adapters (features `nats`, `rabbitmq`, `redis`, `kafka`; off by default) read
 //!   the event id from the `outbox-event-id` header (the Redis stream field `id`), run an
 //!   [`InboxHandler`], ack (commit the offset) after its commit and park poison messages.
@@ -17,20 +19,20 @@
 //! ## Two ways to process a message
 //!
 //! **`claim`, inside your own transaction** — the primitive. Begin a transaction, claim the
-//! event first, run the effect only when the claim is [`Claim::Fresh`], commit:
+//! event first, run the effect only when the claim is [`InboxClaim::Fresh`], commit:
 //!
 //! ```no_run
-//! use outbox_inbox::{Claim, postgres::PgInbox};
+//! use outbox_inbox::{InboxClaim, postgres::PgInbox};
 //! # async fn demo(pool: sqlx::PgPool, event_id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
 //! let inbox = PgInbox::new();
 //! let mut tx = pool.begin().await?;
 //! match inbox.claim(&mut *tx, event_id, "billing").await? {
-//!     Claim::Fresh => {
+//!     InboxClaim::Fresh => {
 //!         sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
 //!             .execute(&mut *tx).await?;
 //!         tx.commit().await?; // inbox row and effect together
 //!     }
-//!     Claim::Duplicate => {} // already applied: dropping `tx` rolls back (nothing was written)
+//!     InboxClaim::Duplicate => {} // already applied: dropping `tx` rolls back (nothing was written)
 //! }
 //! # Ok(()) }
 //! ```
@@ -122,6 +124,8 @@ pub mod consumer;
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -138,7 +142,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use admin::{HandlerStats, InboxStats, ParkedCount, ParkedQuery, ParkedRecord};
-pub use consumer::{AdapterOptions, Delivery, InboxHandler, Outcome, ParkedMessage};
+#[allow(deprecated)]
+pub use consumer::Outcome;
+pub use consumer::{AdapterOptions, Delivery, HandlerOutcome, InboxHandler, ParkedMessage};
 pub use error::{BoxError, Error};
 pub use names::MAX_HANDLER_LEN;
 pub use outbox_types::EventId;
@@ -150,15 +156,20 @@ pub const DEFAULT_TABLE: &str = "outbox_inbox";
 /// A boxed, sendable future borrowing for `'a`: what effect closures return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The result of claiming an event for a handler.
+/// The result of claiming an event for a handler. Named `InboxClaim`, not `Claim`, because
+/// `outbox_types::Claim` is the relay's claimed batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use = "run the effect only for `Claim::Fresh`"]
-pub enum Claim {
+#[must_use = "run the effect only for `InboxClaim::Fresh`"]
+pub enum InboxClaim {
     /// The key was new: the inbox row is written in this transaction; run the effect, commit.
     Fresh,
     /// The handler already processed this event (a committed row exists); skip the effect.
     Duplicate,
 }
+
+/// The old name of [`InboxClaim`].
+#[deprecated(note = "renamed to InboxClaim")]
+pub type Claim = InboxClaim;
 
 /// The result of [`process`](postgres::PgInbox::process).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -229,4 +240,20 @@ pub(crate) fn verify_applied(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The names before `InboxClaim` and `HandlerOutcome` still compile, as aliases.
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_names_still_work() {
+        let claim: crate::Claim = crate::InboxClaim::Fresh;
+        assert_eq!(claim, crate::Claim::Fresh);
+        assert!(matches!(
+            crate::Outcome::Duplicate,
+            crate::HandlerOutcome::Duplicate
+        ));
+        assert!(crate::consumer::Outcome::Parked.is_acked());
+    }
 }

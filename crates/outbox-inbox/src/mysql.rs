@@ -14,22 +14,20 @@
 //! connection and every statement is written to be re-runnable (`IF NOT EXISTS`): a migration
 //! interrupted half way is finished by the next `migrate`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_types::EventId;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row, Transaction};
 
-use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier, fnv1a};
+use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, HandlerStats, InboxStats, Migration,
-    MigrationReport, ParkedCount, ParkedQuery, ParkedRecord, Processed, checksum_of,
-    verify_applied,
+    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
+    ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
 };
 
 const MIGRATIONS: &[Migration] = &[
@@ -260,10 +258,7 @@ impl MySqlInbox {
         )))
         .fetch_all(&mut *conn)
         .await?;
-        let mut before = Vec::with_capacity(rows.len());
-        for row in rows {
-            before.push((row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?));
-        }
+        let before = sql::applied_versions(&rows)?;
         verify_applied(MIGRATIONS, &before)?;
         let mut applied = Vec::new();
         for m in MIGRATIONS {
@@ -299,15 +294,16 @@ impl MySqlInbox {
     }
 
     /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
-    /// will also run the effect. [`Claim::Fresh`]: run the effect and commit. [`Claim::Duplicate`]:
-    /// the handler already processed this event; skip the effect. Call it first in the
-    /// transaction; a concurrent claim of the same key waits here until this transaction ends.
+    /// will also run the effect. [`InboxClaim::Fresh`]: run the effect and commit.
+    /// [`InboxClaim::Duplicate`]: the handler already processed this event; skip the effect. Call
+    /// it first in the transaction; a concurrent claim of the same key waits here until this
+    /// transaction ends.
     ///
     /// ```no_run
-    /// use outbox_inbox::{Claim, mysql::MySqlInbox};
+    /// use outbox_inbox::{InboxClaim, mysql::MySqlInbox};
     /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut tx = pool.begin().await?;
-    /// if MySqlInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
+    /// if MySqlInbox::new().claim(&mut *tx, id, "billing").await? == InboxClaim::Fresh {
     ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)").bind(id.to_string()).execute(&mut *tx).await?;
     ///     tx.commit().await?;
     /// }
@@ -318,7 +314,7 @@ impl MySqlInbox {
         executor: E,
         event_id: EventId,
         handler: &str,
-    ) -> Result<Claim, Error> {
+    ) -> Result<InboxClaim, Error> {
         check_handler(handler)?;
         let fresh: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.claim.as_str()))
             .bind(event_id.to_string())
@@ -326,9 +322,9 @@ impl MySqlInbox {
             .fetch_one(executor)
             .await?;
         Ok(if fresh == 1 {
-            Claim::Fresh
+            InboxClaim::Fresh
         } else {
-            Claim::Duplicate
+            InboxClaim::Duplicate
         })
     }
 
@@ -360,13 +356,7 @@ impl MySqlInbox {
             + Send,
         E: From<Error>,
     {
-        let mut tx = pool.begin().await.map_err(Error::from)?;
-        if self.claim(&mut *tx, event_id, handler).await? == Claim::Duplicate {
-            return Ok(Processed::Duplicate);
-        }
-        let value = effect(&mut tx).await?;
-        tx.commit().await.map_err(Error::from)?;
-        Ok(Processed::Applied(value))
+        sql::process(self, pool, event_id, handler, effect).await
     }
 
     /// Whether `handler` has processed `event_id` (a committed row exists).
@@ -411,18 +401,15 @@ impl MySqlInbox {
     ) -> Result<u64, Error> {
         let micros = u64::try_from(older_than.as_micros()).unwrap_or(u64::MAX);
         let batch = u64::from(batch.max(1));
-        let mut total = 0;
-        loop {
+        sql::purge_in_batches(batch, || async move {
             let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
                 .bind(micros)
                 .bind(batch)
                 .execute(pool)
                 .await?;
-            total += done.rows_affected();
-            if done.rows_affected() < batch {
-                return Ok(total);
-            }
-        }
+            Ok(done.rows_affected())
+        })
+        .await
     }
 
     /// Write a poison message to the parked table for `handler`.
@@ -478,7 +465,7 @@ impl MySqlInbox {
         .bind(limit)
         .fetch_all(pool)
         .await?;
-        rows.iter().map(parked_message).collect()
+        rows.iter().map(sql::parked_message).collect()
     }
 
     /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
@@ -501,7 +488,7 @@ impl MySqlInbox {
         )))
         .fetch_one(pool)
         .await?;
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let handler_rows = sqlx::query(AssertSqlSafe(format!(
             "SELECT handler, CAST(COUNT(*) AS SIGNED), \
              CAST(COALESCE(SUM(processed_at < NOW(6) - INTERVAL ? MICROSECOND), 0) AS SIGNED), \
              MIN(processed_at), MAX(processed_at) FROM {} GROUP BY handler ORDER BY handler",
@@ -510,35 +497,13 @@ impl MySqlInbox {
         .bind(micros)
         .fetch_all(pool)
         .await?;
-        let mut handlers = Vec::with_capacity(rows.len());
-        for row in rows {
-            handlers.push(HandlerStats {
-                handler: row.try_get(0)?,
-                rows: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
-                past_retention: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
-                oldest: timestamp(&row, 3)?,
-                newest: timestamp(&row, 4)?,
-            });
-        }
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let parked_rows = sqlx::query(AssertSqlSafe(format!(
             "SELECT handler, CAST(COUNT(*) AS SIGNED), MIN(parked_at) FROM {} GROUP BY handler ORDER BY handler",
             n.parked
         )))
         .fetch_all(pool)
         .await?;
-        let mut parked = Vec::with_capacity(rows.len());
-        for row in rows {
-            parked.push(ParkedCount {
-                handler: row.try_get(0)?,
-                messages: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
-                oldest: timestamp(&row, 2)?,
-            });
-        }
-        Ok(InboxStats {
-            schema_version: schema_version.unwrap_or(0),
-            handlers,
-            parked,
-        })
+        sql::stats(schema_version, &handler_rows, &parked_rows)
     }
 
     /// Parked messages of every handler (or one), oldest first, with their row ids.
@@ -567,7 +532,7 @@ impl MySqlInbox {
         .bind(query.page())
         .fetch_all(pool)
         .await?;
-        rows.iter().map(parked_record).collect()
+        rows.iter().map(sql::parked_record).collect()
     }
 
     /// The parked message with row id `id`, if there is one.
@@ -591,129 +556,41 @@ impl MySqlInbox {
         .bind(id)
         .fetch_optional(pool)
         .await?;
-        row.as_ref().map(parked_record).transpose()
+        row.as_ref().map(sql::parked_record).transpose()
     }
 }
 
-/// Columns 0 to 5 of a parked row: event_id, source, payload, headers (text), attempts, error.
-fn parked_message(row: &MySqlRow) -> Result<ParkedMessage, Error> {
-    let headers: String = row.try_get(3)?;
-    let headers: BTreeMap<String, String> = serde_json::from_str(&headers).unwrap_or_default();
-    let attempts: i32 = row.try_get(4)?;
-    Ok(ParkedMessage {
-        event_id: row
-            .try_get::<Option<String>, _>(0)?
-            .and_then(|s| uuid::Uuid::parse_str(&s).ok())
-            .map(EventId::from_uuid),
-        source: row.try_get(1)?,
-        payload: row.try_get(2)?,
-        headers,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        error: row.try_get(5)?,
-    })
-}
+sql::sql_inbox!(MySqlInbox, MySql, |pool| pool.begin());
 
-/// A parked row with id, handler and parked_at as columns 6 to 8.
-fn parked_record(row: &MySqlRow) -> Result<ParkedRecord, Error> {
-    Ok(ParkedRecord {
-        id: row.try_get(6)?,
-        handler: row.try_get(7)?,
-        parked_at: timestamp(row, 8)?.unwrap_or_default(),
-        message: parked_message(row)?,
-    })
-}
-
-/// A DATETIME(6) column as UTC (sqlx sets the session time zone to +00:00).
-fn timestamp(row: &MySqlRow, index: usize) -> Result<Option<DateTime<Utc>>, Error> {
-    Ok(row
-        .try_get::<Option<NaiveDateTime>, _>(index)?
-        .map(|t| t.and_utc()))
+impl InboxRow for MySqlRow {
+    /// A DATETIME(6) column as UTC (sqlx sets the session time zone to +00:00).
+    fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, Error> {
+        Ok(self
+            .try_get::<Option<NaiveDateTime>, _>(index)?
+            .map(|t| t.and_utc()))
+    }
 }
 
 /// The effect a [`MySqlHandler`] runs inside the inbox transaction.
-pub trait MySqlEffect:
-    for<'c> Fn(
-        &'c mut Transaction<'static, MySql>,
-        &'c Delivery,
-    ) -> BoxFuture<'c, Result<(), BoxError>>
-    + Send
-    + Sync
-{
-}
+pub trait MySqlEffect: SqlEffect<MySql> {}
 
-impl<F> MySqlEffect for F where
-    F: for<'c> Fn(
-            &'c mut Transaction<'static, MySql>,
-            &'c Delivery,
-        ) -> BoxFuture<'c, Result<(), BoxError>>
-        + Send
-        + Sync
-{
-}
+impl<F: SqlEffect<MySql>> MySqlEffect for F {}
 
-/// An [`InboxHandler`] over MySQL: claims, runs `effect`, commits; parks into
-/// `<table>_parked`. Give it to a broker adapter.
-pub struct MySqlHandler<F> {
-    pool: MySqlPool,
-    inbox: MySqlInbox,
-    handler: String,
-    effect: F,
-}
-
-impl<F: MySqlEffect> MySqlHandler<F> {
-    /// A handler named `handler` (the second half of the inbox key) running `effect`.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
-    /// # fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-    /// let handler = MySqlHandler::new(pool, MySqlInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)")
-    ///         .bind(delivery.event_id.to_string())
-    ///         .execute(&mut **tx).await?;
-    ///     Ok(())
-    /// }))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(
-        pool: MySqlPool,
-        inbox: MySqlInbox,
-        handler: impl Into<String>,
-        effect: F,
-    ) -> Result<Self, Error> {
-        let handler = handler.into();
-        check_handler(&handler)?;
-        Ok(MySqlHandler {
-            pool,
-            inbox,
-            handler,
-            effect,
-        })
-    }
-}
-
-#[async_trait]
-impl<F: MySqlEffect> InboxHandler for MySqlHandler<F> {
-    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
-        let mut tx = self.pool.begin().await?;
-        if self
-            .inbox
-            .claim(&mut *tx, delivery.event_id, &self.handler)
-            .await?
-            == Claim::Duplicate
-        {
-            return Ok(Processed::Duplicate);
-        }
-        (self.effect)(&mut tx, delivery)
-            .await
-            .map_err(Error::from_effect)?;
-        tx.commit().await?;
-        Ok(Processed::Applied(()))
-    }
-
-    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
-        self.inbox.park(&self.pool, &self.handler, message).await
-    }
-}
+/// An [`InboxHandler`](crate::InboxHandler) over MySQL: claims, runs `effect`, commits; parks
+/// into `<table>_parked`. Give it to a broker adapter.
+///
+/// ```no_run
+/// use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
+/// # fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
+/// let handler = MySqlHandler::new(pool, MySqlInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)")
+///         .bind(delivery.event_id.to_string())
+///         .execute(&mut **tx).await?;
+///     Ok(())
+/// }))?;
+/// # Ok(()) }
+/// ```
+pub type MySqlHandler<F> = SqlHandler<MySqlInbox, F>;
 
 #[cfg(test)]
 mod tests {

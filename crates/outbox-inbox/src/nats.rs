@@ -23,7 +23,7 @@ use futures::StreamExt;
 use outbox_types::routing::header;
 
 use crate::consumer::{RawMessage, parse_event_id, settle};
-use crate::{AdapterOptions, Error, InboxHandler, Outcome};
+use crate::{AdapterOptions, Error, HandlerOutcome, InboxHandler};
 
 /// Settle one JetStream message: handle it through `handler`, then ack (applied, duplicate,
 /// parked) or nak with the retry delay (failed, attempts left). `Err` only when the ack or nak
@@ -44,7 +44,7 @@ pub async fn handle_message<H: InboxHandler + ?Sized>(
     handler: &H,
     message: &Message,
     options: &AdapterOptions,
-) -> Result<Outcome, Error> {
+) -> Result<HandlerOutcome, Error> {
     let mut headers = BTreeMap::new();
     let mut event_id = None;
     if let Some(map) = &message.headers {

@@ -8,21 +8,19 @@
 //! so there is one definition of its semantics; a concurrent claim of the same key waits on the
 //! unique index until the first transaction ends, then sees the row (duplicate) or not (fresh).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use outbox_types::EventId;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row, Transaction};
 
-use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier, fnv1a};
+use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, HandlerStats, InboxStats, Migration,
-    MigrationReport, ParkedCount, ParkedQuery, ParkedRecord, Processed, checksum_of,
-    verify_applied,
+    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
+    ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
 };
 
 const MIGRATIONS: &[Migration] = &[
@@ -245,10 +243,7 @@ impl PgInbox {
         )))
         .fetch_all(&mut *tx)
         .await?;
-        let mut before = Vec::with_capacity(rows.len());
-        for row in rows {
-            before.push((row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?));
-        }
+        let before = sql::applied_versions(&rows)?;
         verify_applied(MIGRATIONS, &before)?;
         let mut applied = Vec::new();
         for m in MIGRATIONS {
@@ -281,15 +276,16 @@ impl PgInbox {
     }
 
     /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
-    /// will also run the effect. [`Claim::Fresh`]: run the effect and commit. [`Claim::Duplicate`]:
-    /// the handler already processed this event; skip the effect. Call it first in the
-    /// transaction; a concurrent claim of the same key waits here until this transaction ends.
+    /// will also run the effect. [`InboxClaim::Fresh`]: run the effect and commit.
+    /// [`InboxClaim::Duplicate`]: the handler already processed this event; skip the effect. Call
+    /// it first in the transaction; a concurrent claim of the same key waits here until this
+    /// transaction ends.
     ///
     /// ```no_run
-    /// use outbox_inbox::{Claim, postgres::PgInbox};
+    /// use outbox_inbox::{InboxClaim, postgres::PgInbox};
     /// # async fn demo(pool: sqlx::PgPool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut tx = pool.begin().await?;
-    /// if PgInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
+    /// if PgInbox::new().claim(&mut *tx, id, "billing").await? == InboxClaim::Fresh {
     ///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)").bind(id.as_uuid()).execute(&mut *tx).await?;
     ///     tx.commit().await?;
     /// }
@@ -300,7 +296,7 @@ impl PgInbox {
         executor: E,
         event_id: EventId,
         handler: &str,
-    ) -> Result<Claim, Error> {
+    ) -> Result<InboxClaim, Error> {
         check_handler(handler)?;
         let fresh: bool = sqlx::query_scalar(AssertSqlSafe(self.inner.claim.as_str()))
             .bind(event_id.as_uuid())
@@ -308,9 +304,9 @@ impl PgInbox {
             .fetch_one(executor)
             .await?;
         Ok(if fresh {
-            Claim::Fresh
+            InboxClaim::Fresh
         } else {
-            Claim::Duplicate
+            InboxClaim::Duplicate
         })
     }
 
@@ -342,13 +338,7 @@ impl PgInbox {
             + Send,
         E: From<Error>,
     {
-        let mut tx = pool.begin().await.map_err(Error::from)?;
-        if self.claim(&mut *tx, event_id, handler).await? == Claim::Duplicate {
-            return Ok(Processed::Duplicate);
-        }
-        let value = effect(&mut tx).await?;
-        tx.commit().await.map_err(Error::from)?;
-        Ok(Processed::Applied(value))
+        sql::process(self, pool, event_id, handler, effect).await
     }
 
     /// Whether `handler` has processed `event_id` (a committed row exists).
@@ -393,18 +383,15 @@ impl PgInbox {
     ) -> Result<u64, Error> {
         let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
         let batch = i64::from(batch.max(1));
-        let mut total = 0;
-        loop {
+        sql::purge_in_batches(batch as u64, || async move {
             let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
                 .bind(micros)
                 .bind(batch)
                 .execute(pool)
                 .await?;
-            total += done.rows_affected();
-            if done.rows_affected() < batch as u64 {
-                return Ok(total);
-            }
-        }
+            Ok(done.rows_affected())
+        })
+        .await
     }
 
     /// Write a poison message to the parked table for `handler`.
@@ -460,7 +447,7 @@ impl PgInbox {
         .bind(i64::from(limit))
         .fetch_all(pool)
         .await?;
-        rows.iter().map(parked_message).collect()
+        rows.iter().map(sql::parked_message).collect()
     }
 
     /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
@@ -483,7 +470,7 @@ impl PgInbox {
         )))
         .fetch_one(pool)
         .await?;
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let handler_rows = sqlx::query(AssertSqlSafe(format!(
             "SELECT handler, count(*), count(*) FILTER (WHERE processed_at < now() - $1 * interval '1 microsecond'), \
              min(processed_at), max(processed_at) FROM {} GROUP BY handler ORDER BY handler",
             n.qualified
@@ -491,35 +478,13 @@ impl PgInbox {
         .bind(micros)
         .fetch_all(pool)
         .await?;
-        let mut handlers = Vec::with_capacity(rows.len());
-        for row in rows {
-            handlers.push(HandlerStats {
-                handler: row.try_get(0)?,
-                rows: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
-                past_retention: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
-                oldest: row.try_get(3)?,
-                newest: row.try_get(4)?,
-            });
-        }
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let parked_rows = sqlx::query(AssertSqlSafe(format!(
             "SELECT handler, count(*), min(parked_at) FROM {} GROUP BY handler ORDER BY handler",
             n.parked
         )))
         .fetch_all(pool)
         .await?;
-        let mut parked = Vec::with_capacity(rows.len());
-        for row in rows {
-            parked.push(ParkedCount {
-                handler: row.try_get(0)?,
-                messages: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
-                oldest: row.try_get(2)?,
-            });
-        }
-        Ok(InboxStats {
-            schema_version: schema_version.unwrap_or(0),
-            handlers,
-            parked,
-        })
+        sql::stats(schema_version, &handler_rows, &parked_rows)
     }
 
     /// Parked messages of every handler (or one), oldest first, with their row ids.
@@ -547,7 +512,7 @@ impl PgInbox {
         .bind(query.page())
         .fetch_all(pool)
         .await?;
-        rows.iter().map(parked_record).collect()
+        rows.iter().map(sql::parked_record).collect()
     }
 
     /// The parked message with row id `id`, if there is one.
@@ -572,118 +537,41 @@ impl PgInbox {
         .bind(id)
         .fetch_optional(pool)
         .await?;
-        row.as_ref().map(parked_record).transpose()
+        row.as_ref().map(sql::parked_record).transpose()
     }
 }
 
-/// Columns 0 to 5 of a parked row: event_id, source, payload, headers (text), attempts, error.
-fn parked_message(row: &PgRow) -> Result<ParkedMessage, Error> {
-    let headers: String = row.try_get(3)?;
-    let headers: BTreeMap<String, String> = serde_json::from_str(&headers).unwrap_or_default();
-    let attempts: i32 = row.try_get(4)?;
-    Ok(ParkedMessage {
-        event_id: row
-            .try_get::<Option<uuid::Uuid>, _>(0)?
-            .map(EventId::from_uuid),
-        source: row.try_get(1)?,
-        payload: row.try_get(2)?,
-        headers,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        error: row.try_get(5)?,
-    })
-}
+sql::sql_inbox!(PgInbox, Postgres, |pool| pool.begin());
 
-/// A parked row with id, handler and parked_at as columns 6 to 8.
-fn parked_record(row: &PgRow) -> Result<ParkedRecord, Error> {
-    Ok(ParkedRecord {
-        id: row.try_get(6)?,
-        handler: row.try_get(7)?,
-        parked_at: row.try_get(8)?,
-        message: parked_message(row)?,
-    })
+impl InboxRow for PgRow {
+    fn event_id(&self, index: usize) -> Result<Option<EventId>, Error> {
+        Ok(self
+            .try_get::<Option<uuid::Uuid>, _>(index)?
+            .map(EventId::from_uuid))
+    }
+
+    fn time(&self, index: usize) -> Result<Option<chrono::DateTime<chrono::Utc>>, Error> {
+        Ok(self.try_get(index)?)
+    }
 }
 
 /// The effect a [`PgHandler`] runs inside the inbox transaction.
-pub trait PgEffect:
-    for<'c> Fn(
-        &'c mut Transaction<'static, Postgres>,
-        &'c Delivery,
-    ) -> BoxFuture<'c, Result<(), BoxError>>
-    + Send
-    + Sync
-{
-}
+pub trait PgEffect: SqlEffect<Postgres> {}
 
-impl<F> PgEffect for F where
-    F: for<'c> Fn(
-            &'c mut Transaction<'static, Postgres>,
-            &'c Delivery,
-        ) -> BoxFuture<'c, Result<(), BoxError>>
-        + Send
-        + Sync
-{
-}
+impl<F: SqlEffect<Postgres>> PgEffect for F {}
 
-/// An [`InboxHandler`] over PostgreSQL: claims, runs `effect`, commits; parks into
-/// `<table>_parked`. Give it to a broker adapter.
-pub struct PgHandler<F> {
-    pool: PgPool,
-    inbox: PgInbox,
-    handler: String,
-    effect: F,
-}
-
-impl<F: PgEffect> PgHandler<F> {
-    /// A handler named `handler` (the second half of the inbox key) running `effect`.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::postgres::{PgHandler, PgInbox};
-    /// # fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-    /// let handler = PgHandler::new(pool, PgInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)")
-    ///         .bind(delivery.event_id.as_uuid())
-    ///         .execute(&mut **tx).await?;
-    ///     Ok(())
-    /// }))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(
-        pool: PgPool,
-        inbox: PgInbox,
-        handler: impl Into<String>,
-        effect: F,
-    ) -> Result<Self, Error> {
-        let handler = handler.into();
-        check_handler(&handler)?;
-        Ok(PgHandler {
-            pool,
-            inbox,
-            handler,
-            effect,
-        })
-    }
-}
-
-#[async_trait]
-impl<F: PgEffect> InboxHandler for PgHandler<F> {
-    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
-        let mut tx = self.pool.begin().await?;
-        if self
-            .inbox
-            .claim(&mut *tx, delivery.event_id, &self.handler)
-            .await?
-            == Claim::Duplicate
-        {
-            return Ok(Processed::Duplicate);
-        }
-        (self.effect)(&mut tx, delivery)
-            .await
-            .map_err(Error::from_effect)?;
-        tx.commit().await?;
-        Ok(Processed::Applied(()))
-    }
-
-    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
-        self.inbox.park(&self.pool, &self.handler, message).await
-    }
-}
+/// An [`InboxHandler`](crate::InboxHandler) over PostgreSQL: claims, runs `effect`, commits; parks
+/// into `<table>_parked`. Give it to a broker adapter.
+///
+/// ```no_run
+/// use outbox_inbox::postgres::{PgHandler, PgInbox};
+/// # fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
+/// let handler = PgHandler::new(pool, PgInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)")
+///         .bind(delivery.event_id.as_uuid())
+///         .execute(&mut **tx).await?;
+///     Ok(())
+/// }))?;
+/// # Ok(()) }
+/// ```
+pub type PgHandler<F> = SqlHandler<PgInbox, F>;

@@ -35,7 +35,7 @@ use outbox_types::EventId;
 use outbox_types::routing::header;
 
 use crate::consumer::{RawMessage, parse_event_id, settle};
-use crate::{AdapterOptions, Error, InboxHandler, Outcome};
+use crate::{AdapterOptions, Error, HandlerOutcome, InboxHandler};
 
 /// The most event ids [`Attempts`] remembers; beyond that it starts over (an attempt count is
 /// then underestimated, which only delays parking).
@@ -139,7 +139,7 @@ pub async fn handle_delivery<H: InboxHandler + ?Sized>(
     queue: &str,
     attempts: &Attempts,
     options: &AdapterOptions,
-) -> Result<Outcome, Error> {
+) -> Result<HandlerOutcome, Error> {
     let table = delivery.properties.headers().as_ref();
     let headers = header_map(table);
     let event_id = parse_event_id(

@@ -24,7 +24,7 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
 
 use crate::consumer::{RawMessage, parse_event_id, settle};
-use crate::{AdapterOptions, Error, InboxHandler, Outcome};
+use crate::{AdapterOptions, Error, HandlerOutcome, InboxHandler};
 
 fn broker(what: &str, e: redis::RedisError) -> Error {
     Error::Broker(format!("Redis {what} failed: {e}"))
@@ -96,7 +96,7 @@ async fn settle_entry<H: InboxHandler + ?Sized>(
     handler: &H,
     entry: &StreamId,
     options: &AdapterOptions,
-) -> Result<Outcome, Error> {
+) -> Result<HandlerOutcome, Error> {
     let attempt = times_delivered(conn, stream, group, &entry.id).await?;
     let mut headers = BTreeMap::new();
     let mut payload = Vec::new();
@@ -147,7 +147,7 @@ pub async fn poll<H: InboxHandler + ?Sized>(
     consumer: &str,
     handler: &H,
     options: &AdapterOptions,
-) -> Result<Vec<Outcome>, Error> {
+) -> Result<Vec<HandlerOutcome>, Error> {
     let idle_ms = u64::try_from(options.retry_delay.as_millis()).unwrap_or(u64::MAX);
     let batch = options.batch.max(1);
     let claimed: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")

@@ -14,22 +14,20 @@
 //! Processed-at times (SQLite's `now`) and the purge cut-off come from the host clock (SQLite
 //! has no other).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_types::EventId;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool, Transaction};
 
-use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
+use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier};
+use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxError, BoxFuture, Claim, DEFAULT_TABLE, Error, HandlerStats, InboxStats, Migration,
-    MigrationReport, ParkedCount, ParkedQuery, ParkedRecord, Processed, checksum_of,
-    verify_applied,
+    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
+    ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
 };
 
 const MIGRATIONS: &[Migration] = &[Migration {
@@ -204,10 +202,7 @@ impl SqliteInbox {
         )))
         .fetch_all(&mut *tx)
         .await?;
-        let mut before = Vec::with_capacity(rows.len());
-        for row in rows {
-            before.push((row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?));
-        }
+        let before = sql::applied_versions(&rows)?;
         verify_applied(MIGRATIONS, &before)?;
         let mut applied = Vec::new();
         for m in MIGRATIONS {
@@ -240,15 +235,16 @@ impl SqliteInbox {
     }
 
     /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
-    /// will also run the effect. [`Claim::Fresh`]: run the effect and commit. [`Claim::Duplicate`]:
-    /// the handler already processed this event; skip the effect. Call it first in the
-    /// transaction; a concurrent claim of the same key waits here until this transaction ends.
+    /// will also run the effect. [`InboxClaim::Fresh`]: run the effect and commit.
+    /// [`InboxClaim::Duplicate`]: the handler already processed this event; skip the effect. Call
+    /// it first in the transaction; a concurrent claim of the same key waits here until this
+    /// transaction ends.
     ///
     /// ```no_run
-    /// use outbox_inbox::{Claim, sqlite::SqliteInbox};
+    /// use outbox_inbox::{InboxClaim, sqlite::SqliteInbox};
     /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    /// if SqliteInbox::new().claim(&mut *tx, id, "billing").await? == Claim::Fresh {
+    /// if SqliteInbox::new().claim(&mut *tx, id, "billing").await? == InboxClaim::Fresh {
     ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)").bind(id.to_string()).execute(&mut *tx).await?;
     ///     tx.commit().await?;
     /// }
@@ -259,7 +255,7 @@ impl SqliteInbox {
         executor: E,
         event_id: EventId,
         handler: &str,
-    ) -> Result<Claim, Error> {
+    ) -> Result<InboxClaim, Error> {
         check_handler(handler)?;
         let done = sqlx::query(AssertSqlSafe(self.inner.claim.as_str()))
             .bind(event_id.to_string())
@@ -267,9 +263,9 @@ impl SqliteInbox {
             .execute(executor)
             .await?;
         Ok(if done.rows_affected() == 1 {
-            Claim::Fresh
+            InboxClaim::Fresh
         } else {
-            Claim::Duplicate
+            InboxClaim::Duplicate
         })
     }
 
@@ -301,16 +297,7 @@ impl SqliteInbox {
             + Send,
         E: From<Error>,
     {
-        let mut tx = pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(Error::from)?;
-        if self.claim(&mut *tx, event_id, handler).await? == Claim::Duplicate {
-            return Ok(Processed::Duplicate);
-        }
-        let value = effect(&mut tx).await?;
-        tx.commit().await.map_err(Error::from)?;
-        Ok(Processed::Applied(value))
+        sql::process(self, pool, event_id, handler, effect).await
     }
 
     /// Whether `handler` has processed `event_id` (a committed row exists).
@@ -356,18 +343,15 @@ impl SqliteInbox {
         let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
         let cutoff = now_micros().saturating_sub(micros);
         let batch = i64::from(batch.max(1));
-        let mut total = 0;
-        loop {
+        sql::purge_in_batches(batch as u64, || async move {
             let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
                 .bind(cutoff)
                 .bind(batch)
                 .execute(pool)
                 .await?;
-            total += done.rows_affected();
-            if done.rows_affected() < batch as u64 {
-                return Ok(total);
-            }
-        }
+            Ok(done.rows_affected())
+        })
+        .await
     }
 
     /// Write a poison message to the parked table for `handler`.
@@ -424,7 +408,7 @@ impl SqliteInbox {
         .bind(i64::from(limit))
         .fetch_all(pool)
         .await?;
-        rows.iter().map(parked_message).collect()
+        rows.iter().map(sql::parked_message).collect()
     }
 
     /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
@@ -448,7 +432,7 @@ impl SqliteInbox {
         )))
         .fetch_one(pool)
         .await?;
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let handler_rows = sqlx::query(AssertSqlSafe(format!(
             "SELECT handler, COUNT(*), COALESCE(SUM(processed_at < ?1), 0), MIN(processed_at), MAX(processed_at) \
              FROM {} GROUP BY handler ORDER BY handler",
             n.qualified
@@ -456,35 +440,13 @@ impl SqliteInbox {
         .bind(cutoff)
         .fetch_all(pool)
         .await?;
-        let mut handlers = Vec::with_capacity(rows.len());
-        for row in rows {
-            handlers.push(HandlerStats {
-                handler: row.try_get(0)?,
-                rows: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
-                past_retention: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
-                oldest: timestamp(&row, 3)?,
-                newest: timestamp(&row, 4)?,
-            });
-        }
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let parked_rows = sqlx::query(AssertSqlSafe(format!(
             "SELECT handler, COUNT(*), MIN(parked_at) FROM {} GROUP BY handler ORDER BY handler",
             n.parked
         )))
         .fetch_all(pool)
         .await?;
-        let mut parked = Vec::with_capacity(rows.len());
-        for row in rows {
-            parked.push(ParkedCount {
-                handler: row.try_get(0)?,
-                messages: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
-                oldest: timestamp(&row, 2)?,
-            });
-        }
-        Ok(InboxStats {
-            schema_version: schema_version.unwrap_or(0),
-            handlers,
-            parked,
-        })
+        sql::stats(schema_version, &handler_rows, &parked_rows)
     }
 
     /// Parked messages of every handler (or one), oldest first, with their row ids.
@@ -512,7 +474,7 @@ impl SqliteInbox {
         .bind(query.page())
         .fetch_all(pool)
         .await?;
-        rows.iter().map(parked_record).collect()
+        rows.iter().map(sql::parked_record).collect()
     }
 
     /// The parked message with row id `id`, if there is one.
@@ -536,129 +498,42 @@ impl SqliteInbox {
         .bind(id)
         .fetch_optional(pool)
         .await?;
-        row.as_ref().map(parked_record).transpose()
+        row.as_ref().map(sql::parked_record).transpose()
     }
 }
 
-/// Columns 0 to 5 of a parked row: event_id, source, payload, headers (text), attempts, error.
-fn parked_message(row: &SqliteRow) -> Result<ParkedMessage, Error> {
-    let headers: String = row.try_get(3)?;
-    let headers: BTreeMap<String, String> = serde_json::from_str(&headers).unwrap_or_default();
-    let attempts: i32 = row.try_get(4)?;
-    Ok(ParkedMessage {
-        event_id: row
-            .try_get::<Option<String>, _>(0)?
-            .and_then(|s| uuid::Uuid::parse_str(&s).ok())
-            .map(EventId::from_uuid),
-        source: row.try_get(1)?,
-        payload: row.try_get(2)?,
-        headers,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        error: row.try_get(5)?,
-    })
-}
+sql::sql_inbox!(SqliteInbox, Sqlite, |pool| pool
+    .begin_with("BEGIN IMMEDIATE"));
 
-/// A parked row with id, handler and parked_at as columns 6 to 8.
-fn parked_record(row: &SqliteRow) -> Result<ParkedRecord, Error> {
-    Ok(ParkedRecord {
-        id: row.try_get(6)?,
-        handler: row.try_get(7)?,
-        parked_at: timestamp(row, 8)?.unwrap_or_default(),
-        message: parked_message(row)?,
-    })
-}
-
-/// An INTEGER microseconds column as a time.
-fn timestamp(row: &SqliteRow, index: usize) -> Result<Option<DateTime<Utc>>, Error> {
-    Ok(row
-        .try_get::<Option<i64>, _>(index)?
-        .and_then(DateTime::from_timestamp_micros))
+impl InboxRow for SqliteRow {
+    /// An INTEGER microseconds column as a time.
+    fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, Error> {
+        Ok(self
+            .try_get::<Option<i64>, _>(index)?
+            .and_then(DateTime::from_timestamp_micros))
+    }
 }
 
 /// The effect a [`SqliteHandler`] runs inside the inbox transaction.
-pub trait SqliteEffect:
-    for<'c> Fn(
-        &'c mut Transaction<'static, Sqlite>,
-        &'c Delivery,
-    ) -> BoxFuture<'c, Result<(), BoxError>>
-    + Send
-    + Sync
-{
-}
+pub trait SqliteEffect: SqlEffect<Sqlite> {}
 
-impl<F> SqliteEffect for F where
-    F: for<'c> Fn(
-            &'c mut Transaction<'static, Sqlite>,
-            &'c Delivery,
-        ) -> BoxFuture<'c, Result<(), BoxError>>
-        + Send
-        + Sync
-{
-}
+impl<F: SqlEffect<Sqlite>> SqliteEffect for F {}
 
-/// An [`InboxHandler`] over SQLite: claims, runs `effect`, commits; parks into
-/// `<table>_parked`. Give it to a broker adapter.
-pub struct SqliteHandler<F> {
-    pool: SqlitePool,
-    inbox: SqliteInbox,
-    handler: String,
-    effect: F,
-}
-
-impl<F: SqliteEffect> SqliteHandler<F> {
-    /// A handler named `handler` (the second half of the inbox key) running `effect`.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
-    /// # fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
-    /// let handler = SqliteHandler::new(pool, SqliteInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)")
-    ///         .bind(delivery.event_id.to_string())
-    ///         .execute(&mut **tx).await?;
-    ///     Ok(())
-    /// }))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(
-        pool: SqlitePool,
-        inbox: SqliteInbox,
-        handler: impl Into<String>,
-        effect: F,
-    ) -> Result<Self, Error> {
-        let handler = handler.into();
-        check_handler(&handler)?;
-        Ok(SqliteHandler {
-            pool,
-            inbox,
-            handler,
-            effect,
-        })
-    }
-}
-
-#[async_trait]
-impl<F: SqliteEffect> InboxHandler for SqliteHandler<F> {
-    async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, Error> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        if self
-            .inbox
-            .claim(&mut *tx, delivery.event_id, &self.handler)
-            .await?
-            == Claim::Duplicate
-        {
-            return Ok(Processed::Duplicate);
-        }
-        (self.effect)(&mut tx, delivery)
-            .await
-            .map_err(Error::from_effect)?;
-        tx.commit().await?;
-        Ok(Processed::Applied(()))
-    }
-
-    async fn park(&self, message: &ParkedMessage) -> Result<(), Error> {
-        self.inbox.park(&self.pool, &self.handler, message).await
-    }
-}
+/// An [`InboxHandler`](crate::InboxHandler) over SQLite: claims, runs `effect`, commits; parks
+/// into `<table>_parked`. Give it to a broker adapter.
+///
+/// ```no_run
+/// use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
+/// # fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
+/// let handler = SqliteHandler::new(pool, SqliteInbox::new(), "billing", |tx, delivery| Box::pin(async move {
+///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)")
+///         .bind(delivery.event_id.to_string())
+///         .execute(&mut **tx).await?;
+///     Ok(())
+/// }))?;
+/// # Ok(()) }
+/// ```
+pub type SqliteHandler<F> = SqlHandler<SqliteInbox, F>;
 
 /// Microseconds since the Unix epoch by SQLite's clock, as SQL: what the claim statement writes
 /// as `processed_at` (`unixepoch('subsec')` would need SQLite 3.42; this works in any version a

@@ -9,13 +9,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_inbox::{AdapterOptions, EventId};
+use outbox_inbox::{AdapterOptions, EventId, InboxHandler};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio::task::JoinHandle;
 
 use common::{eventually, fixture, unique};
 
@@ -93,6 +94,26 @@ async fn committed(consumer: &Arc<StreamConsumer>, topic: &str) -> Option<i64> {
     .unwrap()
 }
 
+/// Run the adapter over `consumer` in the background, until aborted.
+fn spawn_run(
+    consumer: &Arc<StreamConsumer>,
+    handler: impl InboxHandler + 'static,
+    options: AdapterOptions,
+) -> JoinHandle<Result<(), outbox_inbox::Error>> {
+    let consumer = consumer.clone();
+    tokio::spawn(async move { outbox_inbox::kafka::run(&consumer, &handler, &options).await })
+}
+
+/// Wait up to 30 s for the committed offset of `topic`'s partition 0 to reach `offset`.
+async fn wait_committed(consumer: &Arc<StreamConsumer>, topic: &str, offset: i64) -> bool {
+    let (c, t) = (consumer.clone(), topic.to_owned());
+    eventually(Duration::from_secs(30), move || {
+        let (c, t) = (c.clone(), t.clone());
+        async move { committed(&c, &t).await == Some(offset) }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_event_twice_applies_once_and_commits() {
     let f = fixture().await;
@@ -102,21 +123,8 @@ async fn same_event_twice_applies_once_and_commits() {
     produce(&topic, id, r#"{"n":1}"#).await;
     let consumer = consumer(&topic);
     let handler = f.handler();
-    let runner = {
-        let consumer = consumer.clone();
-        tokio::spawn(async move {
-            outbox_inbox::kafka::run(&consumer, &handler, &AdapterOptions::default()).await
-        })
-    };
-    let c = consumer.clone();
-    let t = topic.clone();
-    assert!(
-        eventually(Duration::from_secs(30), move || {
-            let (c, t) = (c.clone(), t.clone());
-            async move { committed(&c, &t).await == Some(2) }
-        })
-        .await
-    );
+    let runner = spawn_run(&consumer, handler, AdapterOptions::default());
+    assert!(wait_committed(&consumer, &topic, 2).await);
     runner.abort();
     assert_eq!(f.effects().await, 1);
     assert!(f.parked().await.is_empty());
@@ -133,23 +141,8 @@ async fn always_failing_handler_is_parked_after_max_attempts_and_committed() {
     let options = AdapterOptions::default()
         .with_max_attempts(3)
         .with_retry_delay(Duration::from_millis(100));
-    let runner = {
-        let consumer = consumer.clone();
-        tokio::spawn(async move { outbox_inbox::kafka::run(&consumer, &handler, &options).await })
-    };
-    let c = consumer.clone();
-    let t = topic.clone();
-    assert!(
-        eventually(Duration::from_secs(30), move || {
-            let (c, t) = (c.clone(), t.clone());
-            async move { committed(&c, &t).await == Some(1) }
-        })
-        .await
-    );
+    let runner = spawn_run(&consumer, handler, options);
+    assert!(wait_committed(&consumer, &topic, 1).await);
     runner.abort();
-    let parked = f.parked().await;
-    assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].event_id, Some(id));
-    assert_eq!(parked[0].attempts, 3);
-    assert_eq!(f.effects().await, 0);
+    f.assert_parked_after_failures(id, 3, br#"{"n":2}"#).await;
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull, stream};
-use outbox_inbox::{AdapterOptions, EventId};
+use outbox_inbox::{AdapterOptions, EventId, InboxHandler};
+use tokio::task::JoinHandle;
 
 use common::{eventually, fixture, unique};
 
@@ -52,6 +53,27 @@ async fn publish(js: &jetstream::Context, subject: &str, id: Option<EventId>, bo
         .unwrap();
 }
 
+/// Run the adapter over `consumer` in the background, until aborted.
+fn spawn_run(
+    consumer: &PullConsumer,
+    handler: impl InboxHandler + 'static,
+    options: AdapterOptions,
+) -> JoinHandle<Result<(), outbox_inbox::Error>> {
+    let consumer = consumer.clone();
+    tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
+}
+
+/// Wait up to `timeout` for every message to be acked.
+async fn wait_settled(consumer: &PullConsumer, timeout: Duration) -> bool {
+    eventually(timeout, || settled(consumer)).await
+}
+
+async fn delete_stream(js: &jetstream::Context, consumer: &PullConsumer) {
+    js.delete_stream(consumer.cached_info().stream_name.clone())
+        .await
+        .unwrap();
+}
+
 async fn settled(consumer: &PullConsumer) -> bool {
     match consumer.get_info().await {
         Ok(info) => info.num_pending == 0 && info.num_ack_pending == 0,
@@ -67,19 +89,12 @@ async fn same_event_twice_applies_once_and_acks() {
     publish(&js, &subject, Some(id), r#"{"n":1}"#).await;
     publish(&js, &subject, Some(id), r#"{"n":1}"#).await;
 
-    let handler = f.handler();
-    let options = AdapterOptions::default();
-    let runner = {
-        let consumer = consumer.clone();
-        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
-    };
-    assert!(eventually(Duration::from_secs(15), || settled(&consumer)).await);
+    let runner = spawn_run(&consumer, f.handler(), AdapterOptions::default());
+    assert!(wait_settled(&consumer, Duration::from_secs(15)).await);
     runner.abort();
     assert_eq!(f.effects().await, 1);
     assert!(f.parked().await.is_empty());
-    js.delete_stream(consumer.cached_info().stream_name.clone())
-        .await
-        .unwrap();
+    delete_stream(&js, &consumer).await;
 }
 
 #[tokio::test]
@@ -89,32 +104,15 @@ async fn always_failing_handler_is_parked_after_max_attempts_and_acked() {
     let id = EventId::new();
     publish(&js, &subject, Some(id), r#"{"n":2}"#).await;
 
-    let handler = f.failing_handler();
     let options = AdapterOptions::default()
         .with_max_attempts(3)
         .with_retry_delay(Duration::from_millis(100));
-    let runner = {
-        let consumer = consumer.clone();
-        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
-    };
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            !f.parked().await.is_empty()
-        })
-        .await
-    );
-    assert!(eventually(Duration::from_secs(10), || settled(&consumer)).await);
+    let runner = spawn_run(&consumer, f.failing_handler(), options);
+    assert!(f.wait_parked(Duration::from_secs(20)).await);
+    assert!(wait_settled(&consumer, Duration::from_secs(10)).await);
     runner.abort();
-    let parked = f.parked().await;
-    assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].event_id, Some(id));
-    assert_eq!(parked[0].attempts, 3);
-    assert!(parked[0].error.contains("downstream rejected"));
-    assert_eq!(parked[0].payload, br#"{"n":2}"#);
-    assert_eq!(f.effects().await, 0, "failed effects were rolled back");
-    js.delete_stream(consumer.cached_info().stream_name.clone())
-        .await
-        .unwrap();
+    f.assert_parked_after_failures(id, 3, br#"{"n":2}"#).await;
+    delete_stream(&js, &consumer).await;
 }
 
 #[tokio::test]
@@ -122,21 +120,14 @@ async fn message_without_event_id_is_parked_at_once() {
     let f = fixture().await;
     let (js, subject, consumer) = setup().await;
     publish(&js, &subject, None, "not an event").await;
-    let handler = f.handler();
-    let options = AdapterOptions::default();
-    let runner = {
-        let consumer = consumer.clone();
-        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
-    };
-    assert!(eventually(Duration::from_secs(15), || settled(&consumer)).await);
+    let runner = spawn_run(&consumer, f.handler(), AdapterOptions::default());
+    assert!(wait_settled(&consumer, Duration::from_secs(15)).await);
     runner.abort();
     let parked = f.parked().await;
     assert_eq!(parked.len(), 1);
     assert_eq!(parked[0].event_id, None);
     assert_eq!(parked[0].attempts, 1);
-    js.delete_stream(consumer.cached_info().stream_name.clone())
-        .await
-        .unwrap();
+    delete_stream(&js, &consumer).await;
 }
 
 #[tokio::test]
@@ -144,20 +135,14 @@ async fn failed_first_delivery_is_redelivered_and_applied_once() {
     let f = fixture().await;
     let (js, subject, consumer) = setup().await;
     publish(&js, &subject, Some(EventId::new()), r#"{"n":3}"#).await;
-    let handler = f.flaky_handler();
     let options = AdapterOptions::default().with_retry_delay(Duration::from_millis(100));
-    let runner = {
-        let consumer = consumer.clone();
-        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
-    };
+    let runner = spawn_run(&consumer, f.flaky_handler(), options);
     assert!(eventually(Duration::from_secs(15), || async { f.effects().await == 1 }).await);
-    assert!(eventually(Duration::from_secs(10), || settled(&consumer)).await);
+    assert!(wait_settled(&consumer, Duration::from_secs(10)).await);
     runner.abort();
     assert_eq!(f.effects().await, 1);
     assert!(f.parked().await.is_empty());
-    js.delete_stream(consumer.cached_info().stream_name.clone())
-        .await
-        .unwrap();
+    delete_stream(&js, &consumer).await;
 }
 
 #[tokio::test]
@@ -165,19 +150,10 @@ async fn malformed_payload_is_parked_without_retries() {
     let f = fixture().await;
     let (js, subject, consumer) = setup().await;
     publish(&js, &subject, Some(EventId::new()), "not json").await;
-    let handler = f.json_handler();
     let options = AdapterOptions::default().with_max_attempts(5);
-    let runner = {
-        let consumer = consumer.clone();
-        tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
-    };
-    assert!(
-        eventually(Duration::from_secs(15), || async {
-            !f.parked().await.is_empty()
-        })
-        .await
-    );
-    assert!(eventually(Duration::from_secs(10), || settled(&consumer)).await);
+    let runner = spawn_run(&consumer, f.json_handler(), options);
+    assert!(f.wait_parked(Duration::from_secs(15)).await);
+    assert!(wait_settled(&consumer, Duration::from_secs(10)).await);
     runner.abort();
     let parked = f.parked().await;
     assert_eq!(parked.len(), 1);
@@ -187,7 +163,5 @@ async fn malformed_payload_is_parked_without_retries() {
         "{}",
         parked[0].error
     );
-    js.delete_stream(consumer.cached_info().stream_name.clone())
-        .await
-        .unwrap();
+    delete_stream(&js, &consumer).await;
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use outbox_inbox::{AdapterOptions, EventId};
+use outbox_inbox::{AdapterOptions, EventId, InboxHandler};
+use tokio::task::JoinHandle;
 
 use common::{eventually, fixture, unique};
 
@@ -66,6 +67,19 @@ async fn publish(channel: &Channel, queue: &str, id: EventId, body: &[u8]) {
         .unwrap();
 }
 
+/// Run the adapter over `queue` on `consumer` in the background, until aborted.
+fn spawn_run(
+    consumer: &Channel,
+    queue: &str,
+    handler: impl InboxHandler + 'static,
+    options: AdapterOptions,
+) -> JoinHandle<Result<(), outbox_inbox::Error>> {
+    let (consumer, queue) = (consumer.clone(), queue.to_owned());
+    tokio::spawn(
+        async move { outbox_inbox::rabbitmq::run(&consumer, &queue, &handler, &options).await },
+    )
+}
+
 /// Messages left in `queue` once the adapter's channel is closed (unacked ones come back).
 async fn left_after_close(consumer_channel: Channel, queue: &str) -> u32 {
     let _ = consumer_channel.close(200, "OK".into()).await;
@@ -99,14 +113,7 @@ async fn same_event_twice_applies_once_and_acks() {
     publish(&publisher, &queue, id, br#"{"n":1}"#).await;
 
     let consumer = channel().await;
-    let handler = f.handler();
-    let runner = {
-        let (consumer, queue) = (consumer.clone(), queue.clone());
-        tokio::spawn(async move {
-            outbox_inbox::rabbitmq::run(&consumer, &queue, &handler, &AdapterOptions::default())
-                .await
-        })
-    };
+    let runner = spawn_run(&consumer, &queue, f.handler(), AdapterOptions::default());
     assert!(eventually(Duration::from_secs(15), || async { f.effects().await == 1 }).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     runner.abort();
@@ -126,30 +133,14 @@ async fn poison(quorum: bool) {
     publish(&publisher, &queue, id, br#"{"n":2}"#).await;
 
     let consumer = channel().await;
-    let handler = f.failing_handler();
     let options = AdapterOptions::default()
         .with_max_attempts(3)
         .with_retry_delay(Duration::from_millis(100));
-    let runner = {
-        let (consumer, queue) = (consumer.clone(), queue.clone());
-        tokio::spawn(async move {
-            outbox_inbox::rabbitmq::run(&consumer, &queue, &handler, &options).await
-        })
-    };
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            !f.parked().await.is_empty()
-        })
-        .await
-    );
+    let runner = spawn_run(&consumer, &queue, f.failing_handler(), options);
+    assert!(f.wait_parked(Duration::from_secs(20)).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     runner.abort();
-    let parked = f.parked().await;
-    assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].event_id, Some(id));
-    assert_eq!(parked[0].attempts, 3);
-    assert!(parked[0].error.contains("downstream rejected"));
-    assert_eq!(f.effects().await, 0);
+    f.assert_parked_after_failures(id, 3, br#"{"n":2}"#).await;
     assert_eq!(
         left_after_close(consumer, &queue).await,
         0,

@@ -7,8 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use outbox_inbox::{AdapterOptions, EventId};
+use outbox_inbox::{AdapterOptions, EventId, InboxHandler};
 use redis::aio::MultiplexedConnection;
+use tokio::task::JoinHandle;
 
 use common::{eventually, fixture, unique};
 
@@ -89,97 +90,82 @@ async fn drained(stream: &str, group: &str) -> bool {
     lag(&mut conn, stream, group).await == 0 && pending(&mut conn, stream, group).await == 0
 }
 
+/// A new stream with the consumer group `billing`.
+async fn new_stream(conn: &mut MultiplexedConnection) -> String {
+    let stream = unique("inbox_s");
+    outbox_inbox::redis::ensure_group(conn, &stream, "billing")
+        .await
+        .unwrap();
+    stream
+}
+
+async fn delete(conn: &mut MultiplexedConnection, stream: &str) {
+    let _: i64 = redis::cmd("DEL")
+        .arg(stream)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Run the adapter as consumer `c1` of group `billing` in the background, until aborted.
+fn spawn_run(
+    stream: &str,
+    handler: impl InboxHandler + 'static,
+    options: AdapterOptions,
+) -> JoinHandle<Result<(), outbox_inbox::Error>> {
+    let stream = stream.to_owned();
+    tokio::spawn(async move {
+        let mut conn = connection().await;
+        outbox_inbox::redis::run(&mut conn, &stream, "billing", "c1", &handler, &options).await
+    })
+}
+
+/// Wait up to `timeout` for every entry to be delivered and acked.
+async fn wait_drained(stream: &str, timeout: Duration) -> bool {
+    eventually(timeout, || drained(stream, "billing")).await
+}
+
 #[tokio::test]
 async fn same_event_twice_applies_once_and_acks() {
     let f = fixture().await;
     let mut conn = connection().await;
-    let stream = unique("inbox_s");
-    outbox_inbox::redis::ensure_group(&mut conn, &stream, "billing")
-        .await
-        .unwrap();
+    let stream = new_stream(&mut conn).await;
     let id = EventId::new();
     add(&mut conn, &stream, Some(id), r#"{"n":1}"#).await;
     add(&mut conn, &stream, Some(id), r#"{"n":1}"#).await;
 
-    let handler = f.handler();
-    let runner = {
-        let stream = stream.clone();
-        tokio::spawn(async move {
-            let mut conn = connection().await;
-            outbox_inbox::redis::run(
-                &mut conn,
-                &stream,
-                "billing",
-                "c1",
-                &handler,
-                &AdapterOptions::default(),
-            )
-            .await
-        })
-    };
-    assert!(eventually(Duration::from_secs(15), || drained(&stream, "billing")).await);
+    let runner = spawn_run(&stream, f.handler(), AdapterOptions::default());
+    assert!(wait_drained(&stream, Duration::from_secs(15)).await);
     runner.abort();
     assert_eq!(f.effects().await, 1);
     assert!(f.parked().await.is_empty());
-    let _: i64 = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    delete(&mut conn, &stream).await;
 }
 
 #[tokio::test]
 async fn always_failing_handler_is_parked_after_max_attempts_and_acked() {
     let f = fixture().await;
     let mut conn = connection().await;
-    let stream = unique("inbox_s");
-    outbox_inbox::redis::ensure_group(&mut conn, &stream, "billing")
-        .await
-        .unwrap();
+    let stream = new_stream(&mut conn).await;
     let id = EventId::new();
     add(&mut conn, &stream, Some(id), r#"{"n":2}"#).await;
 
-    let handler = f.failing_handler();
     let options = AdapterOptions::default()
         .with_max_attempts(3)
         .with_retry_delay(Duration::from_millis(100));
-    let runner = {
-        let stream = stream.clone();
-        tokio::spawn(async move {
-            let mut conn = connection().await;
-            outbox_inbox::redis::run(&mut conn, &stream, "billing", "c1", &handler, &options).await
-        })
-    };
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            !f.parked().await.is_empty()
-        })
-        .await
-    );
-    assert!(eventually(Duration::from_secs(10), || drained(&stream, "billing")).await);
+    let runner = spawn_run(&stream, f.failing_handler(), options);
+    assert!(f.wait_parked(Duration::from_secs(20)).await);
+    assert!(wait_drained(&stream, Duration::from_secs(10)).await);
     runner.abort();
-    let parked = f.parked().await;
-    assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].event_id, Some(id));
-    assert_eq!(parked[0].attempts, 3);
-    assert_eq!(parked[0].payload, br#"{"n":2}"#);
-    assert!(parked[0].error.contains("downstream rejected"));
-    assert_eq!(f.effects().await, 0);
-    let _: i64 = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    f.assert_parked_after_failures(id, 3, br#"{"n":2}"#).await;
+    delete(&mut conn, &stream).await;
 }
 
 #[tokio::test]
 async fn entry_without_id_is_parked_at_once() {
     let f = fixture().await;
     let mut conn = connection().await;
-    let stream = unique("inbox_s");
-    outbox_inbox::redis::ensure_group(&mut conn, &stream, "billing")
-        .await
-        .unwrap();
+    let stream = new_stream(&mut conn).await;
     add(&mut conn, &stream, None, "junk").await;
     let handler = f.handler();
     let outcomes = outbox_inbox::redis::poll(
@@ -193,41 +179,23 @@ async fn entry_without_id_is_parked_at_once() {
     .await
     .unwrap();
     assert_eq!(outcomes.len(), 1);
-    assert!(matches!(outcomes[0], outbox_inbox::Outcome::Parked));
+    assert!(matches!(outcomes[0], outbox_inbox::HandlerOutcome::Parked));
     assert_eq!(pending(&mut conn, &stream, "billing").await, 0);
-    let _: i64 = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    delete(&mut conn, &stream).await;
 }
 
 #[tokio::test]
 async fn failed_first_delivery_is_reclaimed_and_applied_once() {
     let f = fixture().await;
     let mut conn = connection().await;
-    let stream = unique("inbox_s");
-    outbox_inbox::redis::ensure_group(&mut conn, &stream, "billing")
-        .await
-        .unwrap();
+    let stream = new_stream(&mut conn).await;
     add(&mut conn, &stream, Some(EventId::new()), r#"{"n":3}"#).await;
-    let handler = f.flaky_handler();
     let options = AdapterOptions::default().with_retry_delay(Duration::from_millis(100));
-    let runner = {
-        let stream = stream.clone();
-        tokio::spawn(async move {
-            let mut conn = connection().await;
-            outbox_inbox::redis::run(&mut conn, &stream, "billing", "c1", &handler, &options).await
-        })
-    };
+    let runner = spawn_run(&stream, f.flaky_handler(), options);
     assert!(eventually(Duration::from_secs(15), || async { f.effects().await == 1 }).await);
-    assert!(eventually(Duration::from_secs(10), || drained(&stream, "billing")).await);
+    assert!(wait_drained(&stream, Duration::from_secs(10)).await);
     runner.abort();
     assert_eq!(f.effects().await, 1);
     assert!(f.parked().await.is_empty());
-    let _: i64 = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    delete(&mut conn, &stream).await;
 }

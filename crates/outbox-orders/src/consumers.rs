@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use outbox_inbox::postgres::PgInbox;
 use outbox_inbox::sqlite::SqliteInbox;
-use outbox_inbox::{Claim, Delivery, InboxHandler, ParkedMessage, Processed};
+use outbox_inbox::{Delivery, InboxClaim as Claim, InboxHandler, ParkedMessage, Processed};
 use outbox_types::routing::header;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Transaction};

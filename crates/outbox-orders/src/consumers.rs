@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use outbox_inbox::postgres::PgInbox;
 use outbox_inbox::sqlite::SqliteInbox;
-use outbox_inbox::{Delivery, InboxClaim as Claim, InboxHandler, ParkedMessage, Processed};
+use outbox_inbox::{Delivery, InboxClaim, InboxHandler, ParkedMessage, Processed};
 use outbox_types::routing::header;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Transaction};
@@ -398,7 +398,7 @@ impl InboxHandler for Consumer {
         let effect = match &self.db {
             ConsumerDb::Postgres { pool, inbox } => {
                 let mut tx = pool.begin().await?;
-                if inbox.claim(&mut *tx, delivery.event_id, name).await? == Claim::Duplicate {
+                if inbox.claim(&mut *tx, delivery.event_id, name).await? == InboxClaim::Duplicate {
                     None
                 } else {
                     let effect = self
@@ -412,7 +412,7 @@ impl InboxHandler for Consumer {
                 // BEGIN IMMEDIATE: the claim writes first anyway; taking the write lock up
                 // front keeps a concurrent writer from turning this into SQLITE_BUSY.
                 let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                if inbox.claim(&mut *tx, delivery.event_id, name).await? == Claim::Duplicate {
+                if inbox.claim(&mut *tx, delivery.event_id, name).await? == InboxClaim::Duplicate {
                     None
                 } else {
                     let effect = self

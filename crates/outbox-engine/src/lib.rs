@@ -1668,19 +1668,10 @@ mod tests {
         )
         .unwrap();
         let lanes = Lanes::new(Some(Arc::new(routes)), "router");
-        let event = |event_type: &str| Event {
-            seq: 1,
-            id: outbox_types::EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: "1".into(),
-            event_type: event_type.into(),
-            payload: "{}".into(),
-            destination: None,
-            headers: Default::default(),
-            idempotency_key: None,
-            occurred_at: chrono::Utc::now(),
-            enqueued_at: chrono::Utc::now(),
-            attempts: 0,
+        let event = |event_type: &str| {
+            outbox_types::NewEvent::from_json("order", "1", event_type, "{}")
+                .unwrap()
+                .claimed(1)
         };
         let claim = |hooks: usize, main: usize| -> Vec<Event> {
             std::iter::repeat_with(|| event("HookSent"))

@@ -209,7 +209,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_types::EventId;
+    use outbox_types::NewEvent;
     use outbox_types::route::{Pattern, RouteRule};
     use std::sync::Mutex;
 
@@ -231,20 +231,12 @@ mod tests {
     }
 
     fn event(event_type: &str, destination: Option<&str>) -> Event {
-        Event {
-            seq: 1,
-            id: EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: "1".into(),
-            event_type: event_type.into(),
-            payload: "{}".into(),
-            destination: destination.map(str::to_owned),
-            headers: Default::default(),
-            idempotency_key: None,
-            occurred_at: chrono::Utc::now(),
-            enqueued_at: chrono::Utc::now(),
-            attempts: 0,
+        let event = NewEvent::from_json("order", "1", event_type, "{}").unwrap();
+        match destination {
+            Some(d) => event.with_destination(d),
+            None => event,
         }
+        .claimed(1)
     }
 
     #[tokio::test]

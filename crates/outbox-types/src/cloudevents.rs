@@ -28,9 +28,7 @@
 //!
 //! ```
 //! use outbox_types::cloudevents::{Binding, CloudEvents, Mode};
-//! # let mut event = outbox_types::Event { seq: 1, id: outbox_types::EventId::new(), aggregate_type: "order".into(),
-//! #   aggregate_id: "42".into(), event_type: "OrderCreated".into(), payload: r#"{"a":1}"#.into(), destination: None,
-//! #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 };
+//! # let mut event = outbox_types::NewEvent::from_json("order", "42", "OrderCreated", r#"{"a":1}"#).unwrap().claimed(1);
 //! event.headers.insert("Tenant-Id".into(), "acme".into());
 //! let ce = CloudEvents::new("/orders-service").with_type_prefix("com.example.orders");
 //! let envelope: serde_json::Value = serde_json::from_str(&ce.envelope(&event)).unwrap();
@@ -298,23 +296,18 @@ pub fn http_header_value(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::EventId;
+    use crate::event::NewEvent;
 
     fn event() -> Event {
-        let mut e = Event {
-            seq: 1,
-            id: EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: "42".into(),
-            event_type: "OrderCreated".into(),
-            payload: "{\"amount\": 1999,\n \"a\": [1]}".into(),
-            destination: None,
-            headers: Default::default(),
-            idempotency_key: Some("k-1".into()),
-            occurred_at: chrono::Utc::now(),
-            enqueued_at: chrono::Utc::now(),
-            attempts: 0,
-        };
+        let mut e = NewEvent::from_json(
+            "order",
+            "42",
+            "OrderCreated",
+            "{\"amount\": 1999,\n \"a\": [1]}",
+        )
+        .unwrap()
+        .with_idempotency_key("k-1")
+        .claimed(1);
         for (k, v) in [
             ("traceparent", "00-abc-def-01"),
             ("Tenant-Id", "acme"),

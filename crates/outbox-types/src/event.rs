@@ -393,6 +393,33 @@ impl NewEvent {
         }
     }
 
+    /// The [`Event`] a relay hands to a sink once a store holds this event at position `seq`:
+    /// no attempt yet, enqueued now. For a sink's tests and examples, and for anything else
+    /// that needs the event a sink sees without a database behind it.
+    ///
+    /// ```
+    /// let event = outbox_types::NewEvent::from_json("order", "42", "OrderCreated", "{}")
+    ///     .unwrap()
+    ///     .claimed(7);
+    /// assert_eq!((event.seq, event.attempts, event.aggregate_id.as_str()), (7, 0, "42"));
+    /// ```
+    pub fn claimed(self, seq: i64) -> Event {
+        Event {
+            seq,
+            id: self.id,
+            aggregate_type: self.aggregate_type,
+            aggregate_id: self.aggregate_id,
+            event_type: self.event_type,
+            payload: self.payload,
+            destination: self.destination,
+            headers: self.headers,
+            idempotency_key: self.idempotency_key,
+            occurred_at: self.occurred_at,
+            enqueued_at: Utc::now(),
+            attempts: 0,
+        }
+    }
+
     /// The headers as a JSON object, the form stores keep them in.
     pub fn headers_json(&self) -> String {
         // A map of strings always serializes.

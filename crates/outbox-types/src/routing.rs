@@ -17,9 +17,7 @@
 //!
 //! ```
 //! use outbox_types::routing::{Routing, Template};
-//! # let event = outbox_types::Event { seq: 1, id: outbox_types::EventId::new(), aggregate_type: "order".into(),
-//! #   aggregate_id: "42".into(), event_type: "OrderCreated".into(), payload: r#"{"a":1}"#.into(), destination: None,
-//! #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 };
+//! # let event = outbox_types::NewEvent::from_json("order", "42", "OrderCreated", r#"{"a":1}"#).unwrap().claimed(1);
 //! let routing = Routing::new(Template::parse("events.${event_type}").unwrap());
 //! assert_eq!(routing.destination(&event), "events.OrderCreated");
 //! assert_eq!(routing.key(&event), "42");
@@ -168,9 +166,7 @@ impl Template {
     ///
     /// ```
     /// use outbox_types::routing::Template;
-    /// # let mut event = outbox_types::Event { seq: 1, id: outbox_types::EventId::new(), aggregate_type: "order".into(),
-    /// #   aggregate_id: "42".into(), event_type: "OrderCreated".into(), payload: "{}".into(), destination: None,
-    /// #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 };
+    /// # let mut event = outbox_types::NewEvent::from_json("order", "42", "OrderCreated", "{}").unwrap().claimed(1);
     /// event.aggregate_id = "../../admin?debug=1#".into();
     /// let t = Template::parse("https://h.example/orders/${aggregate_id}/events").unwrap();
     /// assert_eq!(
@@ -495,26 +491,17 @@ pub fn escape_non_bmp(json: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EventId, Headers};
+    use crate::event::{Headers, NewEvent};
 
     fn event() -> Event {
         let mut headers = Headers::new();
         headers.insert("traceparent".into(), "00-abc-def-01".into());
         headers.insert("outbox-event-id".into(), "forged".into());
-        Event {
-            seq: 1,
-            id: EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: "42".into(),
-            event_type: "OrderCreated".into(),
-            payload: r#"{"amount": 1999}"#.into(),
-            destination: None,
-            headers,
-            idempotency_key: Some("k-1".into()),
-            occurred_at: chrono::Utc::now(),
-            enqueued_at: chrono::Utc::now(),
-            attempts: 0,
-        }
+        NewEvent::from_json("order", "42", "OrderCreated", r#"{"amount": 1999}"#)
+            .unwrap()
+            .with_headers(headers)
+            .with_idempotency_key("k-1")
+            .claimed(1)
     }
 
     #[test]

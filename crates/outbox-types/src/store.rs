@@ -209,10 +209,8 @@ pub fn check_payload(seq: i64, payload: String, reading: Reading) -> Result<Stri
 ///
 /// ```
 /// use outbox_types::{AggregateKey, ClaimRequest, ClaimSort, DeadLetterPolicy, StoreError};
-/// # fn ev(seq: i64, agg: &str) -> outbox_types::Event { outbox_types::Event { seq, id: outbox_types::EventId::new(),
-/// #   aggregate_type: "t".into(), aggregate_id: agg.into(), event_type: "E".into(), payload: "{}".into(),
-/// #   destination: None, headers: Default::default(), idempotency_key: None,
-/// #   occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 } }
+/// # fn ev(seq: i64, agg: &str) -> outbox_types::Event {
+/// #   outbox_types::NewEvent::from_json("t", agg, "E", "{}").unwrap().claimed(seq) }
 /// let request = ClaimRequest::new("r", 10, std::time::Duration::from_secs(30), DeadLetterPolicy::Block)
 ///     .with_byte_limits(1_000_000, 100);
 /// let key = |a: &str| Ok(AggregateKey { aggregate_type: "t".into(), aggregate_id: a.into() });
@@ -328,10 +326,8 @@ impl ClaimSort {
 ///
 /// ```
 /// use outbox_types::{AggregateKey, DeadLetterPolicy, held_behind_buried};
-/// # fn ev(seq: i64, agg: &str) -> outbox_types::Event { outbox_types::Event { seq, id: outbox_types::EventId::new(),
-/// #   aggregate_type: "t".into(), aggregate_id: agg.into(), event_type: "E".into(), payload: "{}".into(),
-/// #   destination: None, headers: Default::default(), idempotency_key: None,
-/// #   occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 } }
+/// # fn ev(seq: i64, agg: &str) -> outbox_types::Event {
+/// #   outbox_types::NewEvent::from_json("t", agg, "E", "{}").unwrap().claimed(seq) }
 /// let mut events = vec![ev(1, "a"), ev(3, "a"), ev(4, "b")];
 /// let buried = [(2, AggregateKey { aggregate_type: "t".into(), aggregate_id: "a".into() })];
 /// let held = held_behind_buried(&mut events, &buried, DeadLetterPolicy::Block);

@@ -5,7 +5,7 @@
 use outbox_types::routing::{
     CloudEvents, CloudEventsMode, PayloadFormat, Routing, Template, header,
 };
-use outbox_types::{Event, EventId};
+use outbox_types::{Event, NewEvent};
 
 fn doc() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/wire-format.md");
@@ -13,20 +13,10 @@ fn doc() -> String {
 }
 
 fn event() -> Event {
-    Event {
-        seq: 1,
-        id: EventId::new(),
-        aggregate_type: "order".into(),
-        aggregate_id: "42".into(),
-        event_type: "OrderCreated".into(),
-        payload: "{}".into(),
-        destination: None,
-        headers: Default::default(),
-        idempotency_key: Some("k".into()),
-        occurred_at: chrono::Utc::now(),
-        enqueued_at: chrono::Utc::now(),
-        attempts: 0,
-    }
+    NewEvent::from_json("order", "42", "OrderCreated", "{}")
+        .unwrap()
+        .with_idempotency_key("k")
+        .claimed(1)
 }
 
 #[test]

@@ -195,14 +195,8 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// `max_allowed_packet` of MariaDB; MySQL 8's is 64 MiB).
 const BATCH_BYTES: usize = 4 << 20;
 
-/// The result of an enqueue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Enqueued {
-    /// The event's id: the new one, or, for a duplicate idempotency key, the existing event's.
-    pub id: EventId,
-    /// `false` when the idempotency key matched an existing event and nothing was written.
-    pub created: bool,
-}
+/// The result of an enqueue (shared by every store: [`outbox_types::sql_store::Enqueued`]).
+pub use outbox_types::sql_store::Enqueued;
 
 /// What an enqueue runs on. Built implicitly from `&mut MySqlConnection` (so `&mut *tx`),
 /// `&mut Transaction`, `&mut PoolConnection` or `&MySqlPool`.
@@ -568,10 +562,7 @@ impl MySqlOutbox {
                         "event {id}: the event holding idempotency key `{key}` was deleted while this batch was enqueued; try again"
                     ))
                 })?;
-            let existing = row.id.parse::<EventId>().map_err(|e| StoreError::Corrupt {
-                seq: row.seq,
-                reason: format!("id `{}` is not a UUID: {e}", row.id),
-            })?;
+            let existing = outbox_types::sql_store::parse_event_id(row.seq, "id", &row.id)?;
             written.insert(
                 id,
                 Enqueued {
@@ -704,12 +695,8 @@ fn validate(e: &NewEvent) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// A batch as JSON text for `JSON_TABLE`. Numbers, strings and maps of them always encode; the
-/// error is only there to avoid a panic path.
-pub(crate) fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value)
-        .map_err(|e| StoreError::Invalid(format!("batch cannot be encoded as JSON: {e}")))
-}
+/// A batch as JSON text for `JSON_TABLE`.
+pub(crate) use outbox_types::sql_store::json_text;
 
 /// The UUID in text column `column`.
 pub(crate) fn decode_id(
@@ -718,15 +705,12 @@ pub(crate) fn decode_id(
     seq: i64,
 ) -> Result<EventId, StoreError> {
     let text: String = row.try_get(column).map_err(map_sqlx)?;
-    text.parse::<EventId>().map_err(|e| StoreError::Corrupt {
-        seq,
-        reason: format!("{column} `{text}` is not a UUID: {e}"),
-    })
+    outbox_types::sql_store::parse_event_id(seq, column, &text)
 }
 
 /// A duration as whole microseconds, capped at [`MAX_INTERVAL`].
 pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.min(MAX_INTERVAL).as_micros()).unwrap_or(i64::MAX)
+    outbox_types::sql_store::micros(d.min(MAX_INTERVAL))
 }
 
 #[cfg(test)]

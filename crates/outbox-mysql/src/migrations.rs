@@ -32,11 +32,11 @@
 //! over the template, so it is the same on either server.
 
 use outbox_types::StoreError;
+use outbox_types::migration::{Schema, Versioned, checksum, pending};
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row};
 
 use crate::MySqlOutbox;
 use crate::error::map_sqlx;
-use crate::names::fnv1a;
 use crate::session::Session;
 
 /// How long `migrate` waits for another process's migration to finish.
@@ -376,17 +376,12 @@ const BINARY_COLLATIONS: [&str; 2] = ["utf8mb4_nopad_bin", "utf8mb4_0900_bin"];
 
 /// The newest schema version this build knows.
 pub(crate) fn latest_version() -> i64 {
-    MIGRATIONS.last().map(|m| m.version).unwrap_or(0)
+    outbox_types::migration::latest_version(MIGRATIONS)
 }
 
-/// What [`MySqlOutbox::migrate`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MigrationReport {
-    /// Versions applied by this call, oldest first (empty when the schema was current).
-    pub applied: Vec<i64>,
-    /// The schema version now in the database.
-    pub current: i64,
-}
+/// What [`MySqlOutbox::migrate`] did (shared by every store:
+/// [`outbox_types::migration::MigrationReport`]).
+pub use outbox_types::migration::MigrationReport;
 
 pub(crate) async fn run(
     outbox: &MySqlOutbox,
@@ -453,28 +448,7 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
         let checksum: String = row.try_get("checksum").map_err(map_sqlx)?;
         applied_before.push((version, checksum));
     }
-    for (version, checksum) in &applied_before {
-        match MIGRATIONS.iter().find(|m| m.version == *version) {
-            None => {
-                return Err(StoreError::NotMigrated(format!(
-                    "the database has outbox schema version {version}, newer than this build knows ({}); upgrade the outbox binary or library",
-                    latest_version()
-                )));
-            }
-            Some(m) if checksum_of(m) != *checksum => {
-                return Err(StoreError::NotMigrated(format!(
-                    "outbox migration {version} ({}) differs from the one applied to the database; migrations must never be edited once released",
-                    m.description
-                )));
-            }
-            Some(_) => {}
-        }
-    }
-
-    let pending: Vec<&Migration> = MIGRATIONS
-        .iter()
-        .filter(|m| !applied_before.iter().any(|(v, _)| *v == m.version))
-        .collect();
+    let pending = pending(Schema::OUTBOX, MIGRATIONS, &applied_before)?;
     if pending.is_empty() {
         return Ok(Vec::new());
     }
@@ -506,7 +480,7 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
         )))
         .bind(m.version)
         .bind(m.description)
-        .bind(checksum_of(m))
+        .bind(m.checksum())
         .execute(&mut *conn)
         .await
         .map_err(map_sqlx)?;
@@ -570,7 +544,7 @@ pub(crate) fn script(outbox: &MySqlOutbox, mariadb: bool) -> String {
             "INSERT INTO {bookkeeping} (version, description, checksum, applied_at)\n    VALUES ({}, '{}', '{}', UTC_TIMESTAMP(6));\n",
             m.version,
             m.description.replace('\\', "\\\\").replace('\'', "''"),
-            checksum_of(m)
+            m.checksum()
         ));
     }
     out
@@ -688,14 +662,24 @@ pub(crate) async fn current_version(
     Ok(version.unwrap_or(0))
 }
 
-/// Over the SQL template and, when there are any, the added columns (so version 1's checksum,
-/// recorded before `add_columns` existed, is unchanged).
-fn checksum_of(m: &Migration) -> String {
-    let mut text = m.sql.to_owned();
-    for (column, definition) in m.add_columns {
-        text.push_str(&format!("\n-- add column {column} {definition}"));
+impl Versioned for Migration {
+    fn version(&self) -> i64 {
+        self.version
     }
-    format!("{:016x}", fnv1a(&text))
+
+    fn description(&self) -> &'static str {
+        self.description
+    }
+
+    /// Over the SQL template and, when there are any, the added columns (so version 1's
+    /// checksum, recorded before `add_columns` existed, is unchanged).
+    fn checksum(&self) -> String {
+        let mut text = self.sql.to_owned();
+        for (column, definition) in self.add_columns {
+            text.push_str(&format!("\n-- add column {column} {definition}"));
+        }
+        checksum(&text)
+    }
 }
 
 #[cfg(test)]
@@ -738,8 +722,7 @@ mod released {
     #[test]
     fn released_migrations_keep_their_checksums() {
         for (list, released) in MIGRATIONS_UNDER_TEST.iter().zip(RELEASED) {
-            let got: Vec<(i64, String)> =
-                list.iter().map(|m| (m.version, checksum_of(m))).collect();
+            let got: Vec<(i64, String)> = list.iter().map(|m| (m.version, m.checksum())).collect();
             for (i, (version, checksum)) in released.iter().enumerate() {
                 assert_eq!(
                     got.get(i),

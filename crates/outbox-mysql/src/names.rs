@@ -1,6 +1,7 @@
 //! Where the outbox lives: a table name, checked once and quoted everywhere.
 
 use outbox_types::StoreError;
+use outbox_types::sql_store::check_identifier;
 
 /// The longest table name accepted: `<table>_migrations` then stays within MySQL's 64-character
 /// identifier limit, and the rule is the one the PostgreSQL and SQLite stores use, so one
@@ -12,29 +13,7 @@ pub(crate) const MAX_TABLE_LEN: usize = 48;
 /// string literal naming the claim lock), so nothing else is accepted. Lowercase only, so the
 /// name means the same table whatever the server's `lower_case_table_names`.
 pub(crate) fn check_table_name(name: &str) -> Result<(), StoreError> {
-    let plain = !name.is_empty()
-        && name.len() <= MAX_TABLE_LEN
-        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
-            "table `{name}` is not a plain identifier: use lowercase letters, digits and `_`, starting with a letter or `_`, at most {MAX_TABLE_LEN} characters"
-        )))
-    }
-}
-
-/// A 64-bit FNV-1a hash: stable across builds and platforms, used for migration checksums.
-pub(crate) fn fnv1a(text: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.as_bytes() {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
+    check_identifier("table", name, MAX_TABLE_LEN)
 }
 
 #[cfg(test)]
@@ -61,11 +40,5 @@ mod tests {
                 "{bad:?}"
             );
         }
-    }
-
-    #[test]
-    fn fnv1a_is_stable() {
-        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use outbox_types::route::RouteTable;
 use outbox_types::{
     AggregateKey, BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DeadLetterPolicy,
-    DestinationStats, Event, EventId, EventRecord, Headers, Lease, LeaseHolder, OutboxStats,
+    DestinationStats, Event, EventId, EventRecord, Lease, LeaseHolder, OutboxStats,
     PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, SortedClaim, Store,
     StoreError,
 };
@@ -20,6 +20,8 @@ use crate::error::map_sqlx;
 use crate::session::Session;
 use crate::sql::Sql;
 use crate::{MySqlOutbox, decode_id, json_text, micros};
+use outbox_types::migration::{Schema, check_current};
+use outbox_types::sql_store::{count, decode_headers, id_list, parse_state};
 
 /// How long a claim waits for the claim lock before it claims without it (see the crate docs).
 pub const CLAIM_LOCK_WAIT_SECONDS: u32 = 5;
@@ -239,13 +241,6 @@ fn keep_in_order(wanted: &[(i64, AggregateKey)], locked: HashSet<i64>) -> HashSe
 /// [`outbox_types::redact`], re-exported where callers have always found it.
 pub use outbox_types::redact::redact_url;
 
-fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        seq,
-        reason: format!("headers are not a JSON object of strings: {e}"),
-    })
-}
-
 fn decode_event(row: &MySqlRow) -> Result<Event, StoreError> {
     decode_event_as(row, Reading::Delivery)
 }
@@ -284,12 +279,7 @@ fn decode_event_as(row: &MySqlRow, reading: Reading) -> Result<Event, StoreError
 fn decode_record(row: &MySqlRow) -> Result<EventRecord, StoreError> {
     let event = decode_event_as(row, Reading::Display)?;
     let status: String = row.try_get("status").map_err(map_sqlx)?;
-    let state = status
-        .parse()
-        .map_err(|e: outbox_types::ParseStateError| StoreError::Corrupt {
-            seq: event.seq,
-            reason: e.to_string(),
-        })?;
+    let state = parse_state(event.seq, &status)?;
     Ok(EventRecord {
         event,
         state,
@@ -302,13 +292,10 @@ fn decode_record(row: &MySqlRow) -> Result<EventRecord, StoreError> {
     })
 }
 
-fn count(row: &MySqlRow, name: &str) -> Result<u64, StoreError> {
+/// Column `name` of `row`, a count.
+fn count_of(row: &MySqlRow, name: &str) -> Result<u64, StoreError> {
     let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-    Ok(u64::try_from(n).unwrap_or(0))
-}
-
-fn id_list(ids: &[EventId]) -> Result<String, StoreError> {
-    json_text(&ids.iter().map(EventId::to_string).collect::<Vec<_>>())
+    Ok(count(n))
 }
 
 #[async_trait]
@@ -445,11 +432,11 @@ impl Store for MySqlStore {
         let oldest: Option<DateTime<Utc>> = row.try_get("oldest").map_err(map_sqlx)?;
         let observed_at: DateTime<Utc> = row.try_get("observed_at").map_err(map_sqlx)?;
         Ok(OutboxStats {
-            pending: count(&row, "pending")?,
-            retrying: count(&row, "retrying")?,
-            in_flight: count(&row, "in_flight")?,
-            delivered: count(&row, "delivered")?,
-            dead: count(&row, "dead")?,
+            pending: count_of(&row, "pending")?,
+            retrying: count_of(&row, "retrying")?,
+            in_flight: count_of(&row, "in_flight")?,
+            delivered: count_of(&row, "delivered")?,
+            dead: count_of(&row, "dead")?,
             oldest_pending_enqueued_at: oldest,
             observed_at: Some(observed_at),
         })
@@ -548,10 +535,10 @@ impl Store for MySqlStore {
                 })?;
                 Ok(DestinationStats {
                     destination: (!route.is_empty()).then_some(route),
-                    pending: count(row, "pending")?,
-                    retrying: count(row, "retrying")?,
-                    in_flight: count(row, "in_flight")?,
-                    dead: count(row, "dead")?,
+                    pending: count_of(row, "pending")?,
+                    retrying: count_of(row, "retrying")?,
+                    in_flight: count_of(row, "in_flight")?,
+                    dead: count_of(row, "dead")?,
                     oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
                     last_error: row.try_get("last_error").map_err(map_sqlx)?,
                 })
@@ -570,10 +557,10 @@ impl Store for MySqlStore {
             .map(|row| {
                 Ok(LeaseHolder {
                     owner: row.try_get("owner").map_err(map_sqlx)?,
-                    events: count(row, "events")?,
+                    events: count_of(row, "events")?,
                     claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
                     expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
-                    expired: count(row, "expired")?,
+                    expired: count_of(row, "expired")?,
                 })
             })
             .collect()
@@ -673,13 +660,8 @@ impl Store for MySqlStore {
 
     async fn check(&self) -> Result<(), StoreError> {
         let (current, latest) = self.outbox.schema_version(&self.pool).await?;
-        if current < latest {
-            return Err(StoreError::NotMigrated(format!(
-                "outbox schema in table {} is at version {current}, this build needs {latest}",
-                self.outbox.quoted_table()
-            )));
-        }
-        Ok(())
+        let place = format!("table {}", self.outbox.quoted_table());
+        check_current(Schema::OUTBOX, &place, current, latest)
     }
 }
 

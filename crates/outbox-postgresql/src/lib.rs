@@ -145,9 +145,8 @@ use chrono::{DateTime, Utc};
 use outbox_types::route::{RouteTable, SqlDialect};
 use outbox_types::{
     AggregateKey, BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DeadLetterPolicy,
-    DestinationStats, Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent,
-    OutboxStats, PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, Store,
-    StoreError,
+    DestinationStats, Event, EventId, EventRecord, Lease, LeaseHolder, NewEvent, OutboxStats,
+    PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
@@ -158,15 +157,13 @@ pub use partition::{KeepReason, KeptPartition, PartitionInterval, PartitionRepor
 
 use error::map_sqlx;
 use names::{check_identifier, fnv1a};
+use outbox_types::migration::{Schema, check_current};
+use outbox_types::sql_store::{
+    bytes, check_destination, count, decode_headers, millis, parse_state,
+};
 
-/// The result of an enqueue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Enqueued {
-    /// The event's id: the new one, or, for a duplicate idempotency key, the existing event's.
-    pub id: EventId,
-    /// `false` when the idempotency key matched an existing event and nothing was written.
-    pub created: bool,
-}
+/// The result of an enqueue (shared by every store: [`outbox_types::sql_store::Enqueued`]).
+pub use outbox_types::sql_store::Enqueued;
 
 /// Where the outbox table lives, and the SQL to use it. Cheap to clone.
 ///
@@ -1167,22 +1164,6 @@ impl PgStore {
 /// [`outbox_types::redact`], re-exported where callers have always found it.
 pub use outbox_types::redact::redact_url;
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// A byte limit as a bind parameter (`u64::MAX`, no limit, becomes `i64::MAX`).
-fn bytes(limit: u64) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
-}
-
-fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        seq,
-        reason: format!("headers are not a JSON object of strings: {e}"),
-    })
-}
-
 fn decode_event(row: &PgRow) -> Result<Event, StoreError> {
     decode_event_as(row, Reading::Delivery)
 }
@@ -1231,12 +1212,7 @@ fn decode_event_as(row: &PgRow, reading: Reading) -> Result<Event, StoreError> {
 fn decode_record(row: &PgRow) -> Result<EventRecord, StoreError> {
     let event = decode_event_as(row, Reading::Display)?;
     let status: String = row.try_get("status").map_err(map_sqlx)?;
-    let state = status
-        .parse()
-        .map_err(|e: outbox_types::ParseStateError| StoreError::Corrupt {
-            seq: event.seq,
-            reason: e.to_string(),
-        })?;
+    let state = parse_state(event.seq, &status)?;
     Ok(EventRecord {
         event,
         state,
@@ -1249,14 +1225,10 @@ fn decode_record(row: &PgRow) -> Result<EventRecord, StoreError> {
     })
 }
 
-/// A destination name to pause: any non-empty text (the route table decides what it matches).
-fn check_destination(destination: &str) -> Result<(), StoreError> {
-    if destination.is_empty() {
-        return Err(StoreError::Invalid(
-            "the destination to pause must not be empty".to_owned(),
-        ));
-    }
-    Ok(())
+/// Column `name` of `row`, a count.
+fn count_of(row: &PgRow, name: &str) -> Result<u64, StoreError> {
+    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+    Ok(count(n))
 }
 
 fn dead_ids(filter: &DeadFilter) -> Option<Vec<Uuid>> {
@@ -1358,7 +1330,7 @@ impl Store for PgStore {
                 .fetch_one(&self.pool)
                 .await
                 .map_err(map_sqlx)?;
-            return Ok(u64::try_from(n).unwrap_or(0));
+            return Ok(count(n));
         }
         let done = sqlx::query(AssertSqlSafe(self.sql().ack.as_str()))
             .bind(seqs)
@@ -1429,21 +1401,17 @@ impl Store for PgStore {
             .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        let count = |name: &str| -> Result<u64, StoreError> {
-            let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
         let oldest: Option<DateTime<Utc>> =
             sqlx::query_scalar(AssertSqlSafe(self.sql().oldest.as_str()))
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(map_sqlx)?;
         Ok(OutboxStats {
-            pending: count("pending")?,
-            retrying: count("retrying")?,
-            in_flight: count("in_flight")?,
-            delivered: count("delivered")?,
-            dead: count("dead")?,
+            pending: count_of(&row, "pending")?,
+            retrying: count_of(&row, "retrying")?,
+            in_flight: count_of(&row, "in_flight")?,
+            delivered: count_of(&row, "delivered")?,
+            dead: count_of(&row, "dead")?,
             oldest_pending_enqueued_at: oldest,
             observed_at: Some(row.try_get("observed_at").map_err(map_sqlx)?),
         })
@@ -1487,7 +1455,7 @@ impl Store for PgStore {
             .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        Ok(count(n))
     }
 
     async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
@@ -1497,7 +1465,7 @@ impl Store for PgStore {
             .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        Ok(count(n))
     }
 
     async fn destination_stats(
@@ -1514,17 +1482,13 @@ impl Store for PgStore {
         let mut out = rows
             .iter()
             .map(|row| {
-                let count = |name: &str| -> Result<u64, StoreError> {
-                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-                    Ok(u64::try_from(n).unwrap_or(0))
-                };
                 let route: String = row.try_get("route").map_err(map_sqlx)?;
                 Ok(DestinationStats {
                     destination: (!route.is_empty()).then_some(route),
-                    pending: count("pending")?,
-                    retrying: count("retrying")?,
-                    in_flight: count("in_flight")?,
-                    dead: count("dead")?,
+                    pending: count_of(row, "pending")?,
+                    retrying: count_of(row, "retrying")?,
+                    in_flight: count_of(row, "in_flight")?,
+                    dead: count_of(row, "dead")?,
                     oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
                     last_error: row.try_get("last_error").map_err(map_sqlx)?,
                 })
@@ -1541,16 +1505,12 @@ impl Store for PgStore {
             .map_err(map_sqlx)?;
         rows.iter()
             .map(|row| {
-                let count = |name: &str| -> Result<u64, StoreError> {
-                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-                    Ok(u64::try_from(n).unwrap_or(0))
-                };
                 Ok(LeaseHolder {
                     owner: row.try_get("owner").map_err(map_sqlx)?,
-                    events: count("events")?,
+                    events: count_of(row, "events")?,
                     claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
                     expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
-                    expired: count("expired")?,
+                    expired: count_of(row, "expired")?,
                 })
             })
             .collect()
@@ -1639,18 +1599,17 @@ impl Store for PgStore {
             .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        Ok(count(n))
     }
 
     async fn check(&self) -> Result<(), StoreError> {
         let (current, latest) = self.outbox.schema_version(&self.pool).await?;
-        if current < latest {
-            return Err(StoreError::NotMigrated(format!(
-                "outbox schema in {} is at version {current}, this build needs {latest}",
-                self.outbox.qualified_table()
-            )));
-        }
-        Ok(())
+        check_current(
+            Schema::OUTBOX,
+            self.outbox.qualified_table(),
+            current,
+            latest,
+        )
     }
 }
 

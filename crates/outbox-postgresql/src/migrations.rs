@@ -10,19 +10,15 @@
 //! version; an edited or unknown newer migration is an error, not a silent skip).
 
 use outbox_types::StoreError;
+use outbox_types::migration::{Schema, pending};
 use sqlx::{PgPool, Row};
 
 use crate::PgOutbox;
 use crate::error::map_sqlx;
-use crate::names::fnv1a;
 
 /// One schema change. `{schema}`, `{table}` and `{t}` (the quoted qualified table name) are
 /// replaced before it runs.
-pub(crate) struct Migration {
-    pub version: i64,
-    pub description: &'static str,
-    pub sql: &'static str,
-}
+pub(crate) use outbox_types::migration::Migration;
 
 /// A new version 7 UUID (RFC 9562: 48 bits of Unix milliseconds, then random bits with the
 /// version set to 7; the variant stays RFC 4122's), as one SQL expression. PostgreSQL 15 has no
@@ -579,20 +575,12 @@ pub(crate) fn migrations_for(outbox: &PgOutbox) -> &'static [Migration] {
 
 /// The newest schema version this build knows for `outbox`'s layout.
 pub(crate) fn latest_version(outbox: &PgOutbox) -> i64 {
-    migrations_for(outbox)
-        .last()
-        .map(|m| m.version)
-        .unwrap_or(0)
+    outbox_types::migration::latest_version(migrations_for(outbox))
 }
 
-/// What [`PgOutbox::migrate`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MigrationReport {
-    /// Versions applied by this call, oldest first (empty when the schema was current).
-    pub applied: Vec<i64>,
-    /// The schema version now in the database.
-    pub current: i64,
-}
+/// What [`PgOutbox::migrate`] did (shared by every store:
+/// [`outbox_types::migration::MigrationReport`]).
+pub use outbox_types::migration::MigrationReport;
 
 pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationReport, StoreError> {
     let bookkeeping = outbox.migrations_table();
@@ -622,29 +610,8 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
         applied_before.push((version, checksum));
     }
 
-    for (version, checksum) in &applied_before {
-        match migrations.iter().find(|m| m.version == *version) {
-            None => {
-                return Err(StoreError::NotMigrated(format!(
-                    "the database has outbox schema version {version}, newer than this build knows ({}); upgrade the outbox binary or library",
-                    latest_version(outbox)
-                )));
-            }
-            Some(m) if checksum_of(m) != *checksum => {
-                return Err(StoreError::NotMigrated(format!(
-                    "outbox migration {version} ({}) differs from the one applied to the database; migrations must never be edited once released",
-                    m.description
-                )));
-            }
-            Some(_) => {}
-        }
-    }
-
     let mut applied = Vec::new();
-    for m in migrations {
-        if applied_before.iter().any(|(v, _)| *v == m.version) {
-            continue;
-        }
+    for m in pending(Schema::OUTBOX, migrations, &applied_before)? {
         sqlx::raw_sql(sqlx::AssertSqlSafe(outbox.render(m.sql)))
             .execute(&mut *tx)
             .await
@@ -654,7 +621,7 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
         )))
         .bind(m.version)
         .bind(m.description)
-        .bind(checksum_of(m))
+        .bind(m.checksum())
         .execute(&mut *tx)
         .await
         .map_err(map_sqlx)?;
@@ -720,7 +687,7 @@ pub(crate) fn script(outbox: &PgOutbox) -> String {
             outbox.migrations_table(),
             m.version,
             sql_text(m.description),
-            checksum_of(m)
+            m.checksum()
         ));
     }
     if outbox.partitioning().is_some() {
@@ -792,10 +759,6 @@ pub(crate) async fn current_version(outbox: &PgOutbox, pool: &PgPool) -> Result<
     Ok(version.unwrap_or(0))
 }
 
-fn checksum_of(m: &Migration) -> String {
-    format!("{:016x}", fnv1a(m.sql))
-}
-
 #[cfg(test)]
 mod released {
     use super::*;
@@ -826,8 +789,7 @@ mod released {
     #[test]
     fn released_migrations_keep_their_checksums() {
         for (list, released) in MIGRATIONS_UNDER_TEST.iter().zip(RELEASED) {
-            let got: Vec<(i64, String)> =
-                list.iter().map(|m| (m.version, checksum_of(m))).collect();
+            let got: Vec<(i64, String)> = list.iter().map(|m| (m.version, m.checksum())).collect();
             for (i, (version, checksum)) in released.iter().enumerate() {
                 assert_eq!(
                     got.get(i),

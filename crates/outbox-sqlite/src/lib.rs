@@ -101,9 +101,8 @@ use chrono::{DateTime, Utc};
 use outbox_types::route::{RouteTable, SqlDialect};
 use outbox_types::{
     AggregateKey, BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DeadLetterPolicy,
-    DestinationStats, Event, EventId, EventRecord, Headers, Lease, LeaseHolder, NewEvent,
-    OutboxStats, PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, Store,
-    StoreError,
+    DestinationStats, Event, EventId, EventRecord, Lease, LeaseHolder, NewEvent, OutboxStats,
+    PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent, Store, StoreError,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -116,6 +115,11 @@ pub use migrations::MigrationReport;
 
 use error::{is_busy, map_sqlx};
 use names::check_table_name;
+use outbox_types::migration::{Schema, check_current};
+use outbox_types::sql_store::{
+    check_destination, count, decode_headers, id_list, json_text, micros, parse_event_id,
+    parse_state,
+};
 
 /// The default outbox table.
 pub const DEFAULT_TABLE: &str = "outbox_events";
@@ -124,14 +128,8 @@ pub const DEFAULT_TABLE: &str = "outbox_events";
 /// transient [`StoreError::Unavailable`]; set by [`SqliteStore::connect`].
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The result of an enqueue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Enqueued {
-    /// The event's id: the new one, or, for a duplicate idempotency key, the existing event's.
-    pub id: EventId,
-    /// `false` when the idempotency key matched an existing event and nothing was written.
-    pub created: bool,
-}
+/// The result of an enqueue (shared by every store: [`outbox_types::sql_store::Enqueued`]).
+pub use outbox_types::sql_store::Enqueued;
 
 /// Where the outbox table lives, and the SQL to use it. Cheap to clone.
 ///
@@ -769,10 +767,6 @@ fn clamp_micros(us: i64) -> i64 {
     us.min(MAX_MICROS)
 }
 
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
 /// `now + d`, saturated to [`MAX_MICROS`].
 fn after(now: i64, d: Duration) -> i64 {
     clamp_micros(now.saturating_add(micros(d)))
@@ -801,17 +795,7 @@ fn get_opt_time(
 
 fn decode_id(row: &SqliteRow, column: &str, seq: i64) -> Result<EventId, StoreError> {
     let text: String = row.try_get(column).map_err(map_sqlx)?;
-    text.parse::<EventId>().map_err(|e| StoreError::Corrupt {
-        seq,
-        reason: format!("{column} `{text}` is not a UUID: {e}"),
-    })
-}
-
-fn decode_headers(seq: i64, text: &str) -> Result<Headers, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        seq,
-        reason: format!("headers are not a JSON object of strings: {e}"),
-    })
+    parse_event_id(seq, column, &text)
 }
 
 fn decode_event(row: &SqliteRow) -> Result<Event, StoreError> {
@@ -876,12 +860,7 @@ fn decode_record(row: &SqliteRow) -> Result<EventRecord, StoreError> {
     let event = decode_event_as(row, Reading::Display)?;
     let seq = event.seq;
     let status: String = row.try_get("status").map_err(map_sqlx)?;
-    let state = status
-        .parse()
-        .map_err(|e: outbox_types::ParseStateError| StoreError::Corrupt {
-            seq,
-            reason: e.to_string(),
-        })?;
+    let state = parse_state(seq, &status)?;
     Ok(EventRecord {
         event,
         state,
@@ -894,14 +873,10 @@ fn decode_record(row: &SqliteRow) -> Result<EventRecord, StoreError> {
     })
 }
 
-/// A batch as JSON text for `json_each`. Numbers, strings and maps of them always encode; the
-/// error is only there to avoid a panic path.
-fn json_array(encoded: Result<String, serde_json::Error>) -> Result<String, StoreError> {
-    encoded.map_err(|e| StoreError::Invalid(format!("batch cannot be encoded as JSON: {e}")))
-}
-
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
+/// Column `name` of `row`, a count.
+fn count_of(row: &SqliteRow, name: &str) -> Result<u64, StoreError> {
+    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+    Ok(count(n))
 }
 
 #[async_trait]
@@ -929,7 +904,7 @@ impl Store for SqliteStore {
                         route_b: number_placeholders(&route_b.sql, 10),
                     }),
                 );
-                let paused = json_array(serde_json::to_string(&hold.paused))?;
+                let paused = json_text(&hold.paused)?;
                 (std::borrow::Cow::Owned(sql), Some((paused, route_e.binds)))
             }
         };
@@ -985,7 +960,7 @@ impl Store for SqliteStore {
         if seqs.is_empty() {
             return Ok(0);
         }
-        let seqs = json_array(serde_json::to_string(seqs))?;
+        let seqs = json_text(seqs)?;
         let _turn = self.writes.lock().await;
         let done = sqlx::query(AssertSqlSafe(self.sql().ack.as_str()))
             .bind(seqs)
@@ -1015,7 +990,7 @@ impl Store for SqliteStore {
             })
             .collect();
         let done = sqlx::query(AssertSqlSafe(self.sql().retry.as_str()))
-            .bind(json_array(serde_json::to_string(&batch))?)
+            .bind(json_text(&batch)?)
             .bind(lease.token.to_string())
             .execute(&self.pool)
             .await
@@ -1036,7 +1011,7 @@ impl Store for SqliteStore {
                 })
             })
             .collect();
-        let batch = json_array(serde_json::to_string(&batch))?;
+        let batch = json_text(&batch)?;
         let _turn = self.writes.lock().await;
         let done = sqlx::query(AssertSqlSafe(self.sql().bury.as_str()))
             .bind(batch)
@@ -1052,7 +1027,7 @@ impl Store for SqliteStore {
         if seqs.is_empty() {
             return Ok(0);
         }
-        let seqs = json_array(serde_json::to_string(seqs))?;
+        let seqs = json_text(seqs)?;
         let _turn = self.writes.lock().await;
         let done = sqlx::query(AssertSqlSafe(self.sql().release.as_str()))
             .bind(seqs)
@@ -1069,17 +1044,13 @@ impl Store for SqliteStore {
             .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        let get = |name: &str| -> Result<u64, StoreError> {
-            let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-            Ok(count(n))
-        };
         let oldest = get_opt_time(&row, 0, "oldest")?;
         Ok(OutboxStats {
-            pending: get("pending")?,
-            retrying: get("retrying")?,
-            in_flight: get("in_flight")?,
-            delivered: get("delivered")?,
-            dead: get("dead")?,
+            pending: count_of(&row, "pending")?,
+            retrying: count_of(&row, "retrying")?,
+            in_flight: count_of(&row, "in_flight")?,
+            delivered: count_of(&row, "delivered")?,
+            dead: count_of(&row, "dead")?,
             oldest_pending_enqueued_at: oldest,
             observed_at: Some(observed_at),
         })
@@ -1118,9 +1089,7 @@ impl Store for SqliteStore {
                     .await
             }
             DeadFilter::Ids(ids) => {
-                let ids = json_array(serde_json::to_string(
-                    &ids.iter().map(EventId::to_string).collect::<Vec<_>>(),
-                ))?;
+                let ids = id_list(ids)?;
                 let _turn = self.writes.lock().await;
                 sqlx::query(AssertSqlSafe(self.sql().requeue_dead_ids.as_str()))
                     .bind(ids)
@@ -1142,9 +1111,7 @@ impl Store for SqliteStore {
                     .await
             }
             DeadFilter::Ids(ids) => {
-                let ids = json_array(serde_json::to_string(
-                    &ids.iter().map(EventId::to_string).collect::<Vec<_>>(),
-                ))?;
+                let ids = id_list(ids)?;
                 let _turn = self.writes.lock().await;
                 sqlx::query(AssertSqlSafe(self.sql().discard_dead_ids.as_str()))
                     .bind(ids)
@@ -1185,17 +1152,13 @@ impl Store for SqliteStore {
         let mut out = rows
             .iter()
             .map(|row| {
-                let get = |name: &str| -> Result<u64, StoreError> {
-                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-                    Ok(count(n))
-                };
                 let route: String = row.try_get("route").map_err(map_sqlx)?;
                 Ok(DestinationStats {
                     destination: (!route.is_empty()).then_some(route),
-                    pending: get("pending")?,
-                    retrying: get("retrying")?,
-                    in_flight: get("in_flight")?,
-                    dead: get("dead")?,
+                    pending: count_of(row, "pending")?,
+                    retrying: count_of(row, "retrying")?,
+                    in_flight: count_of(row, "in_flight")?,
+                    dead: count_of(row, "dead")?,
                     oldest_pending_enqueued_at: get_opt_time(row, 0, "oldest")?,
                     last_error: row.try_get("last_error").map_err(map_sqlx)?,
                 })
@@ -1213,27 +1176,19 @@ impl Store for SqliteStore {
             .map_err(map_sqlx)?;
         rows.iter()
             .map(|row| {
-                let get = |name: &str| -> Result<u64, StoreError> {
-                    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-                    Ok(count(n))
-                };
                 Ok(LeaseHolder {
                     owner: row.try_get("owner").map_err(map_sqlx)?,
-                    events: get("events")?,
+                    events: count_of(row, "events")?,
                     claimed_since: get_opt_time(row, 0, "claimed_since")?,
                     expires_at: get_opt_time(row, 0, "expires_at")?,
-                    expired: get("expired")?,
+                    expired: count_of(row, "expired")?,
                 })
             })
             .collect()
     }
 
     async fn pause(&self, destination: &str, by: &str) -> Result<bool, StoreError> {
-        if destination.is_empty() {
-            return Err(StoreError::Invalid(
-                "the destination to pause must not be empty".to_owned(),
-            ));
-        }
+        check_destination(destination)?;
         let _turn = self.writes.lock().await;
         let done = sqlx::query(AssertSqlSafe(self.sql().pause.as_str()))
             .bind(destination)
@@ -1332,13 +1287,8 @@ impl Store for SqliteStore {
 
     async fn check(&self) -> Result<(), StoreError> {
         let (current, latest) = self.outbox.schema_version(&self.pool).await?;
-        if current < latest {
-            return Err(StoreError::NotMigrated(format!(
-                "outbox schema in table {} is at version {current}, this build needs {latest}",
-                self.outbox.quoted_table()
-            )));
-        }
-        Ok(())
+        let place = format!("table {}", self.outbox.quoted_table());
+        check_current(Schema::OUTBOX, &place, current, latest)
     }
 }
 

@@ -17,19 +17,15 @@
 //!   not a silent skip.
 
 use outbox_types::StoreError;
+use outbox_types::migration::{Schema, pending};
 use sqlx::{Row, SqlitePool};
 
 use crate::SqliteOutbox;
 use crate::error::map_sqlx;
-use crate::names::fnv1a;
 
 /// One schema change. `{table}` (the bare name) and `{t}` (the quoted name) are replaced before
 /// it runs.
-pub(crate) struct Migration {
-    pub version: i64,
-    pub description: &'static str,
-    pub sql: &'static str,
-}
+pub(crate) use outbox_types::migration::Migration;
 
 /// The header rules of migration 4's triggers, one body for both: `headers` is a JSON object
 /// whose values are all strings, with no name under the prefix `outbox-` other than
@@ -188,17 +184,12 @@ BEGIN
 
 /// The newest schema version this build knows.
 pub(crate) fn latest_version() -> i64 {
-    MIGRATIONS.last().map(|m| m.version).unwrap_or(0)
+    outbox_types::migration::latest_version(MIGRATIONS)
 }
 
-/// What [`SqliteOutbox::migrate`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MigrationReport {
-    /// Versions applied by this call, oldest first (empty when the schema was current).
-    pub applied: Vec<i64>,
-    /// The schema version now in the database.
-    pub current: i64,
-}
+/// What [`SqliteOutbox::migrate`] did (shared by every store:
+/// [`outbox_types::migration::MigrationReport`]).
+pub use outbox_types::migration::MigrationReport;
 
 pub(crate) async fn run(
     outbox: &SqliteOutbox,
@@ -224,29 +215,8 @@ pub(crate) async fn run(
         applied_before.push((version, checksum));
     }
 
-    for (version, checksum) in &applied_before {
-        match MIGRATIONS.iter().find(|m| m.version == *version) {
-            None => {
-                return Err(StoreError::NotMigrated(format!(
-                    "the database has outbox schema version {version}, newer than this build knows ({}); upgrade the outbox binary or library",
-                    latest_version()
-                )));
-            }
-            Some(m) if checksum_of(m) != *checksum => {
-                return Err(StoreError::NotMigrated(format!(
-                    "outbox migration {version} ({}) differs from the one applied to the database; migrations must never be edited once released",
-                    m.description
-                )));
-            }
-            Some(_) => {}
-        }
-    }
-
     let mut applied = Vec::new();
-    for m in MIGRATIONS {
-        if applied_before.iter().any(|(v, _)| *v == m.version) {
-            continue;
-        }
+    for m in pending(Schema::OUTBOX, MIGRATIONS, &applied_before)? {
         sqlx::raw_sql(sqlx::AssertSqlSafe(outbox.render(m.sql)))
             .execute(&mut *tx)
             .await
@@ -256,7 +226,7 @@ pub(crate) async fn run(
         )))
         .bind(m.version)
         .bind(m.description)
-        .bind(checksum_of(m))
+        .bind(m.checksum())
         .bind(crate::now_micros())
         .execute(&mut *tx)
         .await
@@ -336,15 +306,11 @@ pub(crate) fn script(outbox: &SqliteOutbox) -> String {
             outbox.render(m.sql).trim(),
             m.version,
             m.description.replace('\'', "''"),
-            checksum_of(m)
+            m.checksum()
         ));
     }
     out.push_str("\nCOMMIT;\n");
     out
-}
-
-fn checksum_of(m: &Migration) -> String {
-    format!("{:016x}", fnv1a(m.sql))
 }
 
 #[cfg(test)]
@@ -366,8 +332,7 @@ mod released {
     #[test]
     fn released_migrations_keep_their_checksums() {
         for (list, released) in MIGRATIONS_UNDER_TEST.iter().zip(RELEASED) {
-            let got: Vec<(i64, String)> =
-                list.iter().map(|m| (m.version, checksum_of(m))).collect();
+            let got: Vec<(i64, String)> = list.iter().map(|m| (m.version, m.checksum())).collect();
             for (i, (version, checksum)) in released.iter().enumerate() {
                 assert_eq!(
                     got.get(i),

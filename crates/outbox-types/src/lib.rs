@@ -34,6 +34,7 @@
 pub mod cloudevents;
 mod error;
 mod event;
+pub mod migration;
 pub mod redact;
 mod retry;
 pub mod route;
@@ -41,6 +42,7 @@ pub mod routing;
 mod sink;
 mod source;
 pub mod sql_script;
+pub mod sql_store;
 mod store;
 
 pub use error::{EncodeError, StoreError};

@@ -1,0 +1,270 @@
+//! The part of a migration runner that is not SQL: the [`Migration`] list entry, its checksum,
+//! the decision which migrations still have to run, and the [`MigrationReport`].
+//!
+//! Why here: every store (PostgreSQL, MySQL, SQLite) and every inbox backend keeps its own
+//! versioned SQL templates and its own bookkeeping table (`<table>_migrations`), because the
+//! table name is configurable and `sqlx::migrate!` cannot follow it. The SQL, the locking
+//! (an advisory lock, `GET_LOCK`, `BEGIN IMMEDIATE`) and the transaction differ per database;
+//! what a runner decides from the rows it read does not: a version the build does not know
+//! means the database is newer than the code, a checksum that differs means a released
+//! migration was edited, and both stop the runner with the same words everywhere. That decision
+//! lives here once, with no I/O, so each runner only reads rows and applies what [`pending`]
+//! returns.
+//!
+//! ```
+//! use outbox_types::migration::{Migration, Schema, pending};
+//!
+//! const MIGRATIONS: &[Migration] = &[
+//!     Migration { version: 1, description: "create", sql: "CREATE TABLE t (x INT)" },
+//!     Migration { version: 2, description: "index", sql: "CREATE INDEX t_x ON t (x)" },
+//! ];
+//! let applied = [(1, MIGRATIONS[0].checksum())];
+//! let todo = pending(Schema::OUTBOX, MIGRATIONS, &applied).unwrap();
+//! assert_eq!(todo.iter().map(|m| m.version).collect::<Vec<_>>(), [2]);
+//!
+//! let edited = [(1, "0000000000000000".to_owned())];
+//! let error = pending(Schema::OUTBOX, MIGRATIONS, &edited).unwrap_err();
+//! assert!(error.to_string().contains("must never be edited once released"));
+//! ```
+
+use crate::StoreError;
+use crate::sql_store::fnv1a;
+
+/// One schema change: a version, a description for the bookkeeping table, and a SQL template
+/// whose placeholders (the table name, …) the store replaces before it runs. The checksum is
+/// taken over the template, so it is the same whatever the table is called.
+#[derive(Clone, Copy, Debug)]
+pub struct Migration {
+    /// The version, counting up from 1.
+    pub version: i64,
+    /// What it does, in a few words (stored in the bookkeeping table).
+    pub description: &'static str,
+    /// The SQL template.
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// The checksum recorded when the migration is applied: [`checksum`] of the template.
+    pub fn checksum(&self) -> String {
+        checksum(self.sql)
+    }
+}
+
+/// What a runner needs to know about a migration to decide whether to apply it. [`Migration`]
+/// implements it; a store whose migrations carry more (MySQL's columns to add) implements it for
+/// its own type, with its own checksum text.
+pub trait Versioned {
+    /// The version.
+    fn version(&self) -> i64;
+    /// The description, named in a checksum-mismatch error.
+    fn description(&self) -> &'static str;
+    /// The checksum recorded when it is applied.
+    fn checksum(&self) -> String;
+}
+
+impl Versioned for Migration {
+    fn version(&self) -> i64 {
+        self.version
+    }
+
+    fn description(&self) -> &'static str {
+        self.description
+    }
+
+    fn checksum(&self) -> String {
+        Migration::checksum(self)
+    }
+}
+
+/// The checksum of a migration's text: a 64-bit FNV-1a hash as 16 hex digits, stable across
+/// builds and platforms.
+///
+/// ```
+/// assert_eq!(outbox_types::migration::checksum(""), "cbf29ce484222325");
+/// ```
+pub fn checksum(text: &str) -> String {
+    format!("{:016x}", fnv1a(text))
+}
+
+/// The newest version in `known` (`0` for none).
+pub fn latest_version<M: Versioned>(known: &[M]) -> i64 {
+    known.last().map(Versioned::version).unwrap_or(0)
+}
+
+/// Whose schema a runner migrates, as its errors name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schema {
+    /// The schema's name in messages: `outbox`, `inbox`.
+    pub name: &'static str,
+    /// What to do about a database newer than the build.
+    pub upgrade: &'static str,
+}
+
+impl Schema {
+    /// The outbox table of a store.
+    pub const OUTBOX: Schema = Schema {
+        name: "outbox",
+        upgrade: "upgrade the outbox binary or library",
+    };
+    /// The inbox table of `outbox-inbox`.
+    pub const INBOX: Schema = Schema {
+        name: "inbox",
+        upgrade: "upgrade outbox-inbox",
+    };
+}
+
+/// Why a runner refuses to migrate.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The database records a version this build does not know: it is newer than the code.
+    #[error(
+        "the database has {schema} schema version {version}, newer than this build knows ({latest}); {upgrade}"
+    )]
+    Newer {
+        /// [`Schema::name`].
+        schema: &'static str,
+        /// The unknown version.
+        version: i64,
+        /// The newest version this build knows.
+        latest: i64,
+        /// [`Schema::upgrade`].
+        upgrade: &'static str,
+    },
+    /// An applied migration's recorded checksum differs from this build's: it was edited.
+    #[error(
+        "{schema} migration {version} ({description}) differs from the one applied to the database; migrations must never be edited once released"
+    )]
+    Edited {
+        /// [`Schema::name`].
+        schema: &'static str,
+        /// The edited version.
+        version: i64,
+        /// Its description.
+        description: &'static str,
+    },
+}
+
+impl From<PlanError> for StoreError {
+    fn from(error: PlanError) -> Self {
+        StoreError::NotMigrated(error.to_string())
+    }
+}
+
+/// The migrations of `known` still to apply, oldest first, given the `(version, checksum)` rows
+/// of the bookkeeping table. An applied version this build does not know, or one whose checksum
+/// differs, is an error (checked in the order of `applied`), and nothing is to be applied.
+pub fn pending<'m, M: Versioned>(
+    schema: Schema,
+    known: &'m [M],
+    applied: &[(i64, String)],
+) -> Result<Vec<&'m M>, PlanError> {
+    for (version, recorded) in applied {
+        match known.iter().find(|m| m.version() == *version) {
+            None => {
+                return Err(PlanError::Newer {
+                    schema: schema.name,
+                    version: *version,
+                    latest: latest_version(known),
+                    upgrade: schema.upgrade,
+                });
+            }
+            Some(m) if m.checksum() != *recorded => {
+                return Err(PlanError::Edited {
+                    schema: schema.name,
+                    version: *version,
+                    description: m.description(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(known
+        .iter()
+        .filter(|m| !applied.iter().any(|(v, _)| *v == m.version()))
+        .collect())
+}
+
+/// The error of a store's `check` when the schema in the database (`current`) is older than
+/// the build (`latest`); `place` says where it is (`"outbox"."events"`, `table "events"`).
+///
+/// ```
+/// use outbox_types::migration::{Schema, check_current};
+/// assert!(check_current(Schema::OUTBOX, "table `e`", 4, 4).is_ok());
+/// let err = check_current(Schema::OUTBOX, "table `e`", 3, 4).unwrap_err();
+/// assert!(err.to_string().contains("outbox schema in table `e` is at version 3, this build needs 4"));
+/// ```
+pub fn check_current(
+    schema: Schema,
+    place: &str,
+    current: i64,
+    latest: i64,
+) -> Result<(), StoreError> {
+    if current < latest {
+        return Err(StoreError::NotMigrated(format!(
+            "{} schema in {place} is at version {current}, this build needs {latest}",
+            schema.name
+        )));
+    }
+    Ok(())
+}
+
+/// What a `migrate` call did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Versions applied by this call, oldest first (empty when the schema was current).
+    pub applied: Vec<i64>,
+    /// The schema version now in the database.
+    pub current: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KNOWN: &[Migration] = &[
+        Migration {
+            version: 1,
+            description: "one",
+            sql: "SELECT 1",
+        },
+        Migration {
+            version: 2,
+            description: "two",
+            sql: "SELECT 2",
+        },
+    ];
+
+    #[test]
+    fn nothing_applied_means_everything_pending() {
+        let todo = pending(Schema::OUTBOX, KNOWN, &[]).unwrap();
+        assert_eq!(todo.len(), 2);
+        assert_eq!(latest_version(KNOWN), 2);
+        assert_eq!(latest_version::<Migration>(&[]), 0);
+    }
+
+    #[test]
+    fn a_newer_database_is_refused_with_the_schema_named() {
+        let applied = [(3, "x".to_owned())];
+        assert_eq!(
+            pending(Schema::INBOX, KNOWN, &applied)
+                .unwrap_err()
+                .to_string(),
+            "the database has inbox schema version 3, newer than this build knows (2); upgrade outbox-inbox"
+        );
+        let error: StoreError = pending(Schema::OUTBOX, KNOWN, &applied).unwrap_err().into();
+        assert!(
+            matches!(error, StoreError::NotMigrated(m) if m.contains("upgrade the outbox binary or library"))
+        );
+    }
+
+    #[test]
+    fn an_edited_migration_is_refused() {
+        let applied = [(1, KNOWN[0].checksum()), (2, "edited".to_owned())];
+        assert_eq!(
+            pending(Schema::OUTBOX, KNOWN, &applied)
+                .unwrap_err()
+                .to_string(),
+            "outbox migration 2 (two) differs from the one applied to the database; migrations must never be edited once released"
+        );
+    }
+}

@@ -75,12 +75,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use outbox_types::redact::redact_url as redact;
 use outbox_types::routing::{Binding, CloudEventsKeys, Routing, Template};
+use outbox_types::sink_config::{self, config_error, default_destination};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
-use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
@@ -165,7 +165,7 @@ impl Default for NatsSinkConfig {
     fn default() -> Self {
         NatsSinkConfig {
             servers: vec!["nats://127.0.0.1:4222".to_owned()],
-            subject: default_subject(),
+            subject: default_destination(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
             cloudevents_mode: None,
@@ -191,23 +191,18 @@ impl Default for NatsSinkConfig {
     }
 }
 
-/// `events.${event_type}`, the subject template shared by every sink's defaults.
-fn default_subject() -> Template {
-    // The text parses; the fallback only keeps an `unwrap` out of library code.
-    Template::parse("events.${event_type}").unwrap_or_else(|_| Template::fixed("events"))
-}
-
 impl NatsSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = self
-            .format
-            .payload_format(CloudEventsKeys {
+        let routing = sink_config::routing(
+            self.subject.clone(),
+            self.format,
+            CloudEventsKeys {
                 source: self.cloudevents_source.as_deref(),
                 mode: self.cloudevents_mode,
                 type_prefix: self.cloudevents_type_prefix.as_deref(),
-            })
-            .map_err(config_error)?;
+            },
+        )?;
         let subject = self.subject.as_str();
         if subject.chars().any(char::is_whitespace)
             || subject.starts_with('.')
@@ -218,7 +213,7 @@ impl NatsSinkConfig {
                 "`subject = \"{subject}\"` cannot be a NATS subject: no spaces, no empty `.`-separated tokens (e.g. `events.${{event_type}}`)"
             )));
         }
-        Ok(Routing::new(self.subject.clone()).with_format(format))
+        Ok(routing)
     }
 
     /// The subjects of the stream created with `create_stream`: `stream_subjects`, or derived
@@ -238,10 +233,6 @@ impl NatsSinkConfig {
             ))),
         }
     }
-}
-
-fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(message.into())
 }
 
 /// Whether `subject` can be published to: non-empty tokens, no whitespace, no wildcards.
@@ -724,20 +715,13 @@ fn prepare(config: &NatsSinkConfig) -> Result<Prepared, SinkError> {
         .collect::<Vec<_>>()
         .join(", ");
 
-    let password = resolve_secret(
-        "password",
-        config.password.as_ref(),
-        "password_env",
-        config.password_env.as_deref(),
-    )
-    .map_err(config_error)?;
-    let token = resolve_secret(
+    let password = sink_config::password(config.password.as_ref(), config.password_env.as_deref())?;
+    let token = sink_config::secret(
         "token",
         config.token.as_ref(),
         "token_env",
         config.token_env.as_deref(),
-    )
-    .map_err(config_error)?;
+    )?;
     let mut options = async_nats::ConnectOptions::new();
     match (config.user.clone(), password, token) {
         (Some(_), _, Some(_)) => {

@@ -70,7 +70,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{CloudEventsKeys, PayloadFormat, Routing, Template};
+use outbox_types::routing::{CloudEventsKeys, Routing, Template};
+use outbox_types::sink_config::{self, config_error, default_destination};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, IntoConnectionInfo, RedisError, Value};
@@ -78,7 +79,6 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
 
-use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
@@ -144,7 +144,7 @@ impl Default for RedisSinkConfig {
     fn default() -> Self {
         RedisSinkConfig {
             url: "redis://127.0.0.1:6379".to_owned(),
-            stream: default_stream(),
+            stream: default_destination(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
             cloudevents_mode: None,
@@ -163,35 +163,26 @@ impl Default for RedisSinkConfig {
     }
 }
 
-/// `events.${event_type}`, the destination template shared by every sink's defaults.
-fn default_stream() -> Template {
-    // The text parses; the fallback only keeps an `unwrap` out of library code.
-    Template::parse("events.${event_type}").unwrap_or_else(|_| Template::fixed("events"))
-}
-
-fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(message.into())
-}
-
 impl RedisSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = self
-            .format
-            .payload_format(CloudEventsKeys {
+        let routing = sink_config::routing(
+            self.stream.clone(),
+            self.format,
+            CloudEventsKeys {
                 source: self.cloudevents_source.as_deref(),
                 mode: self.cloudevents_mode,
                 type_prefix: self.cloudevents_type_prefix.as_deref(),
-            })
-            .map_err(config_error)?;
-        if let PayloadFormat::CloudEvents(ce) = &format
-            && ce.mode == CloudEventsMode::Binary
+            },
+        )?;
+        if self.format == BodyFormat::Cloudevents
+            && self.cloudevents_mode == Some(CloudEventsMode::Binary)
         {
             return Err(config_error(
                 "`cloudevents_mode = \"binary\"` is not available on Redis Streams: CloudEvents defines no Redis binding, so there are no attribute names a consumer could expect; use `cloudevents_mode = \"structured\"` (the default), whose entry `payload` is the JSON envelope",
             ));
         }
-        Ok(Routing::new(self.stream.clone()).with_format(format))
+        Ok(routing)
     }
 }
 
@@ -241,31 +232,16 @@ impl RedisSink {
             ))
         })?;
         let mut settings = info.redis_settings().clone();
-        let user = match (&config.user, &config.username) {
-            (Some(_), Some(_)) => {
-                return Err(config_error(
-                    "both `user` and `username` are set: keep `user` (`username` is its old spelling)"
-                        .to_owned(),
-                ));
-            }
-            (None, Some(old)) => {
-                tracing::warn!(
-                    "Redis setting `username` is deprecated: write `user = \"…\"` (the same key as every other sink)"
-                );
-                Some(old)
-            }
-            (user, None) => user.as_ref(),
-        };
+        let (user, deprecated) =
+            sink_config::user("Redis", config.user.as_ref(), config.username.as_ref())?;
+        if let Some(warning) = deprecated {
+            tracing::warn!("{warning}");
+        }
         if let Some(user) = user {
             settings = settings.set_username(user);
         }
-        if let Some(password) = resolve_secret(
-            "password",
-            config.password.as_ref(),
-            "password_env",
-            config.password_env.as_deref(),
-        )
-        .map_err(config_error)?
+        if let Some(password) =
+            sink_config::password(config.password.as_ref(), config.password_env.as_deref())?
         {
             settings = settings.set_password(password);
         }

@@ -78,7 +78,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     common::enqueue_committed(&store, &committed[committed.len() / 2..]).await;
 
     let sink = Arc::new(
-        KafkaSink::new(&sink_config(
+        KafkaSink::connect(sink_config(
             common::BROKERS,
             &format!("{prefix}.${{event_type}}"),
         ))
@@ -226,7 +226,7 @@ async fn a_broker_that_is_down_keeps_events_pending_until_it_comes_up() {
         outbox_sink_kafka::PropertyValue::Integer(500),
     );
     // Creating the sink must not need the broker.
-    let sink = Arc::new(KafkaSink::new(&config).unwrap());
+    let sink = Arc::new(KafkaSink::connect(config).unwrap());
     assert!(sink.check().await.is_err(), "nothing listens yet");
 
     let relay_config = RelayConfig {

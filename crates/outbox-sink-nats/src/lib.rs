@@ -49,7 +49,7 @@
 //!
 //! `tls = true` (or a `tls://` URL) requires TLS, checked against the system's root
 //! certificates, or against `tls_ca_file` when set. TLS uses rustls with the aws-lc-rs provider; if the process has no default rustls
-//! provider yet, the sink installs that one (see `ensure_crypto_provider` in the source for why).
+//! provider yet, the sink installs that one (`outbox_tls::ensure_crypto_provider` says why).
 //!
 //! ## Configuration
 //!
@@ -73,6 +73,7 @@ use async_nats::jetstream::{self, context::GetStreamByNameErrorKind, context::Pu
 use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
+use outbox_tls::ensure_crypto_provider;
 use outbox_types::redact::redact_url as redact;
 use outbox_types::routing::{Binding, CloudEventsKeys, Routing, Template};
 use outbox_types::sink_config::{self, config_error, default_destination};
@@ -328,6 +329,12 @@ impl NatsSink {
         })
     }
 
+    /// Check `config` exactly as [`NatsSink::connect`] does, without contacting a server (what
+    /// `outbox config check` runs).
+    pub fn check_config(config: &NatsSinkConfig) -> Result<(), SinkError> {
+        prepare(config).map(|_| ())
+    }
+
     /// The underlying client (e.g. to subscribe in tests or share the connection).
     pub fn client(&self) -> &async_nats::Client {
         &self.client
@@ -445,7 +452,9 @@ impl NatsSink {
         Ok((subject, headers, Bytes::from(self.routing.body(event))))
     }
 
-    /// Classify a failed publish of a message to `subject`.
+    /// The failure classification of this sink: the outcome of a failed publish to `subject`
+    /// (unavailable: no attempt; retry or reject: costs one). A "no responders" reject is
+    /// confirmed by a stream lookup in `publish` before it stands.
     fn classify(&self, subject: &str, error: &jetstream::context::PublishError) -> Outcome {
         match error.kind() {
             PublishErrorKind::StreamNotFound => Outcome::reject(match &self.stream {
@@ -522,18 +531,6 @@ fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
         .into_iter()
         .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
         .collect()
-}
-
-/// rustls picks its crypto provider from cargo features. This crate asks for aws-lc-rs, but
-/// another crate linked into the same binary may ask for ring; with both enabled rustls refuses
-/// to choose and every TLS handshake fails (a panic inside the client's connection task). So the
-/// sink installs aws-lc-rs as the process default — only when no default was installed yet, so
-/// an application's own choice stands.
-fn ensure_crypto_provider() {
-    if async_nats::rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race with another installer is fine: a default exists either way.
-        let _ = async_nats::rustls::crypto::aws_lc_rs::default_provider().install_default();
-    }
 }
 
 /// A stream subject pattern covering `subject`: its first token and `>`.
@@ -669,10 +666,10 @@ struct Prepared {
     news: Arc<Mutex<ConnectionNews>>,
 }
 
-/// Check `config` exactly as [`NatsSink::connect`] does, without contacting a server (what
-/// `outbox config check` runs).
+/// The earlier place of [`NatsSink::check_config`].
+#[deprecated(note = "use `NatsSink::check_config(config)`, the check every sink has")]
 pub fn check_config(config: &NatsSinkConfig) -> Result<(), SinkError> {
-    prepare(config).map(|_| ())
+    NatsSink::check_config(config)
 }
 
 /// Warn when `what` would reach a server without TLS (`tls = false` and a `nats://` URL).

@@ -54,7 +54,7 @@
 //!
 //! A `rediss://` URL (or `tls = true`) connects with TLS, checked against the system's root
 //! certificates. TLS uses rustls with the aws-lc-rs provider; if the process has no default rustls
-//! provider yet, the sink installs that one (see `ensure_crypto_provider` in the source for why).
+//! provider yet, the sink installs that one (`outbox_tls::ensure_crypto_provider` says why).
 //!
 //! ```
 //! let config: outbox_sink_redis::RedisSinkConfig = serde_json::from_str(r#"{
@@ -69,6 +69,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_tls::ensure_crypto_provider;
 use outbox_types::redact::redact_url as redact;
 use outbox_types::routing::{CloudEventsKeys, Routing, Template};
 use outbox_types::sink_config::{self, config_error, default_destination};
@@ -294,6 +295,12 @@ impl RedisSink {
         })
     }
 
+    /// Check `config` as [`RedisSink::connect`] does (which contacts nothing either; what
+    /// `outbox config check` runs).
+    pub fn check_config(config: &RedisSinkConfig) -> Result<(), SinkError> {
+        Self::connect(config.clone()).map(|_| ())
+    }
+
     /// The connection to use: the current one, or a new one.
     async fn connection(&self) -> Result<(u64, MultiplexedConnection), String> {
         let mut current = self.connection.lock().await;
@@ -395,18 +402,6 @@ fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
         .collect()
 }
 
-/// rustls picks its crypto provider from cargo features. This crate asks for aws-lc-rs, but
-/// another crate linked into the same binary may ask for ring; with both enabled rustls refuses
-/// to choose and every TLS handshake fails (a panic inside the client's connection task). So the
-/// sink installs aws-lc-rs as the process default — only when no default was installed yet, so
-/// an application's own choice stands.
-fn ensure_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race with another installer is fine: a default exists either way.
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    }
-}
-
 /// Whether an error means the connection is no longer usable.
 fn breaks_connection(e: &RedisError) -> bool {
     e.is_io_error()
@@ -416,8 +411,10 @@ fn breaks_connection(e: &RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
-/// The outcome for one `XADD` that Redis answered with an error.
-fn classify_command_error(key: &str, e: &RedisError) -> Outcome {
+/// The failure classification of this sink: the outcome for one `XADD` that Redis answered with
+/// an error (unavailable: no attempt; retry or reject: costs one). A batch that fails as a whole
+/// is unavailable (see `publish`).
+fn classify(key: &str, e: &RedisError) -> Outcome {
     let code = e.code().unwrap_or("");
     let text = truncate_error(&e.to_string());
     match code {
@@ -500,7 +497,7 @@ impl Sink for RedisSink {
                                         if breaks_connection(&e) {
                                             self.drop_connection(generation).await;
                                         }
-                                        classify_command_error(key, &e)
+                                        classify(key, &e)
                                     }
                                 });
                             }
@@ -575,8 +572,8 @@ mod tests {
     #[test]
     fn tls_works_whichever_providers_the_build_enabled() {
         ensure_crypto_provider();
-        let roots = rustls::RootCertStore::empty();
-        let _ = rustls::ClientConfig::builder()
+        let roots = outbox_tls::rustls::RootCertStore::empty();
+        let _ = outbox_tls::rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_no_client_auth();
     }

@@ -557,6 +557,12 @@ impl WebhookSink {
         })
     }
 
+    /// Check `config` as [`WebhookSink::connect`] does (which sends nothing either; what
+    /// `outbox config check` runs).
+    pub fn check_config(config: &WebhookSinkConfig) -> Result<(), SinkError> {
+        Self::connect(config.clone()).map(|_| ())
+    }
+
     /// The request for one event; `Err` is a permanent rejection, and nothing was sent.
     fn request(&self, event: &Event) -> Result<(reqwest::Url, HeaderMap, Vec<u8>), String> {
         // The URL first: a host nobody configured is refused before anything is built for it.
@@ -693,42 +699,57 @@ impl WebhookSink {
         if status.is_success() {
             return Outcome::Delivered;
         }
-        let mut reason = format!("HTTP {status} from {shown}");
-        if !body.trim().is_empty() {
-            reason.push_str(": ");
-            reason.push_str(body.trim());
+        classify(status, &shown, &body, retry_after, location.as_deref())
+    }
+}
+
+/// The failure classification of this sink: the outcome of a request the receiver answered
+/// with a status other than 2xx. A request that got no answer (connection refused, timeout, TLS)
+/// is unavailable and does not get here.
+///
+/// 408, 429, 502, 503, 504: the receiver (or its proxy) is not serving, unavailable (no attempt);
+/// other 5xx: retry (costs an attempt); 3xx (not followed) and other 4xx: reject.
+fn classify(
+    status: StatusCode,
+    shown: &str,
+    body: &str,
+    retry_after: Option<Duration>,
+    location: Option<&str>,
+) -> Outcome {
+    let mut reason = format!("HTTP {status} from {shown}");
+    if !body.trim().is_empty() {
+        reason.push_str(": ");
+        reason.push_str(body.trim());
+    }
+    if matches!(
+        status,
+        StatusCode::REQUEST_TIMEOUT
+            | StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT
+    ) {
+        // The receiver (or the proxy in front of it) is not serving: not this event's fault.
+        Outcome::Unavailable {
+            reason: truncate_error(&reason),
+            after: retry_after,
         }
-        if matches!(
-            status,
-            StatusCode::REQUEST_TIMEOUT
-                | StatusCode::TOO_MANY_REQUESTS
-                | StatusCode::BAD_GATEWAY
-                | StatusCode::SERVICE_UNAVAILABLE
-                | StatusCode::GATEWAY_TIMEOUT
-        ) {
-            // The receiver (or the proxy in front of it) is not serving: not this event's fault.
-            Outcome::Unavailable {
-                reason: truncate_error(&reason),
-                after: retry_after,
-            }
-        } else if status.is_server_error() {
-            Outcome::Retry {
-                reason: truncate_error(&reason),
-                after: retry_after,
-            }
-        } else if status.is_redirection() {
-            Outcome::reject(truncate_error(&format!(
-                "HTTP {status} from {shown} redirects to {}: redirects are not followed; set `url` to the final address",
-                location
-                    .as_deref()
-                    .map(redact_url)
-                    .unwrap_or_else(|| "(no Location)".to_owned())
-            )))
-        } else if status.is_client_error() {
-            Outcome::reject(truncate_error(&reason))
-        } else {
-            Outcome::retry(truncate_error(&reason))
+    } else if status.is_server_error() {
+        Outcome::Retry {
+            reason: truncate_error(&reason),
+            after: retry_after,
         }
+    } else if status.is_redirection() {
+        Outcome::reject(truncate_error(&format!(
+            "HTTP {status} from {shown} redirects to {}: redirects are not followed; set `url` to the final address",
+            location
+                .map(redact_url)
+                .unwrap_or_else(|| "(no Location)".to_owned())
+        )))
+    } else if status.is_client_error() {
+        Outcome::reject(truncate_error(&reason))
+    } else {
+        Outcome::retry(truncate_error(&reason))
     }
 }
 

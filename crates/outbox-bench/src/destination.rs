@@ -690,11 +690,11 @@ pub async fn build_sink(kind: SinkKind, config: &str) -> anyhow::Result<Arc<dyn 
                 .map_err(|e| anyhow!("{e}"))?,
         ),
         SinkKind::Kafka => Arc::new(
-            outbox_sink_kafka::KafkaSink::new(&serde_json::from_str(config)?)
+            outbox_sink_kafka::KafkaSink::connect(serde_json::from_str(config)?)
                 .map_err(|e| anyhow!("{e}"))?,
         ),
         SinkKind::Rabbitmq => Arc::new(
-            outbox_sink_rabbitmq::RabbitMqSink::new(&serde_json::from_str(config)?)
+            outbox_sink_rabbitmq::RabbitMqSink::connect(serde_json::from_str(config)?)
                 .map_err(|e| anyhow!("{e}"))?,
         ),
         SinkKind::Redis => Arc::new(

@@ -46,7 +46,7 @@ pub async fn check(config: &Config) -> Result<(), ConfigError> {
             #[cfg(feature = "nats")]
             #[cfg(feature = "nats")]
             SinkConfig::Nats(c) => {
-                outbox_sink_nats::check_config(c).map_err(|e| invalid(e.to_string()))?;
+                outbox_sink_nats::NatsSink::check_config(c).map_err(|e| invalid(e.to_string()))?;
                 Arc::new(outbox_sink_stdout::StdoutSink::stdout())
             }
             #[cfg(feature = "kafka")]
@@ -76,12 +76,12 @@ async fn build_one(sink: &SinkConfig) -> Result<Arc<dyn Sink>, String> {
         ),
         #[cfg(feature = "kafka")]
         SinkConfig::Kafka(c) => {
-            Arc::new(outbox_sink_kafka::KafkaSink::new(c).map_err(|e| e.to_string())?)
+            Arc::new(outbox_sink_kafka::KafkaSink::connect(c.clone()).map_err(|e| e.to_string())?)
         }
         #[cfg(feature = "rabbitmq")]
-        SinkConfig::Rabbitmq(c) => {
-            Arc::new(outbox_sink_rabbitmq::RabbitMqSink::new(c).map_err(|e| e.to_string())?)
-        }
+        SinkConfig::Rabbitmq(c) => Arc::new(
+            outbox_sink_rabbitmq::RabbitMqSink::connect(c.clone()).map_err(|e| e.to_string())?,
+        ),
         #[cfg(feature = "nats")]
         SinkConfig::Nats(c) => Arc::new(
             outbox_sink_nats::NatsSink::connect(c.clone())

@@ -10,11 +10,11 @@ use std::fmt;
 use std::time::Duration;
 
 use outbox_types::routing::{CloudEventsKeys, Routing, Template};
+use outbox_types::sink_config::{self, default_destination};
 use outbox_types::{SinkError, humantime_duration};
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
@@ -249,7 +249,7 @@ impl Default for KafkaSinkConfig {
     fn default() -> Self {
         KafkaSinkConfig {
             brokers: vec!["127.0.0.1:9092".to_owned()],
-            topic: default_topic(),
+            topic: default_destination(),
             format: BodyFormat::Raw,
             record_timestamp: RecordTimestamp::PublishTime,
             cloudevents_source: None,
@@ -275,12 +275,6 @@ impl Default for KafkaSinkConfig {
             properties: BTreeMap::new(),
         }
     }
-}
-
-/// `events.${event_type}`, the destination template shared by every sink's defaults.
-fn default_topic() -> Template {
-    // The text parses; the fallback only keeps an `unwrap` out of library code.
-    Template::parse("events.${event_type}").unwrap_or_else(|_| Template::fixed("events"))
 }
 
 /// Properties as printed by `outbox config check`: values of credential-like keys
@@ -352,9 +346,7 @@ const MANAGED: &[(&str, Option<&str>)] = &[
     ),
 ];
 
-pub(crate) fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(message.into())
-}
+pub(crate) use sink_config::config_error;
 
 fn millis(d: Duration) -> String {
     d.as_millis().to_string()
@@ -363,15 +355,15 @@ fn millis(d: Duration) -> String {
 impl KafkaSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = self
-            .format
-            .payload_format(CloudEventsKeys {
+        sink_config::routing(
+            self.topic.clone(),
+            self.format,
+            CloudEventsKeys {
                 source: self.cloudevents_source.as_deref(),
                 mode: self.cloudevents_mode,
                 type_prefix: self.cloudevents_type_prefix.as_deref(),
-            })
-            .map_err(config_error)?;
-        Ok(Routing::new(self.topic.clone()).with_format(format))
+            },
+        )
     }
 
     /// Check every setting without connecting anywhere.
@@ -381,13 +373,7 @@ impl KafkaSinkConfig {
 
     /// The SASL password, from `password` or the variable named by `password_env`.
     fn password(&self) -> Result<Option<String>, SinkError> {
-        resolve_secret(
-            "password",
-            self.password.as_ref(),
-            "password_env",
-            self.password_env.as_deref(),
-        )
-        .map_err(config_error)
+        sink_config::password(self.password.as_ref(), self.password_env.as_deref())
     }
 
     /// The brokers as one `bootstrap.servers` string, checked.

@@ -62,7 +62,7 @@
 //! are retried (the reason says the topic may be missing), after that they are rejected at once
 //! until librdkafka's next metadata refresh sees the topic.
 //!
-//! [`KafkaSink::new`] never fails because Kafka is down: librdkafka connects lazily and keeps
+//! [`KafkaSink::connect`] never fails because Kafka is down: librdkafka connects lazily and keeps
 //! reconnecting in the background. While no broker answers, `publish` answers `Unavailable` after
 //! `delivery_timeout` and the relay keeps the events. If librdkafka reports a fatal error (the
 //! idempotent producer's state is lost, e.g. the producer was fenced), the sink builds a fresh
@@ -193,8 +193,19 @@ impl KafkaSink {
     /// Check `config` and create the producer. Does not wait for (or need) a broker:
     /// librdkafka connects in the background, and publishing answers `Retry` until it can.
     ///
-    /// Fails only on configuration that cannot work, with a message naming the setting.
+    /// Fails only on configuration that cannot work, with a message naming the setting. The
+    /// constructor every sink has: settings in, sink out, no broker needed.
+    pub fn connect(config: KafkaSinkConfig) -> Result<Self, SinkError> {
+        Self::build(&config)
+    }
+
+    /// The earlier name of [`KafkaSink::connect`], taking the settings by reference.
+    #[deprecated(note = "use `KafkaSink::connect(config)`, the constructor every sink has")]
     pub fn new(config: &KafkaSinkConfig) -> Result<Self, SinkError> {
+        Self::build(config)
+    }
+
+    fn build(config: &KafkaSinkConfig) -> Result<Self, SinkError> {
         let routing = config.routing()?;
         if let Some(warning) = config.cleartext_warning() {
             tracing::warn!("{warning}");
@@ -213,7 +224,7 @@ impl KafkaSink {
         })
     }
 
-    /// Check `config` as [`KafkaSink::new`] does, without creating a producer (a producer
+    /// Check `config` as [`KafkaSink::connect`] does, without creating a producer (a producer
     /// starts connecting to the brokers at once): the settings, the routing, and every client
     /// property as librdkafka's own configuration parser takes it. What only a client can
     /// check (an inline PEM that does not parse, say) is left to the relay's start. This is
@@ -360,7 +371,8 @@ impl KafkaSink {
         }
     }
 
-    /// Turn a produce error into an outcome whose reason names the topic and the fix.
+    /// The failure classification of this sink: turn a produce error into an outcome (unavailable:
+    /// no attempt; retry or reject: costs one) whose reason names the topic and the fix.
     fn classify(&self, error: &KafkaError, topic: &str, size: usize) -> Outcome {
         let news = || {
             self.news
@@ -645,7 +657,7 @@ mod tests {
         let config: KafkaSinkConfig =
             serde_json::from_str(r#"{"brokers": ["127.0.0.1:1"], "delivery_timeout": "1s"}"#)
                 .unwrap();
-        KafkaSink::new(&config).unwrap()
+        KafkaSink::connect(config).unwrap()
     }
 
     #[test]
@@ -710,7 +722,7 @@ mod tests {
     fn librdkafka_refusing_a_property_is_a_configuration_error() {
         let config: KafkaSinkConfig =
             serde_json::from_str(r#"{"properties": {"no.such.property": "1"}}"#).unwrap();
-        let err = KafkaSink::new(&config).unwrap_err().to_string();
+        let err = KafkaSink::connect(config).unwrap_err().to_string();
         assert!(err.contains("no.such.property"), "{err}");
     }
 

@@ -51,22 +51,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     let store = Arc::new(common::fresh_store().await);
     let aggregates = 12u64;
     let per_aggregate = 15u64;
-    let mut committed: Vec<NewEvent> = Vec::new();
-    for n in 0..per_aggregate {
-        for a in 0..aggregates {
-            let mut event = numbered(&format!("a{a}"), n);
-            if a == 0 {
-                event = event.with_header(
-                    "traceparent",
-                    format!("00-{:032x}-{:016x}-01", n + 1, a + 1),
-                );
-            }
-            if a == 1 {
-                event = event.with_idempotency_key(format!("key-{a}-{n}"));
-            }
-            committed.push(event);
-        }
-    }
+    let mut committed = common::numbered_batch(aggregates, per_aggregate);
     let audit = NewEvent::from_json("audit", "x", "AuditWritten", r#"{"who":"me"}"#)
         .unwrap()
         .with_destination(own_topic.clone());
@@ -78,7 +63,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     common::enqueue_committed(&store, &committed[committed.len() / 2..]).await;
 
     let sink = Arc::new(
-        KafkaSink::new(&sink_config(
+        KafkaSink::connect(sink_config(
             common::BROKERS,
             &format!("{prefix}.${{event_type}}"),
         ))
@@ -226,7 +211,7 @@ async fn a_broker_that_is_down_keeps_events_pending_until_it_comes_up() {
         outbox_sink_kafka::PropertyValue::Integer(500),
     );
     // Creating the sink must not need the broker.
-    let sink = Arc::new(KafkaSink::new(&config).unwrap());
+    let sink = Arc::new(KafkaSink::connect(config).unwrap());
     assert!(sink.check().await.is_err(), "nothing listens yet");
 
     let relay_config = RelayConfig {

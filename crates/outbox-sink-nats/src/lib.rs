@@ -49,7 +49,7 @@
 //!
 //! `tls = true` (or a `tls://` URL) requires TLS, checked against the system's root
 //! certificates, or against `tls_ca_file` when set. TLS uses rustls with the aws-lc-rs provider; if the process has no default rustls
-//! provider yet, the sink installs that one (see `ensure_crypto_provider` in the source for why).
+//! provider yet, the sink installs that one (`outbox_tls::ensure_crypto_provider` says why).
 //!
 //! ## Configuration
 //!
@@ -73,14 +73,15 @@ use async_nats::jetstream::{self, context::GetStreamByNameErrorKind, context::Pu
 use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
+use outbox_tls::ensure_crypto_provider;
 use outbox_types::redact::redact_url as redact;
 use outbox_types::routing::{Binding, CloudEventsKeys, Routing, Template};
+use outbox_types::sink_config::{self, config_error, default_destination};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
-use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
@@ -165,7 +166,7 @@ impl Default for NatsSinkConfig {
     fn default() -> Self {
         NatsSinkConfig {
             servers: vec!["nats://127.0.0.1:4222".to_owned()],
-            subject: default_subject(),
+            subject: default_destination(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
             cloudevents_mode: None,
@@ -191,23 +192,18 @@ impl Default for NatsSinkConfig {
     }
 }
 
-/// `events.${event_type}`, the subject template shared by every sink's defaults.
-fn default_subject() -> Template {
-    // The text parses; the fallback only keeps an `unwrap` out of library code.
-    Template::parse("events.${event_type}").unwrap_or_else(|_| Template::fixed("events"))
-}
-
 impl NatsSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = self
-            .format
-            .payload_format(CloudEventsKeys {
+        let routing = sink_config::routing(
+            self.subject.clone(),
+            self.format,
+            CloudEventsKeys {
                 source: self.cloudevents_source.as_deref(),
                 mode: self.cloudevents_mode,
                 type_prefix: self.cloudevents_type_prefix.as_deref(),
-            })
-            .map_err(config_error)?;
+            },
+        )?;
         let subject = self.subject.as_str();
         if subject.chars().any(char::is_whitespace)
             || subject.starts_with('.')
@@ -218,7 +214,7 @@ impl NatsSinkConfig {
                 "`subject = \"{subject}\"` cannot be a NATS subject: no spaces, no empty `.`-separated tokens (e.g. `events.${{event_type}}`)"
             )));
         }
-        Ok(Routing::new(self.subject.clone()).with_format(format))
+        Ok(routing)
     }
 
     /// The subjects of the stream created with `create_stream`: `stream_subjects`, or derived
@@ -238,10 +234,6 @@ impl NatsSinkConfig {
             ))),
         }
     }
-}
-
-fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(message.into())
 }
 
 /// Whether `subject` can be published to: non-empty tokens, no whitespace, no wildcards.
@@ -335,6 +327,12 @@ impl NatsSink {
             stream_ready: OnceCell::new(),
             news,
         })
+    }
+
+    /// Check `config` exactly as [`NatsSink::connect`] does, without contacting a server (what
+    /// `outbox config check` runs).
+    pub fn check_config(config: &NatsSinkConfig) -> Result<(), SinkError> {
+        prepare(config).map(|_| ())
     }
 
     /// The underlying client (e.g. to subscribe in tests or share the connection).
@@ -454,7 +452,9 @@ impl NatsSink {
         Ok((subject, headers, Bytes::from(self.routing.body(event))))
     }
 
-    /// Classify a failed publish of a message to `subject`.
+    /// The failure classification of this sink: the outcome of a failed publish to `subject`
+    /// (unavailable: no attempt; retry or reject: costs one). A "no responders" reject is
+    /// confirmed by a stream lookup in `publish` before it stands.
     fn classify(&self, subject: &str, error: &jetstream::context::PublishError) -> Outcome {
         match error.kind() {
             PublishErrorKind::StreamNotFound => Outcome::reject(match &self.stream {
@@ -531,18 +531,6 @@ fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
         .into_iter()
         .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
         .collect()
-}
-
-/// rustls picks its crypto provider from cargo features. This crate asks for aws-lc-rs, but
-/// another crate linked into the same binary may ask for ring; with both enabled rustls refuses
-/// to choose and every TLS handshake fails (a panic inside the client's connection task). So the
-/// sink installs aws-lc-rs as the process default — only when no default was installed yet, so
-/// an application's own choice stands.
-fn ensure_crypto_provider() {
-    if async_nats::rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race with another installer is fine: a default exists either way.
-        let _ = async_nats::rustls::crypto::aws_lc_rs::default_provider().install_default();
-    }
 }
 
 /// A stream subject pattern covering `subject`: its first token and `>`.
@@ -678,10 +666,10 @@ struct Prepared {
     news: Arc<Mutex<ConnectionNews>>,
 }
 
-/// Check `config` exactly as [`NatsSink::connect`] does, without contacting a server (what
-/// `outbox config check` runs).
+/// The earlier place of [`NatsSink::check_config`].
+#[deprecated(note = "use `NatsSink::check_config(config)`, the check every sink has")]
 pub fn check_config(config: &NatsSinkConfig) -> Result<(), SinkError> {
-    prepare(config).map(|_| ())
+    NatsSink::check_config(config)
 }
 
 /// Warn when `what` would reach a server without TLS (`tls = false` and a `nats://` URL).
@@ -724,20 +712,13 @@ fn prepare(config: &NatsSinkConfig) -> Result<Prepared, SinkError> {
         .collect::<Vec<_>>()
         .join(", ");
 
-    let password = resolve_secret(
-        "password",
-        config.password.as_ref(),
-        "password_env",
-        config.password_env.as_deref(),
-    )
-    .map_err(config_error)?;
-    let token = resolve_secret(
+    let password = sink_config::password(config.password.as_ref(), config.password_env.as_deref())?;
+    let token = sink_config::secret(
         "token",
         config.token.as_ref(),
         "token_env",
         config.token_env.as_deref(),
-    )
-    .map_err(config_error)?;
+    )?;
     let mut options = async_nats::ConnectOptions::new();
     match (config.user.clone(), password, token) {
         (Some(_), _, Some(_)) => {

@@ -10,10 +10,10 @@ use lapin::ExchangeKind;
 use lapin::uri::{AMQPScheme, AMQPUri};
 use outbox_types::redact::redact_url as redact;
 use outbox_types::routing::{CloudEventsKeys, Routing, Template};
+use outbox_types::sink_config;
 use outbox_types::{SinkError, humantime_duration};
 use serde::{Deserialize, Serialize};
 
-use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
@@ -180,9 +180,7 @@ fn default_routing_key() -> Template {
     Template::parse("${event_type}").unwrap_or_else(|_| Template::fixed("event"))
 }
 
-pub(crate) fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(message.into())
-}
+pub(crate) use sink_config::config_error;
 
 /// Everything the sink needs, checked.
 pub(crate) struct Resolved {
@@ -198,15 +196,15 @@ pub(crate) struct Resolved {
 impl RabbitMqSinkConfig {
     /// The routing this configuration describes (its destination is the routing key).
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = self
-            .format
-            .payload_format(CloudEventsKeys {
+        sink_config::routing(
+            self.routing_key.clone(),
+            self.format,
+            CloudEventsKeys {
                 source: self.cloudevents_source.as_deref(),
                 mode: self.cloudevents_mode,
                 type_prefix: self.cloudevents_type_prefix.as_deref(),
-            })
-            .map_err(config_error)?;
-        Ok(Routing::new(self.routing_key.clone()).with_format(format))
+            },
+        )
     }
 
     /// Check every setting without connecting anywhere.
@@ -215,13 +213,7 @@ impl RabbitMqSinkConfig {
     }
 
     fn password(&self) -> Result<Option<String>, SinkError> {
-        resolve_secret(
-            "password",
-            self.password.as_ref(),
-            "password_env",
-            self.password_env.as_deref(),
-        )
-        .map_err(config_error)
+        sink_config::password(self.password.as_ref(), self.password_env.as_deref())
     }
 
     pub(crate) fn resolve(&self) -> Result<Resolved, SinkError> {

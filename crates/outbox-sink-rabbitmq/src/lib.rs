@@ -65,7 +65,7 @@
 //! before the first message goes to them, so a missing exchange is rejected without taking
 //! down the channel the rest of the batch travels on.
 //!
-//! [`RabbitMqSink::new`] never connects: the first `publish` (or [`Sink::check`]) does, and a
+//! [`RabbitMqSink::connect`] never connects: the first `publish` (or [`Sink::check`]) does, and a
 //! lost connection is re-established by the next call. While RabbitMQ is unreachable, `publish`
 //! answers `Retry` with the connection error and the relay keeps the events.
 //!
@@ -159,8 +159,25 @@ struct Unavailable(String);
 impl RabbitMqSink {
     /// Check `config`. Does not connect: the first publish does.
     ///
-    /// Fails only on configuration that cannot work, with a message naming the setting.
+    /// Fails only on configuration that cannot work, with a message naming the setting. The
+    /// constructor every sink has: settings in, sink out, no broker needed.
+    pub fn connect(config: RabbitMqSinkConfig) -> Result<Self, SinkError> {
+        Self::build(&config)
+    }
+
+    /// The earlier name of [`RabbitMqSink::connect`], taking the settings by reference.
+    #[deprecated(note = "use `RabbitMqSink::connect(config)`, the constructor every sink has")]
     pub fn new(config: &RabbitMqSinkConfig) -> Result<Self, SinkError> {
+        Self::build(config)
+    }
+
+    /// Check `config` as [`RabbitMqSink::connect`] does, without contacting the broker (what
+    /// `outbox config check` runs).
+    pub fn check_config(config: &RabbitMqSinkConfig) -> Result<(), SinkError> {
+        config.validate()
+    }
+
+    fn build(config: &RabbitMqSinkConfig) -> Result<Self, SinkError> {
         let resolved = config.resolve()?;
         let user = resolved.uri.authority.userinfo.username.clone();
         // AMQP's PLAIN authentication sends the password as it is: say so unless TLS carries it
@@ -501,8 +518,9 @@ impl RabbitMqSink {
         }
     }
 
-    /// The outcome of a message whose publish or confirm failed with `error`.
-    fn failed(&self, message: &Prepared, error: &lapin::Error) -> Outcome {
+    /// The failure classification of this sink: the outcome of a message whose publish or
+    /// confirm failed with `error` (unavailable: no attempt; retry or reject: costs one).
+    fn classify(&self, message: &Prepared, error: &lapin::Error) -> Outcome {
         let exchange = display_exchange(&message.exchange);
         if let Some((kind, text)) = soft_error(error) {
             let about_this_exchange =
@@ -728,7 +746,7 @@ impl RabbitMqSink {
                 Ok(confirm) => waiting.push((message, confirm)),
                 Err(error) => {
                     healthy = false;
-                    outcomes[message.index] = Some(self.failed(message, &error));
+                    outcomes[message.index] = Some(self.classify(message, &error));
                 }
             }
         }
@@ -755,7 +773,7 @@ impl RabbitMqSink {
                 }
                 Ok(Err(error)) => {
                     healthy = false;
-                    self.failed(message, &error)
+                    self.classify(message, &error)
                 }
                 Err(_) => {
                     healthy = false;
@@ -822,7 +840,7 @@ mod tests {
     fn messages_carry_the_id_persistence_and_headers() {
         let config: RabbitMqSinkConfig =
             serde_json::from_str(r#"{"exchange": "${aggregate_type}.events"}"#).unwrap();
-        let sink = RabbitMqSink::new(&config).unwrap();
+        let sink = RabbitMqSink::connect(config).unwrap();
         let e = event("42");
         let p = sink.prepare(0, &e).unwrap();
         assert_eq!(p.exchange, "order.events");
@@ -856,7 +874,7 @@ mod tests {
         let config: RabbitMqSinkConfig =
             serde_json::from_str(r#"{"url": "amqp://127.0.0.1:1/%2f", "connect_timeout": "1s"}"#)
                 .unwrap();
-        let sink = RabbitMqSink::new(&config).unwrap();
+        let sink = RabbitMqSink::connect(config).unwrap();
         let outcomes = sink.publish(&[event("1")]).await;
         assert!(
             matches!(&outcomes[..], [Outcome::Unavailable { reason, .. }] if reason.contains("127.0.0.1:1")),

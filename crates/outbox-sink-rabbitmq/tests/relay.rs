@@ -36,7 +36,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
     let store = Arc::new(common::fresh_store().await);
 
     let sink = Arc::new(
-        RabbitMqSink::new(&sink_config(serde_json::json!({
+        RabbitMqSink::connect(sink_config(serde_json::json!({
             "url": "amqp://127.0.0.1:5672/%2f",
             "user": "guest",
             "password": "guest",
@@ -55,22 +55,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
 
     let aggregates = 10u64;
     let per_aggregate = 20u64;
-    let mut committed: Vec<NewEvent> = Vec::new();
-    for n in 0..per_aggregate {
-        for a in 0..aggregates {
-            let mut event = numbered(&format!("a{a}"), n);
-            if a == 0 {
-                event = event.with_header(
-                    "traceparent",
-                    format!("00-{:032x}-{:016x}-01", n + 1, a + 1),
-                );
-            }
-            if a == 1 {
-                event = event.with_idempotency_key(format!("key-{a}-{n}"));
-            }
-            committed.push(event);
-        }
-    }
+    let mut committed = common::numbered_batch(aggregates, per_aggregate);
     let audit = NewEvent::from_json("audit", "x", "AuditWritten", r#"{"who":"me"}"#)
         .unwrap()
         .with_destination("audit.special");
@@ -180,7 +165,7 @@ async fn a_cut_connection_keeps_events_pending_until_rabbitmq_is_reachable_again
         .unwrap();
     let url = format!("amqp://127.0.0.1:{}/%2f", proxy.addr().port());
     let sink = Arc::new(
-        RabbitMqSink::new(&sink_config(serde_json::json!({
+        RabbitMqSink::connect(sink_config(serde_json::json!({
             "url": url,
             "exchange": exchange,
             "declare": true,
@@ -309,7 +294,7 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
     let rabbit = common::Rabbit::connect().await;
     let exchange = common::unique("outbox_ex_noroute");
     let sink = Arc::new(
-        RabbitMqSink::new(&sink_config(serde_json::json!({
+        RabbitMqSink::connect(sink_config(serde_json::json!({
             "exchange": exchange,
             "declare": true,
             "routing_key": "lonely.${event_type}",
@@ -363,7 +348,7 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
     assert_eq!(rabbit.drain_expecting(&queue, 6).await.len(), 6);
 
     // With `unroutable = "reject"` the event is buried at once instead.
-    let rejecting = RabbitMqSink::new(&sink_config(serde_json::json!({
+    let rejecting = RabbitMqSink::connect(sink_config(serde_json::json!({
         "exchange": exchange,
         "routing_key": "nobody.listens",
         "unroutable": "reject",

@@ -36,7 +36,7 @@ async fn cloudevents_bodies_are_structured_envelopes() {
     let exchange = common::unique("outbox_ex_ce");
     rabbit.declare_exchange(&exchange).await;
     let queue = rabbit.queue_bound(&exchange, "#").await;
-    let sink = RabbitMqSink::new(&config(serde_json::json!({
+    let sink = RabbitMqSink::connect(config(serde_json::json!({
         "exchange": exchange,
         "format": "cloudevents",
         "cloudevents_source": "/orders-service",
@@ -75,7 +75,7 @@ async fn a_missing_exchange_rejects_its_events_and_the_rest_of_the_batch_is_deli
     rabbit.declare_exchange(&present).await;
     let queue = rabbit.queue_bound(&present, "#").await;
     // The exchange is `<prefix>.<aggregate_type>`: one of them does not exist.
-    let sink = RabbitMqSink::new(&config(serde_json::json!({
+    let sink = RabbitMqSink::connect(config(serde_json::json!({
         "exchange": format!("{prefix}.${{aggregate_type}}"),
         "max_message_bytes": 1000,
     })))

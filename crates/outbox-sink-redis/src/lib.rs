@@ -54,7 +54,7 @@
 //!
 //! A `rediss://` URL (or `tls = true`) connects with TLS, checked against the system's root
 //! certificates. TLS uses rustls with the aws-lc-rs provider; if the process has no default rustls
-//! provider yet, the sink installs that one (see `ensure_crypto_provider` in the source for why).
+//! provider yet, the sink installs that one (`outbox_tls::ensure_crypto_provider` says why).
 //!
 //! ```
 //! let config: outbox_sink_redis::RedisSinkConfig = serde_json::from_str(r#"{
@@ -69,8 +69,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_tls::ensure_crypto_provider;
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{CloudEventsKeys, PayloadFormat, Routing, Template};
+use outbox_types::routing::{CloudEventsKeys, Routing, Template};
+use outbox_types::sink_config::{self, config_error, default_destination};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, IntoConnectionInfo, RedisError, Value};
@@ -78,7 +80,6 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
 
-use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
@@ -144,7 +145,7 @@ impl Default for RedisSinkConfig {
     fn default() -> Self {
         RedisSinkConfig {
             url: "redis://127.0.0.1:6379".to_owned(),
-            stream: default_stream(),
+            stream: default_destination(),
             format: BodyFormat::Raw,
             cloudevents_source: None,
             cloudevents_mode: None,
@@ -163,35 +164,26 @@ impl Default for RedisSinkConfig {
     }
 }
 
-/// `events.${event_type}`, the destination template shared by every sink's defaults.
-fn default_stream() -> Template {
-    // The text parses; the fallback only keeps an `unwrap` out of library code.
-    Template::parse("events.${event_type}").unwrap_or_else(|_| Template::fixed("events"))
-}
-
-fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(message.into())
-}
-
 impl RedisSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let format = self
-            .format
-            .payload_format(CloudEventsKeys {
+        let routing = sink_config::routing(
+            self.stream.clone(),
+            self.format,
+            CloudEventsKeys {
                 source: self.cloudevents_source.as_deref(),
                 mode: self.cloudevents_mode,
                 type_prefix: self.cloudevents_type_prefix.as_deref(),
-            })
-            .map_err(config_error)?;
-        if let PayloadFormat::CloudEvents(ce) = &format
-            && ce.mode == CloudEventsMode::Binary
+            },
+        )?;
+        if self.format == BodyFormat::Cloudevents
+            && self.cloudevents_mode == Some(CloudEventsMode::Binary)
         {
             return Err(config_error(
                 "`cloudevents_mode = \"binary\"` is not available on Redis Streams: CloudEvents defines no Redis binding, so there are no attribute names a consumer could expect; use `cloudevents_mode = \"structured\"` (the default), whose entry `payload` is the JSON envelope",
             ));
         }
-        Ok(Routing::new(self.stream.clone()).with_format(format))
+        Ok(routing)
     }
 }
 
@@ -241,31 +233,16 @@ impl RedisSink {
             ))
         })?;
         let mut settings = info.redis_settings().clone();
-        let user = match (&config.user, &config.username) {
-            (Some(_), Some(_)) => {
-                return Err(config_error(
-                    "both `user` and `username` are set: keep `user` (`username` is its old spelling)"
-                        .to_owned(),
-                ));
-            }
-            (None, Some(old)) => {
-                tracing::warn!(
-                    "Redis setting `username` is deprecated: write `user = \"…\"` (the same key as every other sink)"
-                );
-                Some(old)
-            }
-            (user, None) => user.as_ref(),
-        };
+        let (user, deprecated) =
+            sink_config::user("Redis", config.user.as_ref(), config.username.as_ref())?;
+        if let Some(warning) = deprecated {
+            tracing::warn!("{warning}");
+        }
         if let Some(user) = user {
             settings = settings.set_username(user);
         }
-        if let Some(password) = resolve_secret(
-            "password",
-            config.password.as_ref(),
-            "password_env",
-            config.password_env.as_deref(),
-        )
-        .map_err(config_error)?
+        if let Some(password) =
+            sink_config::password(config.password.as_ref(), config.password_env.as_deref())?
         {
             settings = settings.set_password(password);
         }
@@ -316,6 +293,12 @@ impl RedisSink {
             connection: Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Check `config` as [`RedisSink::connect`] does (which contacts nothing either; what
+    /// `outbox config check` runs).
+    pub fn check_config(config: &RedisSinkConfig) -> Result<(), SinkError> {
+        Self::connect(config.clone()).map(|_| ())
     }
 
     /// The connection to use: the current one, or a new one.
@@ -419,18 +402,6 @@ fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
         .collect()
 }
 
-/// rustls picks its crypto provider from cargo features. This crate asks for aws-lc-rs, but
-/// another crate linked into the same binary may ask for ring; with both enabled rustls refuses
-/// to choose and every TLS handshake fails (a panic inside the client's connection task). So the
-/// sink installs aws-lc-rs as the process default — only when no default was installed yet, so
-/// an application's own choice stands.
-fn ensure_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race with another installer is fine: a default exists either way.
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    }
-}
-
 /// Whether an error means the connection is no longer usable.
 fn breaks_connection(e: &RedisError) -> bool {
     e.is_io_error()
@@ -440,8 +411,10 @@ fn breaks_connection(e: &RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
-/// The outcome for one `XADD` that Redis answered with an error.
-fn classify_command_error(key: &str, e: &RedisError) -> Outcome {
+/// The failure classification of this sink: the outcome for one `XADD` that Redis answered with
+/// an error (unavailable: no attempt; retry or reject: costs one). A batch that fails as a whole
+/// is unavailable (see `publish`).
+fn classify(key: &str, e: &RedisError) -> Outcome {
     let code = e.code().unwrap_or("");
     let text = truncate_error(&e.to_string());
     match code {
@@ -524,7 +497,7 @@ impl Sink for RedisSink {
                                         if breaks_connection(&e) {
                                             self.drop_connection(generation).await;
                                         }
-                                        classify_command_error(key, &e)
+                                        classify(key, &e)
                                     }
                                 });
                             }
@@ -599,8 +572,8 @@ mod tests {
     #[test]
     fn tls_works_whichever_providers_the_build_enabled() {
         ensure_crypto_provider();
-        let roots = rustls::RootCertStore::empty();
-        let _ = rustls::ClientConfig::builder()
+        let roots = outbox_tls::rustls::RootCertStore::empty();
+        let _ = outbox_tls::rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_no_client_auth();
     }

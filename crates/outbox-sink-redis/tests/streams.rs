@@ -12,7 +12,7 @@ use std::time::Duration;
 use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 use outbox_testkit::{TcpProxy, numbered};
-use outbox_types::{EventState, Outcome, RetryPolicy, Sink, Store};
+use outbox_types::{EventState, Outcome, Sink, Store};
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
 
@@ -23,20 +23,7 @@ fn config(json: serde_json::Value) -> RedisSinkConfig {
 }
 
 fn relay_config(stop_when_idle: bool) -> RelayConfig {
-    RelayConfig {
-        relay_id: "redis-test".into(),
-        batch_size: 100,
-        poll_interval: Duration::from_millis(20),
-        lease: Duration::from_secs(10),
-        publish_timeout: Duration::from_secs(5),
-        retry: RetryPolicy {
-            base: Duration::from_millis(100),
-            cap: Duration::from_millis(300),
-            max_attempts: 1000,
-        },
-        stop_when_idle,
-        ..RelayConfig::default()
-    }
+    common::relay_config("redis-test", stop_when_idle)
 }
 
 async fn redis() -> MultiplexedConnection {
@@ -255,54 +242,8 @@ async fn redis_down_keeps_events_pending_until_it_is_back() {
     .expect("a Redis that is down is not a configuration error");
     assert!(sink.check().await.is_err());
 
-    let events: Vec<_> = (0..30u64)
-        .map(|i| numbered(&format!("a{}", i % 5), i / 5))
-        .collect();
-    let ids = common::enqueue_committed(&store, &events).await;
-    // Three attempts at most 300 ms apart: an outage of seconds would dead-letter everything if
-    // it cost attempts.
-    let relay = Relay::new(
-        store.clone(),
-        Arc::new(sink),
-        RelayConfig {
-            retry: RetryPolicy {
-                max_attempts: 3,
-                ..relay_config(false).retry
-            },
-            ..relay_config(false)
-        },
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = stopped.await;
-    }));
-
-    common::wait_for_record(
-        &store,
-        ids[0],
-        Duration::from_secs(20),
-        "pending after failed calls",
-        |r| r.state == EventState::Pending && r.last_error.is_some(),
-    )
-    .await;
-    // Longer than three attempts with their backoff would take.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let record = store.get(ids[0]).await.unwrap().unwrap();
-    // Waiting, or claimed for the trial call the relay makes now and then: never delivered or
-    // dead, and no attempt spent.
-    assert!(
-        matches!(record.state, EventState::Pending | EventState::InFlight),
-        "{record:?}"
-    );
-    assert!(
-        record.event.attempts == 0,
-        "an outage costs no attempt: {record:?}"
-    );
-    let error = record.last_error.clone().unwrap_or_default();
-    println!("last_error while down: {error}");
-    assert!(error.contains("Redis unreachable"), "{error}");
-    let stats = store.stats().await.unwrap();
-    assert_eq!(stats.delivered + stats.dead, 0, "{stats:?}");
+    let common::RunningRelay { ids, stop, run } =
+        common::outage_costs_no_attempt(&store, sink, "redis-test", "Redis unreachable").await;
 
     proxy.restore();
     common::wait_for_stats(

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_types::{Event, EventId, Headers, Outcome, Sink, SinkError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
@@ -46,6 +46,22 @@ enum Target {
     File { file: tokio::fs::File, sync: bool },
 }
 
+/// Settings of the stdout sink: where the lines go. The default writes to standard output.
+///
+/// ```
+/// let config: outbox_sink_stdout::StdoutSinkConfig =
+///     serde_json::from_str(r#"{"path": "/var/log/outbox/events.jsonl", "sync": true}"#).unwrap();
+/// assert!(outbox_sink_stdout::StdoutSink::check_config(&config).is_ok());
+/// ```
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StdoutSinkConfig {
+    /// Append to this file (created if needed) instead of writing to standard output.
+    pub path: Option<PathBuf>,
+    /// With `path`: force every batch to disk before it counts as delivered.
+    pub sync: bool,
+}
+
 /// Writes events as JSON lines.
 pub struct StdoutSink {
     name: &'static str,
@@ -54,6 +70,20 @@ pub struct StdoutSink {
 }
 
 impl StdoutSink {
+    /// The sink `config` describes: standard output, or the file at `path`. The constructor
+    /// every sink has; the only error is a file that cannot be opened for appending.
+    pub async fn connect(config: StdoutSinkConfig) -> Result<Self, SinkError> {
+        match config.path {
+            None => Ok(Self::stdout()),
+            Some(path) => Self::file(path, config.sync).await,
+        }
+    }
+
+    /// Check `config` without opening anything: every combination of settings is valid.
+    pub fn check_config(_config: &StdoutSinkConfig) -> Result<(), SinkError> {
+        Ok(())
+    }
+
     /// Write to standard output.
     pub fn stdout() -> Self {
         StdoutSink {
@@ -185,7 +215,12 @@ mod tests {
     async fn file_gets_one_line_per_event_with_the_payload_verbatim() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
-        let sink = StdoutSink::file(&path, true).await.unwrap();
+        let sink = StdoutSink::connect(StdoutSinkConfig {
+            path: Some(path.clone()),
+            sync: true,
+        })
+        .await
+        .unwrap();
         let outcomes = sink
             .publish(&[event(1, r#"{"b":2,  "a":1}"#), event(2, "[1,2]")])
             .await;

@@ -10,8 +10,14 @@
 pub use outbox_testkit::unique;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use outbox_engine::{Relay, RelayConfig, RelayReport};
 use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_types::{EventId, EventRecord, NewEvent, OutboxStats, Store};
+use outbox_testkit::numbered;
+use outbox_types::{
+    EventId, EventRecord, EventState, NewEvent, OutboxStats, RetryPolicy, Sink, Store,
+};
 use sqlx::postgres::PgPoolOptions;
 
 /// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
@@ -97,6 +103,122 @@ pub async fn wait_for_record(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The relay of a sink test that runs one against its broker: batches of 100, a fast poll,
+/// short retries and never dead (1000 attempts), named `relay_id`.
+pub fn relay_config(relay_id: &str, stop_when_idle: bool) -> RelayConfig {
+    RelayConfig {
+        relay_id: relay_id.into(),
+        batch_size: 100,
+        poll_interval: Duration::from_millis(20),
+        lease: Duration::from_secs(10),
+        publish_timeout: Duration::from_secs(5),
+        retry: RetryPolicy {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(300),
+            max_attempts: 1000,
+        },
+        stop_when_idle,
+        ..RelayConfig::default()
+    }
+}
+
+/// `per_aggregate` numbered events for each of `aggregates` aggregates (`a0`, `a1`, …),
+/// interleaved as writers would enqueue them; `a0`'s carry a `traceparent` header and `a1`'s an
+/// idempotency key, so a test can check that both travel.
+pub fn numbered_batch(aggregates: u64, per_aggregate: u64) -> Vec<NewEvent> {
+    let mut events = Vec::new();
+    for n in 0..per_aggregate {
+        for a in 0..aggregates {
+            let mut event = numbered(&format!("a{a}"), n);
+            if a == 0 {
+                event = event.with_header(
+                    "traceparent",
+                    format!("00-{:032x}-{:016x}-01", n + 1, a + 1),
+                );
+            }
+            if a == 1 {
+                event = event.with_idempotency_key(format!("key-{a}-{n}"));
+            }
+            events.push(event);
+        }
+    }
+    events
+}
+
+/// A relay a test started, with the events it was started on.
+pub struct RunningRelay {
+    /// The events enqueued before it started.
+    pub ids: Vec<EventId>,
+    /// Send (or drop) to stop it.
+    pub stop: tokio::sync::oneshot::Sender<()>,
+    /// Its task; the report once stopped.
+    pub run: tokio::task::JoinHandle<RelayReport>,
+}
+
+/// The outage check of a sink whose destination the test made unreachable (a cut
+/// `outbox_testkit::TcpProxy`): 30 events over 5 aggregates go to a relay (named `relay_id`)
+/// that would make them dead after 3 attempts; after longer than those attempts take, the first
+/// event is waiting, has spent no attempt, and its `last_error` contains `unreachable` (e.g.
+/// `"NATS unreachable"`); nothing is delivered or dead. Returns the relay still running, for the
+/// test to restore the destination and see the events delivered.
+pub async fn outage_costs_no_attempt<K: Sink>(
+    store: &Arc<PgStore>,
+    sink: K,
+    relay_id: &str,
+    unreachable: &str,
+) -> RunningRelay {
+    let events: Vec<_> = (0..30u64)
+        .map(|i| numbered(&format!("a{}", i % 5), i / 5))
+        .collect();
+    let ids = enqueue_committed(store, &events).await;
+    // Three attempts at most 300 ms apart: an outage of seconds would dead-letter everything if
+    // it cost attempts.
+    let relay = Relay::new(
+        store.clone(),
+        Arc::new(sink),
+        RelayConfig {
+            retry: RetryPolicy {
+                max_attempts: 3,
+                ..relay_config(relay_id, false).retry
+            },
+            ..relay_config(relay_id, false)
+        },
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+
+    wait_for_record(
+        store,
+        ids[0],
+        Duration::from_secs(20),
+        "pending after failed calls",
+        |r| r.state == EventState::Pending && r.last_error.is_some(),
+    )
+    .await;
+    // Longer than three attempts with their backoff would take.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let record = store.get(ids[0]).await.unwrap().unwrap();
+    // Waiting, or claimed for the trial call the relay makes now and then: never delivered or
+    // dead, and no attempt spent.
+    assert!(
+        matches!(record.state, EventState::Pending | EventState::InFlight),
+        "{record:?}"
+    );
+    assert!(
+        record.event.attempts == 0,
+        "an outage costs no attempt: {record:?}"
+    );
+    let error = record.last_error.clone().unwrap_or_default();
+    println!("last_error while down: {error}");
+    assert!(error.contains(unreachable), "{error}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, 0, "{stats:?}");
+    assert_eq!(stats.dead, 0, "{stats:?}");
+    RunningRelay { ids, stop, run }
 }
 
 /// An event as a relay would hand it to a sink, for tests that call `publish` directly.

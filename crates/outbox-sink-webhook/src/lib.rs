@@ -183,10 +183,10 @@ pub use signature::{
 };
 use target::Targets;
 
-use outbox_types::redact::resolve_secret;
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
 pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
+use outbox_types::sink_config::{self, config_error};
 
 /// Printed configurations (`outbox config check`) show the `url` template with a password,
 /// token or credential-like query value masked.
@@ -308,10 +308,6 @@ impl Default for WebhookSinkConfig {
     }
 }
 
-fn config_error(message: impl Into<String>) -> SinkError {
-    SinkError::Config(message.into())
-}
-
 /// How requests are signed, with the key resolved.
 enum Signing {
     /// `header: t=…,v1=…`.
@@ -416,44 +412,29 @@ impl WebhookSink {
         let targets = Targets::new(template.clone(), &config.allowed_hosts, config.tls)
             .map_err(config_error)?
             .with_topic_destinations(config.format == BodyFormat::Debezium);
-        let format = config
-            .format
-            .payload_format(CloudEventsKeys {
+        let routing = sink_config::routing(
+            template,
+            config.format,
+            CloudEventsKeys {
                 source: config.cloudevents_source.as_deref(),
                 mode: config.cloudevents_mode,
                 type_prefix: config.cloudevents_type_prefix.as_deref(),
-            })
-            .map_err(config_error)?;
-        let routing = Routing::new(template).with_format(format);
+            },
+        )?;
 
-        let password = resolve_secret(
-            "password",
-            config.password.as_ref(),
-            "password_env",
-            config.password_env.as_deref(),
-        )
-        .map_err(config_error)?;
-        let bearer = resolve_secret(
+        let password =
+            sink_config::password(config.password.as_ref(), config.password_env.as_deref())?;
+        let bearer = sink_config::secret(
             "bearer_token",
             config.bearer_token.as_ref(),
             "bearer_token_env",
             config.bearer_token_env.as_deref(),
-        )
-        .map_err(config_error)?;
-        let user = match (&config.user, &config.username) {
-            (Some(_), Some(_)) => {
-                return Err(config_error(
-                    "both `user` and `username` are set: keep `user` (`username` is its old spelling)",
-                ));
-            }
-            (None, Some(old)) => {
-                tracing::warn!(
-                    "webhook setting `username` is deprecated: write `user = \"…\"` (the same key as every other sink)"
-                );
-                Some(old)
-            }
-            (user, None) => user.as_ref(),
-        };
+        )?;
+        let (user, deprecated) =
+            sink_config::user("webhook", config.user.as_ref(), config.username.as_ref())?;
+        if let Some(warning) = deprecated {
+            tracing::warn!("{warning}");
+        }
         let authorization = match (user, password, bearer) {
             (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
                 return Err(config_error(
@@ -481,13 +462,12 @@ impl WebhookSink {
             }
             (None, None, None) => None,
         };
-        let secret = resolve_secret(
+        let secret = sink_config::secret(
             "secret",
             config.secret.as_ref(),
             "secret_env",
             config.secret_env.as_deref(),
-        )
-        .map_err(config_error)?;
+        )?;
         let signing = match (secret, config.signature_scheme) {
             (None, _) => None,
             (Some(secret), SignatureScheme::OutboxV1) => {
@@ -575,6 +555,12 @@ impl WebhookSink {
             request_timeout: config.request_timeout,
             max_retry_after: config.max_retry_after,
         })
+    }
+
+    /// Check `config` as [`WebhookSink::connect`] does (which sends nothing either; what
+    /// `outbox config check` runs).
+    pub fn check_config(config: &WebhookSinkConfig) -> Result<(), SinkError> {
+        Self::connect(config.clone()).map(|_| ())
     }
 
     /// The request for one event; `Err` is a permanent rejection, and nothing was sent.
@@ -713,42 +699,57 @@ impl WebhookSink {
         if status.is_success() {
             return Outcome::Delivered;
         }
-        let mut reason = format!("HTTP {status} from {shown}");
-        if !body.trim().is_empty() {
-            reason.push_str(": ");
-            reason.push_str(body.trim());
+        classify(status, &shown, &body, retry_after, location.as_deref())
+    }
+}
+
+/// The failure classification of this sink: the outcome of a request the receiver answered
+/// with a status other than 2xx. A request that got no answer (connection refused, timeout, TLS)
+/// is unavailable and does not get here.
+///
+/// 408, 429, 502, 503, 504: the receiver (or its proxy) is not serving, unavailable (no attempt);
+/// other 5xx: retry (costs an attempt); 3xx (not followed) and other 4xx: reject.
+fn classify(
+    status: StatusCode,
+    shown: &str,
+    body: &str,
+    retry_after: Option<Duration>,
+    location: Option<&str>,
+) -> Outcome {
+    let mut reason = format!("HTTP {status} from {shown}");
+    if !body.trim().is_empty() {
+        reason.push_str(": ");
+        reason.push_str(body.trim());
+    }
+    if matches!(
+        status,
+        StatusCode::REQUEST_TIMEOUT
+            | StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT
+    ) {
+        // The receiver (or the proxy in front of it) is not serving: not this event's fault.
+        Outcome::Unavailable {
+            reason: truncate_error(&reason),
+            after: retry_after,
         }
-        if matches!(
-            status,
-            StatusCode::REQUEST_TIMEOUT
-                | StatusCode::TOO_MANY_REQUESTS
-                | StatusCode::BAD_GATEWAY
-                | StatusCode::SERVICE_UNAVAILABLE
-                | StatusCode::GATEWAY_TIMEOUT
-        ) {
-            // The receiver (or the proxy in front of it) is not serving: not this event's fault.
-            Outcome::Unavailable {
-                reason: truncate_error(&reason),
-                after: retry_after,
-            }
-        } else if status.is_server_error() {
-            Outcome::Retry {
-                reason: truncate_error(&reason),
-                after: retry_after,
-            }
-        } else if status.is_redirection() {
-            Outcome::reject(truncate_error(&format!(
-                "HTTP {status} from {shown} redirects to {}: redirects are not followed; set `url` to the final address",
-                location
-                    .as_deref()
-                    .map(redact_url)
-                    .unwrap_or_else(|| "(no Location)".to_owned())
-            )))
-        } else if status.is_client_error() {
-            Outcome::reject(truncate_error(&reason))
-        } else {
-            Outcome::retry(truncate_error(&reason))
+    } else if status.is_server_error() {
+        Outcome::Retry {
+            reason: truncate_error(&reason),
+            after: retry_after,
         }
+    } else if status.is_redirection() {
+        Outcome::reject(truncate_error(&format!(
+            "HTTP {status} from {shown} redirects to {}: redirects are not followed; set `url` to the final address",
+            location
+                .map(redact_url)
+                .unwrap_or_else(|| "(no Location)".to_owned())
+        )))
+    } else if status.is_client_error() {
+        Outcome::reject(truncate_error(&reason))
+    } else {
+        Outcome::retry(truncate_error(&reason))
     }
 }
 

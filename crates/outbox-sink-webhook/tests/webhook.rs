@@ -102,20 +102,7 @@ fn config(json: serde_json::Value) -> WebhookSinkConfig {
 }
 
 fn relay_config(stop_when_idle: bool) -> RelayConfig {
-    RelayConfig {
-        relay_id: "webhook-test".into(),
-        batch_size: 100,
-        poll_interval: Duration::from_millis(20),
-        lease: Duration::from_secs(10),
-        publish_timeout: Duration::from_secs(5),
-        retry: RetryPolicy {
-            base: Duration::from_millis(100),
-            cap: Duration::from_millis(300),
-            max_attempts: 1000,
-        },
-        stop_when_idle,
-        ..RelayConfig::default()
-    }
+    common::relay_config("webhook-test", stop_when_idle)
 }
 
 fn header(r: &Recorded, name: &str) -> Option<String> {

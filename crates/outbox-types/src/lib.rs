@@ -40,6 +40,7 @@ mod retry;
 pub mod route;
 pub mod routing;
 mod sink;
+pub mod sink_config;
 mod source;
 pub mod sql_script;
 pub mod sql_store;

@@ -12,9 +12,7 @@
 //! # #[tokio::main] async fn main() {
 //! use outbox_types::{Outcome, Sink};
 //! let (sink, mut rx) = outbox_sink_channel::ChannelSink::new(16);
-//! # let event = outbox_types::Event { seq: 1, id: outbox_types::EventId::new(), aggregate_type: "order".into(),
-//! #   aggregate_id: "1".into(), event_type: "OrderCreated".into(), payload: "{}".into(), destination: None,
-//! #   headers: Default::default(), idempotency_key: None, occurred_at: chrono::Utc::now(), enqueued_at: chrono::Utc::now(), attempts: 0 };
+//! # let event = outbox_types::NewEvent::from_json("order", "1", "OrderCreated", "{}").unwrap().claimed(1);
 //! assert_eq!(sink.publish(&[event]).await, vec![Outcome::Delivered]);
 //! assert_eq!(rx.recv().await.unwrap().event_type, "OrderCreated");
 //! # }

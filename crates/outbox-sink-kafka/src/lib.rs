@@ -740,20 +740,9 @@ mod tests {
 
     /// An `OrderCreated` event of aggregate `order` `1`.
     fn event() -> Event {
-        Event {
-            seq: 1,
-            id: outbox_types::EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: "1".into(),
-            event_type: "OrderCreated".into(),
-            payload: "{}".into(),
-            destination: None,
-            headers: Default::default(),
-            idempotency_key: None,
-            occurred_at: chrono::Utc::now(),
-            enqueued_at: chrono::Utc::now(),
-            attempts: 0,
-        }
+        outbox_types::NewEvent::from_json("order", "1", "OrderCreated", "{}")
+            .unwrap()
+            .claimed(1)
     }
 
     #[test]

@@ -5,27 +5,22 @@ mod common;
 use std::time::Duration;
 
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
-use outbox_types::{Event, EventId, Outcome, Sink};
+use outbox_types::{Event, NewEvent, Outcome, Sink};
 use rdkafka::Message;
 
 fn event(aggregate: &str, payload: &str, destination: Option<String>) -> Event {
+    let event = NewEvent::from_json("order", aggregate, "OrderCreated", "{}")
+        .unwrap()
+        .with_traceparent(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            None,
+        )
+        .unwrap()
+        .claimed(1);
     Event {
-        seq: 1,
-        id: EventId::new(),
-        aggregate_type: "order".into(),
-        aggregate_id: aggregate.into(),
-        event_type: "OrderCreated".into(),
         payload: payload.into(),
         destination,
-        headers: [(
-            "traceparent".to_owned(),
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
-        )]
-        .into(),
-        idempotency_key: None,
-        occurred_at: chrono::Utc::now(),
-        enqueued_at: chrono::Utc::now(),
-        attempts: 0,
+        ..event
     }
 }
 

@@ -820,20 +820,11 @@ mod tests {
     }
 
     fn event(aggregate: &str) -> Event {
-        Event {
-            seq: 1,
-            id: outbox_types::EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: aggregate.into(),
-            event_type: "OrderCreated".into(),
-            payload: r#"{"a":1}"#.into(),
-            destination: None,
-            headers: [("traceparent".to_owned(), "00-x-y-01".to_owned())].into(),
-            idempotency_key: Some("k".into()),
-            occurred_at: chrono::Utc::now(),
-            enqueued_at: chrono::Utc::now(),
-            attempts: 0,
-        }
+        outbox_types::NewEvent::from_json("order", aggregate, "OrderCreated", r#"{"a":1}"#)
+            .unwrap()
+            .with_header("traceparent", "00-x-y-01")
+            .with_idempotency_key("k")
+            .claimed(1)
     }
 
     #[test]

@@ -354,20 +354,9 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
         "unroutable": "reject",
     })))
     .unwrap();
-    let e = outbox_types::Event {
-        seq: 1,
-        id: outbox_types::EventId::new(),
-        aggregate_type: "order".into(),
-        aggregate_id: "1".into(),
-        event_type: "OrderCreated".into(),
-        payload: "{}".into(),
-        destination: None,
-        headers: Default::default(),
-        idempotency_key: None,
-        occurred_at: chrono::Utc::now(),
-        enqueued_at: chrono::Utc::now(),
-        attempts: 0,
-    };
+    let e = outbox_types::NewEvent::from_json("order", "1", "OrderCreated", "{}")
+        .unwrap()
+        .claimed(1);
     let outcomes = rejecting.publish(&[e]).await;
     assert!(
         matches!(&outcomes[..], [outbox_types::Outcome::Reject { reason }] if reason.contains("NO_ROUTE")),

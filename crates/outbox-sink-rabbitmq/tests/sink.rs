@@ -3,26 +3,20 @@
 mod common;
 
 use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
-use outbox_types::{Event, EventId, Outcome, Sink};
+use outbox_types::{Event, NewEvent, Outcome, Sink};
 
 fn event(aggregate: &str, aggregate_type: &str, payload: &str) -> Event {
+    let event = NewEvent::from_json(aggregate_type, aggregate, "OrderCreated", "{}")
+        .unwrap()
+        .with_traceparent(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            None,
+        )
+        .unwrap()
+        .claimed(1);
     Event {
-        seq: 1,
-        id: EventId::new(),
-        aggregate_type: aggregate_type.into(),
-        aggregate_id: aggregate.into(),
-        event_type: "OrderCreated".into(),
         payload: payload.into(),
-        destination: None,
-        headers: [(
-            "traceparent".to_owned(),
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
-        )]
-        .into(),
-        idempotency_key: None,
-        occurred_at: chrono::Utc::now(),
-        enqueued_at: chrono::Utc::now(),
-        attempts: 0,
+        ..event
     }
 }
 

@@ -195,19 +195,13 @@ mod tests {
     use super::*;
 
     fn event(seq: i64, payload: &str) -> Event {
+        let event = outbox_types::NewEvent::from_json("order", "1", "OrderCreated", "{}")
+            .unwrap()
+            .with_idempotency_key("k")
+            .claimed(seq);
         Event {
-            seq,
-            id: EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: "1".into(),
-            event_type: "OrderCreated".into(),
             payload: payload.into(),
-            destination: None,
-            headers: Headers::new(),
-            idempotency_key: Some("k".into()),
-            occurred_at: Utc::now(),
-            enqueued_at: Utc::now(),
-            attempts: 0,
+            ..event
         }
     }
 

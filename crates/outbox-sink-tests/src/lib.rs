@@ -223,20 +223,10 @@ pub async fn outage_costs_no_attempt<K: Sink>(
 
 /// An event as a relay would hand it to a sink, for tests that call `publish` directly.
 pub fn event(aggregate_id: &str, n: u64) -> outbox_types::Event {
-    outbox_types::Event {
-        seq: n as i64,
-        id: EventId::new(),
-        aggregate_type: "agg".into(),
-        aggregate_id: aggregate_id.into(),
-        event_type: "Numbered".into(),
-        payload: serde_json::json!({ "aggregate": aggregate_id, "n": n }).to_string(),
-        destination: None,
-        headers: Default::default(),
-        idempotency_key: None,
-        occurred_at: chrono::Utc::now(),
-        enqueued_at: chrono::Utc::now(),
-        attempts: 0,
-    }
+    let payload = serde_json::json!({ "aggregate": aggregate_id, "n": n });
+    outbox_types::NewEvent::new("agg", aggregate_id, "Numbered", &payload)
+        .expect("a JSON value serializes")
+        .claimed(n as i64)
 }
 
 /// Which aggregates' payload sequence numbers are not increasing in `delivered` (aggregate, n).

@@ -451,22 +451,14 @@ mod tests {
     }
 
     fn event(aggregate_id: &str, destination: Option<&str>) -> Event {
-        Event {
-            seq: 1,
-            id: outbox_types::EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: aggregate_id.into(),
-            event_type: "OrderCreated".into(),
-            payload: "{}".into(),
-            destination: destination.map(str::to_owned),
-            headers: [("tenant".to_owned(), "acme".to_owned())]
-                .into_iter()
-                .collect(),
-            idempotency_key: None,
-            occurred_at: chrono::Utc::now(),
-            enqueued_at: chrono::Utc::now(),
-            attempts: 0,
+        let event = outbox_types::NewEvent::from_json("order", aggregate_id, "OrderCreated", "{}")
+            .unwrap()
+            .with_header("tenant", "acme");
+        match destination {
+            Some(d) => event.with_destination(d),
+            None => event,
         }
+        .claimed(1)
     }
 
     fn targets(url: &str, allowed: &[&str]) -> Targets {

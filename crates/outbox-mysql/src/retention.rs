@@ -1,0 +1,43 @@
+//! Purge: deleting delivered and dead events past their retention, a bounded batch at a
+//! time.
+
+use crate::MySqlStore;
+use crate::error::map_sqlx;
+use crate::sql::micros;
+use outbox_types::StoreError;
+use sqlx::AssertSqlSafe;
+use std::time::Duration;
+
+pub(crate) async fn purge_delivered(
+    store: &MySqlStore,
+    older_than: Duration,
+    limit: u32,
+) -> Result<u64, StoreError> {
+    if limit == 0 {
+        return Ok(0);
+    }
+    let done = sqlx::query(AssertSqlSafe(store.sql().purge.as_str()))
+        .bind(micros(older_than))
+        .bind(i64::from(limit))
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}
+
+pub(crate) async fn purge_dead(
+    store: &MySqlStore,
+    older_than: Duration,
+    limit: u32,
+) -> Result<u64, StoreError> {
+    if limit == 0 {
+        return Ok(0);
+    }
+    let done = sqlx::query(AssertSqlSafe(store.sql().purge_dead.as_str()))
+        .bind(micros(older_than))
+        .bind(i64::from(limit))
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}

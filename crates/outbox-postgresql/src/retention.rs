@@ -13,13 +13,7 @@ pub(crate) async fn purge_delivered(
     older_than: Duration,
     limit: u32,
 ) -> Result<u64, StoreError> {
-    let n: i64 = sqlx::query_scalar(AssertSqlSafe(store.sql().purge.as_str()))
-        .bind(millis(older_than))
-        .bind(i64::from(limit))
-        .fetch_one(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(count(n))
+    purge(store, &store.sql().purge, older_than, limit).await
 }
 
 pub(crate) async fn purge_dead(
@@ -27,7 +21,17 @@ pub(crate) async fn purge_dead(
     older_than: Duration,
     limit: u32,
 ) -> Result<u64, StoreError> {
-    let n: i64 = sqlx::query_scalar(AssertSqlSafe(store.sql().purge_dead.as_str()))
+    purge(store, &store.sql().purge_dead, older_than, limit).await
+}
+
+/// Run one of the purge statements: `older_than` and `limit` are its parameters.
+async fn purge(
+    store: &PgStore,
+    statement: &str,
+    older_than: Duration,
+    limit: u32,
+) -> Result<u64, StoreError> {
+    let n: i64 = sqlx::query_scalar(AssertSqlSafe(statement))
         .bind(millis(older_than))
         .bind(i64::from(limit))
         .fetch_one(&store.pool)

@@ -14,15 +14,7 @@ pub(crate) async fn purge_delivered(
     older_than: Duration,
     limit: u32,
 ) -> Result<u64, StoreError> {
-    let _turn = store.writes.lock().await;
-    let cutoff = now_micros().saturating_sub(micros(older_than));
-    let done = sqlx::query(AssertSqlSafe(store.sql().purge.as_str()))
-        .bind(cutoff)
-        .bind(i64::from(limit))
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    purge(store, &store.sql().purge, older_than, limit).await
 }
 
 pub(crate) async fn purge_dead(
@@ -30,9 +22,19 @@ pub(crate) async fn purge_dead(
     older_than: Duration,
     limit: u32,
 ) -> Result<u64, StoreError> {
+    purge(store, &store.sql().purge_dead, older_than, limit).await
+}
+
+/// Run one of the purge statements: `older_than` and `limit` are its parameters.
+async fn purge(
+    store: &SqliteStore,
+    statement: &str,
+    older_than: Duration,
+    limit: u32,
+) -> Result<u64, StoreError> {
     let _turn = store.writes.lock().await;
     let cutoff = now_micros().saturating_sub(micros(older_than));
-    let done = sqlx::query(AssertSqlSafe(store.sql().purge_dead.as_str()))
+    let done = sqlx::query(AssertSqlSafe(statement))
         .bind(cutoff)
         .bind(i64::from(limit))
         .execute(&store.pool)

@@ -128,3 +128,77 @@ impl Drop for Session {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use sqlx::mysql::MySqlPoolOptions;
+
+    use crate::MySqlOutbox;
+
+    /// `OUTBOX_TEST_MYSQL_URL`, or the machine's local MariaDB `test` database.
+    pub(crate) fn database_url() -> String {
+        std::env::var("OUTBOX_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    }
+
+    pub(crate) fn unique_table(tag: &str) -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        format!("ob_t_{}_{tag}_{}", std::process::id(), nanos % 100_000)
+    }
+
+    #[tokio::test]
+    async fn a_session_dropped_while_holding_the_lock_gives_it_back() {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(3)
+            .connect(&database_url())
+            .await
+            .expect("MariaDB/MySQL must be running on 127.0.0.1:3306 with a `test` database");
+        let outbox = MySqlOutbox::with_table(&unique_table("lock")).unwrap();
+        let sql = outbox.sql();
+        let is_free = format!(
+            "SELECT IS_FREE_LOCK(CONCAT('outbox:claim:', MD5(CONCAT(DATABASE(), '.', '{}'))))",
+            outbox.table()
+        );
+        let mut session = Session::open(&pool).await.unwrap();
+        assert!(session.get_lock(&sql.claim_lock, 1).await.unwrap());
+        session.begin().await.unwrap();
+        let free: Option<i64> = sqlx::query_scalar(AssertSqlSafe(is_free.as_str()))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(free, Some(0));
+        // As when the claiming future is dropped half-way: no explicit release.
+        drop(session);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let free: Option<i64> = sqlx::query_scalar(AssertSqlSafe(is_free.as_str()))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            if free == Some(1) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lock was never released"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // And a cleanly finished session goes back to the pool holding nothing.
+        let mut session = Session::open(&pool).await.unwrap();
+        assert!(session.get_lock(&sql.claim_lock, 1).await.unwrap());
+        session.release_lock(&sql.claim_unlock).await.unwrap();
+        drop(session);
+        let free: Option<i64> = sqlx::query_scalar(AssertSqlSafe(is_free.as_str()))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(free, Some(1));
+    }
+}

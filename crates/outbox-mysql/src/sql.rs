@@ -19,6 +19,8 @@
 //!   mixing `_bin` with `_ci` collations of one character set), so lookups stay exact and use the
 //!   index. The id columns are declared `ascii_bin` on both sides.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Datelike, Utc};
 use outbox_types::ReplayFilter;
 use outbox_types::route::{RouteTable, SqlDialect};
@@ -558,9 +560,26 @@ fn datetime_text(at: DateTime<Utc>) -> String {
     }
 }
 
+/// The longest lease, retry delay or purge age the store passes to the database (100 years);
+/// longer durations are cut to it.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A batch as JSON text for `JSON_TABLE`.
+pub(crate) use outbox_types::sql_store::json_text;
+
+/// A duration as whole microseconds, capped at [`MAX_INTERVAL`].
+pub(crate) fn micros(d: Duration) -> i64 {
+    outbox_types::sql_store::micros(d.min(MAX_INTERVAL))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MySqlOutbox;
+    use crate::session::tests::{database_url, unique_table};
+    use sqlx::mysql::MySqlPoolOptions;
+    use sqlx::{MySqlPool, Row};
+    use uuid::Uuid;
 
     #[test]
     fn replay_bounds_are_valid_datetimes() {
@@ -574,5 +593,227 @@ mod tests {
             datetime_text(DateTime::<Utc>::MAX_UTC),
             "9999-12-31 23:59:59.999999"
         );
+    }
+
+    #[test]
+    fn durations_are_capped() {
+        assert_eq!(micros(Duration::from_millis(1500)), 1_500_000);
+        assert_eq!(micros(Duration::MAX), micros(MAX_INTERVAL));
+    }
+
+    /// The tabular `EXPLAIN` of `sql` with `binds`, as `(table, key)` pairs.
+    async fn plan(
+        pool: &MySqlPool,
+        sql: &str,
+        binds: &[serde_json::Value],
+    ) -> Vec<(String, String)> {
+        let explain = format!("EXPLAIN {sql}");
+        let mut query = sqlx::query(AssertSqlSafe(explain.as_str()));
+        for b in binds {
+            query = match b {
+                serde_json::Value::Bool(v) => query.bind(*v),
+                serde_json::Value::Number(n) => query.bind(n.as_i64().unwrap()),
+                other => query.bind(other.as_str().unwrap().to_owned()),
+            };
+        }
+        query
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let table: Option<String> = r.try_get("table").unwrap();
+                let key: Option<String> = r.try_get("key").unwrap();
+                (table.unwrap_or_default(), key.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn statements_use_the_intended_indexes_on_a_small_and_a_retention_heavy_table() {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect(&database_url())
+            .await
+            .expect("MariaDB/MySQL must be running on 127.0.0.1:3306 with a `test` database");
+        let outbox = MySqlOutbox::with_table(&unique_table("plan")).unwrap();
+        outbox.migrate(&pool).await.unwrap();
+        let t = outbox.quoted_table();
+        let sql = outbox.sql();
+        let seqs = serde_json::json!("[1, 2, 3]");
+        let ids = serde_json::json!(format!("[\"{}\"]", Uuid::nil()));
+        let token = serde_json::json!(Uuid::nil().to_string());
+        for round in 0..2 {
+            if round == 1 {
+                // Mostly delivered rows, as in a table kept for retention, and a small backlog:
+                // seqs 1..=21000 from a portable digits cross join (MySQL has no seq_1_to_n).
+                let digits = "(SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                     UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                     UNION ALL SELECT 8 UNION ALL SELECT 9)";
+                sqlx::query(AssertSqlSafe(format!(
+                    "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, headers,
+                                      occurred_at, enqueued_at, next_attempt_at, status, delivered_at)
+                     SELECT UUID(), 'agg', CONCAT('a', s.n % 300), 'E', '{{}}', '{{}}', UTC_TIMESTAMP(6),
+                            UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+                            IF(s.n < 20000, 'delivered', 'pending'), UTC_TIMESTAMP(6)
+                     FROM (SELECT d1.n + 10 * d2.n + 100 * d3.n + 1000 * d4.n + 10000 * d5.n AS n
+                           FROM {digits} d1, {digits} d2, {digits} d3, {digits} d4, {digits} d5) AS s
+                     WHERE s.n < 21000"
+                )))
+                .execute(&pool)
+                .await
+                .unwrap();
+                sqlx::query(AssertSqlSafe(format!("ANALYZE TABLE {t}")))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            let candidates = plan(
+                &pool,
+                &sql.claim_candidates,
+                &[true.into(), 200.into(), true.into(), 200.into(), 200.into()],
+            )
+            .await;
+            assert!(
+                candidates
+                    .iter()
+                    .filter(|(t, _)| t == "e")
+                    .all(|(_, k)| k == "open_seq"),
+                "round {round}: {candidates:?}"
+            );
+            let probes: Vec<_> = candidates.iter().filter(|(t, _)| t == "b").collect();
+            assert_eq!(probes.len(), 6, "round {round}: {candidates:?}");
+            assert!(
+                probes.iter().all(|(_, k)| k == "blockers"),
+                "round {round}: {candidates:?}"
+            );
+            // The statements built around a route table read through the same indexes.
+            let routes = RouteTable::new(
+                ["kafka", "hooks"],
+                vec![
+                    outbox_types::route::RouteRule::to("hooks")
+                        .event_type(outbox_types::route::Pattern::parse("Hook*")),
+                    outbox_types::route::RouteRule::to("kafka"),
+                ],
+            )
+            .unwrap();
+            let built = |b: crate::sql::Built| -> (String, Vec<serde_json::Value>) {
+                let binds = b
+                    .binds
+                    .iter()
+                    .map(|a| match a {
+                        crate::sql::Arg::Text(v) => serde_json::json!(v),
+                        crate::sql::Arg::Int(v) => serde_json::json!(v),
+                        crate::sql::Arg::Bool(v) => serde_json::json!(v),
+                    })
+                    .collect();
+                (b.sql, binds)
+            };
+            let (held, held_binds) =
+                built(sql.held_claim_candidates(&routes, &["hooks".into()], &[], true, 200));
+            let held_plan = plan(&pool, &held, &held_binds).await;
+            assert!(
+                held_plan
+                    .iter()
+                    .filter(|(t, _)| t == "e")
+                    .all(|(_, k)| k == "open_seq"),
+                "round {round}: {held_plan:?}"
+            );
+            let held_probes: Vec<_> = held_plan.iter().filter(|(t, _)| t == "b").collect();
+            assert_eq!(held_probes.len(), 6, "round {round}: {held_plan:?}");
+            assert!(
+                held_probes.iter().all(|(_, k)| k == "blockers"),
+                "round {round}: {held_plan:?}"
+            );
+            // A deferred destination: its earlier open rows are probed through `blockers` too.
+            let (deferred, deferred_binds) =
+                built(sql.held_claim_candidates(&routes, &[], &["hooks".into()], true, 200));
+            let deferred_plan = plan(&pool, &deferred, &deferred_binds).await;
+            assert!(
+                deferred_plan
+                    .iter()
+                    .filter(|(t, _)| t == "e")
+                    .all(|(_, k)| k == "open_seq"),
+                "round {round}: {deferred_plan:?}"
+            );
+            let deferred_probes: Vec<_> = deferred_plan
+                .iter()
+                .filter(|(t, _)| t == "b" || t == "d")
+                .collect();
+            assert_eq!(deferred_probes.len(), 8, "round {round}: {deferred_plan:?}");
+            assert!(
+                deferred_probes.iter().all(|(_, k)| k == "blockers"),
+                "round {round}: {deferred_plan:?}"
+            );
+            let filter = outbox_types::ReplayFilter {
+                from: chrono::DateTime::<Utc>::MIN_UTC,
+                to: Utc::now(),
+                destination: Some("kafka".into()),
+                event_type: Some("E".into()),
+            };
+            for (name, (statement, binds)) in [
+                ("destination stats", built(sql.destination_stats(&routes))),
+                (
+                    "replay page",
+                    built(sql.replay_page(&filter, &routes, 0, 100)),
+                ),
+            ] {
+                let p = plan(&pool, &statement, &binds).await;
+                let e: Vec<_> = p.iter().filter(|(t, _)| t == "e").collect();
+                assert!(
+                    !e.is_empty() && e.iter().all(|(_, k)| k == "open_seq"),
+                    "{name}, round {round}: {p:?}"
+                );
+            }
+            for (name, statement, binds) in [
+                ("leases", &sql.leases, vec![]),
+                ("purge dead", &sql.purge_dead, vec![1.into(), 10.into()]),
+            ] {
+                let p = plan(&pool, statement, &binds).await;
+                assert!(
+                    p.iter().any(|(_, k)| k == "open_seq"),
+                    "{name}, round {round}: {p:?}"
+                );
+            }
+            for (name, statement, binds) in [
+                (
+                    "lock rows",
+                    &sql.claim_lock_rows,
+                    vec![i64::MAX.into(), seqs.clone()],
+                ),
+                (
+                    "claim update",
+                    &sql.claim_update,
+                    vec![seqs.clone(), "o".into(), token.clone(), 1.into()],
+                ),
+                ("ack", &sql.ack, vec![seqs.clone(), token.clone()]),
+                ("release", &sql.release, vec![seqs.clone(), token.clone()]),
+                ("replay update", &sql.replay_update, vec![seqs.clone()]),
+                ("requeue", &sql.requeue_dead_ids, vec![ids.clone()]),
+                ("discard", &sql.discard_dead_ids, vec![ids.clone()]),
+                ("resolve ids", &sql.resolve_ids, vec![ids.clone()]),
+                (
+                    "resolve keys",
+                    &sql.resolve_keys,
+                    vec![serde_json::json!("[\"k\"]")],
+                ),
+            ] {
+                let p = plan(&pool, statement, &binds).await;
+                let e: Vec<_> = p.iter().filter(|(t, _)| t == "e").collect();
+                assert_eq!(e.len(), 1, "{name}, round {round}: {p:?}");
+                assert!(
+                    ["PRIMARY", "id_key", "idempotency_key"].contains(&e[0].1.as_str()),
+                    "{name}, round {round}: the table is looked up by key, not scanned: {p:?}"
+                );
+            }
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP TABLE {t}, {}, `{}_paused`",
+            outbox.migrations_table(),
+            outbox.table()
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
     }
 }

@@ -45,6 +45,7 @@ mod source;
 pub mod sql_script;
 pub mod sql_store;
 mod store;
+pub mod store_impl;
 
 pub use error::{EncodeError, StoreError};
 pub use event::{

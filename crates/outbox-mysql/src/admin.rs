@@ -1,0 +1,247 @@
+//! What operators and the CLI ask of the outbox: counts per state and per destination, one
+//! event, the dead events (list, requeue, discard), leases, paused destinations, replays of
+//! delivered events and the schema check.
+
+use crate::MySqlStore;
+use crate::decode::{count_of, decode_record};
+use crate::error::map_sqlx;
+use crate::sql::json_text;
+use chrono::{DateTime, Utc};
+use outbox_types::migration::{Schema, check_current};
+use outbox_types::route::RouteTable;
+use outbox_types::sql_store::id_list;
+use outbox_types::{
+    DeadFilter, DestinationStats, EventId, EventRecord, LeaseHolder, OutboxStats,
+    PausedDestination, ReplayFilter, ReplayStep, StoreError,
+};
+use sqlx::{AssertSqlSafe, Row};
+
+/// The longest paused destination name and "paused by" text.
+const MAX_NAME_CHARS: usize = 255;
+
+pub(crate) async fn stats(store: &MySqlStore) -> Result<OutboxStats, StoreError> {
+    let row = sqlx::query(AssertSqlSafe(store.sql().stats.as_str()))
+        .fetch_one(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    let oldest: Option<DateTime<Utc>> = row.try_get("oldest").map_err(map_sqlx)?;
+    let observed_at: DateTime<Utc> = row.try_get("observed_at").map_err(map_sqlx)?;
+    Ok(OutboxStats {
+        pending: count_of(&row, "pending")?,
+        retrying: count_of(&row, "retrying")?,
+        in_flight: count_of(&row, "in_flight")?,
+        delivered: count_of(&row, "delivered")?,
+        dead: count_of(&row, "dead")?,
+        oldest_pending_enqueued_at: oldest,
+        observed_at: Some(observed_at),
+    })
+}
+
+pub(crate) async fn get(
+    store: &MySqlStore,
+    id: EventId,
+) -> Result<Option<EventRecord>, StoreError> {
+    let row = sqlx::query(AssertSqlSafe(store.sql().get.as_str()))
+        .bind(id.to_string())
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    row.as_ref().map(decode_record).transpose()
+}
+
+pub(crate) async fn list_dead(
+    store: &MySqlStore,
+    after_seq: Option<i64>,
+    limit: u32,
+) -> Result<Vec<EventRecord>, StoreError> {
+    let rows = sqlx::query(AssertSqlSafe(store.sql().list_dead.as_str()))
+        .bind(after_seq.unwrap_or(0))
+        .bind(i64::from(limit))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    rows.iter().map(decode_record).collect()
+}
+
+pub(crate) async fn requeue_dead(
+    store: &MySqlStore,
+    filter: &DeadFilter,
+) -> Result<u64, StoreError> {
+    let done = match filter {
+        DeadFilter::All => {
+            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_all.as_str()))
+                .execute(&store.pool)
+                .await
+        }
+        DeadFilter::Ids(ids) if ids.is_empty() => return Ok(0),
+        DeadFilter::Ids(ids) => {
+            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_ids.as_str()))
+                .bind(id_list(ids)?)
+                .execute(&store.pool)
+                .await
+        }
+    }
+    .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}
+
+pub(crate) async fn discard_dead(
+    store: &MySqlStore,
+    filter: &DeadFilter,
+) -> Result<u64, StoreError> {
+    let done = match filter {
+        DeadFilter::All => {
+            sqlx::query(AssertSqlSafe(store.sql().discard_dead_all.as_str()))
+                .execute(&store.pool)
+                .await
+        }
+        DeadFilter::Ids(ids) if ids.is_empty() => return Ok(0),
+        DeadFilter::Ids(ids) => {
+            sqlx::query(AssertSqlSafe(store.sql().discard_dead_ids.as_str()))
+                .bind(id_list(ids)?)
+                .execute(&store.pool)
+                .await
+        }
+    }
+    .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}
+
+pub(crate) async fn destination_stats(
+    store: &MySqlStore,
+    routes: &RouteTable,
+) -> Result<Vec<DestinationStats>, StoreError> {
+    let built = store.sql().destination_stats(routes);
+    let rows = built
+        .query()
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    let mut out = rows
+        .iter()
+        .map(|row| {
+            let route: Vec<u8> = row.try_get("route").map_err(map_sqlx)?;
+            let route = String::from_utf8(route).map_err(|e| {
+                StoreError::Database(format!("a routed destination is not UTF-8: {e}"))
+            })?;
+            Ok(DestinationStats {
+                destination: (!route.is_empty()).then_some(route),
+                pending: count_of(row, "pending")?,
+                retrying: count_of(row, "retrying")?,
+                in_flight: count_of(row, "in_flight")?,
+                dead: count_of(row, "dead")?,
+                oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
+                last_error: row.try_get("last_error").map_err(map_sqlx)?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    out.sort_by(|a, b| a.destination.cmp(&b.destination));
+    Ok(out)
+}
+
+pub(crate) async fn leases(store: &MySqlStore) -> Result<Vec<LeaseHolder>, StoreError> {
+    let rows = sqlx::query(AssertSqlSafe(store.sql().leases.as_str()))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    rows.iter()
+        .map(|row| {
+            Ok(LeaseHolder {
+                owner: row.try_get("owner").map_err(map_sqlx)?,
+                events: count_of(row, "events")?,
+                claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
+                expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
+                expired: count_of(row, "expired")?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn pause(
+    store: &MySqlStore,
+    destination: &str,
+    by: &str,
+) -> Result<bool, StoreError> {
+    if destination.is_empty() || destination.chars().count() > MAX_NAME_CHARS {
+        return Err(StoreError::Invalid(format!(
+            "the destination to pause must be 1 to {MAX_NAME_CHARS} characters long"
+        )));
+    }
+    let by: String = by.chars().take(MAX_NAME_CHARS).collect();
+    let done = sqlx::query(AssertSqlSafe(store.sql().pause.as_str()))
+        .bind(destination)
+        .bind(by)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(crate) async fn resume(store: &MySqlStore, destination: &str) -> Result<bool, StoreError> {
+    let done = sqlx::query(AssertSqlSafe(store.sql().resume.as_str()))
+        .bind(destination)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected() > 0)
+}
+
+pub(crate) async fn paused(store: &MySqlStore) -> Result<Vec<PausedDestination>, StoreError> {
+    let rows = sqlx::query(AssertSqlSafe(store.sql().paused.as_str()))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    rows.iter()
+        .map(|row| {
+            Ok(PausedDestination {
+                destination: row.try_get("destination").map_err(map_sqlx)?,
+                paused_at: row.try_get("paused_at").map_err(map_sqlx)?,
+                paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn replay(
+    store: &MySqlStore,
+    filter: &ReplayFilter,
+    routes: &RouteTable,
+    after_seq: Option<i64>,
+    limit: u32,
+) -> Result<ReplayStep, StoreError> {
+    if limit == 0 {
+        return Ok(ReplayStep::default());
+    }
+    let page = store
+        .sql()
+        .replay_page(filter, routes, after_seq.unwrap_or(0), i64::from(limit));
+    let seqs: Vec<i64> = page
+        .query()
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?
+        .iter()
+        .map(|row| row.try_get("seq").map_err(map_sqlx))
+        .collect::<Result<_, _>>()?;
+    if seqs.is_empty() {
+        return Ok(ReplayStep::default());
+    }
+    let done = sqlx::query(AssertSqlSafe(store.sql().replay_update.as_str()))
+        .bind(json_text(&seqs)?)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(ReplayStep {
+        replayed: done.rows_affected(),
+        next_after: seqs
+            .last()
+            .copied()
+            .filter(|_| seqs.len() >= limit as usize),
+    })
+}
+
+pub(crate) async fn check(store: &MySqlStore) -> Result<(), StoreError> {
+    let (current, latest) = store.outbox.schema_version(&store.pool).await?;
+    let place = format!("table {}", store.outbox.quoted_table());
+    check_current(Schema::OUTBOX, &place, current, latest)
+}

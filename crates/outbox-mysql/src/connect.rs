@@ -1,0 +1,77 @@
+//! [`MySqlStore`]: the outbox as a relay sees it, over an existing pool or a new one made by
+//! [`MySqlStore::connect`] with settings suited to a relay.
+
+use crate::sql::Sql;
+use crate::{MySqlOutbox, redact_url};
+use outbox_types::StoreError;
+use sqlx::MySqlPool;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use std::time::Duration;
+
+/// The outbox as a relay sees it: a pool and an outbox location.
+#[derive(Clone, Debug)]
+pub struct MySqlStore {
+    pub(crate) pool: MySqlPool,
+    pub(crate) outbox: MySqlOutbox,
+}
+
+impl MySqlStore {
+    /// A store over an existing pool.
+    pub fn new(pool: MySqlPool, outbox: MySqlOutbox) -> Self {
+        MySqlStore { pool, outbox }
+    }
+
+    /// Connect with settings suited to a relay (small pool, short acquire timeout so a database
+    /// outage surfaces as a retryable error instead of a hang). The URL is not echoed in errors
+    /// with its password.
+    pub async fn connect(url: &str, outbox: MySqlOutbox) -> Result<Self, StoreError> {
+        let options: MySqlConnectOptions = url.parse().map_err(|e: sqlx::Error| {
+            StoreError::Invalid(format!("invalid MySQL URL `{}`: {e}", redact_url(url)))
+        })?;
+        let unreachable = |e: sqlx::Error| {
+            StoreError::Unavailable(format!("cannot connect to {}: {e}", redact_url(url)))
+        };
+        // One direct connection first: it fails fast with the real cause (refused, unknown host,
+        // access denied) where a pool would only report a timeout.
+        let probe = <sqlx::MySqlConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .map_err(unreachable)?;
+        let _ = sqlx::Connection::close(probe).await;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await
+            .map_err(unreachable)?;
+        Ok(MySqlStore { pool, outbox })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The outbox location.
+    pub fn outbox(&self) -> &MySqlOutbox {
+        &self.outbox
+    }
+
+    pub(crate) fn sql(&self) -> &Sql {
+        self.outbox.sql()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("mysql://u:secret@h:3306/db"),
+            "mysql://u:***@h:3306/db"
+        );
+        assert_eq!(redact_url("mysql://u@h/db"), "mysql://u@h/db");
+        assert_eq!(redact_url("mysql://h/db"), "mysql://h/db");
+    }
+}

@@ -1,0 +1,473 @@
+//! Writing events: [`MySqlOutbox::enqueue`] and [`MySqlOutbox::enqueue_batch`], on the caller's
+//! connection or transaction ([`EnqueueTarget`]), with the field limits the table's columns
+//! impose checked before anything is sent.
+
+use crate::MySqlOutbox;
+use crate::decode::decode_id;
+use crate::error::map_sqlx;
+use crate::sql::{DUPLICATE_FLAG, json_text};
+use outbox_types::sql_store::Enqueued;
+use outbox_types::{EventId, NewEvent, StoreError};
+use sqlx::mysql::MySqlQueryResult;
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row, Transaction};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+
+/// The longest `aggregate_type`, in characters.
+pub const MAX_AGGREGATE_TYPE_CHARS: usize = 100;
+
+/// The longest `aggregate_id`, `event_type` and idempotency key, in characters.
+pub const MAX_KEY_CHARS: usize = 255;
+
+/// The longest explicit destination, in characters.
+pub const MAX_DESTINATION_CHARS: usize = 1024;
+
+/// How many bytes of events one batch `INSERT` carries at most; larger batches are split into
+/// several statements, in order, on the same connection (well under the 16 MiB default
+/// `max_allowed_packet` of MariaDB; MySQL 8's is 64 MiB).
+const BATCH_BYTES: usize = 4 << 20;
+
+/// What an enqueue runs on. Built implicitly from `&mut MySqlConnection` (so `&mut *tx`),
+/// `&mut Transaction`, `&mut PoolConnection` or `&MySqlPool`.
+///
+/// On a connection (or a transaction), every statement of the enqueue runs there: inside the
+/// caller's transaction if one is open. On a pool, the enqueue takes one connection for its
+/// statements, each of which autocommits.
+#[derive(Debug)]
+pub enum EnqueueTarget<'a> {
+    /// A connection, usually inside the caller's transaction.
+    Connection(&'a mut MySqlConnection),
+    /// A pool: autocommit.
+    Pool(&'a MySqlPool),
+}
+
+impl<'a> From<&'a mut MySqlConnection> for EnqueueTarget<'a> {
+    fn from(conn: &'a mut MySqlConnection) -> Self {
+        EnqueueTarget::Connection(conn)
+    }
+}
+
+impl<'a, 'c> From<&'a mut Transaction<'c, MySql>> for EnqueueTarget<'a> {
+    fn from(tx: &'a mut Transaction<'c, MySql>) -> Self {
+        EnqueueTarget::Connection(tx)
+    }
+}
+
+impl<'a> From<&'a mut PoolConnection<MySql>> for EnqueueTarget<'a> {
+    fn from(conn: &'a mut PoolConnection<MySql>) -> Self {
+        EnqueueTarget::Connection(conn)
+    }
+}
+
+impl<'a> From<&'a MySqlPool> for EnqueueTarget<'a> {
+    fn from(pool: &'a MySqlPool) -> Self {
+        EnqueueTarget::Pool(pool)
+    }
+}
+
+impl MySqlOutbox {
+    /// Add `event` to the outbox through `target` — normally `&mut *tx` of the caller's own
+    /// transaction, so the event commits or rolls back with the business change. Never commits
+    /// by itself. One statement for a new event, two for a duplicate (see the crate docs).
+    ///
+    /// With an idempotency key that is already in the table, nothing is written and the existing
+    /// event's id comes back with `created: false`.
+    pub fn enqueue<'a>(
+        &'a self,
+        target: impl Into<EnqueueTarget<'a>>,
+        event: &'a NewEvent,
+    ) -> impl Future<Output = Result<Enqueued, StoreError>> + Send + 'a {
+        let target = target.into();
+        async move {
+            validate(event)?;
+            let mut pooled;
+            let conn = match target {
+                EnqueueTarget::Connection(conn) => conn,
+                EnqueueTarget::Pool(pool) => {
+                    pooled = pool.acquire().await.map_err(map_sqlx)?;
+                    &mut *pooled
+                }
+            };
+            // Through a pool, each statement autocommits: the row a duplicate key pointed at may
+            // be deleted (discarded, purged) before it is read back, and then the event can
+            // simply be written. Inside a transaction the upsert keeps that row locked, so this
+            // never loops.
+            for _ in 0..3 {
+                if let Some(done) = self.enqueue_once(conn, event).await? {
+                    return Ok(done);
+                }
+            }
+            Err(StoreError::Unavailable(format!(
+                "event {}: the event holding its idempotency key kept disappearing while it was enqueued; try again",
+                event.id()
+            )))
+        }
+    }
+
+    /// One attempt; `None` when the duplicate row vanished before it could be read.
+    async fn enqueue_once(
+        &self,
+        conn: &mut MySqlConnection,
+        event: &NewEvent,
+    ) -> Result<Option<Enqueued>, StoreError> {
+        let id = event.id().to_string();
+        let done: MySqlQueryResult = sqlx::query(AssertSqlSafe(self.sql().enqueue.as_str()))
+            .bind(&id)
+            .bind(event.aggregate_type())
+            .bind(event.aggregate_id())
+            .bind(event.event_type())
+            .bind(event.payload())
+            .bind(event.destination())
+            .bind(event.headers_json())
+            .bind(event.idempotency_key())
+            .bind(event.occurred_at())
+            .execute(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        let last = done.last_insert_id();
+        if last < DUPLICATE_FLAG {
+            return Ok(Some(Enqueued {
+                id: event.id(),
+                created: true,
+            }));
+        }
+        let seq = i64::try_from(last - DUPLICATE_FLAG).unwrap_or(i64::MAX);
+        let row = sqlx::query(AssertSqlSafe(self.sql().duplicate_row.as_str()))
+            .bind(seq)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let existing = decode_id(&row, "id", seq)?;
+        let key: Option<String> = row.try_get("idempotency_key").map_err(map_sqlx)?;
+        match event.idempotency_key() {
+            Some(mine) if key.as_deref() == Some(mine) => Ok(Some(Enqueued {
+                id: existing,
+                created: false,
+            })),
+            _ => Err(id_taken(event.id(), seq)),
+        }
+    }
+
+    /// Add several events, in order, in as few statements as possible (see the crate docs). Same
+    /// rules as [`MySqlOutbox::enqueue`]; a key repeated inside the batch counts once (the first
+    /// event wins).
+    pub fn enqueue_batch<'a>(
+        &'a self,
+        target: impl Into<EnqueueTarget<'a>>,
+        events: &'a [NewEvent],
+    ) -> impl Future<Output = Result<Vec<Enqueued>, StoreError>> + Send + 'a {
+        let target = target.into();
+        async move {
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            // First occurrence of each key is written; later ones resolve to it.
+            let mut first_with_key: HashMap<&str, usize> = HashMap::new();
+            let mut to_write: Vec<&NewEvent> = Vec::with_capacity(events.len());
+            let mut ids: HashSet<EventId> = HashSet::with_capacity(events.len());
+            for (i, event) in events.iter().enumerate() {
+                validate(event)?;
+                if let Some(key) = event.idempotency_key() {
+                    if first_with_key.contains_key(key) {
+                        continue;
+                    }
+                    first_with_key.insert(key, i);
+                }
+                if !ids.insert(event.id()) {
+                    return Err(StoreError::Invalid(format!(
+                        "event id {} appears twice in one batch",
+                        event.id()
+                    )));
+                }
+                to_write.push(event);
+            }
+            let mut pooled;
+            let conn = match target {
+                EnqueueTarget::Connection(conn) => conn,
+                EnqueueTarget::Pool(pool) => {
+                    pooled = pool.acquire().await.map_err(map_sqlx)?;
+                    &mut *pooled
+                }
+            };
+            let mut written: HashMap<EventId, Enqueued> = HashMap::with_capacity(to_write.len());
+            for chunk in chunks(&to_write) {
+                self.write_chunk(conn, chunk, &mut written).await?;
+            }
+            events
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let first = match e.idempotency_key() {
+                        Some(key) => first_with_key.get(key).copied().unwrap_or(i),
+                        None => i,
+                    };
+                    let owner = events.get(first).map(NewEvent::id).unwrap_or(e.id());
+                    let done = written.get(&owner).copied().ok_or_else(|| {
+                        StoreError::Database(format!(
+                            "event {owner} was not resolved after enqueue"
+                        ))
+                    })?;
+                    Ok(Enqueued {
+                        id: done.id,
+                        created: done.created && i == first,
+                    })
+                })
+                .collect()
+        }
+    }
+
+    /// Insert one chunk (one statement) and find out, per event, what happened.
+    async fn write_chunk(
+        &self,
+        conn: &mut MySqlConnection,
+        chunk: &[&NewEvent],
+        written: &mut HashMap<EventId, Enqueued>,
+    ) -> Result<(), StoreError> {
+        let rows: Vec<serde_json::Value> = chunk.iter().map(|e| batch_row(e)).collect();
+        let done = sqlx::query(AssertSqlSafe(self.sql().enqueue_batch.as_str()))
+            .bind(serde_json::Value::Array(rows).to_string())
+            .execute(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        // The first seq this statement generated (0 when it inserted nothing): every row it
+        // inserted has a seq at least this large, every row that existed before a smaller one.
+        let first_new = i64::try_from(done.last_insert_id())
+            .ok()
+            .filter(|seq| *seq > 0);
+
+        let ids: Vec<String> = chunk.iter().map(|e| e.id().to_string()).collect();
+        let by_id: HashMap<String, Resolved> = self
+            .resolve(conn, &self.sql().resolve_ids, &ids)
+            .await?
+            .into_iter()
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        let mut duplicate_keys = Vec::new();
+        for (event, id) in chunk.iter().zip(&ids) {
+            let key = event.idempotency_key();
+            match by_id.get(id) {
+                Some(row) if row.key.as_deref() == key => {
+                    let new = first_new.is_some_and(|first| row.seq >= first);
+                    if !new && key.is_none() {
+                        // Not written by this statement, and not an idempotent repeat either.
+                        return Err(id_taken(event.id(), row.seq));
+                    }
+                    // Without `new`: the very same event (id and key) enqueued again.
+                    written.insert(
+                        event.id(),
+                        Enqueued {
+                            id: event.id(),
+                            created: new,
+                        },
+                    );
+                }
+                Some(row) => return Err(id_taken(event.id(), row.seq)),
+                None => match key {
+                    Some(key) => duplicate_keys.push((event.id(), key)),
+                    None => {
+                        return Err(StoreError::Database(format!(
+                            "event {} was not written and no event holds its id any more; enqueue it again",
+                            event.id()
+                        )));
+                    }
+                },
+            }
+        }
+        if duplicate_keys.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = duplicate_keys
+            .iter()
+            .map(|(_, k)| (*k).to_owned())
+            .collect();
+        let by_key: HashMap<String, Resolved> = self
+            .resolve(conn, &self.sql().resolve_keys, &keys)
+            .await?
+            .into_iter()
+            .filter_map(|r| Some((r.key.clone()?, r)))
+            .collect();
+        for (id, key) in duplicate_keys {
+            let row = by_key.get(key).ok_or_else(|| {
+                    StoreError::Unavailable(format!(
+                        "event {id}: the event holding idempotency key `{key}` was deleted while this batch was enqueued; try again"
+                    ))
+                })?;
+            let existing = outbox_types::sql_store::parse_event_id(row.seq, "id", &row.id)?;
+            written.insert(
+                id,
+                Enqueued {
+                    id: existing,
+                    created: false,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Rows whose id (or key, depending on `statement`) is in `values`.
+    async fn resolve(
+        &self,
+        conn: &mut MySqlConnection,
+        statement: &str,
+        values: &[String],
+    ) -> Result<Vec<Resolved>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(statement))
+            .bind(json_text(values)?)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                Ok(Resolved {
+                    seq: row.try_get("seq").map_err(map_sqlx)?,
+                    id: row.try_get("id").map_err(map_sqlx)?,
+                    key: row.try_get("idempotency_key").map_err(map_sqlx)?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A row found after a batch insert.
+struct Resolved {
+    seq: i64,
+    id: String,
+    key: Option<String>,
+}
+
+pub(crate) fn id_taken(id: EventId, seq: i64) -> StoreError {
+    StoreError::Database(format!(
+        "event {id} was not written: another event (seq {seq}) already has this id"
+    ))
+}
+
+/// Split `events` into chunks of at most [`BATCH_BYTES`] of text (and at least one event).
+pub(crate) fn chunks<'a, 'e>(events: &'a [&'e NewEvent]) -> Vec<&'a [&'e NewEvent]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, e) in events.iter().enumerate() {
+        let size = e.payload().len() + e.headers().len() * 32 + 256;
+        if i > start && bytes + size > BATCH_BYTES {
+            out.push(&events[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < events.len() {
+        out.push(&events[start..]);
+    }
+    out
+}
+
+/// One event of a batch as a JSON object for `JSON_TABLE`. The payload and headers travel as JSON
+/// strings holding their exact text, so the stored bytes are the writer's bytes; absent optional
+/// fields are left out (a missing path is SQL `NULL`).
+pub(crate) fn batch_row(e: &NewEvent) -> serde_json::Value {
+    let mut row = serde_json::Map::with_capacity(9);
+    row.insert("id".into(), e.id().to_string().into());
+    row.insert("aggregate_type".into(), e.aggregate_type().into());
+    row.insert("aggregate_id".into(), e.aggregate_id().into());
+    row.insert("event_type".into(), e.event_type().into());
+    row.insert("payload".into(), e.payload().into());
+    if let Some(destination) = e.destination() {
+        row.insert("destination".into(), destination.into());
+    }
+    row.insert("headers".into(), e.headers_json().into());
+    if let Some(key) = e.idempotency_key() {
+        row.insert("idempotency_key".into(), key.into());
+    }
+    row.insert(
+        "occurred_at".into(),
+        e.occurred_at()
+            .format("%Y-%m-%d %H:%M:%S%.6f")
+            .to_string()
+            .into(),
+    );
+    serde_json::Value::Object(row)
+}
+
+/// Refuse what the table would truncate or reject, before anything is sent: a header name
+/// under the reserved prefix (the table's triggers refuse it too), and fields too long.
+pub(crate) fn validate(e: &NewEvent) -> Result<(), StoreError> {
+    e.check_headers()?;
+    let checks = [
+        (
+            "aggregate_type",
+            Some(e.aggregate_type()),
+            MAX_AGGREGATE_TYPE_CHARS,
+        ),
+        ("aggregate_id", Some(e.aggregate_id()), MAX_KEY_CHARS),
+        ("event_type", Some(e.event_type()), MAX_KEY_CHARS),
+        ("idempotency_key", e.idempotency_key(), MAX_KEY_CHARS),
+        ("destination", e.destination(), MAX_DESTINATION_CHARS),
+    ];
+    for (field, value, max) in checks {
+        if let Some(value) = value {
+            let chars = value.chars().count();
+            if chars > max {
+                return Err(StoreError::Invalid(format!(
+                    "event {}: {field} has {chars} characters; the MySQL outbox keeps at most {max}",
+                    e.id()
+                )));
+            }
+        }
+    }
+    let year = chrono::Datelike::year(&e.occurred_at());
+    if !(1000..=9999).contains(&year) {
+        return Err(StoreError::Invalid(format!(
+            "event {}: occurred_at {} is outside the years 1000-9999 a MySQL DATETIME holds",
+            e.id(),
+            e.occurred_at()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_fields_are_refused_before_any_sql() {
+        let long = NewEvent::new("a", "x".repeat(256), "T", &1).unwrap();
+        let err = validate(&long).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Invalid(m) if m.contains("aggregate_id has 256")),
+            "{err}"
+        );
+        // Characters, not bytes: 255 multi-byte characters fit.
+        let wide = NewEvent::new("a", "é".repeat(255), "T", &1).unwrap();
+        assert!(validate(&wide).is_ok());
+        let key = NewEvent::new("a", "1", "T", &1)
+            .unwrap()
+            .with_idempotency_key("k".repeat(300));
+        assert!(validate(&key).is_err());
+        let old = NewEvent::new("a", "1", "T", &1)
+            .unwrap()
+            .with_occurred_at(chrono::DateTime::from_timestamp(-40_000_000_000, 0).unwrap());
+        assert!(validate(&old).is_err());
+    }
+
+    #[test]
+    fn batches_are_chunked_by_size_in_order() {
+        let big = "x".repeat(1 << 20);
+        let events: Vec<NewEvent> = (0..10)
+            .map(|i| NewEvent::from_json("a", i.to_string(), "T", format!("\"{big}\"")).unwrap())
+            .collect();
+        let refs: Vec<&NewEvent> = events.iter().collect();
+        let parts = chunks(&refs);
+        assert!(parts.len() >= 3, "{}", parts.len());
+        let flat: Vec<EventId> = parts
+            .iter()
+            .flat_map(|c| c.iter().map(|e| e.id()))
+            .collect();
+        assert_eq!(flat, events.iter().map(NewEvent::id).collect::<Vec<_>>());
+        assert_eq!(chunks(&refs[..1]).len(), 1);
+    }
+}

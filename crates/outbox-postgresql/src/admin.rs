@@ -1,0 +1,225 @@
+//! What operators and the CLI ask of the outbox: counts per state and per destination, one
+//! event, the dead events (list, requeue, discard), leases, paused destinations, replays of
+//! delivered events and the schema check.
+
+use crate::PgStore;
+use crate::decode::{count_of, decode_record};
+use crate::error::map_sqlx;
+use crate::sql::{destination_stats_sql, replay_sql};
+use chrono::{DateTime, Utc};
+use outbox_types::migration::{Schema, check_current};
+use outbox_types::route::{RouteTable, SqlDialect};
+use outbox_types::sql_store::{check_destination, count};
+use outbox_types::{
+    DeadFilter, DestinationStats, EventId, EventRecord, LeaseHolder, OutboxStats,
+    PausedDestination, ReplayFilter, ReplayStep, StoreError,
+};
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+pub(crate) async fn stats(store: &PgStore) -> Result<OutboxStats, StoreError> {
+    let row = sqlx::query(AssertSqlSafe(store.sql().stats.as_str()))
+        .fetch_one(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    let oldest: Option<DateTime<Utc>> =
+        sqlx::query_scalar(AssertSqlSafe(store.sql().oldest.as_str()))
+            .fetch_optional(&store.pool)
+            .await
+            .map_err(map_sqlx)?;
+    Ok(OutboxStats {
+        pending: count_of(&row, "pending")?,
+        retrying: count_of(&row, "retrying")?,
+        in_flight: count_of(&row, "in_flight")?,
+        delivered: count_of(&row, "delivered")?,
+        dead: count_of(&row, "dead")?,
+        oldest_pending_enqueued_at: oldest,
+        observed_at: Some(row.try_get("observed_at").map_err(map_sqlx)?),
+    })
+}
+
+pub(crate) async fn get(store: &PgStore, id: EventId) -> Result<Option<EventRecord>, StoreError> {
+    let row = sqlx::query(AssertSqlSafe(store.sql().get.as_str()))
+        .bind(id.as_uuid())
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    row.as_ref().map(decode_record).transpose()
+}
+
+pub(crate) async fn list_dead(
+    store: &PgStore,
+    after_seq: Option<i64>,
+    limit: u32,
+) -> Result<Vec<EventRecord>, StoreError> {
+    let rows = sqlx::query(AssertSqlSafe(store.sql().list_dead.as_str()))
+        .bind(after_seq.unwrap_or(0))
+        .bind(i64::from(limit))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    rows.iter().map(decode_record).collect()
+}
+
+pub(crate) async fn requeue_dead(store: &PgStore, filter: &DeadFilter) -> Result<u64, StoreError> {
+    let done = sqlx::query(AssertSqlSafe(store.sql().requeue_dead.as_str()))
+        .bind(dead_ids(filter))
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}
+
+pub(crate) async fn discard_dead(store: &PgStore, filter: &DeadFilter) -> Result<u64, StoreError> {
+    let n: i64 = sqlx::query_scalar(AssertSqlSafe(store.sql().discard_dead.as_str()))
+        .bind(dead_ids(filter))
+        .fetch_one(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(count(n))
+}
+
+pub(crate) async fn destination_stats(
+    store: &PgStore,
+    routes: &RouteTable,
+) -> Result<Vec<DestinationStats>, StoreError> {
+    let route = routes.sql_case(SqlDialect::Postgres { first_param: 1 }, Some("e"));
+    let sql = destination_stats_sql(store.outbox.qualified_table(), &route.sql);
+    let mut query = sqlx::query(AssertSqlSafe(sql));
+    for value in &route.binds {
+        query = query.bind(value);
+    }
+    let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
+    let mut out = rows
+        .iter()
+        .map(|row| {
+            let route: String = row.try_get("route").map_err(map_sqlx)?;
+            Ok(DestinationStats {
+                destination: (!route.is_empty()).then_some(route),
+                pending: count_of(row, "pending")?,
+                retrying: count_of(row, "retrying")?,
+                in_flight: count_of(row, "in_flight")?,
+                dead: count_of(row, "dead")?,
+                oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
+                last_error: row.try_get("last_error").map_err(map_sqlx)?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    out.sort_by(|a, b| a.destination.cmp(&b.destination));
+    Ok(out)
+}
+
+pub(crate) async fn leases(store: &PgStore) -> Result<Vec<LeaseHolder>, StoreError> {
+    let rows = sqlx::query(AssertSqlSafe(store.sql().leases.as_str()))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    rows.iter()
+        .map(|row| {
+            Ok(LeaseHolder {
+                owner: row.try_get("owner").map_err(map_sqlx)?,
+                events: count_of(row, "events")?,
+                claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
+                expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
+                expired: count_of(row, "expired")?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn pause(
+    store: &PgStore,
+    destination: &str,
+    by: &str,
+) -> Result<bool, StoreError> {
+    check_destination(destination)?;
+    let done = sqlx::query(AssertSqlSafe(store.sql().pause.as_str()))
+        .bind(destination)
+        .bind(by)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(crate) async fn resume(store: &PgStore, destination: &str) -> Result<bool, StoreError> {
+    let done = sqlx::query(AssertSqlSafe(store.sql().resume.as_str()))
+        .bind(destination)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected() > 0)
+}
+
+pub(crate) async fn paused(store: &PgStore) -> Result<Vec<PausedDestination>, StoreError> {
+    let rows = sqlx::query(AssertSqlSafe(store.sql().paused.as_str()))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    rows.iter()
+        .map(|row| {
+            Ok(PausedDestination {
+                destination: row.try_get("destination").map_err(map_sqlx)?,
+                paused_at: row.try_get("paused_at").map_err(map_sqlx)?,
+                paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn replay(
+    store: &PgStore,
+    filter: &ReplayFilter,
+    routes: &RouteTable,
+    after_seq: Option<i64>,
+    limit: u32,
+) -> Result<ReplayStep, StoreError> {
+    if limit == 0 {
+        return Ok(ReplayStep::default());
+    }
+    let route = filter
+        .destination
+        .as_ref()
+        .map(|_| routes.sql_case(SqlDialect::Postgres { first_param: 7 }, Some("e")));
+    let sql = replay_sql(
+        store.outbox.qualified_table(),
+        route.as_ref().map(|r| r.sql.as_str()),
+    );
+    let mut query = sqlx::query(AssertSqlSafe(sql))
+        .bind(after_seq.unwrap_or(0))
+        .bind(filter.from)
+        .bind(filter.to)
+        .bind(filter.event_type.as_deref())
+        .bind(i64::from(limit));
+    if let (Some(destination), Some(route)) = (&filter.destination, &route) {
+        query = query.bind(destination);
+        for value in &route.binds {
+            query = query.bind(value);
+        }
+    }
+    let row = query.fetch_one(&store.pool).await.map_err(map_sqlx)?;
+    let scanned: i64 = row.try_get("scanned").map_err(map_sqlx)?;
+    let last_seq: Option<i64> = row.try_get("last_seq").map_err(map_sqlx)?;
+    let replayed: i64 = row.try_get("replayed").map_err(map_sqlx)?;
+    Ok(ReplayStep {
+        replayed: u64::try_from(replayed).unwrap_or(0),
+        next_after: last_seq.filter(|_| scanned >= i64::from(limit)),
+    })
+}
+
+pub(crate) async fn check(store: &PgStore) -> Result<(), StoreError> {
+    let (current, latest) = store.outbox.schema_version(&store.pool).await?;
+    check_current(
+        Schema::OUTBOX,
+        store.outbox.qualified_table(),
+        current,
+        latest,
+    )
+}
+
+fn dead_ids(filter: &DeadFilter) -> Option<Vec<Uuid>> {
+    match filter {
+        DeadFilter::All => None,
+        DeadFilter::Ids(ids) => Some(ids.iter().map(|id| *id.as_uuid()).collect()),
+    }
+}

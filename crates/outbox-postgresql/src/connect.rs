@@ -1,0 +1,99 @@
+//! [`PgStore`]: the outbox as a relay sees it, over an existing pool or a new one made by
+//! [`PgStore::connect`] with settings suited to a relay.
+
+use crate::sql::Sql;
+use crate::{PgOutbox, redact_url};
+use outbox_types::StoreError;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::time::Duration;
+
+/// The outbox as a relay sees it: a pool and an outbox location.
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pub(crate) pool: PgPool,
+    pub(crate) outbox: PgOutbox,
+    pub(crate) delete_on_ack: bool,
+}
+
+impl PgStore {
+    /// A store over an existing pool.
+    pub fn new(pool: PgPool, outbox: PgOutbox) -> Self {
+        PgStore {
+            pool,
+            outbox,
+            delete_on_ack: false,
+        }
+    }
+
+    /// Delete each event when it is acked instead of marking it `delivered` (the relay's
+    /// `retention.delivered = "0s"`). Nothing delivered is kept, so `outbox replay` has nothing
+    /// to replay and `outbox status` counts no delivered events; in exchange the ack writes one
+    /// small WAL record per event instead of a new row version with its index entries, and
+    /// retention has nothing left to delete. Retried, dead and in-flight events are unaffected.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let store = outbox_postgresql::PgStore::new(pool, outbox_postgresql::PgOutbox::new())
+    ///     .with_delete_on_ack(true);
+    /// # }
+    /// ```
+    pub fn with_delete_on_ack(mut self, delete: bool) -> Self {
+        self.delete_on_ack = delete;
+        self
+    }
+
+    /// Connect with settings suited to a relay (small pool, short acquire timeout so a database
+    /// outage surfaces as a retryable error instead of a hang). The URL is not echoed in errors
+    /// with its password.
+    pub async fn connect(url: &str, outbox: PgOutbox) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
+            StoreError::Invalid(format!("invalid PostgreSQL URL `{}`: {e}", redact_url(url)))
+        })?;
+        let unreachable = |e: sqlx::Error| {
+            StoreError::Unavailable(format!("cannot connect to {}: {e}", redact_url(url)))
+        };
+        // One direct connection first: it fails fast with the real cause (refused, unknown host,
+        // authentication) where a pool would only report a timeout.
+        let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .map_err(unreachable)?;
+        let _ = sqlx::Connection::close(probe).await;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await
+            .map_err(unreachable)?;
+        Ok(PgStore::new(pool, outbox))
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The outbox location.
+    pub fn outbox(&self) -> &PgOutbox {
+        &self.outbox
+    }
+
+    pub(crate) fn sql(&self) -> &Sql {
+        &self.outbox.inner.sql
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+    }
+}

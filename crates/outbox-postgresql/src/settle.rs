@@ -1,0 +1,99 @@
+//! Settling a claimed batch under its lease: ack (delivered, or deleted with
+//! `delete_on_ack`), retry (back to pending after a delay), bury (dead) and release (back to
+//! pending untouched). Each statement checks the lease token, so a relay whose lease expired
+//! settles nothing.
+
+use crate::PgStore;
+use crate::error::map_sqlx;
+use outbox_types::sql_store::{count, millis};
+use outbox_types::{BuryEvent, Lease, RetryEvent, StoreError};
+use sqlx::AssertSqlSafe;
+
+pub(crate) async fn ack(store: &PgStore, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    if store.delete_on_ack {
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(store.sql().ack_delete.as_str()))
+            .bind(seqs)
+            .bind(lease.token)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(map_sqlx)?;
+        return Ok(count(n));
+    }
+    let done = sqlx::query(AssertSqlSafe(store.sql().ack.as_str()))
+        .bind(seqs)
+        .bind(lease.token)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}
+
+pub(crate) async fn retry(
+    store: &PgStore,
+    lease: &Lease,
+    events: &[RetryEvent],
+) -> Result<u64, StoreError> {
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    let delays: Vec<i64> = events.iter().map(|e| millis(e.delay)).collect();
+    let errors: Vec<String> = events
+        .iter()
+        .map(|e| outbox_types::truncate_error(&e.error))
+        .collect();
+    let costs: Vec<i32> = events.iter().map(|e| i32::from(e.counts_attempt)).collect();
+    let done = sqlx::query(AssertSqlSafe(store.sql().retry.as_str()))
+        .bind(&seqs)
+        .bind(&delays)
+        .bind(&errors)
+        .bind(lease.token)
+        .bind(&costs)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}
+
+pub(crate) async fn bury(
+    store: &PgStore,
+    lease: &Lease,
+    events: &[BuryEvent],
+) -> Result<u64, StoreError> {
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    let errors: Vec<String> = events
+        .iter()
+        .map(|e| outbox_types::truncate_error(&e.error))
+        .collect();
+    let done = sqlx::query(AssertSqlSafe(store.sql().bury.as_str()))
+        .bind(&seqs)
+        .bind(&errors)
+        .bind(lease.token)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}
+
+pub(crate) async fn release(
+    store: &PgStore,
+    lease: &Lease,
+    seqs: &[i64],
+) -> Result<u64, StoreError> {
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(AssertSqlSafe(store.sql().release.as_str()))
+        .bind(seqs)
+        .bind(lease.token)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}

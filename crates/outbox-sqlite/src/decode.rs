@@ -1,0 +1,120 @@
+//! Rows into the core's types: a claimed row into an [`Event`], an operator's read into an
+//! [`EventRecord`]. A row that cannot be decoded is [`StoreError::Corrupt`] with its seq, so the
+//! relay can bury it instead of failing the claim.
+
+use crate::error::map_sqlx;
+use crate::time::to_time;
+use chrono::{DateTime, Utc};
+use outbox_types::sql_store::{count, decode_headers, parse_event_id, parse_state};
+use outbox_types::{Event, EventId, EventRecord, Reading, StoreError};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+use uuid::Uuid;
+
+pub(crate) fn get_time(
+    row: &SqliteRow,
+    seq: i64,
+    column: &str,
+) -> Result<DateTime<Utc>, StoreError> {
+    let us: i64 = row.try_get(column).map_err(map_sqlx)?;
+    to_time(seq, column, us)
+}
+
+pub(crate) fn get_opt_time(
+    row: &SqliteRow,
+    seq: i64,
+    column: &str,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let us: Option<i64> = row.try_get(column).map_err(map_sqlx)?;
+    us.map(|us| to_time(seq, column, us)).transpose()
+}
+
+pub(crate) fn decode_id(row: &SqliteRow, column: &str, seq: i64) -> Result<EventId, StoreError> {
+    let text: String = row.try_get(column).map_err(map_sqlx)?;
+    parse_event_id(seq, column, &text)
+}
+
+pub(crate) fn decode_event(row: &SqliteRow) -> Result<Event, StoreError> {
+    decode_event_as(row, Reading::Delivery)
+}
+
+/// A text column; for display, bytes that are not UTF-8 are replaced rather than refused.
+pub(crate) fn text_as(
+    row: &SqliteRow,
+    column: &str,
+    reading: Reading,
+) -> Result<String, StoreError> {
+    match row.try_get::<String, _>(column) {
+        Ok(text) => Ok(text),
+        Err(_) if reading == Reading::Display => {
+            let bytes: Vec<u8> = row.try_get_unchecked(column).map_err(map_sqlx)?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        }
+        Err(e) => Err(StoreError::Corrupt {
+            seq: row.try_get("seq").unwrap_or(0),
+            reason: format!("column `{column}` cannot be read as text ({e})"),
+        }),
+    }
+}
+
+pub(crate) fn opt_text_as(
+    row: &SqliteRow,
+    column: &str,
+    reading: Reading,
+) -> Result<Option<String>, StoreError> {
+    let present: Option<Vec<u8>> = row.try_get_unchecked(column).map_err(map_sqlx)?;
+    match present {
+        None => Ok(None),
+        Some(_) => text_as(row, column, reading).map(Some),
+    }
+}
+
+pub(crate) fn decode_event_as(row: &SqliteRow, reading: Reading) -> Result<Event, StoreError> {
+    let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+    let headers = text_as(row, "headers", reading)?;
+    let attempts: i64 = row.try_get("attempts").map_err(map_sqlx)?;
+    let (id, headers) = match reading {
+        Reading::Delivery => (decode_id(row, "id", seq)?, decode_headers(seq, &headers)?),
+        Reading::Display => (
+            decode_id(row, "id", seq).unwrap_or_else(|_| EventId::from_uuid(Uuid::nil())),
+            outbox_types::headers_for_display(&headers),
+        ),
+    };
+    Ok(Event {
+        seq,
+        id,
+        aggregate_type: text_as(row, "aggregate_type", reading)?,
+        aggregate_id: text_as(row, "aggregate_id", reading)?,
+        event_type: text_as(row, "event_type", reading)?,
+        payload: outbox_types::check_payload(seq, text_as(row, "payload", reading)?, reading)?,
+        destination: opt_text_as(row, "destination", reading)?,
+        headers,
+        idempotency_key: opt_text_as(row, "idempotency_key", reading)?,
+        occurred_at: get_time(row, seq, "occurred_at")?,
+        enqueued_at: get_time(row, seq, "enqueued_at")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+    })
+}
+
+pub(crate) fn decode_record(row: &SqliteRow) -> Result<EventRecord, StoreError> {
+    let event = decode_event_as(row, Reading::Display)?;
+    let seq = event.seq;
+    let status: String = row.try_get("status").map_err(map_sqlx)?;
+    let state = parse_state(seq, &status)?;
+    Ok(EventRecord {
+        event,
+        state,
+        next_attempt_at: get_time(row, seq, "next_attempt_at")?,
+        last_error: row.try_get("last_error").map_err(map_sqlx)?,
+        lease_owner: row.try_get("lease_owner").map_err(map_sqlx)?,
+        lease_expires_at: get_opt_time(row, seq, "lease_expires_at")?,
+        delivered_at: get_opt_time(row, seq, "delivered_at")?,
+        dead_at: get_opt_time(row, seq, "dead_at")?,
+    })
+}
+
+/// Column `name` of `row`, a count.
+pub(crate) fn count_of(row: &SqliteRow, name: &str) -> Result<u64, StoreError> {
+    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
+    Ok(count(n))
+}

@@ -1,0 +1,152 @@
+//! [`impl_store_by_concern!`](crate::impl_store_by_concern): the [`Store`](crate::Store)
+//! implementation of a SQL store whose crate has one module per concern.
+//!
+//! Why a macro: a trait impl cannot be split across files, so every store (`outbox-postgresql`,
+//! `outbox-mysql`, `outbox-sqlite`) keeps its operations in modules named after their concern
+//! (`claim`, `settle`, `admin`, `retention`) and its `store.rs` only delegates to them. Those
+//! delegations were the same 100 lines in each store; written once here, a method added to the
+//! trait is delegated in every store at once, and a store that lacks the function fails to
+//! compile, naming the module it belongs in.
+
+/// Implement [`Store`](crate::Store) for `$store` by delegating each operation to the function
+/// of the same name in the caller's concern modules: `claim::claim`; `settle::{ack, retry, bury,
+/// release}`; `admin::{stats, get, list_dead, requeue_dead, discard_dead, destination_stats,
+/// leases, pause, resume, paused, replay, check}`; `retention::{purge_delivered, purge_dead}`.
+/// Each takes the store first, then the trait method's arguments. `$kind` is
+/// [`Store::kind`](crate::Store::kind). The caller depends on `async-trait`.
+#[macro_export]
+macro_rules! impl_store_by_concern {
+    ($store:ty, $kind:literal) => {
+        #[async_trait::async_trait]
+        impl $crate::Store for $store {
+            fn kind(&self) -> &'static str {
+                $kind
+            }
+
+            async fn claim(
+                &self,
+                request: &$crate::ClaimRequest,
+            ) -> Result<$crate::Claim, $crate::StoreError> {
+                claim::claim(self, request).await
+            }
+
+            async fn ack(
+                &self,
+                lease: &$crate::Lease,
+                seqs: &[i64],
+            ) -> Result<u64, $crate::StoreError> {
+                settle::ack(self, lease, seqs).await
+            }
+
+            async fn retry(
+                &self,
+                lease: &$crate::Lease,
+                events: &[$crate::RetryEvent],
+            ) -> Result<u64, $crate::StoreError> {
+                settle::retry(self, lease, events).await
+            }
+
+            async fn bury(
+                &self,
+                lease: &$crate::Lease,
+                events: &[$crate::BuryEvent],
+            ) -> Result<u64, $crate::StoreError> {
+                settle::bury(self, lease, events).await
+            }
+
+            async fn release(
+                &self,
+                lease: &$crate::Lease,
+                seqs: &[i64],
+            ) -> Result<u64, $crate::StoreError> {
+                settle::release(self, lease, seqs).await
+            }
+
+            async fn stats(&self) -> Result<$crate::OutboxStats, $crate::StoreError> {
+                admin::stats(self).await
+            }
+
+            async fn get(
+                &self,
+                id: $crate::EventId,
+            ) -> Result<Option<$crate::EventRecord>, $crate::StoreError> {
+                admin::get(self, id).await
+            }
+
+            async fn list_dead(
+                &self,
+                after_seq: Option<i64>,
+                limit: u32,
+            ) -> Result<Vec<$crate::EventRecord>, $crate::StoreError> {
+                admin::list_dead(self, after_seq, limit).await
+            }
+
+            async fn requeue_dead(
+                &self,
+                filter: &$crate::DeadFilter,
+            ) -> Result<u64, $crate::StoreError> {
+                admin::requeue_dead(self, filter).await
+            }
+
+            async fn discard_dead(
+                &self,
+                filter: &$crate::DeadFilter,
+            ) -> Result<u64, $crate::StoreError> {
+                admin::discard_dead(self, filter).await
+            }
+
+            async fn purge_delivered(
+                &self,
+                older_than: ::std::time::Duration,
+                limit: u32,
+            ) -> Result<u64, $crate::StoreError> {
+                retention::purge_delivered(self, older_than, limit).await
+            }
+
+            async fn destination_stats(
+                &self,
+                routes: &$crate::route::RouteTable,
+            ) -> Result<Vec<$crate::DestinationStats>, $crate::StoreError> {
+                admin::destination_stats(self, routes).await
+            }
+
+            async fn leases(&self) -> Result<Vec<$crate::LeaseHolder>, $crate::StoreError> {
+                admin::leases(self).await
+            }
+
+            async fn pause(&self, destination: &str, by: &str) -> Result<bool, $crate::StoreError> {
+                admin::pause(self, destination, by).await
+            }
+
+            async fn resume(&self, destination: &str) -> Result<bool, $crate::StoreError> {
+                admin::resume(self, destination).await
+            }
+
+            async fn paused(&self) -> Result<Vec<$crate::PausedDestination>, $crate::StoreError> {
+                admin::paused(self).await
+            }
+
+            async fn replay(
+                &self,
+                filter: &$crate::ReplayFilter,
+                routes: &$crate::route::RouteTable,
+                after_seq: Option<i64>,
+                limit: u32,
+            ) -> Result<$crate::ReplayStep, $crate::StoreError> {
+                admin::replay(self, filter, routes, after_seq, limit).await
+            }
+
+            async fn purge_dead(
+                &self,
+                older_than: ::std::time::Duration,
+                limit: u32,
+            ) -> Result<u64, $crate::StoreError> {
+                retention::purge_dead(self, older_than, limit).await
+            }
+
+            async fn check(&self) -> Result<(), $crate::StoreError> {
+                admin::check(self).await
+            }
+        }
+    };
+}

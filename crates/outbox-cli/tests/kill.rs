@@ -243,3 +243,53 @@ async fn a_relay_configured_by_environment_alone_stops_on_sigterm_losing_nothing
         "every event reached the sink, nothing else"
     );
 }
+
+/// A relay stopped while it is still starting (here: connecting to a database that accepts the
+/// connection and never answers) stops cleanly: SIGTERM at any moment is a clean stop, exit
+/// code 0, because the relay takes over its stop signals before it loads its config or
+/// connects. (Before, a SIGTERM in that window killed it by the signal, with nothing logged.)
+#[test]
+fn a_relay_stopped_while_it_starts_exits_cleanly() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = Command::new(BIN)
+        .args([
+            "relay",
+            "--database-url",
+            &format!("postgres://postgres@{addr}/test"),
+        ])
+        .args([
+            "--sink",
+            &format!("file:{}", dir.path().join("out.jsonl").display()),
+        ])
+        .env("OUTBOX_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the outbox binary starts");
+    // It is connecting: past the point where it took over its signals.
+    let (_connection, _) = silent.accept().expect("the relay connects");
+    signal(&relay, "-TERM");
+    let stopping = Instant::now();
+    let status = loop {
+        if let Some(status) = relay.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopping.elapsed() < Duration::from_secs(10),
+            "still running 10 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut relay.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        status.success(),
+        "a stop while starting exits 0: {status:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("Shutdown requested before the relay started"),
+        "it says why it stopped: {stderr}"
+    );
+}

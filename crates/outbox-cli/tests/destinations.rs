@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::{BIN, fresh_pg_store, outbox, pg_url};
+use common::{BIN, Killed, fresh_pg_store, outbox, pg_url};
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,14 +21,6 @@ use outbox_postgresql::PgStore;
 use outbox_types::{EventState, NewEvent, Store};
 
 const NATS: &str = "nats://127.0.0.1:4222";
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One request the receiver got: the event type from the path, headers, body.
 type Request = (String, HashMap<String, String>, String);

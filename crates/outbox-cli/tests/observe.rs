@@ -2,15 +2,13 @@
 
 mod common;
 
-use common::pg_url;
-use std::process::{Child, Command, Stdio};
+use common::{BIN, Killed, pg_url};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_testkit::TcpProxy;
 use outbox_types::{NewEvent, Store};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -43,14 +41,6 @@ fn metric(body: &str, name: &str) -> f64 {
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

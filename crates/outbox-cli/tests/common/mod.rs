@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
@@ -56,4 +56,29 @@ pub async fn fresh_pg_store(schema: &str) -> outbox_postgresql::PgStore {
         .await
         .expect("the outbox migrates");
     store
+}
+
+/// A store on the outbox table `events` in `schema` of the database at `url`, migrated.
+pub async fn migrated_store(url: &str, schema: &str) -> outbox_postgresql::PgStore {
+    let outbox = outbox_postgresql::PgOutbox::with_names(schema, "events").expect("a valid name");
+    let store = outbox_postgresql::PgStore::connect(url, outbox)
+        .await
+        .expect("PostgreSQL is up");
+    store
+        .outbox()
+        .migrate(store.pool())
+        .await
+        .expect("the outbox migrates");
+    store
+}
+
+/// A child process killed (and reaped) when the guard goes: a test that fails mid-way leaves no
+/// relay running.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -436,17 +436,12 @@ async fn sigterm_and_sigint_mid_batch_finish_the_wave_and_leave_nothing_claimed(
             .status()
             .unwrap();
         assert!(status.success());
-        let started = Instant::now();
-        let exit = loop {
-            if let Some(exit) = relay.try_wait().unwrap() {
-                break exit;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "the relay did not stop after {sig}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let exit = common::exit_within(
+            &mut relay,
+            Duration::from_secs(15),
+            &format!("the relay did not stop after {sig}"),
+        )
+        .await;
         assert_eq!(exit.code(), Some(0), "{sig}");
         let stats = f.store.stats().await.unwrap();
         assert_eq!(stats.in_flight, 0, "{sig}: nothing left claimed: {stats:?}");

@@ -93,6 +93,21 @@ async fn drain(
     .await
 }
 
+/// Drain `schema` (with `relay` prepended to its destination) to one NATS destination
+/// publishing on `prefix.${event_type}`; the relay must exit 0.
+async fn drain_to_nats(schema: &str, prefix: &str, relay: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(
+        schema,
+        &format!(
+            "{relay}[destinations.n]\ntype = \"nats\"\nservers = [\"{}\"]\nsubject = \"{prefix}.${{event_type}}\"\n",
+            nats_url()
+        ),
+    );
+    let (code, stderr) = drain(dir.path(), "nats.toml", &text, &[], Duration::from_secs(60)).await;
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
 /// `[database]` for `schema` plus `rest`.
 fn config(schema: &str, rest: &str) -> String {
     format!(
@@ -400,16 +415,7 @@ async fn payloads_at_the_size_limits_are_delivered_or_dead_with_the_limit_named(
         &[empty.clone(), one_mb.clone(), over.clone(), after.clone()],
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let text = config(
-        &schema,
-        &format!(
-            "[relay]\nbatch_size = 10\n[destinations.n]\ntype = \"nats\"\nservers = [\"{}\"]\nsubject = \"{prefix}.${{event_type}}\"\n",
-            nats_url()
-        ),
-    );
-    let (code, stderr) = drain(dir.path(), "nats.toml", &text, &[], Duration::from_secs(60)).await;
-    assert_eq!(code, Some(0), "{stderr}");
+    drain_to_nats(&schema, &prefix, "[relay]\nbatch_size = 10\n").await;
     for e in [&empty, &one_mb, &after] {
         assert_eq!(state(&store, e.id()).await.0, EventState::Delivered);
     }
@@ -467,16 +473,7 @@ async fn header_values_that_cannot_travel_are_dead_with_a_reason_and_block_nothi
         .to_string();
     assert!(error.contains("UTF8"), "{error}");
 
-    let dir = tempfile::tempdir().unwrap();
-    let text = config(
-        &schema,
-        &format!(
-            "[destinations.n]\ntype = \"nats\"\nservers = [\"{}\"]\nsubject = \"{prefix}.${{event_type}}\"\n",
-            nats_url()
-        ),
-    );
-    let (code, stderr) = drain(dir.path(), "nats.toml", &text, &[], Duration::from_secs(60)).await;
-    assert_eq!(code, Some(0), "{stderr}");
+    drain_to_nats(&schema, &prefix, "").await;
     let (s, error) = state(&store, newline.id()).await;
     assert_eq!(
         s,

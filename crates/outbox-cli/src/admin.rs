@@ -241,21 +241,15 @@ pub async fn purge(
     store: &dyn Store,
     older_than: Duration,
     batch: u32,
-    mut progress: impl FnMut(u64),
+    progress: impl FnMut(u64),
 ) -> anyhow::Result<u64> {
-    let batch = batch.max(1);
-    let mut total = 0u64;
-    loop {
-        let n = store
+    in_batches(batch, progress, |batch| async move {
+        store
             .purge_delivered(older_than, batch)
             .await
-            .context("deleting delivered events failed")?;
-        total += n;
-        progress(n);
-        if n < u64::from(batch) {
-            return Ok(total);
-        }
-    }
+            .context("deleting delivered events failed")
+    })
+    .await
 }
 
 /// Purge dead events buried longer than `older_than` ago, in batches.
@@ -263,15 +257,31 @@ pub async fn purge_dead(
     store: &dyn Store,
     older_than: Duration,
     batch: u32,
-    mut progress: impl FnMut(u64),
+    progress: impl FnMut(u64),
 ) -> anyhow::Result<u64> {
+    in_batches(batch, progress, |batch| async move {
+        store
+            .purge_dead(older_than, batch)
+            .await
+            .context("deleting dead events failed")
+    })
+    .await
+}
+
+/// Run `purge_one(batch)` until a batch comes back short; the total deleted.
+async fn in_batches<F, Fut>(
+    batch: u32,
+    mut progress: impl FnMut(u64),
+    mut purge_one: F,
+) -> anyhow::Result<u64>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
     let batch = batch.max(1);
     let mut total = 0u64;
     loop {
-        let n = store
-            .purge_dead(older_than, batch)
-            .await
-            .context("deleting dead events failed")?;
+        let n = purge_one(batch).await?;
         total += n;
         progress(n);
         if n < u64::from(batch) {

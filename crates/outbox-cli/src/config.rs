@@ -1216,43 +1216,32 @@ mod example {
     #[test]
     fn dead_after_unavailable_for_names_a_destination() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("outbox.toml");
-        std::fs::write(
-            &path,
-            r#"
+        let load = |destination: &str| {
+            let path = dir.path().join("outbox.toml");
+            std::fs::write(
+                &path,
+                format!(
+                    r#"
 [database]
 url = "sqlite://outbox.db"
 [relay]
 dead_after_unavailable = "1h"
 [relay.dead_after_unavailable_for]
-hooks = "15m"
+{destination} = "15m"
 [destinations.hook]
 type = "stdout"
-"#,
-        )
-        .unwrap();
-        let err = crate::config::load(Some(&path), figment::Figment::new())
-            .unwrap_err()
-            .0;
+"#
+                ),
+            )
+            .unwrap();
+            crate::config::load(Some(&path), figment::Figment::new())
+        };
+        let err = load("hooks").unwrap_err().0;
         assert!(
             err.contains("`hooks`, which is not a destination; did you mean `hook`?"),
             "{err}"
         );
-        std::fs::write(
-            &path,
-            r#"
-[database]
-url = "sqlite://outbox.db"
-[relay]
-dead_after_unavailable = "1h"
-[relay.dead_after_unavailable_for]
-hook = "15m"
-[destinations.hook]
-type = "stdout"
-"#,
-        )
-        .unwrap();
-        let config = crate::config::load(Some(&path), figment::Figment::new()).unwrap();
+        let config = load("hook").unwrap();
         assert_eq!(
             config.relay.unavailable_limit("hook"),
             Some(std::time::Duration::from_secs(900))

@@ -17,22 +17,20 @@ mod logging;
 mod observe;
 mod ops;
 mod progress;
+mod relay;
 mod schema;
 mod sinks;
 mod store;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox_engine::Relay;
 use outbox_types::humantime_duration;
 use serde_json::json;
 
-use crate::config::{Config, ConfigError, SinkConfig};
+use crate::config::{Config, ConfigError};
 use crate::store::AnyStore;
 
 /// `outbox --version`: the version and what this build has (its cargo features), e.g.
@@ -586,7 +584,7 @@ fn init_logging(format: LogFormat) {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Migrate(args) => migrate(args).await,
-        Command::Relay(args) => relay(args).await,
+        Command::Relay(args) => relay::run(args).await,
         Command::Status(args) => status(args).await,
         Command::Pause(args) => pause(args, true).await,
         Command::Resume(args) => pause(args, false).await,
@@ -672,8 +670,15 @@ async fn inbox_command(command: InboxCommand) -> anyhow::Result<()> {
                     .await
                     .map(|_| ()),
                 Some(every) => {
-                    inbox::purge_loop(&inbox, older_than, batch, every, json, shutdown_signal())
-                        .await
+                    inbox::purge_loop(
+                        &inbox,
+                        older_than,
+                        batch,
+                        every,
+                        json,
+                        relay::shutdown_signal(),
+                    )
+                    .await
                 }
             }
         }
@@ -737,16 +742,6 @@ fn duration_flag(
                     key.rsplit('.').next().unwrap_or(key).replace('_', "-")
                 ))
             }),
-    }
-}
-
-fn mode_flag(value: &Option<String>) -> Result<Option<serde_json::Value>, ConfigError> {
-    match value.as_deref() {
-        None => Ok(None),
-        Some(m @ ("poll" | "wal")) => Ok(Some(json!(m))),
-        Some(other) => Err(ConfigError(format!(
-            "unknown --mode `{other}`: use `poll` or `wal`"
-        ))),
     }
 }
 
@@ -844,216 +839,6 @@ async fn wal(command: WalCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-    }
-}
-
-fn sink_flag(value: &Option<String>) -> Result<Option<(String, SinkConfig)>, ConfigError> {
-    match value.as_deref() {
-        None => Ok(None),
-        Some("stdout") => Ok(Some(("stdout".into(), SinkConfig::Stdout))),
-        Some(other) => match other.strip_prefix("file:") {
-            Some(path) if !path.is_empty() => Ok(Some((
-                "file".into(),
-                SinkConfig::File(config::FileSinkConfig {
-                    path: path.into(),
-                    sync: false,
-                }),
-            ))),
-            _ => Err(ConfigError(format!(
-                "unknown --sink `{other}`: use `stdout` or `file:PATH` (brokers and webhooks are configured as [destinations.NAME] in the config file)"
-            ))),
-        },
-    }
-}
-
-async fn relay(args: RelayArgs) -> anyhow::Result<()> {
-    let extra = vec![
-        ("relay.batch_size", args.batch_size.map(|v| json!(v))),
-        (
-            "relay.poll_interval",
-            duration_flag("relay.poll_interval", &args.poll_interval)?,
-        ),
-        ("relay.lease", duration_flag("relay.lease", &args.lease)?),
-        ("relay.stop_when_idle", args.drain.then_some(json!(true))),
-        (
-            "relay.drain_wait",
-            duration_flag("relay.drain_wait", &args.drain_wait)?,
-        ),
-        ("mode", mode_flag(&args.mode)?),
-        (
-            "metrics.listen",
-            args.metrics_listen.clone().map(|v| json!(v)),
-        ),
-    ];
-    let sink_override = sink_flag(&args.sink)?;
-    let mut config = args.db.load(extra)?;
-    if let Some((name, sink)) = sink_override {
-        config.override_sink(&name, sink);
-    }
-    let store = AnyStore::open(&config).await?;
-    let dyn_store = store.dyn_store();
-    dyn_store
-        .check()
-        .await
-        .map_err(|e| ConfigError(format!("{} is not ready: {e}", store.describe())))?;
-    let (sink, routes) = sinks::build(&config).await?;
-    let at_start = dyn_store.stats().await.ok();
-    let destinations = observe::DestinationsView::default();
-    if let Some(listen) = config.metrics.listen {
-        observe::serve(
-            listen,
-            config.metrics.refresh,
-            dyn_store.clone(),
-            sink.clone(),
-            routes.clone(),
-            destinations.clone(),
-        )
-        .await?;
-    }
-    tracing::info!(
-        outbox = %store.describe(),
-        destinations = %routes.destinations().join(", "),
-        "Relaying."
-    );
-    // WAL mode's stream table is purged by age like delivered rows (its rows are never read
-    // back, so purging cannot lose an event).
-    let stream_table = match (config.mode, store.postgres()) {
-        (config::Mode::Wal, Some(pg)) => {
-            let wal = config.wal_config()?;
-            wal.captures(outbox_wal::Source::StreamTable)
-                .then(|| (wal, pg.pool().clone()))
-        }
-        _ => None,
-    };
-    let retention = config.retention.enabled.then(|| {
-        tokio::spawn(retention_loop(
-            dyn_store.clone(),
-            store.partitioned(),
-            stream_table,
-            config.retention.clone(),
-        ))
-    });
-    if config.mode == config::Mode::Wal {
-        // One engine, two sources: the replication stream and the table, behind one Source.
-        let wal = config.wal_config()?;
-        let Some(pg) = store.postgres() else {
-            return Err(ConfigError("`mode = \"wal\"` needs a PostgreSQL database".into()).into());
-        };
-        if config.metrics.listen.is_some() {
-            tokio::spawn(observe::refresh_wal_gauges(
-                wal.clone(),
-                config.metrics.refresh,
-            ));
-        }
-        tracing::info!(slot = %wal.slot, "WAL mode: streaming from the replication slot.");
-        let source = Arc::new(
-            outbox_wal::WalSource::start(wal, pg.clone(), &config.relay)
-                .await
-                .map_err(wal_error)?,
-        );
-        let relay = Relay::new(source.clone(), sink, config.relay.clone()).with_routes(routes);
-        let _ = destinations.set(relay.destinations());
-        let report = relay.run(shutdown_signal()).await;
-        if let Some(task) = retention {
-            task.abort();
-        }
-        let wal_report = source.shutdown().await.map_err(wal_error)?;
-        let left = left_behind(dyn_store.as_ref(), at_start.as_ref()).await;
-        tracing::info!(
-            delivered = report.delivered,
-            retried = report.retried,
-            dead = left.dead_this_run.unwrap_or(report.dead),
-            from_table = wal_report.from_table,
-            duplicates = wal_report.duplicates,
-            last_acked_lsn = %wal_report.last_acked_lsn,
-            "WAL relay exited."
-        );
-        left.report(config.relay.stop_when_idle);
-        return Ok(());
-    }
-    let relay = Relay::new(dyn_store.clone(), sink, config.relay.clone()).with_routes(routes);
-    let _ = destinations.set(relay.destinations());
-    let report = relay.run(shutdown_signal()).await;
-    if let Some(task) = retention {
-        task.abort();
-    }
-    let left = left_behind(dyn_store.as_ref(), at_start.as_ref()).await;
-    tracing::info!(
-        delivered = report.delivered,
-        retried = report.retried,
-        dead = left.dead_this_run.unwrap_or(report.dead),
-        released = report.released,
-        fenced = report.fenced,
-        "Relay exited."
-    );
-    left.report(config.relay.stop_when_idle);
-    Ok(())
-}
-
-/// What the outbox holds as a relay exits, against what it held at its start.
-struct LeftBehind {
-    stats: Option<outbox_types::OutboxStats>,
-    /// Dead events the outbox gained while the relay ran: every dead letter counts, also those
-    /// written where the engine does not see them (a row the WAL stream could not read).
-    dead_this_run: Option<u64>,
-}
-
-async fn left_behind(
-    store: &dyn outbox_types::Store,
-    at_start: Option<&outbox_types::OutboxStats>,
-) -> LeftBehind {
-    let stats = store.stats().await.ok();
-    let dead_this_run = stats
-        .as_ref()
-        .zip(at_start)
-        .map(|(now, start)| now.dead.saturating_sub(start.dead));
-    LeftBehind {
-        stats,
-        dead_this_run,
-    }
-}
-
-impl LeftBehind {
-    /// After a drain, say what it leaves: events still pending or in flight, and why they may be.
-    fn report(&self, drained: bool) {
-        let Some(stats) = self.stats.as_ref().filter(|_| drained) else {
-            return;
-        };
-        if stats.pending + stats.in_flight == 0 {
-            tracing::info!(dead = stats.dead, "Drained: nothing is pending.");
-        } else {
-            tracing::warn!(
-                pending = stats.pending,
-                waiting_for_retry = stats.retrying,
-                in_flight = stats.in_flight,
-                dead = stats.dead,
-                "Drain finished with events still pending: retries due later than --drain-wait, events of paused destinations or held behind a dead event, or events another relay holds. `outbox status` shows them; run the drain again later, or raise --drain-wait."
-            );
-        }
-    }
-}
-
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-        tracing::info!("Shutdown requested: finishing in-flight batches.");
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -1254,84 +1039,6 @@ async fn purge(args: PurgeArgs) -> anyhow::Result<()> {
         args.json,
     )
     .await
-}
-
-/// The relay's retention schedule: purge delivered events every `interval` until shutdown.
-async fn retention_loop(
-    store: Arc<dyn outbox_types::Store>,
-    partitioned: Option<outbox_postgresql::PgStore>,
-    stream_table: Option<(outbox_wal::WalConfig, sqlx::PgPool)>,
-    retention: config::RetentionConfig,
-) {
-    let mut ticker = tokio::time::interval(retention.interval.max(Duration::from_secs(1)));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        if let Some(pg) = &partitioned {
-            match pg
-                .outbox()
-                .maintain_partitions(pg.pool(), chrono::Utc::now())
-                .await
-            {
-                Ok(report) => {
-                    if !report.created.is_empty() || !report.dropped.is_empty() {
-                        tracing::info!(
-                            created = ?report.created,
-                            dropped = ?report.dropped,
-                            kept = report.kept.len(),
-                            "Partition rotation."
-                        );
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "Partition rotation failed; will try again at the next interval.")
-                }
-            }
-        } else {
-            match admin::purge(
-                store.as_ref(),
-                retention.delivered,
-                retention.batch_size,
-                |_| {},
-            )
-            .await
-            {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(deleted = n, "Retention deleted delivered events."),
-                Err(error) => {
-                    tracing::warn!(error = %format!("{error:#}"), "Retention run failed; will try again at the next interval.")
-                }
-            }
-        }
-        if let Some((wal, pool)) = &stream_table {
-            match outbox_wal::purge_stream_table(
-                wal,
-                pool,
-                retention.delivered,
-                retention.batch_size,
-            )
-            .await
-            {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(
-                    deleted = n,
-                    "Retention deleted old rows of the stream table."
-                ),
-                Err(error) => {
-                    tracing::warn!(%error, "Stream table retention failed; will try again at the next interval.")
-                }
-            }
-        }
-        if let Some(age) = retention.dead {
-            match admin::purge_dead(store.as_ref(), age, retention.batch_size, |_| {}).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(deleted = n, "Retention deleted old dead events."),
-                Err(error) => {
-                    tracing::warn!(error = %format!("{error:#}"), "Dead-event retention failed; will try again at the next interval.")
-                }
-            }
-        }
-    }
 }
 
 async fn config_check(db: DbArgs, as_json: bool) -> anyhow::Result<()> {

@@ -3,18 +3,8 @@
 
 mod common;
 
-use common::pg_url;
+use common::{BIN, outbox, pg_url};
 use std::process::{Command, Output};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn outbox(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .expect("the outbox binary runs")
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::{BIN, fresh_pg_store, outbox, pg_url};
+use common::{BIN, Killed, fresh_pg_store, outbox, pg_url};
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,14 +21,6 @@ use outbox_postgresql::PgStore;
 use outbox_types::{EventState, NewEvent, Store};
 
 const NATS: &str = "nats://127.0.0.1:4222";
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One request the receiver got: the event type from the path, headers, body.
 type Request = (String, HashMap<String, String>, String);
@@ -444,17 +436,12 @@ async fn sigterm_and_sigint_mid_batch_finish_the_wave_and_leave_nothing_claimed(
             .status()
             .unwrap();
         assert!(status.success());
-        let started = Instant::now();
-        let exit = loop {
-            if let Some(exit) = relay.try_wait().unwrap() {
-                break exit;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "the relay did not stop after {sig}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let exit = common::exit_within(
+            &mut relay,
+            Duration::from_secs(15),
+            &format!("the relay did not stop after {sig}"),
+        )
+        .await;
         assert_eq!(exit.code(), Some(0), "{sig}");
         let stats = f.store.stats().await.unwrap();
         assert_eq!(stats.in_flight, 0, "{sig}: nothing left claimed: {stats:?}");

@@ -8,10 +8,10 @@
 
 mod common;
 
-use common::pg_url;
+use common::{BIN, Killed, pg_url};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,8 +22,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool, Row as _};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
 /// What must never appear in anything the relay prints.
 const BEARER: &str = "bearer-sekrit-9a1f";
@@ -63,14 +61,6 @@ fn with_password(url: &str) -> String {
         &format!("postgres://postgres:{DB_PASSWORD}@"),
         1,
     )
-}
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// One request the receiver got: path and query, headers, body.

@@ -2,6 +2,8 @@
 //! its lease runs out another relay delivers them. The survivor then stops on SIGTERM with exit
 //! code 0 and nothing left claimed.
 
+mod common;
+
 use std::collections::HashSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -10,19 +12,14 @@ use std::time::{Duration, Instant};
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_types::Store;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
+use common::BIN;
 
 fn spawn_relay(schema: &str, out: &Path) -> Child {
     Command::new(BIN)
         .args([
             "relay",
             "--database-url",
-            &database_url(),
+            &common::pg_url(),
             "--schema",
             schema,
         ])
@@ -69,7 +66,7 @@ async fn backlog(prefix: &str) -> (String, PgStore, Vec<outbox_types::NewEvent>)
         .subsec_nanos();
     let schema = format!("{prefix}_{}_{}", std::process::id(), nanos % 100_000);
     let store = PgStore::connect(
-        &database_url(),
+        &common::pg_url(),
         PgOutbox::with_names(&schema, "events").unwrap(),
     )
     .await
@@ -174,7 +171,7 @@ async fn a_relay_configured_by_environment_alone_stops_on_sigterm_losing_nothing
         command
             .arg("relay")
             .current_dir(dir.path())
-            .env("OUTBOX_DATABASE__URL", database_url())
+            .env("OUTBOX_DATABASE__URL", common::pg_url())
             .env("OUTBOX_DATABASE__SCHEMA", &schema)
             .env("OUTBOX_DESTINATIONS__OUT__TYPE", "file")
             .env("OUTBOX_DESTINATIONS__OUT__PATH", &out)
@@ -196,17 +193,12 @@ async fn a_relay_configured_by_environment_alone_stops_on_sigterm_losing_nothing
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     signal(&first, "-TERM");
-    let stopping = Instant::now();
-    let status = loop {
-        if let Some(status) = first.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            stopping.elapsed() < Duration::from_secs(10),
-            "still running 10 s after SIGTERM (a Kubernetes grace period is 30 s)"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = common::exit_within(
+        &mut first,
+        Duration::from_secs(10),
+        "still running 10 s after SIGTERM (a Kubernetes grace period is 30 s)",
+    )
+    .await;
     assert!(status.success(), "a graceful stop exits 0: {status:?}");
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.in_flight, 0, "nothing left claimed: {stats:?}");
@@ -241,5 +233,50 @@ async fn a_relay_configured_by_environment_alone_stops_on_sigterm_losing_nothing
     assert_eq!(
         written, wanted,
         "every event reached the sink, nothing else"
+    );
+}
+
+/// A relay stopped while it is still starting (here: connecting to a database that accepts the
+/// connection and never answers) stops cleanly: SIGTERM at any moment is a clean stop, exit
+/// code 0, because the relay takes over its stop signals before it loads its config or
+/// connects. (Before, a SIGTERM in that window killed it by the signal, with nothing logged.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_stopped_while_it_starts_exits_cleanly() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = Command::new(BIN)
+        .args([
+            "relay",
+            "--database-url",
+            &format!("postgres://postgres@{addr}/test"),
+        ])
+        .args([
+            "--sink",
+            &format!("file:{}", dir.path().join("out.jsonl").display()),
+        ])
+        .env("OUTBOX_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the outbox binary starts");
+    // It is connecting: past the point where it took over its signals.
+    let (_connection, _) = silent.accept().expect("the relay connects");
+    signal(&relay, "-TERM");
+    let status = common::exit_within(
+        &mut relay,
+        Duration::from_secs(10),
+        "still running 10 s after SIGTERM",
+    )
+    .await;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut relay.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        status.success(),
+        "a stop while starting exits 0: {status:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("Shutdown requested before the relay started"),
+        "it says why it stopped: {stderr}"
     );
 }

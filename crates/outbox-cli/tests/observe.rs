@@ -2,15 +2,13 @@
 
 mod common;
 
-use common::pg_url;
-use std::process::{Child, Command, Stdio};
+use common::{BIN, Killed, pg_url};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_testkit::TcpProxy;
 use outbox_types::{NewEvent, Store};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -43,14 +41,6 @@ fn metric(body: &str, name: &str) -> f64 {
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,11 +79,7 @@ async fn metrics_move_and_readiness_follows_the_database() {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get(port, "/healthz").await.is_none() {
-        assert!(Instant::now() < deadline, "metrics endpoint never came up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let deadline = endpoint_up(port).await;
     assert_eq!(get(port, "/healthz").await.unwrap().0, 200);
     assert_eq!(get(port, "/readyz").await.unwrap().0, 200);
 
@@ -155,6 +141,17 @@ async fn metrics_move_and_readiness_follows_the_database() {
         assert!(Instant::now() < deadline, "readiness did not come back");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Wait (up to 30 s) for the relay's metrics endpoint to answer; that deadline, for the waits
+/// that follow.
+async fn endpoint_up(port: u16) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(port, "/healthz").await.is_none() {
+        assert!(Instant::now() < deadline, "metrics endpoint never came up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    deadline
 }
 
 fn metric_with(body: &str, name: &str, label: &str) -> f64 {
@@ -259,11 +256,7 @@ to = "ok"
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get(port, "/healthz").await.is_none() {
-        assert!(Instant::now() < deadline, "metrics endpoint never came up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let deadline = endpoint_up(port).await;
     let mut events: Vec<NewEvent> = (0..40)
         .map(|i| outbox_testkit::numbered(&format!("o{}", i % 4), i / 4))
         .collect();
@@ -300,51 +293,35 @@ to = "ok"
         assert!(Instant::now() < deadline, "metrics never settled: {body}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(
-        metric_with(&body, "outbox_events_delivered_total", ok),
-        40.0,
-        "{body}"
-    );
-    assert_eq!(
-        metric_with(&body, "outbox_events_failed_total", ok),
-        0.0,
-        "{body}"
-    );
-    assert_eq!(
-        metric_with(&body, "outbox_events_delivered_total", hook_label),
-        6.0,
-        "{body}"
-    );
-    assert_eq!(
-        metric_with(&body, "outbox_events_failed_total", hook_label),
-        7.0,
-        "6 × 503 + the 400: {body}"
-    );
-    assert_eq!(
-        metric_with(&body, "outbox_events_unavailable_total", hook_label),
-        6.0,
-        "503 is the receiver not serving, not a failed attempt: {body}"
-    );
-    assert_eq!(
-        metric_with(&body, "outbox_events_retried_total", hook_label),
-        0.0,
-        "{body}"
-    );
-    assert_eq!(
-        metric_with(&body, "outbox_events_dead_total", hook_label),
-        1.0,
-        "{body}"
-    );
-    assert_eq!(
-        metric_with(&body, "outbox_destination_events_dead", hook_label),
-        1.0,
-        "{body}"
-    );
-    assert_eq!(
-        metric_with(&body, "outbox_destination_events_pending", ok),
-        0.0,
-        "{body}"
-    );
+    // (metric, label, value, why)
+    let expected = [
+        ("outbox_events_delivered_total", ok, 40.0, ""),
+        ("outbox_events_failed_total", ok, 0.0, ""),
+        ("outbox_events_delivered_total", hook_label, 6.0, ""),
+        (
+            "outbox_events_failed_total",
+            hook_label,
+            7.0,
+            "6 × 503 + the 400: ",
+        ),
+        (
+            "outbox_events_unavailable_total",
+            hook_label,
+            6.0,
+            "503 is the receiver not serving, not a failed attempt: ",
+        ),
+        ("outbox_events_retried_total", hook_label, 0.0, ""),
+        ("outbox_events_dead_total", hook_label, 1.0, ""),
+        ("outbox_destination_events_dead", hook_label, 1.0, ""),
+        ("outbox_destination_events_pending", ok, 0.0, ""),
+    ];
+    for (metric, label, value, why) in expected {
+        assert_eq!(
+            metric_with(&body, metric, label),
+            value,
+            "{metric}{{{label}}}: {why}{body}"
+        );
+    }
     assert!(
         body.contains("outbox_relay_batch_duration_seconds"),
         "{body}"
@@ -393,11 +370,7 @@ to = "ok"
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get(port2, "/healthz").await.is_none() {
-        assert!(Instant::now() < deadline, "metrics endpoint never came up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let deadline = endpoint_up(port2).await;
     let (status, body) = get(port2, "/readyz").await.unwrap();
     assert_eq!(status, 200, "{body}");
     // The relay's view is there once the relay is built, right after the endpoint starts.

@@ -7,22 +7,14 @@
 
 mod common;
 
-use common::{BIN, outbox, text};
+use common::{BIN, Killed, outbox, text};
 use outbox_testkit::logical_cluster_url as cluster_url;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_types::{NewEvent, Store};
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
@@ -39,10 +31,7 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
     let id = std::process::id();
     let schema = format!("outbox_t_cliwal_{id}");
     let slot = format!("owt_cli_{id}");
-    let store = PgStore::connect(&url, PgOutbox::with_names(&schema, "events").unwrap())
-        .await
-        .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
+    let store = common::migrated_store(&url, &schema).await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("events.jsonl");
     let config = dir.path().join("outbox.toml");
@@ -349,10 +338,7 @@ async fn a_standby_relay_process_takes_over_when_the_streamer_is_killed() {
     let id = std::process::id();
     let schema = format!("outbox_t_cliwal2_{id}");
     let slot = format!("owt_cli2_{id}");
-    let store = PgStore::connect(&url, PgOutbox::with_names(&schema, "events").unwrap())
-        .await
-        .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
+    let store = common::migrated_store(&url, &schema).await;
     let dir = tempfile::tempdir().unwrap();
     let out_a = dir.path().join("a.jsonl");
     let out_b = dir.path().join("b.jsonl");

@@ -28,6 +28,10 @@ pub const FENCED_MARKERS: [&str; 2] = [
 /// it had started).
 pub const STOPPED_MARKER: &str = "Relay stopped.";
 
+/// What the log of a relay says once it has started: its store, sinks and signal handlers are
+/// in place (`outbox relay` logs "Relaying." after taking over SIGTERM and SIGINT).
+pub const RUNNING_MARKER: &str = "Relaying.";
+
 /// What the log of a relay says when a claim did not get its answer from the database.
 pub const CLAIM_FAILED_MARKER: &str = "Claim failed";
 
@@ -281,13 +285,18 @@ impl Relays {
 
     /// SIGTERM every relay and wait (up to `grace`) for it to finish its batches; returns each
     /// relay's exit status (`None`: it had to be killed).
+    ///
+    /// A relay just (re)started is first given up to `grace` to say it is running: a process
+    /// signalled before it has taken over SIGTERM dies by the signal, which says nothing about
+    /// the relay's own stop.
     pub async fn stop_all(&self, grace: Duration) -> Vec<(String, Option<String>)> {
         let mut out = Vec::new();
         for slot in &self.slots {
-            let slot = slot.lock().await;
+            let mut slot = slot.lock().await;
             if slot.paused {
                 let _ = Self::signal(&slot, "CONT").await;
             }
+            Self::wait_running(&mut slot, grace).await;
             let _ = Self::signal(&slot, "TERM").await;
         }
         for slot in &self.slots {
@@ -308,6 +317,24 @@ impl Relays {
             out.push((id, status));
         }
         out
+    }
+
+    /// Wait (up to `patience`) until the slot's process has logged [`RUNNING_MARKER`] or ended.
+    async fn wait_running(slot: &mut RelaySlot, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        loop {
+            let ended = match slot.child.as_mut() {
+                Some(child) => !matches!(child.try_wait(), Ok(None)),
+                None => true,
+            };
+            if ended
+                || log_contains_after(&slot.log, 0, &[RUNNING_MARKER])
+                || Instant::now() > deadline
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Every log file written so far.

@@ -75,6 +75,39 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// Write `text` to `dir/name` and run `outbox relay --drain --config` on it with `env`, up to
+/// `limit`; (exit code, stderr).
+async fn drain(
+    dir: &Path,
+    name: &str,
+    text: &str,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (Option<i32>, String) {
+    let path = write(dir, name, text);
+    outbox(
+        &["relay", "--drain", "--config", path.to_str().unwrap()],
+        env,
+        limit,
+    )
+    .await
+}
+
+/// Drain `schema` (with `relay` prepended to its destination) to one NATS destination
+/// publishing on `prefix.${event_type}`; the relay must exit 0.
+async fn drain_to_nats(schema: &str, prefix: &str, relay: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(
+        schema,
+        &format!(
+            "{relay}[destinations.n]\ntype = \"nats\"\nservers = [\"{}\"]\nsubject = \"{prefix}.${{event_type}}\"\n",
+            nats_url()
+        ),
+    );
+    let (code, stderr) = drain(dir.path(), "nats.toml", &text, &[], Duration::from_secs(60)).await;
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
 /// `[database]` for `schema` plus `rest`.
 fn config(schema: &str, rest: &str) -> String {
     format!(
@@ -186,9 +219,10 @@ async fn refused_by_the_relay(
     what: &str,
 ) -> Option<String> {
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "bad.toml", &config(schema, body));
-    let (code, stderr) = outbox(
-        &["relay", "--drain", "--config", path.to_str().unwrap()],
+    let (code, stderr) = drain(
+        dir.path(),
+        "bad.toml",
+        &config(schema, body),
         &[],
         Duration::from_secs(30),
     )
@@ -211,9 +245,10 @@ async fn malformed_config_values_are_refused_with_the_key_named() {
     }
     // A bad value from the environment names the key too.
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "ok.toml", &config(&schema, ""));
-    let (code, stderr) = outbox(
-        &["relay", "--drain", "--config", path.to_str().unwrap()],
+    let (code, stderr) = drain(
+        dir.path(),
+        "ok.toml",
+        &config(&schema, ""),
         &[("OUTBOX_RELAY__BATCH_SIZE", "abc")],
         Duration::from_secs(20),
     )
@@ -225,13 +260,10 @@ async fn malformed_config_values_are_refused_with_the_key_named() {
         ));
     }
     // An unsupported database URL.
-    let path = write(
+    let (code, stderr) = drain(
         dir.path(),
         "url.toml",
         "[database]\nurl = \"mysq://root@127.0.0.1/test\"\n",
-    );
-    let (code, stderr) = outbox(
-        &["relay", "--drain", "--config", path.to_str().unwrap()],
         &[],
         Duration::from_secs(20),
     )
@@ -312,20 +344,11 @@ async fn a_relay_with_a_bad_config_claims_nothing() {
         .collect();
     enqueue(&store, &events).await;
     let dir = tempfile::tempdir().unwrap();
-    let path = write(
-        dir.path(),
-        "bad.toml",
-        &config(
-            &schema,
-            "[relay]\nbatch_size = 10\nlease = \"1s\"\npublish_timeout = \"5s\"\n[destinations.f]\ntype = \"stdout\"",
-        ),
+    let text = config(
+        &schema,
+        "[relay]\nbatch_size = 10\nlease = \"1s\"\npublish_timeout = \"5s\"\n[destinations.f]\ntype = \"stdout\"",
     );
-    let (code, stderr) = outbox(
-        &["relay", "--drain", "--config", path.to_str().unwrap()],
-        &[],
-        Duration::from_secs(30),
-    )
-    .await;
+    let (code, stderr) = drain(dir.path(), "bad.toml", &text, &[], Duration::from_secs(30)).await;
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("relay.lease"), "{stderr}");
     let stats = store.stats().await.unwrap();
@@ -392,25 +415,7 @@ async fn payloads_at_the_size_limits_are_delivered_or_dead_with_the_limit_named(
         &[empty.clone(), one_mb.clone(), over.clone(), after.clone()],
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(
-        dir.path(),
-        "nats.toml",
-        &config(
-            &schema,
-            &format!(
-                "[relay]\nbatch_size = 10\n[destinations.n]\ntype = \"nats\"\nservers = [\"{}\"]\nsubject = \"{prefix}.${{event_type}}\"\n",
-                nats_url()
-            ),
-        ),
-    );
-    let (code, stderr) = outbox(
-        &["relay", "--drain", "--config", path.to_str().unwrap()],
-        &[],
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_eq!(code, Some(0), "{stderr}");
+    drain_to_nats(&schema, &prefix, "[relay]\nbatch_size = 10\n").await;
     for e in [&empty, &one_mb, &after] {
         assert_eq!(state(&store, e.id()).await.0, EventState::Delivered);
     }
@@ -468,25 +473,7 @@ async fn header_values_that_cannot_travel_are_dead_with_a_reason_and_block_nothi
         .to_string();
     assert!(error.contains("UTF8"), "{error}");
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(
-        dir.path(),
-        "nats.toml",
-        &config(
-            &schema,
-            &format!(
-                "[destinations.n]\ntype = \"nats\"\nservers = [\"{}\"]\nsubject = \"{prefix}.${{event_type}}\"\n",
-                nats_url()
-            ),
-        ),
-    );
-    let (code, stderr) = outbox(
-        &["relay", "--drain", "--config", path.to_str().unwrap()],
-        &[],
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_eq!(code, Some(0), "{stderr}");
+    drain_to_nats(&schema, &prefix, "").await;
     let (s, error) = state(&store, newline.id()).await;
     assert_eq!(
         s,
@@ -542,7 +529,7 @@ async fn a_huge_batch_is_delivered_whole_and_in_order() {
     enqueue(&store, &events).await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.jsonl");
-    let path = write(
+    let (code, stderr) = drain(
         dir.path(),
         "file.toml",
         &config(
@@ -552,9 +539,6 @@ async fn a_huge_batch_is_delivered_whole_and_in_order() {
                 out.display()
             ),
         ),
-    );
-    let (code, stderr) = outbox(
-        &["relay", "--drain", "--config", path.to_str().unwrap()],
         &[],
         Duration::from_secs(300),
     )
@@ -683,23 +667,14 @@ async fn a_row_with_headers_that_are_not_strings_blocks_only_itself() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.jsonl");
-    let path = write(
-        dir.path(),
-        "file.toml",
-        &config(
-            &schema,
-            &format!(
-                "[relay]\nlease = \"2s\"\npublish_timeout = \"1s\"\nmax_store_backoff = \"500ms\"\n[destinations.f]\ntype = \"file\"\npath = \"{}\"\n",
-                out.display()
-            ),
+    let text = config(
+        &schema,
+        &format!(
+            "[relay]\nlease = \"2s\"\npublish_timeout = \"1s\"\nmax_store_backoff = \"500ms\"\n[destinations.f]\ntype = \"file\"\npath = \"{}\"\n",
+            out.display()
         ),
     );
-    let (code, stderr) = outbox(
-        &["relay", "--drain", "--config", path.to_str().unwrap()],
-        &[],
-        Duration::from_secs(20),
-    )
-    .await;
+    let (code, stderr) = drain(dir.path(), "file.toml", &text, &[], Duration::from_secs(20)).await;
     let stats = store.stats().await.unwrap();
     assert_eq!(
         stats.delivered,

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
@@ -40,20 +40,60 @@ pub fn repo() -> std::path::PathBuf {
 /// A store on an outbox table `events` in `schema`, dropped first if an earlier run left it,
 /// migrated.
 pub async fn fresh_pg_store(schema: &str) -> outbox_postgresql::PgStore {
-    let outbox = outbox_postgresql::PgOutbox::with_names(schema, "events").expect("a valid name");
-    let store = outbox_postgresql::PgStore::connect(&pg_url(), outbox)
-        .await
-        .expect("PostgreSQL is up");
+    let store = connect_store(&pg_url(), schema).await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
     )))
     .execute(store.pool())
     .await
     .expect("the old schema goes");
+    migrated(store).await
+}
+
+/// A store on the outbox table `events` in `schema` of the database at `url`, migrated.
+pub async fn migrated_store(url: &str, schema: &str) -> outbox_postgresql::PgStore {
+    migrated(connect_store(url, schema).await).await
+}
+
+async fn connect_store(url: &str, schema: &str) -> outbox_postgresql::PgStore {
+    let outbox = outbox_postgresql::PgOutbox::with_names(schema, "events").expect("a valid name");
+    outbox_postgresql::PgStore::connect(url, outbox)
+        .await
+        .expect("PostgreSQL is up")
+}
+
+async fn migrated(store: outbox_postgresql::PgStore) -> outbox_postgresql::PgStore {
     store
         .outbox()
         .migrate(store.pool())
         .await
         .expect("the outbox migrates");
     store
+}
+
+/// Wait up to `limit` for `child` to exit; its status. Past `limit` the test fails with `why`.
+pub async fn exit_within(
+    child: &mut Child,
+    limit: std::time::Duration,
+    why: &str,
+) -> std::process::ExitStatus {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(started.elapsed() < limit, "{why}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A child process killed (and reaped) when the guard goes: a test that fails mid-way leaves no
+/// relay running.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -1,0 +1,202 @@
+//! Phase 5, stop and collect: the background tasks and relays stopped (SIGTERM, they must exit
+//! 0), the consumers stopped, and the final state read into the [`History`] the checker judges.
+//!
+//! Why its own module: what the checker sees is decided here — the outbox rows, the business
+//! rows, what the consumers observed and applied, what the brokers still hold, and the lease
+//! faults settled from the relays' whole logs.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_types::EventId;
+use sqlx::AssertSqlSafe;
+
+use super::Ctx;
+use super::setup::{Consumers, Names};
+use super::writing::Background;
+use crate::Error;
+use crate::dest::ConsumerSide;
+use crate::history::{History, LateWrites, LeaseFault, OutboxRow};
+use crate::relays;
+use crate::report::Sample;
+
+/// What stopping leaves for the report.
+pub(super) struct Stopped {
+    /// Each relay's exit status at the final SIGTERM (`None`: it had to be killed).
+    pub(super) relay_stops: Vec<(String, Option<String>)>,
+    pub(super) timeline: Vec<Sample>,
+}
+
+/// Stop the supervisor, the relays (SIGTERM, 20 s grace), the sampler and the consumers.
+pub(super) async fn stop(ctx: &Ctx, background: Background, consumers: &mut Consumers) -> Stopped {
+    let _ = background.stop.send(true);
+    let _ = background.supervisor.await;
+    let relay_stops = ctx.relays.stop_all(Duration::from_secs(20)).await;
+    let timeline = background.sampler.await.unwrap_or_default();
+    // Let consumers finish what is in flight to them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = consumers.stop.send(true);
+    for t in consumers.tasks.drain(..) {
+        let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+    }
+    Stopped {
+        relay_stops,
+        timeline,
+    }
+}
+
+/// The final state, with what the brokers hold, saved to `work/history.json`.
+pub(super) async fn history(
+    ctx: &Arc<Ctx>,
+    side: &ConsumerSide,
+    names: &Names,
+    work: &Path,
+) -> Result<History, Error> {
+    let mut history = collect(ctx, side, names).await?;
+    for d in &ctx.dests {
+        if let Some(read_back) = d.held_by_broker().await {
+            history
+                .broker_held
+                .insert(d.name().to_owned(), read_back.held);
+            history
+                .broker_dropped
+                .insert(d.name().to_owned(), read_back.dropped_after_ack);
+        }
+    }
+    std::fs::write(
+        work.join("history.json"),
+        serde_json::to_vec(&history).unwrap_or_default(),
+    )
+    .map_err(Error::io("writing the history"))?;
+    Ok(history)
+}
+
+/// Read the final state.
+async fn collect(ctx: &Ctx, side: &ConsumerSide, names: &Names) -> Result<History, Error> {
+    let rows: Vec<(uuid::Uuid, String, i32, Option<String>)> = sqlx::query_as(AssertSqlSafe(
+        format!("SELECT id, status, attempts, last_error FROM {}", ctx.table),
+    ))
+    .fetch_all(&ctx.admin)
+    .await?;
+    let outbox = rows
+        .into_iter()
+        .map(|(id, status, attempts, last_error)| {
+            (
+                EventId::from_uuid(id),
+                OutboxRow {
+                    status,
+                    attempts,
+                    last_error,
+                },
+            )
+        })
+        .collect();
+    let business: Vec<(uuid::Uuid,)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT txn FROM {}.business",
+        names.business_schema
+    )))
+    .fetch_all(&ctx.admin)
+    .await?;
+    Ok(History {
+        txns: ctx.log.txns(),
+        observed: side.observed(),
+        outbox,
+        effects: side.effects().await?,
+        business_rows: business.into_iter().map(|(t,)| t).collect(),
+        lease_faults: ctx
+            .lease_faults
+            .lock()
+            .await
+            .iter()
+            .cloned()
+            .map(settle_late_writes)
+            .collect(),
+        broker_held: HashMap::new(),
+        broker_dropped: HashMap::new(),
+    })
+}
+
+/// Settle a lease fault that had not shown a fenced write by the time the fault ended, from the
+/// resumed process's whole log (every relay process has stopped by now): a fenced marker later
+/// on means fenced; a log that ends without "Relay stopped." means the process was killed before
+/// it wrote that batch back; a normal stop without any fenced write is a violation.
+fn settle_late_writes(mut fault: LeaseFault) -> LeaseFault {
+    if fault.late_writes != LateWrites::Pending || fault.reclaimed == 0 {
+        return fault;
+    }
+    let Some((log, offset)) = &fault.log else {
+        return fault;
+    };
+    let text = relays::log_after(Path::new(log), *offset);
+    let stopped = text.find(relays::STOPPED_MARKER);
+    // The first thing the resumed relay said about its claim was that it failed.
+    let claim_failed_first = text
+        .find(relays::CLAIM_FAILED_MARKER)
+        .is_some_and(|at| stopped.is_none_or(|stop| at < stop));
+    fault.late_writes = if relays::FENCED_MARKERS.iter().any(|m| text.contains(m)) {
+        LateWrites::Fenced
+    } else if fault.leases == 1 && claim_failed_first {
+        LateWrites::ClaimLost
+    } else if stopped.is_some() {
+        LateWrites::Unfenced
+    } else {
+        LateWrites::NeverWritten
+    };
+    fault
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A paused relay's fault settled from what its log says after it was resumed.
+    fn settled(after_resume: &str, leases: u64) -> LateWrites {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("relay.log");
+        let before = "INFO Claimed 40 events\n";
+        std::fs::write(&log, format!("{before}{after_resume}")).expect("log written");
+        settle_late_writes(LeaseFault {
+            relay: "relay-1".into(),
+            held: 40,
+            reclaimed: 40,
+            late_writes: LateWrites::Pending,
+            log: Some((log.display().to_string(), before.len() as u64)),
+            leases,
+        })
+        .late_writes
+    }
+
+    #[test]
+    fn a_late_write_is_settled_from_the_resumed_relays_log() {
+        let claim_failed =
+            "WARN Claim failed; the database may be down. Events stay in the outbox.\n";
+        let fenced = "WARN Lease expired before the write; another relay owns these events.\n";
+        let stopped = "INFO Relay stopped.\n";
+        assert_eq!(
+            settled(&format!("{fenced}{stopped}"), 1),
+            LateWrites::Fenced
+        );
+        assert_eq!(
+            settled(&format!("{claim_failed}{fenced}{stopped}"), 1),
+            LateWrites::Fenced
+        );
+        // The claim it was frozen in never got its answer: it never had the events.
+        assert_eq!(
+            settled(&format!("{claim_failed}{stopped}"), 1),
+            LateWrites::ClaimLost
+        );
+        // Two claims held: the failed one may be the other; a missing fence stays a violation.
+        assert_eq!(
+            settled(&format!("{claim_failed}{stopped}"), 2),
+            LateWrites::Unfenced
+        );
+        // It stopped normally before any claim failed, and never fenced: a violation.
+        assert_eq!(
+            settled(&format!("{stopped}{claim_failed}"), 1),
+            LateWrites::Unfenced
+        );
+        assert_eq!(settled("", 1), LateWrites::NeverWritten);
+    }
+}

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use outbox_inbox::postgres::PgInbox;
-use outbox_inbox::{Delivery, InboxClaim as Claim, InboxHandler, ParkedMessage, Processed};
+use outbox_inbox::{Delivery, InboxClaim, InboxHandler, ParkedMessage, Processed};
 use outbox_testkit::TcpProxy;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::watch;
@@ -235,8 +235,8 @@ impl DestinationHandler {
             .claim(&mut *tx, delivery.event_id, HANDLER)
             .await?
         {
-            Claim::Duplicate => Ok(Processed::Duplicate),
-            Claim::Fresh => {
+            InboxClaim::Duplicate => Ok(Processed::Duplicate),
+            InboxClaim::Fresh => {
                 sqlx::query(AssertSqlSafe(format!(
                     "INSERT INTO {t} (event_id, applied) VALUES ($1, 1)
                      ON CONFLICT (event_id) DO UPDATE SET applied = {t}.applied + 1",

@@ -1,0 +1,66 @@
+//! Retention: purging delivered events deletes only old delivered ones.
+
+use std::time::Duration;
+
+use outbox_testkit::numbered;
+use outbox_types::{BuryEvent, Store};
+
+use crate::harness::*;
+
+/// Retention deletes delivered events older than the cutoff, and never anything else.
+pub async fn purge_deletes_only_old_delivered_events<H: Harness>(h: &H) {
+    let store = h.fresh().await;
+    let ids = h
+        .enqueue(
+            &store,
+            &(0..6)
+                .map(|i| numbered(&format!("p{i}"), 0))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+    // 3 delivered, 1 dead, 1 in flight, 1 pending.
+    let claim = store.claim(&req(5)).await.unwrap();
+    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    store.ack(&claim.lease, &seqs[..3]).await.unwrap();
+    store
+        .bury(
+            &claim.lease,
+            &[BuryEvent {
+                seq: seqs[3],
+                error: "x".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .purge_delivered(Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        0,
+        "too recent"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        store
+            .purge_delivered(Duration::from_millis(1), 2)
+            .await
+            .unwrap(),
+        2,
+        "batch limit holds"
+    );
+    assert_eq!(
+        store
+            .purge_delivered(Duration::from_millis(1), 100)
+            .await
+            .unwrap(),
+        1
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.delivered, stats.dead, stats.in_flight, stats.pending),
+        (0, 1, 1, 1),
+        "{stats:?}"
+    );
+    assert!(store.get(ids[5].0).await.unwrap().is_some());
+}

@@ -19,7 +19,7 @@
 //! memory and does not hold the slot: the stream keeps moving for everything else.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -42,8 +42,16 @@ use crate::state::{Item, Origin, Out, State};
 use crate::stream;
 
 /// How long settled stream events wait for their write, so a trickle of events does not cost
-/// one statement each. Only the confirmed WAL position waits for it, not delivery.
+/// one statement each. Only the confirmed WAL position waits for it, not delivery. This is
+/// the wait when a failure, a hand-back or a dead item is among them: the table takes those
+/// over once written, so they are written soon.
 const WRITE_DELAY: Duration = Duration::from_millis(20);
+
+/// The wait when only delivered rows are to be marked: nothing but the confirmed position and
+/// what `outbox status` shows waits for that write, so it gathers more rows per statement (at
+/// 2,000 events/s, about 200 instead of 40; one statement was 13 % of the relay's CPU at 20 ms).
+/// A thousand waiting settlements are written at once either way.
+const DELIVERED_WRITE_DELAY: Duration = Duration::from_millis(100);
 
 /// How often the aggregates the table owns are checked against the table (an operator may have
 /// discarded the dead event that held one).
@@ -62,8 +70,12 @@ pub(crate) struct Shared {
     pub work: Notify,
     /// Room was freed (the stream may read on), or the position may move.
     pub room: Notify,
+    /// Whether the stream task needs [`Shared::room`] when events settle: it waits for room,
+    /// or has no confirmation timer armed. Otherwise an ack at a trickle of events would wake
+    /// it once per event for nothing (its timer confirms the newest position anyway).
+    wants_settlements: AtomicBool,
     /// Whether this instance streams the slot now (a standby claims nothing).
-    leading: std::sync::atomic::AtomicBool,
+    leading: AtomicBool,
     /// What stopped the stream for good (a lost slot, a server not set up): the relay stops.
     fatal: Mutex<Option<WalError>>,
     /// With a drain: the WAL position to reach (set once the session started).
@@ -82,6 +94,18 @@ impl Shared {
             .role
             .store(if leading { 2 } else { 0 }, Ordering::SeqCst);
         self.work.notify_one();
+    }
+
+    /// Events settled: wake the stream task if it waits for that (see `wants_settlements`).
+    pub fn settled(&self) {
+        if self.wants_settlements.load(Ordering::SeqCst) {
+            self.room.notify_one();
+        }
+    }
+
+    /// The stream task says whether it needs [`Shared::settled`] to wake it.
+    pub fn want_settlements(&self, wanted: bool) {
+        self.wants_settlements.store(wanted, Ordering::SeqCst);
     }
 
     pub fn set_standing_by(&self) {
@@ -125,6 +149,20 @@ impl Writes {
             && self.buried.is_empty()
             && self.messages.is_empty()
             && self.dead_items.is_empty()
+    }
+
+    /// When the writer task writes what waits (see [`WRITE_DELAY`]).
+    fn due(&self) -> Option<Instant> {
+        let only_delivered = self.retries.is_empty()
+            && self.buried.is_empty()
+            && self.messages.is_empty()
+            && self.dead_items.is_empty();
+        let delay = if only_delivered {
+            DELIVERED_WRITE_DELAY
+        } else {
+            WRITE_DELAY
+        };
+        self.since.map(|since| since + delay)
     }
 
     fn len(&self) -> usize {
@@ -249,7 +287,8 @@ impl WalSource {
             state: Mutex::new(State::new()),
             work: Notify::new(),
             room: Notify::new(),
-            leading: std::sync::atomic::AtomicBool::new(false),
+            wants_settlements: AtomicBool::new(true),
+            leading: AtomicBool::new(false),
             fatal: Mutex::new(None),
             drain_target: Mutex::new(None),
             counters,
@@ -440,7 +479,9 @@ impl Inner {
             return Ok(Claim {
                 lease: Lease {
                     owner: request.owner.clone(),
-                    token: Uuid::now_v7(),
+                    // Nothing is leased: no token to make (the engine never settles an empty
+                    // claim).
+                    token: Uuid::nil(),
                 },
                 events: Vec::new(),
                 buried: 0,
@@ -504,7 +545,7 @@ impl Source for WalSource {
         let empty = || Claim {
             lease: Lease {
                 owner: request.owner.clone(),
-                token: Uuid::now_v7(),
+                token: Uuid::nil(),
             },
             events: Vec::new(),
             buried: 0,
@@ -584,7 +625,7 @@ impl Source for WalSource {
         if !rows.is_empty() {
             inner.queue(|w| w.delivered.extend(rows));
         }
-        inner.shared.room.notify_one();
+        inner.shared.settled();
         Ok(n)
     }
 
@@ -838,7 +879,7 @@ async fn write_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         let stopping = *stop.borrow();
         let due = {
             let writes = inner.writes.lock().unwrap_or_else(|p| p.into_inner());
-            writes.since.map(|since| since + WRITE_DELAY)
+            writes.due()
         };
         if !stopping {
             match due {

@@ -394,6 +394,9 @@ async fn stream_loop(
     let confirm_every = (cfg.status_interval / 4).max(Duration::from_millis(10));
     let mut last_confirm = Instant::now();
     loop {
+        // Settlements from here on wake the loop, until it knows it need not be woken: the
+        // position they move is then confirmed by the armed timer.
+        shared.want_settlements(true);
         let (ack, room) = {
             let state = shared.state();
             (
@@ -410,7 +413,9 @@ async fn stream_loop(
         if confirm_at.is_some_and(|at| Instant::now() >= at) {
             confirm(shared, client, ack);
             last_confirm = Instant::now();
+            continue;
         }
+        shared.want_settlements(!room || confirm_at.is_none());
         tokio::select! {
             biased;
             _ = stop.changed() => return Ok(()),

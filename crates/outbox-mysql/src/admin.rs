@@ -67,38 +67,32 @@ pub(crate) async fn requeue_dead(
     store: &MySqlStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
-    let done = match filter {
-        DeadFilter::All => {
-            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_all.as_str()))
-                .execute(&store.pool)
-                .await
-        }
-        DeadFilter::Ids(ids) if ids.is_empty() => return Ok(0),
-        DeadFilter::Ids(ids) => {
-            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_ids.as_str()))
-                .bind(id_list(ids)?)
-                .execute(&store.pool)
-                .await
-        }
-    }
-    .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    let sql = store.sql();
+    on_dead(store, filter, &sql.requeue_dead_all, &sql.requeue_dead_ids).await
 }
 
 pub(crate) async fn discard_dead(
     store: &MySqlStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
+    let sql = store.sql();
+    on_dead(store, filter, &sql.discard_dead_all, &sql.discard_dead_ids).await
+}
+
+/// Runs `all` or, for a list of ids, `ids` over their JSON array (an empty list changes
+/// nothing and runs nothing); the rows it changed.
+async fn on_dead(
+    store: &MySqlStore,
+    filter: &DeadFilter,
+    all: &str,
+    ids: &str,
+) -> Result<u64, StoreError> {
     let done = match filter {
-        DeadFilter::All => {
-            sqlx::query(AssertSqlSafe(store.sql().discard_dead_all.as_str()))
-                .execute(&store.pool)
-                .await
-        }
-        DeadFilter::Ids(ids) if ids.is_empty() => return Ok(0),
-        DeadFilter::Ids(ids) => {
-            sqlx::query(AssertSqlSafe(store.sql().discard_dead_ids.as_str()))
-                .bind(id_list(ids)?)
+        DeadFilter::All => sqlx::query(AssertSqlSafe(all)).execute(&store.pool).await,
+        DeadFilter::Ids(list) if list.is_empty() => return Ok(0),
+        DeadFilter::Ids(list) => {
+            sqlx::query(AssertSqlSafe(ids))
+                .bind(id_list(list)?)
                 .execute(&store.pool)
                 .await
         }

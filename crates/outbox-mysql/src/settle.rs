@@ -5,6 +5,7 @@
 use crate::MySqlStore;
 use crate::error::map_sqlx;
 use crate::sql::{json_text, micros};
+use outbox_types::sql_store::{bury_batch, retry_batch};
 use outbox_types::{BuryEvent, Lease, RetryEvent, StoreError};
 use sqlx::AssertSqlSafe;
 
@@ -16,13 +17,7 @@ pub(crate) async fn ack(
     if seqs.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query(AssertSqlSafe(store.sql().ack.as_str()))
-        .bind(json_text(seqs)?)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().ack, json_text(seqs)?, lease).await
 }
 
 pub(crate) async fn retry(
@@ -33,24 +28,8 @@ pub(crate) async fn retry(
     if events.is_empty() {
         return Ok(0);
     }
-    let batch: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "seq": e.seq,
-                "delay_us": micros(e.delay),
-                "error": outbox_types::truncate_error(&e.error),
-                "cost": i32::from(e.counts_attempt),
-            })
-        })
-        .collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().retry.as_str()))
-        .bind(json_text(&batch)?)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    let batch = retry_batch(events, "delay_us", micros)?;
+    settle(store, &store.sql().retry, batch, lease).await
 }
 
 pub(crate) async fn bury(
@@ -61,22 +40,7 @@ pub(crate) async fn bury(
     if events.is_empty() {
         return Ok(0);
     }
-    let batch: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "seq": e.seq,
-                "error": outbox_types::truncate_error(&e.error),
-            })
-        })
-        .collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().bury.as_str()))
-        .bind(json_text(&batch)?)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().bury, bury_batch(events)?, lease).await
 }
 
 pub(crate) async fn release(
@@ -87,8 +51,19 @@ pub(crate) async fn release(
     if seqs.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query(AssertSqlSafe(store.sql().release.as_str()))
-        .bind(json_text(seqs)?)
+    settle(store, &store.sql().release, json_text(seqs)?, lease).await
+}
+
+/// Runs one settle `statement` over `batch` (its JSON array) under the lease's token; the rows
+/// it changed.
+async fn settle(
+    store: &MySqlStore,
+    statement: &str,
+    batch: String,
+    lease: &Lease,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query(AssertSqlSafe(statement))
+        .bind(batch)
         .bind(lease.token.to_string())
         .execute(&store.pool)
         .await

@@ -6,7 +6,7 @@ use crate::SqliteStore;
 use crate::decode::{count_of, decode_record, get_opt_time, get_time};
 use crate::error::map_sqlx;
 use crate::sql::{destination_stats_sql, number_placeholders, replay_sql};
-use crate::time::{clamp_micros, now_micros};
+use crate::time::{Stamp, clamp_micros, now_micros};
 use chrono::Utc;
 use outbox_types::migration::{Schema, check_current};
 use outbox_types::route::{RouteTable, SqlDialect};
@@ -65,49 +65,54 @@ pub(crate) async fn requeue_dead(
     store: &SqliteStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
-    let done = match filter {
-        DeadFilter::All => {
-            let _turn = store.writes.lock().await;
-            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_all.as_str()))
-                .bind(now_micros())
-                .execute(&store.pool)
-                .await
-        }
-        DeadFilter::Ids(ids) => {
-            let ids = id_list(ids)?;
-            let _turn = store.writes.lock().await;
-            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_ids.as_str()))
-                .bind(ids)
-                .bind(now_micros())
-                .execute(&store.pool)
-                .await
-        }
-    }
-    .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    let sql = store.sql();
+    on_dead(
+        store,
+        filter,
+        &sql.requeue_dead_all,
+        &sql.requeue_dead_ids,
+        Stamp::Now,
+    )
+    .await
 }
 
 pub(crate) async fn discard_dead(
     store: &SqliteStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
-    let done = match filter {
-        DeadFilter::All => {
-            let _turn = store.writes.lock().await;
-            sqlx::query(AssertSqlSafe(store.sql().discard_dead_all.as_str()))
-                .execute(&store.pool)
-                .await
-        }
-        DeadFilter::Ids(ids) => {
-            let ids = id_list(ids)?;
-            let _turn = store.writes.lock().await;
-            sqlx::query(AssertSqlSafe(store.sql().discard_dead_ids.as_str()))
-                .bind(ids)
-                .execute(&store.pool)
-                .await
-        }
+    let sql = store.sql();
+    on_dead(
+        store,
+        filter,
+        &sql.discard_dead_all,
+        &sql.discard_dead_ids,
+        Stamp::None,
+    )
+    .await
+}
+
+/// Runs `all` or, for a list of ids, `ids` over their JSON array, under the write turn, with
+/// the current time as the last parameter when `stamp` says so; the rows it changed.
+async fn on_dead(
+    store: &SqliteStore,
+    filter: &DeadFilter,
+    all: &str,
+    ids: &str,
+    stamp: Stamp,
+) -> Result<u64, StoreError> {
+    let (statement, list) = match filter {
+        DeadFilter::All => (all, None),
+        DeadFilter::Ids(list) => (ids, Some(id_list(list)?)),
+    };
+    let _turn = store.writes.lock().await;
+    let mut query = sqlx::query(AssertSqlSafe(statement));
+    if let Some(list) = list {
+        query = query.bind(list);
     }
-    .map_err(map_sqlx)?;
+    if stamp == Stamp::Now {
+        query = query.bind(now_micros());
+    }
+    let done = query.execute(&store.pool).await.map_err(map_sqlx)?;
     Ok(done.rows_affected())
 }
 

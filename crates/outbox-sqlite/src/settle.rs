@@ -4,8 +4,8 @@
 
 use crate::SqliteStore;
 use crate::error::map_sqlx;
-use crate::time::{after, now_micros};
-use outbox_types::sql_store::json_text;
+use crate::time::{Stamp, after, now_micros};
+use outbox_types::sql_store::{bury_batch, json_text, retry_batch};
 use outbox_types::{BuryEvent, Lease, RetryEvent, StoreError};
 use sqlx::AssertSqlSafe;
 
@@ -18,15 +18,7 @@ pub(crate) async fn ack(
         return Ok(0);
     }
     let seqs = json_text(seqs)?;
-    let _turn = store.writes.lock().await;
-    let done = sqlx::query(AssertSqlSafe(store.sql().ack.as_str()))
-        .bind(seqs)
-        .bind(lease.token.to_string())
-        .bind(now_micros())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().ack, lease, Stamp::Now, |_| Ok(seqs)).await
 }
 
 pub(crate) async fn retry(
@@ -37,26 +29,10 @@ pub(crate) async fn retry(
     if events.is_empty() {
         return Ok(0);
     }
-    let _turn = store.writes.lock().await;
-    let now = now_micros();
-    let batch: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "seq": e.seq,
-                "due": after(now, e.delay),
-                "error": outbox_types::truncate_error(&e.error),
-                "cost": i32::from(e.counts_attempt),
-            })
-        })
-        .collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().retry.as_str()))
-        .bind(json_text(&batch)?)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().retry, lease, Stamp::None, |now| {
+        retry_batch(events, "due", |delay| after(now, delay))
+    })
+    .await
 }
 
 pub(crate) async fn bury(
@@ -67,25 +43,8 @@ pub(crate) async fn bury(
     if events.is_empty() {
         return Ok(0);
     }
-    let batch: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "seq": e.seq,
-                "error": outbox_types::truncate_error(&e.error),
-            })
-        })
-        .collect();
-    let batch = json_text(&batch)?;
-    let _turn = store.writes.lock().await;
-    let done = sqlx::query(AssertSqlSafe(store.sql().bury.as_str()))
-        .bind(batch)
-        .bind(lease.token.to_string())
-        .bind(now_micros())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    let batch = bury_batch(events)?;
+    settle(store, &store.sql().bury, lease, Stamp::Now, |_| Ok(batch)).await
 }
 
 pub(crate) async fn release(
@@ -97,12 +56,30 @@ pub(crate) async fn release(
         return Ok(0);
     }
     let seqs = json_text(seqs)?;
+    settle(store, &store.sql().release, lease, Stamp::None, |_| {
+        Ok(seqs)
+    })
+    .await
+}
+
+/// Runs one settle `statement` under the write turn: its parameters are the batch's JSON array
+/// (`batch` builds it from the current time, read under the turn, as retry's due times need),
+/// the lease's token and, with [`Stamp::Now`], that time. The rows it changed.
+async fn settle(
+    store: &SqliteStore,
+    statement: &str,
+    lease: &Lease,
+    stamp: Stamp,
+    batch: impl FnOnce(i64) -> Result<String, StoreError>,
+) -> Result<u64, StoreError> {
     let _turn = store.writes.lock().await;
-    let done = sqlx::query(AssertSqlSafe(store.sql().release.as_str()))
-        .bind(seqs)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
+    let now = now_micros();
+    let mut query = sqlx::query(AssertSqlSafe(statement))
+        .bind(batch(now)?)
+        .bind(lease.token.to_string());
+    if stamp == Stamp::Now {
+        query = query.bind(now);
+    }
+    let done = query.execute(&store.pool).await.map_err(map_sqlx)?;
     Ok(done.rows_affected())
 }

@@ -1,7 +1,8 @@
 //! Pieces every SQL store (`outbox-postgresql`, `outbox-mysql`, `outbox-sqlite`) needs that are
 //! not SQL: the [`Enqueued`] result, the identifier check for configurable table names, the
 //! conversions of durations and counts to and from bind parameters, and the decoding of stored
-//! text into the core's types with the same [`StoreError::Corrupt`] messages.
+//! text into the core's types with the same [`StoreError::Corrupt`] messages, and the JSON
+//! batches the MySQL and SQLite settle statements read.
 //!
 //! Why here: each store used to carry its own copy of these, word for word, and a fix to one
 //! copy missed the others. They do no I/O and need no driver, so they live next to the types
@@ -9,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::{EventId, EventState, Headers, ParseStateError, StoreError};
+use crate::{BuryEvent, EventId, EventState, Headers, ParseStateError, RetryEvent, StoreError};
 
 /// The result of an enqueue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +134,45 @@ pub fn id_list(ids: &[EventId]) -> Result<String, StoreError> {
     json_text(&ids.iter().map(EventId::to_string).collect::<Vec<_>>())
 }
 
+/// A retry batch as JSON text, one object per event: its `seq`, its `error` (truncated with
+/// [`truncate_error`](crate::truncate_error)), its `cost` (1 when the failure counts as an
+/// attempt, else 0) and, under `when_key`, what `when` makes of its delay: the store's statement
+/// decides whether that is a delay (`delay_us`) or an instant (`due`).
+pub fn retry_batch(
+    events: &[RetryEvent],
+    when_key: &str,
+    when: impl Fn(Duration) -> i64,
+) -> Result<String, StoreError> {
+    let batch: Vec<serde_json::Value> = events
+        .iter()
+        .map(|e| {
+            let mut item = serde_json::json!({
+                "seq": e.seq,
+                "error": crate::truncate_error(&e.error),
+                "cost": i32::from(e.counts_attempt),
+            });
+            item[when_key] = when(e.delay).into();
+            item
+        })
+        .collect();
+    json_text(&batch)
+}
+
+/// A bury batch as JSON text, one object per event: its `seq` and its `error` (truncated with
+/// [`truncate_error`](crate::truncate_error)).
+pub fn bury_batch(events: &[BuryEvent]) -> Result<String, StoreError> {
+    let batch: Vec<serde_json::Value> = events
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "seq": e.seq,
+                "error": crate::truncate_error(&e.error),
+            })
+        })
+        .collect();
+    json_text(&batch)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +226,29 @@ mod tests {
             Err(StoreError::Corrupt { seq: 9, .. })
         ));
         assert!(check_destination("").is_err());
+    }
+
+    #[test]
+    fn settle_batches_carry_what_the_statements_read() {
+        let retry = RetryEvent {
+            seq: 3,
+            delay: Duration::from_micros(5),
+            error: "boom".to_owned(),
+            counts_attempt: true,
+        };
+        let text = retry_batch(&[retry], "delay_us", micros).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            serde_json::json!([{"seq": 3, "delay_us": 5, "error": "boom", "cost": 1}])
+        );
+        let bury = BuryEvent {
+            seq: 4,
+            error: "bad".to_owned(),
+        };
+        let text = bury_batch(&[bury]).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            serde_json::json!([{"seq": 4, "error": "bad"}])
+        );
     }
 }

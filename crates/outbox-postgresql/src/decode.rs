@@ -3,7 +3,7 @@
 //! relay can bury it instead of failing the claim.
 
 use crate::error::map_sqlx;
-use outbox_types::sql_store::{count, decode_headers, parse_state};
+use outbox_types::sql_store::{decode_headers, event_record};
 use outbox_types::{Event, EventId, EventRecord, Reading, StoreError};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -55,23 +55,10 @@ pub(crate) fn decode_event_as(row: &PgRow, reading: Reading) -> Result<Event, St
 }
 
 pub(crate) fn decode_record(row: &PgRow) -> Result<EventRecord, StoreError> {
-    let event = decode_event_as(row, Reading::Display)?;
-    let status: String = row.try_get("status").map_err(map_sqlx)?;
-    let state = parse_state(event.seq, &status)?;
-    Ok(EventRecord {
-        event,
-        state,
-        next_attempt_at: row.try_get("next_attempt_at").map_err(map_sqlx)?,
-        last_error: row.try_get("last_error").map_err(map_sqlx)?,
-        lease_owner: row.try_get("lease_owner").map_err(map_sqlx)?,
-        lease_expires_at: row.try_get("lease_expires_at").map_err(map_sqlx)?,
-        delivered_at: row.try_get("delivered_at").map_err(map_sqlx)?,
-        dead_at: row.try_get("dead_at").map_err(map_sqlx)?,
-    })
+    event_record(&Columns(row), decode_event_as(row, Reading::Display)?)
 }
 
-/// Column `name` of `row`, a count.
-pub(crate) fn count_of(row: &PgRow, name: &str) -> Result<u64, StoreError> {
-    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-    Ok(count(n))
-}
+/// A row read column by column for the builders of [`outbox_types::sql_store`].
+pub(crate) struct Columns<'r>(pub(crate) &'r PgRow);
+
+outbox_types::impl_stored_row!(Columns, map_sqlx);

@@ -1,8 +1,9 @@
 //! Pieces every SQL store (`outbox-postgresql`, `outbox-mysql`, `outbox-sqlite`) needs that are
 //! not SQL: the [`Enqueued`] result, the identifier check for configurable table names, the
 //! conversions of durations and counts to and from bind parameters, and the decoding of stored
-//! text into the core's types with the same [`StoreError::Corrupt`] messages, and the JSON
-//! batches the MySQL and SQLite settle statements read.
+//! text into the core's types with the same [`StoreError::Corrupt`] messages, and the rows an
+//! operator reads (an event's record, counts, leases, paused destinations) built from the
+//! columns of a [`StoredRow`].
 //!
 //! Why here: each store used to carry its own copy of these, word for word, and a fix to one
 //! copy missed the others. They do no I/O and need no driver, so they live next to the types
@@ -10,7 +11,12 @@
 
 use std::time::Duration;
 
-use crate::{BuryEvent, EventId, EventState, Headers, ParseStateError, RetryEvent, StoreError};
+use chrono::{DateTime, Utc};
+
+use crate::{
+    BuryEvent, DestinationStats, Event, EventId, EventRecord, EventState, Headers, LeaseHolder,
+    OutboxStats, ParseStateError, PausedDestination, RetryEvent, StoreError,
+};
 
 /// The result of an enqueue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,6 +177,144 @@ pub fn bury_batch(events: &[BuryEvent]) -> Result<String, StoreError> {
         })
         .collect();
     json_text(&batch)
+}
+
+/// One result row, read column by column the way a store's driver reads it: the columns of the
+/// operator's reads are the same in every store, only how a column becomes a value differs
+/// (SQLite keeps times as microseconds). Each store wraps its driver's row in a type that
+/// implements this (PostgreSQL and MySQL with [`impl_stored_row!`](crate::impl_stored_row)),
+/// and the builders below ([`event_record`], [`outbox_stats`], [`destination_stats`],
+/// [`lease_holder`], [`paused_destination`]) are written once.
+pub trait StoredRow {
+    /// Column `name`, a count the database returns as a signed integer (see [`count`]).
+    fn count(&self, name: &str) -> Result<u64, StoreError>;
+    /// Column `name`, text that is never NULL.
+    fn text(&self, name: &str) -> Result<String, StoreError>;
+    /// Column `name`, text or NULL.
+    fn opt_text(&self, name: &str) -> Result<Option<String>, StoreError>;
+    /// Column `name`, a time that is never NULL; `seq` names the row in a
+    /// [`StoreError::Corrupt`] (0 for a row that is no event's).
+    fn time(&self, seq: i64, name: &str) -> Result<DateTime<Utc>, StoreError>;
+    /// Column `name`, a time or NULL; `seq` as for [`StoredRow::time`].
+    fn opt_time(&self, seq: i64, name: &str) -> Result<Option<DateTime<Utc>>, StoreError>;
+}
+
+/// Implement [`StoredRow`] for `$wrapper`, a tuple struct around a reference to a driver's row
+/// (`struct Columns<'r>(&'r PgRow)`), for a driver that decodes times itself: every column is
+/// read with `sqlx::Row::try_get` and a driver error goes through `$map_err` (the store's
+/// `map_sqlx`). The caller depends on `sqlx` and `chrono`.
+#[macro_export]
+macro_rules! impl_stored_row {
+    ($wrapper:ident, $map_err:path) => {
+        impl $crate::sql_store::StoredRow for $wrapper<'_> {
+            fn count(&self, name: &str) -> Result<u64, $crate::StoreError> {
+                let n: i64 = ::sqlx::Row::try_get(self.0, name).map_err($map_err)?;
+                Ok($crate::sql_store::count(n))
+            }
+
+            fn text(&self, name: &str) -> Result<String, $crate::StoreError> {
+                ::sqlx::Row::try_get(self.0, name).map_err($map_err)
+            }
+
+            fn opt_text(&self, name: &str) -> Result<Option<String>, $crate::StoreError> {
+                ::sqlx::Row::try_get(self.0, name).map_err($map_err)
+            }
+
+            fn time(
+                &self,
+                _seq: i64,
+                name: &str,
+            ) -> Result<::chrono::DateTime<::chrono::Utc>, $crate::StoreError> {
+                ::sqlx::Row::try_get(self.0, name).map_err($map_err)
+            }
+
+            fn opt_time(
+                &self,
+                _seq: i64,
+                name: &str,
+            ) -> Result<Option<::chrono::DateTime<::chrono::Utc>>, $crate::StoreError> {
+                ::sqlx::Row::try_get(self.0, name).map_err($map_err)
+            }
+        }
+    };
+}
+
+/// An operator's view of one event: `event` (decoded for display) and its state columns.
+pub fn event_record(row: &impl StoredRow, event: Event) -> Result<EventRecord, StoreError> {
+    let seq = event.seq;
+    let state = parse_state(seq, &row.text("status")?)?;
+    Ok(EventRecord {
+        event,
+        state,
+        next_attempt_at: row.time(seq, "next_attempt_at")?,
+        last_error: row.opt_text("last_error")?,
+        lease_owner: row.opt_text("lease_owner")?,
+        lease_expires_at: row.opt_time(seq, "lease_expires_at")?,
+        delivered_at: row.opt_time(seq, "delivered_at")?,
+        dead_at: row.opt_time(seq, "dead_at")?,
+    })
+}
+
+/// The counts per state of the stats row; the oldest pending event and the time of the
+/// observation come from wherever the store reads them.
+pub fn outbox_stats(
+    row: &impl StoredRow,
+    oldest_pending_enqueued_at: Option<DateTime<Utc>>,
+    observed_at: DateTime<Utc>,
+) -> Result<OutboxStats, StoreError> {
+    Ok(OutboxStats {
+        pending: row.count("pending")?,
+        retrying: row.count("retrying")?,
+        in_flight: row.count("in_flight")?,
+        delivered: row.count("delivered")?,
+        dead: row.count("dead")?,
+        oldest_pending_enqueued_at,
+        observed_at: Some(observed_at),
+    })
+}
+
+/// One destination's row of the per-destination counts; `route` is its routed destination, the
+/// empty text for events no route names.
+pub fn destination_stats(
+    row: &impl StoredRow,
+    route: String,
+) -> Result<DestinationStats, StoreError> {
+    Ok(DestinationStats {
+        destination: (!route.is_empty()).then_some(route),
+        pending: row.count("pending")?,
+        retrying: row.count("retrying")?,
+        in_flight: row.count("in_flight")?,
+        dead: row.count("dead")?,
+        oldest_pending_enqueued_at: row.opt_time(0, "oldest")?,
+        last_error: row.opt_text("last_error")?,
+    })
+}
+
+/// The per-destination counts in the order operators read them: by destination, unrouted
+/// events first.
+pub fn sort_destinations(mut stats: Vec<DestinationStats>) -> Vec<DestinationStats> {
+    stats.sort_by(|a, b| a.destination.cmp(&b.destination));
+    stats
+}
+
+/// One relay's row of the leases read.
+pub fn lease_holder(row: &impl StoredRow) -> Result<LeaseHolder, StoreError> {
+    Ok(LeaseHolder {
+        owner: row.text("owner")?,
+        events: row.count("events")?,
+        claimed_since: row.opt_time(0, "claimed_since")?,
+        expires_at: row.opt_time(0, "expires_at")?,
+        expired: row.count("expired")?,
+    })
+}
+
+/// One row of the paused destinations.
+pub fn paused_destination(row: &impl StoredRow) -> Result<PausedDestination, StoreError> {
+    Ok(PausedDestination {
+        destination: row.text("destination")?,
+        paused_at: row.time(0, "paused_at")?,
+        paused_by: row.text("paused_by")?,
+    })
 }
 
 #[cfg(test)]

@@ -14,10 +14,7 @@ pub(crate) async fn ack(
     lease: &Lease,
     seqs: &[i64],
 ) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    settle(store, &store.sql().ack, json_text(seqs)?, lease).await
+    settle(store, &store.sql().ack, lease, seqs, json_text).await
 }
 
 pub(crate) async fn retry(
@@ -25,11 +22,10 @@ pub(crate) async fn retry(
     lease: &Lease,
     events: &[RetryEvent],
 ) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    let batch = retry_batch(events, "delay_us", micros)?;
-    settle(store, &store.sql().retry, batch, lease).await
+    settle(store, &store.sql().retry, lease, events, |events| {
+        retry_batch(events, "delay_us", micros)
+    })
+    .await
 }
 
 pub(crate) async fn bury(
@@ -37,10 +33,7 @@ pub(crate) async fn bury(
     lease: &Lease,
     events: &[BuryEvent],
 ) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    settle(store, &store.sql().bury, bury_batch(events)?, lease).await
+    settle(store, &store.sql().bury, lease, events, bury_batch).await
 }
 
 pub(crate) async fn release(
@@ -48,22 +41,23 @@ pub(crate) async fn release(
     lease: &Lease,
     seqs: &[i64],
 ) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    settle(store, &store.sql().release, json_text(seqs)?, lease).await
+    settle(store, &store.sql().release, lease, seqs, json_text).await
 }
 
-/// Runs one settle `statement` over `batch` (its JSON array) under the lease's token; the rows
-/// it changed.
-async fn settle(
+/// Runs one settle `statement` under the lease's token over `items`, as the JSON array `batch`
+/// makes of them; the rows it changed. No items, no statement.
+async fn settle<T>(
     store: &MySqlStore,
     statement: &str,
-    batch: String,
     lease: &Lease,
+    items: &[T],
+    batch: impl FnOnce(&[T]) -> Result<String, StoreError>,
 ) -> Result<u64, StoreError> {
+    if items.is_empty() {
+        return Ok(0);
+    }
     let done = sqlx::query(AssertSqlSafe(statement))
-        .bind(batch)
+        .bind(batch(items)?)
         .bind(lease.token.to_string())
         .execute(&store.pool)
         .await

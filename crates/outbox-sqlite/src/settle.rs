@@ -14,11 +14,7 @@ pub(crate) async fn ack(
     lease: &Lease,
     seqs: &[i64],
 ) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let seqs = json_text(seqs)?;
-    settle(store, &store.sql().ack, lease, Stamp::Now, |_| Ok(seqs)).await
+    settle(store, &store.sql().ack, lease, Stamp::Now, seqs, seq_list).await
 }
 
 pub(crate) async fn retry(
@@ -26,12 +22,14 @@ pub(crate) async fn retry(
     lease: &Lease,
     events: &[RetryEvent],
 ) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    settle(store, &store.sql().retry, lease, Stamp::None, |now| {
-        retry_batch(events, "due", |delay| after(now, delay))
-    })
+    settle(
+        store,
+        &store.sql().retry,
+        lease,
+        Stamp::None,
+        events,
+        retry_list,
+    )
     .await
 }
 
@@ -40,11 +38,15 @@ pub(crate) async fn bury(
     lease: &Lease,
     events: &[BuryEvent],
 ) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    let batch = bury_batch(events)?;
-    settle(store, &store.sql().bury, lease, Stamp::Now, |_| Ok(batch)).await
+    settle(
+        store,
+        &store.sql().bury,
+        lease,
+        Stamp::Now,
+        events,
+        bury_list,
+    )
+    .await
 }
 
 pub(crate) async fn release(
@@ -52,30 +54,49 @@ pub(crate) async fn release(
     lease: &Lease,
     seqs: &[i64],
 ) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let seqs = json_text(seqs)?;
-    settle(store, &store.sql().release, lease, Stamp::None, |_| {
-        Ok(seqs)
-    })
+    settle(
+        store,
+        &store.sql().release,
+        lease,
+        Stamp::None,
+        seqs,
+        seq_list,
+    )
     .await
 }
 
-/// Runs one settle `statement` under the write turn: its parameters are the batch's JSON array
-/// (`batch` builds it from the current time, read under the turn, as retry's due times need),
-/// the lease's token and, with [`Stamp::Now`], that time. The rows it changed.
-async fn settle(
+fn seq_list(seqs: &[i64], _now: i64) -> Result<String, StoreError> {
+    json_text(seqs)
+}
+
+/// Retries with their due times (`now` plus each delay).
+fn retry_list(events: &[RetryEvent], now: i64) -> Result<String, StoreError> {
+    retry_batch(events, "due", |delay| after(now, delay))
+}
+
+fn bury_list(events: &[BuryEvent], _now: i64) -> Result<String, StoreError> {
+    bury_batch(events)
+}
+
+/// Runs one settle `statement` over `items` under the write turn; no items, no statement. Its
+/// parameters are the JSON array `batch` makes of the items and the current time (read under
+/// the turn, as retry's due times need), the lease's token and, with [`Stamp::Now`], that time.
+/// The rows it changed.
+async fn settle<T>(
     store: &SqliteStore,
     statement: &str,
     lease: &Lease,
     stamp: Stamp,
-    batch: impl FnOnce(i64) -> Result<String, StoreError>,
+    items: &[T],
+    batch: impl FnOnce(&[T], i64) -> Result<String, StoreError>,
 ) -> Result<u64, StoreError> {
+    if items.is_empty() {
+        return Ok(0);
+    }
     let _turn = store.writes.lock().await;
     let now = now_micros();
     let mut query = sqlx::query(AssertSqlSafe(statement))
-        .bind(batch(now)?)
+        .bind(batch(items, now)?)
         .bind(lease.token.to_string());
     if stamp == Stamp::Now {
         query = query.bind(now);

@@ -3,7 +3,7 @@
 //! relay can bury it instead of failing the claim.
 
 use crate::error::map_sqlx;
-use outbox_types::sql_store::{decode_headers, event_record};
+use outbox_types::sql_store::{decode_headers, event, event_record};
 use outbox_types::{Event, EventId, EventRecord, Reading, StoreError};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -38,20 +38,15 @@ pub(crate) fn decode_event_as(row: &PgRow, reading: Reading) -> Result<Event, St
         Ok(false) => outbox_types::check_payload(seq, payload, reading)?,
         _ => payload,
     };
-    Ok(Event {
+    let attempts = u32::try_from(attempts).unwrap_or(0);
+    event(
+        &Columns(row),
         seq,
-        id: EventId::from_uuid(id),
-        aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
-        aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
-        event_type: row.try_get("event_type").map_err(map_sqlx)?,
+        EventId::from_uuid(id),
         payload,
-        destination: row.try_get("destination").map_err(map_sqlx)?,
         headers,
-        idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
-        occurred_at: row.try_get("occurred_at").map_err(map_sqlx)?,
-        enqueued_at: row.try_get("enqueued_at").map_err(map_sqlx)?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-    })
+        attempts,
+    )
 }
 
 pub(crate) fn decode_record(row: &PgRow) -> Result<EventRecord, StoreError> {

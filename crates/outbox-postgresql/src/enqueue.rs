@@ -3,7 +3,7 @@
 
 use crate::PgOutbox;
 use crate::error::map_sqlx;
-use outbox_types::sql_store::Enqueued;
+use outbox_types::sql_store::{Enqueued, KeyedBatch, keyed_batch};
 use outbox_types::{EventId, NewEvent, StoreError};
 use sqlx::{AssertSqlSafe, PgExecutor, Row};
 use std::collections::HashMap;
@@ -67,19 +67,10 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         // First occurrence of each key is written; later ones resolve to it.
-        let mut first_with_key: HashMap<&str, usize> = HashMap::new();
-        let mut to_write: Vec<&NewEvent> = Vec::with_capacity(events.len());
-        for (i, event) in events.iter().enumerate() {
-            event.check_headers()?;
-            match event.idempotency_key() {
-                Some(key) if first_with_key.contains_key(key) => {}
-                Some(key) => {
-                    first_with_key.insert(key, i);
-                    to_write.push(event);
-                }
-                None => to_write.push(event),
-            }
-        }
+        let KeyedBatch {
+            to_write,
+            first_with_key,
+        } = keyed_batch(events)?;
         let n = to_write.len();
         let mut ids = Vec::with_capacity(n);
         let mut aggregate_types = Vec::with_capacity(n);

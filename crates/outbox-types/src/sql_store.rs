@@ -9,13 +9,14 @@
 //! copy missed the others. They do no I/O and need no driver, so they live next to the types
 //! they produce; each store keeps its SQL, its driver and its locking.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use crate::{
     BuryEvent, DestinationStats, Event, EventId, EventRecord, EventState, Headers, LeaseHolder,
-    OutboxStats, ParseStateError, PausedDestination, RetryEvent, StoreError,
+    NewEvent, OutboxStats, ParseStateError, PausedDestination, RetryEvent, StoreError,
 };
 
 /// The result of an enqueue.
@@ -25,6 +26,38 @@ pub struct Enqueued {
     pub id: EventId,
     /// `false` when the idempotency key matched an existing event and nothing was written.
     pub created: bool,
+}
+
+/// A batch to enqueue in one statement, one event per idempotency key: the first event with a
+/// key is written, later ones with the same key resolve to it.
+#[derive(Debug)]
+pub struct KeyedBatch<'e> {
+    /// The events to write, in batch order.
+    pub to_write: Vec<&'e NewEvent>,
+    /// Each key's first event, by its index in the batch.
+    pub first_with_key: HashMap<&'e str, usize>,
+}
+
+/// `events` as a [`KeyedBatch`], each event's headers checked first (a reserved name is
+/// [`StoreError::Encode`] before anything is sent).
+pub fn keyed_batch(events: &[NewEvent]) -> Result<KeyedBatch<'_>, StoreError> {
+    let mut first_with_key: HashMap<&str, usize> = HashMap::new();
+    let mut to_write: Vec<&NewEvent> = Vec::with_capacity(events.len());
+    for (i, event) in events.iter().enumerate() {
+        event.check_headers()?;
+        match event.idempotency_key() {
+            Some(key) if first_with_key.contains_key(key) => {}
+            Some(key) => {
+                first_with_key.insert(key, i);
+                to_write.push(event);
+            }
+            None => to_write.push(event),
+        }
+    }
+    Ok(KeyedBatch {
+        to_write,
+        first_with_key,
+    })
 }
 
 /// The longest table (or schema) name the stores accept: derived names such as
@@ -237,6 +270,33 @@ macro_rules! impl_stored_row {
             }
         }
     };
+}
+
+/// An event whose text and time columns the driver decodes as they are (PostgreSQL, MySQL;
+/// SQLite reads them its own way, lossily for display); the store decodes `seq`, `id`, the
+/// `payload`, the `headers` and the `attempts` first, as its table stores them.
+pub fn event(
+    row: &impl StoredRow,
+    seq: i64,
+    id: EventId,
+    payload: String,
+    headers: Headers,
+    attempts: u32,
+) -> Result<Event, StoreError> {
+    Ok(Event {
+        seq,
+        id,
+        aggregate_type: row.text("aggregate_type")?,
+        aggregate_id: row.text("aggregate_id")?,
+        event_type: row.text("event_type")?,
+        payload,
+        destination: row.opt_text("destination")?,
+        headers,
+        idempotency_key: row.opt_text("idempotency_key")?,
+        occurred_at: row.time(seq, "occurred_at")?,
+        enqueued_at: row.time(seq, "enqueued_at")?,
+        attempts,
+    })
 }
 
 /// An operator's view of one event: `event` (decoded for display) and its state columns.

@@ -3,7 +3,7 @@
 
 use crate::PgOutbox;
 use crate::error::map_sqlx;
-use outbox_types::sql_store::{Enqueued, KeyedBatch, keyed_batch};
+use outbox_types::sql_store::{Enqueued, keyed_batch};
 use outbox_types::{EventId, NewEvent, StoreError};
 use sqlx::{AssertSqlSafe, PgExecutor, Row};
 use std::collections::HashMap;
@@ -67,11 +67,8 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         // First occurrence of each key is written; later ones resolve to it.
-        let KeyedBatch {
-            to_write,
-            first_with_key,
-        } = keyed_batch(events)?;
-        let n = to_write.len();
+        let batch = keyed_batch(events)?;
+        let n = batch.to_write.len();
         let mut ids = Vec::with_capacity(n);
         let mut aggregate_types = Vec::with_capacity(n);
         let mut aggregate_ids = Vec::with_capacity(n);
@@ -81,7 +78,7 @@ impl PgOutbox {
         let mut headers = Vec::with_capacity(n);
         let mut keys = Vec::with_capacity(n);
         let mut occurred = Vec::with_capacity(n);
-        for e in &to_write {
+        for e in &batch.to_write {
             ids.push(*e.id().as_uuid());
             aggregate_types.push(e.aggregate_type());
             aggregate_ids.push(e.aggregate_id());
@@ -92,7 +89,7 @@ impl PgOutbox {
             keys.push(e.idempotency_key());
             occurred.push(e.occurred_at());
         }
-        let unkeyed = if first_with_key.is_empty() {
+        let unkeyed = if batch.first_with_key.is_empty() {
             self.inner.sql.enqueue_batch_unkeyed.as_ref()
         } else {
             None
@@ -149,7 +146,7 @@ impl PgOutbox {
                             "enqueue returned no row for idempotency key `{key}`"
                         ))
                     })?;
-                    let first = first_with_key.get(key).copied() == Some(i);
+                    let first = batch.first_with_key.get(key).copied() == Some(i);
                     Ok(Enqueued {
                         id: found.id,
                         created: found.created && first,

@@ -61,30 +61,16 @@ pub(crate) async fn requeue_dead(
     store: &SqliteStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
-    let sql = store.sql();
-    on_dead(
-        store,
-        filter,
-        &sql.requeue_dead_all,
-        &sql.requeue_dead_ids,
-        Stamp::Now,
-    )
-    .await
+    let (all, ids) = (&store.sql().requeue_dead_all, &store.sql().requeue_dead_ids);
+    on_dead(store, filter, all, ids, Stamp::Now).await
 }
 
 pub(crate) async fn discard_dead(
     store: &SqliteStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
-    let sql = store.sql();
-    on_dead(
-        store,
-        filter,
-        &sql.discard_dead_all,
-        &sql.discard_dead_ids,
-        Stamp::None,
-    )
-    .await
+    let (all, ids) = (&store.sql().discard_dead_all, &store.sql().discard_dead_ids);
+    on_dead(store, filter, all, ids, Stamp::None).await
 }
 
 /// Runs `all` or, for a list of ids, `ids` over their JSON array, under the write turn, with

@@ -3,13 +3,16 @@
 //! delivered events and the schema check.
 
 use crate::MySqlStore;
-use crate::decode::{count_of, decode_record};
+use crate::decode::{Columns, decode_record};
 use crate::error::map_sqlx;
 use crate::sql::json_text;
 use chrono::{DateTime, Utc};
 use outbox_types::migration::{Schema, check_current};
 use outbox_types::route::RouteTable;
-use outbox_types::sql_store::id_list;
+use outbox_types::sql_store::{
+    destination_stats as destination_stats_of, id_list, lease_holder, outbox_stats,
+    paused_destination, sort_destinations,
+};
 use outbox_types::{
     DeadFilter, DestinationStats, EventId, EventRecord, LeaseHolder, OutboxStats,
     PausedDestination, ReplayFilter, ReplayStep, StoreError,
@@ -26,15 +29,7 @@ pub(crate) async fn stats(store: &MySqlStore) -> Result<OutboxStats, StoreError>
         .map_err(map_sqlx)?;
     let oldest: Option<DateTime<Utc>> = row.try_get("oldest").map_err(map_sqlx)?;
     let observed_at: DateTime<Utc> = row.try_get("observed_at").map_err(map_sqlx)?;
-    Ok(OutboxStats {
-        pending: count_of(&row, "pending")?,
-        retrying: count_of(&row, "retrying")?,
-        in_flight: count_of(&row, "in_flight")?,
-        delivered: count_of(&row, "delivered")?,
-        dead: count_of(&row, "dead")?,
-        oldest_pending_enqueued_at: oldest,
-        observed_at: Some(observed_at),
-    })
+    outbox_stats(&Columns(&row), oldest, observed_at)
 }
 
 pub(crate) async fn get(
@@ -67,38 +62,32 @@ pub(crate) async fn requeue_dead(
     store: &MySqlStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
-    let done = match filter {
-        DeadFilter::All => {
-            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_all.as_str()))
-                .execute(&store.pool)
-                .await
-        }
-        DeadFilter::Ids(ids) if ids.is_empty() => return Ok(0),
-        DeadFilter::Ids(ids) => {
-            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_ids.as_str()))
-                .bind(id_list(ids)?)
-                .execute(&store.pool)
-                .await
-        }
-    }
-    .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    let sql = store.sql();
+    on_dead(store, filter, &sql.requeue_dead_all, &sql.requeue_dead_ids).await
 }
 
 pub(crate) async fn discard_dead(
     store: &MySqlStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
+    let sql = store.sql();
+    on_dead(store, filter, &sql.discard_dead_all, &sql.discard_dead_ids).await
+}
+
+/// Runs `all` or, for a list of ids, `ids` over their JSON array (an empty list changes
+/// nothing and runs nothing); the rows it changed.
+async fn on_dead(
+    store: &MySqlStore,
+    filter: &DeadFilter,
+    all: &str,
+    ids: &str,
+) -> Result<u64, StoreError> {
     let done = match filter {
-        DeadFilter::All => {
-            sqlx::query(AssertSqlSafe(store.sql().discard_dead_all.as_str()))
-                .execute(&store.pool)
-                .await
-        }
-        DeadFilter::Ids(ids) if ids.is_empty() => return Ok(0),
-        DeadFilter::Ids(ids) => {
-            sqlx::query(AssertSqlSafe(store.sql().discard_dead_ids.as_str()))
-                .bind(id_list(ids)?)
+        DeadFilter::All => sqlx::query(AssertSqlSafe(all)).execute(&store.pool).await,
+        DeadFilter::Ids(list) if list.is_empty() => return Ok(0),
+        DeadFilter::Ids(list) => {
+            sqlx::query(AssertSqlSafe(ids))
+                .bind(id_list(list)?)
                 .execute(&store.pool)
                 .await
         }
@@ -117,26 +106,17 @@ pub(crate) async fn destination_stats(
         .fetch_all(&store.pool)
         .await
         .map_err(map_sqlx)?;
-    let mut out = rows
+    let out = rows
         .iter()
         .map(|row| {
             let route: Vec<u8> = row.try_get("route").map_err(map_sqlx)?;
             let route = String::from_utf8(route).map_err(|e| {
                 StoreError::Database(format!("a routed destination is not UTF-8: {e}"))
             })?;
-            Ok(DestinationStats {
-                destination: (!route.is_empty()).then_some(route),
-                pending: count_of(row, "pending")?,
-                retrying: count_of(row, "retrying")?,
-                in_flight: count_of(row, "in_flight")?,
-                dead: count_of(row, "dead")?,
-                oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
-                last_error: row.try_get("last_error").map_err(map_sqlx)?,
-            })
+            destination_stats_of(&Columns(row), route)
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    out.sort_by(|a, b| a.destination.cmp(&b.destination));
-    Ok(out)
+    Ok(sort_destinations(out))
 }
 
 pub(crate) async fn leases(store: &MySqlStore) -> Result<Vec<LeaseHolder>, StoreError> {
@@ -144,17 +124,7 @@ pub(crate) async fn leases(store: &MySqlStore) -> Result<Vec<LeaseHolder>, Store
         .fetch_all(&store.pool)
         .await
         .map_err(map_sqlx)?;
-    rows.iter()
-        .map(|row| {
-            Ok(LeaseHolder {
-                owner: row.try_get("owner").map_err(map_sqlx)?,
-                events: count_of(row, "events")?,
-                claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
-                expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
-                expired: count_of(row, "expired")?,
-            })
-        })
-        .collect()
+    rows.iter().map(|row| lease_holder(&Columns(row))).collect()
 }
 
 pub(crate) async fn pause(
@@ -192,13 +162,7 @@ pub(crate) async fn paused(store: &MySqlStore) -> Result<Vec<PausedDestination>,
         .await
         .map_err(map_sqlx)?;
     rows.iter()
-        .map(|row| {
-            Ok(PausedDestination {
-                destination: row.try_get("destination").map_err(map_sqlx)?,
-                paused_at: row.try_get("paused_at").map_err(map_sqlx)?,
-                paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
-            })
-        })
+        .map(|row| paused_destination(&Columns(row)))
         .collect()
 }
 

@@ -66,6 +66,26 @@ impl<'a> From<&'a MySqlPool> for EnqueueTarget<'a> {
     }
 }
 
+impl<'a> EnqueueTarget<'a> {
+    /// The connection to write on: the caller's, or one acquired from the pool into `pooled`
+    /// (which keeps it until the caller is done).
+    async fn connection<'b>(
+        self,
+        pooled: &'b mut Option<PoolConnection<MySql>>,
+    ) -> Result<&'b mut MySqlConnection, StoreError>
+    where
+        'a: 'b,
+    {
+        match self {
+            EnqueueTarget::Connection(conn) => Ok(conn),
+            EnqueueTarget::Pool(pool) => {
+                let conn = pool.acquire().await.map_err(map_sqlx)?;
+                Ok(&mut **pooled.insert(conn))
+            }
+        }
+    }
+}
+
 impl MySqlOutbox {
     /// Add `event` to the outbox through `target` — normally `&mut *tx` of the caller's own
     /// transaction, so the event commits or rolls back with the business change. Never commits
@@ -81,14 +101,8 @@ impl MySqlOutbox {
         let target = target.into();
         async move {
             validate(event)?;
-            let mut pooled;
-            let conn = match target {
-                EnqueueTarget::Connection(conn) => conn,
-                EnqueueTarget::Pool(pool) => {
-                    pooled = pool.acquire().await.map_err(map_sqlx)?;
-                    &mut *pooled
-                }
-            };
+            let mut pooled = None;
+            let conn = target.connection(&mut pooled).await?;
             // Through a pool, each statement autocommits: the row a duplicate key pointed at may
             // be deleted (discarded, purged) before it is read back, and then the event can
             // simply be written. Inside a transaction the upsert keeps that row locked, so this
@@ -185,14 +199,8 @@ impl MySqlOutbox {
                 }
                 to_write.push(event);
             }
-            let mut pooled;
-            let conn = match target {
-                EnqueueTarget::Connection(conn) => conn,
-                EnqueueTarget::Pool(pool) => {
-                    pooled = pool.acquire().await.map_err(map_sqlx)?;
-                    &mut *pooled
-                }
-            };
+            let mut pooled = None;
+            let conn = target.connection(&mut pooled).await?;
             let mut written: HashMap<EventId, Enqueued> = HashMap::with_capacity(to_write.len());
             for chunk in chunks(&to_write) {
                 self.write_chunk(conn, chunk, &mut written).await?;

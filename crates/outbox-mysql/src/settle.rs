@@ -5,6 +5,7 @@
 use crate::MySqlStore;
 use crate::error::map_sqlx;
 use crate::sql::{json_text, micros};
+use outbox_types::sql_store::{bury_batch, retry_batch};
 use outbox_types::{BuryEvent, Lease, RetryEvent, StoreError};
 use sqlx::AssertSqlSafe;
 
@@ -13,16 +14,7 @@ pub(crate) async fn ack(
     lease: &Lease,
     seqs: &[i64],
 ) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let done = sqlx::query(AssertSqlSafe(store.sql().ack.as_str()))
-        .bind(json_text(seqs)?)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().ack, lease, seqs, json_text).await
 }
 
 pub(crate) async fn retry(
@@ -30,27 +22,10 @@ pub(crate) async fn retry(
     lease: &Lease,
     events: &[RetryEvent],
 ) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    let batch: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "seq": e.seq,
-                "delay_us": micros(e.delay),
-                "error": outbox_types::truncate_error(&e.error),
-                "cost": i32::from(e.counts_attempt),
-            })
-        })
-        .collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().retry.as_str()))
-        .bind(json_text(&batch)?)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().retry, lease, events, |events| {
+        retry_batch(events, "delay_us", micros)
+    })
+    .await
 }
 
 pub(crate) async fn bury(
@@ -58,25 +33,7 @@ pub(crate) async fn bury(
     lease: &Lease,
     events: &[BuryEvent],
 ) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    let batch: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "seq": e.seq,
-                "error": outbox_types::truncate_error(&e.error),
-            })
-        })
-        .collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().bury.as_str()))
-        .bind(json_text(&batch)?)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().bury, lease, events, bury_batch).await
 }
 
 pub(crate) async fn release(
@@ -84,11 +41,23 @@ pub(crate) async fn release(
     lease: &Lease,
     seqs: &[i64],
 ) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
+    settle(store, &store.sql().release, lease, seqs, json_text).await
+}
+
+/// Runs one settle `statement` under the lease's token over `items`, as the JSON array `batch`
+/// makes of them; the rows it changed. No items, no statement.
+async fn settle<T>(
+    store: &MySqlStore,
+    statement: &str,
+    lease: &Lease,
+    items: &[T],
+    batch: impl FnOnce(&[T]) -> Result<String, StoreError>,
+) -> Result<u64, StoreError> {
+    if items.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query(AssertSqlSafe(store.sql().release.as_str()))
-        .bind(json_text(seqs)?)
+    let done = sqlx::query(AssertSqlSafe(statement))
+        .bind(batch(items)?)
         .bind(lease.token.to_string())
         .execute(&store.pool)
         .await

@@ -3,13 +3,16 @@
 //! delivered events and the schema check.
 
 use crate::PgStore;
-use crate::decode::{count_of, decode_record};
+use crate::decode::{Columns, decode_record};
 use crate::error::map_sqlx;
 use crate::sql::{destination_stats_sql, replay_sql};
 use chrono::{DateTime, Utc};
 use outbox_types::migration::{Schema, check_current};
 use outbox_types::route::{RouteTable, SqlDialect};
-use outbox_types::sql_store::{check_destination, count};
+use outbox_types::sql_store::{
+    StoredRow, check_destination, count, destination_stats as destination_stats_of, lease_holder,
+    outbox_stats, paused_destination, sort_destinations,
+};
 use outbox_types::{
     DeadFilter, DestinationStats, EventId, EventRecord, LeaseHolder, OutboxStats,
     PausedDestination, ReplayFilter, ReplayStep, StoreError,
@@ -27,15 +30,8 @@ pub(crate) async fn stats(store: &PgStore) -> Result<OutboxStats, StoreError> {
             .fetch_optional(&store.pool)
             .await
             .map_err(map_sqlx)?;
-    Ok(OutboxStats {
-        pending: count_of(&row, "pending")?,
-        retrying: count_of(&row, "retrying")?,
-        in_flight: count_of(&row, "in_flight")?,
-        delivered: count_of(&row, "delivered")?,
-        dead: count_of(&row, "dead")?,
-        oldest_pending_enqueued_at: oldest,
-        observed_at: Some(row.try_get("observed_at").map_err(map_sqlx)?),
-    })
+    let observed_at = row.try_get("observed_at").map_err(map_sqlx)?;
+    outbox_stats(&Columns(&row), oldest, observed_at)
 }
 
 pub(crate) async fn get(store: &PgStore, id: EventId) -> Result<Option<EventRecord>, StoreError> {
@@ -90,23 +86,15 @@ pub(crate) async fn destination_stats(
         query = query.bind(value);
     }
     let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
-    let mut out = rows
+    let out = rows
         .iter()
         .map(|row| {
-            let route: String = row.try_get("route").map_err(map_sqlx)?;
-            Ok(DestinationStats {
-                destination: (!route.is_empty()).then_some(route),
-                pending: count_of(row, "pending")?,
-                retrying: count_of(row, "retrying")?,
-                in_flight: count_of(row, "in_flight")?,
-                dead: count_of(row, "dead")?,
-                oldest_pending_enqueued_at: row.try_get("oldest").map_err(map_sqlx)?,
-                last_error: row.try_get("last_error").map_err(map_sqlx)?,
-            })
+            let row = Columns(row);
+            let route = row.text("route")?;
+            destination_stats_of(&row, route)
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    out.sort_by(|a, b| a.destination.cmp(&b.destination));
-    Ok(out)
+    Ok(sort_destinations(out))
 }
 
 pub(crate) async fn leases(store: &PgStore) -> Result<Vec<LeaseHolder>, StoreError> {
@@ -114,17 +102,7 @@ pub(crate) async fn leases(store: &PgStore) -> Result<Vec<LeaseHolder>, StoreErr
         .fetch_all(&store.pool)
         .await
         .map_err(map_sqlx)?;
-    rows.iter()
-        .map(|row| {
-            Ok(LeaseHolder {
-                owner: row.try_get("owner").map_err(map_sqlx)?,
-                events: count_of(row, "events")?,
-                claimed_since: row.try_get("claimed_since").map_err(map_sqlx)?,
-                expires_at: row.try_get("expires_at").map_err(map_sqlx)?,
-                expired: count_of(row, "expired")?,
-            })
-        })
-        .collect()
+    rows.iter().map(|row| lease_holder(&Columns(row))).collect()
 }
 
 pub(crate) async fn pause(
@@ -157,13 +135,7 @@ pub(crate) async fn paused(store: &PgStore) -> Result<Vec<PausedDestination>, St
         .await
         .map_err(map_sqlx)?;
     rows.iter()
-        .map(|row| {
-            Ok(PausedDestination {
-                destination: row.try_get("destination").map_err(map_sqlx)?,
-                paused_at: row.try_get("paused_at").map_err(map_sqlx)?,
-                paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
-            })
-        })
+        .map(|row| paused_destination(&Columns(row)))
         .collect()
 }
 

@@ -3,7 +3,7 @@
 //! relay can bury it instead of failing the claim.
 
 use crate::error::map_sqlx;
-use outbox_types::sql_store::{count, decode_headers, parse_state};
+use outbox_types::sql_store::{decode_headers, event, event_record};
 use outbox_types::{Event, EventId, EventRecord, Reading, StoreError};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -38,40 +38,22 @@ pub(crate) fn decode_event_as(row: &PgRow, reading: Reading) -> Result<Event, St
         Ok(false) => outbox_types::check_payload(seq, payload, reading)?,
         _ => payload,
     };
-    Ok(Event {
+    let attempts = u32::try_from(attempts).unwrap_or(0);
+    event(
+        &Columns(row),
         seq,
-        id: EventId::from_uuid(id),
-        aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
-        aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
-        event_type: row.try_get("event_type").map_err(map_sqlx)?,
+        EventId::from_uuid(id),
         payload,
-        destination: row.try_get("destination").map_err(map_sqlx)?,
         headers,
-        idempotency_key: row.try_get("idempotency_key").map_err(map_sqlx)?,
-        occurred_at: row.try_get("occurred_at").map_err(map_sqlx)?,
-        enqueued_at: row.try_get("enqueued_at").map_err(map_sqlx)?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-    })
+        attempts,
+    )
 }
 
 pub(crate) fn decode_record(row: &PgRow) -> Result<EventRecord, StoreError> {
-    let event = decode_event_as(row, Reading::Display)?;
-    let status: String = row.try_get("status").map_err(map_sqlx)?;
-    let state = parse_state(event.seq, &status)?;
-    Ok(EventRecord {
-        event,
-        state,
-        next_attempt_at: row.try_get("next_attempt_at").map_err(map_sqlx)?,
-        last_error: row.try_get("last_error").map_err(map_sqlx)?,
-        lease_owner: row.try_get("lease_owner").map_err(map_sqlx)?,
-        lease_expires_at: row.try_get("lease_expires_at").map_err(map_sqlx)?,
-        delivered_at: row.try_get("delivered_at").map_err(map_sqlx)?,
-        dead_at: row.try_get("dead_at").map_err(map_sqlx)?,
-    })
+    event_record(&Columns(row), decode_event_as(row, Reading::Display)?)
 }
 
-/// Column `name` of `row`, a count.
-pub(crate) fn count_of(row: &PgRow, name: &str) -> Result<u64, StoreError> {
-    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-    Ok(count(n))
-}
+/// A row read column by column for the builders of [`outbox_types::sql_store`].
+pub(crate) struct Columns<'r>(pub(crate) &'r PgRow);
+
+outbox_types::impl_stored_row!(Columns, map_sqlx);

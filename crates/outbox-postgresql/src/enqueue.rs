@@ -3,7 +3,7 @@
 
 use crate::PgOutbox;
 use crate::error::map_sqlx;
-use outbox_types::sql_store::Enqueued;
+use outbox_types::sql_store::{Enqueued, keyed_batch};
 use outbox_types::{EventId, NewEvent, StoreError};
 use sqlx::{AssertSqlSafe, PgExecutor, Row};
 use std::collections::HashMap;
@@ -67,20 +67,8 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         // First occurrence of each key is written; later ones resolve to it.
-        let mut first_with_key: HashMap<&str, usize> = HashMap::new();
-        let mut to_write: Vec<&NewEvent> = Vec::with_capacity(events.len());
-        for (i, event) in events.iter().enumerate() {
-            event.check_headers()?;
-            match event.idempotency_key() {
-                Some(key) if first_with_key.contains_key(key) => {}
-                Some(key) => {
-                    first_with_key.insert(key, i);
-                    to_write.push(event);
-                }
-                None => to_write.push(event),
-            }
-        }
-        let n = to_write.len();
+        let batch = keyed_batch(events)?;
+        let n = batch.to_write.len();
         let mut ids = Vec::with_capacity(n);
         let mut aggregate_types = Vec::with_capacity(n);
         let mut aggregate_ids = Vec::with_capacity(n);
@@ -90,7 +78,7 @@ impl PgOutbox {
         let mut headers = Vec::with_capacity(n);
         let mut keys = Vec::with_capacity(n);
         let mut occurred = Vec::with_capacity(n);
-        for e in &to_write {
+        for e in &batch.to_write {
             ids.push(*e.id().as_uuid());
             aggregate_types.push(e.aggregate_type());
             aggregate_ids.push(e.aggregate_id());
@@ -101,7 +89,7 @@ impl PgOutbox {
             keys.push(e.idempotency_key());
             occurred.push(e.occurred_at());
         }
-        let unkeyed = if first_with_key.is_empty() {
+        let unkeyed = if batch.first_with_key.is_empty() {
             self.inner.sql.enqueue_batch_unkeyed.as_ref()
         } else {
             None
@@ -158,7 +146,7 @@ impl PgOutbox {
                             "enqueue returned no row for idempotency key `{key}`"
                         ))
                     })?;
-                    let first = first_with_key.get(key).copied() == Some(i);
+                    let first = batch.first_with_key.get(key).copied() == Some(i);
                     Ok(Enqueued {
                         id: found.id,
                         created: found.created && first,

@@ -22,13 +22,7 @@ pub(crate) async fn ack(store: &PgStore, lease: &Lease, seqs: &[i64]) -> Result<
             .map_err(map_sqlx)?;
         return Ok(count(n));
     }
-    let done = sqlx::query(AssertSqlSafe(store.sql().ack.as_str()))
-        .bind(seqs)
-        .bind(lease.token)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().ack, seqs, lease).await
 }
 
 pub(crate) async fn retry(
@@ -89,7 +83,17 @@ pub(crate) async fn release(
     if seqs.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query(AssertSqlSafe(store.sql().release.as_str()))
+    settle(store, &store.sql().release, seqs, lease).await
+}
+
+/// Runs one settle `statement` over `seqs` under the lease's token; the rows it changed.
+async fn settle(
+    store: &PgStore,
+    statement: &str,
+    seqs: &[i64],
+    lease: &Lease,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query(AssertSqlSafe(statement))
         .bind(seqs)
         .bind(lease.token)
         .execute(&store.pool)

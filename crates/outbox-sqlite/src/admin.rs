@@ -3,14 +3,17 @@
 //! delivered events and the schema check.
 
 use crate::SqliteStore;
-use crate::decode::{count_of, decode_record, get_opt_time, get_time};
+use crate::decode::{Columns, decode_record};
 use crate::error::map_sqlx;
 use crate::sql::{destination_stats_sql, number_placeholders, replay_sql};
-use crate::time::{clamp_micros, now_micros};
+use crate::time::{Stamp, clamp_micros, now_micros};
 use chrono::Utc;
 use outbox_types::migration::{Schema, check_current};
 use outbox_types::route::{RouteTable, SqlDialect};
-use outbox_types::sql_store::{check_destination, id_list};
+use outbox_types::sql_store::{
+    StoredRow, check_destination, destination_stats as destination_stats_of, id_list, lease_holder,
+    outbox_stats, paused_destination, sort_destinations,
+};
 use outbox_types::{
     DeadFilter, DestinationStats, EventId, EventRecord, LeaseHolder, OutboxStats,
     PausedDestination, ReplayFilter, ReplayStep, StoreError,
@@ -23,16 +26,9 @@ pub(crate) async fn stats(store: &SqliteStore) -> Result<OutboxStats, StoreError
         .fetch_one(&store.pool)
         .await
         .map_err(map_sqlx)?;
-    let oldest = get_opt_time(&row, 0, "oldest")?;
-    Ok(OutboxStats {
-        pending: count_of(&row, "pending")?,
-        retrying: count_of(&row, "retrying")?,
-        in_flight: count_of(&row, "in_flight")?,
-        delivered: count_of(&row, "delivered")?,
-        dead: count_of(&row, "dead")?,
-        oldest_pending_enqueued_at: oldest,
-        observed_at: Some(observed_at),
-    })
+    let row = Columns(&row);
+    let oldest = row.opt_time(0, "oldest")?;
+    outbox_stats(&row, oldest, observed_at)
 }
 
 pub(crate) async fn get(
@@ -65,49 +61,40 @@ pub(crate) async fn requeue_dead(
     store: &SqliteStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
-    let done = match filter {
-        DeadFilter::All => {
-            let _turn = store.writes.lock().await;
-            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_all.as_str()))
-                .bind(now_micros())
-                .execute(&store.pool)
-                .await
-        }
-        DeadFilter::Ids(ids) => {
-            let ids = id_list(ids)?;
-            let _turn = store.writes.lock().await;
-            sqlx::query(AssertSqlSafe(store.sql().requeue_dead_ids.as_str()))
-                .bind(ids)
-                .bind(now_micros())
-                .execute(&store.pool)
-                .await
-        }
-    }
-    .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    let (all, ids) = (&store.sql().requeue_dead_all, &store.sql().requeue_dead_ids);
+    on_dead(store, filter, all, ids, Stamp::Now).await
 }
 
 pub(crate) async fn discard_dead(
     store: &SqliteStore,
     filter: &DeadFilter,
 ) -> Result<u64, StoreError> {
-    let done = match filter {
-        DeadFilter::All => {
-            let _turn = store.writes.lock().await;
-            sqlx::query(AssertSqlSafe(store.sql().discard_dead_all.as_str()))
-                .execute(&store.pool)
-                .await
-        }
-        DeadFilter::Ids(ids) => {
-            let ids = id_list(ids)?;
-            let _turn = store.writes.lock().await;
-            sqlx::query(AssertSqlSafe(store.sql().discard_dead_ids.as_str()))
-                .bind(ids)
-                .execute(&store.pool)
-                .await
-        }
+    let (all, ids) = (&store.sql().discard_dead_all, &store.sql().discard_dead_ids);
+    on_dead(store, filter, all, ids, Stamp::None).await
+}
+
+/// Runs `all` or, for a list of ids, `ids` over their JSON array, under the write turn, with
+/// the current time as the last parameter when `stamp` says so; the rows it changed.
+async fn on_dead(
+    store: &SqliteStore,
+    filter: &DeadFilter,
+    all: &str,
+    ids: &str,
+    stamp: Stamp,
+) -> Result<u64, StoreError> {
+    let (statement, list) = match filter {
+        DeadFilter::All => (all, None),
+        DeadFilter::Ids(list) => (ids, Some(id_list(list)?)),
+    };
+    let _turn = store.writes.lock().await;
+    let mut query = sqlx::query(AssertSqlSafe(statement));
+    if let Some(list) = list {
+        query = query.bind(list);
     }
-    .map_err(map_sqlx)?;
+    if stamp == Stamp::Now {
+        query = query.bind(now_micros());
+    }
+    let done = query.execute(&store.pool).await.map_err(map_sqlx)?;
     Ok(done.rows_affected())
 }
 
@@ -125,23 +112,15 @@ pub(crate) async fn destination_stats(
         query = query.bind(value.as_str());
     }
     let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
-    let mut out = rows
+    let out = rows
         .iter()
         .map(|row| {
-            let route: String = row.try_get("route").map_err(map_sqlx)?;
-            Ok(DestinationStats {
-                destination: (!route.is_empty()).then_some(route),
-                pending: count_of(row, "pending")?,
-                retrying: count_of(row, "retrying")?,
-                in_flight: count_of(row, "in_flight")?,
-                dead: count_of(row, "dead")?,
-                oldest_pending_enqueued_at: get_opt_time(row, 0, "oldest")?,
-                last_error: row.try_get("last_error").map_err(map_sqlx)?,
-            })
+            let row = Columns(row);
+            let route = row.text("route")?;
+            destination_stats_of(&row, route)
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    out.sort_by(|a, b| a.destination.cmp(&b.destination));
-    Ok(out)
+    Ok(sort_destinations(out))
 }
 
 pub(crate) async fn leases(store: &SqliteStore) -> Result<Vec<LeaseHolder>, StoreError> {
@@ -150,17 +129,7 @@ pub(crate) async fn leases(store: &SqliteStore) -> Result<Vec<LeaseHolder>, Stor
         .fetch_all(&store.pool)
         .await
         .map_err(map_sqlx)?;
-    rows.iter()
-        .map(|row| {
-            Ok(LeaseHolder {
-                owner: row.try_get("owner").map_err(map_sqlx)?,
-                events: count_of(row, "events")?,
-                claimed_since: get_opt_time(row, 0, "claimed_since")?,
-                expires_at: get_opt_time(row, 0, "expires_at")?,
-                expired: count_of(row, "expired")?,
-            })
-        })
-        .collect()
+    rows.iter().map(|row| lease_holder(&Columns(row))).collect()
 }
 
 pub(crate) async fn pause(
@@ -196,13 +165,7 @@ pub(crate) async fn paused(store: &SqliteStore) -> Result<Vec<PausedDestination>
         .await
         .map_err(map_sqlx)?;
     rows.iter()
-        .map(|row| {
-            Ok(PausedDestination {
-                destination: row.try_get("destination").map_err(map_sqlx)?,
-                paused_at: get_time(row, 0, "paused_at")?,
-                paused_by: row.try_get("paused_by").map_err(map_sqlx)?,
-            })
-        })
+        .map(|row| paused_destination(&Columns(row)))
         .collect()
 }
 

@@ -5,7 +5,7 @@
 use crate::error::map_sqlx;
 use crate::time::to_time;
 use chrono::{DateTime, Utc};
-use outbox_types::sql_store::{count, decode_headers, parse_event_id, parse_state};
+use outbox_types::sql_store::{StoredRow, count, decode_headers, event_record, parse_event_id};
 use outbox_types::{Event, EventId, EventRecord, Reading, StoreError};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -97,24 +97,32 @@ pub(crate) fn decode_event_as(row: &SqliteRow, reading: Reading) -> Result<Event
 }
 
 pub(crate) fn decode_record(row: &SqliteRow) -> Result<EventRecord, StoreError> {
-    let event = decode_event_as(row, Reading::Display)?;
-    let seq = event.seq;
-    let status: String = row.try_get("status").map_err(map_sqlx)?;
-    let state = parse_state(seq, &status)?;
-    Ok(EventRecord {
-        event,
-        state,
-        next_attempt_at: get_time(row, seq, "next_attempt_at")?,
-        last_error: row.try_get("last_error").map_err(map_sqlx)?,
-        lease_owner: row.try_get("lease_owner").map_err(map_sqlx)?,
-        lease_expires_at: get_opt_time(row, seq, "lease_expires_at")?,
-        delivered_at: get_opt_time(row, seq, "delivered_at")?,
-        dead_at: get_opt_time(row, seq, "dead_at")?,
-    })
+    event_record(&Columns(row), decode_event_as(row, Reading::Display)?)
 }
 
-/// Column `name` of `row`, a count.
-pub(crate) fn count_of(row: &SqliteRow, name: &str) -> Result<u64, StoreError> {
-    let n: i64 = row.try_get(name).map_err(map_sqlx)?;
-    Ok(count(n))
+/// A row read column by column for the builders of [`outbox_types::sql_store`]: times are
+/// microseconds since the epoch.
+pub(crate) struct Columns<'r>(pub(crate) &'r SqliteRow);
+
+impl StoredRow for Columns<'_> {
+    fn count(&self, name: &str) -> Result<u64, StoreError> {
+        let n: i64 = self.0.try_get(name).map_err(map_sqlx)?;
+        Ok(count(n))
+    }
+
+    fn text(&self, name: &str) -> Result<String, StoreError> {
+        self.0.try_get(name).map_err(map_sqlx)
+    }
+
+    fn opt_text(&self, name: &str) -> Result<Option<String>, StoreError> {
+        self.0.try_get(name).map_err(map_sqlx)
+    }
+
+    fn time(&self, seq: i64, name: &str) -> Result<DateTime<Utc>, StoreError> {
+        get_time(self.0, seq, name)
+    }
+
+    fn opt_time(&self, seq: i64, name: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        get_opt_time(self.0, seq, name)
+    }
 }

@@ -5,7 +5,7 @@ use crate::SqliteOutbox;
 use crate::decode::decode_id;
 use crate::error::map_sqlx;
 use crate::time::{clamp_micros, now_micros};
-use outbox_types::sql_store::Enqueued;
+use outbox_types::sql_store::{Enqueued, keyed_batch};
 use outbox_types::{EventId, NewEvent, StoreError};
 use sqlx::{AssertSqlSafe, Row, SqliteExecutor};
 use std::collections::HashMap;
@@ -65,19 +65,8 @@ impl SqliteOutbox {
             return Ok(Vec::new());
         }
         // First occurrence of each key is written; later ones resolve to it.
-        let mut first_with_key: HashMap<&str, usize> = HashMap::new();
-        let mut to_write = Vec::with_capacity(events.len());
-        for (i, event) in events.iter().enumerate() {
-            event.check_headers()?;
-            match event.idempotency_key() {
-                Some(key) if first_with_key.contains_key(key) => {}
-                Some(key) => {
-                    first_with_key.insert(key, i);
-                    to_write.push(batch_row(event));
-                }
-                None => to_write.push(batch_row(event)),
-            }
-        }
+        let batch = keyed_batch(events)?;
+        let to_write: Vec<serde_json::Value> = batch.to_write.into_iter().map(batch_row).collect();
         let rows_json = serde_json::Value::Array(to_write).to_string();
         let rows = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue_batch.as_str()))
             .bind(rows_json)
@@ -103,7 +92,7 @@ impl SqliteOutbox {
                     created: true,
                 },
                 Some(key) => {
-                    let first = first_with_key.get(key).copied().unwrap_or(i);
+                    let first = batch.first_with_key.get(key).copied().unwrap_or(i);
                     let written = events.get(first).map(NewEvent::id).unwrap_or(e.id());
                     let id = by_key.get(key).copied().unwrap_or(written);
                     Enqueued {

@@ -4,8 +4,8 @@
 
 use crate::SqliteStore;
 use crate::error::map_sqlx;
-use crate::time::{after, now_micros};
-use outbox_types::sql_store::json_text;
+use crate::time::{Stamp, after, now_micros};
+use outbox_types::sql_store::{bury_batch, json_text, retry_batch};
 use outbox_types::{BuryEvent, Lease, RetryEvent, StoreError};
 use sqlx::AssertSqlSafe;
 
@@ -14,19 +14,7 @@ pub(crate) async fn ack(
     lease: &Lease,
     seqs: &[i64],
 ) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let seqs = json_text(seqs)?;
-    let _turn = store.writes.lock().await;
-    let done = sqlx::query(AssertSqlSafe(store.sql().ack.as_str()))
-        .bind(seqs)
-        .bind(lease.token.to_string())
-        .bind(now_micros())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(store, &store.sql().ack, lease, Stamp::Now, seqs, seq_list).await
 }
 
 pub(crate) async fn retry(
@@ -34,29 +22,15 @@ pub(crate) async fn retry(
     lease: &Lease,
     events: &[RetryEvent],
 ) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    let _turn = store.writes.lock().await;
-    let now = now_micros();
-    let batch: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "seq": e.seq,
-                "due": after(now, e.delay),
-                "error": outbox_types::truncate_error(&e.error),
-                "cost": i32::from(e.counts_attempt),
-            })
-        })
-        .collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().retry.as_str()))
-        .bind(json_text(&batch)?)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(
+        store,
+        &store.sql().retry,
+        lease,
+        Stamp::None,
+        events,
+        retry_list,
+    )
+    .await
 }
 
 pub(crate) async fn bury(
@@ -64,28 +38,15 @@ pub(crate) async fn bury(
     lease: &Lease,
     events: &[BuryEvent],
 ) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    let batch: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "seq": e.seq,
-                "error": outbox_types::truncate_error(&e.error),
-            })
-        })
-        .collect();
-    let batch = json_text(&batch)?;
-    let _turn = store.writes.lock().await;
-    let done = sqlx::query(AssertSqlSafe(store.sql().bury.as_str()))
-        .bind(batch)
-        .bind(lease.token.to_string())
-        .bind(now_micros())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
+    settle(
+        store,
+        &store.sql().bury,
+        lease,
+        Stamp::Now,
+        events,
+        bury_list,
+    )
+    .await
 }
 
 pub(crate) async fn release(
@@ -93,16 +54,53 @@ pub(crate) async fn release(
     lease: &Lease,
     seqs: &[i64],
 ) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
+    settle(
+        store,
+        &store.sql().release,
+        lease,
+        Stamp::None,
+        seqs,
+        seq_list,
+    )
+    .await
+}
+
+fn seq_list(seqs: &[i64], _now: i64) -> Result<String, StoreError> {
+    json_text(seqs)
+}
+
+/// Retries with their due times (`now` plus each delay).
+fn retry_list(events: &[RetryEvent], now: i64) -> Result<String, StoreError> {
+    retry_batch(events, "due", |delay| after(now, delay))
+}
+
+fn bury_list(events: &[BuryEvent], _now: i64) -> Result<String, StoreError> {
+    bury_batch(events)
+}
+
+/// Runs one settle `statement` over `items` under the write turn; no items, no statement. Its
+/// parameters are the JSON array `batch` makes of the items and the current time (read under
+/// the turn, as retry's due times need), the lease's token and, with [`Stamp::Now`], that time.
+/// The rows it changed.
+async fn settle<T>(
+    store: &SqliteStore,
+    statement: &str,
+    lease: &Lease,
+    stamp: Stamp,
+    items: &[T],
+    batch: impl FnOnce(&[T], i64) -> Result<String, StoreError>,
+) -> Result<u64, StoreError> {
+    if items.is_empty() {
         return Ok(0);
     }
-    let seqs = json_text(seqs)?;
     let _turn = store.writes.lock().await;
-    let done = sqlx::query(AssertSqlSafe(store.sql().release.as_str()))
-        .bind(seqs)
-        .bind(lease.token.to_string())
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
+    let now = now_micros();
+    let mut query = sqlx::query(AssertSqlSafe(statement))
+        .bind(batch(items, now)?)
+        .bind(lease.token.to_string());
+    if stamp == Stamp::Now {
+        query = query.bind(now);
+    }
+    let done = query.execute(&store.pool).await.map_err(map_sqlx)?;
     Ok(done.rows_affected())
 }

@@ -10,6 +10,16 @@ use std::time::Duration;
 /// delay saturates here instead of overflowing, and every stored time stays decodable.
 pub(crate) const MAX_MICROS: i64 = 253_402_300_799_999_999;
 
+/// Whether a write statement takes the current time (read under the write turn) as its last
+/// parameter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stamp {
+    /// It does.
+    Now,
+    /// It does not.
+    None,
+}
+
 pub(crate) fn now_micros() -> i64 {
     clamp_micros(Utc::now().timestamp_micros())
 }

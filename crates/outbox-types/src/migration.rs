@@ -208,6 +208,30 @@ pub fn check_current(
     Ok(())
 }
 
+/// Whether `known` still holds the `released` migrations, `(version, checksum)` in order: the
+/// error names the first one whose text changed (or that is gone) and lists what `known` has.
+/// Each store's tests pin its released migrations with it: a database that applied one checks
+/// its checksum on every migrate, so a changed text (a comment is enough) would stop every
+/// existing outbox from upgrading.
+///
+/// ```
+/// use outbox_types::migration::{Migration, check_released};
+/// let known = [Migration { version: 1, description: "create", sql: "SELECT 1" }];
+/// assert!(check_released(&known, &[(1, known[0].checksum().as_str())]).is_ok());
+/// assert!(check_released(&known, &[(1, "0000000000000000")]).is_err());
+/// ```
+pub fn check_released<M: Versioned>(known: &[M], released: &[(i64, &str)]) -> Result<(), String> {
+    let got: Vec<(i64, String)> = known.iter().map(|m| (m.version(), m.checksum())).collect();
+    for (i, (version, checksum)) in released.iter().enumerate() {
+        if got.get(i) != Some(&(*version, (*checksum).to_owned())) {
+            return Err(format!(
+                "migration {version} changed after its release: {got:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What a `migrate` call did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MigrationReport {

@@ -1,15 +1,23 @@
 //! Pieces every SQL store (`outbox-postgresql`, `outbox-mysql`, `outbox-sqlite`) needs that are
 //! not SQL: the [`Enqueued`] result, the identifier check for configurable table names, the
 //! conversions of durations and counts to and from bind parameters, and the decoding of stored
-//! text into the core's types with the same [`StoreError::Corrupt`] messages.
+//! text into the core's types with the same [`StoreError::Corrupt`] messages, and the rows an
+//! operator reads (an event's record, counts, leases, paused destinations) built from the
+//! columns of a [`StoredRow`].
 //!
 //! Why here: each store used to carry its own copy of these, word for word, and a fix to one
 //! copy missed the others. They do no I/O and need no driver, so they live next to the types
 //! they produce; each store keeps its SQL, its driver and its locking.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::{EventId, EventState, Headers, ParseStateError, StoreError};
+use chrono::{DateTime, Utc};
+
+use crate::{
+    BuryEvent, DestinationStats, Event, EventId, EventRecord, EventState, Headers, LeaseHolder,
+    NewEvent, OutboxStats, ParseStateError, PausedDestination, RetryEvent, StoreError,
+};
 
 /// The result of an enqueue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +26,38 @@ pub struct Enqueued {
     pub id: EventId,
     /// `false` when the idempotency key matched an existing event and nothing was written.
     pub created: bool,
+}
+
+/// A batch to enqueue in one statement, one event per idempotency key: the first event with a
+/// key is written, later ones with the same key resolve to it.
+#[derive(Debug)]
+pub struct KeyedBatch<'e> {
+    /// The events to write, in batch order.
+    pub to_write: Vec<&'e NewEvent>,
+    /// Each key's first event, by its index in the batch.
+    pub first_with_key: HashMap<&'e str, usize>,
+}
+
+/// `events` as a [`KeyedBatch`], each event's headers checked first (a reserved name is
+/// [`StoreError::Encode`] before anything is sent).
+pub fn keyed_batch(events: &[NewEvent]) -> Result<KeyedBatch<'_>, StoreError> {
+    let mut first_with_key: HashMap<&str, usize> = HashMap::new();
+    let mut to_write: Vec<&NewEvent> = Vec::with_capacity(events.len());
+    for (i, event) in events.iter().enumerate() {
+        event.check_headers()?;
+        match event.idempotency_key() {
+            Some(key) if first_with_key.contains_key(key) => {}
+            Some(key) => {
+                first_with_key.insert(key, i);
+                to_write.push(event);
+            }
+            None => to_write.push(event),
+        }
+    }
+    Ok(KeyedBatch {
+        to_write,
+        first_with_key,
+    })
 }
 
 /// The longest table (or schema) name the stores accept: derived names such as
@@ -133,6 +173,210 @@ pub fn id_list(ids: &[EventId]) -> Result<String, StoreError> {
     json_text(&ids.iter().map(EventId::to_string).collect::<Vec<_>>())
 }
 
+/// A retry batch as JSON text, one object per event: its `seq`, its `error` (truncated with
+/// [`truncate_error`](crate::truncate_error)), its `cost` (1 when the failure counts as an
+/// attempt, else 0) and, under `when_key`, what `when` makes of its delay: the store's statement
+/// decides whether that is a delay (`delay_us`) or an instant (`due`).
+pub fn retry_batch(
+    events: &[RetryEvent],
+    when_key: &str,
+    when: impl Fn(Duration) -> i64,
+) -> Result<String, StoreError> {
+    let batch: Vec<serde_json::Value> = events
+        .iter()
+        .map(|e| {
+            let mut item = serde_json::json!({
+                "seq": e.seq,
+                "error": crate::truncate_error(&e.error),
+                "cost": i32::from(e.counts_attempt),
+            });
+            item[when_key] = when(e.delay).into();
+            item
+        })
+        .collect();
+    json_text(&batch)
+}
+
+/// A bury batch as JSON text, one object per event: its `seq` and its `error` (truncated with
+/// [`truncate_error`](crate::truncate_error)).
+pub fn bury_batch(events: &[BuryEvent]) -> Result<String, StoreError> {
+    let batch: Vec<serde_json::Value> = events
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "seq": e.seq,
+                "error": crate::truncate_error(&e.error),
+            })
+        })
+        .collect();
+    json_text(&batch)
+}
+
+/// One result row, read column by column the way a store's driver reads it: the columns of the
+/// operator's reads are the same in every store, only how a column becomes a value differs
+/// (SQLite keeps times as microseconds). Each store wraps its driver's row in a type that
+/// implements this (PostgreSQL and MySQL with [`impl_stored_row!`](crate::impl_stored_row)),
+/// and the builders below ([`event_record`], [`outbox_stats`], [`destination_stats`],
+/// [`lease_holder`], [`paused_destination`]) are written once.
+pub trait StoredRow {
+    /// Column `name`, a count the database returns as a signed integer (see [`count`]).
+    fn count(&self, name: &str) -> Result<u64, StoreError>;
+    /// Column `name`, text that is never NULL.
+    fn text(&self, name: &str) -> Result<String, StoreError>;
+    /// Column `name`, text or NULL.
+    fn opt_text(&self, name: &str) -> Result<Option<String>, StoreError>;
+    /// Column `name`, a time that is never NULL; `seq` names the row in a
+    /// [`StoreError::Corrupt`] (0 for a row that is no event's).
+    fn time(&self, seq: i64, name: &str) -> Result<DateTime<Utc>, StoreError>;
+    /// Column `name`, a time or NULL; `seq` as for [`StoredRow::time`].
+    fn opt_time(&self, seq: i64, name: &str) -> Result<Option<DateTime<Utc>>, StoreError>;
+}
+
+/// Implement [`StoredRow`] for `$wrapper`, a tuple struct around a reference to a driver's row
+/// (`struct Columns<'r>(&'r PgRow)`), for a driver that decodes times itself: every column is
+/// read with `sqlx::Row::try_get` and a driver error goes through `$map_err` (the store's
+/// `map_sqlx`). The caller depends on `sqlx` and `chrono`.
+#[macro_export]
+macro_rules! impl_stored_row {
+    ($wrapper:ident, $map_err:path) => {
+        impl $crate::sql_store::StoredRow for $wrapper<'_> {
+            fn count(&self, name: &str) -> Result<u64, $crate::StoreError> {
+                let n: i64 = ::sqlx::Row::try_get(self.0, name).map_err($map_err)?;
+                Ok($crate::sql_store::count(n))
+            }
+
+            fn text(&self, name: &str) -> Result<String, $crate::StoreError> {
+                ::sqlx::Row::try_get(self.0, name).map_err($map_err)
+            }
+
+            fn opt_text(&self, name: &str) -> Result<Option<String>, $crate::StoreError> {
+                ::sqlx::Row::try_get(self.0, name).map_err($map_err)
+            }
+
+            fn time(
+                &self,
+                _seq: i64,
+                name: &str,
+            ) -> Result<::chrono::DateTime<::chrono::Utc>, $crate::StoreError> {
+                ::sqlx::Row::try_get(self.0, name).map_err($map_err)
+            }
+
+            fn opt_time(
+                &self,
+                _seq: i64,
+                name: &str,
+            ) -> Result<Option<::chrono::DateTime<::chrono::Utc>>, $crate::StoreError> {
+                ::sqlx::Row::try_get(self.0, name).map_err($map_err)
+            }
+        }
+    };
+}
+
+/// An event whose text and time columns the driver decodes as they are (PostgreSQL, MySQL;
+/// SQLite reads them its own way, lossily for display); the store decodes `seq`, `id`, the
+/// `payload`, the `headers` and the `attempts` first, as its table stores them.
+pub fn event(
+    row: &impl StoredRow,
+    seq: i64,
+    id: EventId,
+    payload: String,
+    headers: Headers,
+    attempts: u32,
+) -> Result<Event, StoreError> {
+    Ok(Event {
+        seq,
+        id,
+        aggregate_type: row.text("aggregate_type")?,
+        aggregate_id: row.text("aggregate_id")?,
+        event_type: row.text("event_type")?,
+        payload,
+        destination: row.opt_text("destination")?,
+        headers,
+        idempotency_key: row.opt_text("idempotency_key")?,
+        occurred_at: row.time(seq, "occurred_at")?,
+        enqueued_at: row.time(seq, "enqueued_at")?,
+        attempts,
+    })
+}
+
+/// An operator's view of one event: `event` (decoded for display) and its state columns.
+pub fn event_record(row: &impl StoredRow, event: Event) -> Result<EventRecord, StoreError> {
+    let seq = event.seq;
+    let state = parse_state(seq, &row.text("status")?)?;
+    Ok(EventRecord {
+        event,
+        state,
+        next_attempt_at: row.time(seq, "next_attempt_at")?,
+        last_error: row.opt_text("last_error")?,
+        lease_owner: row.opt_text("lease_owner")?,
+        lease_expires_at: row.opt_time(seq, "lease_expires_at")?,
+        delivered_at: row.opt_time(seq, "delivered_at")?,
+        dead_at: row.opt_time(seq, "dead_at")?,
+    })
+}
+
+/// The counts per state of the stats row; the oldest pending event and the time of the
+/// observation come from wherever the store reads them.
+pub fn outbox_stats(
+    row: &impl StoredRow,
+    oldest_pending_enqueued_at: Option<DateTime<Utc>>,
+    observed_at: DateTime<Utc>,
+) -> Result<OutboxStats, StoreError> {
+    Ok(OutboxStats {
+        pending: row.count("pending")?,
+        retrying: row.count("retrying")?,
+        in_flight: row.count("in_flight")?,
+        delivered: row.count("delivered")?,
+        dead: row.count("dead")?,
+        oldest_pending_enqueued_at,
+        observed_at: Some(observed_at),
+    })
+}
+
+/// One destination's row of the per-destination counts; `route` is its routed destination, the
+/// empty text for events no route names.
+pub fn destination_stats(
+    row: &impl StoredRow,
+    route: String,
+) -> Result<DestinationStats, StoreError> {
+    Ok(DestinationStats {
+        destination: (!route.is_empty()).then_some(route),
+        pending: row.count("pending")?,
+        retrying: row.count("retrying")?,
+        in_flight: row.count("in_flight")?,
+        dead: row.count("dead")?,
+        oldest_pending_enqueued_at: row.opt_time(0, "oldest")?,
+        last_error: row.opt_text("last_error")?,
+    })
+}
+
+/// The per-destination counts in the order operators read them: by destination, unrouted
+/// events first.
+pub fn sort_destinations(mut stats: Vec<DestinationStats>) -> Vec<DestinationStats> {
+    stats.sort_by(|a, b| a.destination.cmp(&b.destination));
+    stats
+}
+
+/// One relay's row of the leases read.
+pub fn lease_holder(row: &impl StoredRow) -> Result<LeaseHolder, StoreError> {
+    Ok(LeaseHolder {
+        owner: row.text("owner")?,
+        events: row.count("events")?,
+        claimed_since: row.opt_time(0, "claimed_since")?,
+        expires_at: row.opt_time(0, "expires_at")?,
+        expired: row.count("expired")?,
+    })
+}
+
+/// One row of the paused destinations.
+pub fn paused_destination(row: &impl StoredRow) -> Result<PausedDestination, StoreError> {
+    Ok(PausedDestination {
+        destination: row.text("destination")?,
+        paused_at: row.time(0, "paused_at")?,
+        paused_by: row.text("paused_by")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +430,29 @@ mod tests {
             Err(StoreError::Corrupt { seq: 9, .. })
         ));
         assert!(check_destination("").is_err());
+    }
+
+    #[test]
+    fn settle_batches_carry_what_the_statements_read() {
+        let retry = RetryEvent {
+            seq: 3,
+            delay: Duration::from_micros(5),
+            error: "boom".to_owned(),
+            counts_attempt: true,
+        };
+        let text = retry_batch(&[retry], "delay_us", micros).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            serde_json::json!([{"seq": 3, "delay_us": 5, "error": "boom", "cost": 1}])
+        );
+        let bury = BuryEvent {
+            seq: 4,
+            error: "bad".to_owned(),
+        };
+        let text = bury_batch(&[bury]).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            serde_json::json!([{"seq": 4, "error": "bad"}])
+        );
     }
 }

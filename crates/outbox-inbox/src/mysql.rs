@@ -400,11 +400,10 @@ impl MySqlInbox {
         batch: u32,
     ) -> Result<u64, Error> {
         let micros = u64::try_from(older_than.as_micros()).unwrap_or(u64::MAX);
-        let batch = u64::from(batch.max(1));
-        sql::purge_in_batches(batch, || async move {
+        sql::purge_in_batches(batch, |batch| async move {
             let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
                 .bind(micros)
-                .bind(batch)
+                .bind(u64::from(batch))
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected())

@@ -382,11 +382,10 @@ impl PgInbox {
         batch: u32,
     ) -> Result<u64, Error> {
         let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-        let batch = i64::from(batch.max(1));
-        sql::purge_in_batches(batch as u64, || async move {
+        sql::purge_in_batches(batch, |batch| async move {
             let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
                 .bind(micros)
-                .bind(batch)
+                .bind(i64::from(batch))
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected())

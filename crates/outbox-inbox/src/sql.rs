@@ -341,21 +341,15 @@ impl<I: SqlInbox, F: SqlEffect<I::Db>> InboxHandler for SqlHandler<I, F> {
     }
 }
 
-/// Run `delete_batch` (one purge statement deleting at most `batch` rows) until it deletes fewer
-/// than `batch`; the total deleted.
-pub(crate) async fn purge_in_batches<F, Fut>(batch: u64, mut delete_batch: F) -> Result<u64, Error>
+/// Run `delete_batch(batch)` (one purge statement deleting at most `batch` rows; `0` counts as
+/// `1`) until it deletes fewer than `batch`; the total deleted. The loop is
+/// [`outbox_types::batch::in_batches`], shared with the stores' purges.
+pub(crate) async fn purge_in_batches<F, Fut>(batch: u32, delete_batch: F) -> Result<u64, Error>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(u32) -> Fut,
     Fut: Future<Output = Result<u64, Error>>,
 {
-    let mut total = 0;
-    loop {
-        let deleted = delete_batch().await?;
-        total += deleted;
-        if deleted < batch {
-            return Ok(total);
-        }
-    }
+    outbox_types::batch::in_batches(batch, |_| {}, delete_batch).await
 }
 
 /// How one database stores the two columns whose types differ: event ids and times.

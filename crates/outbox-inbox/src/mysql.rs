@@ -19,16 +19,18 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_types::EventId;
+use outbox_types::migration::latest_version;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row, Transaction};
 
 use crate::consumer::ParkedMessage;
-use crate::names::{check_handler, check_identifier, fnv1a};
+use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
     BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
-    ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
+    ParkedQuery, ParkedRecord, Processed, pending,
 };
+use outbox_types::sql_store::fnv1a;
 
 const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -259,12 +261,8 @@ impl MySqlInbox {
         .fetch_all(&mut *conn)
         .await?;
         let before = sql::applied_versions(&rows)?;
-        verify_applied(MIGRATIONS, &before)?;
         let mut applied = Vec::new();
-        for m in MIGRATIONS {
-            if before.iter().any(|(v, _)| *v == m.version) {
-                continue;
-            }
+        for m in pending(MIGRATIONS, &before)? {
             let sql = m
                 .sql
                 .replace("{t}", &n.qualified)
@@ -282,14 +280,14 @@ impl MySqlInbox {
             )))
             .bind(m.version)
             .bind(m.description)
-            .bind(checksum_of(m))
+            .bind(m.checksum())
             .execute(&mut *conn)
             .await?;
             applied.push(m.version);
         }
         Ok(MigrationReport {
             applied,
-            current: MIGRATIONS.last().map(|m| m.version).unwrap_or(0),
+            current: latest_version(MIGRATIONS),
         })
     }
 
@@ -609,5 +607,17 @@ mod tests {
             .map(str::to_owned)
             .collect();
         assert_eq!(outbox_types::sql_script::statements(sql), old);
+    }
+
+    /// The `(version, checksum)` rows a database migrated by earlier releases holds (checksums
+    /// taken then): still current, nothing to apply, so it is not migrated twice.
+    #[test]
+    fn a_database_migrated_by_earlier_releases_is_current() {
+        let recorded = [
+            (1, "70741bdf3f13599d".to_owned()),
+            (2, "9d7883dc22077ca3".to_owned()),
+        ];
+        assert!(crate::pending(MIGRATIONS, &recorded).unwrap().is_empty());
+        assert_eq!(latest_version(MIGRATIONS), recorded.len() as i64);
     }
 }

@@ -44,13 +44,3 @@ pub(crate) fn check_handler(handler: &str) -> Result<(), Error> {
         Ok(())
     }
 }
-
-/// A 64-bit FNV-1a hash: stable across builds, used for migration checksums and lock keys.
-pub(crate) fn fnv1a(text: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.as_bytes() {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
-}

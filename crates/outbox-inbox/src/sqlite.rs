@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_types::EventId;
+use outbox_types::migration::latest_version;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool, Transaction};
 
@@ -27,7 +28,7 @@ use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
     BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
-    ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
+    ParkedQuery, ParkedRecord, Processed, pending,
 };
 
 const MIGRATIONS: &[Migration] = &[Migration {
@@ -203,12 +204,8 @@ impl SqliteInbox {
         .fetch_all(&mut *tx)
         .await?;
         let before = sql::applied_versions(&rows)?;
-        verify_applied(MIGRATIONS, &before)?;
         let mut applied = Vec::new();
-        for m in MIGRATIONS {
-            if before.iter().any(|(v, _)| *v == m.version) {
-                continue;
-            }
+        for m in pending(MIGRATIONS, &before)? {
             let sql = m
                 .sql
                 .replace("{t}", &n.qualified)
@@ -221,7 +218,7 @@ impl SqliteInbox {
             )))
             .bind(m.version)
             .bind(m.description)
-            .bind(checksum_of(m))
+            .bind(m.checksum())
             .bind(now_micros())
             .execute(&mut *tx)
             .await?;
@@ -230,7 +227,7 @@ impl SqliteInbox {
         tx.commit().await?;
         Ok(MigrationReport {
             applied,
-            current: MIGRATIONS.last().map(|m| m.version).unwrap_or(0),
+            current: latest_version(MIGRATIONS),
         })
     }
 
@@ -542,4 +539,18 @@ const NOW_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS
 /// Microseconds since the Unix epoch, from the host clock.
 fn now_micros() -> i64 {
     chrono::Utc::now().timestamp_micros()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `(version, checksum)` rows a database migrated by earlier releases holds (checksums
+    /// taken then): still current, nothing to apply, so it is not migrated twice.
+    #[test]
+    fn a_database_migrated_by_earlier_releases_is_current() {
+        let recorded = [(1, "27bb5650701147f9".to_owned())];
+        assert!(crate::pending(MIGRATIONS, &recorded).unwrap().is_empty());
+        assert_eq!(latest_version(MIGRATIONS), recorded.len() as i64);
+    }
 }

@@ -21,14 +21,14 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_types::EventId;
 use outbox_types::migration::latest_version;
 use sqlx::mysql::MySqlRow;
-use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row, Transaction};
+use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row};
 
 use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
-    ParkedQuery, ParkedRecord, Processed, pending,
+    DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport, ParkedQuery,
+    ParkedRecord, pending,
 };
 use outbox_types::sql_store::fnv1a;
 
@@ -326,37 +326,6 @@ impl MySqlInbox {
         })
     }
 
-    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
-    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
-    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{Processed, mysql::MySqlInbox};
-    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
-    /// let done = MySqlInbox::new()
-    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
-    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
-    ///         Ok::<_, outbox_inbox::Error>(())
-    ///     }))
-    ///     .await?;
-    /// println!("applied: {}", done.is_applied());
-    /// # Ok(()) }
-    /// ```
-    pub async fn process<T, E, F>(
-        &self,
-        pool: &MySqlPool,
-        event_id: EventId,
-        handler: &str,
-        effect: F,
-    ) -> Result<Processed<T>, E>
-    where
-        F: for<'c> FnOnce(&'c mut Transaction<'static, MySql>) -> BoxFuture<'c, Result<T, E>>
-            + Send,
-        E: From<Error>,
-    {
-        sql::process(self, pool, event_id, handler, effect).await
-    }
-
     /// Whether `handler` has processed `event_id` (a committed row exists).
     ///
     /// ```no_run
@@ -557,7 +526,7 @@ impl MySqlInbox {
     }
 }
 
-sql::sql_inbox!(MySqlInbox, MySql, |pool| pool.begin());
+sql::sql_inbox!(MySqlInbox, MySql, "mysql", "MySqlPool", |pool| pool.begin());
 
 impl InboxRow for MySqlRow {
     /// A DATETIME(6) column as UTC (sqlx sets the session time zone to +00:00).

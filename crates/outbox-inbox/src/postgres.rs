@@ -14,14 +14,14 @@ use std::time::Duration;
 use outbox_types::EventId;
 use outbox_types::migration::latest_version;
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row};
 
 use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
-    ParkedQuery, ParkedRecord, Processed, pending,
+    DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport, ParkedQuery,
+    ParkedRecord, pending,
 };
 use outbox_types::sql_store::fnv1a;
 
@@ -308,37 +308,6 @@ impl PgInbox {
         })
     }
 
-    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
-    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
-    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{Processed, postgres::PgInbox};
-    /// # async fn demo(pool: sqlx::PgPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
-    /// let done = PgInbox::new()
-    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
-    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
-    ///         Ok::<_, outbox_inbox::Error>(())
-    ///     }))
-    ///     .await?;
-    /// println!("applied: {}", done.is_applied());
-    /// # Ok(()) }
-    /// ```
-    pub async fn process<T, E, F>(
-        &self,
-        pool: &PgPool,
-        event_id: EventId,
-        handler: &str,
-        effect: F,
-    ) -> Result<Processed<T>, E>
-    where
-        F: for<'c> FnOnce(&'c mut Transaction<'static, Postgres>) -> BoxFuture<'c, Result<T, E>>
-            + Send,
-        E: From<Error>,
-    {
-        sql::process(self, pool, event_id, handler, effect).await
-    }
-
     /// Whether `handler` has processed `event_id` (a committed row exists).
     ///
     /// ```no_run
@@ -538,7 +507,7 @@ impl PgInbox {
     }
 }
 
-sql::sql_inbox!(PgInbox, Postgres, |pool| pool.begin());
+sql::sql_inbox!(PgInbox, Postgres, "postgres", "PgPool", |pool| pool.begin());
 
 impl InboxRow for PgRow {
     fn event_id(&self, index: usize) -> Result<Option<EventId>, Error> {

@@ -21,14 +21,14 @@ use chrono::{DateTime, Utc};
 use outbox_types::EventId;
 use outbox_types::migration::latest_version;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool, Transaction};
+use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool};
 
 use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
-    ParkedQuery, ParkedRecord, Processed, pending,
+    DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport, ParkedQuery,
+    ParkedRecord, pending,
 };
 
 const MIGRATIONS: &[Migration] = &[Migration {
@@ -266,37 +266,6 @@ impl SqliteInbox {
         })
     }
 
-    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
-    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
-    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{Processed, sqlite::SqliteInbox};
-    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
-    /// let done = SqliteInbox::new()
-    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
-    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
-    ///         Ok::<_, outbox_inbox::Error>(())
-    ///     }))
-    ///     .await?;
-    /// println!("applied: {}", done.is_applied());
-    /// # Ok(()) }
-    /// ```
-    pub async fn process<T, E, F>(
-        &self,
-        pool: &SqlitePool,
-        event_id: EventId,
-        handler: &str,
-        effect: F,
-    ) -> Result<Processed<T>, E>
-    where
-        F: for<'c> FnOnce(&'c mut Transaction<'static, Sqlite>) -> BoxFuture<'c, Result<T, E>>
-            + Send,
-        E: From<Error>,
-    {
-        sql::process(self, pool, event_id, handler, effect).await
-    }
-
     /// Whether `handler` has processed `event_id` (a committed row exists).
     ///
     /// ```no_run
@@ -498,7 +467,7 @@ impl SqliteInbox {
     }
 }
 
-sql::sql_inbox!(SqliteInbox, Sqlite, |pool| pool
+sql::sql_inbox!(SqliteInbox, Sqlite, "sqlite", "SqlitePool", |pool| pool
     .begin_with("BEGIN IMMEDIATE"));
 
 impl InboxRow for SqliteRow {

@@ -216,6 +216,20 @@ pub(crate) fn pending<'m>(
 
 #[cfg(test)]
 mod tests {
+    /// A database whose `<table>_migrations` holds `recorded`, the `(version, checksum)` rows
+    /// earlier releases wrote, is current: nothing to apply, nothing refused.
+    pub(crate) fn assert_current(known: &[crate::Migration], recorded: &[(i64, &str)]) {
+        let recorded: Vec<(i64, String)> = recorded
+            .iter()
+            .map(|(v, c)| (*v, (*c).to_owned()))
+            .collect();
+        assert!(crate::pending(known, &recorded).unwrap().is_empty());
+        assert_eq!(
+            outbox_types::migration::latest_version(known),
+            recorded.len() as i64
+        );
+    }
+
     /// The names before `InboxClaim` and `HandlerOutcome` still compile, as aliases.
     #[test]
     #[allow(deprecated)]

@@ -243,7 +243,7 @@ pub async fn purge(
     batch: u32,
     progress: impl FnMut(u64),
 ) -> anyhow::Result<u64> {
-    in_batches(batch, progress, |batch| async move {
+    outbox_types::batch::in_batches(batch, progress, |batch| async move {
         store
             .purge_delivered(older_than, batch)
             .await
@@ -259,33 +259,11 @@ pub async fn purge_dead(
     batch: u32,
     progress: impl FnMut(u64),
 ) -> anyhow::Result<u64> {
-    in_batches(batch, progress, |batch| async move {
+    outbox_types::batch::in_batches(batch, progress, |batch| async move {
         store
             .purge_dead(older_than, batch)
             .await
             .context("deleting dead events failed")
     })
     .await
-}
-
-/// Run `purge_one(batch)` until a batch comes back short; the total deleted.
-async fn in_batches<F, Fut>(
-    batch: u32,
-    mut progress: impl FnMut(u64),
-    mut purge_one: F,
-) -> anyhow::Result<u64>
-where
-    F: FnMut(u32) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<u64>>,
-{
-    let batch = batch.max(1);
-    let mut total = 0u64;
-    loop {
-        let n = purge_one(batch).await?;
-        total += n;
-        progress(n);
-        if n < u64::from(batch) {
-            return Ok(total);
-        }
-    }
 }

@@ -193,57 +193,43 @@ impl<T> Processed<T> {
     }
 }
 
-/// What a `migrate` call did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MigrationReport {
-    /// Versions applied by this call, oldest first (empty when the schema was current).
-    pub applied: Vec<i64>,
-    /// The schema version now in the database.
-    pub current: i64,
-}
+pub use outbox_types::migration::MigrationReport;
 
 /// One schema change. `{t}` (the quoted inbox table), `{p}` (the quoted parked table) and
-/// `{table}` (the bare name, for index names) are replaced before it runs.
+/// `{table}` (the bare name, for index names) are replaced before it runs; the checksum recorded
+/// in `<table>_migrations` is [`outbox_types::migration::checksum`] of the template, as it
+/// always was.
 #[allow(dead_code)]
-pub(crate) struct Migration {
-    pub version: i64,
-    pub description: &'static str,
-    pub sql: &'static str,
-}
+pub(crate) type Migration = outbox_types::migration::Migration;
 
+/// The migrations of `known` not yet in `applied` (the `(version, checksum)` rows of
+/// `<table>_migrations`), oldest first; a version this build does not know, or an edited one,
+/// is [`Error::NotMigrated`].
 #[allow(dead_code)]
-pub(crate) fn checksum_of(m: &Migration) -> String {
-    format!("{:016x}", names::fnv1a(m.sql))
-}
-
-/// Check the versions already applied against the ones this build knows.
-#[allow(dead_code)]
-pub(crate) fn verify_applied(
-    known: &[Migration],
-    applied_before: &[(i64, String)],
-) -> Result<(), Error> {
-    let latest = known.last().map(|m| m.version).unwrap_or(0);
-    for (version, checksum) in applied_before {
-        match known.iter().find(|m| m.version == *version) {
-            None => {
-                return Err(Error::NotMigrated(format!(
-                    "the database has inbox schema version {version}, newer than this build knows ({latest}); upgrade outbox-inbox"
-                )));
-            }
-            Some(m) if checksum_of(m) != *checksum => {
-                return Err(Error::NotMigrated(format!(
-                    "inbox migration {version} ({}) differs from the one applied to the database; migrations must never be edited once released",
-                    m.description
-                )));
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(())
+pub(crate) fn pending<'m>(
+    known: &'m [Migration],
+    applied: &[(i64, String)],
+) -> Result<Vec<&'m Migration>, Error> {
+    outbox_types::migration::pending(outbox_types::migration::Schema::INBOX, known, applied)
+        .map_err(|e| Error::NotMigrated(e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
+    /// A database whose `<table>_migrations` holds `recorded`, the `(version, checksum)` rows
+    /// earlier releases wrote, is current: nothing to apply, nothing refused.
+    pub(crate) fn assert_current(known: &[crate::Migration], recorded: &[(i64, &str)]) {
+        let recorded: Vec<(i64, String)> = recorded
+            .iter()
+            .map(|(v, c)| (*v, (*c).to_owned()))
+            .collect();
+        assert!(crate::pending(known, &recorded).unwrap().is_empty());
+        assert_eq!(
+            outbox_types::migration::latest_version(known),
+            recorded.len() as i64
+        );
+    }
+
     /// The names before `InboxClaim` and `HandlerOutcome` still compile, as aliases.
     #[test]
     #[allow(deprecated)]

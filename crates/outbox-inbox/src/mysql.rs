@@ -19,16 +19,18 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_types::EventId;
+use outbox_types::migration::latest_version;
 use sqlx::mysql::MySqlRow;
-use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row, Transaction};
+use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row};
 
 use crate::consumer::ParkedMessage;
-use crate::names::{check_handler, check_identifier, fnv1a};
+use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
-    ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
+    DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport, ParkedQuery,
+    ParkedRecord, pending,
 };
+use outbox_types::sql_store::fnv1a;
 
 const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -259,12 +261,8 @@ impl MySqlInbox {
         .fetch_all(&mut *conn)
         .await?;
         let before = sql::applied_versions(&rows)?;
-        verify_applied(MIGRATIONS, &before)?;
         let mut applied = Vec::new();
-        for m in MIGRATIONS {
-            if before.iter().any(|(v, _)| *v == m.version) {
-                continue;
-            }
+        for m in pending(MIGRATIONS, &before)? {
             let sql = m
                 .sql
                 .replace("{t}", &n.qualified)
@@ -282,14 +280,14 @@ impl MySqlInbox {
             )))
             .bind(m.version)
             .bind(m.description)
-            .bind(checksum_of(m))
+            .bind(m.checksum())
             .execute(&mut *conn)
             .await?;
             applied.push(m.version);
         }
         Ok(MigrationReport {
             applied,
-            current: MIGRATIONS.last().map(|m| m.version).unwrap_or(0),
+            current: latest_version(MIGRATIONS),
         })
     }
 
@@ -326,37 +324,6 @@ impl MySqlInbox {
         } else {
             InboxClaim::Duplicate
         })
-    }
-
-    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
-    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
-    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{Processed, mysql::MySqlInbox};
-    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
-    /// let done = MySqlInbox::new()
-    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
-    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
-    ///         Ok::<_, outbox_inbox::Error>(())
-    ///     }))
-    ///     .await?;
-    /// println!("applied: {}", done.is_applied());
-    /// # Ok(()) }
-    /// ```
-    pub async fn process<T, E, F>(
-        &self,
-        pool: &MySqlPool,
-        event_id: EventId,
-        handler: &str,
-        effect: F,
-    ) -> Result<Processed<T>, E>
-    where
-        F: for<'c> FnOnce(&'c mut Transaction<'static, MySql>) -> BoxFuture<'c, Result<T, E>>
-            + Send,
-        E: From<Error>,
-    {
-        sql::process(self, pool, event_id, handler, effect).await
     }
 
     /// Whether `handler` has processed `event_id` (a committed row exists).
@@ -400,11 +367,10 @@ impl MySqlInbox {
         batch: u32,
     ) -> Result<u64, Error> {
         let micros = u64::try_from(older_than.as_micros()).unwrap_or(u64::MAX);
-        let batch = u64::from(batch.max(1));
-        sql::purge_in_batches(batch, || async move {
+        sql::purge_in_batches(batch, |batch| async move {
             let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
                 .bind(micros)
-                .bind(batch)
+                .bind(u64::from(batch))
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected())
@@ -560,7 +526,7 @@ impl MySqlInbox {
     }
 }
 
-sql::sql_inbox!(MySqlInbox, MySql, |pool| pool.begin());
+sql::sql_inbox!(MySqlInbox, MySql, "mysql", "MySqlPool", |pool| pool.begin());
 
 impl InboxRow for MySqlRow {
     /// A DATETIME(6) column as UTC (sqlx sets the session time zone to +00:00).
@@ -610,5 +576,14 @@ mod tests {
             .map(str::to_owned)
             .collect();
         assert_eq!(outbox_types::sql_script::statements(sql), old);
+    }
+
+    /// The checksums recorded by earlier releases still read as current.
+    #[test]
+    fn a_database_migrated_by_earlier_releases_is_current() {
+        crate::tests::assert_current(
+            MIGRATIONS,
+            &[(1, "70741bdf3f13599d"), (2, "9d7883dc22077ca3")],
+        );
     }
 }

@@ -14,19 +14,11 @@ pub const MAX_HANDLER_LEN: usize = 191;
     allow(dead_code)
 )]
 pub(crate) fn check_identifier(what: &str, name: &str) -> Result<(), Error> {
-    let valid = !name.is_empty()
-        && name.len() <= 48
-        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if valid {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "{what} `{name}` is not a plain identifier: use lowercase letters, digits and `_`, starting with a letter or `_`, at most 48 characters"
-        )))
-    }
+    // The stores' check, with the same rule and words; its error carries the message as is.
+    outbox_types::sql_store::check_identifier(what, name, 48).map_err(|e| match e {
+        outbox_types::StoreError::Invalid(message) => Error::Invalid(message),
+        other => Error::Invalid(other.to_string()),
+    })
 }
 
 /// Check a handler name: not empty, at most [`MAX_HANDLER_LEN`] characters.
@@ -45,12 +37,20 @@ pub(crate) fn check_handler(handler: &str) -> Result<(), Error> {
     }
 }
 
-/// A 64-bit FNV-1a hash: stable across builds, used for migration checksums and lock keys.
-pub(crate) fn fnv1a(text: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.as_bytes() {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_table_name_is_checked_with_the_same_words() {
+        assert!(super::check_identifier("table", "outbox_inbox").is_ok());
+        let error = super::check_identifier("table", "Bad-Name").unwrap_err();
+        assert!(matches!(error, crate::Error::Invalid(_)));
+        assert_eq!(
+            error.to_string(),
+            crate::Error::Invalid(
+                "table `Bad-Name` is not a plain identifier: use lowercase letters, digits and `_`, starting with a letter or `_`, at most 48 characters".to_owned()
+            )
+            .to_string()
+        );
+        assert!(super::check_identifier("table", &"a".repeat(49)).is_err());
     }
-    hash
 }

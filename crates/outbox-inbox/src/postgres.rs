@@ -12,16 +12,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_types::EventId;
+use outbox_types::migration::latest_version;
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row};
 
 use crate::consumer::ParkedMessage;
-use crate::names::{check_handler, check_identifier, fnv1a};
+use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
-    ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
+    DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport, ParkedQuery,
+    ParkedRecord, pending,
 };
+use outbox_types::sql_store::fnv1a;
 
 const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -244,12 +246,8 @@ impl PgInbox {
         .fetch_all(&mut *tx)
         .await?;
         let before = sql::applied_versions(&rows)?;
-        verify_applied(MIGRATIONS, &before)?;
         let mut applied = Vec::new();
-        for m in MIGRATIONS {
-            if before.iter().any(|(v, _)| *v == m.version) {
-                continue;
-            }
+        for m in pending(MIGRATIONS, &before)? {
             let sql = m
                 .sql
                 .replace("{t}", &n.qualified)
@@ -263,7 +261,7 @@ impl PgInbox {
             )))
             .bind(m.version)
             .bind(m.description)
-            .bind(checksum_of(m))
+            .bind(m.checksum())
             .execute(&mut *tx)
             .await?;
             applied.push(m.version);
@@ -271,7 +269,7 @@ impl PgInbox {
         tx.commit().await?;
         Ok(MigrationReport {
             applied,
-            current: MIGRATIONS.last().map(|m| m.version).unwrap_or(0),
+            current: latest_version(MIGRATIONS),
         })
     }
 
@@ -308,37 +306,6 @@ impl PgInbox {
         } else {
             InboxClaim::Duplicate
         })
-    }
-
-    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
-    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
-    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{Processed, postgres::PgInbox};
-    /// # async fn demo(pool: sqlx::PgPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
-    /// let done = PgInbox::new()
-    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
-    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
-    ///         Ok::<_, outbox_inbox::Error>(())
-    ///     }))
-    ///     .await?;
-    /// println!("applied: {}", done.is_applied());
-    /// # Ok(()) }
-    /// ```
-    pub async fn process<T, E, F>(
-        &self,
-        pool: &PgPool,
-        event_id: EventId,
-        handler: &str,
-        effect: F,
-    ) -> Result<Processed<T>, E>
-    where
-        F: for<'c> FnOnce(&'c mut Transaction<'static, Postgres>) -> BoxFuture<'c, Result<T, E>>
-            + Send,
-        E: From<Error>,
-    {
-        sql::process(self, pool, event_id, handler, effect).await
     }
 
     /// Whether `handler` has processed `event_id` (a committed row exists).
@@ -382,11 +349,10 @@ impl PgInbox {
         batch: u32,
     ) -> Result<u64, Error> {
         let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-        let batch = i64::from(batch.max(1));
-        sql::purge_in_batches(batch as u64, || async move {
+        sql::purge_in_batches(batch, |batch| async move {
             let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
                 .bind(micros)
-                .bind(batch)
+                .bind(i64::from(batch))
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected())
@@ -541,7 +507,7 @@ impl PgInbox {
     }
 }
 
-sql::sql_inbox!(PgInbox, Postgres, |pool| pool.begin());
+sql::sql_inbox!(PgInbox, Postgres, "postgres", "PgPool", |pool| pool.begin());
 
 impl InboxRow for PgRow {
     fn event_id(&self, index: usize) -> Result<Option<EventId>, Error> {
@@ -575,3 +541,17 @@ impl<F: SqlEffect<Postgres>> PgEffect for F {}
 /// # Ok(()) }
 /// ```
 pub type PgHandler<F> = SqlHandler<PgInbox, F>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checksums recorded by earlier releases still read as current.
+    #[test]
+    fn a_database_migrated_by_earlier_releases_is_current() {
+        crate::tests::assert_current(
+            MIGRATIONS,
+            &[(1, "565c31f1a5e8b62c"), (2, "8de3191b24ffdf2c")],
+        );
+    }
+}

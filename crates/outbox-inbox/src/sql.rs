@@ -136,10 +136,47 @@ pub trait SqlInbox: Clone + Send + Sync + 'static {
     }
 }
 
-/// Implement [`SqlInbox`] for `$inbox` by calling its inherent methods; `$begin` opens the
-/// claim's transaction on `$pool`.
+/// Implement [`SqlInbox`] for `$inbox` by calling its inherent methods, and write its inherent
+/// `process` (the same for every database, documented with an example in module `$module` over
+/// `sqlx::$pool_ty`); `$begin` opens the claim's transaction on `$pool`.
 macro_rules! sql_inbox {
-    ($inbox:ty, $db:ty, |$pool:ident| $begin:expr) => {
+    ($inbox:ident, $db:ty, $module:literal, $pool_ty:literal, |$pool:ident| $begin:expr) => {
+        impl $inbox {
+            /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
+            /// [`Processed::Duplicate`](crate::Processed::Duplicate) without calling `effect`; an
+            /// error (the effect's or the database's) rolls back, so nothing is recorded and a
+            /// redelivery runs the effect again.
+            ///
+            /// ```no_run
+            #[doc = concat!("use outbox_inbox::{Processed, ", $module, "::", stringify!($inbox), "};")]
+            #[doc = concat!("# async fn demo(pool: sqlx::", $pool_ty, ", id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {")]
+            #[doc = concat!("let done = ", stringify!($inbox), "::new()")]
+            ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
+            ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
+            ///         Ok::<_, outbox_inbox::Error>(())
+            ///     }))
+            ///     .await?;
+            /// println!("applied: {}", done.is_applied());
+            /// # Ok(()) }
+            /// ```
+            pub async fn process<T, E, F>(
+                &self,
+                pool: &sqlx::Pool<$db>,
+                event_id: outbox_types::EventId,
+                handler: &str,
+                effect: F,
+            ) -> Result<$crate::Processed<T>, E>
+            where
+                F: for<'c> FnOnce(
+                        &'c mut sqlx::Transaction<'static, $db>,
+                    ) -> $crate::BoxFuture<'c, Result<T, E>>
+                    + Send,
+                E: From<$crate::Error>,
+            {
+                $crate::sql::process(self, pool, event_id, handler, effect).await
+            }
+        }
+
         impl $crate::sql::SqlInbox for $inbox {
             type Db = $db;
 
@@ -341,21 +378,15 @@ impl<I: SqlInbox, F: SqlEffect<I::Db>> InboxHandler for SqlHandler<I, F> {
     }
 }
 
-/// Run `delete_batch` (one purge statement deleting at most `batch` rows) until it deletes fewer
-/// than `batch`; the total deleted.
-pub(crate) async fn purge_in_batches<F, Fut>(batch: u64, mut delete_batch: F) -> Result<u64, Error>
+/// Run `delete_batch(batch)` (one purge statement deleting at most `batch` rows; `0` counts as
+/// `1`) until it deletes fewer than `batch`; the total deleted. The loop is
+/// [`outbox_types::batch::in_batches`], shared with the stores' purges.
+pub(crate) async fn purge_in_batches<F, Fut>(batch: u32, delete_batch: F) -> Result<u64, Error>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(u32) -> Fut,
     Fut: Future<Output = Result<u64, Error>>,
 {
-    let mut total = 0;
-    loop {
-        let deleted = delete_batch().await?;
-        total += deleted;
-        if deleted < batch {
-            return Ok(total);
-        }
-    }
+    outbox_types::batch::in_batches(batch, |_| {}, delete_batch).await
 }
 
 /// How one database stores the two columns whose types differ: event ids and times.

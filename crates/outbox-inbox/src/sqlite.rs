@@ -19,15 +19,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_types::EventId;
+use outbox_types::migration::latest_version;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool, Transaction};
+use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool};
 
 use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
 use crate::{
-    BoxFuture, DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport,
-    ParkedQuery, ParkedRecord, Processed, checksum_of, verify_applied,
+    DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport, ParkedQuery,
+    ParkedRecord, pending,
 };
 
 const MIGRATIONS: &[Migration] = &[Migration {
@@ -203,12 +204,8 @@ impl SqliteInbox {
         .fetch_all(&mut *tx)
         .await?;
         let before = sql::applied_versions(&rows)?;
-        verify_applied(MIGRATIONS, &before)?;
         let mut applied = Vec::new();
-        for m in MIGRATIONS {
-            if before.iter().any(|(v, _)| *v == m.version) {
-                continue;
-            }
+        for m in pending(MIGRATIONS, &before)? {
             let sql = m
                 .sql
                 .replace("{t}", &n.qualified)
@@ -221,7 +218,7 @@ impl SqliteInbox {
             )))
             .bind(m.version)
             .bind(m.description)
-            .bind(checksum_of(m))
+            .bind(m.checksum())
             .bind(now_micros())
             .execute(&mut *tx)
             .await?;
@@ -230,7 +227,7 @@ impl SqliteInbox {
         tx.commit().await?;
         Ok(MigrationReport {
             applied,
-            current: MIGRATIONS.last().map(|m| m.version).unwrap_or(0),
+            current: latest_version(MIGRATIONS),
         })
     }
 
@@ -267,37 +264,6 @@ impl SqliteInbox {
         } else {
             InboxClaim::Duplicate
         })
-    }
-
-    /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
-    /// [`Processed::Duplicate`] without calling `effect`; an error (the effect's or the
-    /// database's) rolls back, so nothing is recorded and a redelivery runs the effect again.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{Processed, sqlite::SqliteInbox};
-    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
-    /// let done = SqliteInbox::new()
-    ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
-    ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
-    ///         Ok::<_, outbox_inbox::Error>(())
-    ///     }))
-    ///     .await?;
-    /// println!("applied: {}", done.is_applied());
-    /// # Ok(()) }
-    /// ```
-    pub async fn process<T, E, F>(
-        &self,
-        pool: &SqlitePool,
-        event_id: EventId,
-        handler: &str,
-        effect: F,
-    ) -> Result<Processed<T>, E>
-    where
-        F: for<'c> FnOnce(&'c mut Transaction<'static, Sqlite>) -> BoxFuture<'c, Result<T, E>>
-            + Send,
-        E: From<Error>,
-    {
-        sql::process(self, pool, event_id, handler, effect).await
     }
 
     /// Whether `handler` has processed `event_id` (a committed row exists).
@@ -342,11 +308,10 @@ impl SqliteInbox {
     ) -> Result<u64, Error> {
         let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
         let cutoff = now_micros().saturating_sub(micros);
-        let batch = i64::from(batch.max(1));
-        sql::purge_in_batches(batch as u64, || async move {
+        sql::purge_in_batches(batch, |batch| async move {
             let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
                 .bind(cutoff)
-                .bind(batch)
+                .bind(i64::from(batch))
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected())
@@ -502,7 +467,7 @@ impl SqliteInbox {
     }
 }
 
-sql::sql_inbox!(SqliteInbox, Sqlite, |pool| pool
+sql::sql_inbox!(SqliteInbox, Sqlite, "sqlite", "SqlitePool", |pool| pool
     .begin_with("BEGIN IMMEDIATE"));
 
 impl InboxRow for SqliteRow {
@@ -543,4 +508,15 @@ const NOW_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS
 /// Microseconds since the Unix epoch, from the host clock.
 fn now_micros() -> i64 {
     chrono::Utc::now().timestamp_micros()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checksums recorded by earlier releases still read as current.
+    #[test]
+    fn a_database_migrated_by_earlier_releases_is_current() {
+        crate::tests::assert_current(MIGRATIONS, &[(1, "27bb5650701147f9")]);
+    }
 }

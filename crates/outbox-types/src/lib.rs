@@ -31,6 +31,7 @@
 //! assert_eq!(event.payload(), r#"{"order_id":42,"amount_cents":1999}"#);
 //! ```
 
+pub mod batch;
 pub mod cloudevents;
 mod error;
 mod event;

@@ -49,13 +49,10 @@ async fn enqueue_order_updates(store: &outbox_postgresql::PgStore, count: u32) {
 #[test]
 fn unknown_config_key_exits_2_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("outbox.toml");
-    std::fs::write(
-        &file,
+    let o = common::relay_with_config(
+        dir.path(),
         "[database]\nurl = \"sqlite://x.db\"\n[relay]\npoll_intervl = \"1s\"\n",
-    )
-    .unwrap();
-    let o = outbox(&["relay", "--config", file.to_str().unwrap()]);
+    );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("unknown key `relay.poll_intervl`"), "{err}");
@@ -495,12 +492,7 @@ async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
         .await
         .unwrap();
         assert_eq!(rows, left, "{tag}: rows left after the drain");
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA \"{schema}\" CASCADE"
-        )))
-        .execute(store.pool())
-        .await
-        .unwrap();
+        common::drop_pg_schema(store.pool(), &schema).await;
     }
 }
 

@@ -90,7 +90,7 @@ sync = true
     );
 
     // Ten table rows and ten logical messages, one rolled-back transaction of each.
-    enqueue_order_updates(&store, 0..10).await;
+    common::enqueue_order_updates(&store, 0..10).await;
     let mut tx = store.pool().begin().await.unwrap();
     for n in 0..10u32 {
         let e = NewEvent::new("cart", "c1", "CartUpdated", &serde_json::json!({ "n": n })).unwrap();
@@ -153,7 +153,7 @@ sync = true
         .execute(store.pool())
         .await
         .unwrap();
-    enqueue_order_updates(&store, 10..15).await;
+    common::enqueue_order_updates(&store, 10..15).await;
     let o = outbox(&["relay", "--config", &config, "--drain"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("outbox wal recover"), "{}", text(&o));
@@ -457,20 +457,4 @@ sync = true
     drop(_b);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _ = outbox(&["wal", "drop-slot", "--config", &config_a]);
-}
-
-/// Enqueue an `OrderUpdated` of order `o1` for each `n` in `ns`, in one committed transaction.
-async fn enqueue_order_updates(store: &PgStore, ns: std::ops::Range<u32>) {
-    let mut tx = store.pool().begin().await.unwrap();
-    for n in ns {
-        let e = NewEvent::new(
-            "order",
-            "o1",
-            "OrderUpdated",
-            &serde_json::json!({ "n": n }),
-        )
-        .unwrap();
-        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
 }

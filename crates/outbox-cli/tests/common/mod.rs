@@ -123,3 +123,19 @@ pub fn relay_with_config(dir: &std::path::Path, toml: &str) -> Output {
     std::fs::write(&file, toml).unwrap();
     outbox(&["relay", "--config", file.to_str().unwrap()])
 }
+
+/// Enqueue an `OrderUpdated` of order `o1` for each `n` in `ns`, in one committed transaction.
+pub async fn enqueue_order_updates(store: &outbox_postgresql::PgStore, ns: std::ops::Range<u32>) {
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in ns {
+        let e = outbox_types::NewEvent::new(
+            "order",
+            "o1",
+            "OrderUpdated",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}

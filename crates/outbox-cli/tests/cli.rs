@@ -30,32 +30,13 @@ fn file_sink_config(
     (config, out)
 }
 
-/// Enqueue `count` updates of order `o1` in one transaction.
-async fn enqueue_order_updates(store: &outbox_postgresql::PgStore, count: u32) {
-    let mut tx = store.pool().begin().await.unwrap();
-    for n in 0..count {
-        let e = outbox_types::NewEvent::new(
-            "order",
-            "o1",
-            "OrderUpdated",
-            &serde_json::json!({ "n": n }),
-        )
-        .unwrap();
-        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-}
-
 #[test]
 fn unknown_config_key_exits_2_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("outbox.toml");
-    std::fs::write(
-        &file,
+    let o = common::relay_with_config(
+        dir.path(),
         "[database]\nurl = \"sqlite://x.db\"\n[relay]\npoll_intervl = \"1s\"\n",
-    )
-    .unwrap();
-    let o = outbox(&["relay", "--config", file.to_str().unwrap()]);
+    );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("unknown key `relay.poll_intervl`"), "{err}");
@@ -415,7 +396,7 @@ async fn the_partitioned_layout_works_through_the_binary() {
         partitions >= 3,
         "current + 2 ahead (+ default): {partitions}"
     );
-    enqueue_order_updates(&store, 10).await;
+    common::enqueue_order_updates(&store, 0..10).await;
     let o = outbox(&["relay", "--config", config, "--drain"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 10);
@@ -480,7 +461,7 @@ async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
         )
         .await
         .unwrap();
-        enqueue_order_updates(&store, 10).await;
+        common::enqueue_order_updates(&store, 0..10).await;
         let o = outbox(&["relay", "--config", config, "--drain"]);
         assert!(o.status.success(), "{}", stderr(&o));
         assert_eq!(
@@ -495,12 +476,7 @@ async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
         .await
         .unwrap();
         assert_eq!(rows, left, "{tag}: rows left after the drain");
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA \"{schema}\" CASCADE"
-        )))
-        .execute(store.pool())
-        .await
-        .unwrap();
+        common::drop_pg_schema(store.pool(), &schema).await;
     }
 }
 

@@ -92,10 +92,7 @@ async fn receive(
     headers: HeaderMap,
     body: String,
 ) -> &'static str {
-    let headers = headers
-        .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
-        .collect();
+    let headers = common::header_pairs(&headers);
     received.lock().unwrap().push((headers, body));
     "ok"
 }

@@ -45,10 +45,7 @@ async fn receive(
     headers: HeaderMap,
     body: String,
 ) -> &'static str {
-    let headers = headers
-        .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
-        .collect();
+    let headers = common::header_pairs(&headers);
     received.0.lock().unwrap().push((event_type, headers, body));
     let delay = received.1.load(std::sync::atomic::Ordering::SeqCst);
     if delay > 0 {

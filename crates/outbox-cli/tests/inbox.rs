@@ -238,12 +238,7 @@ async fn postgres_inbox_from_the_relay_config_with_its_own_database_url() {
     assert!(text(&check).contains("[inbox]"), "{}", text(&check));
     assert!(!text(&check).contains("inboxsecret"), "{}", text(&check));
 
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    common::drop_pg_schema(&pool, &schema).await;
 }
 
 #[tokio::test]

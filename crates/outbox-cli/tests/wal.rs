@@ -90,18 +90,7 @@ sync = true
     );
 
     // Ten table rows and ten logical messages, one rolled-back transaction of each.
-    let mut tx = store.pool().begin().await.unwrap();
-    for n in 0..10u32 {
-        let e = NewEvent::new(
-            "order",
-            "o1",
-            "OrderUpdated",
-            &serde_json::json!({ "n": n }),
-        )
-        .unwrap();
-        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    common::enqueue_order_updates(&store, 0..10).await;
     let mut tx = store.pool().begin().await.unwrap();
     for n in 0..10u32 {
         let e = NewEvent::new("cart", "c1", "CartUpdated", &serde_json::json!({ "n": n })).unwrap();
@@ -164,18 +153,7 @@ sync = true
         .execute(store.pool())
         .await
         .unwrap();
-    let mut tx = store.pool().begin().await.unwrap();
-    for n in 10..15u32 {
-        let e = NewEvent::new(
-            "order",
-            "o1",
-            "OrderUpdated",
-            &serde_json::json!({ "n": n }),
-        )
-        .unwrap();
-        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    common::enqueue_order_updates(&store, 10..15).await;
     let o = outbox(&["relay", "--config", &config, "--drain"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("outbox wal recover"), "{}", text(&o));
@@ -310,13 +288,11 @@ type = "stdout"
 #[test]
 fn wal_mode_needs_postgresql_and_valid_names() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
+    let o = common::relay_with_config(
+        dir.path(),
         "mode = \"wal\"\n[database]\nurl = \"sqlite://x.db\"\n",
-    )
-    .unwrap();
-    let o = outbox(&["relay", "--config", config.to_str().unwrap()]);
+    );
+    let config = dir.path().join("outbox.toml");
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("needs a PostgreSQL"), "{}", text(&o));
     std::fs::write(

@@ -111,12 +111,7 @@ async fn delivers_exactly_what_a_writer_committed(lang: &str, writer: Command) {
         .filter(|m| m["headers"]["writer"] == lang)
         .count();
     assert_eq!(through_function, 3, "{lang}: headers kept: {delivered:?}");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    common::drop_pg_schema(&pool, &schema).await;
 }
 
 #[tokio::test]

@@ -5,22 +5,24 @@ mod common;
 use std::time::Duration;
 
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
-use outbox_types::{Event, NewEvent, Outcome, Sink};
+use outbox_types::{Event, Outcome, Sink};
 use rdkafka::Message;
 
 fn event(aggregate: &str, payload: &str, destination: Option<String>) -> Event {
-    let event = NewEvent::from_json("order", aggregate, "OrderCreated", "{}")
-        .unwrap()
-        .with_traceparent(
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            None,
-        )
-        .unwrap()
-        .claimed(1);
     Event {
-        payload: payload.into(),
         destination,
-        ..event
+        ..common::claimed_event("order", aggregate, payload)
+    }
+}
+
+/// `outcome` is a rejection whose reason contains each of `words`; otherwise the test fails,
+/// saying `what`.
+fn assert_rejected(outcome: &Outcome, words: &[&str], what: &str) {
+    match outcome {
+        Outcome::Reject { reason } => {
+            assert!(words.iter().all(|w| reason.contains(w)), "{reason}")
+        }
+        other => panic!("{what}: {other:?}"),
     }
 }
 
@@ -94,24 +96,16 @@ async fn a_record_too_large_is_rejected_and_the_rest_of_the_batch_is_delivered()
     let outcomes = sink.publish(&batch).await;
     assert_eq!(outcomes[0], Outcome::Delivered);
     assert_eq!(outcomes[2], Outcome::Delivered);
-    match &outcomes[1] {
-        Outcome::Reject { reason } => {
-            assert!(
-                reason.contains(&topic) && reason.contains("max_message_bytes"),
-                "{reason}"
-            )
-        }
-        other => panic!("a too-large record must be rejected: {other:?}"),
-    }
-    match &outcomes[3] {
-        Outcome::Reject { reason } => {
-            assert!(
-                reason.contains("has a space") && reason.contains("destination"),
-                "{reason}"
-            )
-        }
-        other => panic!("an illegal topic name must be rejected: {other:?}"),
-    }
+    assert_rejected(
+        &outcomes[1],
+        &[&topic, "max_message_bytes"],
+        "a too-large record must be rejected",
+    );
+    assert_rejected(
+        &outcomes[3],
+        &["has a space", "destination"],
+        "an illegal topic name must be rejected",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,14 +126,17 @@ async fn a_missing_topic_is_rejected_when_auto_creation_is_off() {
     // Once librdkafka learnt the topic is missing, every record for it is refused at once.
     for _ in 0..2 {
         let outcomes = sink.publish(&[event("1", "{}", None)]).await;
-        match &outcomes[..] {
-            [Outcome::Reject { reason }] => assert!(
-                reason.contains(&format!("topic `{topic}` does not exist"))
-                    && reason.contains("create the topic"),
-                "{reason}"
-            ),
-            other => panic!("a missing topic must be rejected: {other:?}"),
-        }
+        let [outcome] = &outcomes[..] else {
+            panic!("a missing topic must be rejected: {outcomes:?}");
+        };
+        assert_rejected(
+            outcome,
+            &[
+                &format!("topic `{topic}` does not exist"),
+                "create the topic",
+            ],
+            "a missing topic must be rejected",
+        );
     }
 }
 

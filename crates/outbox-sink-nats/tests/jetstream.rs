@@ -13,7 +13,7 @@ use async_nats::jetstream;
 use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_nats::{NatsSink, NatsSinkConfig};
 use outbox_testkit::{TcpProxy, numbered};
-use outbox_types::{EventState, Outcome, Sink, Store};
+use outbox_types::{Outcome, Sink, Store};
 
 const NATS: &str = "nats://127.0.0.1:4222";
 
@@ -60,26 +60,16 @@ async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
     let prefix = format!("outbox_{id}");
     let stream = format!("S_{id}").to_uppercase();
 
-    let mut committed = Vec::new();
-    for n in 0..6u64 {
-        for a in 0..8 {
-            committed.push(numbered(&format!("a{a}"), n));
-        }
-    }
-    committed.push(
+    let (committed, committed_ids) = common::enqueue_with_ghosts(
+        &store,
         numbered("special", 0)
             .with_destination(format!("{prefix}.audit"))
-            .with_header(
-                "traceparent",
-                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            )
+            .with_header("traceparent", common::SPECIAL_TRACEPARENT)
             .with_header("Nats-Expected-Stream", "forged")
             .with_header("Outbox-Event-Id", "forged")
             .with_idempotency_key("special-0"),
-    );
-    let committed_ids = common::enqueue_committed(&store, &committed).await;
-    let ghosts: Vec<_> = (0..5).map(|n| numbered("ghost", n)).collect();
-    common::enqueue_rolled_back(&store, &ghosts).await;
+    )
+    .await;
 
     let sink = NatsSink::connect(config(serde_json::json!({
         "servers": [NATS],
@@ -289,41 +279,10 @@ async fn broker_down_at_start_keeps_events_pending_until_it_is_back() {
     let common::RunningRelay { ids, stop, run } =
         common::outage_costs_no_attempt(&store, sink, "nats-test", "NATS unreachable").await;
 
-    proxy.restore();
-    common::wait_for_stats(
-        &store,
-        Duration::from_secs(30),
-        "delivery after the outage",
-        |s| s.delivered == 30,
-    )
-    .await;
-
+    common::restore_until_delivered(&store, &proxy, 30, "delivery after the outage").await;
     // Now the connection is lost while the relay runs: same story, through a reconnect.
-    proxy.cut();
-    let later: Vec<_> = (6..10u64)
-        .flat_map(|n| (0..5).map(move |a| numbered(&format!("a{a}"), n)))
-        .collect();
-    let later_ids = common::enqueue_committed(&store, &later).await;
-    let record = common::wait_for_record(
-        &store,
-        later_ids[0],
-        Duration::from_secs(20),
-        "pending after a failed attempt after the cut",
-        |r| r.state == EventState::Pending && r.last_error.is_some(),
-    )
-    .await;
-    assert_eq!(record.state, EventState::Pending);
-    proxy.restore();
-    common::wait_for_stats(
-        &store,
-        Duration::from_secs(30),
-        "delivery after the reconnect",
-        |s| s.delivered == 50,
-    )
-    .await;
-    let _ = stop.send(());
-    let report = run.await.unwrap();
-    assert_eq!(report.dead, 0, "{report:?}");
+    let later_ids = common::cut_while_running(&store, &proxy).await;
+    let report = common::stop_with_no_dead(stop, run).await;
     assert!(report.unavailable > 0, "{report:?}");
 
     let js = jetstream_context().await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
 use outbox_testkit::{TcpProxy, numbered};
-use outbox_types::{EventState, NewEvent, RetryPolicy, Sink, Store};
+use outbox_types::{NewEvent, RetryPolicy, Sink, Store};
 
 fn relay_config(batch_size: u32) -> RelayConfig {
     RelayConfig {
@@ -69,16 +69,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
     let report = Relay::new(store.clone(), sink, relay_config(40))
         .run(std::future::pending())
         .await;
-    assert_eq!(report.delivered, committed.len() as u64, "{report:?}");
-    assert_eq!(report.retried + report.dead, 0, "{report:?}");
-
-    let stats = store.stats().await.unwrap();
-    assert_eq!(stats.delivered, committed.len() as u64, "{stats:?}");
-    assert_eq!(stats.pending + stats.in_flight + stats.dead, 0, "{stats:?}");
-    for event in &committed {
-        let record = store.get(event.id()).await.unwrap().unwrap();
-        assert_eq!(record.state, EventState::Delivered);
-    }
+    common::assert_all_delivered(&store, &report, &committed).await;
 
     let expected = (aggregates * per_aggregate) as usize;
     let messages = rabbit.drain_expecting(&numbered_queue, expected).await;

@@ -3,21 +3,10 @@
 mod common;
 
 use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
-use outbox_types::{Event, NewEvent, Outcome, Sink};
+use outbox_types::{Event, Outcome, Sink};
 
 fn event(aggregate: &str, aggregate_type: &str, payload: &str) -> Event {
-    let event = NewEvent::from_json(aggregate_type, aggregate, "OrderCreated", "{}")
-        .unwrap()
-        .with_traceparent(
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            None,
-        )
-        .unwrap()
-        .claimed(1);
-    Event {
-        payload: payload.into(),
-        ..event
-    }
+    common::claimed_event(aggregate_type, aggregate, payload)
 }
 
 fn config(json: serde_json::Value) -> RabbitMqSinkConfig {

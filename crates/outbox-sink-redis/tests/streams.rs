@@ -12,7 +12,7 @@ use std::time::Duration;
 use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 use outbox_testkit::{TcpProxy, numbered};
-use outbox_types::{EventState, Outcome, Sink, Store};
+use outbox_types::{Outcome, Sink, Store};
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
 
@@ -245,41 +245,10 @@ async fn redis_down_keeps_events_pending_until_it_is_back() {
     let common::RunningRelay { ids, stop, run } =
         common::outage_costs_no_attempt(&store, sink, "redis-test", "Redis unreachable").await;
 
-    proxy.restore();
-    common::wait_for_stats(
-        &store,
-        Duration::from_secs(30),
-        "delivery after the outage",
-        |s| s.delivered == 30,
-    )
-    .await;
-
+    common::restore_until_delivered(&store, &proxy, 30, "delivery after the outage").await;
     // The connection goes away while the relay runs: the sink reconnects on demand.
-    proxy.cut();
-    let later: Vec<_> = (6..10u64)
-        .flat_map(|n| (0..5).map(move |a| numbered(&format!("a{a}"), n)))
-        .collect();
-    let later_ids = common::enqueue_committed(&store, &later).await;
-    let record = common::wait_for_record(
-        &store,
-        later_ids[0],
-        Duration::from_secs(20),
-        "pending after a failed attempt after the cut",
-        |r| r.state == EventState::Pending && r.last_error.is_some(),
-    )
-    .await;
-    assert_eq!(record.state, EventState::Pending);
-    proxy.restore();
-    common::wait_for_stats(
-        &store,
-        Duration::from_secs(30),
-        "delivery after the reconnect",
-        |s| s.delivered == 50,
-    )
-    .await;
-    let _ = stop.send(());
-    let report = run.await.unwrap();
-    assert_eq!(report.dead, 0, "{report:?}");
+    let later_ids = common::cut_while_running(&store, &proxy).await;
+    common::stop_with_no_dead(stop, run).await;
 
     let mut con = redis().await;
     let entries = xrange(&mut con, &key).await;

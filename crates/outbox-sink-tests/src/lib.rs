@@ -16,7 +16,7 @@ use outbox_engine::{Relay, RelayConfig, RelayReport};
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_testkit::numbered;
 use outbox_types::{
-    EventId, EventRecord, EventState, NewEvent, OutboxStats, RetryPolicy, Sink, Store,
+    Event, EventId, EventRecord, EventState, NewEvent, OutboxStats, RetryPolicy, Sink, Store,
 };
 use sqlx::postgres::PgPoolOptions;
 
@@ -212,6 +212,13 @@ pub async fn outage_costs_no_attempt<K: Sink>(
 /// attempt, and its `last_error` contains each of `names` (the broker's address, the topic…).
 pub async fn assert_outage_cost_no_attempt(store: &PgStore, id: EventId, names: &[&str]) {
     tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_no_attempt_spent(store, id, names).await;
+}
+
+/// The record of event `id` now: waiting (or claimed for the trial call the relay makes now and
+/// then), never delivered or dead, no attempt spent, and its `last_error` contains each of
+/// `names`. [`assert_outage_cost_no_attempt`] without its wait, for a test that waits its own way.
+pub async fn assert_no_attempt_spent(store: &PgStore, id: EventId, names: &[&str]) {
     let record = store.get(id).await.unwrap().unwrap();
     assert!(
         matches!(record.state, EventState::Pending | EventState::InFlight),
@@ -249,4 +256,114 @@ pub fn order_violations(delivered: &[(String, u64)]) -> Vec<String> {
         last.insert(aggregate, *n);
     }
     bad
+}
+
+/// Restore the cut `proxy` and wait (up to 30 s) until `delivered` events are delivered; `what`
+/// names the wait if it times out.
+pub async fn restore_until_delivered(
+    store: &PgStore,
+    proxy: &outbox_testkit::TcpProxy,
+    delivered: u64,
+    what: &str,
+) {
+    proxy.restore();
+    wait_for_stats(store, Duration::from_secs(30), what, |s| {
+        s.delivered == delivered
+    })
+    .await;
+}
+
+/// The connection lost while the relay runs, after [`outage_costs_no_attempt`]'s 30 events were
+/// delivered: 20 more events (aggregates `a0`..`a4`, numbers 6 to 9) are enqueued with `proxy`
+/// cut; the first fails a call and waits; once `proxy` is restored all 50 are delivered.
+/// Returns the ids of the 20.
+pub async fn cut_while_running(store: &PgStore, proxy: &outbox_testkit::TcpProxy) -> Vec<EventId> {
+    proxy.cut();
+    let later: Vec<_> = (6..10u64)
+        .flat_map(|n| (0..5).map(move |a| numbered(&format!("a{a}"), n)))
+        .collect();
+    let later_ids = enqueue_committed(store, &later).await;
+    let record = wait_for_record(
+        store,
+        later_ids[0],
+        Duration::from_secs(20),
+        "pending after a failed attempt after the cut",
+        |r| r.state == EventState::Pending && r.last_error.is_some(),
+    )
+    .await;
+    assert_eq!(record.state, EventState::Pending);
+    restore_until_delivered(store, proxy, 50, "delivery after the reconnect").await;
+    later_ids
+}
+
+/// Stop a running relay; its report, which counts no dead event.
+pub async fn stop_with_no_dead(
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<RelayReport>,
+) -> RelayReport {
+    let _ = stop.send(());
+    let report = run.await.unwrap();
+    assert_eq!(report.dead, 0, "{report:?}");
+    report
+}
+
+/// The `traceparent` header the special event of a delivery test carries.
+pub const SPECIAL_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The events of a delivery test, enqueued: 6 numbered events for each of 8 aggregates (`a0`…
+/// `a7`) interleaved, then `special`, committed; then 5 `ghost` events in a transaction rolled
+/// back. Returns the committed events and their ids.
+pub async fn enqueue_with_ghosts(
+    store: &PgStore,
+    special: NewEvent,
+) -> (Vec<NewEvent>, Vec<EventId>) {
+    let mut committed = Vec::new();
+    for n in 0..6u64 {
+        for a in 0..8 {
+            committed.push(numbered(&format!("a{a}"), n));
+        }
+    }
+    committed.push(special);
+    let committed_ids = enqueue_committed(store, &committed).await;
+    let ghosts: Vec<_> = (0..5).map(|n| numbered("ghost", n)).collect();
+    enqueue_rolled_back(store, &ghosts).await;
+    (committed, committed_ids)
+}
+
+/// A claimed `OrderCreated` event of `aggregate_type` `aggregate_id` carrying `payload` (as is,
+/// even when it is not JSON) and a W3C trace parent: what a sink test hands a sink directly.
+pub fn claimed_event(aggregate_type: &str, aggregate_id: &str, payload: &str) -> Event {
+    let event = NewEvent::from_json(aggregate_type, aggregate_id, "OrderCreated", "{}")
+        .unwrap()
+        .with_traceparent(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            None,
+        )
+        .unwrap()
+        .claimed(1);
+    Event {
+        payload: payload.into(),
+        ..event
+    }
+}
+
+/// After a relay ran to idle on `committed`: its report and the outbox count every one of them
+/// delivered and nothing retried, waiting or dead, and each record is `Delivered`.
+pub async fn assert_all_delivered(store: &PgStore, report: &RelayReport, committed: &[NewEvent]) {
+    assert_eq!(report.delivered, committed.len() as u64, "{report:?}");
+    assert_eq!(report.retried + report.dead, 0, "{report:?}");
+
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.delivered, committed.len() as u64, "{stats:?}");
+    assert_eq!(stats.pending + stats.in_flight + stats.dead, 0, "{stats:?}");
+    for event in committed {
+        let record = store.get(event.id()).await.unwrap().unwrap();
+        assert_eq!(record.state, EventState::Delivered);
+    }
+}
+
+/// An address nothing listens on: a port the system handed out, closed again at once.
+pub fn closed_addr() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
 }

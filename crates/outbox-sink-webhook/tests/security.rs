@@ -430,10 +430,7 @@ async fn standard_webhooks_requests_verify_independently() {
 /// A URL with user info in the configuration never reaches `last_error` with its password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reasons_show_urls_without_their_credentials() {
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let closed = common::closed_addr();
     let sink = WebhookSink::connect(config(serde_json::json!({
         "url": format!("http://hook-user:pw-in-url@{closed}/hooks?token=query-token"),
     })))

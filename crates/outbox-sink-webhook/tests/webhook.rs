@@ -121,26 +121,16 @@ async fn relay_posts_exactly_the_committed_events_signed_with_headers_and_order(
     let (receiver, addr) = start(Box::new(|_, _| (StatusCode::OK, vec![], String::new()))).await;
     let store = Arc::new(common::fresh_store().await);
 
-    let mut committed = Vec::new();
-    for n in 0..6u64 {
-        for a in 0..8 {
-            committed.push(numbered(&format!("a{a}"), n));
-        }
-    }
-    committed.push(
+    let (committed, committed_ids) = common::enqueue_with_ghosts(
+        &store,
         numbered("special", 0)
             .with_destination(format!("http://{addr}/audit/special"))
-            .with_header(
-                "traceparent",
-                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            )
+            .with_header("traceparent", common::SPECIAL_TRACEPARENT)
             .with_header("Host", "evil.example")
             .with_header("Outbox-Event-Id", "forged")
             .with_idempotency_key("special-0"),
-    );
-    let committed_ids = common::enqueue_committed(&store, &committed).await;
-    let ghosts: Vec<_> = (0..5).map(|n| numbered("ghost", n)).collect();
-    common::enqueue_rolled_back(&store, &ghosts).await;
+    )
+    .await;
 
     let sink = WebhookSink::connect(config(serde_json::json!({
         "url": format!("http://{addr}/hooks/${{aggregate_id}}/${{event_type}}"),
@@ -357,10 +347,7 @@ async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered_429_co
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
     // A closed port: refused at once, unavailable with a clear reason.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let closed = common::closed_addr();
     let sink = WebhookSink::connect(config(serde_json::json!({
         "url": format!("http://{closed}/hooks"),
     })))
@@ -419,35 +406,13 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
         "{:?}",
         counters.report()
     );
-    let record = store.get(record.event.id).await.unwrap().unwrap();
-    // Waiting, or claimed for the trial call the relay makes now and then: never delivered or
-    // dead, and no attempt spent.
-    assert!(
-        matches!(record.state, EventState::Pending | EventState::InFlight),
-        "{record:?}"
-    );
-    assert!(
-        record.event.attempts == 0,
-        "an outage costs no attempt: {record:?}"
-    );
-    let error = record.last_error.clone().unwrap_or_default();
-    println!("last_error while down: {error}");
-    assert!(error.contains(&proxy.addr().to_string()), "{error}");
+    common::assert_no_attempt_spent(&store, record.event.id, &[&proxy.addr().to_string()]).await;
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.delivered + stats.dead, 0, "{stats:?}");
     assert!(receiver.requests().is_empty());
 
-    proxy.restore();
-    common::wait_for_stats(
-        &store,
-        Duration::from_secs(30),
-        "delivery after the outage",
-        |s| s.delivered == 30,
-    )
-    .await;
-    let _ = stop.send(());
-    let report = run.await.unwrap();
-    assert_eq!(report.dead, 0, "{report:?}");
+    common::restore_until_delivered(&store, &proxy, 30, "delivery after the outage").await;
+    common::stop_with_no_dead(stop, run).await;
     let got: HashSet<String> = receiver
         .requests()
         .iter()

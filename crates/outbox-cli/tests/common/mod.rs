@@ -97,3 +97,45 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// Drop `schema` and everything in it: the clean-up at the end of a PostgreSQL test.
+pub async fn drop_pg_schema(pool: &sqlx::PgPool, schema: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// A request's headers as (name, value) pairs in order (collected into a list or a map), a value
+/// that is not text as "".
+pub fn header_pairs<C: FromIterator<(String, String)>>(headers: &axum::http::HeaderMap) -> C {
+    headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect()
+}
+
+/// Write `toml` to `outbox.toml` in `dir` and run `outbox relay --config` on it.
+pub fn relay_with_config(dir: &std::path::Path, toml: &str) -> Output {
+    let file = dir.join("outbox.toml");
+    std::fs::write(&file, toml).unwrap();
+    outbox(&["relay", "--config", file.to_str().unwrap()])
+}
+
+/// Enqueue an `OrderUpdated` of order `o1` for each `n` in `ns`, in one committed transaction.
+pub async fn enqueue_order_updates(store: &outbox_postgresql::PgStore, ns: std::ops::Range<u32>) {
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in ns {
+        let e = outbox_types::NewEvent::new(
+            "order",
+            "o1",
+            "OrderUpdated",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        store.outbox().enqueue(&mut *tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}

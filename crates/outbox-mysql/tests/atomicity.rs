@@ -3,6 +3,8 @@
 
 mod common;
 
+use outbox_testkit::order_created;
+
 use outbox_mysql::{MySqlOutbox, MySqlStore};
 use outbox_types::{NewEvent, Store, StoreError};
 use sqlx::{Connection, Executor, MySqlConnection};
@@ -35,16 +37,6 @@ async fn counts(store: &MySqlStore, orders: &str) -> (i64, i64) {
     .await
     .unwrap();
     (o, e)
-}
-
-fn order_created(id: i64) -> NewEvent {
-    NewEvent::new(
-        "order",
-        id.to_string(),
-        "OrderCreated",
-        &serde_json::json!({"id": id, "amount": 1999}),
-    )
-    .unwrap()
 }
 
 #[tokio::test]

@@ -4,6 +4,8 @@
 
 mod common;
 
+use outbox_testkit::order_created;
+
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -35,16 +37,6 @@ async fn counts(store: &SqliteStore) -> (i64, i64) {
     .await
     .unwrap();
     (o, e)
-}
-
-fn order_created(id: i64) -> NewEvent {
-    NewEvent::new(
-        "order",
-        id.to_string(),
-        "OrderCreated",
-        &serde_json::json!({"id": id, "amount": 1999}),
-    )
-    .unwrap()
 }
 
 #[tokio::test]

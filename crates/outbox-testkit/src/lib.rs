@@ -268,3 +268,15 @@ mod tests {
         assert!(matches!(outcomes[1], Outcome::Delivered));
     }
 }
+
+/// An `OrderCreated` event of order `id` (aggregate `order`, amount 1999): the business event of
+/// the stores' atomicity tests, which enqueue it next to an insert into their `orders` table.
+pub fn order_created(id: i64) -> NewEvent {
+    NewEvent::new(
+        "order",
+        id.to_string(),
+        "OrderCreated",
+        &serde_json::json!({"id": id, "amount": 1999}),
+    )
+    .unwrap_or_else(|e| panic!("an order event always serializes: {e}"))
+}

@@ -91,16 +91,12 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
     tx.commit().await.unwrap();
     assert_eq!(counts(&store, &orders).await, (1, 10));
     let claimed = store
-        .claim(&outbox_types::ClaimRequest {
-            owner: "t".into(),
-            limit: 100,
-            lease: std::time::Duration::from_secs(30),
-            dead_letter: outbox_types::DeadLetterPolicy::Block,
-            hold: None,
-            max_batch_bytes: u64::MAX,
-            max_payload_bytes: u64::MAX,
-            up_to_seq: None,
-        })
+        .claim(&outbox_types::ClaimRequest::new(
+            "t",
+            100,
+            std::time::Duration::from_secs(30),
+            outbox_types::DeadLetterPolicy::Block,
+        ))
         .await
         .unwrap();
     let ids: Vec<_> = claimed.events.iter().map(|e| e.id).collect();

@@ -223,16 +223,12 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
         .await
         .unwrap();
     let claim = reopened
-        .claim(&outbox_types::ClaimRequest {
-            owner: "after-crash".into(),
-            limit: 10,
-            lease: Duration::from_secs(30),
-            dead_letter: outbox_types::DeadLetterPolicy::Block,
-            hold: None,
-            max_batch_bytes: u64::MAX,
-            max_payload_bytes: u64::MAX,
-            up_to_seq: None,
-        })
+        .claim(&outbox_types::ClaimRequest::new(
+            "after-crash",
+            10,
+            Duration::from_secs(30),
+            outbox_types::DeadLetterPolicy::Block,
+        ))
         .await
         .unwrap();
     assert_eq!(

@@ -3,6 +3,8 @@
 
 mod common;
 
+use outbox_testkit::order_created;
+
 use outbox_mysql::{MySqlOutbox, MySqlStore};
 use outbox_types::{NewEvent, Store, StoreError};
 use sqlx::{Connection, Executor, MySqlConnection};
@@ -35,16 +37,6 @@ async fn counts(store: &MySqlStore, orders: &str) -> (i64, i64) {
     .await
     .unwrap();
     (o, e)
-}
-
-fn order_created(id: i64) -> NewEvent {
-    NewEvent::new(
-        "order",
-        id.to_string(),
-        "OrderCreated",
-        &serde_json::json!({"id": id, "amount": 1999}),
-    )
-    .unwrap()
 }
 
 #[tokio::test]
@@ -99,16 +91,12 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
     tx.commit().await.unwrap();
     assert_eq!(counts(&store, &orders).await, (1, 10));
     let claimed = store
-        .claim(&outbox_types::ClaimRequest {
-            owner: "t".into(),
-            limit: 100,
-            lease: std::time::Duration::from_secs(30),
-            dead_letter: outbox_types::DeadLetterPolicy::Block,
-            hold: None,
-            max_batch_bytes: u64::MAX,
-            max_payload_bytes: u64::MAX,
-            up_to_seq: None,
-        })
+        .claim(&outbox_types::ClaimRequest::new(
+            "t",
+            100,
+            std::time::Duration::from_secs(30),
+            outbox_types::DeadLetterPolicy::Block,
+        ))
         .await
         .unwrap();
     let ids: Vec<_> = claimed.events.iter().map(|e| e.id).collect();

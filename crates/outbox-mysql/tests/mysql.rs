@@ -12,16 +12,12 @@ use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{Connection, Executor, MySqlConnection};
 
 fn claim_all() -> ClaimRequest {
-    ClaimRequest {
-        owner: "mysql-test".into(),
-        limit: 1000,
-        lease: Duration::from_secs(30),
-        dead_letter: DeadLetterPolicy::Block,
-        hold: None,
-        max_batch_bytes: u64::MAX,
-        max_payload_bytes: u64::MAX,
-        up_to_seq: None,
-    }
+    ClaimRequest::new(
+        "mysql-test",
+        1000,
+        Duration::from_secs(30),
+        DeadLetterPolicy::Block,
+    )
 }
 
 async fn connect() -> MySqlConnection {

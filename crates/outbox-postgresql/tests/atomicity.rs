@@ -3,8 +3,10 @@
 
 mod common;
 
+use outbox_testkit::order_created;
+
 use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_types::{NewEvent, Store};
+use outbox_types::Store;
 use sqlx::{Connection, Executor, PgConnection, Row};
 
 async fn business_table(store: &outbox_postgresql::PgStore) -> String {
@@ -34,16 +36,6 @@ async fn counts(store: &outbox_postgresql::PgStore, orders: &str) -> (i64, i64) 
     .await
     .unwrap();
     (o, e)
-}
-
-fn order_created(id: i64) -> NewEvent {
-    NewEvent::new(
-        "order",
-        id.to_string(),
-        "OrderCreated",
-        &serde_json::json!({"id": id, "amount": 1999}),
-    )
-    .unwrap()
 }
 
 #[tokio::test]

@@ -4,6 +4,8 @@
 
 mod common;
 
+use outbox_testkit::order_created;
+
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -35,16 +37,6 @@ async fn counts(store: &SqliteStore) -> (i64, i64) {
     .await
     .unwrap();
     (o, e)
-}
-
-fn order_created(id: i64) -> NewEvent {
-    NewEvent::new(
-        "order",
-        id.to_string(),
-        "OrderCreated",
-        &serde_json::json!({"id": id, "amount": 1999}),
-    )
-    .unwrap()
 }
 
 #[tokio::test]
@@ -231,16 +223,12 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
         .await
         .unwrap();
     let claim = reopened
-        .claim(&outbox_types::ClaimRequest {
-            owner: "after-crash".into(),
-            limit: 10,
-            lease: Duration::from_secs(30),
-            dead_letter: outbox_types::DeadLetterPolicy::Block,
-            hold: None,
-            max_batch_bytes: u64::MAX,
-            max_payload_bytes: u64::MAX,
-            up_to_seq: None,
-        })
+        .claim(&outbox_types::ClaimRequest::new(
+            "after-crash",
+            10,
+            Duration::from_secs(30),
+            outbox_types::DeadLetterPolicy::Block,
+        ))
         .await
         .unwrap();
     assert_eq!(

@@ -44,16 +44,12 @@ async fn claim_until_done(
     let mut mine = Vec::new();
     loop {
         let claim = store
-            .claim(&ClaimRequest {
-                owner: owner.clone(),
-                limit: 17,
-                lease: Duration::from_secs(120),
-                dead_letter: DeadLetterPolicy::Block,
-                hold: None,
-                max_batch_bytes: u64::MAX,
-                max_payload_bytes: u64::MAX,
-                up_to_seq: None,
-            })
+            .claim(&ClaimRequest::new(
+                owner.clone(),
+                17,
+                Duration::from_secs(120),
+                DeadLetterPolicy::Block,
+            ))
             .await
             .unwrap();
         if claim.events.is_empty() {

@@ -17,16 +17,12 @@ async fn tables(store: &SqliteStore) -> Vec<String> {
 }
 
 fn claim_all() -> ClaimRequest {
-    ClaimRequest {
-        owner: "schema-test".into(),
-        limit: 100,
-        lease: Duration::from_secs(30),
-        dead_letter: DeadLetterPolicy::Block,
-        hold: None,
-        max_batch_bytes: u64::MAX,
-        max_payload_bytes: u64::MAX,
-        up_to_seq: None,
-    }
+    ClaimRequest::new(
+        "schema-test",
+        100,
+        Duration::from_secs(30),
+        DeadLetterPolicy::Block,
+    )
 }
 
 #[tokio::test]

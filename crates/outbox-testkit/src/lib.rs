@@ -47,6 +47,18 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{}_{}", std::process::id(), n, nanos % 100_000)
 }
 
+/// An `OrderCreated` event of order `id` (aggregate `order`, amount 1999): the business event of
+/// the stores' atomicity tests, which enqueue it next to an insert into their `orders` table.
+pub fn order_created(id: i64) -> NewEvent {
+    NewEvent::new(
+        "order",
+        id.to_string(),
+        "OrderCreated",
+        &serde_json::json!({"id": id, "amount": 1999}),
+    )
+    .unwrap_or_else(|e| panic!("an order event always serializes: {e}"))
+}
+
 /// Build event number `n` of aggregate `aggregate_id` (type `agg`); the payload records both so a
 /// consumer can check order.
 pub fn numbered(aggregate_id: &str, n: u64) -> NewEvent {

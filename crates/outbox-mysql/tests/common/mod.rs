@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,17 +20,10 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// A table name no other test (or test process) uses: `ob_t_<pid>_<n>_<nanos>`, well under the
 /// 48-character limit.
 pub fn unique_table() -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("ob_t_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+    outbox_testkit::unique("ob_t")
 }
 
 pub async fn pool(max: u32) -> MySqlPool {

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,16 +19,9 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// A schema name no other test (or test process) uses.
 pub fn unique_schema() -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("outbox_t_{}_{}_{}", std::process::id(), n, nanos % 100_000)
+    outbox_testkit::unique("outbox_t")
 }
 
 pub async fn pool(max: u32) -> PgPool {

@@ -10,6 +10,37 @@ use outbox_types::{DeadFilter, DeadLetterPolicy, EventState, NewEvent, RetryPoli
 
 use crate::harness::*;
 
+/// Two destinations: events whose aggregate type matches `pattern` go to `matched`, every other
+/// event to `rest`. Returns the router to hand the relay as its sink and the route table for
+/// `Relay::with_routes`, as the CLI builds them from `[[routes]]`.
+pub fn split_by_aggregate_type(
+    pattern: &str,
+    matched: (&str, Arc<dyn outbox_types::Sink>),
+    rest: (&str, Arc<dyn outbox_types::Sink>),
+) -> (
+    outbox_engine::router::Router,
+    outbox_types::route::RouteTable,
+) {
+    use outbox_types::route::{Pattern, RouteRule, RouteTable};
+    let routes = RouteTable::new(
+        [rest.0, matched.0],
+        vec![
+            RouteRule::to(matched.0).aggregate_type(Pattern::parse(pattern)),
+            RouteRule::to(rest.0),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let router = outbox_engine::router::Router::new(
+        routes.clone(),
+        vec![
+            (rest.0.to_owned(), rest.1),
+            (matched.0.to_owned(), matched.1),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    (router, routes)
+}
+
 fn relay_config(id: &str) -> RelayConfig {
     RelayConfig {
         relay_id: id.into(),
@@ -375,7 +406,6 @@ async fn run_with_a_hanging_destination<H: Harness>(
     outbox_engine::RelayReport,
     Duration,
 ) {
-    use outbox_types::route::{Pattern, RouteRule, RouteTable};
     let store = h.fresh().await;
     let event = |aggregate_type: &str, a: u64, n: u64| {
         NewEvent::new(
@@ -396,30 +426,10 @@ async fn run_with_a_hanging_destination<H: Harness>(
         }
     }
     h.enqueue(&store, &events).await;
-    let routes = RouteTable::new(
-        ["good", "stuck"],
-        vec![
-            RouteRule::to("stuck").aggregate_type(Pattern::parse("stuck")),
-            RouteRule::to("good"),
-        ],
-    )
-    .unwrap();
     let good = Arc::new(RecordingSink::new());
     let stuck = Arc::new(Hanging::default());
-    let router = outbox_engine::router::Router::new(
-        routes.clone(),
-        vec![
-            (
-                "good".to_owned(),
-                good.clone() as Arc<dyn outbox_types::Sink>,
-            ),
-            (
-                "stuck".to_owned(),
-                stuck.clone() as Arc<dyn outbox_types::Sink>,
-            ),
-        ],
-    )
-    .unwrap();
+    let (router, routes) =
+        split_by_aggregate_type("stuck", ("stuck", stuck.clone()), ("good", good.clone()));
     let relay = Relay::new(h.source(&store, &config).await, Arc::new(router), config)
         .with_routes(Arc::new(routes));
     let counters = relay.counters();
@@ -619,31 +629,10 @@ async fn two_destination_relay_with<H: Harness>(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<outbox_engine::RelayReport>,
 ) {
-    use outbox_types::route::{Pattern, RouteRule, RouteTable};
-    let routes = RouteTable::new(
-        ["main", "hooks"],
-        vec![
-            RouteRule::to("hooks").aggregate_type(Pattern::parse("h*")),
-            RouteRule::to("main"),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
     let main = Arc::new(RecordingSink::new());
     let hooks = Arc::new(hooks);
-    let router = outbox_engine::router::Router::new(
-        routes.clone(),
-        vec![
-            (
-                "main".to_owned(),
-                main.clone() as Arc<dyn outbox_types::Sink>,
-            ),
-            (
-                "hooks".to_owned(),
-                hooks.clone() as Arc<dyn outbox_types::Sink>,
-            ),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let (router, routes) =
+        split_by_aggregate_type("h*", ("hooks", hooks.clone()), ("main", main.clone()));
     let relay = Relay::new(h.source(store, &config).await, Arc::new(router), config)
         .with_routes(Arc::new(routes));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

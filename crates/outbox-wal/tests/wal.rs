@@ -1589,7 +1589,6 @@ async fn the_partitioned_layout_streams() {
 /// with the skipped destination's rows pending).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_with_fair_turns_delivers_every_destinations_backlog() {
-    use outbox_types::route::{Pattern, RouteRule, RouteTable};
     let fx = Fixture::bare(&[Source::Table]).await;
     let hook_events: Vec<_> = (0..3000u64)
         .map(|n| {
@@ -1609,30 +1608,13 @@ async fn a_drain_with_fair_turns_delivers_every_destinations_backlog() {
     fx.enqueue_table(&hook_events).await;
     fx.enqueue_table(&main_events).await;
     outbox_wal::prepare(&fx.config).await.unwrap();
-    let routes = RouteTable::new(
-        ["main", "hooks"],
-        vec![
-            RouteRule::to("hooks").aggregate_type(Pattern::parse("h*")),
-            RouteRule::to("main"),
-        ],
-    )
-    .unwrap();
     let main = Arc::new(RecordingSink::new());
     let hooks = Arc::new(RecordingSink::new());
-    let router = outbox_engine::router::Router::new(
-        routes.clone(),
-        vec![
-            (
-                "main".to_owned(),
-                main.clone() as Arc<dyn outbox_types::Sink>,
-            ),
-            (
-                "hooks".to_owned(),
-                hooks.clone() as Arc<dyn outbox_types::Sink>,
-            ),
-        ],
-    )
-    .unwrap();
+    let (router, routes) = outbox_store_tests::split_by_aggregate_type(
+        "h*",
+        ("hooks", hooks.clone()),
+        ("main", main.clone()),
+    );
     let relay = outbox_wal::WalRelay::new(fx.config.clone(), Arc::new(router))
         .with_relay(RelayConfig {
             batch_size: 20,

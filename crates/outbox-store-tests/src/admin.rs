@@ -43,15 +43,21 @@ fn two_routes() -> RouteTable {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn hold(routes: &RouteTable, paused: &[&str]) -> ClaimRequest {
+/// A claim of up to 1000 with `paused` destinations held back and `deferred` ones skipped.
+fn held(routes: &RouteTable, paused: &[&str], deferred: &[&str]) -> ClaimRequest {
+    let names = |list: &[&str]| list.iter().map(|d| (*d).to_owned()).collect();
     ClaimRequest {
         hold: Some(Arc::new(Hold {
-            deferred: Vec::new(),
             routes: routes.clone(),
-            paused: paused.iter().map(|p| (*p).to_owned()).collect(),
+            paused: names(paused),
+            deferred: names(deferred),
         })),
         ..req(1000)
     }
+}
+
+fn hold(routes: &RouteTable, paused: &[&str]) -> ClaimRequest {
+    held(routes, paused, &[])
 }
 
 fn labels(events: &[Event]) -> Vec<(String, u64)> {
@@ -185,14 +191,7 @@ pub async fn held_events_do_not_block_other_destinations<H: Harness>(h: &H) {
 }
 
 fn defer(routes: &RouteTable, deferred: &[&str]) -> ClaimRequest {
-    ClaimRequest {
-        hold: Some(Arc::new(Hold {
-            routes: routes.clone(),
-            paused: Vec::new(),
-            deferred: deferred.iter().map(|d| (*d).to_owned()).collect(),
-        })),
-        ..req(1000)
-    }
+    held(routes, &[], deferred)
 }
 
 /// A deferred destination (the relay's fair turn) is skipped by one claim, but unlike a paused

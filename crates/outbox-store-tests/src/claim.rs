@@ -147,8 +147,8 @@ pub async fn concurrent_claims_never_hand_out_an_event_twice<H: Harness>(h: &H) 
             let mut mine = Vec::new();
             loop {
                 let claim = store
-                    .claim(&request(
-                        &format!("w{worker}"),
+                    .claim(&ClaimRequest::new(
+                        format!("w{worker}"),
                         37,
                         Duration::from_secs(60),
                         DeadLetterPolicy::Block,
@@ -224,7 +224,7 @@ pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: 
     };
     assert_eq!(store.retry(&first.lease, &[retry]).await.unwrap(), 1);
     h.enqueue(&store, &[numbered("held", 0)]).await;
-    let other = request(
+    let other = ClaimRequest::new(
         "other-relay",
         1,
         Duration::from_secs(600),

@@ -49,26 +49,8 @@ pub trait Harness: Send + Sync + 'static {
     }
 }
 
-pub(crate) fn request(
-    owner: &str,
-    limit: u32,
-    lease: Duration,
-    dead_letter: DeadLetterPolicy,
-) -> ClaimRequest {
-    ClaimRequest {
-        owner: owner.into(),
-        limit,
-        lease,
-        dead_letter,
-        hold: None,
-        max_batch_bytes: u64::MAX,
-        max_payload_bytes: u64::MAX,
-        up_to_seq: None,
-    }
-}
-
 pub(crate) fn req(limit: u32) -> ClaimRequest {
-    request(
+    ClaimRequest::new(
         "test-relay",
         limit,
         Duration::from_secs(60),

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use outbox_testkit::numbered;
 use outbox_types::{
-    BuryEvent, DeadFilter, DeadLetterPolicy, EventState, MAX_LAST_ERROR_LEN, RetryEvent, Store,
+    BuryEvent, ClaimRequest, DeadFilter, DeadLetterPolicy, EventState, MAX_LAST_ERROR_LEN,
+    RetryEvent, Store,
 };
 
 use crate::harness::*;
@@ -147,7 +148,7 @@ pub async fn dead_event_blocks_its_aggregate_only_under_block_policy<H: Harness>
         .await
         .unwrap();
 
-    let skip = request(
+    let skip = ClaimRequest::new(
         "test-relay",
         10,
         Duration::from_secs(60),
@@ -239,7 +240,7 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
     let store = h.fresh().await;
     h.enqueue(&store, &[numbered("a", 1), numbered("a", 2)])
         .await;
-    let short = request(
+    let short = ClaimRequest::new(
         "relay-1",
         10,
         Duration::from_millis(200),
@@ -253,7 +254,7 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
     let fresh = store
-        .claim(&request(
+        .claim(&ClaimRequest::new(
             "relay-2",
             10,
             Duration::from_secs(60),

@@ -7,20 +7,31 @@ use crate::decode::{Columns, decode_record};
 use crate::error::map_sqlx;
 use crate::sql::json_text;
 use chrono::{DateTime, Utc};
-use outbox_types::migration::{Schema, check_current};
 use outbox_types::route::RouteTable;
-use outbox_types::sql_store::{
-    destination_stats as destination_stats_of, id_list, lease_holder, outbox_stats,
-    paused_destination, sort_destinations,
-};
+use outbox_types::sql_store::{id_list, outbox_stats, sorted_destination_stats};
 use outbox_types::{
-    DeadFilter, DestinationStats, EventId, EventRecord, LeaseHolder, OutboxStats,
-    PausedDestination, ReplayFilter, ReplayStep, StoreError,
+    DeadFilter, DestinationStats, EventId, OutboxStats, ReplayFilter, ReplayStep, StoreError,
 };
 use sqlx::{AssertSqlSafe, Row};
 
 /// The longest paused destination name and "paused by" text.
 const MAX_NAME_CHARS: usize = 255;
+
+outbox_types::impl_sql_admin_reads! {
+    store: MySqlStore,
+    map_err: map_sqlx,
+    record: decode_record,
+    columns: Columns,
+    bind_id: EventId::to_string,
+    pauser: pauser,
+    replay_step: replay_step,
+    place: schema_place,
+}
+
+/// Where [`check`] says the schema is.
+fn schema_place(store: &MySqlStore) -> String {
+    format!("table {}", store.outbox.quoted_table())
+}
 
 pub(crate) async fn stats(store: &MySqlStore) -> Result<OutboxStats, StoreError> {
     let row = sqlx::query(AssertSqlSafe(store.sql().stats.as_str()))
@@ -30,32 +41,6 @@ pub(crate) async fn stats(store: &MySqlStore) -> Result<OutboxStats, StoreError>
     let oldest: Option<DateTime<Utc>> = row.try_get("oldest").map_err(map_sqlx)?;
     let observed_at: DateTime<Utc> = row.try_get("observed_at").map_err(map_sqlx)?;
     outbox_stats(&Columns(&row), oldest, observed_at)
-}
-
-pub(crate) async fn get(
-    store: &MySqlStore,
-    id: EventId,
-) -> Result<Option<EventRecord>, StoreError> {
-    let row = sqlx::query(AssertSqlSafe(store.sql().get.as_str()))
-        .bind(id.to_string())
-        .fetch_optional(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    row.as_ref().map(decode_record).transpose()
-}
-
-pub(crate) async fn list_dead(
-    store: &MySqlStore,
-    after_seq: Option<i64>,
-    limit: u32,
-) -> Result<Vec<EventRecord>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().list_dead.as_str()))
-        .bind(after_seq.unwrap_or(0))
-        .bind(i64::from(limit))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter().map(decode_record).collect()
 }
 
 pub(crate) async fn requeue_dead(
@@ -106,76 +91,32 @@ pub(crate) async fn destination_stats(
         .fetch_all(&store.pool)
         .await
         .map_err(map_sqlx)?;
-    let out = rows
-        .iter()
-        .map(|row| {
-            let route: Vec<u8> = row.try_get("route").map_err(map_sqlx)?;
-            let route = String::from_utf8(route).map_err(|e| {
-                StoreError::Database(format!("a routed destination is not UTF-8: {e}"))
-            })?;
-            destination_stats_of(&Columns(row), route)
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(sort_destinations(out))
+    sorted_destination_stats(rows.iter().map(Columns), |row| {
+        let route: Vec<u8> = row.0.try_get("route").map_err(map_sqlx)?;
+        String::from_utf8(route)
+            .map_err(|e| StoreError::Database(format!("a routed destination is not UTF-8: {e}")))
+    })
 }
 
-pub(crate) async fn leases(store: &MySqlStore) -> Result<Vec<LeaseHolder>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().leases.as_str()))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter().map(|row| lease_holder(&Columns(row))).collect()
-}
-
-pub(crate) async fn pause(
-    store: &MySqlStore,
-    destination: &str,
-    by: &str,
-) -> Result<bool, StoreError> {
+/// A destination to pause, 1 to [`MAX_NAME_CHARS`] characters; the "paused by" text cut to as
+/// many.
+fn pauser(destination: &str, by: &str) -> Result<String, StoreError> {
     if destination.is_empty() || destination.chars().count() > MAX_NAME_CHARS {
         return Err(StoreError::Invalid(format!(
             "the destination to pause must be 1 to {MAX_NAME_CHARS} characters long"
         )));
     }
-    let by: String = by.chars().take(MAX_NAME_CHARS).collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().pause.as_str()))
-        .bind(destination)
-        .bind(by)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected() == 1)
+    Ok(by.chars().take(MAX_NAME_CHARS).collect())
 }
 
-pub(crate) async fn resume(store: &MySqlStore, destination: &str) -> Result<bool, StoreError> {
-    let done = sqlx::query(AssertSqlSafe(store.sql().resume.as_str()))
-        .bind(destination)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected() > 0)
-}
-
-pub(crate) async fn paused(store: &MySqlStore) -> Result<Vec<PausedDestination>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().paused.as_str()))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter()
-        .map(|row| paused_destination(&Columns(row)))
-        .collect()
-}
-
-pub(crate) async fn replay(
+/// One page of a replay, `limit` above 0.
+async fn replay_step(
     store: &MySqlStore,
     filter: &ReplayFilter,
     routes: &RouteTable,
     after_seq: Option<i64>,
     limit: u32,
 ) -> Result<ReplayStep, StoreError> {
-    if limit == 0 {
-        return Ok(ReplayStep::default());
-    }
     let page = store
         .sql()
         .replay_page(filter, routes, after_seq.unwrap_or(0), i64::from(limit));
@@ -202,10 +143,4 @@ pub(crate) async fn replay(
             .copied()
             .filter(|_| seqs.len() >= limit as usize),
     })
-}
-
-pub(crate) async fn check(store: &MySqlStore) -> Result<(), StoreError> {
-    let (current, latest) = store.outbox.schema_version(&store.pool).await?;
-    let place = format!("table {}", store.outbox.quoted_table());
-    check_current(Schema::OUTBOX, &place, current, latest)
 }

@@ -126,15 +126,8 @@ impl MySqlOutbox {
         event: &NewEvent,
     ) -> Result<Option<Enqueued>, StoreError> {
         let id = event.id().to_string();
-        let done: MySqlQueryResult = sqlx::query(AssertSqlSafe(self.sql().enqueue.as_str()))
-            .bind(&id)
-            .bind(event.aggregate_type())
-            .bind(event.aggregate_id())
-            .bind(event.event_type())
-            .bind(event.payload())
-            .bind(event.destination())
-            .bind(event.headers_json())
-            .bind(event.idempotency_key())
+        let query = sqlx::query(AssertSqlSafe(self.sql().enqueue.as_str())).bind(&id);
+        let done: MySqlQueryResult = outbox_types::bind_event_columns!(query, event)
             .bind(event.occurred_at())
             .execute(&mut *conn)
             .await

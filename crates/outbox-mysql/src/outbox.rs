@@ -6,40 +6,21 @@ use crate::names::check_table_name;
 use crate::sql::Sql;
 use outbox_types::StoreError;
 use sqlx::MySqlPool;
-use std::sync::Arc;
 
 /// The default outbox table.
 pub const DEFAULT_TABLE: &str = "outbox_events";
 
-/// Where the outbox table lives, and the SQL to use it. Cheap to clone.
-///
-/// The table name is configurable so the outbox never collides with the application's own
-/// tables; the default is [`DEFAULT_TABLE`]. It lives in the connection's current database.
-/// Migrations are recorded in `<table>_migrations`.
-#[derive(Clone, Debug)]
-pub struct MySqlOutbox {
-    pub(crate) inner: Arc<Names>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Names {
-    pub(crate) table: String,
-    pub(crate) quoted: String,
-    pub(crate) sql: Sql,
-}
-
-impl Default for MySqlOutbox {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MySqlOutbox {
-    /// The outbox in table [`DEFAULT_TABLE`] (`outbox_events`).
-    pub fn new() -> Self {
-        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("the default is valid"))
-    }
-
+outbox_types::impl_table_outbox! {
+    /// Where the outbox table lives, and the SQL to use it. Cheap to clone.
+    ///
+    /// The table name is configurable so the outbox never collides with the application's own
+    /// tables; the default is [`DEFAULT_TABLE`]. It lives in the connection's current database.
+    /// Migrations are recorded in `<table>_migrations`.
+    pub struct MySqlOutbox;
+    default: DEFAULT_TABLE,
+    quote: '`',
+    check: check_table_name,
+    sql: Sql = Sql::render,
     /// The outbox in table `table`: a plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most 48
     /// characters). Anything else is refused before any SQL runs.
     ///
@@ -48,43 +29,10 @@ impl MySqlOutbox {
     /// let err = outbox_mysql::MySqlOutbox::with_table("x`; drop table y").unwrap_err();
     /// assert!(err.to_string().contains("not a plain identifier"));
     /// ```
-    pub fn with_table(table: &str) -> Result<Self, StoreError> {
-        check_table_name(table)?;
-        let quoted = format!("`{table}`");
-        let sql = Sql::render(&quoted, table);
-        Ok(MySqlOutbox {
-            inner: Arc::new(Names {
-                table: table.to_owned(),
-                quoted,
-                sql,
-            }),
-        })
-    }
+    fn with_table;
+}
 
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.inner.table
-    }
-
-    /// `` `table` ``, ready to use in SQL.
-    pub fn quoted_table(&self) -> &str {
-        &self.inner.quoted
-    }
-
-    pub(crate) fn migrations_table(&self) -> String {
-        format!("`{}_migrations`", self.inner.table)
-    }
-
-    pub(crate) fn render(&self, template: &str) -> String {
-        template
-            .replace("{t}", &self.inner.quoted)
-            .replace("{table}", &self.inner.table)
-    }
-
-    pub(crate) fn sql(&self) -> &Sql {
-        &self.inner.sql
-    }
-
+impl MySqlOutbox {
     /// Create or upgrade the outbox schema. Idempotent, and safe to call from several processes
     /// at once (they queue on a named lock). MySQL DDL is not transactional; see the
     /// `migrations` module docs for how a migration interrupted half-way recovers.

@@ -7,18 +7,31 @@ use crate::decode::{Columns, decode_record};
 use crate::error::map_sqlx;
 use crate::sql::{destination_stats_sql, replay_sql};
 use chrono::{DateTime, Utc};
-use outbox_types::migration::{Schema, check_current};
 use outbox_types::route::{RouteTable, SqlDialect};
 use outbox_types::sql_store::{
-    StoredRow, check_destination, count, destination_stats as destination_stats_of, lease_holder,
-    outbox_stats, paused_destination, sort_destinations,
+    StoredRow, check_pause, count, outbox_stats, sorted_destination_stats,
 };
 use outbox_types::{
-    DeadFilter, DestinationStats, EventId, EventRecord, LeaseHolder, OutboxStats,
-    PausedDestination, ReplayFilter, ReplayStep, StoreError,
+    DeadFilter, DestinationStats, EventId, OutboxStats, ReplayFilter, ReplayStep, StoreError,
 };
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
+
+outbox_types::impl_sql_admin_reads! {
+    store: PgStore,
+    map_err: map_sqlx,
+    record: decode_record,
+    columns: Columns,
+    bind_id: EventId::as_uuid,
+    pauser: check_pause,
+    replay_step: replay_step,
+    place: schema_place,
+}
+
+/// Where [`check`] says the schema is.
+fn schema_place(store: &PgStore) -> &str {
+    store.outbox.qualified_table()
+}
 
 pub(crate) async fn stats(store: &PgStore) -> Result<OutboxStats, StoreError> {
     let row = sqlx::query(AssertSqlSafe(store.sql().stats.as_str()))
@@ -32,29 +45,6 @@ pub(crate) async fn stats(store: &PgStore) -> Result<OutboxStats, StoreError> {
             .map_err(map_sqlx)?;
     let observed_at = row.try_get("observed_at").map_err(map_sqlx)?;
     outbox_stats(&Columns(&row), oldest, observed_at)
-}
-
-pub(crate) async fn get(store: &PgStore, id: EventId) -> Result<Option<EventRecord>, StoreError> {
-    let row = sqlx::query(AssertSqlSafe(store.sql().get.as_str()))
-        .bind(id.as_uuid())
-        .fetch_optional(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    row.as_ref().map(decode_record).transpose()
-}
-
-pub(crate) async fn list_dead(
-    store: &PgStore,
-    after_seq: Option<i64>,
-    limit: u32,
-) -> Result<Vec<EventRecord>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().list_dead.as_str()))
-        .bind(after_seq.unwrap_or(0))
-        .bind(i64::from(limit))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter().map(decode_record).collect()
 }
 
 pub(crate) async fn requeue_dead(store: &PgStore, filter: &DeadFilter) -> Result<u64, StoreError> {
@@ -86,69 +76,17 @@ pub(crate) async fn destination_stats(
         query = query.bind(value);
     }
     let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
-    let out = rows
-        .iter()
-        .map(|row| {
-            let row = Columns(row);
-            let route = row.text("route")?;
-            destination_stats_of(&row, route)
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(sort_destinations(out))
+    sorted_destination_stats(rows.iter().map(Columns), |row| row.text("route"))
 }
 
-pub(crate) async fn leases(store: &PgStore) -> Result<Vec<LeaseHolder>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().leases.as_str()))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter().map(|row| lease_holder(&Columns(row))).collect()
-}
-
-pub(crate) async fn pause(
-    store: &PgStore,
-    destination: &str,
-    by: &str,
-) -> Result<bool, StoreError> {
-    check_destination(destination)?;
-    let done = sqlx::query(AssertSqlSafe(store.sql().pause.as_str()))
-        .bind(destination)
-        .bind(by)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected() == 1)
-}
-
-pub(crate) async fn resume(store: &PgStore, destination: &str) -> Result<bool, StoreError> {
-    let done = sqlx::query(AssertSqlSafe(store.sql().resume.as_str()))
-        .bind(destination)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected() > 0)
-}
-
-pub(crate) async fn paused(store: &PgStore) -> Result<Vec<PausedDestination>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().paused.as_str()))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter()
-        .map(|row| paused_destination(&Columns(row)))
-        .collect()
-}
-
-pub(crate) async fn replay(
+/// One page of a replay, `limit` above 0.
+async fn replay_step(
     store: &PgStore,
     filter: &ReplayFilter,
     routes: &RouteTable,
     after_seq: Option<i64>,
     limit: u32,
 ) -> Result<ReplayStep, StoreError> {
-    if limit == 0 {
-        return Ok(ReplayStep::default());
-    }
     let route = filter
         .destination
         .as_ref()
@@ -177,16 +115,6 @@ pub(crate) async fn replay(
         replayed: u64::try_from(replayed).unwrap_or(0),
         next_after: last_seq.filter(|_| scanned >= i64::from(limit)),
     })
-}
-
-pub(crate) async fn check(store: &PgStore) -> Result<(), StoreError> {
-    let (current, latest) = store.outbox.schema_version(&store.pool).await?;
-    check_current(
-        Schema::OUTBOX,
-        store.outbox.qualified_table(),
-        current,
-        latest,
-    )
 }
 
 fn dead_ids(filter: &DeadFilter) -> Option<Vec<Uuid>> {

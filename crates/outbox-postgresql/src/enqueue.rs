@@ -31,15 +31,8 @@ impl PgOutbox {
         let query = sqlx::query(AssertSqlSafe(
             unkeyed.unwrap_or(&self.inner.sql.enqueue).as_str(),
         ))
-        .bind(event.id().as_uuid())
-        .bind(event.aggregate_type())
-        .bind(event.aggregate_id())
-        .bind(event.event_type())
-        .bind(event.payload())
-        .bind(event.destination())
-        .bind(event.headers_json())
-        .bind(event.idempotency_key())
-        .bind(event.occurred_at());
+        .bind(event.id().as_uuid());
+        let query = outbox_types::bind_event_columns!(query, event).bind(event.occurred_at());
         if unkeyed.is_some() {
             query.execute(executor).await.map_err(map_sqlx)?;
             return Ok(Enqueued {

@@ -8,17 +8,32 @@ use crate::error::map_sqlx;
 use crate::sql::{destination_stats_sql, number_placeholders, replay_sql};
 use crate::time::{Stamp, clamp_micros, now_micros};
 use chrono::Utc;
-use outbox_types::migration::{Schema, check_current};
 use outbox_types::route::{RouteTable, SqlDialect};
 use outbox_types::sql_store::{
-    StoredRow, check_destination, destination_stats as destination_stats_of, id_list, lease_holder,
-    outbox_stats, paused_destination, sort_destinations,
+    StoredRow, check_pause, id_list, outbox_stats, sorted_destination_stats,
 };
 use outbox_types::{
-    DeadFilter, DestinationStats, EventId, EventRecord, LeaseHolder, OutboxStats,
-    PausedDestination, ReplayFilter, ReplayStep, StoreError,
+    DeadFilter, DestinationStats, EventId, OutboxStats, ReplayFilter, ReplayStep, StoreError,
 };
 use sqlx::{AssertSqlSafe, Row};
+
+outbox_types::impl_sql_admin_reads! {
+    store: SqliteStore,
+    map_err: map_sqlx,
+    record: decode_record,
+    columns: Columns,
+    bind_id: EventId::to_string,
+    pauser: check_pause,
+    replay_step: replay_step,
+    place: schema_place,
+    write_turn: SqliteStore::write_turn,
+    now: now_micros,
+}
+
+/// Where [`check`] says the schema is.
+fn schema_place(store: &SqliteStore) -> String {
+    format!("table {}", store.outbox.quoted_table())
+}
 
 pub(crate) async fn stats(store: &SqliteStore) -> Result<OutboxStats, StoreError> {
     let observed_at = Utc::now();
@@ -29,32 +44,6 @@ pub(crate) async fn stats(store: &SqliteStore) -> Result<OutboxStats, StoreError
     let row = Columns(&row);
     let oldest = row.opt_time(0, "oldest")?;
     outbox_stats(&row, oldest, observed_at)
-}
-
-pub(crate) async fn get(
-    store: &SqliteStore,
-    id: EventId,
-) -> Result<Option<EventRecord>, StoreError> {
-    let row = sqlx::query(AssertSqlSafe(store.sql().get.as_str()))
-        .bind(id.to_string())
-        .fetch_optional(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    row.as_ref().map(decode_record).transpose()
-}
-
-pub(crate) async fn list_dead(
-    store: &SqliteStore,
-    after_seq: Option<i64>,
-    limit: u32,
-) -> Result<Vec<EventRecord>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().list_dead.as_str()))
-        .bind(after_seq.unwrap_or(0))
-        .bind(i64::from(limit))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter().map(decode_record).collect()
 }
 
 pub(crate) async fn requeue_dead(
@@ -112,73 +101,17 @@ pub(crate) async fn destination_stats(
         query = query.bind(value.as_str());
     }
     let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
-    let out = rows
-        .iter()
-        .map(|row| {
-            let row = Columns(row);
-            let route = row.text("route")?;
-            destination_stats_of(&row, route)
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(sort_destinations(out))
+    sorted_destination_stats(rows.iter().map(Columns), |row| row.text("route"))
 }
 
-pub(crate) async fn leases(store: &SqliteStore) -> Result<Vec<LeaseHolder>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().leases.as_str()))
-        .bind(now_micros())
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter().map(|row| lease_holder(&Columns(row))).collect()
-}
-
-pub(crate) async fn pause(
-    store: &SqliteStore,
-    destination: &str,
-    by: &str,
-) -> Result<bool, StoreError> {
-    check_destination(destination)?;
-    let _turn = store.writes.lock().await;
-    let done = sqlx::query(AssertSqlSafe(store.sql().pause.as_str()))
-        .bind(destination)
-        .bind(now_micros())
-        .bind(by)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected() == 1)
-}
-
-pub(crate) async fn resume(store: &SqliteStore, destination: &str) -> Result<bool, StoreError> {
-    let _turn = store.writes.lock().await;
-    let done = sqlx::query(AssertSqlSafe(store.sql().resume.as_str()))
-        .bind(destination)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected() > 0)
-}
-
-pub(crate) async fn paused(store: &SqliteStore) -> Result<Vec<PausedDestination>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(store.sql().paused.as_str()))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    rows.iter()
-        .map(|row| paused_destination(&Columns(row)))
-        .collect()
-}
-
-pub(crate) async fn replay(
+/// One page of a replay, `limit` above 0.
+async fn replay_step(
     store: &SqliteStore,
     filter: &ReplayFilter,
     routes: &RouteTable,
     after_seq: Option<i64>,
     limit: u32,
 ) -> Result<ReplayStep, StoreError> {
-    if limit == 0 {
-        return Ok(ReplayStep::default());
-    }
     let route = filter
         .destination
         .as_ref()
@@ -214,10 +147,4 @@ pub(crate) async fn replay(
         replayed: rows.len() as u64,
         next_after: last.filter(|_| rows.len() >= limit as usize),
     })
-}
-
-pub(crate) async fn check(store: &SqliteStore) -> Result<(), StoreError> {
-    let (current, latest) = store.outbox.schema_version(&store.pool).await?;
-    let place = format!("table {}", store.outbox.quoted_table());
-    check_current(Schema::OUTBOX, &place, current, latest)
 }

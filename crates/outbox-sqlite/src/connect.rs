@@ -121,7 +121,12 @@ impl SqliteStore {
     }
 
     pub(crate) fn sql(&self) -> &Sql {
-        &self.outbox.inner.sql
+        self.outbox.sql()
+    }
+
+    /// This process's turn to write (see the crate docs): held while a write statement runs.
+    pub(crate) async fn write_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.writes.lock().await
     }
 }
 

@@ -24,15 +24,9 @@ impl SqliteOutbox {
         event: &NewEvent,
     ) -> Result<Enqueued, StoreError> {
         event.check_headers()?;
-        let row = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue.as_str()))
-            .bind(event.id().to_string())
-            .bind(event.aggregate_type())
-            .bind(event.aggregate_id())
-            .bind(event.event_type())
-            .bind(event.payload())
-            .bind(event.destination())
-            .bind(event.headers_json())
-            .bind(event.idempotency_key())
+        let query = sqlx::query(AssertSqlSafe(self.inner.sql.enqueue.as_str()))
+            .bind(event.id().to_string());
+        let row = outbox_types::bind_event_columns!(query, event)
             .bind(clamp_micros(event.occurred_at().timestamp_micros()))
             .bind(now_micros())
             .fetch_optional(executor)

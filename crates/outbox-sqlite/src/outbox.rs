@@ -6,39 +6,20 @@ use crate::names::check_table_name;
 use crate::sql::Sql;
 use outbox_types::StoreError;
 use sqlx::SqlitePool;
-use std::sync::Arc;
 
 /// The default outbox table.
 pub const DEFAULT_TABLE: &str = "outbox_events";
 
-/// Where the outbox table lives, and the SQL to use it. Cheap to clone.
-///
-/// The table name is configurable so the outbox never collides with the application's own
-/// tables; the default is [`DEFAULT_TABLE`]. Migrations are recorded in `<table>_migrations`.
-#[derive(Clone, Debug)]
-pub struct SqliteOutbox {
-    pub(crate) inner: Arc<Names>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Names {
-    pub(crate) table: String,
-    pub(crate) quoted: String,
-    pub(crate) sql: Sql,
-}
-
-impl Default for SqliteOutbox {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl SqliteOutbox {
-    /// The outbox in table [`DEFAULT_TABLE`] (`outbox_events`).
-    pub fn new() -> Self {
-        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("the default is valid"))
-    }
-
+outbox_types::impl_table_outbox! {
+    /// Where the outbox table lives, and the SQL to use it. Cheap to clone.
+    ///
+    /// The table name is configurable so the outbox never collides with the application's own
+    /// tables; the default is [`DEFAULT_TABLE`]. Migrations are recorded in `<table>_migrations`.
+    pub struct SqliteOutbox;
+    default: DEFAULT_TABLE,
+    quote: '"',
+    check: check_table_name,
+    sql: Sql = render_sql,
     /// The outbox in table `table`: a plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most 48
     /// characters, not starting with `sqlite_`). Anything else is refused before any SQL runs.
     ///
@@ -47,39 +28,15 @@ impl SqliteOutbox {
     /// let err = outbox_sqlite::SqliteOutbox::with_table("x; drop table y").unwrap_err();
     /// assert!(err.to_string().contains("not a plain identifier"));
     /// ```
-    pub fn with_table(table: &str) -> Result<Self, StoreError> {
-        check_table_name(table)?;
-        let quoted = format!("\"{table}\"");
-        let sql = Sql::render(&quoted, &format!("\"{table}_paused\""));
-        Ok(SqliteOutbox {
-            inner: Arc::new(Names {
-                table: table.to_owned(),
-                quoted,
-                sql,
-            }),
-        })
-    }
+    fn with_table;
+}
 
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.inner.table
-    }
+/// The statements for the table `quoted` (its paused destinations in `"<table>_paused"`).
+fn render_sql(quoted: &str, table: &str) -> Sql {
+    Sql::render(quoted, &format!("\"{table}_paused\""))
+}
 
-    /// `"table"`, ready to use in SQL.
-    pub fn quoted_table(&self) -> &str {
-        &self.inner.quoted
-    }
-
-    pub(crate) fn migrations_table(&self) -> String {
-        format!("\"{}_migrations\"", self.inner.table)
-    }
-
-    pub(crate) fn render(&self, template: &str) -> String {
-        template
-            .replace("{t}", &self.inner.quoted)
-            .replace("{table}", &self.inner.table)
-    }
-
+impl SqliteOutbox {
     /// Create or upgrade the outbox schema. Idempotent, safe to call from several processes at
     /// once (they queue on SQLite's write lock), and atomic.
     pub async fn migrate(&self, pool: &SqlitePool) -> Result<MigrationReport, StoreError> {

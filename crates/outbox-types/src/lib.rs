@@ -43,10 +43,12 @@ pub mod routing;
 mod sink;
 pub mod sink_config;
 mod source;
+pub mod sql_admin;
 pub mod sql_script;
 pub mod sql_store;
 mod store;
 pub mod store_impl;
+pub mod table_outbox;
 
 pub use error::{EncodeError, StoreError};
 pub use event::{

@@ -60,6 +60,25 @@ pub fn keyed_batch(events: &[NewEvent]) -> Result<KeyedBatch<'_>, StoreError> {
     })
 }
 
+/// `$query` with the columns of the [`NewEvent`] `$event` that every store's single-event
+/// enqueue statement takes after the event's id, in its order: aggregate type, aggregate id,
+/// event type, payload, destination, headers (JSON text), idempotency key. The store binds the
+/// id before and the times after, each in its own encoding. A macro because the query type is
+/// the driver's (`sqlx`).
+#[macro_export]
+macro_rules! bind_event_columns {
+    ($query:expr, $event:ident) => {
+        $query
+            .bind($event.aggregate_type())
+            .bind($event.aggregate_id())
+            .bind($event.event_type())
+            .bind($event.payload())
+            .bind($event.destination())
+            .bind($event.headers_json())
+            .bind($event.idempotency_key())
+    };
+}
+
 /// The longest table (or schema) name the stores accept: derived names such as
 /// `<table>_migrations` and PostgreSQL's index names then stay within every database's
 /// identifier limit (PostgreSQL 63 bytes, MySQL 64 characters), and one configuration works for
@@ -158,6 +177,12 @@ pub fn check_destination(destination: &str) -> Result<(), StoreError> {
         ));
     }
     Ok(())
+}
+
+/// A pause request checked ([`check_destination`]): the "paused by" text to store, as it is.
+pub fn check_pause<'b>(destination: &str, by: &'b str) -> Result<&'b str, StoreError> {
+    check_destination(destination)?;
+    Ok(by)
 }
 
 /// A batch as JSON text, for a statement that reads it with `json_each` or `JSON_TABLE`.
@@ -355,6 +380,19 @@ pub fn destination_stats(
 pub fn sort_destinations(mut stats: Vec<DestinationStats>) -> Vec<DestinationStats> {
     stats.sort_by(|a, b| a.destination.cmp(&b.destination));
     stats
+}
+
+/// The per-destination counts of the stats `rows`, each row's routed destination read by
+/// `route` (the column's type differs per store), in the order of [`sort_destinations`].
+pub fn sorted_destination_stats<R: StoredRow>(
+    rows: impl IntoIterator<Item = R>,
+    route: impl Fn(&R) -> Result<String, StoreError>,
+) -> Result<Vec<DestinationStats>, StoreError> {
+    let stats = rows
+        .into_iter()
+        .map(|row| destination_stats(&row, route(&row)?))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok(sort_destinations(stats))
 }
 
 /// One relay's row of the leases read.

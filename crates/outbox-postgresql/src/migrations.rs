@@ -757,10 +757,8 @@ pub(crate) async fn current_version(outbox: &PgOutbox, pool: &PgPool) -> Result<
 mod released {
     use super::*;
 
-    const MIGRATIONS_UNDER_TEST: &[&[Migration]] = &[MIGRATIONS, PARTITIONED_MIGRATIONS];
-    /// (version, checksum) of every released migration, per list above.
-    const RELEASED: &[&[(i64, &str)]] = &[
-        &[
+    outbox_types::released_migrations_test! {
+        MIGRATIONS => [
             (1, "0a8d25c6f810a039"),
             (2, "9ac7c6123d20c3f8"),
             (3, "ef6dc1f74bc4514d"),
@@ -768,25 +766,12 @@ mod released {
             (5, "07918ce1dea4acaa"),
             (6, "ba60053e899f941e"),
         ],
-        &[
+        PARTITIONED_MIGRATIONS => [
             (1, "75d66952a4ec90d4"),
             (2, "4c76a5fbe27f773b"),
             (3, "df72cc71c6a52f1b"),
             (4, "77d2bee6eb2cee56"),
             (5, "026013792a49ea9d"),
         ],
-    ];
-
-    /// A released migration's text never changes: a database that applied it checks its
-    /// checksum on every migrate, and a changed text (a comment is enough) would stop every
-    /// existing outbox from upgrading. New behaviour goes into a new migration.
-    #[test]
-    fn released_migrations_keep_their_checksums() {
-        for (list, released) in MIGRATIONS_UNDER_TEST.iter().zip(RELEASED) {
-            assert_eq!(
-                outbox_types::migration::check_released(list, released),
-                Ok(())
-            );
-        }
     }
 }

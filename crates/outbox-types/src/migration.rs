@@ -232,6 +232,35 @@ pub fn check_released<M: Versioned>(known: &[M], released: &[(i64, &str)]) -> Re
     Ok(())
 }
 
+/// The test, in a store's migrations module, that its released migrations keep their text:
+/// each list of migrations, with the `(version, checksum)` of every released entry, goes
+/// through [`check_released`]. A database that applied a migration checks its checksum on every
+/// migrate, and a changed text (a comment is enough) would stop every existing outbox from
+/// upgrading; new behaviour goes into a new migration. Written once so every store pins its
+/// migrations the same way.
+///
+/// ```text
+/// outbox_types::released_migrations_test! {
+///     MIGRATIONS => [(1, "cd8d1fbc5520703d"), (2, "257f4451e150a7e6")],
+/// }
+/// ```
+#[macro_export]
+macro_rules! released_migrations_test {
+    ($($list:expr => [$(($version:expr, $checksum:expr)),* $(,)?]),+ $(,)?) => {
+        /// A released migration's text never changes (see
+        /// `outbox_types::released_migrations_test!`).
+        #[test]
+        fn released_migrations_keep_their_checksums() {
+            $(
+                assert_eq!(
+                    $crate::migration::check_released($list, &[$(($version, $checksum)),*]),
+                    Ok(())
+                );
+            )+
+        }
+    };
+}
+
 /// What a `migrate` call did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MigrationReport {

@@ -164,7 +164,6 @@ impl MySqlStore {
             }
             kept.push(seq);
             let size: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
-            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
             let aggregate = || {
                 wanted
                     .iter()
@@ -174,13 +173,7 @@ impl MySqlStore {
                         StoreError::Database(format!("claimed row {seq} was no candidate"))
                     })
             };
-            if let Some(error) = sort.row(seq, aggregate, size, || decode_event(row))? {
-                tracing::warn!(
-                    seq,
-                    error,
-                    "Claimed a row that cannot be delivered; it is dead-lettered."
-                );
-            }
+            outbox_types::sort_claimed_row!(sort, seq, aggregate, size, || decode_event(row));
         }
         let owner: String = request.owner.chars().take(MAX_OWNER_CHARS).collect();
         let done = sqlx::query(AssertSqlSafe(sql.claim_update.as_str()))

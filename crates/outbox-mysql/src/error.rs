@@ -56,12 +56,7 @@ pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
 /// [`StoreError::Database`].
 pub(crate) fn map_sqlx(error: sqlx::Error) -> StoreError {
     match &error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => StoreError::Unavailable(error.to_string()),
+        outbox_types::sqlx_connection_trouble!() => StoreError::Unavailable(error.to_string()),
         sqlx::Error::Database(db) => match error_number(&error) {
             Some(
                 TOO_MANY_CONNECTIONS

@@ -436,12 +436,8 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
         .await
         .map_err(map_sqlx)?;
 
-    let applied_before: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
-    )))
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
+    let applied_before: Vec<(i64, String)> =
+        outbox_types::applied_migrations!(&mut *conn, bookkeeping, map_sqlx)?;
     let pending = pending(Schema::OUTBOX, MIGRATIONS, &applied_before)?;
     if pending.is_empty() {
         return Ok(Vec::new());
@@ -468,16 +464,11 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
                 .map_err(map_sqlx)?;
         }
         check_table(outbox, conn, m).await?;
-        sqlx::query(AssertSqlSafe(format!(
+        let insert = format!(
             "INSERT INTO {bookkeeping} (version, description, checksum, applied_at)
              VALUES (?, ?, ?, UTC_TIMESTAMP(6))"
-        )))
-        .bind(m.version)
-        .bind(m.description)
-        .bind(m.checksum())
-        .execute(&mut *conn)
-        .await
-        .map_err(map_sqlx)?;
+        );
+        outbox_types::record_migration!(&mut *conn, insert, m, map_sqlx)?;
         applied.push(m.version);
     }
     Ok(applied)

@@ -73,14 +73,7 @@ pub(crate) async fn claim(store: &PgStore, request: &ClaimRequest) -> Result<Cla
                 aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
             })
         };
-        let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
-        if let Some(error) = sort.row(seq, aggregate, size, || decode_event(row))? {
-            tracing::warn!(
-                seq,
-                error,
-                "Claimed a row that cannot be delivered; it is dead-lettered."
-            );
-        }
+        outbox_types::sort_claimed_row!(sort, seq, aggregate, size, || decode_event(row));
     }
     let lease = Lease {
         owner: request.owner.clone(),

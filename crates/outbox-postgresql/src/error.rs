@@ -7,12 +7,7 @@ use outbox_types::StoreError;
 /// [`StoreError::Database`].
 pub(crate) fn map_sqlx(error: sqlx::Error) -> StoreError {
     match &error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => StoreError::Unavailable(error.to_string()),
+        outbox_types::sqlx_connection_trouble!() => StoreError::Unavailable(error.to_string()),
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             // 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown, cannot

@@ -595,12 +595,8 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
         .await
         .map_err(map_sqlx)?;
 
-    let applied_before: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
-    )))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
+    let applied_before: Vec<(i64, String)> =
+        outbox_types::applied_migrations!(&mut *tx, bookkeeping, map_sqlx)?;
     check_layout(outbox, &mut tx).await?;
     let migrations = migrations_for(outbox);
 
@@ -610,15 +606,10 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        let insert = format!(
             "INSERT INTO {bookkeeping} (version, description, checksum) VALUES ($1, $2, $3)"
-        )))
-        .bind(m.version)
-        .bind(m.description)
-        .bind(m.checksum())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
+        );
+        outbox_types::record_migration!(&mut *tx, insert, m, map_sqlx)?;
         applied.push(m.version);
     }
     tx.commit().await.map_err(map_sqlx)?;

@@ -73,14 +73,7 @@ pub(crate) async fn claim(
                 aggregate_id: text_as(row, "aggregate_id", Reading::Display)?,
             })
         };
-        let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
-        if let Some(error) = sort.row(seq, aggregate, size, || decode_event(row))? {
-            tracing::warn!(
-                seq,
-                error,
-                "Claimed a row that cannot be delivered; it is dead-lettered."
-            );
-        }
+        outbox_types::sort_claimed_row!(sort, seq, aggregate, size, || decode_event(row));
     }
     let lease = Lease {
         owner: request.owner.clone(),

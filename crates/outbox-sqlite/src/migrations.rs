@@ -202,12 +202,8 @@ pub(crate) async fn run(
         .await
         .map_err(map_sqlx)?;
 
-    let applied_before: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT version, checksum FROM {bookkeeping} ORDER BY version"
-    )))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
+    let applied_before: Vec<(i64, String)> =
+        outbox_types::applied_migrations!(&mut *tx, bookkeeping, map_sqlx)?;
 
     let mut applied = Vec::new();
     for m in pending(Schema::OUTBOX, MIGRATIONS, &applied_before)? {
@@ -215,16 +211,10 @@ pub(crate) async fn run(
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        let insert = format!(
             "INSERT INTO {bookkeeping} (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)"
-        )))
-        .bind(m.version)
-        .bind(m.description)
-        .bind(m.checksum())
-        .bind(crate::now_micros())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
+        );
+        outbox_types::record_migration!(&mut *tx, insert, m, map_sqlx, crate::now_micros())?;
         applied.push(m.version);
     }
     tx.commit().await.map_err(map_sqlx)?;

@@ -232,6 +232,40 @@ pub fn check_released<M: Versioned>(known: &[M], released: &[(i64, &str)]) -> Re
     Ok(())
 }
 
+/// The `(version, checksum)` rows of the bookkeeping table `$bookkeeping` (its quoted name),
+/// oldest first, read through `$conn`: what [`pending`] takes. The statement is the same in
+/// every database; errors go through `$map_err` (the store's `map_sqlx`). A macro because the
+/// connection is the driver's (`sqlx`, which the caller depends on).
+#[macro_export]
+macro_rules! applied_migrations {
+    ($conn:expr, $bookkeeping:expr, $map_err:path) => {
+        ::sqlx::query_as(::sqlx::AssertSqlSafe(format!(
+            "SELECT version, checksum FROM {} ORDER BY version",
+            $bookkeeping
+        )))
+        .fetch_all($conn)
+        .await
+        .map_err($map_err)
+    };
+}
+
+/// Record the migration `$m` applied through `$conn`: `$insert`, the store's `INSERT` into its
+/// bookkeeping table, with the version, the description and the checksum, then any `$extra`
+/// parameters (the time, for a store whose SQL has no clock). The caller depends on `sqlx`.
+#[macro_export]
+macro_rules! record_migration {
+    ($conn:expr, $insert:expr, $m:ident, $map_err:path $(, $extra:expr)* $(,)?) => {
+        ::sqlx::query(::sqlx::AssertSqlSafe($insert))
+            .bind($m.version)
+            .bind($m.description)
+            .bind($m.checksum())
+            $(.bind($extra))*
+            .execute($conn)
+            .await
+            .map_err($map_err)
+    };
+}
+
 /// The test, in a store's migrations module, that its released migrations keep their text:
 /// each list of migrations, with the `(version, checksum)` of every released entry, goes
 /// through [`check_released`]. A database that applied a migration checks its checksum on every

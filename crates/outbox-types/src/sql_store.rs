@@ -79,6 +79,43 @@ macro_rules! bind_event_columns {
     };
 }
 
+/// Sort one claimed row into the [`ClaimSort`](crate::ClaimSort) `$sort` (see
+/// [`ClaimSort::row`](crate::ClaimSort::row)): its `$seq`, its aggregate (a closure), its payload
+/// size as the database reported it (`$size`, a signed integer or NULL, which counts as 0) and
+/// its decoding (a closure); a row that cannot be delivered is logged, once, with the same words
+/// in every store, and dead-lettered with the claim. `?` passes a failure to read the row on. A
+/// macro because the log is the store's (`tracing`, which this crate does not use).
+#[macro_export]
+macro_rules! sort_claimed_row {
+    ($sort:ident, $seq:ident, $aggregate:expr, $size:expr, $decode:expr) => {
+        let size = u64::try_from($size.unwrap_or(0)).unwrap_or(0);
+        if let Some(error) = $sort.row($seq, $aggregate, size, $decode)? {
+            ::tracing::warn!(
+                seq = $seq,
+                error,
+                "Claimed a row that cannot be delivered; it is dead-lettered."
+            );
+        }
+    };
+}
+
+/// The driver errors (`sqlx::Error` variants) of a database server's connection that broke or
+/// could not be had (I/O, TLS, protocol, pool time-out or closed, a crashed worker), as a
+/// pattern: what the PostgreSQL and MySQL stores report as [`StoreError::Unavailable`] whatever
+/// the database said, so a relay backs off and tries again. A macro because `sqlx` is the
+/// store's.
+#[macro_export]
+macro_rules! sqlx_connection_trouble {
+    () => {
+        ::sqlx::Error::Io(_)
+            | ::sqlx::Error::Tls(_)
+            | ::sqlx::Error::PoolTimedOut
+            | ::sqlx::Error::PoolClosed
+            | ::sqlx::Error::WorkerCrashed
+            | ::sqlx::Error::Protocol(_)
+    };
+}
+
 /// The longest table (or schema) name the stores accept: derived names such as
 /// `<table>_migrations` and PostgreSQL's index names then stay within every database's
 /// identifier limit (PostgreSQL 63 bytes, MySQL 64 characters), and one configuration works for

@@ -3,7 +3,7 @@
 //! delivered events and the schema check.
 
 use crate::MySqlStore;
-use crate::decode::{Columns, decode_record};
+use crate::decode::Columns;
 use crate::error::map_sqlx;
 use crate::sql::json_text;
 use chrono::{DateTime, Utc};
@@ -19,13 +19,8 @@ const MAX_NAME_CHARS: usize = 255;
 
 outbox_types::impl_sql_admin_reads! {
     store: MySqlStore,
-    map_err: map_sqlx,
-    record: decode_record,
-    columns: Columns,
     bind_id: EventId::to_string,
     pauser: pauser,
-    replay_step: replay_step,
-    place: schema_place,
 }
 
 /// Where [`check`] says the schema is.

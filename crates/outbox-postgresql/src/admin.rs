@@ -3,7 +3,7 @@
 //! delivered events and the schema check.
 
 use crate::PgStore;
-use crate::decode::{Columns, decode_record};
+use crate::decode::Columns;
 use crate::error::map_sqlx;
 use crate::sql::{destination_stats_sql, replay_sql};
 use chrono::{DateTime, Utc};
@@ -19,13 +19,8 @@ use uuid::Uuid;
 
 outbox_types::impl_sql_admin_reads! {
     store: PgStore,
-    map_err: map_sqlx,
-    record: decode_record,
-    columns: Columns,
     bind_id: EventId::as_uuid,
     pauser: check_pause,
-    replay_step: replay_step,
-    place: schema_place,
 }
 
 /// Where [`check`] says the schema is.

@@ -3,7 +3,7 @@
 //! delivered events and the schema check.
 
 use crate::SqliteStore;
-use crate::decode::{Columns, decode_record};
+use crate::decode::Columns;
 use crate::error::map_sqlx;
 use crate::sql::{destination_stats_sql, number_placeholders, replay_sql};
 use crate::time::{Stamp, clamp_micros, now_micros};
@@ -19,13 +19,8 @@ use sqlx::{AssertSqlSafe, Row};
 
 outbox_types::impl_sql_admin_reads! {
     store: SqliteStore,
-    map_err: map_sqlx,
-    record: decode_record,
-    columns: Columns,
     bind_id: EventId::to_string,
     pauser: check_pause,
-    replay_step: replay_step,
-    place: schema_place,
     write_turn: SqliteStore::write_turn,
     now: now_micros,
 }

@@ -16,33 +16,32 @@
 /// - `store`: the store type; it has `pool` (a sqlx pool), `outbox` (with `schema_version`) and
 ///   `sql()`, whose fields `get`, `list_dead`, `leases`, `pause`, `resume` and `paused` are
 ///   the statements.
-/// - `map_err`: the store's `map_sqlx`; `record`: its decoder of an operator's event row;
-///   `columns`: its [`StoredRow`](crate::sql_store::StoredRow) wrapper of a row.
 /// - `bind_id`: how an [`EventId`](crate::EventId) is bound (`EventId::as_uuid`,
 ///   `EventId::to_string`).
 /// - `pauser`: checks a destination to pause and who pauses it (`(destination, by)`), and
 ///   returns the `by` to store.
-/// - `replay_step`: the store's replay of one page, `(store, filter, routes, after_seq, limit)`,
-///   called for a `limit` above 0 (a replay of nothing runs nothing).
-/// - `place`: where the schema lives, as [`check_current`](crate::migration::check_current)
-///   names it.
+///
+/// The rest is found by name, the same in every store: the driver's errors go through
+/// `crate::error::map_sqlx`; rows are read with `crate::decode::decode_record` (an operator's
+/// event) and `crate::decode::Columns` (the [`StoredRow`](crate::sql_store::StoredRow) wrapper
+/// of a row); in the calling module, `replay_step(store, filter, routes, after_seq, limit)`
+/// replays one page (called for a `limit` above 0: a replay of nothing runs nothing) and
+/// `schema_place(store)` says where the schema lives, as
+/// [`check_current`](crate::migration::check_current) names it. Optional:
 /// - `write_turn` (optional): an async function whose guard a write holds while it runs
 ///   (SQLite's in-process write queue).
 /// - `now` (optional): the current time, for a store whose SQL has no clock of its own: bound
 ///   to the leases read, and to `pause` between the destination and the `by`.
 ///
 /// The caller depends on `sqlx`.
+// `crate::` on purpose: the calling store's own `error` and `decode` modules, found by name.
+#[allow(clippy::crate_in_macro_def)]
 #[macro_export]
 macro_rules! impl_sql_admin_reads {
     (
         store: $store:ty,
-        map_err: $map_err:path,
-        record: $record:path,
-        columns: $columns:ident,
         bind_id: $bind_id:path,
         pauser: $pauser:path,
-        replay_step: $replay_step:path,
-        place: $place:path,
         $(write_turn: $turn:path,)?
         $(now: $now:path,)?
     ) => {
@@ -54,8 +53,8 @@ macro_rules! impl_sql_admin_reads {
                 .bind($bind_id(&id))
                 .fetch_optional(&store.pool)
                 .await
-                .map_err($map_err)?;
-            row.as_ref().map($record).transpose()
+                .map_err(crate::error::map_sqlx)?;
+            row.as_ref().map(crate::decode::decode_record).transpose()
         }
 
         pub(crate) async fn list_dead(
@@ -68,8 +67,8 @@ macro_rules! impl_sql_admin_reads {
                 .bind(i64::from(limit))
                 .fetch_all(&store.pool)
                 .await
-                .map_err($map_err)?;
-            rows.iter().map($record).collect()
+                .map_err(crate::error::map_sqlx)?;
+            rows.iter().map(crate::decode::decode_record).collect()
         }
 
         pub(crate) async fn leases(
@@ -79,9 +78,9 @@ macro_rules! impl_sql_admin_reads {
                 $(.bind($now()))?
                 .fetch_all(&store.pool)
                 .await
-                .map_err($map_err)?;
+                .map_err(crate::error::map_sqlx)?;
             rows.iter()
-                .map(|row| $crate::sql_store::lease_holder(&$columns(row)))
+                .map(|row| $crate::sql_store::lease_holder(&crate::decode::Columns(row)))
                 .collect()
         }
 
@@ -98,7 +97,7 @@ macro_rules! impl_sql_admin_reads {
                 .bind(by)
                 .execute(&store.pool)
                 .await
-                .map_err($map_err)?;
+                .map_err(crate::error::map_sqlx)?;
             Ok(done.rows_affected() == 1)
         }
 
@@ -111,7 +110,7 @@ macro_rules! impl_sql_admin_reads {
                 .bind(destination)
                 .execute(&store.pool)
                 .await
-                .map_err($map_err)?;
+                .map_err(crate::error::map_sqlx)?;
             Ok(done.rows_affected() > 0)
         }
 
@@ -121,9 +120,9 @@ macro_rules! impl_sql_admin_reads {
             let rows = ::sqlx::query(::sqlx::AssertSqlSafe(store.sql().paused.as_str()))
                 .fetch_all(&store.pool)
                 .await
-                .map_err($map_err)?;
+                .map_err(crate::error::map_sqlx)?;
             rows.iter()
-                .map(|row| $crate::sql_store::paused_destination(&$columns(row)))
+                .map(|row| $crate::sql_store::paused_destination(&crate::decode::Columns(row)))
                 .collect()
         }
 
@@ -137,14 +136,14 @@ macro_rules! impl_sql_admin_reads {
             if limit == 0 {
                 return Ok($crate::ReplayStep::default());
             }
-            $replay_step(store, filter, routes, after_seq, limit).await
+            replay_step(store, filter, routes, after_seq, limit).await
         }
 
         pub(crate) async fn check(store: &$store) -> Result<(), $crate::StoreError> {
             let (current, latest) = store.outbox.schema_version(&store.pool).await?;
             $crate::migration::check_current(
                 $crate::migration::Schema::OUTBOX,
-                &$place(store),
+                &schema_place(store),
                 current,
                 latest,
             )

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use outbox_mysql::{MySqlOutbox, MySqlStore};
 use outbox_types::{
-    ClaimRequest, DeadFilter, DeadLetterPolicy, EncodeError, EventId, EventState, NewEvent, Store,
-    StoreError,
+    ClaimRequest, DeadFilter, DeadLetterPolicy, EventId, EventState, NewEvent, Store,
 };
 use sqlx::{AssertSqlSafe, MySqlPool};
 
@@ -159,32 +158,10 @@ async fn the_enqueue_procedure_refuses_a_reserved_header_through_the_trigger() {
 
 #[tokio::test]
 async fn the_library_refuses_a_reserved_header_before_the_database_does() {
-    let store = common::fresh_store().await;
-    let bad = NewEvent::new("order", "1", "OrderPlaced", &1)
-        .unwrap()
-        .with_header("outbox-event-id", "forged");
-    let err = store
-        .outbox()
-        .enqueue(store.pool(), &bad)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
-        "{err}"
-    );
-    let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
-    let err = store
-        .outbox()
-        .enqueue_batch(store.pool(), &[good.clone(), bad])
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Encode(_)), "{err}");
-    assert_eq!(count(store.pool(), store.outbox()).await, 0);
-    store
-        .outbox()
-        .enqueue(store.pool(), &good.with_header("outbox-partition", "1"))
-        .await
-        .unwrap();
+    outbox_store_tests::the_library_refuses_a_reserved_header_before_the_database_does(
+        &common::MySqlWriter,
+    )
+    .await;
 }
 
 /// An outbox of the previous release (version 3) with rows the trigger refuses upgrades: the

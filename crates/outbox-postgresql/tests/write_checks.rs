@@ -10,10 +10,7 @@ mod common;
 use std::time::Duration;
 
 use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_types::{
-    ClaimRequest, DeadFilter, DeadLetterPolicy, EncodeError, EventState, NewEvent, Store,
-    StoreError,
-};
+use outbox_types::{ClaimRequest, DeadFilter, DeadLetterPolicy, EventState, NewEvent, Store};
 use sqlx::{AssertSqlSafe, PgPool};
 
 /// Headers no writer may store, with the message that says why.
@@ -263,32 +260,9 @@ async fn the_enqueue_function_names_a_reserved_header() {
 /// The Rust enqueue refuses the reserved names before anything reaches the database.
 #[tokio::test]
 async fn the_library_refuses_a_reserved_header_before_the_database_does() {
-    for store in [
-        common::fresh_store().await,
-        common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await,
-    ] {
-        let bad = NewEvent::new("order", "1", "OrderPlaced", &1)
-            .unwrap()
-            .with_header("outbox-event-id", "forged");
-        let mut tx = store.pool().begin().await.unwrap();
-        let err = store.outbox().enqueue(&mut *tx, &bad).await.unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
-            "{err}"
-        );
-        assert!(err.to_string().contains("`outbox-event-id`"), "{err}");
-        let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
-        let err = store
-            .outbox()
-            .enqueue_batch(&mut *tx, &[good.clone(), bad.clone()])
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Encode(_)), "{err}");
-        // Nothing was sent: the transaction is still usable.
-        let partition = good.clone().with_header("outbox-partition", "1");
-        store.outbox().enqueue(&mut *tx, &partition).await.unwrap();
-        tx.commit().await.unwrap();
-        assert_eq!(store.stats().await.unwrap().pending, 1);
+    for writer in common::PgWriter::both() {
+        outbox_store_tests::the_library_refuses_a_reserved_header_before_the_database_does(&writer)
+            .await;
     }
 }
 

@@ -10,10 +10,7 @@ use std::time::Duration;
 
 use common::TempStore;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
-use outbox_types::{
-    ClaimRequest, DeadFilter, DeadLetterPolicy, EncodeError, EventState, NewEvent, Store,
-    StoreError,
-};
+use outbox_types::{ClaimRequest, DeadFilter, DeadLetterPolicy, EventState, Store};
 use sqlx::AssertSqlSafe;
 
 fn claim_request() -> ClaimRequest {
@@ -143,32 +140,10 @@ async fn bad_headers_fail_the_writers_insert_naming_the_rule() {
 
 #[tokio::test]
 async fn the_library_refuses_a_reserved_header_before_the_database_does() {
-    let store = TempStore::new().await;
-    let bad = NewEvent::new("order", "1", "OrderPlaced", &1)
-        .unwrap()
-        .with_header("outbox-event-id", "forged");
-    let err = store
-        .outbox()
-        .enqueue(store.pool(), &bad)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
-        "{err}"
-    );
-    let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
-    let err = store
-        .outbox()
-        .enqueue_batch(store.pool(), &[good.clone(), bad])
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Encode(_)), "{err}");
-    assert_eq!(count(&store).await, 0);
-    store
-        .outbox()
-        .enqueue(store.pool(), &good.with_header("outbox-partition", "1"))
-        .await
-        .unwrap();
+    outbox_store_tests::the_library_refuses_a_reserved_header_before_the_database_does(
+        &common::SqliteWriter,
+    )
+    .await;
 }
 
 /// An outbox of the previous release (version 3) with rows the triggers refuse upgrades: the

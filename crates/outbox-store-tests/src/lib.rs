@@ -87,6 +87,7 @@ mod harness;
 mod relay;
 mod retention;
 mod settle;
+mod writer;
 
 pub use admin::*;
 pub use claim::*;
@@ -94,3 +95,4 @@ pub use harness::*;
 pub use relay::*;
 pub use retention::*;
 pub use settle::*;
+pub use writer::*;

@@ -9,7 +9,6 @@
 
 use std::ops::DerefMut;
 
-use async_trait::async_trait;
 use outbox_testkit::order_created;
 use outbox_types::sql_store::Enqueued;
 use outbox_types::{EncodeError, EventId, NewEvent, Store, StoreError};
@@ -24,8 +23,14 @@ pub enum Through<'a, C> {
 }
 
 /// How the writer scenarios get at a store: its transactions, a business write beside the
-/// enqueue, and counts as another connection sees them.
-#[async_trait]
+/// enqueue, and counts as another connection sees them. The parts that differ only by the
+/// sqlx database type (transactions, enqueue, the business insert, counts) come from
+/// [`sqlx_writer!`]; a store writes the rest.
+///
+/// Native `async fn`: the scenarios are generic and run on the test's own runtime, never
+/// spawned, so no `Send` bound is needed; a concrete writer's futures are `Send` when its
+/// database's are.
+#[allow(async_fn_in_trait)]
 pub trait Writer: Send + Sync + 'static {
     /// The store under test.
     type Store: Store + Send + Sync;
@@ -42,14 +47,15 @@ pub trait Writer: Send + Sync + 'static {
     /// Create the business table `orders (id, amount)` beside the outbox; returns its name as
     /// SQL writes it.
     async fn business_table(&self, store: &Self::Store) -> String;
-    /// The business write: `INSERT INTO {orders} VALUES (id, amount)` on `conn`.
-    async fn insert_order(&self, conn: &mut Self::Conn, orders: &str, id: i64, amount: i64);
     /// The outbox table's name as SQL writes it.
     fn outbox_table(&self, store: &Self::Store) -> String;
-    /// `SELECT count(*) FROM {table}` through `store`'s pool.
-    async fn count_rows(&self, store: &Self::Store, table: &str) -> i64;
+
     /// Begin a transaction on the store's pool, as a writer does.
     async fn begin(&self, store: &Self::Store) -> Self::Tx;
+    /// The business write: `INSERT INTO {orders} VALUES (id, amount)` on `conn`.
+    async fn insert_order(&self, conn: &mut Self::Conn, orders: &str, id: i64, amount: i64);
+    /// `SELECT count(*) FROM {table}` through `store`'s pool.
+    async fn count_rows(&self, store: &Self::Store, table: &str) -> i64;
     async fn commit(&self, tx: Self::Tx);
     async fn rollback(&self, tx: Self::Tx);
     /// The store's `enqueue` of one event.
@@ -68,8 +74,92 @@ pub trait Writer: Send + Sync + 'static {
     ) -> Result<Vec<Enqueued>, StoreError>;
 }
 
+/// The items of a [`Writer`] impl that are the same for every sqlx-backed store but for the
+/// database type `$db`: the connection and transaction types, `begin` (`pool().begin()`, or
+/// `pool().begin_with(statement)` given `begin = statement`), the business insert, counts,
+/// commit, rollback, and enqueue through the caller's connection or the store's pool
+/// (`store.outbox().enqueue(..)` / `.enqueue_batch(..)`, `store.pool()`). Used inside
+/// `impl Writer for MyWriter { .. }` next to the store's own items; the caller's crate needs
+/// `sqlx` with `$db`'s driver.
+#[macro_export]
+macro_rules! sqlx_writer {
+    ($db:ty) => {
+        async fn begin(&self, store: &Self::Store) -> Self::Tx {
+            store.pool().begin().await.unwrap()
+        }
+
+        $crate::sqlx_writer!(@items $db);
+    };
+    ($db:ty, begin = $statement:literal) => {
+        async fn begin(&self, store: &Self::Store) -> Self::Tx {
+            store.pool().begin_with($statement).await.unwrap()
+        }
+
+        $crate::sqlx_writer!(@items $db);
+    };
+    (@items $db:ty) => {
+        type Conn = <$db as sqlx::Database>::Connection;
+        type Tx = sqlx::Transaction<'static, $db>;
+
+        async fn insert_order(&self, conn: &mut Self::Conn, orders: &str, id: i64, amount: i64) {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {orders} VALUES ({id}, {amount})"
+            )))
+            .execute(conn)
+            .await
+            .unwrap();
+        }
+
+        async fn count_rows(&self, store: &Self::Store, table: &str) -> i64 {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                .fetch_one(store.pool())
+                .await
+                .unwrap()
+        }
+
+        async fn commit(&self, tx: Self::Tx) {
+            tx.commit().await.unwrap();
+        }
+
+        async fn rollback(&self, tx: Self::Tx) {
+            tx.rollback().await.unwrap();
+        }
+
+        async fn enqueue(
+            &self,
+            store: &Self::Store,
+            through: $crate::Through<'_, Self::Conn>,
+            event: &$crate::__private::NewEvent,
+        ) -> Result<$crate::__private::Enqueued, $crate::__private::StoreError> {
+            match through {
+                $crate::Through::Conn(conn) => store.outbox().enqueue(conn, event).await,
+                $crate::Through::Pool => store.outbox().enqueue(store.pool(), event).await,
+            }
+        }
+
+        async fn enqueue_batch(
+            &self,
+            store: &Self::Store,
+            through: $crate::Through<'_, Self::Conn>,
+            events: &[$crate::__private::NewEvent],
+        ) -> Result<Vec<$crate::__private::Enqueued>, $crate::__private::StoreError> {
+            match through {
+                $crate::Through::Conn(conn) => store.outbox().enqueue_batch(conn, events).await,
+                $crate::Through::Pool => store.outbox().enqueue_batch(store.pool(), events).await,
+            }
+        }
+    };
+}
+
+/// Paths [`sqlx_writer!`] expands to, so its callers need not name these crates.
+#[doc(hidden)]
+pub mod __private {
+    pub use outbox_types::sql_store::Enqueued;
+    pub use outbox_types::{NewEvent, StoreError};
+}
+
 /// A server database whose writer's session another connection can end mid-transaction.
-#[async_trait]
+#[allow(async_fn_in_trait)]
 pub trait KillableWriter: Writer {
     /// The server's id of a session, what kills it.
     type Session: Send;

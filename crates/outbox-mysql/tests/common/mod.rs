@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_store_tests::{Harness, KillableWriter, Through, Writer};
-use outbox_types::sql_store::Enqueued;
-use outbox_types::{EventId, NewEvent, StoreError};
+use outbox_store_tests::{Harness, KillableWriter, Writer};
+use outbox_types::{EventId, NewEvent};
 use sqlx::mysql::MySqlPoolOptions;
-use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool, Transaction};
+use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool};
 use tokio::sync::OnceCell;
 
 /// `OUTBOX_TEST_MYSQL_URL`, or the machine's local MariaDB `test` database.
@@ -136,11 +135,8 @@ impl Harness for MySqlHarness {
 /// store's pool, the business table `<outbox table>_orders` beside the outbox.
 pub struct MySqlWriter;
 
-#[async_trait]
 impl Writer for MySqlWriter {
     type Store = MySqlStore;
-    type Conn = MySqlConnection;
-    type Tx = Transaction<'static, MySql>;
 
     async fn fresh(&self) -> MySqlStore {
         fresh_store().await
@@ -162,64 +158,13 @@ impl Writer for MySqlWriter {
         table
     }
 
-    async fn insert_order(&self, conn: &mut MySqlConnection, orders: &str, id: i64, amount: i64) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO {orders} VALUES ({id}, {amount})"
-        )))
-        .execute(conn)
-        .await
-        .unwrap();
-    }
-
     fn outbox_table(&self, store: &MySqlStore) -> String {
         store.outbox().quoted_table().to_owned()
     }
 
-    async fn count_rows(&self, store: &MySqlStore, table: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
-    }
-
-    async fn begin(&self, store: &MySqlStore) -> Transaction<'static, MySql> {
-        store.pool().begin().await.unwrap()
-    }
-
-    async fn commit(&self, tx: Transaction<'static, MySql>) {
-        tx.commit().await.unwrap();
-    }
-
-    async fn rollback(&self, tx: Transaction<'static, MySql>) {
-        tx.rollback().await.unwrap();
-    }
-
-    async fn enqueue(
-        &self,
-        store: &MySqlStore,
-        through: Through<'_, MySqlConnection>,
-        event: &NewEvent,
-    ) -> Result<Enqueued, StoreError> {
-        match through {
-            Through::Conn(conn) => store.outbox().enqueue(conn, event).await,
-            Through::Pool => store.outbox().enqueue(store.pool(), event).await,
-        }
-    }
-
-    async fn enqueue_batch(
-        &self,
-        store: &MySqlStore,
-        through: Through<'_, MySqlConnection>,
-        events: &[NewEvent],
-    ) -> Result<Vec<Enqueued>, StoreError> {
-        match through {
-            Through::Conn(conn) => store.outbox().enqueue_batch(conn, events).await,
-            Through::Pool => store.outbox().enqueue_batch(store.pool(), events).await,
-        }
-    }
+    outbox_store_tests::sqlx_writer!(MySql);
 }
 
-#[async_trait]
 impl KillableWriter for MySqlWriter {
     type Session = u64;
 

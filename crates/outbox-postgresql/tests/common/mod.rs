@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_postgresql::{Partitioning, PgOutbox, PgStore};
-use outbox_store_tests::{Harness, KillableWriter, Through, Writer};
-use outbox_types::sql_store::Enqueued;
-use outbox_types::{EventId, NewEvent, StoreError};
+use outbox_store_tests::{Harness, KillableWriter, Writer};
+use outbox_types::{EventId, NewEvent};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres, Row};
 
 /// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
 pub fn database_url() -> String {
@@ -137,11 +136,8 @@ impl PgWriter {
     }
 }
 
-#[async_trait]
 impl Writer for PgWriter {
     type Store = PgStore;
-    type Conn = PgConnection;
-    type Tx = Transaction<'static, Postgres>;
 
     async fn fresh(&self) -> PgStore {
         if self.partitioned {
@@ -167,64 +163,13 @@ impl Writer for PgWriter {
         table
     }
 
-    async fn insert_order(&self, conn: &mut PgConnection, orders: &str, id: i64, amount: i64) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO {orders} VALUES ({id}, {amount})"
-        )))
-        .execute(conn)
-        .await
-        .unwrap();
-    }
-
     fn outbox_table(&self, store: &PgStore) -> String {
         store.outbox().qualified_table().to_owned()
     }
 
-    async fn count_rows(&self, store: &PgStore, table: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
-    }
-
-    async fn begin(&self, store: &PgStore) -> Transaction<'static, Postgres> {
-        store.pool().begin().await.unwrap()
-    }
-
-    async fn commit(&self, tx: Transaction<'static, Postgres>) {
-        tx.commit().await.unwrap();
-    }
-
-    async fn rollback(&self, tx: Transaction<'static, Postgres>) {
-        tx.rollback().await.unwrap();
-    }
-
-    async fn enqueue(
-        &self,
-        store: &PgStore,
-        through: Through<'_, PgConnection>,
-        event: &NewEvent,
-    ) -> Result<Enqueued, StoreError> {
-        match through {
-            Through::Conn(conn) => store.outbox().enqueue(conn, event).await,
-            Through::Pool => store.outbox().enqueue(store.pool(), event).await,
-        }
-    }
-
-    async fn enqueue_batch(
-        &self,
-        store: &PgStore,
-        through: Through<'_, PgConnection>,
-        events: &[NewEvent],
-    ) -> Result<Vec<Enqueued>, StoreError> {
-        match through {
-            Through::Conn(conn) => store.outbox().enqueue_batch(conn, events).await,
-            Through::Pool => store.outbox().enqueue_batch(store.pool(), events).await,
-        }
-    }
+    outbox_store_tests::sqlx_writer!(Postgres);
 }
 
-#[async_trait]
 impl KillableWriter for PgWriter {
     type Session = i32;
 

@@ -10,15 +10,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
-use outbox_store_tests::{Harness, Through, Writer};
+use outbox_store_tests::{Harness, Writer};
 use outbox_types::route::RouteTable;
-use outbox_types::sql_store::Enqueued;
 use outbox_types::{
     BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, EventId, EventRecord, Lease,
     LeaseHolder, NewEvent, OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent,
     Store, StoreError,
 };
-use sqlx::{Sqlite, SqliteConnection, Transaction};
+use sqlx::Sqlite;
 use tempfile::TempDir;
 
 /// A store over a file in a temporary directory that lives exactly as long as the store.
@@ -206,11 +205,8 @@ impl Harness for SqliteHarness {
 /// other connection another pool on the file (what a second process would have).
 pub struct SqliteWriter;
 
-#[async_trait]
 impl Writer for SqliteWriter {
     type Store = TempStore;
-    type Conn = SqliteConnection;
-    type Tx = Transaction<'static, Sqlite>;
 
     async fn fresh(&self) -> TempStore {
         TempStore::new().await
@@ -232,59 +228,9 @@ impl Writer for SqliteWriter {
         "orders".to_owned()
     }
 
-    async fn insert_order(&self, conn: &mut SqliteConnection, orders: &str, id: i64, amount: i64) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO {orders} VALUES ({id}, {amount})"
-        )))
-        .execute(conn)
-        .await
-        .unwrap();
-    }
-
     fn outbox_table(&self, store: &TempStore) -> String {
         store.outbox().quoted_table().to_owned()
     }
 
-    async fn count_rows(&self, store: &TempStore, table: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
-    }
-
-    async fn begin(&self, store: &TempStore) -> Transaction<'static, Sqlite> {
-        store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap()
-    }
-
-    async fn commit(&self, tx: Transaction<'static, Sqlite>) {
-        tx.commit().await.unwrap();
-    }
-
-    async fn rollback(&self, tx: Transaction<'static, Sqlite>) {
-        tx.rollback().await.unwrap();
-    }
-
-    async fn enqueue(
-        &self,
-        store: &TempStore,
-        through: Through<'_, SqliteConnection>,
-        event: &NewEvent,
-    ) -> Result<Enqueued, StoreError> {
-        match through {
-            Through::Conn(conn) => store.outbox().enqueue(conn, event).await,
-            Through::Pool => store.outbox().enqueue(store.pool(), event).await,
-        }
-    }
-
-    async fn enqueue_batch(
-        &self,
-        store: &TempStore,
-        through: Through<'_, SqliteConnection>,
-        events: &[NewEvent],
-    ) -> Result<Vec<Enqueued>, StoreError> {
-        match through {
-            Through::Conn(conn) => store.outbox().enqueue_batch(conn, events).await,
-            Through::Pool => store.outbox().enqueue_batch(store.pool(), events).await,
-        }
-    }
+    outbox_store_tests::sqlx_writer!(Sqlite, begin = "BEGIN IMMEDIATE");
 }

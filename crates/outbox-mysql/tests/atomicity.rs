@@ -3,6 +3,7 @@
 
 mod common;
 
+use outbox_testkit::concurrent::race;
 use outbox_testkit::order_created;
 
 use common::MySqlWriter;
@@ -115,17 +116,13 @@ async fn migrate_is_idempotent_and_safe_to_race() {
     let pool = common::pool(10).await;
     let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
     assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 4));
-    let mut tasks = Vec::new();
-    for _ in 0..6 {
-        let outbox = outbox.clone();
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(
-            async move { outbox.migrate(&pool).await.unwrap() },
-        ));
-    }
+    let reports = race(6, |_| {
+        let (outbox, pool) = (outbox.clone(), pool.clone());
+        async move { outbox.migrate(&pool).await.unwrap() }
+    })
+    .await;
     let mut applied = Vec::new();
-    for t in tasks {
-        let report = t.await.unwrap();
+    for report in reports {
         assert_eq!(report.current, 4);
         applied.extend(report.applied);
     }

@@ -6,22 +6,10 @@
 
 mod common;
 
-use std::time::Duration;
-
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_types::{
-    ClaimRequest, DeadFilter, DeadLetterPolicy, EventId, EventState, NewEvent, Store,
-};
+use outbox_store_tests::write_checks_claim;
+use outbox_types::{DeadFilter, EventId, EventState, NewEvent, Store};
 use sqlx::{AssertSqlSafe, MySqlPool};
-
-fn claim_request() -> ClaimRequest {
-    ClaimRequest::new(
-        "write-checks",
-        100,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Skip,
-    )
-}
 
 /// A hand-written insert as the table contract describes it, `id` left out. The id that
 /// `UUID()` gave is read back by the row's seq.
@@ -126,7 +114,7 @@ async fn bad_headers_fail_the_writers_statement_naming_the_header() {
     )
     .await
     .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     let event = &claim.events[0];
     assert_eq!(event.id.to_string(), id);
@@ -212,7 +200,7 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .unwrap_err();
     assert_eq!(sqlstate(&err), "45000", "{err}");
     // The old rows: the unreadable one dead-lettered at claim, the reserved name delivered.
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     assert_eq!(claim.buried, 1, "{claim:?}");
     store
@@ -231,7 +219,7 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .await
         .unwrap();
     assert_eq!(requeued, 1);
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.buried, 1, "{claim:?}");
     // Corrected by hand and requeued, it is delivered.
     sqlx::query(AssertSqlSafe(format!(
@@ -246,7 +234,7 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .requeue_dead(&DeadFilter::Ids(vec![number.id()]))
         .await
         .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     assert_eq!(claim.events[0].headers["retry"], "4");
 }

@@ -6,6 +6,7 @@ mod common;
 use common::PgWriter;
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_store_tests as scenario;
+use outbox_testkit::concurrent::race;
 use outbox_types::Store;
 
 #[tokio::test]
@@ -32,18 +33,12 @@ async fn enqueue_through_the_pool_autocommits_like_any_statement() {
 async fn migrate_is_idempotent_and_safe_to_race() {
     let pool = common::pool(10).await;
     let outbox = PgOutbox::with_names(&common::unique_schema(), "my_events").unwrap();
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let outbox = outbox.clone();
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(
-            async move { outbox.migrate(&pool).await.unwrap() },
-        ));
-    }
-    let mut applied = Vec::new();
-    for t in tasks {
-        applied.extend(t.await.unwrap().applied);
-    }
+    let reports = race(4, |_| {
+        let (outbox, pool) = (outbox.clone(), pool.clone());
+        async move { outbox.migrate(&pool).await.unwrap() }
+    })
+    .await;
+    let applied: Vec<_> = reports.into_iter().flat_map(|r| r.applied).collect();
     assert_eq!(
         applied,
         vec![1, 2, 3, 4, 5, 6],

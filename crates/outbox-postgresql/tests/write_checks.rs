@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_types::{ClaimRequest, DeadFilter, DeadLetterPolicy, EventState, NewEvent, Store};
+use outbox_store_tests::write_checks_claim;
+use outbox_types::{DeadFilter, EventState, NewEvent, Store};
 use sqlx::{AssertSqlSafe, PgPool};
 
 /// Headers no writer may store, with the message that says why.
@@ -28,15 +27,6 @@ const BAD_HEADERS: [(&str, &str); 6] = [
         r#"header "outbox-x" uses the prefix outbox-"#,
     ),
 ];
-
-fn claim_request() -> ClaimRequest {
-    ClaimRequest::new(
-        "write-checks",
-        100,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Skip,
-    )
-}
 
 /// A hand-written insert of the event columns, `id` left out, returning the new id.
 async fn insert_without_id(
@@ -200,7 +190,7 @@ async fn bad_headers_fail_the_writers_transaction(store: PgStore) {
     )
     .await
     .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     let event = &claim.events[0];
     assert_eq!(*event.id.as_uuid(), id);
@@ -341,7 +331,7 @@ async fn upgrades_with_bad_rows(store: PgStore, version: i64) {
 
     // The relay goes on with the old rows: the unreadable one is dead-lettered at claim, the
     // reserved name is delivered (and never sent), the old dead row can be requeued.
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.buried, 1, "{claim:?}");
     let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
     assert_eq!(
@@ -388,7 +378,7 @@ async fn upgrades_with_bad_rows(store: PgStore, version: i64) {
     fix(*dead.id().as_uuid(), r#"{"retry": "3"}"#)
         .await
         .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!((claim.events.len(), claim.buried), (2, 0), "{claim:?}");
 }
 

@@ -36,11 +36,8 @@ async fn a_transaction_dropped_without_commit_leaves_nothing() {
     let store = TempStore::new().await;
     SqliteWriter.business_table(&store).await;
     {
-        let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-        sqlx::query("INSERT INTO orders VALUES (7, 7)")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
+        let mut tx = SqliteWriter.begin(&store).await;
+        SqliteWriter.insert_order(&mut tx, "orders", 7, 7).await;
         store
             .outbox()
             .enqueue_batch(&mut *tx, &[order_created(7), order_created(8)])

@@ -6,21 +6,11 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::TempStore;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
-use outbox_types::{ClaimRequest, DeadFilter, DeadLetterPolicy, EventState, Store};
+use outbox_store_tests::write_checks_claim;
+use outbox_types::{DeadFilter, EventState, Store};
 use sqlx::AssertSqlSafe;
-
-fn claim_request() -> ClaimRequest {
-    ClaimRequest::new(
-        "write-checks",
-        100,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Skip,
-    )
-}
 
 /// A hand-written insert as the table contract describes it; `id` NULL leaves it out.
 async fn insert<'e>(
@@ -113,7 +103,7 @@ async fn bad_headers_fail_the_writers_insert_naming_the_rule() {
     )
     .await
     .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     assert_eq!(claim.events[0].id.to_string(), given);
     assert_eq!(claim.events[0].headers["outbox-partition"], "3");
@@ -188,7 +178,7 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         "{err}"
     );
 
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!((claim.events.len(), claim.buried), (1, 1), "{claim:?}");
     store
         .ack(&claim.lease, &[claim.events[0].seq])
@@ -206,6 +196,6 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .await
         .unwrap();
     assert_eq!(requeued, 1);
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.buried, 1, "dead-lettered again: {claim:?}");
 }

@@ -8,10 +8,13 @@
 //! `#[tokio::test]` functions, so a fix to a scenario reaches every store.
 
 use std::ops::DerefMut;
+use std::time::Duration;
 
 use outbox_testkit::order_created;
 use outbox_types::sql_store::Enqueued;
-use outbox_types::{EncodeError, EventId, NewEvent, Store, StoreError};
+use outbox_types::{
+    ClaimRequest, DeadLetterPolicy, EncodeError, EventId, NewEvent, Store, StoreError,
+};
 
 /// Where an enqueue writes: inside a transaction the caller holds (its connection), or through
 /// the store's pool (an autocommitted statement of its own).
@@ -171,6 +174,17 @@ pub trait KillableWriter: Writer {
     async fn commit_by_hand(&self, conn: &mut Self::Conn) -> bool;
     /// End the session `session` from the store's pool, as when the writer's process dies.
     async fn kill(&self, store: &Self::Store, session: Self::Session);
+}
+
+/// The claim the write-check tests settle hand-written rows with: up to 100 events under
+/// `skip`, so a row whose headers cannot be read is dead-lettered without holding the rest.
+pub fn write_checks_claim() -> ClaimRequest {
+    ClaimRequest::new(
+        "write-checks",
+        100,
+        Duration::from_secs(30),
+        DeadLetterPolicy::Skip,
+    )
 }
 
 /// (orders, outbox events) as `store`'s pool sees them.

@@ -3,81 +3,25 @@
 
 mod common;
 
+use outbox_testkit::concurrent::race;
 use outbox_testkit::order_created;
 
+use common::MySqlWriter;
 use outbox_mysql::{MySqlOutbox, MySqlStore};
+use outbox_store_tests::{self as scenario, Writer};
 use outbox_types::{NewEvent, Store, StoreError};
-use sqlx::{Connection, Executor, MySqlConnection};
-
-async fn business_table(store: &MySqlStore) -> String {
-    let table = format!("`{}_orders`", store.outbox().table());
-    store
-        .pool()
-        .execute(sqlx::AssertSqlSafe(format!(
-            "CREATE TABLE {table} (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL) ENGINE = InnoDB"
-        )))
-        .await
-        .unwrap();
-    table
-}
-
-/// Orders and events as another connection (the pool) sees them.
-async fn counts(store: &MySqlStore, orders: &str) -> (i64, i64) {
-    let o: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {orders}"
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    let e: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {}",
-        store.outbox().quoted_table()
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    (o, e)
-}
 
 #[tokio::test]
 async fn committed_transaction_keeps_order_and_event_together() {
-    let store = common::fresh_store().await;
-    let orders = business_table(&store).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {orders} VALUES (1, 1999)"
-    )))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let done = store
-        .outbox()
-        .enqueue(&mut *tx, &order_created(1))
-        .await
-        .unwrap();
-    assert!(done.created);
-    assert_eq!(
-        counts(&store, &orders).await,
-        (0, 0),
-        "enqueue never commits on its own, and is invisible to others before the commit"
-    );
-    tx.commit().await.unwrap();
-    assert_eq!(counts(&store, &orders).await, (1, 1));
-    let record = store.get(done.id).await.unwrap().unwrap();
-    assert_eq!(record.event.event_type, "OrderCreated");
+    scenario::committed_transaction_keeps_order_and_event_together(&MySqlWriter).await;
 }
 
 #[tokio::test]
 async fn a_committed_batch_appears_whole_and_only_at_commit() {
     let store = common::fresh_store().await;
-    let orders = business_table(&store).await;
+    let orders = MySqlWriter.business_table(&store).await;
     let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {orders} VALUES (10, 1)"
-    )))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    MySqlWriter.insert_order(&mut tx, &orders, 10, 1).await;
     let events: Vec<NewEvent> = (10..20).map(order_created).collect();
     // `&mut tx` works as well as `&mut *tx`.
     let done = store
@@ -86,10 +30,16 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
         .await
         .unwrap();
     assert!(done.iter().all(|e| e.created));
-    assert_eq!(counts(&store, &orders).await, (0, 0));
+    assert_eq!(
+        scenario::counts(&MySqlWriter, &store, &orders).await,
+        (0, 0)
+    );
     assert_eq!(store.stats().await.unwrap().pending, 0);
     tx.commit().await.unwrap();
-    assert_eq!(counts(&store, &orders).await, (1, 10));
+    assert_eq!(
+        scenario::counts(&MySqlWriter, &store, &orders).await,
+        (1, 10)
+    );
     let claimed = store
         .claim(&outbox_types::ClaimRequest::new(
             "t",
@@ -106,44 +56,7 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
 
 #[tokio::test]
 async fn rolled_back_transaction_leaves_neither() {
-    let store = common::fresh_store().await;
-    let orders = business_table(&store).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {orders} VALUES (2, 5)"
-    )))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    store
-        .outbox()
-        .enqueue(&mut *tx, &order_created(2))
-        .await
-        .unwrap();
-    store
-        .outbox()
-        .enqueue_batch(
-            &mut *tx,
-            &[
-                order_created(3),
-                order_created(4).with_idempotency_key("order-4"),
-            ],
-        )
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    assert_eq!(counts(&store, &orders).await, (0, 0));
-    assert_eq!(store.stats().await.unwrap().pending, 0);
-    // The key went with the rollback: enqueueing it again creates the event.
-    let again = store
-        .outbox()
-        .enqueue(
-            store.pool(),
-            &order_created(4).with_idempotency_key("order-4"),
-        )
-        .await
-        .unwrap();
-    assert!(again.created);
+    scenario::rolled_back_transaction_leaves_neither(&MySqlWriter).await;
 }
 
 #[tokio::test]
@@ -158,75 +71,21 @@ async fn dropping_the_transaction_rolls_the_event_back() {
             .unwrap();
         // Dropped without commit, as when the handler returns early with an error.
     }
-    let orders = business_table(&store).await;
-    assert_eq!(counts(&store, &orders).await, (0, 0));
+    let orders = MySqlWriter.business_table(&store).await;
+    assert_eq!(
+        scenario::counts(&MySqlWriter, &store, &orders).await,
+        (0, 0)
+    );
 }
 
 #[tokio::test]
 async fn a_writer_killed_before_commit_leaves_nothing() {
-    let store = common::fresh_store().await;
-    let orders = business_table(&store).await;
-    let mut writer = MySqlConnection::connect(&common::database_url())
-        .await
-        .unwrap();
-    let connection_id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-        .fetch_one(&mut writer)
-        .await
-        .unwrap();
-    // A transaction sqlx does not know about: enqueue must not begin or commit anything itself.
-    writer.execute("START TRANSACTION").await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {orders} VALUES (5, 5)"
-    )))
-    .execute(&mut writer)
-    .await
-    .unwrap();
-    store
-        .outbox()
-        .enqueue(&mut writer, &order_created(5))
-        .await
-        .unwrap();
-    store
-        .outbox()
-        .enqueue_batch(
-            &mut writer,
-            &[
-                order_created(6),
-                order_created(7).with_idempotency_key("k7"),
-            ],
-        )
-        .await
-        .unwrap();
-    assert_eq!(counts(&store, &orders).await, (0, 0));
-    // The writer's process dies mid-transaction.
-    sqlx::query(sqlx::AssertSqlSafe(format!("KILL {connection_id}")))
-        .execute(store.pool())
-        .await
-        .unwrap();
-    assert!(
-        writer.execute("COMMIT").await.is_err(),
-        "the commit cannot happen any more"
-    );
-    assert_eq!(counts(&store, &orders).await, (0, 0));
-    assert_eq!(store.stats().await.unwrap().pending, 0);
+    scenario::a_writer_killed_before_commit_leaves_nothing(&MySqlWriter).await;
 }
 
 #[tokio::test]
 async fn enqueue_through_the_pool_autocommits_like_any_statement() {
-    let store = common::fresh_store().await;
-    let done = store
-        .outbox()
-        .enqueue(store.pool(), &order_created(6))
-        .await
-        .unwrap();
-    assert!(store.get(done.id).await.unwrap().is_some());
-    let batch = store
-        .outbox()
-        .enqueue_batch(store.pool(), &[order_created(7), order_created(8)])
-        .await
-        .unwrap();
-    assert_eq!(batch.len(), 2);
-    assert_eq!(store.stats().await.unwrap().pending, 3);
+    scenario::enqueue_through_the_pool_autocommits_like_any_statement(&MySqlWriter).await;
 }
 
 #[tokio::test]
@@ -257,17 +116,13 @@ async fn migrate_is_idempotent_and_safe_to_race() {
     let pool = common::pool(10).await;
     let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
     assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 4));
-    let mut tasks = Vec::new();
-    for _ in 0..6 {
-        let outbox = outbox.clone();
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(
-            async move { outbox.migrate(&pool).await.unwrap() },
-        ));
-    }
+    let reports = race(6, |_| {
+        let (outbox, pool) = (outbox.clone(), pool.clone());
+        async move { outbox.migrate(&pool).await.unwrap() }
+    })
+    .await;
     let mut applied = Vec::new();
-    for t in tasks {
-        let report = t.await.unwrap();
+    for report in reports {
         assert_eq!(report.current, 4);
         applied.extend(report.applied);
     }

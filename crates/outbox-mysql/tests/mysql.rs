@@ -20,6 +20,11 @@ fn claim_all() -> ClaimRequest {
     )
 }
 
+/// The aggregate ids of claimed events, in claim order.
+fn aggregate_ids(events: &[outbox_types::Event]) -> Vec<&str> {
+    events.iter().map(|e| e.aggregate_id.as_str()).collect()
+}
+
 async fn connect() -> MySqlConnection {
     MySqlConnection::connect(&common::database_url())
         .await
@@ -293,11 +298,7 @@ async fn a_locked_due_event_holds_back_its_aggregate_and_nothing_else() {
     assert_eq!((dup.id, dup.created), (a1.id(), false));
 
     let claim = store.claim(&claim_all()).await.unwrap();
-    let got: Vec<&str> = claim
-        .events
-        .iter()
-        .map(|e| e.aggregate_id.as_str())
-        .collect();
+    let got = aggregate_ids(&claim.events);
     assert_eq!(got, vec!["b"], "a/1 is locked, so a/2 must wait too");
     writer.execute("COMMIT").await.unwrap();
     let claim = store.claim(&claim_all()).await.unwrap();
@@ -347,19 +348,11 @@ async fn a_locked_expired_lease_holds_back_its_aggregate() {
     .unwrap();
 
     let claim = store.claim(&claim_all()).await.unwrap();
-    let got: Vec<&str> = claim
-        .events
-        .iter()
-        .map(|e| e.aggregate_id.as_str())
-        .collect();
+    let got = aggregate_ids(&claim.events);
     assert_eq!(got, vec!["b"], "a/1 is locked, so a/2 must wait too");
     late.execute("ROLLBACK").await.unwrap();
     let claim = store.claim(&claim_all()).await.unwrap();
-    let got: Vec<&str> = claim
-        .events
-        .iter()
-        .map(|e| e.aggregate_id.as_str())
-        .collect();
+    let got = aggregate_ids(&claim.events);
     assert_eq!(got, vec!["a", "a"]);
 }
 

@@ -6,23 +6,10 @@
 
 mod common;
 
-use std::time::Duration;
-
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_types::{
-    ClaimRequest, DeadFilter, DeadLetterPolicy, EncodeError, EventId, EventState, NewEvent, Store,
-    StoreError,
-};
+use outbox_store_tests::write_checks_claim;
+use outbox_types::{DeadFilter, EventId, EventState, NewEvent, Store};
 use sqlx::{AssertSqlSafe, MySqlPool};
-
-fn claim_request() -> ClaimRequest {
-    ClaimRequest::new(
-        "write-checks",
-        100,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Skip,
-    )
-}
 
 /// A hand-written insert as the table contract describes it, `id` left out. The id that
 /// `UUID()` gave is read back by the row's seq.
@@ -127,7 +114,7 @@ async fn bad_headers_fail_the_writers_statement_naming_the_header() {
     )
     .await
     .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     let event = &claim.events[0];
     assert_eq!(event.id.to_string(), id);
@@ -159,32 +146,10 @@ async fn the_enqueue_procedure_refuses_a_reserved_header_through_the_trigger() {
 
 #[tokio::test]
 async fn the_library_refuses_a_reserved_header_before_the_database_does() {
-    let store = common::fresh_store().await;
-    let bad = NewEvent::new("order", "1", "OrderPlaced", &1)
-        .unwrap()
-        .with_header("outbox-event-id", "forged");
-    let err = store
-        .outbox()
-        .enqueue(store.pool(), &bad)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
-        "{err}"
-    );
-    let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
-    let err = store
-        .outbox()
-        .enqueue_batch(store.pool(), &[good.clone(), bad])
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Encode(_)), "{err}");
-    assert_eq!(count(store.pool(), store.outbox()).await, 0);
-    store
-        .outbox()
-        .enqueue(store.pool(), &good.with_header("outbox-partition", "1"))
-        .await
-        .unwrap();
+    outbox_store_tests::the_library_refuses_a_reserved_header_before_the_database_does(
+        &common::MySqlWriter,
+    )
+    .await;
 }
 
 /// An outbox of the previous release (version 3) with rows the trigger refuses upgrades: the
@@ -235,7 +200,7 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .unwrap_err();
     assert_eq!(sqlstate(&err), "45000", "{err}");
     // The old rows: the unreadable one dead-lettered at claim, the reserved name delivered.
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     assert_eq!(claim.buried, 1, "{claim:?}");
     store
@@ -254,7 +219,7 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .await
         .unwrap();
     assert_eq!(requeued, 1);
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.buried, 1, "{claim:?}");
     // Corrected by hand and requeued, it is delivered.
     sqlx::query(AssertSqlSafe(format!(
@@ -269,7 +234,7 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .requeue_dead(&DeadFilter::Ids(vec![number.id()]))
         .await
         .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     assert_eq!(claim.events[0].headers["retry"], "4");
 }

@@ -3,160 +3,42 @@
 
 mod common;
 
-use outbox_testkit::order_created;
-
+use common::PgWriter;
 use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_store_tests as scenario;
+use outbox_testkit::concurrent::race;
 use outbox_types::Store;
-use sqlx::{Connection, Executor, PgConnection, Row};
-
-async fn business_table(store: &outbox_postgresql::PgStore) -> String {
-    let table = format!("\"{}\".orders", store.outbox().schema());
-    store
-        .pool()
-        .execute(sqlx::AssertSqlSafe(format!(
-            "CREATE TABLE {table} (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL)"
-        )))
-        .await
-        .unwrap();
-    table
-}
-
-async fn counts(store: &outbox_postgresql::PgStore, orders: &str) -> (i64, i64) {
-    let o: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM {orders}"
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    let e: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}",
-        store.outbox().qualified_table()
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    (o, e)
-}
 
 #[tokio::test]
 async fn committed_transaction_keeps_order_and_event_together() {
-    let store = common::fresh_store().await;
-    let orders = business_table(&store).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {orders} VALUES (1, 1999)"
-    )))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let done = store
-        .outbox()
-        .enqueue(&mut *tx, &order_created(1))
-        .await
-        .unwrap();
-    assert!(done.created);
-    assert_eq!(
-        counts(&store, &orders).await,
-        (0, 0),
-        "enqueue never commits on its own"
-    );
-    tx.commit().await.unwrap();
-    assert_eq!(counts(&store, &orders).await, (1, 1));
-    let record = store.get(done.id).await.unwrap().unwrap();
-    assert_eq!(record.event.event_type, "OrderCreated");
+    scenario::committed_transaction_keeps_order_and_event_together(&PgWriter::default()).await;
 }
 
 #[tokio::test]
 async fn rolled_back_transaction_leaves_neither() {
-    let store = common::fresh_store().await;
-    let orders = business_table(&store).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {orders} VALUES (2, 5)"
-    )))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    store
-        .outbox()
-        .enqueue(&mut *tx, &order_created(2))
-        .await
-        .unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, &[order_created(3), order_created(4)])
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    assert_eq!(counts(&store, &orders).await, (0, 0));
-    assert_eq!(store.stats().await.unwrap().pending, 0);
+    scenario::rolled_back_transaction_leaves_neither(&PgWriter::default()).await;
 }
 
 #[tokio::test]
 async fn a_writer_that_dies_before_commit_leaves_nothing() {
-    let store = common::fresh_store().await;
-    let orders = business_table(&store).await;
-    let mut writer = PgConnection::connect(&common::database_url())
-        .await
-        .unwrap();
-    let pid: i32 = writer
-        .fetch_one("SELECT pg_backend_pid()")
-        .await
-        .unwrap()
-        .get(0);
-    writer.execute("BEGIN").await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {orders} VALUES (5, 5)"
-    )))
-    .execute(&mut writer)
-    .await
-    .unwrap();
-    store
-        .outbox()
-        .enqueue(&mut writer, &order_created(5))
-        .await
-        .unwrap();
-    // The writer's process dies mid-transaction.
-    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert!(killed);
-    assert!(
-        writer.execute("COMMIT").await.is_err(),
-        "the commit cannot happen any more"
-    );
-    assert_eq!(counts(&store, &orders).await, (0, 0));
+    scenario::a_writer_killed_before_commit_leaves_nothing(&PgWriter::default()).await;
 }
 
 #[tokio::test]
 async fn enqueue_through_the_pool_autocommits_like_any_statement() {
-    let store = common::fresh_store().await;
-    let done = store
-        .outbox()
-        .enqueue(store.pool(), &order_created(6))
-        .await
-        .unwrap();
-    assert!(store.get(done.id).await.unwrap().is_some());
+    scenario::enqueue_through_the_pool_autocommits_like_any_statement(&PgWriter::default()).await;
 }
 
 #[tokio::test]
 async fn migrate_is_idempotent_and_safe_to_race() {
     let pool = common::pool(10).await;
     let outbox = PgOutbox::with_names(&common::unique_schema(), "my_events").unwrap();
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let outbox = outbox.clone();
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(
-            async move { outbox.migrate(&pool).await.unwrap() },
-        ));
-    }
-    let mut applied = Vec::new();
-    for t in tasks {
-        applied.extend(t.await.unwrap().applied);
-    }
+    let reports = race(4, |_| {
+        let (outbox, pool) = (outbox.clone(), pool.clone());
+        async move { outbox.migrate(&pool).await.unwrap() }
+    })
+    .await;
+    let applied: Vec<_> = reports.into_iter().flat_map(|r| r.applied).collect();
     assert_eq!(
         applied,
         vec![1, 2, 3, 4, 5, 6],

@@ -7,13 +7,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_types::{
-    ClaimRequest, DeadFilter, DeadLetterPolicy, EncodeError, EventState, NewEvent, Store,
-    StoreError,
-};
+use outbox_store_tests::write_checks_claim;
+use outbox_types::{DeadFilter, EventState, NewEvent, Store};
 use sqlx::{AssertSqlSafe, PgPool};
 
 /// Headers no writer may store, with the message that says why.
@@ -31,15 +27,6 @@ const BAD_HEADERS: [(&str, &str); 6] = [
         r#"header "outbox-x" uses the prefix outbox-"#,
     ),
 ];
-
-fn claim_request() -> ClaimRequest {
-    ClaimRequest::new(
-        "write-checks",
-        100,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Skip,
-    )
-}
 
 /// A hand-written insert of the event columns, `id` left out, returning the new id.
 async fn insert_without_id(
@@ -203,7 +190,7 @@ async fn bad_headers_fail_the_writers_transaction(store: PgStore) {
     )
     .await
     .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     let event = &claim.events[0];
     assert_eq!(*event.id.as_uuid(), id);
@@ -263,32 +250,9 @@ async fn the_enqueue_function_names_a_reserved_header() {
 /// The Rust enqueue refuses the reserved names before anything reaches the database.
 #[tokio::test]
 async fn the_library_refuses_a_reserved_header_before_the_database_does() {
-    for store in [
-        common::fresh_store().await,
-        common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await,
-    ] {
-        let bad = NewEvent::new("order", "1", "OrderPlaced", &1)
-            .unwrap()
-            .with_header("outbox-event-id", "forged");
-        let mut tx = store.pool().begin().await.unwrap();
-        let err = store.outbox().enqueue(&mut *tx, &bad).await.unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
-            "{err}"
-        );
-        assert!(err.to_string().contains("`outbox-event-id`"), "{err}");
-        let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
-        let err = store
-            .outbox()
-            .enqueue_batch(&mut *tx, &[good.clone(), bad.clone()])
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Encode(_)), "{err}");
-        // Nothing was sent: the transaction is still usable.
-        let partition = good.clone().with_header("outbox-partition", "1");
-        store.outbox().enqueue(&mut *tx, &partition).await.unwrap();
-        tx.commit().await.unwrap();
-        assert_eq!(store.stats().await.unwrap().pending, 1);
+    for writer in common::PgWriter::both() {
+        outbox_store_tests::the_library_refuses_a_reserved_header_before_the_database_does(&writer)
+            .await;
     }
 }
 
@@ -367,7 +331,7 @@ async fn upgrades_with_bad_rows(store: PgStore, version: i64) {
 
     // The relay goes on with the old rows: the unreadable one is dead-lettered at claim, the
     // reserved name is delivered (and never sent), the old dead row can be requeued.
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.buried, 1, "{claim:?}");
     let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
     assert_eq!(
@@ -414,7 +378,7 @@ async fn upgrades_with_bad_rows(store: PgStore, version: i64) {
     fix(*dead.id().as_uuid(), r#"{"retry": "3"}"#)
         .await
         .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!((claim.events.len(), claim.buried), (2, 0), "{claim:?}");
 }
 

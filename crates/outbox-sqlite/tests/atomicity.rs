@@ -9,106 +9,35 @@ use outbox_testkit::order_created;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::TempStore;
-use outbox_sqlite::SqliteStore;
+use common::{SqliteWriter, TempStore};
+use outbox_store_tests::{self as scenario, Writer};
 use outbox_types::{NewEvent, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CHILD_ENV: &str = "OUTBOX_SQLITE_CHILD_DB";
 
-async fn business_table(store: &SqliteStore) {
-    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-}
-
 /// (orders, outbox events) as seen through `store`'s pool.
-async fn counts(store: &SqliteStore) -> (i64, i64) {
-    let o: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    let e: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}",
-        store.outbox().quoted_table()
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    (o, e)
+async fn counts(store: &TempStore) -> (i64, i64) {
+    scenario::counts(&SqliteWriter, store, "orders").await
 }
 
 #[tokio::test]
 async fn committed_transaction_keeps_order_and_event_together() {
-    let store = TempStore::new().await;
-    business_table(&store).await;
-    let other = store.reopen().await;
-    let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-    sqlx::query("INSERT INTO orders VALUES (1, 1999)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let one = store
-        .outbox()
-        .enqueue(&mut *tx, &order_created(1))
-        .await
-        .unwrap();
-    let batch = store
-        .outbox()
-        .enqueue_batch(&mut *tx, &[order_created(2), order_created(3)])
-        .await
-        .unwrap();
-    assert!(one.created && batch.iter().all(|e| e.created));
-    assert_eq!(
-        counts(&other).await,
-        (0, 0),
-        "enqueue never commits on its own: another connection sees nothing yet"
-    );
-    assert!(other.get(one.id).await.unwrap().is_none());
-    assert_eq!(other.stats().await.unwrap().pending, 0);
-    tx.commit().await.unwrap();
-    assert_eq!(counts(&other).await, (1, 3));
-    let record = other.get(one.id).await.unwrap().unwrap();
-    assert_eq!(record.event.event_type, "OrderCreated");
-    assert!(other.get(batch[1].id).await.unwrap().is_some());
+    scenario::committed_transaction_keeps_order_and_event_together(&SqliteWriter).await;
 }
 
 #[tokio::test]
 async fn rolled_back_transaction_leaves_neither() {
-    let store = TempStore::new().await;
-    business_table(&store).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query("INSERT INTO orders VALUES (2, 5)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    store
-        .outbox()
-        .enqueue(&mut *tx, &order_created(2))
-        .await
-        .unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, &[order_created(3), order_created(4)])
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    assert_eq!(counts(&store).await, (0, 0));
-    assert_eq!(counts(&store.reopen().await).await, (0, 0));
-    assert_eq!(store.stats().await.unwrap().pending, 0);
+    scenario::rolled_back_transaction_leaves_neither(&SqliteWriter).await;
 }
 
 #[tokio::test]
 async fn a_transaction_dropped_without_commit_leaves_nothing() {
     let store = TempStore::new().await;
-    business_table(&store).await;
+    SqliteWriter.business_table(&store).await;
     {
-        let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-        sqlx::query("INSERT INTO orders VALUES (7, 7)")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
+        let mut tx = SqliteWriter.begin(&store).await;
+        SqliteWriter.insert_order(&mut tx, "orders", 7, 7).await;
         store
             .outbox()
             .enqueue_batch(&mut *tx, &[order_created(7), order_created(8)])
@@ -117,7 +46,7 @@ async fn a_transaction_dropped_without_commit_leaves_nothing() {
         // The writer's code returns early (an error, a panic unwinding): no commit.
     }
     store.pool().close().await;
-    let reopened = store.reopen().await;
+    let reopened = SqliteWriter.observer(&store).await;
     assert_eq!(counts(&reopened).await, (0, 0));
     // The write lock went with the connection: the next writer gets in at once.
     let done = reopened
@@ -163,7 +92,7 @@ async fn child_writer_that_never_commits() {
 #[tokio::test]
 async fn a_writer_process_killed_before_commit_leaves_nothing() {
     let store = TempStore::new().await;
-    business_table(&store).await;
+    SqliteWriter.business_table(&store).await;
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "child_writer_that_never_commits",
@@ -205,7 +134,7 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
     child.kill().await.unwrap();
     store.pool().close().await;
 
-    let reopened = store.reopen().await;
+    let reopened = SqliteWriter.observer(&store).await;
     assert_eq!(
         counts(&reopened).await,
         (0, 0),
@@ -239,20 +168,13 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
 
 #[tokio::test]
 async fn enqueue_through_the_pool_autocommits_like_any_statement() {
-    let store = TempStore::new().await;
-    let done = store
-        .outbox()
-        .enqueue(store.pool(), &order_created(6))
-        .await
-        .unwrap();
-    assert!(done.created);
-    assert!(store.reopen().await.get(done.id).await.unwrap().is_some());
+    scenario::enqueue_through_the_pool_autocommits_like_any_statement(&SqliteWriter).await;
 }
 
 #[tokio::test]
 async fn a_business_failure_after_enqueue_rolls_the_event_back() {
     let store = TempStore::new().await;
-    business_table(&store).await;
+    SqliteWriter.business_table(&store).await;
     sqlx::query("INSERT INTO orders VALUES (1, 1)")
         .execute(store.pool())
         .await
@@ -269,5 +191,5 @@ async fn a_business_failure_after_enqueue_rolls_the_event_back() {
         .await;
     assert!(failed.is_err());
     drop(tx);
-    assert_eq!(counts(&store.reopen().await).await, (1, 0));
+    assert_eq!(counts(&SqliteWriter.observer(&store).await).await, (1, 0));
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::TempStore;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_testkit::concurrent::race;
 use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -256,19 +257,19 @@ async fn relay_processes_on_one_file_never_hand_out_an_event_twice() {
 async fn relays_opening_a_fresh_file_together_all_get_in() {
     for _ in 0..5 {
         let (_dir, path) = TempStore::dir();
-        let mut tasks = Vec::new();
-        for _ in 0..6 {
+        let stats = race(6, |_| {
             let path = path.clone();
-            tasks.push(tokio::spawn(async move {
+            async move {
                 let store = SqliteStore::connect(path.to_str().unwrap(), SqliteOutbox::new())
                     .await
                     .unwrap();
                 store.outbox().migrate(store.pool()).await.unwrap();
                 store.stats().await.unwrap()
-            }));
-        }
-        for t in tasks {
-            assert_eq!(t.await.unwrap().pending, 0);
+            }
+        })
+        .await;
+        for s in stats {
+            assert_eq!(s.pending, 0);
         }
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use common::TempStore;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_testkit::concurrent::race;
 use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store, StoreError};
 use sqlx::sqlite::SqlitePoolOptions;
 
@@ -71,19 +72,13 @@ async fn migrations_racing_from_several_pools_apply_once() {
     for _ in 0..3 {
         stores.push(common::open(&path, SqliteOutbox::new()).await);
     }
-    let mut tasks = Vec::new();
-    for store in &stores {
-        for _ in 0..2 {
-            let store = store.clone();
-            tasks.push(tokio::spawn(async move {
-                store.outbox().migrate(store.pool()).await.unwrap()
-            }));
-        }
-    }
-    let mut applied = Vec::new();
-    for t in tasks {
-        applied.extend(t.await.unwrap().applied);
-    }
+    // Two racers on each pool.
+    let reports = race(6, |i| {
+        let store = stores[i / 2].clone();
+        async move { store.outbox().migrate(store.pool()).await.unwrap() }
+    })
+    .await;
+    let applied: Vec<_> = reports.into_iter().flat_map(|r| r.applied).collect();
     assert_eq!(
         applied,
         vec![1, 2, 3, 4],

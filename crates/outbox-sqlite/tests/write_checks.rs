@@ -6,24 +6,11 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::TempStore;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
-use outbox_types::{
-    ClaimRequest, DeadFilter, DeadLetterPolicy, EncodeError, EventState, NewEvent, Store,
-    StoreError,
-};
+use outbox_store_tests::write_checks_claim;
+use outbox_types::{DeadFilter, EventState, Store};
 use sqlx::AssertSqlSafe;
-
-fn claim_request() -> ClaimRequest {
-    ClaimRequest::new(
-        "write-checks",
-        100,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Skip,
-    )
-}
 
 /// A hand-written insert as the table contract describes it; `id` NULL leaves it out.
 async fn insert<'e>(
@@ -116,7 +103,7 @@ async fn bad_headers_fail_the_writers_insert_naming_the_rule() {
     )
     .await
     .unwrap();
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.events.len(), 1, "{claim:?}");
     assert_eq!(claim.events[0].id.to_string(), given);
     assert_eq!(claim.events[0].headers["outbox-partition"], "3");
@@ -143,32 +130,10 @@ async fn bad_headers_fail_the_writers_insert_naming_the_rule() {
 
 #[tokio::test]
 async fn the_library_refuses_a_reserved_header_before_the_database_does() {
-    let store = TempStore::new().await;
-    let bad = NewEvent::new("order", "1", "OrderPlaced", &1)
-        .unwrap()
-        .with_header("outbox-event-id", "forged");
-    let err = store
-        .outbox()
-        .enqueue(store.pool(), &bad)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
-        "{err}"
-    );
-    let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
-    let err = store
-        .outbox()
-        .enqueue_batch(store.pool(), &[good.clone(), bad])
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Encode(_)), "{err}");
-    assert_eq!(count(&store).await, 0);
-    store
-        .outbox()
-        .enqueue(store.pool(), &good.with_header("outbox-partition", "1"))
-        .await
-        .unwrap();
+    outbox_store_tests::the_library_refuses_a_reserved_header_before_the_database_does(
+        &common::SqliteWriter,
+    )
+    .await;
 }
 
 /// An outbox of the previous release (version 3) with rows the triggers refuse upgrades: the
@@ -213,7 +178,7 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         "{err}"
     );
 
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!((claim.events.len(), claim.buried), (1, 1), "{claim:?}");
     store
         .ack(&claim.lease, &[claim.events[0].seq])
@@ -231,6 +196,6 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .await
         .unwrap();
     assert_eq!(requeued, 1);
-    let claim = store.claim(&claim_request()).await.unwrap();
+    let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.buried, 1, "dead-lettered again: {claim:?}");
 }

@@ -4,6 +4,11 @@
 //! against its real database: `outbox_store_tests::conformance!(MyHarness::new())` inside a test
 //! file expands to one `#[tokio::test]` per property. A store added later passes the same suite
 //! as the first one, or it is not done.
+//!
+//! The writer's side is written once too: a store's test implements [`Writer`] (most of it
+//! from [`sqlx_writer!`]) and calls the scenarios of an event existing exactly when its
+//! business transaction committed, and of the library refusing a reserved header, from its own
+//! `#[tokio::test]` functions.
 
 /// Expand to one test per property of the store contract, using `$harness` (an expression
 /// building a [`Harness`]).
@@ -87,6 +92,7 @@ mod harness;
 mod relay;
 mod retention;
 mod settle;
+mod writer;
 
 pub use admin::*;
 pub use claim::*;
@@ -94,3 +100,4 @@ pub use harness::*;
 pub use relay::*;
 pub use retention::*;
 pub use settle::*;
+pub use writer::*;

@@ -13,6 +13,7 @@
 //! - [`logical_cluster_url`], [`kafka_brokers`]: the throwaway servers the repository's scripts
 //!   start.
 
+pub mod concurrent;
 mod memory;
 mod postgres_cpu;
 mod proxy;

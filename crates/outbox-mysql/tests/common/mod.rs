@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_store_tests::Harness;
+use outbox_store_tests::{Harness, KillableWriter, Writer};
 use outbox_types::{EventId, NewEvent};
-use sqlx::MySqlPool;
 use sqlx::mysql::MySqlPoolOptions;
+use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool};
 use tokio::sync::OnceCell;
 
 /// `OUTBOX_TEST_MYSQL_URL`, or the machine's local MariaDB `test` database.
@@ -105,14 +105,7 @@ impl Harness for MySqlHarness {
     }
 
     async fn enqueue(&self, store: &MySqlStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
-        let mut tx = store.pool().begin().await.unwrap();
-        let done = store
-            .outbox()
-            .enqueue_batch(&mut *tx, events)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-        done.into_iter().map(|e| (e.id, e.created)).collect()
+        outbox_store_tests::enqueue_committed(&MySqlWriter, store, events).await
     }
 
     async fn backdate(&self, store: &MySqlStore, ids: &[EventId], by: Duration) {
@@ -135,5 +128,67 @@ impl Harness for MySqlHarness {
         .execute(store.pool())
         .await
         .unwrap();
+    }
+}
+
+/// The writer scenarios of `outbox-store-tests` against MySQL / MariaDB: transactions on the
+/// store's pool, the business table `<outbox table>_orders` beside the outbox.
+pub struct MySqlWriter;
+
+impl Writer for MySqlWriter {
+    type Store = MySqlStore;
+
+    async fn fresh(&self) -> MySqlStore {
+        fresh_store().await
+    }
+
+    async fn observer(&self, store: &MySqlStore) -> MySqlStore {
+        store.clone()
+    }
+
+    async fn business_table(&self, store: &MySqlStore) -> String {
+        let table = format!("`{}_orders`", store.outbox().table());
+        store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE {table} (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL) ENGINE = InnoDB"
+            )))
+            .await
+            .unwrap();
+        table
+    }
+
+    fn outbox_table(&self, store: &MySqlStore) -> String {
+        store.outbox().quoted_table().to_owned()
+    }
+
+    outbox_store_tests::sqlx_writer!(MySql);
+}
+
+impl KillableWriter for MySqlWriter {
+    type Session = u64;
+
+    async fn connect_writer(&self) -> (MySqlConnection, u64) {
+        let mut writer = MySqlConnection::connect(&database_url()).await.unwrap();
+        let connection_id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut writer)
+            .await
+            .unwrap();
+        (writer, connection_id)
+    }
+
+    async fn begin_by_hand(&self, conn: &mut MySqlConnection) {
+        conn.execute("START TRANSACTION").await.unwrap();
+    }
+
+    async fn commit_by_hand(&self, conn: &mut MySqlConnection) -> bool {
+        conn.execute("COMMIT").await.is_ok()
+    }
+
+    async fn kill(&self, store: &MySqlStore, connection_id: u64) {
+        sqlx::query(sqlx::AssertSqlSafe(format!("KILL {connection_id}")))
+            .execute(store.pool())
+            .await
+            .unwrap();
     }
 }

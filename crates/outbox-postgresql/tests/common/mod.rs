@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_postgresql::{Partitioning, PgOutbox, PgStore};
-use outbox_store_tests::Harness;
+use outbox_store_tests::{Harness, KillableWriter, Writer};
 use outbox_types::{EventId, NewEvent};
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres, Row};
 
 /// `OUTBOX_TEST_DATABASE_URL`, or the machine's local PostgreSQL `test` database.
 pub fn database_url() -> String {
@@ -97,14 +97,7 @@ impl Harness for PgHarness {
     }
 
     async fn enqueue(&self, store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
-        let mut tx = store.pool().begin().await.unwrap();
-        let done = store
-            .outbox()
-            .enqueue_batch(&mut *tx, events)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-        done.into_iter().map(|e| (e.id, e.created)).collect()
+        outbox_store_tests::enqueue_committed(&PgWriter::default(), store, events).await
     }
 
     async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {
@@ -123,5 +116,87 @@ impl Harness for PgHarness {
         .execute(store.pool())
         .await
         .unwrap();
+    }
+}
+
+/// The writer scenarios of `outbox-store-tests` against PostgreSQL: transactions on the store's
+/// pool, the business table `orders` in the outbox's schema. `partitioned` picks the layout.
+#[derive(Clone, Copy, Default)]
+pub struct PgWriter {
+    pub partitioned: bool,
+}
+
+impl PgWriter {
+    /// Both layouts, for a scenario that runs over each.
+    pub fn both() -> [PgWriter; 2] {
+        [
+            PgWriter { partitioned: false },
+            PgWriter { partitioned: true },
+        ]
+    }
+}
+
+impl Writer for PgWriter {
+    type Store = PgStore;
+
+    async fn fresh(&self) -> PgStore {
+        if self.partitioned {
+            fresh_partitioned_store(Partitioning::default()).await
+        } else {
+            fresh_store().await
+        }
+    }
+
+    async fn observer(&self, store: &PgStore) -> PgStore {
+        store.clone()
+    }
+
+    async fn business_table(&self, store: &PgStore) -> String {
+        let table = format!("\"{}\".orders", store.outbox().schema());
+        store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE {table} (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL)"
+            )))
+            .await
+            .unwrap();
+        table
+    }
+
+    fn outbox_table(&self, store: &PgStore) -> String {
+        store.outbox().qualified_table().to_owned()
+    }
+
+    outbox_store_tests::sqlx_writer!(Postgres);
+}
+
+impl KillableWriter for PgWriter {
+    type Session = i32;
+
+    async fn connect_writer(&self) -> (PgConnection, i32) {
+        let mut writer = PgConnection::connect(&database_url()).await.unwrap();
+        let pid: i32 = writer
+            .fetch_one("SELECT pg_backend_pid()")
+            .await
+            .unwrap()
+            .get(0);
+        (writer, pid)
+    }
+
+    async fn begin_by_hand(&self, conn: &mut PgConnection) {
+        conn.execute("BEGIN").await.unwrap();
+    }
+
+    async fn commit_by_hand(&self, conn: &mut PgConnection) -> bool {
+        conn.execute("COMMIT").await.is_ok()
+    }
+
+    async fn kill(&self, store: &PgStore, pid: i32) {
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert!(killed);
     }
 }

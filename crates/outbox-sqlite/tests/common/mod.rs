@@ -10,21 +10,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
-use outbox_store_tests::Harness;
+use outbox_store_tests::{Harness, Writer};
 use outbox_types::route::RouteTable;
 use outbox_types::{
     BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, EventId, EventRecord, Lease,
     LeaseHolder, NewEvent, OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent,
     Store, StoreError,
 };
+use sqlx::Sqlite;
 use tempfile::TempDir;
 
 /// A store over a file in a temporary directory that lives exactly as long as the store.
 pub struct TempStore {
     pub store: SqliteStore,
     pub path: PathBuf,
-    // Dropped last: the pool's connections may still be closing, which Unix allows.
-    _dir: TempDir,
+    // Dropped last (by the last store on the file): the pool's connections may still be
+    // closing, which Unix allows.
+    _dir: Arc<TempDir>,
 }
 
 impl Deref for TempStore {
@@ -58,7 +60,7 @@ impl TempStore {
         TempStore {
             store,
             path,
-            _dir: dir,
+            _dir: Arc::new(dir),
         }
     }
 
@@ -196,4 +198,39 @@ impl Harness for SqliteHarness {
     fn defers(&self) -> bool {
         false
     }
+}
+
+/// The writer scenarios of `outbox-store-tests` against a SQLite file: `BEGIN IMMEDIATE`
+/// transactions on the store's pool, the business table `orders` in the same file, and the
+/// other connection another pool on the file (what a second process would have).
+pub struct SqliteWriter;
+
+impl Writer for SqliteWriter {
+    type Store = TempStore;
+
+    async fn fresh(&self) -> TempStore {
+        TempStore::new().await
+    }
+
+    async fn observer(&self, store: &TempStore) -> TempStore {
+        TempStore {
+            store: store.reopen().await,
+            path: store.path.clone(),
+            _dir: store._dir.clone(),
+        }
+    }
+
+    async fn business_table(&self, store: &TempStore) -> String {
+        sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        "orders".to_owned()
+    }
+
+    fn outbox_table(&self, store: &TempStore) -> String {
+        store.outbox().quoted_table().to_owned()
+    }
+
+    outbox_store_tests::sqlx_writer!(Sqlite, begin = "BEGIN IMMEDIATE");
 }

@@ -136,6 +136,8 @@ impl ParkedQuery {
         self
     }
 
+    /// The `LIMIT` of one page: `limit`, or 50 when it is 0. (Read by the SQL inboxes only.)
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn page(&self) -> i64 {
         i64::from(if self.limit == 0 { 50 } else { self.limit })
     }

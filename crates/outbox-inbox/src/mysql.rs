@@ -19,17 +19,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_types::EventId;
-use outbox_types::migration::latest_version;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row};
 
-use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
-use crate::{
-    DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport, ParkedQuery,
-    ParkedRecord, pending,
-};
+use crate::{DEFAULT_TABLE, Error, InboxClaim, Migration, MigrationReport};
 use outbox_types::sql_store::fnv1a;
 
 const MIGRATIONS: &[Migration] = &[
@@ -99,34 +94,34 @@ DELIMITER ;
     },
 ];
 
+/// The inbox's statements in MySQL (`?` parameters; ages are microseconds before `NOW(6)`).
+const SQL: sql::Statements<&str> = sql::Statements {
+    claim: "CALL {f}(?, ?)",
+    contains: "SELECT 1 FROM {t} WHERE event_id = ? AND handler = ?",
+    purge: "DELETE FROM {t} WHERE processed_at < NOW(6) - INTERVAL ? MICROSECOND \
+            ORDER BY processed_at LIMIT ?",
+    park: "INSERT INTO {p} (event_id, handler, source, attempts, error, payload, headers) \
+           VALUES (?, ?, ?, ?, ?, ?, ?)",
+    parked: "SELECT event_id, source, payload, headers, attempts, error FROM {p} \
+             WHERE handler = ? ORDER BY id LIMIT ?",
+    schema_version: "SELECT CAST(MAX(version) AS SIGNED) FROM {m}",
+    handler_stats: "SELECT handler, CAST(COUNT(*) AS SIGNED), \
+                    CAST(COALESCE(SUM(processed_at < NOW(6) - INTERVAL ? MICROSECOND), 0) AS SIGNED), \
+                    MIN(processed_at), MAX(processed_at) FROM {t} GROUP BY handler ORDER BY handler",
+    parked_stats: "SELECT handler, CAST(COUNT(*) AS SIGNED), MIN(parked_at) FROM {p} GROUP BY handler ORDER BY handler",
+    list_parked: "SELECT event_id, source, payload, headers, attempts, error, id, handler, parked_at FROM {p} \
+                  WHERE (? IS NULL OR handler = ?) AND id > ? ORDER BY id LIMIT ?",
+    parked_record: "SELECT event_id, source, payload, headers, attempts, error, id, handler, parked_at FROM {p} WHERE id = ?",
+    record_migration: "INSERT INTO {m} (version, description, checksum) VALUES (?, ?, ?)",
+};
+
 /// Where the MySQL inbox lives, and the SQL to use it. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct MySqlInbox {
-    inner: Arc<Names>,
-}
-
-#[derive(Debug)]
-struct Names {
-    table: String,
-    qualified: String,
-    parked: String,
-    migrations: String,
-    claim_procedure: String,
-    claim: String,
-    purge: String,
-    park: String,
-}
-
-impl Default for MySqlInbox {
-    fn default() -> Self {
-        Self::new()
-    }
+    inner: Arc<sql::Names>,
 }
 
 impl MySqlInbox {
-    /// The schema version this build migrates to: what `migrate` reports as `current`.
-    pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
-
     /// The inbox in table `outbox_inbox` of the connection's database.
     ///
     /// ```
@@ -145,55 +140,10 @@ impl MySqlInbox {
     /// ```
     pub fn with_table(table: &str) -> Result<Self, Error> {
         check_identifier("table", table)?;
-        let qualified = format!("`{table}`");
-        let parked = format!("`{table}_parked`");
-        let migrations = format!("`{table}_migrations`");
-        let claim_procedure = format!("`{table}_claim`");
+        let quote = |name: &str| format!("`{name}`");
         Ok(MySqlInbox {
-            inner: Arc::new(Names {
-                table: table.to_owned(),
-                claim: format!("CALL {claim_procedure}(?, ?)"),
-                claim_procedure,
-                purge: format!(
-                    "DELETE FROM {qualified} WHERE processed_at < NOW(6) - INTERVAL ? MICROSECOND \
-                     ORDER BY processed_at LIMIT ?"
-                ),
-                park: format!(
-                    "INSERT INTO {parked} (event_id, handler, source, attempts, error, payload, headers) \
-                     VALUES (?, ?, ?, ?, ?, ?, ?)"
-                ),
-                qualified,
-                parked,
-                migrations,
-            }),
+            inner: Arc::new(sql::Names::new(table, quote, &SQL)),
         })
-    }
-
-    /// The inbox table name.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().table(), "outbox_inbox");
-    /// ```
-    pub fn table(&self) -> &str {
-        &self.inner.table
-    }
-
-    /// `` `table` ``, ready to use in SQL.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().qualified_table(), "`outbox_inbox`");
-    /// ```
-    pub fn qualified_table(&self) -> &str {
-        &self.inner.qualified
-    }
-
-    /// `` `table_parked` ``, where poison messages go.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().parked_table(), "`outbox_inbox_parked`");
-    /// ```
-    pub fn parked_table(&self) -> &str {
-        &self.inner.parked
     }
 
     /// `` `table_claim` ``: the stored procedure any consumer calls inside its own transaction,
@@ -205,7 +155,7 @@ impl MySqlInbox {
     /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().claim_procedure(), "`outbox_inbox_claim`");
     /// ```
     pub fn claim_procedure(&self) -> &str {
-        &self.inner.claim_procedure
+        &self.inner.routine
     }
 
     /// Create or upgrade the inbox tables. Idempotent and serialized across processes with
@@ -254,41 +204,7 @@ impl MySqlInbox {
         )))
         .execute(&mut *conn)
         .await?;
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT version, checksum FROM {} ORDER BY version",
-            n.migrations
-        )))
-        .fetch_all(&mut *conn)
-        .await?;
-        let before = sql::applied_versions(&rows)?;
-        let mut applied = Vec::new();
-        for m in pending(MIGRATIONS, &before)? {
-            let sql = m
-                .sql
-                .replace("{t}", &n.qualified)
-                .replace("{p}", &n.parked)
-                .replace("{f}", &n.claim_procedure)
-                .replace("{table}", &n.table);
-            for statement in outbox_types::sql_script::statements(&sql) {
-                sqlx::raw_sql(AssertSqlSafe(statement))
-                    .execute(&mut *conn)
-                    .await?;
-            }
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {} (version, description, checksum) VALUES (?, ?, ?)",
-                n.migrations
-            )))
-            .bind(m.version)
-            .bind(m.description)
-            .bind(m.checksum())
-            .execute(&mut *conn)
-            .await?;
-            applied.push(m.version);
-        }
-        Ok(MigrationReport {
-            applied,
-            current: latest_version(MIGRATIONS),
-        })
+        self.apply_migrations(conn).await
     }
 
     /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
@@ -314,7 +230,7 @@ impl MySqlInbox {
         handler: &str,
     ) -> Result<InboxClaim, Error> {
         check_handler(handler)?;
-        let fresh: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.claim.as_str()))
+        let fresh: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.claim.as_str()))
             .bind(event_id.to_string())
             .bind(handler)
             .fetch_one(executor)
@@ -325,208 +241,57 @@ impl MySqlInbox {
             InboxClaim::Duplicate
         })
     }
-
-    /// Whether `handler` has processed `event_id` (a committed row exists).
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
-    /// let seen = outbox_inbox::mysql::MySqlInbox::new().contains(&pool, id, "billing").await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn contains<'e, E: MySqlExecutor<'e>>(
-        &self,
-        executor: E,
-        event_id: EventId,
-        handler: &str,
-    ) -> Result<bool, Error> {
-        let found: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT 1 FROM {} WHERE event_id = ? AND handler = ?",
-            self.inner.qualified
-        )))
-        .bind(event_id.to_string())
-        .bind(handler)
-        .fetch_optional(executor)
-        .await?;
-        Ok(found.is_some())
-    }
-
-    /// Delete inbox rows processed more than `older_than` ago (by the database clock), `batch`
-    /// rows per statement, until none is left; returns how many were deleted. See the crate docs
-    /// for the trade-off: a duplicate older than the window is no longer detected.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
-    /// let deleted = outbox_inbox::mysql::MySqlInbox::new().purge(&pool, week, 1000).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn purge(
-        &self,
-        pool: &MySqlPool,
-        older_than: Duration,
-        batch: u32,
-    ) -> Result<u64, Error> {
-        let micros = u64::try_from(older_than.as_micros()).unwrap_or(u64::MAX);
-        sql::purge_in_batches(batch, |batch| async move {
-            let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
-                .bind(micros)
-                .bind(u64::from(batch))
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
-        .await
-    }
-
-    /// Write a poison message to the parked table for `handler`.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-    /// let msg = outbox_inbox::ParkedMessage::new(None, "orders", b"?".to_vec(), 1, "no event id");
-    /// outbox_inbox::mysql::MySqlInbox::new().park(&pool, "billing", &msg).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn park<'e, E: MySqlExecutor<'e>>(
-        &self,
-        executor: E,
-        handler: &str,
-        message: &ParkedMessage,
-    ) -> Result<(), Error> {
-        let headers = serde_json::to_string(&message.headers)
-            .map_err(|e| Error::BadMessage(e.to_string()))?;
-        sqlx::query(AssertSqlSafe(self.inner.park.as_str()))
-            .bind(message.event_id.map(|e| e.to_string()))
-            .bind(handler)
-            .bind(&message.source)
-            .bind(message.attempts)
-            .bind(&message.error)
-            .bind(&message.payload)
-            .bind(headers)
-            .execute(executor)
-            .await?;
-        Ok(())
-    }
-
-    /// The parked messages of `handler`, oldest first (at most `limit`).
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-    /// for p in outbox_inbox::mysql::MySqlInbox::new().parked(&pool, "billing", 100).await? {
-    ///     println!("{:?}: {}", p.event_id, p.error);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn parked(
-        &self,
-        pool: &MySqlPool,
-        handler: &str,
-        limit: u32,
-    ) -> Result<Vec<ParkedMessage>, Error> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT event_id, source, payload, headers, attempts, error FROM {} \
-             WHERE handler = ? ORDER BY id LIMIT ?",
-            self.inner.parked
-        )))
-        .bind(handler)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
-        rows.iter().map(sql::parked_message).collect()
-    }
-
-    /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
-    /// schema version: what `outbox inbox status` prints. Counts every row (a scan of the
-    /// table): an operator's question, not one for a hot path.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
-    /// let stats = outbox_inbox::mysql::MySqlInbox::new().stats(&pool, week).await?;
-    /// println!("{} rows, {} parked", stats.rows(), stats.parked_total());
-    /// # Ok(()) }
-    /// ```
-    pub async fn stats(&self, pool: &MySqlPool, retention: Duration) -> Result<InboxStats, Error> {
-        let n = &self.inner;
-        let micros = u64::try_from(retention.as_micros()).unwrap_or(u64::MAX);
-        let schema_version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT CAST(MAX(version) AS SIGNED) FROM {}",
-            n.migrations
-        )))
-        .fetch_one(pool)
-        .await?;
-        let handler_rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT handler, CAST(COUNT(*) AS SIGNED), \
-             CAST(COALESCE(SUM(processed_at < NOW(6) - INTERVAL ? MICROSECOND), 0) AS SIGNED), \
-             MIN(processed_at), MAX(processed_at) FROM {} GROUP BY handler ORDER BY handler",
-            n.qualified
-        )))
-        .bind(micros)
-        .fetch_all(pool)
-        .await?;
-        let parked_rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT handler, CAST(COUNT(*) AS SIGNED), MIN(parked_at) FROM {} GROUP BY handler ORDER BY handler",
-            n.parked
-        )))
-        .fetch_all(pool)
-        .await?;
-        sql::stats(schema_version, &handler_rows, &parked_rows)
-    }
-
-    /// Parked messages of every handler (or one), oldest first, with their row ids.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-    /// let q = outbox_inbox::ParkedQuery::new().handler("billing").limit(20);
-    /// for r in outbox_inbox::mysql::MySqlInbox::new().list_parked(&pool, &q).await? {
-    ///     println!("{} {} {}", r.id, r.handler, r.message.error);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn list_parked(
-        &self,
-        pool: &MySqlPool,
-        query: &ParkedQuery,
-    ) -> Result<Vec<ParkedRecord>, Error> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT event_id, source, payload, headers, attempts, error, id, handler, parked_at FROM {} \
-             WHERE (? IS NULL OR handler = ?) AND id > ? ORDER BY id LIMIT ?",
-            self.inner.parked
-        )))
-        .bind(query.handler.as_deref())
-        .bind(query.handler.as_deref())
-        .bind(query.after.unwrap_or(0))
-        .bind(query.page())
-        .fetch_all(pool)
-        .await?;
-        rows.iter().map(sql::parked_record).collect()
-    }
-
-    /// The parked message with row id `id`, if there is one.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-    /// if let Some(r) = outbox_inbox::mysql::MySqlInbox::new().parked_record(&pool, 7).await? {
-    ///     println!("{}", String::from_utf8_lossy(&r.message.payload));
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn parked_record(
-        &self,
-        pool: &MySqlPool,
-        id: i64,
-    ) -> Result<Option<ParkedRecord>, Error> {
-        let row = sqlx::query(AssertSqlSafe(format!(
-            "SELECT event_id, source, payload, headers, attempts, error, id, handler, parked_at FROM {} WHERE id = ?",
-            self.inner.parked
-        )))
-        .bind(id)
-        .fetch_optional(pool)
-        .await?;
-        row.as_ref().map(sql::parked_record).transpose()
-    }
 }
 
-sql::sql_inbox!(MySqlInbox, MySql, "mysql", "MySqlPool", |pool| pool.begin());
+sql::sql_inbox! {
+    inbox: MySqlInbox,
+    db: MySql,
+    module: "mysql",
+    pool: MySqlPool,
+    executor: MySqlExecutor,
+    migrations: MIGRATIONS,
+    tables: (
+        "`` `table` ``" = "`outbox_inbox`",
+        "`` `table_parked` ``" = "`outbox_inbox_parked`"
+    ),
+    clock: "database",
+    begin: |pool| pool.begin(),
+}
+
+impl sql::Dialect for MySqlInbox {
+    type Db = MySql;
+    const SCRIPT_PER_STATEMENT: bool = true;
+    type EventId = String;
+    type Age = u64;
+    type Batch = u64;
+    type Limit = u32;
+    type Attempts = u32;
+
+    fn event_id(id: EventId) -> String {
+        id.to_string()
+    }
+
+    fn age(older_than: Duration) -> u64 {
+        u64::try_from(older_than.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn batch(batch: u32) -> u64 {
+        u64::from(batch)
+    }
+
+    fn limit(limit: u32) -> u32 {
+        limit
+    }
+
+    fn attempts(attempts: u32) -> u32 {
+        attempts
+    }
+
+    /// `(? IS NULL OR handler = ?)`: the handler twice.
+    fn bind_handler_filter(query: sql::Query<MySql>, handler: Option<&str>) -> sql::Query<MySql> {
+        query.bind(handler).bind(handler)
+    }
+}
 
 impl InboxRow for MySqlRow {
     /// A DATETIME(6) column as UTC (sqlx sets the session time zone to +00:00).

@@ -12,17 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_types::EventId;
-use outbox_types::migration::latest_version;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row};
 
-use crate::consumer::ParkedMessage;
 use crate::names::{check_handler, check_identifier};
 use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
-use crate::{
-    DEFAULT_TABLE, Error, InboxClaim, InboxStats, Migration, MigrationReport, ParkedQuery,
-    ParkedRecord, pending,
-};
+use crate::{DEFAULT_TABLE, Error, InboxClaim, Migration, MigrationReport};
 use outbox_types::sql_store::fnv1a;
 
 const MIGRATIONS: &[Migration] = &[
@@ -87,35 +82,36 @@ COMMENT ON FUNCTION {f}(UUID, TEXT) IS
     },
 ];
 
+/// The inbox's statements in PostgreSQL (`$n` parameters; ages are microseconds before `now()`).
+const SQL: sql::Statements<&str> = sql::Statements {
+    claim: "SELECT {f}($1, $2)",
+    contains: "SELECT 1 FROM {t} WHERE event_id = $1 AND handler = $2",
+    purge: "DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} \
+            WHERE processed_at < now() - $1 * interval '1 microsecond' \
+            ORDER BY processed_at LIMIT $2))",
+    park: "INSERT INTO {p} (event_id, handler, source, attempts, error, payload, headers) \
+           VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)",
+    parked: "SELECT event_id, source, payload, headers::text, attempts, error FROM {p} \
+             WHERE handler = $1 ORDER BY id LIMIT $2",
+    schema_version: "SELECT max(version) FROM {m}",
+    handler_stats: "SELECT handler, count(*), count(*) FILTER (WHERE processed_at < now() - $1 * interval '1 microsecond'), \
+                    min(processed_at), max(processed_at) FROM {t} GROUP BY handler ORDER BY handler",
+    parked_stats: "SELECT handler, count(*), min(parked_at) FROM {p} GROUP BY handler ORDER BY handler",
+    list_parked: "SELECT event_id, source, payload, headers::text, attempts, error, id, handler, parked_at \
+                  FROM {p} WHERE ($1::text IS NULL OR handler = $1) AND id > $2 ORDER BY id LIMIT $3",
+    parked_record: "SELECT event_id, source, payload, headers::text, attempts, error, id, handler, parked_at \
+                    FROM {p} WHERE id = $1",
+    record_migration: "INSERT INTO {m} (version, description, checksum) VALUES ($1, $2, $3)",
+};
+
 /// Where the PostgreSQL inbox lives, and the SQL to use it. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct PgInbox {
-    inner: Arc<Names>,
-}
-
-#[derive(Debug)]
-struct Names {
-    schema: String,
-    table: String,
-    qualified: String,
-    parked: String,
-    migrations: String,
-    claim_function: String,
-    claim: String,
-    purge: String,
-    park: String,
-}
-
-impl Default for PgInbox {
-    fn default() -> Self {
-        Self::new()
-    }
+    schema: Arc<str>,
+    inner: Arc<sql::Names>,
 }
 
 impl PgInbox {
-    /// The schema version this build migrates to: what `migrate` reports as `current`.
-    pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
-
     /// The inbox in `public.outbox_inbox`.
     ///
     /// ```
@@ -136,29 +132,10 @@ impl PgInbox {
     pub fn with_names(schema: &str, table: &str) -> Result<Self, Error> {
         check_identifier("schema", schema)?;
         check_identifier("table", table)?;
-        let qualified = format!("\"{schema}\".\"{table}\"");
-        let parked = format!("\"{schema}\".\"{table}_parked\"");
-        let migrations = format!("\"{schema}\".\"{table}_migrations\"");
-        let claim_function = format!("\"{schema}\".\"{table}_claim\"");
+        let quote = |name: &str| format!("\"{schema}\".\"{name}\"");
         Ok(PgInbox {
-            inner: Arc::new(Names {
-                schema: schema.to_owned(),
-                table: table.to_owned(),
-                claim: format!("SELECT {claim_function}($1, $2)"),
-                claim_function,
-                purge: format!(
-                    "DELETE FROM {qualified} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {qualified} \
-                     WHERE processed_at < now() - $1 * interval '1 microsecond' \
-                     ORDER BY processed_at LIMIT $2))"
-                ),
-                park: format!(
-                    "INSERT INTO {parked} (event_id, handler, source, attempts, error, payload, headers) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)"
-                ),
-                qualified,
-                parked,
-                migrations,
-            }),
+            schema: schema.into(),
+            inner: Arc::new(sql::Names::new(table, quote, &SQL)),
         })
     }
 
@@ -168,34 +145,7 @@ impl PgInbox {
     /// assert_eq!(outbox_inbox::postgres::PgInbox::new().schema(), "public");
     /// ```
     pub fn schema(&self) -> &str {
-        &self.inner.schema
-    }
-
-    /// The inbox table name.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().table(), "outbox_inbox");
-    /// ```
-    pub fn table(&self) -> &str {
-        &self.inner.table
-    }
-
-    /// `"schema"."table"`, ready to use in SQL.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().qualified_table(), r#""public"."outbox_inbox""#);
-    /// ```
-    pub fn qualified_table(&self) -> &str {
-        &self.inner.qualified
-    }
-
-    /// `"schema"."table_parked"`, where poison messages go.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::postgres::PgInbox::new().parked_table(), r#""public"."outbox_inbox_parked""#);
-    /// ```
-    pub fn parked_table(&self) -> &str {
-        &self.inner.parked
+        &self.schema
     }
 
     /// `"schema"."table_claim"`: the SQL function any consumer calls inside its own transaction,
@@ -207,7 +157,7 @@ impl PgInbox {
     /// assert_eq!(outbox_inbox::postgres::PgInbox::new().claim_function(), r#""public"."outbox_inbox_claim""#);
     /// ```
     pub fn claim_function(&self) -> &str {
-        &self.inner.claim_function
+        &self.inner.routine
     }
 
     /// Create or upgrade the inbox tables. Idempotent, atomic (PostgreSQL DDL is
@@ -234,43 +184,14 @@ impl PgInbox {
                  checksum    TEXT NOT NULL,
                  applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
              );",
-            schema = n.schema,
+            schema = self.schema,
             m = n.migrations
         )))
         .execute(&mut *tx)
         .await?;
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT version, checksum FROM {} ORDER BY version",
-            n.migrations
-        )))
-        .fetch_all(&mut *tx)
-        .await?;
-        let before = sql::applied_versions(&rows)?;
-        let mut applied = Vec::new();
-        for m in pending(MIGRATIONS, &before)? {
-            let sql = m
-                .sql
-                .replace("{t}", &n.qualified)
-                .replace("{p}", &n.parked)
-                .replace("{f}", &n.claim_function)
-                .replace("{table}", &n.table);
-            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *tx).await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {} (version, description, checksum) VALUES ($1, $2, $3)",
-                n.migrations
-            )))
-            .bind(m.version)
-            .bind(m.description)
-            .bind(m.checksum())
-            .execute(&mut *tx)
-            .await?;
-            applied.push(m.version);
-        }
+        let report = self.apply_migrations(&mut tx).await?;
         tx.commit().await?;
-        Ok(MigrationReport {
-            applied,
-            current: latest_version(MIGRATIONS),
-        })
+        Ok(report)
     }
 
     /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
@@ -296,7 +217,7 @@ impl PgInbox {
         handler: &str,
     ) -> Result<InboxClaim, Error> {
         check_handler(handler)?;
-        let fresh: bool = sqlx::query_scalar(AssertSqlSafe(self.inner.claim.as_str()))
+        let fresh: bool = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.claim.as_str()))
             .bind(event_id.as_uuid())
             .bind(handler)
             .fetch_one(executor)
@@ -307,207 +228,51 @@ impl PgInbox {
             InboxClaim::Duplicate
         })
     }
-
-    /// Whether `handler` has processed `event_id` (a committed row exists).
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool, id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {
-    /// let seen = outbox_inbox::postgres::PgInbox::new().contains(&pool, id, "billing").await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn contains<'e, E: PgExecutor<'e>>(
-        &self,
-        executor: E,
-        event_id: EventId,
-        handler: &str,
-    ) -> Result<bool, Error> {
-        let found: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT 1 FROM {} WHERE event_id = $1 AND handler = $2",
-            self.inner.qualified
-        )))
-        .bind(event_id.as_uuid())
-        .bind(handler)
-        .fetch_optional(executor)
-        .await?;
-        Ok(found.is_some())
-    }
-
-    /// Delete inbox rows processed more than `older_than` ago (by the database clock), `batch`
-    /// rows per statement, until none is left; returns how many were deleted. See the crate docs
-    /// for the trade-off: a duplicate older than the window is no longer detected.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
-    /// let deleted = outbox_inbox::postgres::PgInbox::new().purge(&pool, week, 1000).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn purge(
-        &self,
-        pool: &PgPool,
-        older_than: Duration,
-        batch: u32,
-    ) -> Result<u64, Error> {
-        let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-        sql::purge_in_batches(batch, |batch| async move {
-            let done = sqlx::query(AssertSqlSafe(self.inner.purge.as_str()))
-                .bind(micros)
-                .bind(i64::from(batch))
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
-        .await
-    }
-
-    /// Write a poison message to the parked table for `handler`.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-    /// let msg = outbox_inbox::ParkedMessage::new(None, "orders", b"?".to_vec(), 1, "no event id");
-    /// outbox_inbox::postgres::PgInbox::new().park(&pool, "billing", &msg).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn park<'e, E: PgExecutor<'e>>(
-        &self,
-        executor: E,
-        handler: &str,
-        message: &ParkedMessage,
-    ) -> Result<(), Error> {
-        let headers = serde_json::to_string(&message.headers)
-            .map_err(|e| Error::BadMessage(e.to_string()))?;
-        sqlx::query(AssertSqlSafe(self.inner.park.as_str()))
-            .bind(message.event_id.map(|e| *e.as_uuid()))
-            .bind(handler)
-            .bind(&message.source)
-            .bind(i32::try_from(message.attempts).unwrap_or(i32::MAX))
-            .bind(&message.error)
-            .bind(&message.payload)
-            .bind(headers)
-            .execute(executor)
-            .await?;
-        Ok(())
-    }
-
-    /// The parked messages of `handler`, oldest first (at most `limit`).
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-    /// for p in outbox_inbox::postgres::PgInbox::new().parked(&pool, "billing", 100).await? {
-    ///     println!("{:?}: {}", p.event_id, p.error);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn parked(
-        &self,
-        pool: &PgPool,
-        handler: &str,
-        limit: u32,
-    ) -> Result<Vec<ParkedMessage>, Error> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT event_id, source, payload, headers::text, attempts, error FROM {} \
-             WHERE handler = $1 ORDER BY id LIMIT $2",
-            self.inner.parked
-        )))
-        .bind(handler)
-        .bind(i64::from(limit))
-        .fetch_all(pool)
-        .await?;
-        rows.iter().map(sql::parked_message).collect()
-    }
-
-    /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
-    /// schema version: what `outbox inbox status` prints. Counts every row (a scan of the
-    /// table): an operator's question, not one for a hot path.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-    /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
-    /// let stats = outbox_inbox::postgres::PgInbox::new().stats(&pool, week).await?;
-    /// println!("{} rows, {} parked", stats.rows(), stats.parked_total());
-    /// # Ok(()) }
-    /// ```
-    pub async fn stats(&self, pool: &PgPool, retention: Duration) -> Result<InboxStats, Error> {
-        let n = &self.inner;
-        let micros = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
-        let schema_version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT max(version) FROM {}",
-            n.migrations
-        )))
-        .fetch_one(pool)
-        .await?;
-        let handler_rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT handler, count(*), count(*) FILTER (WHERE processed_at < now() - $1 * interval '1 microsecond'), \
-             min(processed_at), max(processed_at) FROM {} GROUP BY handler ORDER BY handler",
-            n.qualified
-        )))
-        .bind(micros)
-        .fetch_all(pool)
-        .await?;
-        let parked_rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT handler, count(*), min(parked_at) FROM {} GROUP BY handler ORDER BY handler",
-            n.parked
-        )))
-        .fetch_all(pool)
-        .await?;
-        sql::stats(schema_version, &handler_rows, &parked_rows)
-    }
-
-    /// Parked messages of every handler (or one), oldest first, with their row ids.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-    /// let q = outbox_inbox::ParkedQuery::new().handler("billing").limit(20);
-    /// for r in outbox_inbox::postgres::PgInbox::new().list_parked(&pool, &q).await? {
-    ///     println!("{} {} {}", r.id, r.handler, r.message.error);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn list_parked(
-        &self,
-        pool: &PgPool,
-        query: &ParkedQuery,
-    ) -> Result<Vec<ParkedRecord>, Error> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT event_id, source, payload, headers::text, attempts, error, id, handler, parked_at \
-             FROM {} WHERE ($1::text IS NULL OR handler = $1) AND id > $2 ORDER BY id LIMIT $3",
-            self.inner.parked
-        )))
-        .bind(query.handler.as_deref())
-        .bind(query.after.unwrap_or(0))
-        .bind(query.page())
-        .fetch_all(pool)
-        .await?;
-        rows.iter().map(sql::parked_record).collect()
-    }
-
-    /// The parked message with row id `id`, if there is one.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-    /// if let Some(r) = outbox_inbox::postgres::PgInbox::new().parked_record(&pool, 7).await? {
-    ///     println!("{}", String::from_utf8_lossy(&r.message.payload));
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn parked_record(
-        &self,
-        pool: &PgPool,
-        id: i64,
-    ) -> Result<Option<ParkedRecord>, Error> {
-        let row = sqlx::query(AssertSqlSafe(format!(
-            "SELECT event_id, source, payload, headers::text, attempts, error, id, handler, parked_at \
-             FROM {} WHERE id = $1",
-            self.inner.parked
-        )))
-        .bind(id)
-        .fetch_optional(pool)
-        .await?;
-        row.as_ref().map(sql::parked_record).transpose()
-    }
 }
 
-sql::sql_inbox!(PgInbox, Postgres, "postgres", "PgPool", |pool| pool.begin());
+sql::sql_inbox! {
+    inbox: PgInbox,
+    db: Postgres,
+    module: "postgres",
+    pool: PgPool,
+    executor: PgExecutor,
+    migrations: MIGRATIONS,
+    tables: (
+        r#"`"schema"."table"`"# = r#""public"."outbox_inbox""#,
+        r#"`"schema"."table_parked"`"# = r#""public"."outbox_inbox_parked""#
+    ),
+    clock: "database",
+    begin: |pool| pool.begin(),
+}
+
+impl sql::Dialect for PgInbox {
+    type Db = Postgres;
+    type EventId = uuid::Uuid;
+    type Age = i64;
+    type Batch = i64;
+    type Limit = i64;
+    type Attempts = i32;
+
+    fn event_id(id: EventId) -> uuid::Uuid {
+        *id.as_uuid()
+    }
+
+    fn age(older_than: Duration) -> i64 {
+        i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX)
+    }
+
+    fn batch(batch: u32) -> i64 {
+        i64::from(batch)
+    }
+
+    fn limit(limit: u32) -> i64 {
+        i64::from(limit)
+    }
+
+    fn attempts(attempts: u32) -> i32 {
+        i32::try_from(attempts).unwrap_or(i32::MAX)
+    }
+}
 
 impl InboxRow for PgRow {
     fn event_id(&self, index: usize) -> Result<Option<EventId>, Error> {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_types::EventId;
-use sqlx::{ColumnIndex, Database, Decode, Pool, Row, Transaction, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Pool, Row, Transaction, Type};
 
 use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
 use crate::names::check_handler;
@@ -136,12 +136,247 @@ pub trait SqlInbox: Clone + Send + Sync + 'static {
     }
 }
 
-/// Implement [`SqlInbox`] for `$inbox` by calling its inherent methods, and write its inherent
-/// `process` (the same for every database, documented with an example in module `$module` over
-/// `sqlx::$pool_ty`); `$begin` opens the claim's transaction on `$pool`.
+/// Write for `$inbox` (an inbox of database `$db` in module `$module`, holding its
+/// [`Names`] in `inner`, implementing [`Dialect`]) every inherent method whose logic is the same
+/// in each database — `Default`, `SCHEMA_VERSION` from `$migrations`, the table names,
+/// `contains`, `purge`, `park`, `parked`, `stats`, `list_parked`, `parked_record`, `process` and
+/// the private `apply_migrations` its `migrate` calls — with their documentation and examples
+/// (over `sqlx::$pool` and `sqlx::$executor`), and implement [`SqlInbox`] by calling them;
+/// `$begin` opens the claim's transaction on `$pool_var`. The `tables` literals are how the
+/// docs spell the quoted inbox and parked tables, and what `new()` makes of them; `clock` is
+/// whose clock a purge reads.
 macro_rules! sql_inbox {
-    ($inbox:ident, $db:ty, $module:literal, $pool_ty:literal, |$pool:ident| $begin:expr) => {
+    (
+        inbox: $inbox:ident,
+        db: $db:ty,
+        module: $module:literal,
+        pool: $pool:ident,
+        executor: $executor:ident,
+        migrations: $migrations:ident,
+        tables: ($qualified_doc:literal = $qualified_new:literal, $parked_doc:literal = $parked_new:literal),
+        clock: $clock:literal,
+        begin: |$pool_var:ident| $begin:expr $(,)?
+    ) => {
+        impl Default for $inbox {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
         impl $inbox {
+            /// The schema version this build migrates to: what `migrate` reports as `current`.
+            pub const SCHEMA_VERSION: i64 = $migrations[$migrations.len() - 1].version;
+
+            /// The inbox table name.
+            ///
+            /// ```
+            #[doc = concat!("assert_eq!(outbox_inbox::", $module, "::", stringify!($inbox), "::new().table(), \"outbox_inbox\");")]
+            /// ```
+            pub fn table(&self) -> &str {
+                &self.inner.table
+            }
+
+            #[doc = concat!($qualified_doc, ", ready to use in SQL.")]
+            ///
+            /// ```
+            #[doc = concat!("assert_eq!(outbox_inbox::", $module, "::", stringify!($inbox), "::new().qualified_table(), ", stringify!($qualified_new), ");")]
+            /// ```
+            pub fn qualified_table(&self) -> &str {
+                &self.inner.qualified
+            }
+
+            #[doc = concat!($parked_doc, ", where poison messages go.")]
+            ///
+            /// ```
+            #[doc = concat!("assert_eq!(outbox_inbox::", $module, "::", stringify!($inbox), "::new().parked_table(), ", stringify!($parked_new), ");")]
+            /// ```
+            pub fn parked_table(&self) -> &str {
+                &self.inner.parked
+            }
+
+            /// Whether `handler` has processed `event_id` (a committed row exists).
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ", id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {")]
+            #[doc = concat!("let seen = outbox_inbox::", $module, "::", stringify!($inbox), "::new().contains(&pool, id, \"billing\").await?;")]
+            /// # Ok(()) }
+            /// ```
+            pub async fn contains<'e, E: sqlx::$executor<'e>>(
+                &self,
+                executor: E,
+                event_id: outbox_types::EventId,
+                handler: &str,
+            ) -> Result<bool, $crate::Error> {
+                let found: Option<i32> =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.inner.sql.contains.as_str()))
+                        .bind(<Self as $crate::sql::Dialect>::event_id(event_id))
+                        .bind(handler)
+                        .fetch_optional(executor)
+                        .await?;
+                Ok(found.is_some())
+            }
+
+            #[doc = concat!("Delete inbox rows processed more than `older_than` ago (by the ", $clock, " clock), `batch`")]
+            /// rows per statement, until none is left; returns how many were deleted. See the crate docs
+            /// for the trade-off: a duplicate older than the window is no longer detected.
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ") -> Result<(), outbox_inbox::Error> {")]
+            /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
+            #[doc = concat!("let deleted = outbox_inbox::", $module, "::", stringify!($inbox), "::new().purge(&pool, week, 1000).await?;")]
+            /// # Ok(()) }
+            /// ```
+            pub async fn purge(
+                &self,
+                pool: &sqlx::$pool,
+                older_than: std::time::Duration,
+                batch: u32,
+            ) -> Result<u64, $crate::Error> {
+                let age = <Self as $crate::sql::Dialect>::age(older_than);
+                $crate::sql::purge_in_batches(batch, |batch| async move {
+                    let done = sqlx::query(sqlx::AssertSqlSafe(self.inner.sql.purge.as_str()))
+                        .bind(age)
+                        .bind(<Self as $crate::sql::Dialect>::batch(batch))
+                        .execute(pool)
+                        .await?;
+                    Ok(done.rows_affected())
+                })
+                .await
+            }
+
+            /// Write a poison message to the parked table for `handler`.
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ") -> Result<(), outbox_inbox::Error> {")]
+            /// let msg = outbox_inbox::ParkedMessage::new(None, "orders", b"?".to_vec(), 1, "no event id");
+            #[doc = concat!("outbox_inbox::", $module, "::", stringify!($inbox), "::new().park(&pool, \"billing\", &msg).await?;")]
+            /// # Ok(()) }
+            /// ```
+            pub async fn park<'e, E: sqlx::$executor<'e>>(
+                &self,
+                executor: E,
+                handler: &str,
+                message: &$crate::ParkedMessage,
+            ) -> Result<(), $crate::Error> {
+                let headers = serde_json::to_string(&message.headers)
+                    .map_err(|e| $crate::Error::BadMessage(e.to_string()))?;
+                let query = sqlx::query(sqlx::AssertSqlSafe(self.inner.sql.park.as_str()))
+                    .bind(message.event_id.map(<Self as $crate::sql::Dialect>::event_id))
+                    .bind(handler)
+                    .bind(&message.source)
+                    .bind(<Self as $crate::sql::Dialect>::attempts(message.attempts))
+                    .bind(&message.error)
+                    .bind(&message.payload)
+                    .bind(headers);
+                <Self as $crate::sql::Dialect>::bind_now(query)
+                    .execute(executor)
+                    .await?;
+                Ok(())
+            }
+
+            /// The parked messages of `handler`, oldest first (at most `limit`).
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ") -> Result<(), outbox_inbox::Error> {")]
+            #[doc = concat!("for p in outbox_inbox::", $module, "::", stringify!($inbox), "::new().parked(&pool, \"billing\", 100).await? {")]
+            ///     println!("{:?}: {}", p.event_id, p.error);
+            /// }
+            /// # Ok(()) }
+            /// ```
+            pub async fn parked(
+                &self,
+                pool: &sqlx::$pool,
+                handler: &str,
+                limit: u32,
+            ) -> Result<Vec<$crate::ParkedMessage>, $crate::Error> {
+                let rows = sqlx::query(sqlx::AssertSqlSafe(self.inner.sql.parked.as_str()))
+                    .bind(handler)
+                    .bind(<Self as $crate::sql::Dialect>::limit(limit))
+                    .fetch_all(pool)
+                    .await?;
+                rows.iter().map($crate::sql::parked_message).collect()
+            }
+
+            /// Rows, age and rows past `retention` per handler, parked messages per handler, and the
+            /// schema version: what `outbox inbox status` prints. Counts every row (a scan of the
+            /// table): an operator's question, not one for a hot path.
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ") -> Result<(), outbox_inbox::Error> {")]
+            /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
+            #[doc = concat!("let stats = outbox_inbox::", $module, "::", stringify!($inbox), "::new().stats(&pool, week).await?;")]
+            /// println!("{} rows, {} parked", stats.rows(), stats.parked_total());
+            /// # Ok(()) }
+            /// ```
+            pub async fn stats(
+                &self,
+                pool: &sqlx::$pool,
+                retention: std::time::Duration,
+            ) -> Result<$crate::InboxStats, $crate::Error> {
+                let sql = &self.inner.sql;
+                let age = <Self as $crate::sql::Dialect>::age(retention);
+                let schema_version: Option<i64> =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.schema_version.as_str()))
+                        .fetch_one(pool)
+                        .await?;
+                let handler_rows = sqlx::query(sqlx::AssertSqlSafe(sql.handler_stats.as_str()))
+                    .bind(age)
+                    .fetch_all(pool)
+                    .await?;
+                let parked_rows = sqlx::query(sqlx::AssertSqlSafe(sql.parked_stats.as_str()))
+                    .fetch_all(pool)
+                    .await?;
+                $crate::sql::stats(schema_version, &handler_rows, &parked_rows)
+            }
+
+            /// Parked messages of every handler (or one), oldest first, with their row ids.
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ") -> Result<(), outbox_inbox::Error> {")]
+            /// let q = outbox_inbox::ParkedQuery::new().handler("billing").limit(20);
+            #[doc = concat!("for r in outbox_inbox::", $module, "::", stringify!($inbox), "::new().list_parked(&pool, &q).await? {")]
+            ///     println!("{} {} {}", r.id, r.handler, r.message.error);
+            /// }
+            /// # Ok(()) }
+            /// ```
+            pub async fn list_parked(
+                &self,
+                pool: &sqlx::$pool,
+                query: &$crate::ParkedQuery,
+            ) -> Result<Vec<$crate::ParkedRecord>, $crate::Error> {
+                let select = sqlx::query(sqlx::AssertSqlSafe(self.inner.sql.list_parked.as_str()));
+                let rows = <Self as $crate::sql::Dialect>::bind_handler_filter(
+                    select,
+                    query.handler.as_deref(),
+                )
+                .bind(query.after.unwrap_or(0))
+                .bind(query.page())
+                .fetch_all(pool)
+                .await?;
+                rows.iter().map($crate::sql::parked_record).collect()
+            }
+
+            /// The parked message with row id `id`, if there is one.
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ") -> Result<(), outbox_inbox::Error> {")]
+            #[doc = concat!("if let Some(r) = outbox_inbox::", $module, "::", stringify!($inbox), "::new().parked_record(&pool, 7).await? {")]
+            ///     println!("{}", String::from_utf8_lossy(&r.message.payload));
+            /// }
+            /// # Ok(()) }
+            /// ```
+            pub async fn parked_record(
+                &self,
+                pool: &sqlx::$pool,
+                id: i64,
+            ) -> Result<Option<$crate::ParkedRecord>, $crate::Error> {
+                let row = sqlx::query(sqlx::AssertSqlSafe(self.inner.sql.parked_record.as_str()))
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+                row.as_ref().map($crate::sql::parked_record).transpose()
+            }
+
             /// Claim and run `effect` in one new transaction, then commit. A duplicate returns
             /// [`Processed::Duplicate`](crate::Processed::Duplicate) without calling `effect`; an
             /// error (the effect's or the database's) rolls back, so nothing is recorded and a
@@ -149,7 +384,7 @@ macro_rules! sql_inbox {
             ///
             /// ```no_run
             #[doc = concat!("use outbox_inbox::{Processed, ", $module, "::", stringify!($inbox), "};")]
-            #[doc = concat!("# async fn demo(pool: sqlx::", $pool_ty, ", id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {")]
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ", id: outbox_types::EventId) -> Result<(), outbox_inbox::Error> {")]
             #[doc = concat!("let done = ", stringify!($inbox), "::new()")]
             ///     .process(&pool, id, "billing", |tx| Box::pin(async move {
             ///         sqlx::query("UPDATE accounts SET balance = balance + 1").execute(&mut **tx).await?;
@@ -175,6 +410,46 @@ macro_rules! sql_inbox {
             {
                 $crate::sql::process(self, pool, event_id, handler, effect).await
             }
+
+            /// On `conn`, with the migrations table in place and the database's lock held: apply
+            /// each migration not yet recorded (names substituted; one statement at a time where
+            /// [`Dialect::SCRIPT_PER_STATEMENT`](crate::sql::Dialect::SCRIPT_PER_STATEMENT)) and
+            /// record it.
+            async fn apply_migrations(
+                &self,
+                conn: &mut <$db as sqlx::Database>::Connection,
+            ) -> Result<$crate::MigrationReport, $crate::Error> {
+                let n = &self.inner;
+                let rows = sqlx::query(sqlx::AssertSqlSafe(n.substitute($crate::sql::APPLIED_VERSIONS)))
+                    .fetch_all(&mut *conn)
+                    .await?;
+                let before = $crate::sql::applied_versions(&rows)?;
+                let mut applied = Vec::new();
+                for m in $crate::pending($migrations, &before)? {
+                    let sql = n.substitute(m.sql);
+                    if <Self as $crate::sql::Dialect>::SCRIPT_PER_STATEMENT {
+                        for statement in outbox_types::sql_script::statements(&sql) {
+                            sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+                                .execute(&mut *conn)
+                                .await?;
+                        }
+                    } else {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut *conn).await?;
+                    }
+                    let record = sqlx::query(sqlx::AssertSqlSafe(n.sql.record_migration.as_str()))
+                        .bind(m.version)
+                        .bind(m.description)
+                        .bind(m.checksum());
+                    <Self as $crate::sql::Dialect>::bind_now(record)
+                        .execute(&mut *conn)
+                        .await?;
+                    applied.push(m.version);
+                }
+                Ok($crate::MigrationReport {
+                    applied,
+                    current: outbox_types::migration::latest_version($migrations),
+                })
+            }
         }
 
         impl $crate::sql::SqlInbox for $inbox {
@@ -182,7 +457,7 @@ macro_rules! sql_inbox {
 
             async fn begin(
                 &self,
-                $pool: &sqlx::Pool<$db>,
+                $pool_var: &sqlx::Pool<$db>,
             ) -> Result<sqlx::Transaction<'static, $db>, $crate::Error> {
                 Ok($begin.await?)
             }
@@ -266,6 +541,157 @@ macro_rules! sql_inbox {
     };
 }
 pub(crate) use sql_inbox;
+
+/// A query whose parameters are still to be bound.
+pub(crate) type Query<DB> = sqlx::query::Query<'static, DB, <DB as Database>::Arguments>;
+
+/// What one database does differently inside the methods [`sql_inbox!`] writes once: the
+/// types it binds event ids, ages, counts and attempts as, and the parameters it binds where
+/// the others have a column default or a placeholder used twice.
+pub(crate) trait Dialect {
+    /// The database.
+    type Db: Database;
+    /// Whether a migration runs one statement at a time (MySQL: its scripts hold the client's
+    /// `DELIMITER` lines) instead of as one script.
+    const SCRIPT_PER_STATEMENT: bool = false;
+
+    /// An event id as bound: a UUID (PostgreSQL) or its lowercase text.
+    type EventId;
+    /// `id` as bound.
+    fn event_id(id: EventId) -> Self::EventId;
+
+    /// The "older than" of purge and stats as bound.
+    type Age;
+    /// `older_than` as bound: microseconds the statement subtracts from the database's clock,
+    /// or (SQLite) the cut-off itself, by the host's clock, taken now.
+    fn age(older_than: Duration) -> Self::Age;
+
+    /// A purge batch as bound.
+    type Batch;
+    /// `batch` as bound.
+    fn batch(batch: u32) -> Self::Batch;
+
+    /// A `parked` limit as bound.
+    type Limit;
+    /// `limit` as bound.
+    fn limit(limit: u32) -> Self::Limit;
+
+    /// A parked message's attempts as bound.
+    type Attempts;
+    /// `attempts` as bound.
+    fn attempts(attempts: u32) -> Self::Attempts;
+
+    /// Bind what follows the other parameters of `park` and of recording a migration: nothing
+    /// where `parked_at` and `applied_at` default to the database's clock; (SQLite) the host's
+    /// time in microseconds.
+    fn bind_now(query: Query<Self::Db>) -> Query<Self::Db> {
+        query
+    }
+
+    /// Bind `list_parked`'s handler filter: once, or (MySQL, whose `?` are positional) once
+    /// for each of its two uses.
+    fn bind_handler_filter(query: Query<Self::Db>, handler: Option<&str>) -> Query<Self::Db>
+    where
+        for<'a> Option<&'a str>: Encode<'a, Self::Db> + Type<Self::Db>,
+    {
+        query.bind(handler)
+    }
+}
+
+/// `SELECT` of the applied migrations' versions and checksums, in every database.
+pub(crate) const APPLIED_VERSIONS: &str = "SELECT version, checksum FROM {m} ORDER BY version";
+
+/// The statements of an inbox, `S` = `&'static str` for a database's templates (with `{t}` the
+/// inbox table, `{p}` the parked table, `{m}` the migrations table and `{f}` the claim routine,
+/// all quoted) and `String` for one inbox's, its names substituted.
+#[derive(Debug, Default)]
+pub(crate) struct Statements<S> {
+    /// The claim (PostgreSQL: the claim function's call; MySQL: the procedure's; SQLite: the
+    /// insert itself).
+    pub(crate) claim: S,
+    /// Whether `($1, $2)` = (event id, handler) has a row.
+    pub(crate) contains: S,
+    /// Delete at most `$2` rows processed before the age `$1`.
+    pub(crate) purge: S,
+    /// Insert a parked message.
+    pub(crate) park: S,
+    /// The parked messages of handler `$1`, at most `$2`: columns 0 to 5 of [`parked_message`].
+    pub(crate) parked: S,
+    /// The latest applied migration.
+    pub(crate) schema_version: S,
+    /// The per-handler statistics of [`stats`], `$1` the age.
+    pub(crate) handler_stats: S,
+    /// The per-handler parked counts of [`stats`].
+    pub(crate) parked_stats: S,
+    /// A page of parked records: the handler filter, then after id, then limit.
+    pub(crate) list_parked: S,
+    /// The parked record with id `$1`.
+    pub(crate) parked_record: S,
+    /// Record an applied migration: version, description, checksum.
+    pub(crate) record_migration: S,
+}
+
+/// One inbox's quoted names and statements.
+#[derive(Debug)]
+pub(crate) struct Names {
+    /// The inbox table name, unquoted.
+    pub(crate) table: String,
+    /// The inbox table, quoted (`{t}`).
+    pub(crate) qualified: String,
+    /// The parked table, quoted (`{p}`).
+    pub(crate) parked: String,
+    /// The migrations table, quoted (`{m}`).
+    pub(crate) migrations: String,
+    /// The claim routine, quoted (`{f}`; SQLite has none and never names it).
+    pub(crate) routine: String,
+    /// The statements, names substituted.
+    pub(crate) sql: Statements<String>,
+}
+
+impl Names {
+    /// The names of the inbox `table`, `<table>_parked`, `<table>_migrations` and
+    /// `<table>_claim` as `quote` writes a name in SQL, and `templates` with them substituted.
+    pub(crate) fn new(
+        table: &str,
+        quote: impl Fn(&str) -> String,
+        templates: &Statements<&'static str>,
+    ) -> Names {
+        let mut names = Names {
+            table: table.to_owned(),
+            qualified: quote(table),
+            parked: quote(&format!("{table}_parked")),
+            migrations: quote(&format!("{table}_migrations")),
+            routine: quote(&format!("{table}_claim")),
+            sql: Statements::default(),
+        };
+        let s = |template: &str| names.substitute(template);
+        let sql = Statements {
+            claim: s(templates.claim),
+            contains: s(templates.contains),
+            purge: s(templates.purge),
+            park: s(templates.park),
+            parked: s(templates.parked),
+            schema_version: s(templates.schema_version),
+            handler_stats: s(templates.handler_stats),
+            parked_stats: s(templates.parked_stats),
+            list_parked: s(templates.list_parked),
+            parked_record: s(templates.parked_record),
+            record_migration: s(templates.record_migration),
+        };
+        names.sql = sql;
+        names
+    }
+
+    /// `sql` (a statement template or a migration's script) with the names put in: `{t}`,
+    /// `{p}`, `{m}`, `{f}` as quoted, `{table}` as is.
+    pub(crate) fn substitute(&self, sql: &str) -> String {
+        sql.replace("{t}", &self.qualified)
+            .replace("{p}", &self.parked)
+            .replace("{m}", &self.migrations)
+            .replace("{f}", &self.routine)
+            .replace("{table}", &self.table)
+    }
+}
 
 /// Begin, claim, run `effect`, commit: `process` of every inbox.
 pub(crate) async fn process<I, T, E, F>(

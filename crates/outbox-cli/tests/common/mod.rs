@@ -139,3 +139,19 @@ pub async fn enqueue_order_updates(store: &outbox_postgresql::PgStore, ns: std::
     }
     tx.commit().await.unwrap();
 }
+
+/// Enqueue `events` with `enqueue_batch` in one committed transaction of `store` (a `PgStore`
+/// or a `SqliteStore`: a macro because the two stores' pools and outboxes are different types).
+#[macro_export]
+macro_rules! enqueue_committed {
+    ($store:expr, $events:expr) => {{
+        let store = &$store;
+        let mut tx = store.pool().begin().await.unwrap();
+        store
+            .outbox()
+            .enqueue_batch(&mut *tx, $events)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }};
+}

@@ -258,14 +258,14 @@ pub async fn purge_dead(
 
 /// Which events a purge deletes.
 #[derive(Clone, Copy)]
-enum Purgeable {
+pub(crate) enum Purgeable {
     Delivered,
     Dead,
 }
 
 /// The one batch loop behind [`purge`] and [`purge_dead`]: delete up to `batch` events of the
 /// kind `which` per round until a round comes back short; a failure names the kind.
-async fn purge_in_batches(
+pub(crate) async fn purge_in_batches(
     store: &dyn Store,
     which: Purgeable,
     older_than: Duration,

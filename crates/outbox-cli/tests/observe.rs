@@ -254,16 +254,7 @@ to = "ok"
         .unwrap();
     };
     write(false);
-    let relay = Killed(
-        Command::new(BIN)
-            .args(["relay", "--config"])
-            .arg(&config)
-            .env("OUTBOX_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let relay = common::spawn_relay(&config, "warn");
     let deadline = endpoint_up(port).await;
     let mut events: Vec<NewEvent> = (0..40)
         .map(|i| outbox_testkit::numbered(&format!("o{}", i % 4), i / 4))
@@ -350,13 +341,8 @@ to = "ok"
     write(true);
     let port2 = free_port();
     let _relay = Killed(
-        Command::new(BIN)
-            .args(["relay", "--config"])
-            .arg(&config)
+        common::relay_command(&config, "warn")
             .env("OUTBOX_METRICS__LISTEN", format!("127.0.0.1:{port2}"))
-            .env("OUTBOX_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );

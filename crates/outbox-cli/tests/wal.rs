@@ -354,17 +354,7 @@ sync = true
     let config_b = write_config(&out_b, "relay-b");
     let o = outbox(&["wal", "prepare", "--config", &config_a]);
     assert!(o.status.success(), "{}", text(&o));
-    let spawn = |config: &str| {
-        Killed(
-            Command::new(BIN)
-                .args(["relay", "--config", config])
-                .env("OUTBOX_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
-    };
+    let spawn = |config: &str| common::spawn_relay(config, "warn");
     let mut a = spawn(&config_a);
     // Wait until a streams, then start the standby.
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
@@ -96,6 +96,25 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// `outbox relay --config CONFIG` logging at `log`, its stdout and stderr discarded: the
+/// relay a test runs in the background and watches through the database, sinks and endpoints.
+/// The caller adds what its scenario needs (an env var, a log file) before spawning.
+pub fn relay_command(config: impl AsRef<std::ffi::OsStr>, log: &str) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .args(["relay", "--config"])
+        .arg(config)
+        .env("OUTBOX_LOG", log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
+/// [`relay_command`] started, killed when the guard goes.
+pub fn spawn_relay(config: impl AsRef<std::ffi::OsStr>, log: &str) -> Killed {
+    Killed(relay_command(config, log).spawn().unwrap())
 }
 
 /// Drop `schema` and everything in it: the clean-up at the end of a PostgreSQL test.

@@ -122,13 +122,9 @@ pub(crate) async fn drain_sink(
         runs: Vec::new(),
     };
     println!(
-        "drain --sink {kind} --relay {}: {} events of {} B over {} aggregates, batch {}, {} batch(es) in flight, {} run(s)",
+        "drain --sink {kind} --relay {}: {}, {} run(s)",
         relay.name(),
-        args.events,
-        args.payload_bytes,
-        args.aggregates,
-        args.batch_size,
-        args.batches_in_flight,
+        workload(args),
         args.runs.max(1)
     );
     for run in 0..args.runs.max(1) {
@@ -432,14 +428,18 @@ pub(crate) fn summary_json(args: &DrainArgs, s: &SinkSummary) -> serde_json::Val
     })
 }
 
+/// The workload every run of `drain` gets, as both headers print it.
+fn workload(args: &DrainArgs) -> String {
+    format!(
+        "{} events of {} B over {} aggregates, batch {}, {} batch(es) in flight",
+        args.events, args.payload_bytes, args.aggregates, args.batch_size, args.batches_in_flight,
+    )
+}
+
 pub(crate) fn print_table(args: &DrainArgs, results: &[(SinkKind, Result<SinkSummary, String>)]) {
     println!(
-        "drain, every sink: {} events of {} B over {} aggregates, batch {}, {} batch(es) in flight, median of {} run(s)",
-        args.events,
-        args.payload_bytes,
-        args.aggregates,
-        args.batch_size,
-        args.batches_in_flight,
+        "drain, every sink: {}, median of {} run(s)",
+        workload(args),
         args.runs.max(1)
     );
     println!(

@@ -243,13 +243,7 @@ pub async fn purge(
     batch: u32,
     progress: impl FnMut(u64),
 ) -> anyhow::Result<u64> {
-    outbox_types::batch::in_batches(batch, progress, |batch| async move {
-        store
-            .purge_delivered(older_than, batch)
-            .await
-            .context("deleting delivered events failed")
-    })
-    .await
+    purge_in_batches(store, Purgeable::Delivered, older_than, batch, progress).await
 }
 
 /// Purge dead events buried longer than `older_than` ago, in batches.
@@ -259,11 +253,31 @@ pub async fn purge_dead(
     batch: u32,
     progress: impl FnMut(u64),
 ) -> anyhow::Result<u64> {
+    purge_in_batches(store, Purgeable::Dead, older_than, batch, progress).await
+}
+
+/// Which events a purge deletes.
+#[derive(Clone, Copy)]
+pub(crate) enum Purgeable {
+    Delivered,
+    Dead,
+}
+
+/// The one batch loop behind [`purge`] and [`purge_dead`]: delete up to `batch` events of the
+/// kind `which` per round until a round comes back short; a failure names the kind.
+pub(crate) async fn purge_in_batches(
+    store: &dyn Store,
+    which: Purgeable,
+    older_than: Duration,
+    batch: u32,
+    progress: impl FnMut(u64),
+) -> anyhow::Result<u64> {
     outbox_types::batch::in_batches(batch, progress, |batch| async move {
-        store
-            .purge_dead(older_than, batch)
-            .await
-            .context("deleting dead events failed")
+        let (deleted, what) = match which {
+            Purgeable::Delivered => (store.purge_delivered(older_than, batch).await, "delivered"),
+            Purgeable::Dead => (store.purge_dead(older_than, batch).await, "dead"),
+        };
+        deleted.with_context(|| format!("deleting {what} events failed"))
     })
     .await
 }

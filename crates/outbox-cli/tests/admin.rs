@@ -29,13 +29,7 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
             .unwrap()
         })
         .collect();
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, &events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    enqueue_committed!(store, &events);
     let claim = store
         .claim(&ClaimRequest {
             owner: "t".into(),

@@ -10,6 +10,12 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The command was refused as a usage error (exit 2) and its stderr says `says`.
+fn exits_2_saying(o: &Output, says: &str) {
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
+    assert!(stderr(o).contains(says), "{}", stderr(o));
+}
+
 /// A config in `dir` with a file destination (`out.jsonl` in `dir`), `database` as the body of
 /// its `[database]` table and `extra` appended; returns the config and output paths.
 fn file_sink_config(
@@ -53,34 +59,23 @@ fn bad_duration_exits_2_naming_the_flag() {
         "--poll-interval",
         "soon",
     ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("invalid --poll-interval"),
-        "{}",
-        stderr(&o)
-    );
+    exits_2_saying(&o, "invalid --poll-interval");
 }
 
 #[test]
 fn unreachable_database_exits_2_naming_the_url_without_its_password() {
-    let o = outbox(&[
-        "status",
-        "--database-url",
-        "postgres://app:s3cret@127.0.0.1:1/app",
-    ]);
-    assert_eq!(o.status.code(), Some(2));
-    let err = stderr(&o);
+    // `outbox status` on `url`, which exits 2: what it said.
+    let refused = |url: &str| {
+        let o = outbox(&["status", "--database-url", url]);
+        assert_eq!(o.status.code(), Some(2));
+        stderr(&o)
+    };
+    let err = refused("postgres://app:s3cret@127.0.0.1:1/app");
     assert!(err.contains("postgres://app:***@127.0.0.1:1/app"), "{err}");
     assert!(!err.contains("s3cret"), "{err}");
     assert!(err.contains("refused") || err.contains("connect"), "{err}");
     // A password given as a query parameter is masked as well.
-    let o = outbox(&[
-        "status",
-        "--database-url",
-        "postgres://app@127.0.0.1:1/app?password=qu3ry&sslmode=disable",
-    ]);
-    assert_eq!(o.status.code(), Some(2));
-    let err = stderr(&o);
+    let err = refused("postgres://app@127.0.0.1:1/app?password=qu3ry&sslmode=disable");
     assert!(!err.contains("qu3ry"), "{err}");
     assert!(err.contains("password=***&sslmode=disable"), "{err}");
 }
@@ -88,19 +83,13 @@ fn unreachable_database_exits_2_naming_the_url_without_its_password() {
 #[test]
 fn unsupported_url_and_missing_url_exit_2() {
     let o = outbox(&["status", "--database-url", "mongodb://root@127.0.0.1/test"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("unsupported `database.url`"),
-        "{}",
-        stderr(&o)
-    );
+    exits_2_saying(&o, "unsupported `database.url`");
     let o = Command::new(BIN)
         .args(["status"])
         .env_remove("OUTBOX_DATABASE__URL")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no database URL"), "{}", stderr(&o));
+    exits_2_saying(&o, "no database URL");
 }
 
 #[test]
@@ -108,8 +97,7 @@ fn relay_on_an_unmigrated_database_says_to_migrate() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("fresh.db").display());
     let o = outbox(&["relay", "--database-url", &url, "--drain"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("outbox migrate"), "{}", stderr(&o));
+    exits_2_saying(&o, "outbox migrate");
 }
 
 #[test]
@@ -194,8 +182,7 @@ fn config_check_prints_the_effective_config_with_secrets_masked() {
     )
     .unwrap();
     let o = outbox(&["config", "check", "--config", file.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("pth"), "{}", stderr(&o));
+    exits_2_saying(&o, "pth");
 }
 
 #[test]
@@ -606,8 +593,7 @@ fn log_format_from_the_flag_or_the_environment_and_no_colour_in_a_pipe() {
         .env("OUTBOX_LOG_FORMAT", "yaml")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("yaml"), "{}", stderr(&o));
+    exits_2_saying(&o, "yaml");
 }
 
 /// The exit summary of a drain counts every dead letter, also a row dead-lettered at claim time

@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::{BIN, Killed, fresh_pg_store, outbox, pg_url};
+use common::{fresh_pg_store, outbox, pg_url};
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -300,15 +300,7 @@ async fn events_are_routed_to_their_destinations_and_unroutable_ones_are_dead_le
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_destination_holds_its_events_while_the_others_flow() {
     let f = fixture("pause").await;
-    let mut relay = Killed(
-        Command::new(BIN)
-            .args(["relay", "--config", f.config_path()])
-            .env("OUTBOX_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut relay = common::spawn_relay(f.config_path(), "info");
 
     let o = outbox(&["pause", "hooks", "--config", f.config_path()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -414,11 +406,7 @@ async fn sigterm_and_sigint_mid_batch_finish_the_wave_and_leave_nothing_claimed(
         // 400 partner events of one aggregate: one per wave, each wave a slow request.
         let partners: Vec<NewEvent> = (0..400).map(partner).collect();
         f.enqueue(&partners, true).await;
-        let mut relay = Command::new(BIN)
-            .args(["relay", "--config", f.config_path()])
-            .env("OUTBOX_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let mut relay = common::relay_command(f.config_path(), "warn")
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -11,7 +11,7 @@ mod common;
 use common::{BIN, Killed, pg_url};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -177,11 +177,7 @@ impl Outputs {
 
 fn spawn_relay(config: &Path, log: &Path) -> Killed {
     Killed(
-        Command::new(BIN)
-            .args(["relay", "--config"])
-            .arg(config)
-            .env("OUTBOX_LOG", "info")
-            .stdout(Stdio::null())
+        common::relay_command(config, "info")
             .stderr(std::fs::File::create(log).unwrap())
             .spawn()
             .unwrap(),

@@ -76,9 +76,7 @@ async fn backlog(prefix: &str) -> (String, PgStore, Vec<outbox_types::NewEvent>)
         .map(|i| outbox_testkit::numbered(&format!("k{}", i % 400), i / 400))
         .collect();
     for chunk in events.chunks(5000) {
-        let mut tx = store.pool().begin().await.unwrap();
-        store.outbox().enqueue_batch(&mut *tx, chunk).await.unwrap();
-        tx.commit().await.unwrap();
+        enqueue_committed!(store, chunk);
     }
     (schema, store, events)
 }

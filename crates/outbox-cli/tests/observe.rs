@@ -86,33 +86,23 @@ async fn metrics_move_and_readiness_follows_the_database() {
     let events: Vec<NewEvent> = (0..250)
         .map(|i| outbox_testkit::numbered(&format!("m{}", i % 10), i / 10))
         .collect();
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, &events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    loop {
-        let (_, body) = get(port, "/metrics").await.unwrap();
-        if metric(&body, "outbox_events_delivered_total") >= 250.0 {
-            assert!(body.contains("outbox_publish_duration_seconds"), "{body}");
-            assert!(body.contains("outbox_claim_batch_size"), "{body}");
-            assert!(body.contains("outbox_events_pending"), "{body}");
-            // The deprecated name counts the same acks.
-            assert_eq!(
-                metric(&body, "outbox_events_published_total"),
-                metric(&body, "outbox_events_delivered_total"),
-                "{body}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "delivered counter never reached 250: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    enqueue_committed!(store, &events);
+    let body = metrics_until(
+        port,
+        deadline,
+        "delivered counter never reached 250",
+        |body| metric(body, "outbox_events_delivered_total") >= 250.0,
+    )
+    .await;
+    assert!(body.contains("outbox_publish_duration_seconds"), "{body}");
+    assert!(body.contains("outbox_claim_batch_size"), "{body}");
+    assert!(body.contains("outbox_events_pending"), "{body}");
+    // The deprecated name counts the same acks.
+    assert_eq!(
+        metric(&body, "outbox_events_published_total"),
+        metric(&body, "outbox_events_delivered_total"),
+        "{body}"
+    );
     // The counter moves when the sink answers; the ack is written when the batch ends.
     while store.stats().await.unwrap().delivered < 250 {
         assert!(Instant::now() < deadline, "acks never written");
@@ -152,6 +142,24 @@ async fn endpoint_up(port: u16) -> Instant {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     deadline
+}
+
+/// Read `/metrics` every 100 ms until `settled` holds for the body, and return that body;
+/// past `deadline` the test fails with `never` and the last body.
+async fn metrics_until(
+    port: u16,
+    deadline: Instant,
+    never: &str,
+    settled: impl Fn(&str) -> bool,
+) -> String {
+    loop {
+        let (_, body) = get(port, "/metrics").await.unwrap();
+        if settled(&body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{never}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn metric_with(body: &str, name: &str, label: &str) -> f64 {
@@ -246,16 +254,7 @@ to = "ok"
         .unwrap();
     };
     write(false);
-    let relay = Killed(
-        Command::new(BIN)
-            .args(["relay", "--config"])
-            .arg(&config)
-            .env("OUTBOX_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let relay = common::spawn_relay(&config, "warn");
     let deadline = endpoint_up(port).await;
     let mut events: Vec<NewEvent> = (0..40)
         .map(|i| outbox_testkit::numbered(&format!("o{}", i % 4), i / 4))
@@ -272,27 +271,16 @@ to = "ok"
         );
     }
     events.push(NewEvent::new("partner", "px", "Poison", &serde_json::json!({})).unwrap());
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, &events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    enqueue_committed!(store, &events);
 
     let ok = "destination=\"ok\"";
     let hook_label = "destination=\"hook\"";
-    let body = loop {
-        let (_, body) = get(port, "/metrics").await.unwrap();
-        if metric_with(&body, "outbox_events_delivered_total", ok) >= 40.0
-            && metric_with(&body, "outbox_events_delivered_total", hook_label) >= 6.0
-            && metric_with(&body, "outbox_destination_events_dead", hook_label) >= 1.0
-        {
-            break body;
-        }
-        assert!(Instant::now() < deadline, "metrics never settled: {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let body = metrics_until(port, deadline, "metrics never settled", |body| {
+        metric_with(body, "outbox_events_delivered_total", ok) >= 40.0
+            && metric_with(body, "outbox_events_delivered_total", hook_label) >= 6.0
+            && metric_with(body, "outbox_destination_events_dead", hook_label) >= 1.0
+    })
+    .await;
     // (metric, label, value, why)
     let expected = [
         ("outbox_events_delivered_total", ok, 40.0, ""),
@@ -337,22 +325,15 @@ to = "ok"
         .output()
         .unwrap();
     assert!(o.status.success());
-    loop {
-        let (_, body) = get(port, "/metrics").await.unwrap();
-        if metric_with(&body, "outbox_destination_paused", hook_label) == 1.0 {
-            assert_eq!(
-                metric_with(&body, "outbox_destination_paused", ok),
-                0.0,
-                "{body}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "paused gauge never moved: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let body = metrics_until(port, deadline, "paused gauge never moved", |body| {
+        metric_with(body, "outbox_destination_paused", hook_label) == 1.0
+    })
+    .await;
+    assert_eq!(
+        metric_with(&body, "outbox_destination_paused", ok),
+        0.0,
+        "{body}"
+    );
     drop(relay);
 
     // A destination whose broker is unreachable: the relay is ready (restarting it would not
@@ -360,13 +341,8 @@ to = "ok"
     write(true);
     let port2 = free_port();
     let _relay = Killed(
-        Command::new(BIN)
-            .args(["relay", "--config"])
-            .arg(&config)
+        common::relay_command(&config, "warn")
             .env("OUTBOX_METRICS__LISTEN", format!("127.0.0.1:{port2}"))
-            .env("OUTBOX_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );

@@ -25,20 +25,49 @@ fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
-    let url = cluster_url();
-    let id = std::process::id();
-    let schema = format!("outbox_t_cliwal_{id}");
-    let slot = format!("owt_cli_{id}");
-    let store = common::migrated_store(&url, &schema).await;
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("events.jsonl");
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
+/// A WAL test's outbox: a migrated schema `outbox_t_<tag>_<pid>` on the logical cluster and
+/// the slot (also the publication and message prefix) `owt_<slot>_<pid>` its relays use, and a
+/// directory for the test's files.
+struct WalOutbox {
+    url: String,
+    schema: String,
+    slot: String,
+    store: PgStore,
+    dir: tempfile::TempDir,
+}
+
+impl WalOutbox {
+    async fn new(schema_tag: &str, slot_tag: &str) -> WalOutbox {
+        let url = cluster_url();
+        let id = std::process::id();
+        let schema = format!("outbox_t_{schema_tag}_{id}");
+        let slot = format!("owt_{slot_tag}_{id}");
+        let store = common::migrated_store(&url, &schema).await;
+        WalOutbox {
+            url,
+            schema,
+            slot,
+            store,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Write `<name>.toml` in the test's directory: WAL mode streaming table rows and messages
+    /// into the file `out`, with `relay` and `wal` (the scenario's own lines) added to those
+    /// tables; its path.
+    fn file_config(&self, name: &str, out: &std::path::Path, relay: &str, wal: &str) -> String {
+        let WalOutbox {
+            url,
+            schema,
+            slot,
+            dir,
+            ..
+        } = self;
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                r#"
 mode = "wal"
 
 [database]
@@ -46,7 +75,7 @@ url = "{url}"
 schema = "{schema}"
 
 [relay]
-publish_timeout = "5s"
+{relay}publish_timeout = "5s"
 
 [wal]
 slot = "{slot}"
@@ -54,17 +83,26 @@ publication = "{slot}"
 sources = ["table", "messages"]
 message_prefix = "{slot}"
 status_interval = "100ms"
-
+{wal}
 [destinations.file]
 type = "file"
-path = "{path}"
+path = "{}"
 sync = true
 "#,
-            path = out.display()
-        ),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap().to_owned();
+                out.display()
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
+    let wal = WalOutbox::new("cliwal", "cli").await;
+    let (slot, store) = (wal.slot.as_str(), &wal.store);
+    let out = wal.dir.path().join("events.jsonl");
+    let config = wal.file_config("outbox", &out, "", "");
 
     // The suite's database allows only superusers to write messages (scripts/pg-logical.sh):
     // nothing to fix, and the replication connection is encrypted without being asked to.
@@ -90,11 +128,11 @@ sync = true
     );
 
     // Ten table rows and ten logical messages, one rolled-back transaction of each.
-    common::enqueue_order_updates(&store, 0..10).await;
+    common::enqueue_order_updates(store, 0..10).await;
     let mut tx = store.pool().begin().await.unwrap();
     for n in 0..10u32 {
         let e = NewEvent::new("cart", "c1", "CartUpdated", &serde_json::json!({ "n": n })).unwrap();
-        outbox_wal::enqueue_message(&mut *tx, &slot, &e)
+        outbox_wal::enqueue_message(&mut *tx, slot, &e)
             .await
             .unwrap();
     }
@@ -102,7 +140,7 @@ sync = true
     let mut tx = store.pool().begin().await.unwrap();
     let ghost = NewEvent::new("order", "o1", "Ghost", &serde_json::json!({})).unwrap();
     store.outbox().enqueue(&mut *tx, &ghost).await.unwrap();
-    outbox_wal::enqueue_message(&mut *tx, &slot, &ghost)
+    outbox_wal::enqueue_message(&mut *tx, slot, &ghost)
         .await
         .unwrap();
     tx.rollback().await.unwrap();
@@ -132,7 +170,7 @@ sync = true
     let o = outbox(&["status", "--config", &config, "--json"]);
     assert!(o.status.success(), "{}", text(&o));
     let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(status["wal"]["slot"], slot.as_str(), "{status}");
+    assert_eq!(status["wal"]["slot"], slot, "{status}");
     assert_eq!(status["wal"]["exists"], true, "{status}");
     assert_eq!(status["wal"]["active"], true, "a relay streams: {status}");
     let o = outbox(&["wal", "status", "--config", &config]);
@@ -149,11 +187,11 @@ sync = true
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The slot is lost behind our back (an operator, a failover to a replica without it).
     sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(&slot)
+        .bind(slot)
         .execute(store.pool())
         .await
         .unwrap();
-    common::enqueue_order_updates(&store, 10..15).await;
+    common::enqueue_order_updates(store, 10..15).await;
     let o = outbox(&["relay", "--config", &config, "--drain"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("outbox wal recover"), "{}", text(&o));
@@ -310,61 +348,23 @@ fn wal_mode_needs_postgresql_and_valid_names() {
 /// delivering everything (duplicates allowed, counted) in order per aggregate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_relay_process_takes_over_when_the_streamer_is_killed() {
-    let url = cluster_url();
-    let id = std::process::id();
-    let schema = format!("outbox_t_cliwal2_{id}");
-    let slot = format!("owt_cli2_{id}");
-    let store = common::migrated_store(&url, &schema).await;
-    let dir = tempfile::tempdir().unwrap();
-    let out_a = dir.path().join("a.jsonl");
-    let out_b = dir.path().join("b.jsonl");
+    let wal = WalOutbox::new("cliwal2", "cli2").await;
+    let (slot, store) = (wal.slot.as_str(), &wal.store);
+    let out_a = wal.dir.path().join("a.jsonl");
+    let out_b = wal.dir.path().join("b.jsonl");
     let write_config = |out: &std::path::Path, name: &str| {
-        let path = dir.path().join(format!("{name}.toml"));
-        std::fs::write(
-            &path,
-            format!(
-                r#"
-mode = "wal"
-[database]
-url = "{url}"
-schema = "{schema}"
-[relay]
-relay_id = "{name}"
-publish_timeout = "5s"
-[wal]
-slot = "{slot}"
-publication = "{slot}"
-sources = ["table", "messages"]
-message_prefix = "{slot}"
-status_interval = "100ms"
-standby_poll_interval = "200ms"
-takeover_timeout = "20s"
-[destinations.file]
-type = "file"
-path = "{}"
-sync = true
-"#,
-                out.display()
-            ),
+        wal.file_config(
+            name,
+            out,
+            &format!("relay_id = \"{name}\"\n"),
+            "standby_poll_interval = \"200ms\"\ntakeover_timeout = \"20s\"\n",
         )
-        .unwrap();
-        path.to_str().unwrap().to_owned()
     };
     let config_a = write_config(&out_a, "relay-a");
     let config_b = write_config(&out_b, "relay-b");
     let o = outbox(&["wal", "prepare", "--config", &config_a]);
     assert!(o.status.success(), "{}", text(&o));
-    let spawn = |config: &str| {
-        Killed(
-            Command::new(BIN)
-                .args(["relay", "--config", config])
-                .env("OUTBOX_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
-    };
+    let spawn = |config: &str| common::spawn_relay(config, "warn");
     let mut a = spawn(&config_a);
     // Wait until a streams, then start the standby.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -394,7 +394,7 @@ sync = true
             if n % 2 == 0 {
                 store.outbox().enqueue(&mut *tx, &e).await.unwrap();
             } else {
-                outbox_wal::enqueue_message(&mut *tx, &slot, &e)
+                outbox_wal::enqueue_message(&mut *tx, slot, &e)
                     .await
                     .unwrap();
             }

@@ -338,6 +338,69 @@ CREATE INDEX orders_customer_open ON orders (customer) WHERE status = 'created';
 const COLUMNS: &str =
     "id, product, quantity, customer, amount_cents, status, created_at, cancelled_at";
 
+/// The steps of [`OrderStore::create`] in an open transaction `$tx` of store `$s`: insert the
+/// order (id and creation time bound as the dialect stores them), enqueue `$event`, sum the
+/// customer's open orders with `$open_sql` and roll back past the credit limit, else commit;
+/// the open sum is the value. A macro because the two stores' transactions are different types.
+macro_rules! create_in {
+    ($s:expr, $tx:expr, $insert_sql:expr, $id_bind:expr, $created_bind:expr, $open_sql:expr, $order:expr, $event:expr) => {{
+        let mut tx = $tx;
+        sqlx::query($insert_sql)
+            .bind($id_bind)
+            .bind(&$order.product)
+            .bind($order.quantity)
+            .bind(&$order.customer)
+            .bind($order.amount_cents)
+            .bind($created_bind)
+            .execute(&mut *tx)
+            .await?;
+        $s.outbox().enqueue(&mut *tx, &$event).await?;
+        let open: i64 = match &$order.customer {
+            Some(customer) => {
+                sqlx::query_scalar($open_sql)
+                    .bind(customer)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+            None => 0,
+        };
+        if open > CREDIT_LIMIT_CENTS {
+            tx.rollback().await?;
+            return Ok(Created::CreditLimitExceeded { open_cents: open });
+        }
+        tx.commit().await?;
+        open
+    }};
+}
+
+/// The steps of [`OrderStore::cancel`] in an open transaction `$tx` of store `$s`: run the
+/// status-guarded update with the id and time bound as the dialect stores them; no row back
+/// means already cancelled (or no such order); else enqueue `OrderCancelled` and commit. A
+/// macro because the two stores' transactions and rows are different types.
+macro_rules! cancel_in {
+    ($store:expr, $s:expr, $tx:expr, $sql:expr, $id_bind:expr, $now_bind:expr, $decode:expr, $id:expr) => {{
+        let mut tx = $tx;
+        let row = sqlx::query($sql)
+            .bind($id_bind)
+            .bind($now_bind)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            drop(tx);
+            return Ok(match $store.get($id).await? {
+                Some(order) => Cancelled::Already(order),
+                None => Cancelled::NotFound,
+            });
+        };
+        let order = $decode(&row)?;
+        $s.outbox()
+            .enqueue(&mut *tx, &cancelled_event(&order)?)
+            .await?;
+        tx.commit().await?;
+        Ok(Cancelled::Now(order))
+    }};
+}
+
 impl OrderStore {
     /// The store over `db`, with the outbox table at its default place (`outbox.events` on
     /// PostgreSQL, `outbox_events` on SQLite) or where `outbox_pg` says.
@@ -400,72 +463,34 @@ impl OrderStore {
         let event = created_event(&order)?;
         let open_cents: i64 = match self {
             OrderStore::Postgres(s) => {
-                let mut tx = s.pool().begin().await?;
-                sqlx::query(
+                let tx = s.pool().begin().await?;
+                create_in!(
+                    s,
+                    tx,
                     "INSERT INTO orders (id, product, quantity, customer, amount_cents, status, created_at)
                      VALUES ($1, $2, $3, $4, $5, 'created', $6)",
-                )
-                .bind(order.id)
-                .bind(&order.product)
-                .bind(order.quantity)
-                .bind(&order.customer)
-                .bind(order.amount_cents)
-                .bind(order.created_at)
-                .execute(&mut *tx)
-                .await?;
-                s.outbox().enqueue(&mut *tx, &event).await?;
-                let open: i64 = match &order.customer {
-                    Some(customer) => {
-                        sqlx::query_scalar(
-                            "SELECT COALESCE(SUM(amount_cents), 0)::BIGINT FROM orders
+                    order.id,
+                    order.created_at,
+                    "SELECT COALESCE(SUM(amount_cents), 0)::BIGINT FROM orders
                          WHERE customer = $1 AND status = 'created'",
-                        )
-                        .bind(customer)
-                        .fetch_one(&mut *tx)
-                        .await?
-                    }
-                    None => 0,
-                };
-                if open > CREDIT_LIMIT_CENTS {
-                    tx.rollback().await?;
-                    return Ok(Created::CreditLimitExceeded { open_cents: open });
-                }
-                tx.commit().await?;
-                open
+                    order,
+                    event
+                )
             }
             OrderStore::Sqlite(s) => {
-                let mut tx = s.pool().begin_with("BEGIN IMMEDIATE").await?;
-                sqlx::query(
+                let tx = s.pool().begin_with("BEGIN IMMEDIATE").await?;
+                create_in!(
+                    s,
+                    tx,
                     "INSERT INTO orders (id, product, quantity, customer, amount_cents, status, created_at)
                      VALUES (?1, ?2, ?3, ?4, ?5, 'created', ?6)",
-                )
-                .bind(order.id.to_string())
-                .bind(&order.product)
-                .bind(order.quantity)
-                .bind(&order.customer)
-                .bind(order.amount_cents)
-                .bind(order.created_at.to_rfc3339())
-                .execute(&mut *tx)
-                .await?;
-                s.outbox().enqueue(&mut *tx, &event).await?;
-                let open: i64 = match &order.customer {
-                    Some(customer) => {
-                        sqlx::query_scalar(
-                            "SELECT COALESCE(SUM(amount_cents), 0) FROM orders
+                    order.id.to_string(),
+                    order.created_at.to_rfc3339(),
+                    "SELECT COALESCE(SUM(amount_cents), 0) FROM orders
                          WHERE customer = ?1 AND status = 'created'",
-                        )
-                        .bind(customer)
-                        .fetch_one(&mut *tx)
-                        .await?
-                    }
-                    None => 0,
-                };
-                if open > CREDIT_LIMIT_CENTS {
-                    tx.rollback().await?;
-                    return Ok(Created::CreditLimitExceeded { open_cents: open });
-                }
-                tx.commit().await?;
-                open
+                    order,
+                    event
+                )
             }
         };
         tracing::debug!(order_id = %order.id, open_cents, "Order created.");
@@ -479,46 +504,21 @@ impl OrderStore {
         let now = Utc::now().trunc_subsecs(6);
         match self {
             OrderStore::Postgres(s) => {
-                let mut tx = s.pool().begin().await?;
-                let row = sqlx::query(CancelSql::pg_cancel())
-                    .bind(id)
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                let Some(row) = row else {
-                    drop(tx);
-                    return Ok(match self.get(id).await? {
-                        Some(order) => Cancelled::Already(order),
-                        None => Cancelled::NotFound,
-                    });
-                };
-                let order = pg_order(&row)?;
-                s.outbox()
-                    .enqueue(&mut *tx, &cancelled_event(&order)?)
-                    .await?;
-                tx.commit().await?;
-                Ok(Cancelled::Now(order))
+                let tx = s.pool().begin().await?;
+                cancel_in!(self, s, tx, CancelSql::pg_cancel(), id, now, pg_order, id)
             }
             OrderStore::Sqlite(s) => {
-                let mut tx = s.pool().begin_with("BEGIN IMMEDIATE").await?;
-                let row = sqlx::query(CancelSql::sqlite_cancel())
-                    .bind(id.to_string())
-                    .bind(now.to_rfc3339())
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                let Some(row) = row else {
-                    drop(tx);
-                    return Ok(match self.get(id).await? {
-                        Some(order) => Cancelled::Already(order),
-                        None => Cancelled::NotFound,
-                    });
-                };
-                let order = sqlite_order(&row)?;
-                s.outbox()
-                    .enqueue(&mut *tx, &cancelled_event(&order)?)
-                    .await?;
-                tx.commit().await?;
-                Ok(Cancelled::Now(order))
+                let tx = s.pool().begin_with("BEGIN IMMEDIATE").await?;
+                cancel_in!(
+                    self,
+                    s,
+                    tx,
+                    CancelSql::sqlite_cancel(),
+                    id.to_string(),
+                    now.to_rfc3339(),
+                    sqlite_order,
+                    id
+                )
             }
         }
     }
@@ -595,15 +595,7 @@ fn created_event(order: &Order) -> Result<NewEvent, Error> {
         amount_cents: order.amount_cents,
         created_at: order.created_at,
     };
-    Ok(NewEvent::new(
-        AGGREGATE_TYPE,
-        order.id.to_string(),
-        ORDER_CREATED,
-        &payload,
-    )
-    .map_err(StoreError::from)?
-    .with_occurred_at(order.created_at)
-    .with_idempotency_key(format!("order-{}-created", order.id)))
+    order_event(order, ORDER_CREATED, &payload, order.created_at, "created")
 }
 
 fn cancelled_event(order: &Order) -> Result<NewEvent, Error> {
@@ -613,15 +605,24 @@ fn cancelled_event(order: &Order) -> Result<NewEvent, Error> {
         amount_cents: order.amount_cents,
         cancelled_at,
     };
-    Ok(NewEvent::new(
-        AGGREGATE_TYPE,
-        order.id.to_string(),
-        ORDER_CANCELLED,
-        &payload,
+    order_event(order, ORDER_CANCELLED, &payload, cancelled_at, "cancelled")
+}
+
+/// An event of `order`'s aggregate: `event_type` with `payload`, occurred at `at`, keyed
+/// `order-<id>-<step>` so the same step of the same order is never enqueued twice.
+fn order_event(
+    order: &Order,
+    event_type: &str,
+    payload: &impl Serialize,
+    at: DateTime<Utc>,
+    step: &str,
+) -> Result<NewEvent, Error> {
+    Ok(
+        NewEvent::new(AGGREGATE_TYPE, order.id.to_string(), event_type, payload)
+            .map_err(StoreError::from)?
+            .with_occurred_at(at)
+            .with_idempotency_key(format!("order-{}-{step}", order.id)),
     )
-    .map_err(StoreError::from)?
-    .with_occurred_at(cancelled_at)
-    .with_idempotency_key(format!("order-{}-cancelled", order.id)))
 }
 
 fn pg_order(row: &sqlx::postgres::PgRow) -> Result<Order, Error> {

@@ -446,6 +446,27 @@ mod tests {
         rolled_back: EventId,
     }
 
+    impl Fixture {
+        /// Take `lost` out of what the consumers received and applied.
+        fn never_received(&mut self, lost: &[EventId]) {
+            for id in lost {
+                self.history.observed.retain(|o| o.event_id != Some(*id));
+                self.history.effects.remove(id);
+            }
+        }
+
+        /// The file broker reads back every written id but `missing`.
+        fn broker_holds_all_but(&mut self, missing: &[EventId]) {
+            let held: HashSet<EventId> = self
+                .ids
+                .iter()
+                .copied()
+                .filter(|id| !missing.contains(id))
+                .collect();
+            self.history.broker_held.insert("file".into(), held);
+        }
+    }
+
     fn event(aggregate: &str, seq: u64) -> WrittenEvent {
         WrittenEvent {
             id: EventId::new(),
@@ -534,8 +555,7 @@ mod tests {
     fn a_lost_event_is_reported() {
         let mut f = fixture();
         let lost = f.ids[3];
-        f.history.observed.retain(|o| o.event_id != Some(lost));
-        f.history.effects.remove(&lost);
+        f.never_received(&[lost]);
         let v = check(&f.history);
         assert_eq!(v.lost.count, 1, "{v:?}");
         assert!(v.lost.examples[0].contains(&lost.to_string()));
@@ -547,17 +567,8 @@ mod tests {
     fn an_event_the_broker_acknowledged_and_dropped_is_reported_apart() {
         let mut f = fixture();
         let (dropped, lost) = (f.ids[2], f.ids[3]);
-        for id in [dropped, lost] {
-            f.history.observed.retain(|o| o.event_id != Some(id));
-            f.history.effects.remove(&id);
-        }
-        let held: HashSet<EventId> = f
-            .ids
-            .iter()
-            .copied()
-            .filter(|id| ![dropped, lost].contains(id))
-            .collect();
-        f.history.broker_held.insert("file".into(), held);
+        f.never_received(&[dropped, lost]);
+        f.broker_holds_all_but(&[dropped, lost]);
         f.history
             .broker_dropped
             .insert("file".into(), HashSet::from([dropped]));
@@ -574,17 +585,8 @@ mod tests {
     fn a_lost_event_is_placed_by_what_the_broker_holds() {
         let mut f = fixture();
         let (consumer_side, broker_side) = (f.ids[2], f.ids[3]);
-        for lost in [consumer_side, broker_side] {
-            f.history.observed.retain(|o| o.event_id != Some(lost));
-            f.history.effects.remove(&lost);
-        }
-        let held: HashSet<EventId> = f
-            .ids
-            .iter()
-            .copied()
-            .filter(|id| *id != broker_side)
-            .collect();
-        f.history.broker_held.insert("file".into(), held);
+        f.never_received(&[consumer_side, broker_side]);
+        f.broker_holds_all_but(&[broker_side]);
         let v = check(&f.history);
         assert_eq!(v.lost.count, 2, "{v:?}");
         assert_eq!((v.lost_held_by_broker, v.lost_not_in_broker), (1, 1));

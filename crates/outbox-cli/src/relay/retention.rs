@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::admin;
+use crate::admin::{self, Purgeable};
 use crate::config;
 
 /// What the retention task works on.
@@ -28,13 +28,13 @@ pub(super) async fn retention_loop(retention: Retention) {
         ticker.tick().await;
         match &retention.partitioned {
             Some(pg) => rotate_partitions(pg).await,
-            None => purge_delivered(&retention).await,
+            None => purge(&retention, Purgeable::Delivered, retention.config.delivered).await,
         }
         if let Some((wal, pool)) = &retention.stream_table {
             purge_stream_table(&retention.config, wal, pool).await;
         }
         if let Some(age) = retention.config.dead {
-            purge_dead(&retention, age).await;
+            purge(&retention, Purgeable::Dead, age).await;
         }
     }
 }
@@ -61,23 +61,6 @@ async fn rotate_partitions(pg: &outbox_postgresql::PgStore) {
     }
 }
 
-async fn purge_delivered(retention: &Retention) {
-    match admin::purge(
-        retention.store.as_ref(),
-        retention.config.delivered,
-        retention.config.batch_size,
-        |_| {},
-    )
-    .await
-    {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(deleted = n, "Retention deleted delivered events."),
-        Err(error) => {
-            tracing::warn!(error = %format!("{error:#}"), "Retention run failed; will try again at the next interval.")
-        }
-    }
-}
-
 async fn purge_stream_table(
     config: &config::RetentionConfig,
     wal: &outbox_wal::WalConfig,
@@ -95,18 +78,29 @@ async fn purge_stream_table(
     }
 }
 
-async fn purge_dead(retention: &Retention, age: Duration) {
-    match admin::purge_dead(
+/// One retention run over `which` events older than `age`: what it deleted is logged, and a
+/// failure is a warning (the next interval tries again), never the relay's end.
+async fn purge(retention: &Retention, which: Purgeable, age: Duration) {
+    let purged = admin::purge_in_batches(
         retention.store.as_ref(),
+        which,
         age,
         retention.config.batch_size,
         |_| {},
     )
-    .await
-    {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(deleted = n, "Retention deleted old dead events."),
-        Err(error) => {
+    .await;
+    match (purged, which) {
+        (Ok(0), _) => {}
+        (Ok(n), Purgeable::Delivered) => {
+            tracing::info!(deleted = n, "Retention deleted delivered events.")
+        }
+        (Ok(n), Purgeable::Dead) => {
+            tracing::info!(deleted = n, "Retention deleted old dead events.")
+        }
+        (Err(error), Purgeable::Delivered) => {
+            tracing::warn!(error = %format!("{error:#}"), "Retention run failed; will try again at the next interval.")
+        }
+        (Err(error), Purgeable::Dead) => {
             tracing::warn!(error = %format!("{error:#}"), "Dead-event retention failed; will try again at the next interval.")
         }
     }

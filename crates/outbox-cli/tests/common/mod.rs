@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
@@ -98,6 +98,25 @@ impl Drop for Killed {
     }
 }
 
+/// `outbox relay --config CONFIG` logging at `log`, its stdout and stderr discarded: the
+/// relay a test runs in the background and watches through the database, sinks and endpoints.
+/// The caller adds what its scenario needs (an env var, a log file) before spawning.
+pub fn relay_command(config: impl AsRef<std::ffi::OsStr>, log: &str) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .args(["relay", "--config"])
+        .arg(config)
+        .env("OUTBOX_LOG", log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
+/// [`relay_command`] started, killed when the guard goes.
+pub fn spawn_relay(config: impl AsRef<std::ffi::OsStr>, log: &str) -> Killed {
+    Killed(relay_command(config, log).spawn().unwrap())
+}
+
 /// Drop `schema` and everything in it: the clean-up at the end of a PostgreSQL test.
 pub async fn drop_pg_schema(pool: &sqlx::PgPool, schema: &str) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -138,4 +157,20 @@ pub async fn enqueue_order_updates(store: &outbox_postgresql::PgStore, ns: std::
         store.outbox().enqueue(&mut *tx, &e).await.unwrap();
     }
     tx.commit().await.unwrap();
+}
+
+/// Enqueue `events` with `enqueue_batch` in one committed transaction of `store` (a `PgStore`
+/// or a `SqliteStore`: a macro because the two stores' pools and outboxes are different types).
+#[macro_export]
+macro_rules! enqueue_committed {
+    ($store:expr, $events:expr) => {{
+        let store = &$store;
+        let mut tx = store.pool().begin().await.unwrap();
+        store
+            .outbox()
+            .enqueue_batch(&mut *tx, $events)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }};
 }

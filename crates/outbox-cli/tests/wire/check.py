@@ -54,6 +54,17 @@ def fail(where, what):
     failures.append(f"{where}: {what}")
 
 
+def received_events(where0, events, received, missing):
+    """Each event with where it is reported and what arrived for it (`received` by event id);
+    an event that never arrived fails, saying `missing`, and is skipped."""
+    for event in events:
+        where = f"{where0} event {event['id']}"
+        if event["id"] not in received:
+            fail(where, missing)
+            continue
+        yield event, where, received[event["id"]]
+
+
 def expect(where, name, got, want):
     if got != want:
         fail(where, f"{name} is {got!r}, the document says {want!r}")
@@ -253,12 +264,7 @@ def check_kafka(doc, variant, events, started):
         headers = {k: v.decode() for k, v in (msg.headers() or [])}
         messages[headers.get("outbox-event-id")] = (msg, headers)
     rows = table_after(section(doc, "Kafka"), "| part |")
-    for event in events:
-        where = f"{where0} event {event['id']}"
-        if event["id"] not in messages:
-            fail(where, "not read from the topic")
-            continue
-        msg, headers = messages[event["id"]]
+    for event, where, (msg, headers) in received_events(where0, events, messages, "not read from the topic"):
 
         def parse_ce(msg=msg):
             if variant.get("cloudevents_mode") == "binary":
@@ -319,12 +325,7 @@ def check_rabbitmq(doc, conn, tag, variant, events, started):
         messages[props.message_id] = (method, props, body)
     ch.queue_delete(queue)
     rows = table_after(section(doc, "RabbitMQ"), "| part |")
-    for event in events:
-        where = f"{where0} event {event['id']}"
-        if event["id"] not in messages:
-            fail(where, "not read from the queue")
-            continue
-        method, props, body = messages[event["id"]]
+    for event, where, (method, props, body) in received_events(where0, events, messages, "not read from the queue"):
         headers = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in (props.headers or {}).items()}
 
         def parse_ce(props=props, body=body, headers=headers):
@@ -394,12 +395,7 @@ def check_nats(doc, all_messages, tag, variant, events):
         if m.subject.startswith(f"wire_{tag}.{variant['name']}."):
             messages[(m.headers or {}).get("Nats-Msg-Id")] = m
     rows = table_after(section(doc, "NATS JetStream"), "| part |")
-    for event in events:
-        where = f"{where0} event {event['id']}"
-        if event["id"] not in messages:
-            fail(where, "not in the stream")
-            continue
-        m = messages[event["id"]]
+    for event, where, m in received_events(where0, events, messages, "not in the stream"):
         headers = dict(m.headers or {})
 
         def parse_ce(m=m, headers=headers):
@@ -435,12 +431,7 @@ def check_redis(doc, tag, variant, events):
         fields = {k.decode(): v for k, v in fields.items()}
         by_id[fields["id"].decode()] = fields
     rows = table_after(section(doc, "Redis Streams"), "| field |")
-    for event in events:
-        where = f"{where0} event {event['id']}"
-        if event["id"] not in by_id:
-            fail(where, "not in the stream")
-            continue
-        f = by_id[event["id"]]
+    for event, where, f in received_events(where0, events, by_id, "not in the stream"):
         text = {k: v.decode() for k, v in f.items()}
 
         def parse_ce(f=f):
@@ -493,12 +484,7 @@ def check_webhook(doc, variant, events, started):
         if path.startswith(f"/{variant['name']}/"):
             by_id[headers.get("outbox-event-id")] = (path, headers, body)
     rows = table_after(section(doc, "Webhook"), "| header (lower case on the wire) |")
-    for event in events:
-        where = f"{where0} event {event['id']}"
-        if event["id"] not in by_id:
-            fail(where, "no request received")
-            continue
-        path, headers, body = by_id[event["id"]]
+    for event, where, (path, headers, body) in received_events(where0, events, by_id, "no request received"):
         expect(where, "path", path, f"/{variant['name']}/{event['event_type']}")
         body_check(doc, event, variant, lambda h=headers, b=body: ce_http.from_http(
             ce_http.HTTPMessage(headers=h, body=b), JSONFormat()))(where + " [body]", body)

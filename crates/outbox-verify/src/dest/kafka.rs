@@ -95,19 +95,31 @@ struct OnMainRuntime {
 #[async_trait]
 impl InboxHandler for OnMainRuntime {
     async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, outbox_inbox::Error> {
-        let inner = self.inner.clone();
         let delivery = delivery.clone();
-        self.runtime
-            .spawn(async move { inner.handle(&delivery).await })
+        self.on_main(|inner| async move { inner.handle(&delivery).await })
             .await
-            .map_err(|e| outbox_inbox::Error::Handler(Box::new(e)))?
     }
 
     async fn park(&self, message: &ParkedMessage) -> Result<(), outbox_inbox::Error> {
-        let inner = self.inner.clone();
         let message = message.clone();
+        self.on_main(|inner| async move { inner.park(&message).await })
+            .await
+    }
+}
+
+impl OnMainRuntime {
+    /// Run `call` on the handler as a task of the main runtime; a task that panicked or was
+    /// cancelled is a handler error.
+    async fn on_main<T, F>(
+        &self,
+        call: impl FnOnce(Arc<DestinationHandler>) -> F,
+    ) -> Result<T, outbox_inbox::Error>
+    where
+        F: std::future::Future<Output = Result<T, outbox_inbox::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
         self.runtime
-            .spawn(async move { inner.park(&message).await })
+            .spawn(call(self.inner.clone()))
             .await
             .map_err(|e| outbox_inbox::Error::Handler(Box::new(e)))?
     }

@@ -58,9 +58,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     committed.push(audit.clone());
     let ghosts: Vec<NewEvent> = (0..20).map(|n| numbered("ghost", n)).collect();
 
-    common::enqueue_committed(&store, &committed[..committed.len() / 2]).await;
-    common::enqueue_rolled_back(&store, &ghosts).await;
-    common::enqueue_committed(&store, &committed[committed.len() / 2..]).await;
+    common::enqueue_ghosts_between(&store, &committed, &ghosts).await;
 
     let sink = Arc::new(
         KafkaSink::connect(sink_config(

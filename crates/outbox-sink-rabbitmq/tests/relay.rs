@@ -62,9 +62,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
     committed.push(audit.clone());
     let ghosts: Vec<NewEvent> = (0..20).map(|n| numbered("ghost", n)).collect();
 
-    common::enqueue_committed(&store, &committed[..committed.len() / 2]).await;
-    common::enqueue_rolled_back(&store, &ghosts).await;
-    common::enqueue_committed(&store, &committed[committed.len() / 2..]).await;
+    common::enqueue_ghosts_between(&store, &committed, &ghosts).await;
 
     let report = Relay::new(store.clone(), sink, relay_config(40))
         .run(std::future::pending())

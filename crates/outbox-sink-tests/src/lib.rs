@@ -381,6 +381,15 @@ pub async fn enqueue_with_ghosts(
     (committed, committed_ids)
 }
 
+/// Enqueue the first half of `committed` in a transaction that commits, then `ghosts` in one
+/// that rolls back, then the second half of `committed`: the rolled-back events sit between
+/// committed ones, and none of them may ever be published.
+pub async fn enqueue_ghosts_between(store: &PgStore, committed: &[NewEvent], ghosts: &[NewEvent]) {
+    enqueue_committed(store, &committed[..committed.len() / 2]).await;
+    enqueue_rolled_back(store, ghosts).await;
+    enqueue_committed(store, &committed[committed.len() / 2..]).await;
+}
+
 /// A claimed `OrderCreated` event of `aggregate_type` `aggregate_id` carrying `payload` (as is,
 /// even when it is not JSON) and a W3C trace parent: what a sink test hands a sink directly.
 pub fn claimed_event(aggregate_type: &str, aggregate_id: &str, payload: &str) -> Event {

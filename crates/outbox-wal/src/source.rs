@@ -173,6 +173,10 @@ impl Settling for BuryEvent {
     }
 }
 
+/// What [`settle_rows`] hands the writer task: table rows with their requests, and messages to
+/// insert as rows.
+type Settled<E> = (Vec<(E, Out)>, Vec<(MessageRow, Out)>);
+
 /// Settle `seqs` of stream lease `token` for a retry or a bury: each settled event with a
 /// request in `events` becomes a table row to write (a table event) or a message to insert as
 /// a row. With `own`, the table owns their aggregates from now on (a retry always; a bury when
@@ -183,7 +187,7 @@ fn settle_rows<E: Settling>(
     seqs: &[i64],
     events: &[E],
     own: bool,
-) -> (Vec<(E, Out)>, Vec<(MessageRow, Out)>) {
+) -> Settled<E> {
     let settled = state.settle_out(token, seqs.iter().copied());
     let mut rows = Vec::new();
     let mut messages = Vec::new();

@@ -1103,6 +1103,19 @@ struct Settlement {
     released: Vec<i64>,
 }
 
+impl Settlement {
+    /// Put event `seq` back for another publish after `delay`, counting an attempt or not
+    /// (a destination that was unavailable spends none).
+    fn retry(&mut self, seq: i64, counts_attempt: bool, delay: Duration, reason: &str) {
+        self.retries.push(RetryEvent {
+            counts_attempt,
+            seq,
+            delay,
+            error: truncate_error(reason),
+        });
+    }
+}
+
 impl<S, K> BatchContext<S, K>
 where
     S: Source + ?Sized,
@@ -1390,12 +1403,7 @@ where
                     error = %reason,
                     "Destination unavailable; the event waits (no attempt counted)."
                 );
-                settlement.retries.push(RetryEvent {
-                    counts_attempt: false,
-                    seq: event.seq,
-                    delay,
-                    error: truncate_error(&reason),
-                });
+                settlement.retry(event.seq, false, delay, &reason);
                 true
             }
             Outcome::Delivered => {
@@ -1435,12 +1443,7 @@ where
                         error = %reason,
                         "Publish failed; will retry."
                     );
-                    settlement.retries.push(RetryEvent {
-                        counts_attempt: true,
-                        seq: event.seq,
-                        delay,
-                        error: truncate_error(&reason),
-                    });
+                    settlement.retry(event.seq, true, delay, &reason);
                     true
                 }
             }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use outbox_engine::{Relay, RelayConfig};
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use outbox_testkit::numbered;
-use outbox_types::{NewEvent, RetryPolicy, Sink, Store};
+use outbox_types::{NewEvent, Sink, Store};
 use rdkafka::Message;
 
 fn relay_config(batch_size: u32) -> RelayConfig {
@@ -58,9 +58,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     committed.push(audit.clone());
     let ghosts: Vec<NewEvent> = (0..20).map(|n| numbered("ghost", n)).collect();
 
-    common::enqueue_committed(&store, &committed[..committed.len() / 2]).await;
-    common::enqueue_rolled_back(&store, &ghosts).await;
-    common::enqueue_committed(&store, &committed[committed.len() / 2..]).await;
+    common::enqueue_ghosts_between(&store, &committed, &ghosts).await;
 
     let sink = Arc::new(
         KafkaSink::connect(sink_config(
@@ -208,23 +206,13 @@ async fn a_broker_that_is_down_keeps_events_pending_until_it_comes_up() {
     let sink = Arc::new(KafkaSink::connect(config).unwrap());
     assert!(sink.check().await.is_err(), "nothing listens yet");
 
-    let relay_config = RelayConfig {
-        stop_when_idle: false,
-        retry: RetryPolicy {
-            base: Duration::from_millis(200),
-            cap: Duration::from_millis(500),
-            // Three attempts would be spent within two seconds: the outage below lasts longer
-            // and must cost none.
-            max_attempts: 3,
-        },
-        ..relay_config(10)
-    };
-    let relay = Relay::new(store.clone(), sink.clone(), relay_config);
-    let counters = relay.counters();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = stopped.await;
-    }));
+    // Three attempts would be spent within two seconds: the outage below lasts longer and must
+    // cost none.
+    let (counters, stop, run) = common::spawn_relay(
+        &store,
+        sink.clone(),
+        common::dead_after_three_quick_attempts(relay_config(10)),
+    );
 
     // While the broker is down: nothing delivered, failures recorded on the rows, at most one
     // attempt counted.

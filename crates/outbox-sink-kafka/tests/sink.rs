@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use outbox_types::{Event, Outcome, Sink};
 use rdkafka::Message;
@@ -50,17 +48,7 @@ async fn cloudevents_bodies_are_structured_envelopes() {
         sink.publish(std::slice::from_ref(&e)).await,
         vec![Outcome::Delivered]
     );
-    let messages = common::consume(
-        common::BROKERS,
-        &topic,
-        1,
-        1,
-        Duration::from_secs(20),
-        Duration::from_millis(300),
-    )
-    .await;
-    assert_eq!(messages.len(), 1);
-    let m = &messages[0];
+    let m = &common::consume_only_record(&topic).await;
     assert_eq!(
         common::header(m, "content-type").as_deref(),
         Some("application/cloudevents+json")
@@ -167,17 +155,8 @@ async fn the_record_timestamp_is_the_publish_time_or_occurred_at() {
             vec![Outcome::Delivered]
         );
         let after = chrono::Utc::now().timestamp_millis();
-        let messages = common::consume(
-            common::BROKERS,
-            &topic,
-            1,
-            1,
-            Duration::from_secs(20),
-            Duration::from_millis(300),
-        )
-        .await;
-        assert_eq!(messages.len(), 1);
-        let at = messages[0]
+        let at = common::consume_only_record(&topic)
+            .await
             .timestamp()
             .to_millis()
             .expect("a record timestamp");

@@ -62,9 +62,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
     committed.push(audit.clone());
     let ghosts: Vec<NewEvent> = (0..20).map(|n| numbered("ghost", n)).collect();
 
-    common::enqueue_committed(&store, &committed[..committed.len() / 2]).await;
-    common::enqueue_rolled_back(&store, &ghosts).await;
-    common::enqueue_committed(&store, &committed[committed.len() / 2..]).await;
+    common::enqueue_ghosts_between(&store, &committed, &ghosts).await;
 
     let report = Relay::new(store.clone(), sink, relay_config(40))
         .run(std::future::pending())
@@ -176,25 +174,12 @@ async fn a_cut_connection_keeps_events_pending_until_rabbitmq_is_reachable_again
         .collect();
     common::enqueue_committed(&store, &before).await;
 
-    let relay = Relay::new(
-        store.clone(),
+    // Three attempts, spent within two seconds if the outage below cost attempts.
+    let (counters, stop, run) = common::spawn_relay(
+        &store,
         sink.clone(),
-        RelayConfig {
-            stop_when_idle: false,
-            retry: RetryPolicy {
-                base: Duration::from_millis(200),
-                cap: Duration::from_millis(500),
-                // Spent within two seconds if the outage below cost attempts.
-                max_attempts: 3,
-            },
-            ..relay_config(10)
-        },
+        common::dead_after_three_quick_attempts(relay_config(10)),
     );
-    let counters = relay.counters();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = stopped.await;
-    }));
     let wait_delivered = |n: u64| {
         let store = store.clone();
         async move {

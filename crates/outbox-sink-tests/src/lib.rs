@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use outbox_engine::{Relay, RelayConfig, RelayReport};
+use outbox_engine::{Relay, RelayConfig, RelayCounters, RelayReport};
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_testkit::numbered;
 use outbox_types::{
@@ -62,6 +62,28 @@ pub async fn enqueue_rolled_back(store: &PgStore, events: &[NewEvent]) {
     tx.rollback().await.unwrap();
 }
 
+/// Poll `fetch` every 50 ms until what it returns satisfies `done`, or fail after `limit`
+/// (the message names `what` and shows the last value).
+async fn poll_until<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
+    limit: Duration,
+    what: &str,
+    mut fetch: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let value = fetch().await;
+        if done(&value) {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Poll `stats` until `done` holds, or fail after `limit`.
 pub async fn wait_for_stats(
     store: &PgStore,
@@ -69,18 +91,7 @@ pub async fn wait_for_stats(
     what: &str,
     done: impl Fn(&OutboxStats) -> bool,
 ) -> OutboxStats {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let stats = store.stats().await.unwrap();
-        if done(&stats) {
-            return stats;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll_until(limit, what, || async { store.stats().await.unwrap() }, done).await
 }
 
 /// Poll the record of `id` until `done` holds, or fail after `limit`.
@@ -91,18 +102,8 @@ pub async fn wait_for_record(
     what: &str,
     done: impl Fn(&EventRecord) -> bool,
 ) -> EventRecord {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let record = store.get(id).await.unwrap().expect("event exists");
-        if done(&record) {
-            return record;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {record:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let fetch = || async { store.get(id).await.unwrap().expect("event exists") };
+    poll_until(limit, what, fetch, done).await
 }
 
 /// The relay of a sink test that runs one against its broker: batches of 100, a fast poll,
@@ -147,6 +148,40 @@ pub fn numbered_batch(aggregates: u64, per_aggregate: u64) -> Vec<NewEvent> {
     events
 }
 
+/// `config` for an outage test: it does not stop when idle, and an event is dead after three
+/// attempts 200 to 500 ms apart, spent within two seconds if an outage cost attempts.
+pub fn dead_after_three_quick_attempts(config: RelayConfig) -> RelayConfig {
+    RelayConfig {
+        stop_when_idle: false,
+        retry: RetryPolicy {
+            base: Duration::from_millis(200),
+            cap: Duration::from_millis(500),
+            max_attempts: 3,
+        },
+        ..config
+    }
+}
+
+/// Start a relay of `sink` over `store` with `config` in a task of its own; its counters, the
+/// sender that stops it (sent or dropped) and its task, which ends with its report.
+pub fn spawn_relay<K: Sink + 'static>(
+    store: &Arc<PgStore>,
+    sink: Arc<K>,
+    config: RelayConfig,
+) -> (
+    Arc<RelayCounters>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<RelayReport>,
+) {
+    let relay = Relay::new(store.clone(), sink, config);
+    let counters = relay.counters();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    (counters, stop, run)
+}
+
 /// A relay a test started, with the events it was started on.
 pub struct RunningRelay {
     /// The events enqueued before it started.
@@ -175,8 +210,8 @@ pub async fn outage_costs_no_attempt<K: Sink>(
     let ids = enqueue_committed(store, &events).await;
     // Three attempts at most 300 ms apart: an outage of seconds would dead-letter everything if
     // it cost attempts.
-    let relay = Relay::new(
-        store.clone(),
+    let (_, stop, run) = spawn_relay(
+        store,
         Arc::new(sink),
         RelayConfig {
             retry: RetryPolicy {
@@ -186,10 +221,6 @@ pub async fn outage_costs_no_attempt<K: Sink>(
             ..relay_config(relay_id, false)
         },
     );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = stopped.await;
-    }));
 
     wait_for_record(
         store,
@@ -296,6 +327,26 @@ pub async fn cut_while_running(store: &PgStore, proxy: &outbox_testkit::TcpProxy
     later_ids
 }
 
+/// The whole outage story of a sink whose destination sits behind the cut `proxy`: an outage
+/// at start-up costs no attempt ([`outage_costs_no_attempt`]), the 30 events go out once `proxy`
+/// is restored, then the connection is lost while the relay runs ([`cut_while_running`]) and
+/// all 50 go out after the reconnect; the relay stops with no dead event. Returns its report
+/// and the ids of the 50 events, in enqueue order.
+pub async fn outage_then_cut_while_running<K: Sink>(
+    store: &Arc<PgStore>,
+    sink: K,
+    proxy: &outbox_testkit::TcpProxy,
+    relay_id: &str,
+    unreachable: &str,
+) -> (RelayReport, Vec<EventId>) {
+    let RunningRelay { ids, stop, run } =
+        outage_costs_no_attempt(store, sink, relay_id, unreachable).await;
+    restore_until_delivered(store, proxy, 30, "delivery after the outage").await;
+    let later_ids = cut_while_running(store, proxy).await;
+    let report = stop_with_no_dead(stop, run).await;
+    (report, ids.into_iter().chain(later_ids).collect())
+}
+
 /// Stop a running relay; its report, which counts no dead event.
 pub async fn stop_with_no_dead(
     stop: tokio::sync::oneshot::Sender<()>,
@@ -330,6 +381,15 @@ pub async fn enqueue_with_ghosts(
     (committed, committed_ids)
 }
 
+/// Enqueue the first half of `committed` in a transaction that commits, then `ghosts` in one
+/// that rolls back, then the second half of `committed`: the rolled-back events sit between
+/// committed ones, and none of them may ever be published.
+pub async fn enqueue_ghosts_between(store: &PgStore, committed: &[NewEvent], ghosts: &[NewEvent]) {
+    enqueue_committed(store, &committed[..committed.len() / 2]).await;
+    enqueue_rolled_back(store, ghosts).await;
+    enqueue_committed(store, &committed[committed.len() / 2..]).await;
+}
+
 /// A claimed `OrderCreated` event of `aggregate_type` `aggregate_id` carrying `payload` (as is,
 /// even when it is not JSON) and a W3C trace parent: what a sink test hands a sink directly.
 pub fn claimed_event(aggregate_type: &str, aggregate_id: &str, payload: &str) -> Event {
@@ -345,6 +405,19 @@ pub fn claimed_event(aggregate_type: &str, aggregate_id: &str, payload: &str) ->
         payload: payload.into(),
         ..event
     }
+}
+
+/// Run a relay of `sink` over `store` with `config` (whose `stop_when_idle` is set) until it is
+/// idle, failing the test if that takes longer than a minute; its report.
+pub async fn run_to_idle<K: Sink + 'static>(
+    store: &Arc<PgStore>,
+    sink: K,
+    config: RelayConfig,
+) -> RelayReport {
+    let relay = Relay::new(store.clone(), Arc::new(sink), config);
+    tokio::time::timeout(Duration::from_secs(60), relay.run(std::future::pending()))
+        .await
+        .expect("relay drained")
 }
 
 /// After a relay ran to idle on `committed`: its report and the outbox count every one of them

@@ -477,37 +477,35 @@ mod tests {
             "https://u:p@hooks.example.com/o/${aggregate_id}?k=1",
             &["partner.example"],
         );
-        assert_eq!(
-            resolved(&t, None).unwrap(),
-            "https://u:p@hooks.example.com/o/42?k=1"
-        );
-        assert_eq!(
-            resolved(&t, Some("")).unwrap(),
-            "https://u:p@hooks.example.com/o/42?k=1"
-        );
-        // A path replaces path and query, under the template's origin and user info.
-        assert_eq!(
-            resolved(&t, Some("/audit?x=1")).unwrap(),
-            "https://u:p@hooks.example.com/audit?x=1"
-        );
-        // `//host` and `/\host` are paths here, never a new host.
-        assert_eq!(
-            resolved(&t, Some("//evil.example/x")).unwrap(),
-            "https://u:p@hooks.example.com//evil.example/x"
-        );
-        assert_eq!(
-            resolved(&t, Some("/\\evil.example/x")).unwrap(),
-            "https://u:p@hooks.example.com//evil.example/x"
-        );
-        // The configured origin spelled out: the template's user info is kept.
-        assert_eq!(
-            resolved(&t, Some("https://HOOKS.example.com:443/z")).unwrap(),
-            "https://u:p@hooks.example.com/z"
-        );
-        assert_eq!(
-            resolved(&t, Some("http://partner.example/in")).unwrap(),
-            "http://partner.example/in"
-        );
+        for (destination, url) in [
+            (None, "https://u:p@hooks.example.com/o/42?k=1"),
+            (Some(""), "https://u:p@hooks.example.com/o/42?k=1"),
+            // A path replaces path and query, under the template's origin and user info.
+            (
+                Some("/audit?x=1"),
+                "https://u:p@hooks.example.com/audit?x=1",
+            ),
+            // `//host` and `/\host` are paths here, never a new host.
+            (
+                Some("//evil.example/x"),
+                "https://u:p@hooks.example.com//evil.example/x",
+            ),
+            (
+                Some("/\\evil.example/x"),
+                "https://u:p@hooks.example.com//evil.example/x",
+            ),
+            // The configured origin spelled out: the template's user info is kept.
+            (
+                Some("https://HOOKS.example.com:443/z"),
+                "https://u:p@hooks.example.com/z",
+            ),
+            (
+                Some("http://partner.example/in"),
+                "http://partner.example/in",
+            ),
+        ] {
+            assert_eq!(resolved(&t, destination).unwrap(), url, "{destination:?}");
+        }
         for foreign in [
             "https://evil.example/x",
             "http://hooks.example.com/x", // another scheme is another origin

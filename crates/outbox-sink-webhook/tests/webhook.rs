@@ -4,11 +4,13 @@
 //! dead with the response body in `last_error`, 200 is delivered; an unreachable receiver keeps
 //! the events pending until it is back.
 
-use outbox_sink_tests as common;
+mod common;
+
+use common::config;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -16,8 +18,8 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use outbox_engine::{Relay, RelayConfig};
-use outbox_sink_webhook::{WebhookSink, WebhookSinkConfig, verify_signature};
+use outbox_engine::RelayConfig;
+use outbox_sink_webhook::WebhookSink;
 use outbox_testkit::{TcpProxy, numbered};
 use outbox_types::{EventState, Outcome, RetryPolicy, Sink, Store};
 
@@ -97,23 +99,12 @@ async fn start(script: Box<Script>) -> (Arc<Receiver>, std::net::SocketAddr) {
     (receiver, addr)
 }
 
-fn config(json: serde_json::Value) -> WebhookSinkConfig {
-    serde_json::from_value(json).unwrap()
-}
-
 fn relay_config(stop_when_idle: bool) -> RelayConfig {
     common::relay_config("webhook-test", stop_when_idle)
 }
 
 fn header(r: &Recorded, name: &str) -> Option<String> {
     r.headers.get(name).map(|v| v.to_str().unwrap().to_owned())
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,15 +130,8 @@ async fn relay_posts_exactly_the_committed_events_signed_with_headers_and_order(
         "concurrency": 4,
     })))
     .unwrap();
-    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(true));
-    let report = tokio::time::timeout(Duration::from_secs(60), relay.run(std::future::pending()))
-        .await
-        .expect("relay drained");
-    assert_eq!(report.delivered, committed.len() as u64, "{report:?}");
-    assert_eq!(report.dead + report.retried, 0, "{report:?}");
-    let stats = store.stats().await.unwrap();
-    assert_eq!(stats.delivered, committed.len() as u64, "{stats:?}");
-    assert_eq!(stats.pending + stats.in_flight + stats.dead, 0, "{stats:?}");
+    let report = common::run_to_idle(&store, sink, relay_config(true)).await;
+    common::assert_all_delivered(&store, &report, &committed).await;
 
     let requests = receiver.requests();
     assert_eq!(
@@ -194,14 +178,7 @@ async fn relay_posts_exactly_the_committed_events_signed_with_headers_and_order(
         );
         assert_ne!(header(r, "host").as_deref(), Some("evil.example"));
         let signature = header(r, "X-Outbox-Signature").expect("signed");
-        verify_signature(
-            SECRET.as_bytes(),
-            &signature,
-            &r.body,
-            unix_now(),
-            Duration::from_secs(300),
-        )
-        .unwrap();
+        common::assert_signed_now(SECRET, &signature, &r.body);
         if aggregate == "special" {
             assert_eq!(r.path, "audit/special", "own destination wins");
             assert_eq!(header(r, "Idempotency-Key").as_deref(), Some("special-0"));
@@ -270,11 +247,7 @@ async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered_429_co
         "url": format!("http://{addr}/hooks/${{aggregate_id}}"),
     })))
     .unwrap();
-    let relay = Relay::new(store.clone(), Arc::new(sink), relay_config(false));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = stopped.await;
-    }));
+    let (_, stop, run) = common::spawn_relay(&store, Arc::new(sink), relay_config(false));
     common::wait_for_stats(&store, Duration::from_secs(30), "all settled", |s| {
         s.delivered == 4 && s.dead == 1
     })
@@ -375,8 +348,8 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
     .unwrap();
     // Three attempts with at most 300 ms between them: an outage of a few seconds would have
     // dead-lettered everything if it cost attempts.
-    let relay = Relay::new(
-        store.clone(),
+    let (counters, stop, run) = common::spawn_relay(
+        &store,
         Arc::new(sink),
         RelayConfig {
             retry: RetryPolicy {
@@ -386,11 +359,6 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
             ..relay_config(false)
         },
     );
-    let counters = relay.counters();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = stopped.await;
-    }));
 
     let record = common::wait_for_record(
         &store,

@@ -29,13 +29,20 @@ pub fn ensure_crypto_provider() {
     }
 }
 
+/// [`ensure_crypto_provider`], then build a client configuration (no roots, no client
+/// certificate): it panics where rustls cannot pick a provider, the failure every handshake
+/// would meet. A sink's unit test calls it, so each sink's own feature set is checked.
+pub fn check_client_config_builds() {
+    ensure_crypto_provider();
+    let _ = rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn a_client_configuration_builds_after_it() {
-        super::ensure_crypto_provider();
-        let _ = rustls::ClientConfig::builder()
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
+        super::check_client_config_builds();
     }
 }

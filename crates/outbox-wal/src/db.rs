@@ -58,54 +58,29 @@ where
     Ok((updated, already))
 }
 
-/// Mark table rows delivered; returns `(marked, already delivered or dead)`.
-pub(crate) async fn mark_delivered(
+/// Settle delivered table rows: mark them delivered, or delete them with `delete_on_ack`
+/// (nothing delivered is kept: `retention.delivered = "0s"`). Returns `(marked or deleted,
+/// already delivered, dead or gone)`: the statement runs through [`update_visible`], binding
+/// `seqs` as `$1`.
+pub(crate) async fn settle_delivered(
     pool: &PgPool,
     cfg: &WalConfig,
     seqs: &[i64],
 ) -> Result<(u64, u64), WalError> {
-    settle_open_rows(
-        pool,
-        cfg,
-        seqs,
+    let sql = if cfg.delete_on_ack {
+        format!(
+            "DELETE FROM {} WHERE seq = ANY($1) AND status IN ('pending', 'in_flight') RETURNING seq",
+            outbox_table(cfg)
+        )
+    } else {
         format!(
             "UPDATE {} SET status = 'delivered', delivered_at = now(),
                  lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
              WHERE seq = ANY($1) AND status IN ('pending', 'in_flight')
              RETURNING seq",
             outbox_table(cfg)
-        ),
-    )
-    .await
-}
-
-/// Delete delivered table rows (nothing delivered is kept: `retention.delivered = "0s"`);
-/// returns `(deleted, already gone or settled)`.
-pub(crate) async fn delete_delivered(
-    pool: &PgPool,
-    cfg: &WalConfig,
-    seqs: &[i64],
-) -> Result<(u64, u64), WalError> {
-    settle_open_rows(
-        pool,
-        cfg,
-        seqs,
-        format!(
-            "DELETE FROM {} WHERE seq = ANY($1) AND status IN ('pending', 'in_flight') RETURNING seq",
-            outbox_table(cfg)
-        ),
-    )
-    .await
-}
-
-/// Run `sql` (binding `seqs` as `$1`, returning the seqs it touched) through
-/// [`update_visible`].
-async fn settle_open_rows(
-    pool: &PgPool,
-    cfg: &WalConfig,
-    seqs: &[i64],
-    sql: String,
-) -> Result<(u64, u64), WalError> {
+        )
+    };
     update_visible(pool, cfg, seqs, |seqs| {
         let sql = sql.clone();
         async move {

@@ -359,6 +359,7 @@ use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_types::Sink;
 use outbox_types::route::RouteTable;
 use serde::Serialize;
+use sqlx::PgPool;
 
 pub use config::{Source, WalConfig};
 pub use conn::{ReplicationConnection, SslMode};
@@ -458,15 +459,28 @@ impl WalRelay {
     }
 }
 
+/// Check `config`, open a pool of at most `connections` to its database, run `f` on it and
+/// close the pool, whatever `f` returned: the one-shot calls below hold no connection after.
+async fn with_pool<T>(
+    config: &WalConfig,
+    connections: u32,
+    f: impl AsyncFnOnce(&PgPool) -> Result<T, WalError>,
+) -> Result<T, WalError> {
+    config.validate()?;
+    let target = Target::parse(&config.database_url)?;
+    let pool = target.pool(&config.database_url, connections).await?;
+    let result = f(&pool).await;
+    pool.close().await;
+    result
+}
+
 /// The slot's figures now: lag bytes, retained WAL, confirmed position, whether a session
 /// streams. One query; safe to call while a relay runs.
 pub async fn wal_status(config: &WalConfig) -> Result<WalStatus, WalError> {
-    config.validate()?;
-    let target = Target::parse(&config.database_url)?;
-    let pool = target.pool(&config.database_url, 1).await?;
-    let status = slot::read_status(&pool, config).await;
-    pool.close().await;
-    status
+    with_pool(config, 1, async |pool| {
+        slot::read_status(pool, config).await
+    })
+    .await
 }
 
 /// Like [`wal_status`], sampled twice `over` apart to add the decode rate (bytes and
@@ -522,12 +536,10 @@ pub async fn prepare(config: &WalConfig) -> Result<Lsn, WalError> {
 /// # Ok(()) }
 /// ```
 pub async fn message_source_access(config: &WalConfig) -> Result<MessageSourceAccess, WalError> {
-    config.validate()?;
-    let target = Target::parse(&config.database_url)?;
-    let pool = target.pool(&config.database_url, 1).await?;
-    let access = slot::message_source_access(&pool, config).await;
-    pool.close().await;
-    access
+    with_pool(config, 1, async |pool| {
+        slot::message_source_access(pool, config).await
+    })
+    .await
 }
 
 /// Open a replication connection the way the relay does (same URL, same TLS settings; see the
@@ -555,12 +567,10 @@ pub async fn check_replication_connection(
 /// Drop the slot and its record (leaving WAL mode). Fails while a session streams from it.
 /// Returns whether a slot was dropped.
 pub async fn drop_slot(config: &WalConfig) -> Result<bool, WalError> {
-    config.validate()?;
-    let target = Target::parse(&config.database_url)?;
-    let pool = target.pool(&config.database_url, 2).await?;
-    let dropped = slot::drop_slot_and_marker(&pool, config).await;
-    pool.close().await;
-    dropped
+    with_pool(config, 2, async |pool| {
+        slot::drop_slot_and_marker(pool, config).await
+    })
+    .await
 }
 
 /// [`drop_slot`], retried for up to `wait` while it fails: a relay that has just stopped (or been

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use outbox_postgresql::PgStore;
 use outbox_types::{
-    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Lease, PausedDestination, RetryEvent, Source,
-    Store, StoreError,
+    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, Lease, PausedDestination, RetryEvent,
+    Source, Store, StoreError,
 };
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
@@ -126,6 +126,95 @@ impl Shared {
     }
 }
 
+/// A retry or bury request of one event, for [`WalSource::settle_stream`].
+trait Settling: Clone {
+    fn seq(&self) -> i64;
+    /// The row a message this request settles is inserted as.
+    fn message_row(&self, event: Event) -> MessageRow;
+    /// Count `n` settled requests (retries are counted; buries are the relay's to count).
+    fn count(counters: &WalCounters, n: u64);
+    /// Where the table rows it settles wait for the writer task.
+    fn waiting(writes: &mut Writes) -> &mut Vec<(Self, Out)>;
+}
+
+impl Settling for RetryEvent {
+    fn seq(&self) -> i64 {
+        self.seq
+    }
+
+    fn message_row(&self, event: Event) -> MessageRow {
+        let attempts = event.attempts + u32::from(self.counts_attempt);
+        MessageRow::pending(event, attempts, Some(self.delay), Some(self.error.clone()))
+    }
+
+    fn count(counters: &WalCounters, n: u64) {
+        add(&counters.retried, n);
+    }
+
+    fn waiting(writes: &mut Writes) -> &mut Vec<(Self, Out)> {
+        &mut writes.retries
+    }
+}
+
+impl Settling for BuryEvent {
+    fn seq(&self) -> i64 {
+        self.seq
+    }
+
+    fn message_row(&self, mut event: Event) -> MessageRow {
+        event.attempts += 1;
+        MessageRow::dead(event, self.error.clone())
+    }
+
+    fn count(_: &WalCounters, _: u64) {}
+
+    fn waiting(writes: &mut Writes) -> &mut Vec<(Self, Out)> {
+        &mut writes.buried
+    }
+}
+
+/// What [`settle_rows`] hands the writer task: table rows with their requests, and messages to
+/// insert as rows.
+type Settled<E> = (Vec<(E, Out)>, Vec<(MessageRow, Out)>);
+
+/// Settle `seqs` of stream lease `token` for a retry or a bury: each settled event with a
+/// request in `events` becomes a table row to write (a table event) or a message to insert as
+/// a row. With `own`, the table owns their aggregates from now on (a retry always; a bury when
+/// dead events block).
+fn settle_rows<E: Settling>(
+    state: &mut State,
+    token: &Uuid,
+    seqs: &[i64],
+    events: &[E],
+    own: bool,
+) -> Settled<E> {
+    let settled = state.settle_out(token, seqs.iter().copied());
+    let mut rows = Vec::new();
+    let mut messages = Vec::new();
+    for (seq, out) in settled {
+        let Some(request) = events.iter().find(|e| e.seq() == seq).cloned() else {
+            continue;
+        };
+        match out.origin {
+            Origin::Table => {
+                if own {
+                    state.own(out.aggregate.clone(), seq);
+                }
+                rows.push((request, out));
+            }
+            Origin::Message => {
+                if own {
+                    state.own_message(out.aggregate.clone());
+                }
+                if let Some(event) = out.event.clone() {
+                    messages.push((request.message_row(event), out));
+                }
+            }
+        }
+    }
+    (rows, messages)
+}
+
 /// Writes waiting for the writer task.
 #[derive(Default)]
 struct Writes {
@@ -144,8 +233,12 @@ struct Writes {
 
 impl Writes {
     fn is_empty(&self) -> bool {
-        self.delivered.is_empty()
-            && self.retries.is_empty()
+        self.delivered.is_empty() && self.only_delivered()
+    }
+
+    /// Whether nothing but delivered rows waits (or nothing at all).
+    fn only_delivered(&self) -> bool {
+        self.retries.is_empty()
             && self.buried.is_empty()
             && self.messages.is_empty()
             && self.dead_items.is_empty()
@@ -153,11 +246,7 @@ impl Writes {
 
     /// When the writer task writes what waits (see [`WRITE_DELAY`]).
     fn due(&self) -> Option<Instant> {
-        let only_delivered = self.retries.is_empty()
-            && self.buried.is_empty()
-            && self.messages.is_empty()
-            && self.dead_items.is_empty();
-        let delay = if only_delivered {
+        let delay = if self.only_delivered() {
             DELIVERED_WRITE_DELAY
         } else {
             WRITE_DELAY
@@ -637,45 +726,7 @@ impl Source for WalSource {
             self.after_table_write(lease, &seqs, false);
             return Ok(n);
         }
-        let mut state = inner.shared.state();
-        let settled = state.settle_out(&lease.token, seqs.iter().copied());
-        let mut rows = Vec::new();
-        let mut messages = Vec::new();
-        for (seq, out) in settled {
-            let Some(retry) = events.iter().find(|e| e.seq == seq).cloned() else {
-                continue;
-            };
-            match out.origin {
-                Origin::Table => {
-                    state.own(out.aggregate.clone(), seq);
-                    rows.push((retry, out));
-                }
-                Origin::Message => {
-                    state.own_message(out.aggregate.clone());
-                    if let Some(event) = out.event.clone() {
-                        let attempts = event.attempts + u32::from(retry.counts_attempt);
-                        messages.push((
-                            MessageRow::pending(
-                                event,
-                                attempts,
-                                Some(retry.delay),
-                                Some(retry.error.clone()),
-                            ),
-                            out,
-                        ));
-                    }
-                }
-            }
-        }
-        drop(state);
-        let n = (rows.len() + messages.len()) as u64;
-        add(&inner.shared.counters.retried, n);
-        inner.queue(|w| {
-            w.retries.extend(rows);
-            w.messages.extend(messages);
-        });
-        inner.write_signal.notify_one();
-        Ok(n)
+        Ok(self.settle_stream(lease, &seqs, events, true))
     }
 
     async fn bury(&self, lease: &Lease, events: &[BuryEvent]) -> Result<u64, StoreError> {
@@ -687,40 +738,7 @@ impl Source for WalSource {
             self.after_table_write(lease, &seqs, !block);
             return Ok(n);
         }
-        let mut state = inner.shared.state();
-        let settled = state.settle_out(&lease.token, seqs.iter().copied());
-        let mut rows = Vec::new();
-        let mut messages = Vec::new();
-        for (seq, out) in settled {
-            let Some(bury) = events.iter().find(|e| e.seq == seq).cloned() else {
-                continue;
-            };
-            match out.origin {
-                Origin::Table => {
-                    if block {
-                        state.own(out.aggregate.clone(), seq);
-                    }
-                    rows.push((bury, out));
-                }
-                Origin::Message => {
-                    if block {
-                        state.own_message(out.aggregate.clone());
-                    }
-                    if let Some(mut event) = out.event.clone() {
-                        event.attempts += 1;
-                        messages.push((MessageRow::dead(event, bury.error.clone()), out));
-                    }
-                }
-            }
-        }
-        drop(state);
-        let n = (rows.len() + messages.len()) as u64;
-        inner.queue(|w| {
-            w.buried.extend(rows);
-            w.messages.extend(messages);
-        });
-        inner.write_signal.notify_one();
-        Ok(n)
+        Ok(self.settle_stream(lease, &seqs, events, block))
     }
 
     async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
@@ -825,6 +843,28 @@ impl WalSource {
             }
         }
         state.end_table_lease(&lease.token, seqs);
+    }
+
+    /// A retry or bury of stream lease `lease`: [`settle_rows`] (with `own`, see there), then
+    /// the rows and messages queued for the writer task, woken. Returns how many were settled.
+    fn settle_stream<E: Settling>(
+        &self,
+        lease: &Lease,
+        seqs: &[i64],
+        events: &[E],
+        own: bool,
+    ) -> u64 {
+        let inner = &self.inner;
+        let (rows, messages) =
+            settle_rows(&mut inner.shared.state(), &lease.token, seqs, events, own);
+        let n = (rows.len() + messages.len()) as u64;
+        E::count(&inner.shared.counters, n);
+        inner.queue(|w| {
+            E::waiting(w).extend(rows);
+            w.messages.extend(messages);
+        });
+        inner.write_signal.notify_one();
+        n
     }
 }
 
@@ -946,11 +986,7 @@ async fn write(inner: &Inner, batch: &Writes) -> Result<Vec<Option<i64>>, WalErr
     let pool = &inner.pool;
     if !batch.delivered.is_empty() {
         let seqs: Vec<i64> = batch.delivered.iter().map(|(s, _)| *s).collect();
-        let (marked, already) = if cfg.delete_on_ack {
-            db::delete_delivered(pool, cfg, &seqs).await?
-        } else {
-            db::mark_delivered(pool, cfg, &seqs).await?
-        };
+        let (marked, already) = db::settle_delivered(pool, cfg, &seqs).await?;
         add(&inner.shared.counters.marked_delivered, marked);
         add(&inner.shared.counters.already_delivered, already);
     }

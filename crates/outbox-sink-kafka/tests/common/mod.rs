@@ -138,6 +138,22 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     }
 }
 
+/// The one record of the one-partition `topic` of [`BROKERS`] (waiting up to 20 s for it and
+/// 300 ms more for any other): the test fails unless there is exactly one.
+pub async fn consume_only_record(topic: &str) -> OwnedMessage {
+    let mut messages = consume(
+        BROKERS,
+        topic,
+        1,
+        1,
+        Duration::from_secs(20),
+        Duration::from_millis(300),
+    )
+    .await;
+    assert_eq!(messages.len(), 1);
+    messages.remove(0)
+}
+
 /// Read every record of `topic` (every partition it has, at least `0..partitions`, from the
 /// beginning) until `expected`
 /// arrived and then `settle` passed without more, or `timeout` ran out.

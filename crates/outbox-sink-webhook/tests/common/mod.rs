@@ -1,0 +1,36 @@
+//! Shared by the webhook sink's integration tests: the sink test kit (re-exported), a sink
+//! configuration from JSON, and the check every test makes of a signed request.
+
+#![allow(dead_code)]
+
+pub use outbox_sink_tests::*;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use outbox_sink_webhook::{WebhookSinkConfig, verify_signature};
+
+/// A sink configuration from the JSON a test writes (the TOML table's fields).
+pub fn config(json: serde_json::Value) -> WebhookSinkConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+/// Seconds since the Unix epoch, as a signature's timestamp counts them.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `signature` (the `X-Outbox-Signature` header) verifies for `body` with `secret`, now, with
+/// the five minutes' tolerance a receiver would allow.
+pub fn assert_signed_now(secret: &str, signature: &str, body: &[u8]) {
+    verify_signature(
+        secret.as_bytes(),
+        signature,
+        body,
+        unix_now(),
+        Duration::from_secs(300),
+    )
+    .unwrap();
+}

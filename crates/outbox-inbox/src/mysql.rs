@@ -275,14 +275,6 @@ impl sql::Dialect for MySqlInbox {
         u64::try_from(older_than.as_micros()).unwrap_or(u64::MAX)
     }
 
-    fn batch(batch: u32) -> u64 {
-        u64::from(batch)
-    }
-
-    fn limit(limit: u32) -> u32 {
-        limit
-    }
-
     fn attempts(attempts: u32) -> u32 {
         attempts
     }

@@ -261,14 +261,6 @@ impl sql::Dialect for PgInbox {
         i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX)
     }
 
-    fn batch(batch: u32) -> i64 {
-        i64::from(batch)
-    }
-
-    fn limit(limit: u32) -> i64 {
-        i64::from(limit)
-    }
-
     fn attempts(attempts: u32) -> i32 {
         i32::try_from(attempts).unwrap_or(i32::MAX)
     }

@@ -566,15 +566,19 @@ pub(crate) trait Dialect {
     /// or (SQLite) the cut-off itself, by the host's clock, taken now.
     fn age(older_than: Duration) -> Self::Age;
 
-    /// A purge batch as bound.
-    type Batch;
+    /// A purge batch as bound (every database's type holds any `u32`).
+    type Batch: From<u32>;
     /// `batch` as bound.
-    fn batch(batch: u32) -> Self::Batch;
+    fn batch(batch: u32) -> Self::Batch {
+        Self::Batch::from(batch)
+    }
 
-    /// A `parked` limit as bound.
-    type Limit;
+    /// A `parked` limit as bound (every database's type holds any `u32`).
+    type Limit: From<u32>;
     /// `limit` as bound.
-    fn limit(limit: u32) -> Self::Limit;
+    fn limit(limit: u32) -> Self::Limit {
+        Self::Limit::from(limit)
+    }
 
     /// A parked message's attempts as bound.
     type Attempts;

@@ -224,14 +224,6 @@ impl sql::Dialect for SqliteInbox {
         now_micros().saturating_sub(micros)
     }
 
-    fn batch(batch: u32) -> i64 {
-        i64::from(batch)
-    }
-
-    fn limit(limit: u32) -> i64 {
-        i64::from(limit)
-    }
-
     fn attempts(attempts: u32) -> i32 {
         i32::try_from(attempts).unwrap_or(i32::MAX)
     }

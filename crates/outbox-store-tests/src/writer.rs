@@ -359,7 +359,11 @@ pub async fn the_library_refuses_a_reserved_header_before_the_database_does<W: W
     assert!(err.to_string().contains("`outbox-event-id`"), "{err}");
     let good = NewEvent::new("order", "1", "OrderPlaced", &1).unwrap();
     let err = w
-        .enqueue_batch(&store, Through::Conn(&mut *tx), &[good.clone(), bad])
+        .enqueue_batch(
+            &store,
+            Through::Conn(&mut *tx),
+            &[good.clone(), bad.clone()],
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Encode(_)), "{err}");
@@ -370,5 +374,12 @@ pub async fn the_library_refuses_a_reserved_header_before_the_database_does<W: W
         .await
         .unwrap();
     w.commit(tx).await;
+    assert_eq!(store.stats().await.unwrap().pending, 1);
+    // Through the pool as well: refused before any statement, so nothing autocommits.
+    let err = w.enqueue(&store, Through::Pool, &bad).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Encode(EncodeError::ReservedHeader(name)) if name == "outbox-event-id"),
+        "{err}"
+    );
     assert_eq!(store.stats().await.unwrap().pending, 1);
 }

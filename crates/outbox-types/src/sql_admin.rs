@@ -28,9 +28,9 @@
 /// replays one page (called for a `limit` above 0: a replay of nothing runs nothing) and
 /// `schema_place(store)` says where the schema lives, as
 /// [`check_current`](crate::migration::check_current) names it. Optional:
-/// - `write_turn` (optional): an async function whose guard a write holds while it runs
+/// - `write_turn`: an async function whose guard a write holds while it runs
 ///   (SQLite's in-process write queue).
-/// - `now` (optional): the current time, for a store whose SQL has no clock of its own: bound
+/// - `now`: the current time, for a store whose SQL has no clock of its own: bound
 ///   to the leases read, and to `pause` between the destination and the `by`.
 ///
 /// The caller depends on `sqlx`.

@@ -210,14 +210,14 @@ const REFUSED: &[Case] = &[
     ),
 ];
 
-/// Start `outbox relay --drain` with `body` against a migrated, empty outbox; describe what
-/// went wrong if it did not exit 2 naming `needle`.
 /// The failure line for `what` unless the run exited 2 with `needle` in its stderr.
 fn unless_refused(code: Option<i32>, stderr: &str, needle: &str, what: &str) -> Option<String> {
     (code != Some(2) || !stderr.contains(needle))
         .then(|| format!("{what}: exit {code:?}; stderr: {}", stderr.trim()))
 }
 
+/// Start `outbox relay --drain` with `body` against a migrated, empty outbox; describe what
+/// went wrong if it did not exit 2 naming `needle`.
 async fn refused_by_the_relay(
     schema: &str,
     body: &str,

@@ -59,9 +59,9 @@ where
 }
 
 /// Settle delivered table rows: mark them delivered, or delete them with `delete_on_ack`
-/// (nothing delivered is kept: `retention.delivered = "0s"`). Returns `(marked or deleted,
-/// already delivered, dead or gone)`: the statement runs through [`update_visible`], binding
-/// `seqs` as `$1`.
+/// (nothing delivered is kept: `retention.delivered = "0s"`). The statement runs through
+/// [`update_visible`], binding `seqs` as `$1`; returns its `(marked or deleted, found already
+/// delivered or dead)`.
 pub(crate) async fn settle_delivered(
     pool: &PgPool,
     cfg: &WalConfig,

@@ -58,6 +58,17 @@ struct Cli {
         default_value_t = LogFormat::Human
     )]
     log_format: LogFormat,
+    /// Threads that run the relay's tasks. `1` runs everything on the main thread, which on a
+    /// small host costs the least CPU per event: a WAL relay at 2,000 events/s measured 40 µs
+    /// per event on one thread against 64-67 µs on two (cross-thread wake-ups), and drained
+    /// faster. Default: one per core.
+    #[arg(
+        long,
+        global = true,
+        env = "OUTBOX_WORKER_THREADS",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    worker_threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -534,10 +545,16 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse_from(&args);
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = match cli.worker_threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(threads) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(usize::from(threads));
+            builder
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -130,17 +130,41 @@ fn migrate_and_status_on_postgres() {
 
 #[test]
 fn demo_delivers_exactly_the_committed_events() {
+    demo_delivers_exactly_the_committed_events_with(&[]);
+}
+
+/// The same run with every task on the main thread (`--worker-threads 1`, a current-thread
+/// runtime) and on three worker threads; 0 threads is refused as a usage error.
+#[test]
+fn demo_delivers_exactly_the_committed_events_on_one_thread_or_three() {
+    demo_delivers_exactly_the_committed_events_with(&["--worker-threads", "1"]);
+    demo_delivers_exactly_the_committed_events_with(&["--worker-threads", "3"]);
+    let o = Command::new(BIN)
+        .args(["status", "--database-url", "sqlite::memory:"])
+        .env("OUTBOX_WORKER_THREADS", "0")
+        .output()
+        .unwrap();
+    exits_2_saying(&o, "worker-threads");
+}
+
+fn demo_delivers_exactly_the_committed_events_with(threads: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let o = outbox(&[
-        "demo",
-        "--quiet",
-        "--orders",
-        "300",
-        "--rate",
-        "0",
-        "--dir",
-        dir.path().to_str().unwrap(),
-    ]);
+    let o = outbox(
+        &[
+            threads,
+            &[
+                "demo",
+                "--quiet",
+                "--orders",
+                "300",
+                "--rate",
+                "0",
+                "--dir",
+                dir.path().to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
     assert!(out.contains("orders created            300"), "{out}");

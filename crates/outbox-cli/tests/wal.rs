@@ -117,10 +117,14 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
         );
     }
 
+    // This streaming relay runs every task on its main thread (`--worker-threads 1`, as
+    // `OUTBOX_WORKER_THREADS`); the takeover test below and `outbox-verify --mode wal` run the
+    // default of one worker per core.
     let relay = Killed(
         Command::new(BIN)
             .args(["relay", "--config", &config])
             .env("OUTBOX_LOG", "warn")
+            .env("OUTBOX_WORKER_THREADS", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

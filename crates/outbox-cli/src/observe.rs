@@ -137,6 +137,10 @@ impl Readiness {
     }
 }
 
+/// How often the recorder's queued histogram samples are folded into its buckets when no scrape
+/// did it (the exporter's own default for its upkeep task).
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
 /// Install the Prometheus recorder, start refreshing backlog gauges every `refresh`, and serve
 /// the endpoints on `listen`. Returns the bound address.
 pub async fn serve(
@@ -155,6 +159,18 @@ pub async fn serve(
         .install_recorder()
         .map_err(|e| ConfigError(format!("metrics: {e}")))?;
     describe();
+    // Histogram samples queue in the recorder until something drains them: a scrape does, and
+    // so must this upkeep, or a relay nobody scrapes grows by every sample it records (several
+    // per delivered event) for as long as it runs.
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(METRICS_UPKEEP);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on `metrics.listen` {listen}: {e}")))?;

@@ -174,6 +174,25 @@ async fn child(args: &[String]) -> Res<()> {
             (Arc::new(sink), rx)
         }
     };
+    // WAL_BENCH_METRICS=1: the Prometheus recorder `outbox relay` installs with `metrics.listen`
+    // (no listener; its upkeep every 5 s as the relay runs it), so the metrics' cost is counted;
+    // `no-upkeep`: the same recorder never drained, as nobody scraping it and no upkeep leave it.
+    let metrics = std::env::var("WAL_BENCH_METRICS").unwrap_or_default();
+    if metrics == "1" || metrics == "no-upkeep" {
+        let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .set_buckets(&[
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ])?
+            .install_recorder()?;
+        if metrics == "1" {
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                    handle.run_upkeep();
+                }
+            });
+        }
+    }
     // The engine's settings, the same in both modes: batches of 1000, and WAL_BENCH_IN_FLIGHT
     // batches in flight (default 4).
     let relay = WalRelay::new(cfg, sink).with_relay(outbox_engine::RelayConfig {

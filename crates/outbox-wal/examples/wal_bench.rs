@@ -181,7 +181,8 @@ async fn child(args: &[String]) -> Res<()> {
     if metrics == "1" || metrics == "no-upkeep" {
         let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
             .set_buckets(&[
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
             ])?
             .install_recorder()?;
         if metrics == "1" {

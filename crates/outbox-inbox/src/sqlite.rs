@@ -20,11 +20,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_types::EventId;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool};
+use sqlx::{Row, Sqlite, SqlitePool};
 
-use crate::names::{check_handler, check_identifier};
-use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
-use crate::{DEFAULT_TABLE, Error, InboxClaim, Migration, MigrationReport};
+use crate::sql::{self, InboxRow};
+use crate::{DEFAULT_TABLE, Error, Migration, MigrationReport};
 
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
@@ -104,10 +103,9 @@ impl SqliteInbox {
     /// assert!(SqliteInbox::with_table("inbox; drop table x").is_err());
     /// ```
     pub fn with_table(table: &str) -> Result<Self, Error> {
-        check_identifier("table", table)?;
         let quote = |name: &str| format!("\"{name}\"");
         Ok(SqliteInbox {
-            inner: Arc::new(sql::Names::new(table, quote, &SQL)),
+            inner: sql::Names::checked(table, quote, &SQL)?,
         })
     }
 
@@ -139,7 +137,7 @@ impl SqliteInbox {
     pub async fn migrate(&self, pool: &SqlitePool) -> Result<MigrationReport, Error> {
         let n = &self.inner;
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
+        let create_table = format!(
             "CREATE TABLE IF NOT EXISTS {m} (
                  version     INTEGER PRIMARY KEY,
                  description TEXT    NOT NULL,
@@ -147,53 +145,17 @@ impl SqliteInbox {
                  applied_at  INTEGER NOT NULL
              ) STRICT;",
             m = n.migrations
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let report = self.apply_migrations(&mut tx).await?;
+        );
+        let report = self.apply_migrations(&mut tx, create_table).await?;
         tx.commit().await?;
         Ok(report)
-    }
-
-    /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
-    /// will also run the effect. [`InboxClaim::Fresh`]: run the effect and commit.
-    /// [`InboxClaim::Duplicate`]: the handler already processed this event; skip the effect. Call
-    /// it first in the transaction; a concurrent claim of the same key waits here until this
-    /// transaction ends.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{InboxClaim, sqlite::SqliteInbox};
-    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    /// if SqliteInbox::new().claim(&mut *tx, id, "billing").await? == InboxClaim::Fresh {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)").bind(id.to_string()).execute(&mut *tx).await?;
-    ///     tx.commit().await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn claim<'e, E: SqliteExecutor<'e>>(
-        &self,
-        executor: E,
-        event_id: EventId,
-        handler: &str,
-    ) -> Result<InboxClaim, Error> {
-        check_handler(handler)?;
-        let done = sqlx::query(AssertSqlSafe(self.inner.sql.claim.as_str()))
-            .bind(event_id.to_string())
-            .bind(handler)
-            .execute(executor)
-            .await?;
-        Ok(if done.rows_affected() == 1 {
-            InboxClaim::Fresh
-        } else {
-            InboxClaim::Duplicate
-        })
     }
 }
 
 sql::sql_inbox! {
     inbox: SqliteInbox,
     db: Sqlite,
+    name: "SQLite",
     module: "sqlite",
     pool: SqlitePool,
     executor: SqliteExecutor,
@@ -204,6 +166,15 @@ sql::sql_inbox! {
     ),
     clock: "host",
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
+    // The insert: one row changed = fresh.
+    claim: |query, executor| query.execute(executor).await?.rows_affected() == 1,
+    example: (
+        begin: "pool.begin_with(\"BEGIN IMMEDIATE\")",
+        insert: "INSERT INTO invoices (event_id) VALUES (?1)",
+        event_id: "to_string()"
+    ),
+    effect: SqliteEffect,
+    handler: SqliteHandler,
 }
 
 impl sql::Dialect for SqliteInbox {
@@ -242,27 +213,6 @@ impl InboxRow for SqliteRow {
             .and_then(DateTime::from_timestamp_micros))
     }
 }
-
-/// The effect a [`SqliteHandler`] runs inside the inbox transaction.
-pub trait SqliteEffect: SqlEffect<Sqlite> {}
-
-impl<F: SqlEffect<Sqlite>> SqliteEffect for F {}
-
-/// An [`InboxHandler`](crate::InboxHandler) over SQLite: claims, runs `effect`, commits; parks
-/// into `<table>_parked`. Give it to a broker adapter.
-///
-/// ```no_run
-/// use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
-/// # fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
-/// let handler = SqliteHandler::new(pool, SqliteInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)")
-///         .bind(delivery.event_id.to_string())
-///         .execute(&mut **tx).await?;
-///     Ok(())
-/// }))?;
-/// # Ok(()) }
-/// ```
-pub type SqliteHandler<F> = SqlHandler<SqliteInbox, F>;
 
 /// Microseconds since the Unix epoch, from the host clock.
 fn now_micros() -> i64 {

@@ -10,6 +10,10 @@
 
 #![allow(dead_code)]
 
+mod routine;
+
+pub use routine::*;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -204,7 +208,9 @@ fn spawn_apply<B: Backend>(fx: &Fixture<B>, id: EventId) -> JoinHandle<(Processe
 
 /// Expand to one test per property of the inbox contract for `$backend` (a type implementing
 /// [`Backend`]); `@tests $backend; names` for properties only some databases have
-/// (`a_version_1_inbox_is_upgraded_and_says_so_until_then`).
+/// (`a_version_1_inbox_is_upgraded_and_says_so_until_then`); `@as $backend; name = scenario`
+/// for a test named `name` running the scenario `scenario` (the database's own word for its
+/// claim routine in the name).
 macro_rules! conformance_tests {
     ($backend:ty) => {
         $crate::conformance::conformance_tests!(@tests $backend;
@@ -222,10 +228,13 @@ macro_rules! conformance_tests {
         );
     };
     (@tests $backend:ty; $($name:ident),* $(,)?) => {
+        $crate::conformance::conformance_tests!(@as $backend; $($name = $name),*);
+    };
+    (@as $backend:ty; $($name:ident = $scenario:ident),* $(,)?) => {
         $(
             #[tokio::test]
             async fn $name() {
-                $crate::conformance::$name::<$backend>().await;
+                $crate::conformance::$scenario::<$backend>().await;
             }
         )*
     };

@@ -14,7 +14,6 @@
 //! connection and every statement is written to be re-runnable (`IF NOT EXISTS`): a migration
 //! interrupted half way is finished by the next `migrate`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
@@ -23,7 +22,7 @@ use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlPool, Row};
 
 use crate::sql::{self, InboxRow};
-use crate::{DEFAULT_TABLE, Error, Migration, MigrationReport};
+use crate::{Error, Migration, MigrationReport};
 use outbox_types::sql_store::fnv1a;
 
 const MIGRATIONS: &[Migration] = &[
@@ -114,36 +113,16 @@ const SQL: sql::Statements<&str> = sql::Statements {
     record_migration: "INSERT INTO {m} (version, description, checksum) VALUES (?, ?, ?)",
 };
 
-/// Where the MySQL inbox lives, and the SQL to use it. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct MySqlInbox {
-    inner: Arc<sql::Names>,
+sql::table_inbox! {
+    inbox: MySqlInbox,
+    name: "MySQL",
+    module: "mysql",
+    whereabouts: " of the connection's database",
+    statements: SQL,
+    quote: |name| format!("`{name}`"),
 }
 
 impl MySqlInbox {
-    /// The inbox in table `outbox_inbox` of the connection's database.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().table(), "outbox_inbox");
-    /// ```
-    pub fn new() -> Self {
-        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("default names are valid"))
-    }
-
-    /// The inbox in `table` (a plain lowercase identifier) of the connection's database.
-    ///
-    /// ```
-    /// use outbox_inbox::mysql::MySqlInbox;
-    /// assert!(MySqlInbox::with_table("billing_inbox").is_ok());
-    /// assert!(MySqlInbox::with_table("inbox; drop table x").is_err());
-    /// ```
-    pub fn with_table(table: &str) -> Result<Self, Error> {
-        let quote = |name: &str| format!("`{name}`");
-        Ok(MySqlInbox {
-            inner: sql::Names::checked(table, quote, &SQL)?,
-        })
-    }
-
     /// `` `table_claim` ``: the stored procedure any consumer calls inside its own transaction,
     /// ``CALL `outbox_inbox_claim`(?, ?)`` with the event id (UUID text) and the handler name; it
     /// returns one row, `fresh`: 1 = first time, apply the effect; 0 = already processed (see

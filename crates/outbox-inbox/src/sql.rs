@@ -613,6 +613,55 @@ macro_rules! sql_inbox {
 }
 pub(crate) use sql_inbox;
 
+/// Define `$inbox`, the inbox of database `$name` (in module `$module`) whose tables need no
+/// schema (MySQL, SQLite): the struct holding its [`Names`], `new()` (the table
+/// `outbox_inbox`) and `with_table`, which checks the name and writes it in SQL as `$quote`
+/// makes of `$table_name`, with the inbox's `$statements`. `$whereabouts` ends the
+/// constructors' first doc line: where the table lives.
+macro_rules! table_inbox {
+    (
+        inbox: $inbox:ident,
+        name: $name:literal,
+        module: $module:literal,
+        whereabouts: $whereabouts:literal,
+        statements: $statements:ident,
+        quote: |$table_name:ident| $quote:expr $(,)?
+    ) => {
+        #[doc = concat!("Where the ", $name, " inbox lives, and the SQL to use it. Cheap to clone.")]
+        #[derive(Clone, Debug)]
+        pub struct $inbox {
+            inner: std::sync::Arc<$crate::sql::Names>,
+        }
+
+        impl $inbox {
+            #[doc = concat!("The inbox in table `outbox_inbox`", $whereabouts, ".")]
+            ///
+            /// ```
+            #[doc = concat!("assert_eq!(outbox_inbox::", $module, "::", stringify!($inbox), "::new().table(), \"outbox_inbox\");")]
+            /// ```
+            pub fn new() -> Self {
+                Self::with_table($crate::DEFAULT_TABLE)
+                    .unwrap_or_else(|_| unreachable!("default names are valid"))
+            }
+
+            #[doc = concat!("The inbox in `table` (a plain lowercase identifier)", $whereabouts, ".")]
+            ///
+            /// ```
+            #[doc = concat!("use outbox_inbox::", $module, "::", stringify!($inbox), ";")]
+            #[doc = concat!("assert!(", stringify!($inbox), "::with_table(\"billing_inbox\").is_ok());")]
+            #[doc = concat!("assert!(", stringify!($inbox), "::with_table(\"inbox; drop table x\").is_err());")]
+            /// ```
+            pub fn with_table(table: &str) -> Result<Self, $crate::Error> {
+                let quote = |$table_name: &str| $quote;
+                Ok($inbox {
+                    inner: $crate::sql::Names::checked(table, quote, &$statements)?,
+                })
+            }
+        }
+    };
+}
+pub(crate) use table_inbox;
+
 /// A query whose parameters are still to be bound.
 pub(crate) type Query<DB> = sqlx::query::Query<'static, DB, <DB as Database>::Arguments>;
 

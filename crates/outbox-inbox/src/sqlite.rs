@@ -14,7 +14,6 @@
 //! Processed-at times (SQLite's `now`) and the purge cut-off come from the host clock (SQLite
 //! has no other).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -23,7 +22,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite, SqlitePool};
 
 use crate::sql::{self, InboxRow};
-use crate::{DEFAULT_TABLE, Error, Migration, MigrationReport};
+use crate::{Error, Migration, MigrationReport};
 
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
@@ -79,36 +78,16 @@ const SQL: sql::Statements<&str> = sql::Statements {
     record_migration: "INSERT INTO {m} (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
 };
 
-/// Where the SQLite inbox lives, and the SQL to use it. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct SqliteInbox {
-    inner: Arc<sql::Names>,
+sql::table_inbox! {
+    inbox: SqliteInbox,
+    name: "SQLite",
+    module: "sqlite",
+    whereabouts: "",
+    statements: SQL,
+    quote: |name| format!("\"{name}\""),
 }
 
 impl SqliteInbox {
-    /// The inbox in table `outbox_inbox`.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::sqlite::SqliteInbox::new().table(), "outbox_inbox");
-    /// ```
-    pub fn new() -> Self {
-        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("default names are valid"))
-    }
-
-    /// The inbox in `table` (a plain lowercase identifier).
-    ///
-    /// ```
-    /// use outbox_inbox::sqlite::SqliteInbox;
-    /// assert!(SqliteInbox::with_table("billing_inbox").is_ok());
-    /// assert!(SqliteInbox::with_table("inbox; drop table x").is_err());
-    /// ```
-    pub fn with_table(table: &str) -> Result<Self, Error> {
-        let quote = |name: &str| format!("\"{name}\"");
-        Ok(SqliteInbox {
-            inner: sql::Names::checked(table, quote, &SQL)?,
-        })
-    }
-
     /// The claim statement any consumer runs first in its own transaction (SQLite has no stored
     /// procedures): bind the event id (lowercase UUID text) as `?1` and the handler name as
     /// `?2`; one row changed (`changes()`, a driver's rowcount) = first time, apply the effect;

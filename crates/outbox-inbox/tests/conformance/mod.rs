@@ -65,12 +65,22 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Whether the inbox constructor refuses the table name `Bad-Name`.
     fn refuses_bad_table_name() -> bool;
 
-    /// SQL that takes a migrated inbox back to schema version 1: drops the claim routine
-    /// (function or procedure) and its bookkeeping row. Only for databases whose schema has a
-    /// version 2, which run [`a_version_1_inbox_is_upgraded_and_says_so_until_then`].
-    fn downgrade_to_version_1(inbox: &Self::Inbox) -> String {
+    /// SQL dropping the claim routine (function or procedure) that schema version 2 adds.
+    /// Only for databases whose schema has a version 2, which run
+    /// [`a_version_1_inbox_is_upgraded_and_says_so_until_then`].
+    fn drop_claim_routine(inbox: &Self::Inbox) -> String {
         let _ = inbox;
         unreachable!("this database's inbox schema has one version")
+    }
+
+    /// SQL that takes a migrated inbox back to schema version 1: drops the claim routine and
+    /// its bookkeeping row.
+    fn downgrade_to_version_1(inbox: &Self::Inbox) -> String {
+        format!(
+            "{}; DELETE FROM {} WHERE version = 2",
+            Self::drop_claim_routine(inbox),
+            Self::migrations_table(inbox)
+        )
     }
 }
 
@@ -207,13 +217,14 @@ fn spawn_apply<B: Backend>(fx: &Fixture<B>, id: EventId) -> JoinHandle<(Processe
 }
 
 /// Expand to one test per property of the inbox contract for `$backend` (a type implementing
-/// [`Backend`]); `@tests $backend; names` for properties only some databases have
-/// (`a_version_1_inbox_is_upgraded_and_says_so_until_then`); `@as $backend; name = scenario`
+/// [`Backend`]), and for the properties only some databases have that follow it
+/// (`$backend; a_version_1_inbox_is_upgraded_and_says_so_until_then`); `@tests $backend; names`
+/// for those alone; `@as $backend; name = scenario`
 /// for a test named `name` running the scenario `scenario` (the database's own word for its
 /// claim routine in the name).
 macro_rules! conformance_tests {
-    ($backend:ty) => {
-        $crate::conformance::conformance_tests!(@tests $backend;
+    ($backend:ty $(; $($extra:ident),* $(,)?)?) => {
+        $crate::conformance::conformance_tests!(@tests $backend; $($($extra,)*)?
             migrate_is_idempotent,
             process_twice_applies_once,
             failed_effect_records_nothing_and_retry_applies,

@@ -11,7 +11,6 @@ use outbox_testkit::unique;
 use conformance::{Backend, ClaimRoutine, RefusedCall, run_sql};
 use outbox_inbox::mysql::MySqlInbox;
 use outbox_inbox::{BoxFuture, EventId};
-use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySqlConnection, MySqlPool};
 
 struct My;
@@ -24,32 +23,24 @@ impl Backend for My {
     const COUNT: &'static str = "CAST(count(*) AS SIGNED)";
 
     async fn open() -> (MySqlPool, MySqlInbox) {
-        let url = std::env::var("OUTBOX_TEST_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-        let pool = MySqlPoolOptions::new()
-            .max_connections(12)
-            .connect(&url)
-            .await
-            .expect("MySQL/MariaDB must be running on 127.0.0.1:3306");
+        let pool = conformance::connect(
+            "OUTBOX_TEST_MYSQL_URL",
+            "mysql://root@127.0.0.1:3306/test",
+            "MySQL/MariaDB must be running on 127.0.0.1:3306",
+        )
+        .await;
         let inbox = MySqlInbox::with_table(&unique("inbox_t")).unwrap();
         (pool, inbox)
     }
 
-    fn effects_table(inbox: &MySqlInbox) -> String {
-        format!("`{}_effects`", inbox.table())
+    fn beside(inbox: &MySqlInbox, suffix: &str) -> String {
+        format!("`{}{suffix}`", inbox.table())
     }
 
     run_sql!(MySqlConnection);
 
-    fn backdate(inbox: &MySqlInbox, id: EventId, hours: u32) -> String {
-        format!(
-            "UPDATE {} SET processed_at = NOW(6) - INTERVAL {hours} HOUR WHERE event_id = '{id}'",
-            inbox.qualified_table()
-        )
-    }
-
-    fn migrations_table(inbox: &MySqlInbox) -> String {
-        format!("`{}_migrations`", inbox.table())
+    fn hours_ago(hours: u32) -> String {
+        format!("NOW(6) - INTERVAL {hours} HOUR")
     }
 
     fn refuses_bad_table_name() -> bool {

@@ -12,7 +12,6 @@ use outbox_testkit::unique;
 use conformance::{Backend, ClaimRoutine, RefusedCall, run_sql};
 use outbox_inbox::postgres::PgInbox;
 use outbox_inbox::{BoxFuture, EventId};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
 struct Pg;
@@ -23,32 +22,24 @@ impl Backend for Pg {
     const SCHEMA_VERSION: i64 = 2;
 
     async fn open() -> (PgPool, PgInbox) {
-        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let pool = PgPoolOptions::new()
-            .max_connections(12)
-            .connect(&url)
-            .await
-            .expect("PostgreSQL must be running on 127.0.0.1:5432");
+        let pool = conformance::connect(
+            "OUTBOX_TEST_DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+            "PostgreSQL must be running on 127.0.0.1:5432",
+        )
+        .await;
         let inbox = PgInbox::with_names(&unique("inbox_t"), "inbox").unwrap();
         (pool, inbox)
     }
 
-    fn effects_table(inbox: &PgInbox) -> String {
-        format!("\"{}\".effects", inbox.schema())
+    fn beside(inbox: &PgInbox, suffix: &str) -> String {
+        format!("\"{}\".\"{}{suffix}\"", inbox.schema(), inbox.table())
     }
 
     run_sql!(PgConnection);
 
-    fn backdate(inbox: &PgInbox, id: EventId, hours: u32) -> String {
-        format!(
-            "UPDATE {} SET processed_at = now() - interval '{hours} hours' WHERE event_id = '{id}'",
-            inbox.qualified_table()
-        )
-    }
-
-    fn migrations_table(inbox: &PgInbox) -> String {
-        format!("\"{}\".\"{}_migrations\"", inbox.schema(), inbox.table())
+    fn hours_ago(hours: u32) -> String {
+        format!("now() - interval '{hours} hours'")
     }
 
     fn refuses_bad_table_name() -> bool {

@@ -10,8 +10,8 @@ mod conformance;
 use common::unique;
 
 use conformance::{Backend, ClaimRoutine, Fixture, run_sql};
+use outbox_inbox::BoxFuture;
 use outbox_inbox::sqlite::SqliteInbox;
-use outbox_inbox::{BoxFuture, EventId};
 use sqlx::{SqliteConnection, SqlitePool};
 
 struct Lite;
@@ -27,22 +27,15 @@ impl Backend for Lite {
         (pool, inbox)
     }
 
-    fn effects_table(inbox: &SqliteInbox) -> String {
-        format!("\"{}_effects\"", inbox.table())
+    fn beside(inbox: &SqliteInbox, suffix: &str) -> String {
+        format!("\"{}{suffix}\"", inbox.table())
     }
 
     run_sql!(SqliteConnection);
 
     /// SQLite's times are the host's microseconds: moved back from the row's own.
-    fn backdate(inbox: &SqliteInbox, id: EventId, hours: u32) -> String {
-        format!(
-            "UPDATE {} SET processed_at = processed_at - {hours} * 3600 * 1000000 WHERE event_id = '{id}'",
-            inbox.qualified_table()
-        )
-    }
-
-    fn migrations_table(inbox: &SqliteInbox) -> String {
-        format!("\"{}_migrations\"", inbox.table())
+    fn hours_ago(hours: u32) -> String {
+        format!("processed_at - {hours} * 3600 * 1000000")
     }
 
     fn refuses_bad_table_name() -> bool {

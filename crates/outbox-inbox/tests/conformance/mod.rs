@@ -46,8 +46,14 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// A pool and an unmigrated inbox of its own (unique names).
     fn open() -> impl Future<Output = (Pool<Db<Self>>, Self::Inbox)> + Send;
 
+    /// The quoted name of the table `<table><suffix>` next to `inbox` (in its schema); the
+    /// suffix `""` names the inbox table itself.
+    fn beside(inbox: &Self::Inbox, suffix: &str) -> String;
+
     /// The quoted name of the effects table next to `inbox`.
-    fn effects_table(inbox: &Self::Inbox) -> String;
+    fn effects_table(inbox: &Self::Inbox) -> String {
+        Self::beside(inbox, "_effects")
+    }
 
     /// Run `sql` on `conn`. (Written per database, by [`run_sql!`], because sqlx's executor
     /// bound cannot be stated once for every database.)
@@ -56,11 +62,22 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Run `sql`, which returns one integer, on `conn`.
     fn fetch_i64(conn: &mut Conn<Self>, sql: String) -> BoxFuture<'_, i64>;
 
+    /// SQL for a `processed_at` `hours` before now.
+    fn hours_ago(hours: u32) -> String;
+
     /// SQL setting `id`'s `processed_at` to `hours` before now.
-    fn backdate(inbox: &Self::Inbox, id: EventId, hours: u32) -> String;
+    fn backdate(inbox: &Self::Inbox, id: EventId, hours: u32) -> String {
+        format!(
+            "UPDATE {} SET processed_at = {} WHERE event_id = '{id}'",
+            Self::beside(inbox, ""),
+            Self::hours_ago(hours)
+        )
+    }
 
     /// The quoted migrations (bookkeeping) table.
-    fn migrations_table(inbox: &Self::Inbox) -> String;
+    fn migrations_table(inbox: &Self::Inbox) -> String {
+        Self::beside(inbox, "_migrations")
+    }
 
     /// Whether the inbox constructor refuses the table name `Bad-Name`.
     fn refuses_bad_table_name() -> bool;
@@ -110,6 +127,17 @@ macro_rules! run_sql {
     };
 }
 pub(crate) use run_sql;
+
+/// A pool of 12 connections to the server at the URL in the environment variable `var`
+/// (`default` without it); panics saying `running` when none answers.
+pub async fn connect<DB: Database>(var: &str, default: &str, running: &str) -> Pool<DB> {
+    let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .expect(running)
+}
 
 /// A migrated inbox of its own, the pool and the effects table.
 pub struct Fixture<B: Backend> {

@@ -96,13 +96,7 @@ async fn settled(consumer: &PullConsumer) -> bool {
     }
 }
 
-common::channel_tests!(Nats;
-    same_event_twice_applies_once_and_acks = same_event_twice_applies_once_and_acks,
-    always_failing_handler_is_parked_after_max_attempts_and_acked =
-        always_failing_handler_is_parked_after_max_attempts_and_acked,
-    failed_first_delivery_is_redelivered_and_applied_once =
-        failed_first_delivery_is_delivered_again_and_applied_once,
-);
+common::channel_tests!(Nats; failed_first_delivery_is_redelivered_and_applied_once);
 
 #[tokio::test]
 async fn message_without_event_id_is_parked_at_once() {

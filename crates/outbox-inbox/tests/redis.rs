@@ -147,13 +147,7 @@ impl Channel for Stream {
     }
 }
 
-common::channel_tests!(Stream;
-    same_event_twice_applies_once_and_acks = same_event_twice_applies_once_and_acks,
-    always_failing_handler_is_parked_after_max_attempts_and_acked =
-        always_failing_handler_is_parked_after_max_attempts_and_acked,
-    failed_first_delivery_is_reclaimed_and_applied_once =
-        failed_first_delivery_is_delivered_again_and_applied_once,
-);
+common::channel_tests!(Stream; failed_first_delivery_is_reclaimed_and_applied_once);
 
 #[tokio::test]
 async fn entry_without_id_is_parked_at_once() {

@@ -247,11 +247,20 @@ pub async fn failed_first_delivery_is_delivered_again_and_applied_once<C: Channe
     channel.delete().await;
 }
 
-/// One `#[tokio::test]` for each `name = scenario` over the channel `$channel`. (Only the NATS
-/// and Redis tests expand it.)
+/// The scenarios above as `#[tokio::test]`s over the channel `$channel`, each named as its
+/// scenario but the failed-first-delivery one, named `$failed_first` in the broker's words
+/// (redelivered, reclaimed). (Only the NATS and Redis tests expand it.)
 #[allow(unused_macros)]
 macro_rules! channel_tests {
-    ($channel:ty; $($name:ident = $scenario:ident),* $(,)?) => {
+    ($channel:ty; $failed_first:ident) => {
+        $crate::common::channel_tests!(@as $channel;
+            same_event_twice_applies_once_and_acks = same_event_twice_applies_once_and_acks,
+            always_failing_handler_is_parked_after_max_attempts_and_acked =
+                always_failing_handler_is_parked_after_max_attempts_and_acked,
+            $failed_first = failed_first_delivery_is_delivered_again_and_applied_once,
+        );
+    };
+    (@as $channel:ty; $($name:ident = $scenario:ident),* $(,)?) => {
         $(
             #[tokio::test]
             async fn $name() {

@@ -61,21 +61,31 @@ async fn insert_effect(
     Ok(())
 }
 
+/// Insert the effect, then end as `outcome` says for the delivery: what the effects below
+/// share.
+fn insert_then<'c>(
+    tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    d: &'c outbox_inbox::Delivery,
+    outcome: fn(&outbox_inbox::Delivery) -> Result<(), outbox_inbox::BoxError>,
+) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
+    Box::pin(async move {
+        insert_effect(tx, d).await?;
+        outcome(d)
+    })
+}
+
 fn record<'c>(
     tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
-    Box::pin(async move { Ok(insert_effect(tx, d).await?) })
+    insert_then(tx, d, |_| Ok(()))
 }
 
 fn record_then_fail<'c>(
     tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
-    Box::pin(async move {
-        insert_effect(tx, d).await?;
-        Err("downstream rejected the event".into())
-    })
+    insert_then(tx, d, |_| Err("downstream rejected the event".into()))
 }
 
 /// Fails on the first delivery, succeeds on later ones.
@@ -83,8 +93,7 @@ fn fail_first<'c>(
     tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
-    Box::pin(async move {
-        insert_effect(tx, d).await?;
+    insert_then(tx, d, |d| {
         if d.attempt == 1 {
             return Err("first delivery fails".into());
         }

@@ -14,17 +14,15 @@
 //! connection and every statement is written to be re-runnable (`IF NOT EXISTS`): a migration
 //! interrupted half way is finished by the next `migrate`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_types::EventId;
 use sqlx::mysql::MySqlRow;
-use sqlx::{AssertSqlSafe, MySql, MySqlExecutor, MySqlPool, Row};
+use sqlx::{MySql, MySqlPool, Row};
 
-use crate::names::{check_handler, check_identifier};
-use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
-use crate::{DEFAULT_TABLE, Error, InboxClaim, Migration, MigrationReport};
+use crate::sql::{self, InboxRow};
+use crate::{Error, Migration, MigrationReport};
 use outbox_types::sql_store::fnv1a;
 
 const MIGRATIONS: &[Migration] = &[
@@ -115,37 +113,16 @@ const SQL: sql::Statements<&str> = sql::Statements {
     record_migration: "INSERT INTO {m} (version, description, checksum) VALUES (?, ?, ?)",
 };
 
-/// Where the MySQL inbox lives, and the SQL to use it. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct MySqlInbox {
-    inner: Arc<sql::Names>,
+sql::table_inbox! {
+    inbox: MySqlInbox,
+    name: "MySQL",
+    module: "mysql",
+    whereabouts: " of the connection's database",
+    statements: SQL,
+    quote: |name| format!("`{name}`"),
 }
 
 impl MySqlInbox {
-    /// The inbox in table `outbox_inbox` of the connection's database.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::mysql::MySqlInbox::new().table(), "outbox_inbox");
-    /// ```
-    pub fn new() -> Self {
-        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("default names are valid"))
-    }
-
-    /// The inbox in `table` (a plain lowercase identifier) of the connection's database.
-    ///
-    /// ```
-    /// use outbox_inbox::mysql::MySqlInbox;
-    /// assert!(MySqlInbox::with_table("billing_inbox").is_ok());
-    /// assert!(MySqlInbox::with_table("inbox; drop table x").is_err());
-    /// ```
-    pub fn with_table(table: &str) -> Result<Self, Error> {
-        check_identifier("table", table)?;
-        let quote = |name: &str| format!("`{name}`");
-        Ok(MySqlInbox {
-            inner: Arc::new(sql::Names::new(table, quote, &SQL)),
-        })
-    }
-
     /// `` `table_claim` ``: the stored procedure any consumer calls inside its own transaction,
     /// ``CALL `outbox_inbox_claim`(?, ?)`` with the event id (UUID text) and the handler name; it
     /// returns one row, `fresh`: 1 = first time, apply the effect; 0 = already processed (see
@@ -178,7 +155,16 @@ impl MySqlInbox {
         if got != Some(1) {
             return Err(Error::Database(sqlx::Error::PoolTimedOut));
         }
-        let result = self.migrate_locked(&mut conn).await;
+        let create_table = format!(
+            "CREATE TABLE IF NOT EXISTS {m} (
+                 version     BIGINT       NOT NULL PRIMARY KEY,
+                 description VARCHAR(255) NOT NULL,
+                 checksum    VARCHAR(32)  NOT NULL,
+                 applied_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+            m = self.inner.migrations
+        );
+        let result = self.apply_migrations(&mut conn, create_table).await;
         let released = sqlx::query("SELECT RELEASE_LOCK(?)")
             .bind(&lock)
             .execute(&mut *conn)
@@ -187,65 +173,12 @@ impl MySqlInbox {
         released?;
         Ok(report)
     }
-
-    async fn migrate_locked(
-        &self,
-        conn: &mut sqlx::MySqlConnection,
-    ) -> Result<MigrationReport, Error> {
-        let n = &self.inner;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE IF NOT EXISTS {m} (
-                 version     BIGINT       NOT NULL PRIMARY KEY,
-                 description VARCHAR(255) NOT NULL,
-                 checksum    VARCHAR(32)  NOT NULL,
-                 applied_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
-             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
-            m = n.migrations
-        )))
-        .execute(&mut *conn)
-        .await?;
-        self.apply_migrations(conn).await
-    }
-
-    /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
-    /// will also run the effect. [`InboxClaim::Fresh`]: run the effect and commit.
-    /// [`InboxClaim::Duplicate`]: the handler already processed this event; skip the effect. Call
-    /// it first in the transaction; a concurrent claim of the same key waits here until this
-    /// transaction ends.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{InboxClaim, mysql::MySqlInbox};
-    /// # async fn demo(pool: sqlx::MySqlPool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut tx = pool.begin().await?;
-    /// if MySqlInbox::new().claim(&mut *tx, id, "billing").await? == InboxClaim::Fresh {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)").bind(id.to_string()).execute(&mut *tx).await?;
-    ///     tx.commit().await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn claim<'e, E: MySqlExecutor<'e>>(
-        &self,
-        executor: E,
-        event_id: EventId,
-        handler: &str,
-    ) -> Result<InboxClaim, Error> {
-        check_handler(handler)?;
-        let fresh: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.claim.as_str()))
-            .bind(event_id.to_string())
-            .bind(handler)
-            .fetch_one(executor)
-            .await?;
-        Ok(if fresh == 1 {
-            InboxClaim::Fresh
-        } else {
-            InboxClaim::Duplicate
-        })
-    }
 }
 
 sql::sql_inbox! {
     inbox: MySqlInbox,
     db: MySql,
+    name: "MySQL",
     module: "mysql",
     pool: MySqlPool,
     executor: MySqlExecutor,
@@ -256,6 +189,15 @@ sql::sql_inbox! {
     ),
     clock: "database",
     begin: |pool| pool.begin(),
+    // The procedure's one row: `fresh` = 1 or 0.
+    claim: |query, executor| query.fetch_one(executor).await?.try_get::<i64, _>(0)? == 1,
+    example: (
+        begin: "pool.begin()",
+        insert: "INSERT INTO invoices (event_id) VALUES (?)",
+        event_id: "to_string()"
+    ),
+    effect: MySqlEffect,
+    handler: MySqlHandler,
 }
 
 impl sql::Dialect for MySqlInbox {
@@ -293,27 +235,6 @@ impl InboxRow for MySqlRow {
             .map(|t| t.and_utc()))
     }
 }
-
-/// The effect a [`MySqlHandler`] runs inside the inbox transaction.
-pub trait MySqlEffect: SqlEffect<MySql> {}
-
-impl<F: SqlEffect<MySql>> MySqlEffect for F {}
-
-/// An [`InboxHandler`](crate::InboxHandler) over MySQL: claims, runs `effect`, commits; parks
-/// into `<table>_parked`. Give it to a broker adapter.
-///
-/// ```no_run
-/// use outbox_inbox::mysql::{MySqlHandler, MySqlInbox};
-/// # fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
-/// let handler = MySqlHandler::new(pool, MySqlInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?)")
-///         .bind(delivery.event_id.to_string())
-///         .execute(&mut **tx).await?;
-///     Ok(())
-/// }))?;
-/// # Ok(()) }
-/// ```
-pub type MySqlHandler<F> = SqlHandler<MySqlInbox, F>;
 
 #[cfg(test)]
 mod tests {

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use outbox_types::EventId;
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Postgres, Row};
+use sqlx::{PgPool, Postgres, Row};
 
-use crate::names::{check_handler, check_identifier};
-use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
-use crate::{DEFAULT_TABLE, Error, InboxClaim, Migration, MigrationReport};
+use crate::names::check_identifier;
+use crate::sql::{self, InboxRow};
+use crate::{DEFAULT_TABLE, Error, Migration, MigrationReport};
 use outbox_types::sql_store::fnv1a;
 
 const MIGRATIONS: &[Migration] = &[
@@ -131,11 +131,10 @@ impl PgInbox {
     /// ```
     pub fn with_names(schema: &str, table: &str) -> Result<Self, Error> {
         check_identifier("schema", schema)?;
-        check_identifier("table", table)?;
         let quote = |name: &str| format!("\"{schema}\".\"{name}\"");
         Ok(PgInbox {
             schema: schema.into(),
-            inner: Arc::new(sql::Names::new(table, quote, &SQL)),
+            inner: sql::Names::checked(table, quote, &SQL)?,
         })
     }
 
@@ -176,7 +175,7 @@ impl PgInbox {
             .bind(fnv1a(&format!("outbox-inbox:migrate:{}", n.qualified)) as i64)
             .execute(&mut *tx)
             .await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
+        let create_table = format!(
             "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
              CREATE TABLE IF NOT EXISTS {m} (
                  version     BIGINT PRIMARY KEY,
@@ -186,53 +185,17 @@ impl PgInbox {
              );",
             schema = self.schema,
             m = n.migrations
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let report = self.apply_migrations(&mut tx).await?;
+        );
+        let report = self.apply_migrations(&mut tx, create_table).await?;
         tx.commit().await?;
         Ok(report)
-    }
-
-    /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
-    /// will also run the effect. [`InboxClaim::Fresh`]: run the effect and commit.
-    /// [`InboxClaim::Duplicate`]: the handler already processed this event; skip the effect. Call
-    /// it first in the transaction; a concurrent claim of the same key waits here until this
-    /// transaction ends.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{InboxClaim, postgres::PgInbox};
-    /// # async fn demo(pool: sqlx::PgPool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut tx = pool.begin().await?;
-    /// if PgInbox::new().claim(&mut *tx, id, "billing").await? == InboxClaim::Fresh {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)").bind(id.as_uuid()).execute(&mut *tx).await?;
-    ///     tx.commit().await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn claim<'e, E: PgExecutor<'e>>(
-        &self,
-        executor: E,
-        event_id: EventId,
-        handler: &str,
-    ) -> Result<InboxClaim, Error> {
-        check_handler(handler)?;
-        let fresh: bool = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.claim.as_str()))
-            .bind(event_id.as_uuid())
-            .bind(handler)
-            .fetch_one(executor)
-            .await?;
-        Ok(if fresh {
-            InboxClaim::Fresh
-        } else {
-            InboxClaim::Duplicate
-        })
     }
 }
 
 sql::sql_inbox! {
     inbox: PgInbox,
     db: Postgres,
+    name: "PostgreSQL",
     module: "postgres",
     pool: PgPool,
     executor: PgExecutor,
@@ -243,6 +206,15 @@ sql::sql_inbox! {
     ),
     clock: "database",
     begin: |pool| pool.begin(),
+    // The function's boolean.
+    claim: |query, executor| query.fetch_one(executor).await?.try_get::<bool, _>(0)?,
+    example: (
+        begin: "pool.begin()",
+        insert: "INSERT INTO invoices (event_id) VALUES ($1)",
+        event_id: "as_uuid()"
+    ),
+    effect: PgEffect,
+    handler: PgHandler,
 }
 
 impl sql::Dialect for PgInbox {
@@ -277,27 +249,6 @@ impl InboxRow for PgRow {
         Ok(self.try_get(index)?)
     }
 }
-
-/// The effect a [`PgHandler`] runs inside the inbox transaction.
-pub trait PgEffect: SqlEffect<Postgres> {}
-
-impl<F: SqlEffect<Postgres>> PgEffect for F {}
-
-/// An [`InboxHandler`](crate::InboxHandler) over PostgreSQL: claims, runs `effect`, commits; parks
-/// into `<table>_parked`. Give it to a broker adapter.
-///
-/// ```no_run
-/// use outbox_inbox::postgres::{PgHandler, PgInbox};
-/// # fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
-/// let handler = PgHandler::new(pool, PgInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-///     sqlx::query("INSERT INTO invoices (event_id) VALUES ($1)")
-///         .bind(delivery.event_id.as_uuid())
-///         .execute(&mut **tx).await?;
-///     Ok(())
-/// }))?;
-/// # Ok(()) }
-/// ```
-pub type PgHandler<F> = SqlHandler<PgInbox, F>;
 
 #[cfg(test)]
 mod tests {

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,7 +20,7 @@ use outbox_types::EventId;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Pool, Row, Transaction, Type};
 
 use crate::consumer::{Delivery, InboxHandler, ParkedMessage};
-use crate::names::check_handler;
+use crate::names::{check_handler, check_identifier};
 use crate::{
     BoxError, BoxFuture, Error, HandlerStats, InboxClaim, InboxStats, MigrationReport, ParkedCount,
     ParkedQuery, ParkedRecord, Processed,
@@ -136,26 +137,35 @@ pub trait SqlInbox: Clone + Send + Sync + 'static {
     }
 }
 
-/// Write for `$inbox` (an inbox of database `$db` in module `$module`, holding its
-/// [`Names`] in `inner`, implementing [`Dialect`]) every inherent method whose logic is the same
-/// in each database — `Default`, `SCHEMA_VERSION` from `$migrations`, the table names,
-/// `contains`, `purge`, `park`, `parked`, `stats`, `list_parked`, `parked_record`, `process` and
-/// the private `apply_migrations` its `migrate` calls — with their documentation and examples
-/// (over `sqlx::$pool` and `sqlx::$executor`), and implement [`SqlInbox`] by calling them;
-/// `$begin` opens the claim's transaction on `$pool_var`. The `tables` literals are how the
-/// docs spell the quoted inbox and parked tables, and what `new()` makes of them; `clock` is
-/// whose clock a purge reads.
+/// Write for `$inbox` (an inbox of database `$db`, called `$name` in the docs, in module
+/// `$module`, holding its [`Names`] in `inner`, implementing [`Dialect`]) every inherent method
+/// whose logic is the same in each database — `Default`, `SCHEMA_VERSION` from `$migrations`,
+/// the table names, `claim`, `contains`, `purge`, `park`, `parked`, `stats`, `list_parked`,
+/// `parked_record`, `process` and the private `apply_migrations` its `migrate` calls — with
+/// their documentation and examples (over `sqlx::$pool` and `sqlx::$executor`), implement
+/// [`SqlInbox`] by calling them, and name the database's [`SqlEffect`] and [`SqlHandler`]
+/// (`$effect`, `$handler`). `$begin` opens the claim's transaction on `$pool_var`; `claim` turns
+/// the claim statement `$query` (bound to event id and handler) run on `$claim_executor` into
+/// whether the claim is fresh. The `tables` literals are how the docs spell the quoted inbox
+/// and parked tables, and what `new()` makes of them; `clock` is whose clock a purge reads;
+/// `example` is how the docs' examples begin a claim's transaction, insert an event id into an
+/// `invoices` table and turn an event id into what that insert binds.
 macro_rules! sql_inbox {
     (
         inbox: $inbox:ident,
         db: $db:ty,
+        name: $name:literal,
         module: $module:literal,
         pool: $pool:ident,
         executor: $executor:ident,
         migrations: $migrations:ident,
         tables: ($qualified_doc:literal = $qualified_new:literal, $parked_doc:literal = $parked_new:literal),
         clock: $clock:literal,
-        begin: |$pool_var:ident| $begin:expr $(,)?
+        begin: |$pool_var:ident| $begin:expr,
+        claim: |$query:ident, $claim_executor:ident| $fresh:expr,
+        example: (begin: $begin_doc:literal, insert: $insert_doc:literal, event_id: $event_id_doc:literal),
+        effect: $effect:ident,
+        handler: $handler:ident $(,)?
     ) => {
         impl Default for $inbox {
             fn default() -> Self {
@@ -192,6 +202,41 @@ macro_rules! sql_inbox {
             /// ```
             pub fn parked_table(&self) -> &str {
                 &self.inner.parked
+            }
+
+            /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
+            /// will also run the effect. [`InboxClaim::Fresh`](crate::InboxClaim::Fresh): run the
+            /// effect and commit. [`InboxClaim::Duplicate`](crate::InboxClaim::Duplicate): the
+            /// handler already processed this event; skip the effect. Call it first in the
+            /// transaction; a concurrent claim of the same key waits here until this transaction
+            /// ends.
+            ///
+            /// ```no_run
+            #[doc = concat!("use outbox_inbox::{InboxClaim, ", $module, "::", stringify!($inbox), "};")]
+            #[doc = concat!("# async fn demo(pool: sqlx::", stringify!($pool), ", id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {")]
+            #[doc = concat!("let mut tx = ", $begin_doc, ".await?;")]
+            #[doc = concat!("if ", stringify!($inbox), "::new().claim(&mut *tx, id, \"billing\").await? == InboxClaim::Fresh {")]
+            #[doc = concat!("    sqlx::query(\"", $insert_doc, "\").bind(id.", $event_id_doc, ").execute(&mut *tx).await?;")]
+            ///     tx.commit().await?;
+            /// }
+            /// # Ok(()) }
+            /// ```
+            pub async fn claim<'e, E: sqlx::$executor<'e>>(
+                &self,
+                $claim_executor: E,
+                event_id: outbox_types::EventId,
+                handler: &str,
+            ) -> Result<$crate::InboxClaim, $crate::Error> {
+                $crate::names::check_handler(handler)?;
+                let $query = sqlx::query(sqlx::AssertSqlSafe(self.inner.sql.claim.as_str()))
+                    .bind(<Self as $crate::sql::Dialect>::event_id(event_id))
+                    .bind(handler);
+                let fresh: bool = $fresh;
+                Ok(if fresh {
+                    $crate::InboxClaim::Fresh
+                } else {
+                    $crate::InboxClaim::Duplicate
+                })
             }
 
             /// Whether `handler` has processed `event_id` (a committed row exists).
@@ -411,14 +456,19 @@ macro_rules! sql_inbox {
                 $crate::sql::process(self, pool, event_id, handler, effect).await
             }
 
-            /// On `conn`, with the migrations table in place and the database's lock held: apply
-            /// each migration not yet recorded (names substituted; one statement at a time where
+            /// On `conn`, with the database's lock held: create the migrations table if missing
+            /// (`create_table`, this database's re-runnable DDL), then apply each migration not
+            /// yet recorded (names substituted; one statement at a time where
             /// [`Dialect::SCRIPT_PER_STATEMENT`](crate::sql::Dialect::SCRIPT_PER_STATEMENT)) and
             /// record it.
             async fn apply_migrations(
                 &self,
                 conn: &mut <$db as sqlx::Database>::Connection,
+                create_table: String,
             ) -> Result<$crate::MigrationReport, $crate::Error> {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(create_table))
+                    .execute(&mut *conn)
+                    .await?;
                 let n = &self.inner;
                 let rows = sqlx::query(sqlx::AssertSqlSafe(n.substitute($crate::sql::APPLIED_VERSIONS)))
                     .fetch_all(&mut *conn)
@@ -538,9 +588,79 @@ macro_rules! sql_inbox {
                 <$inbox>::parked_record(self, pool, id).await
             }
         }
+
+        #[doc = concat!("The effect a [`", stringify!($handler), "`] runs inside the inbox transaction.")]
+        pub trait $effect: $crate::sql::SqlEffect<$db> {}
+
+        impl<F: $crate::sql::SqlEffect<$db>> $effect for F {}
+
+        #[doc = concat!("An [`InboxHandler`](crate::InboxHandler) over ", $name, ": claims, runs `effect`, commits; parks")]
+        /// into `<table>_parked`. Give it to a broker adapter.
+        ///
+        /// ```no_run
+        #[doc = concat!("use outbox_inbox::", $module, "::{", stringify!($handler), ", ", stringify!($inbox), "};")]
+        #[doc = concat!("# fn demo(pool: sqlx::", stringify!($pool), ") -> Result<(), outbox_inbox::Error> {")]
+        #[doc = concat!("let handler = ", stringify!($handler), "::new(pool, ", stringify!($inbox), "::new(), \"billing\", |tx, delivery| Box::pin(async move {")]
+        #[doc = concat!("    sqlx::query(\"", $insert_doc, "\")")]
+        #[doc = concat!("        .bind(delivery.event_id.", $event_id_doc, ")")]
+        ///         .execute(&mut **tx).await?;
+        ///     Ok(())
+        /// }))?;
+        /// # Ok(()) }
+        /// ```
+        pub type $handler<F> = $crate::sql::SqlHandler<$inbox, F>;
     };
 }
 pub(crate) use sql_inbox;
+
+/// Define `$inbox`, the inbox of database `$name` (in module `$module`) whose tables need no
+/// schema (MySQL, SQLite): the struct holding its [`Names`], `new()` (the table
+/// `outbox_inbox`) and `with_table`, which checks the name and writes it in SQL as `$quote`
+/// makes of `$table_name`, with the inbox's `$statements`. `$whereabouts` ends the
+/// constructors' first doc line: where the table lives.
+macro_rules! table_inbox {
+    (
+        inbox: $inbox:ident,
+        name: $name:literal,
+        module: $module:literal,
+        whereabouts: $whereabouts:literal,
+        statements: $statements:ident,
+        quote: |$table_name:ident| $quote:expr $(,)?
+    ) => {
+        #[doc = concat!("Where the ", $name, " inbox lives, and the SQL to use it. Cheap to clone.")]
+        #[derive(Clone, Debug)]
+        pub struct $inbox {
+            inner: std::sync::Arc<$crate::sql::Names>,
+        }
+
+        impl $inbox {
+            #[doc = concat!("The inbox in table `outbox_inbox`", $whereabouts, ".")]
+            ///
+            /// ```
+            #[doc = concat!("assert_eq!(outbox_inbox::", $module, "::", stringify!($inbox), "::new().table(), \"outbox_inbox\");")]
+            /// ```
+            pub fn new() -> Self {
+                Self::with_table($crate::DEFAULT_TABLE)
+                    .unwrap_or_else(|_| unreachable!("default names are valid"))
+            }
+
+            #[doc = concat!("The inbox in `table` (a plain lowercase identifier)", $whereabouts, ".")]
+            ///
+            /// ```
+            #[doc = concat!("use outbox_inbox::", $module, "::", stringify!($inbox), ";")]
+            #[doc = concat!("assert!(", stringify!($inbox), "::with_table(\"billing_inbox\").is_ok());")]
+            #[doc = concat!("assert!(", stringify!($inbox), "::with_table(\"inbox; drop table x\").is_err());")]
+            /// ```
+            pub fn with_table(table: &str) -> Result<Self, $crate::Error> {
+                let quote = |$table_name: &str| $quote;
+                Ok($inbox {
+                    inner: $crate::sql::Names::checked(table, quote, &$statements)?,
+                })
+            }
+        }
+    };
+}
+pub(crate) use table_inbox;
 
 /// A query whose parameters are still to be bound.
 pub(crate) type Query<DB> = sqlx::query::Query<'static, DB, <DB as Database>::Arguments>;
@@ -684,6 +804,17 @@ impl Names {
         };
         names.sql = sql;
         names
+    }
+
+    /// [`Names::new`] of `table`, checked first to be a plain identifier (it goes into SQL),
+    /// shared: what each inbox's constructor keeps.
+    pub(crate) fn checked(
+        table: &str,
+        quote: impl Fn(&str) -> String,
+        templates: &Statements<&'static str>,
+    ) -> Result<Arc<Names>, Error> {
+        check_identifier("table", table)?;
+        Ok(Arc::new(Names::new(table, quote, templates)))
     }
 
     /// `sql` (a statement template or a migration's script) with the names put in: `{t}`,

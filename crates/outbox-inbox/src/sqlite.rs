@@ -14,17 +14,15 @@
 //! Processed-at times (SQLite's `now`) and the purge cut-off come from the host clock (SQLite
 //! has no other).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_types::EventId;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteExecutor, SqlitePool};
+use sqlx::{Row, Sqlite, SqlitePool};
 
-use crate::names::{check_handler, check_identifier};
-use crate::sql::{self, InboxRow, SqlEffect, SqlHandler};
-use crate::{DEFAULT_TABLE, Error, InboxClaim, Migration, MigrationReport};
+use crate::sql::{self, InboxRow};
+use crate::{Error, Migration, MigrationReport};
 
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
@@ -80,37 +78,16 @@ const SQL: sql::Statements<&str> = sql::Statements {
     record_migration: "INSERT INTO {m} (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
 };
 
-/// Where the SQLite inbox lives, and the SQL to use it. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct SqliteInbox {
-    inner: Arc<sql::Names>,
+sql::table_inbox! {
+    inbox: SqliteInbox,
+    name: "SQLite",
+    module: "sqlite",
+    whereabouts: "",
+    statements: SQL,
+    quote: |name| format!("\"{name}\""),
 }
 
 impl SqliteInbox {
-    /// The inbox in table `outbox_inbox`.
-    ///
-    /// ```
-    /// assert_eq!(outbox_inbox::sqlite::SqliteInbox::new().table(), "outbox_inbox");
-    /// ```
-    pub fn new() -> Self {
-        Self::with_table(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("default names are valid"))
-    }
-
-    /// The inbox in `table` (a plain lowercase identifier).
-    ///
-    /// ```
-    /// use outbox_inbox::sqlite::SqliteInbox;
-    /// assert!(SqliteInbox::with_table("billing_inbox").is_ok());
-    /// assert!(SqliteInbox::with_table("inbox; drop table x").is_err());
-    /// ```
-    pub fn with_table(table: &str) -> Result<Self, Error> {
-        check_identifier("table", table)?;
-        let quote = |name: &str| format!("\"{name}\"");
-        Ok(SqliteInbox {
-            inner: Arc::new(sql::Names::new(table, quote, &SQL)),
-        })
-    }
-
     /// The claim statement any consumer runs first in its own transaction (SQLite has no stored
     /// procedures): bind the event id (lowercase UUID text) as `?1` and the handler name as
     /// `?2`; one row changed (`changes()`, a driver's rowcount) = first time, apply the effect;
@@ -139,7 +116,7 @@ impl SqliteInbox {
     pub async fn migrate(&self, pool: &SqlitePool) -> Result<MigrationReport, Error> {
         let n = &self.inner;
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
+        let create_table = format!(
             "CREATE TABLE IF NOT EXISTS {m} (
                  version     INTEGER PRIMARY KEY,
                  description TEXT    NOT NULL,
@@ -147,53 +124,17 @@ impl SqliteInbox {
                  applied_at  INTEGER NOT NULL
              ) STRICT;",
             m = n.migrations
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let report = self.apply_migrations(&mut tx).await?;
+        );
+        let report = self.apply_migrations(&mut tx, create_table).await?;
         tx.commit().await?;
         Ok(report)
-    }
-
-    /// Record `(event_id, handler)` through `executor` — `&mut *tx` of the transaction that
-    /// will also run the effect. [`InboxClaim::Fresh`]: run the effect and commit.
-    /// [`InboxClaim::Duplicate`]: the handler already processed this event; skip the effect. Call
-    /// it first in the transaction; a concurrent claim of the same key waits here until this
-    /// transaction ends.
-    ///
-    /// ```no_run
-    /// use outbox_inbox::{InboxClaim, sqlite::SqliteInbox};
-    /// # async fn demo(pool: sqlx::SqlitePool, id: outbox_types::EventId) -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    /// if SqliteInbox::new().claim(&mut *tx, id, "billing").await? == InboxClaim::Fresh {
-    ///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)").bind(id.to_string()).execute(&mut *tx).await?;
-    ///     tx.commit().await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn claim<'e, E: SqliteExecutor<'e>>(
-        &self,
-        executor: E,
-        event_id: EventId,
-        handler: &str,
-    ) -> Result<InboxClaim, Error> {
-        check_handler(handler)?;
-        let done = sqlx::query(AssertSqlSafe(self.inner.sql.claim.as_str()))
-            .bind(event_id.to_string())
-            .bind(handler)
-            .execute(executor)
-            .await?;
-        Ok(if done.rows_affected() == 1 {
-            InboxClaim::Fresh
-        } else {
-            InboxClaim::Duplicate
-        })
     }
 }
 
 sql::sql_inbox! {
     inbox: SqliteInbox,
     db: Sqlite,
+    name: "SQLite",
     module: "sqlite",
     pool: SqlitePool,
     executor: SqliteExecutor,
@@ -204,6 +145,15 @@ sql::sql_inbox! {
     ),
     clock: "host",
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
+    // The insert: one row changed = fresh.
+    claim: |query, executor| query.execute(executor).await?.rows_affected() == 1,
+    example: (
+        begin: "pool.begin_with(\"BEGIN IMMEDIATE\")",
+        insert: "INSERT INTO invoices (event_id) VALUES (?1)",
+        event_id: "to_string()"
+    ),
+    effect: SqliteEffect,
+    handler: SqliteHandler,
 }
 
 impl sql::Dialect for SqliteInbox {
@@ -242,27 +192,6 @@ impl InboxRow for SqliteRow {
             .and_then(DateTime::from_timestamp_micros))
     }
 }
-
-/// The effect a [`SqliteHandler`] runs inside the inbox transaction.
-pub trait SqliteEffect: SqlEffect<Sqlite> {}
-
-impl<F: SqlEffect<Sqlite>> SqliteEffect for F {}
-
-/// An [`InboxHandler`](crate::InboxHandler) over SQLite: claims, runs `effect`, commits; parks
-/// into `<table>_parked`. Give it to a broker adapter.
-///
-/// ```no_run
-/// use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
-/// # fn demo(pool: sqlx::SqlitePool) -> Result<(), outbox_inbox::Error> {
-/// let handler = SqliteHandler::new(pool, SqliteInbox::new(), "billing", |tx, delivery| Box::pin(async move {
-///     sqlx::query("INSERT INTO invoices (event_id) VALUES (?1)")
-///         .bind(delivery.event_id.to_string())
-///         .execute(&mut **tx).await?;
-///     Ok(())
-/// }))?;
-/// # Ok(()) }
-/// ```
-pub type SqliteHandler<F> = SqlHandler<SqliteInbox, F>;
 
 /// Microseconds since the Unix epoch, from the host clock.
 fn now_micros() -> i64 {

@@ -18,7 +18,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
 
-use common::{eventually, fixture, unique};
+use common::{Fixture, eventually, fixture, unique};
 
 fn brokers() -> String {
     std::env::var("OUTBOX_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".into())
@@ -114,14 +114,22 @@ async fn wait_committed(consumer: &Arc<StreamConsumer>, topic: &str, offset: i64
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_event_twice_applies_once_and_commits() {
+/// A fixture, a new topic holding `copies` messages of one new event with `body`, that event
+/// and a consumer of the topic: where each test starts.
+async fn produced(body: &str, copies: usize) -> (Fixture, String, EventId, Arc<StreamConsumer>) {
     let f = fixture().await;
     let topic = topic().await;
     let id = EventId::new();
-    produce(&topic, id, r#"{"n":1}"#).await;
-    produce(&topic, id, r#"{"n":1}"#).await;
+    for _ in 0..copies {
+        produce(&topic, id, body).await;
+    }
     let consumer = consumer(&topic);
+    (f, topic, id, consumer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_event_twice_applies_once_and_commits() {
+    let (f, topic, _, consumer) = produced(r#"{"n":1}"#, 2).await;
     let handler = f.handler();
     let runner = spawn_run(&consumer, handler, AdapterOptions::default());
     assert!(wait_committed(&consumer, &topic, 2).await);
@@ -132,11 +140,7 @@ async fn same_event_twice_applies_once_and_commits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_failing_handler_is_parked_after_max_attempts_and_committed() {
-    let f = fixture().await;
-    let topic = topic().await;
-    let id = EventId::new();
-    produce(&topic, id, r#"{"n":2}"#).await;
-    let consumer = consumer(&topic);
+    let (f, topic, id, consumer) = produced(r#"{"n":2}"#, 1).await;
     let handler = f.failing_handler();
     let options = AdapterOptions::default()
         .with_max_attempts(3)

@@ -1,5 +1,6 @@
 //! The Redis Streams adapter against the machine's Redis (`OUTBOX_TEST_REDIS_URL`, default
-//! `redis://127.0.0.1:6379`); every test uses its own stream.
+//! `redis://127.0.0.1:6379`); every test uses its own stream. The scenarios it shares with NATS
+//! are in `common`; here: its channel and what only Redis tests.
 
 #![cfg(all(feature = "redis", feature = "sqlite"))]
 
@@ -11,7 +12,7 @@ use outbox_inbox::{AdapterOptions, EventId, InboxHandler};
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
-use common::{eventually, fixture, unique};
+use common::{Channel, eventually, fixture, unique};
 
 async fn connection() -> MultiplexedConnection {
     let url =
@@ -107,59 +108,46 @@ async fn delete(conn: &mut MultiplexedConnection, stream: &str) {
         .unwrap();
 }
 
-/// Run the adapter as consumer `c1` of group `billing` in the background, until aborted.
-fn spawn_run(
-    stream: &str,
-    handler: impl InboxHandler + 'static,
-    options: AdapterOptions,
-) -> JoinHandle<Result<(), outbox_inbox::Error>> {
-    let stream = stream.to_owned();
-    tokio::spawn(async move {
+/// A stream of its own with the consumer group `billing`, read by consumer `c1`.
+struct Stream {
+    conn: MultiplexedConnection,
+    stream: String,
+}
+
+impl Channel for Stream {
+    async fn open() -> Stream {
         let mut conn = connection().await;
-        outbox_inbox::redis::run(&mut conn, &stream, "billing", "c1", &handler, &options).await
-    })
+        let stream = new_stream(&mut conn).await;
+        Stream { conn, stream }
+    }
+
+    async fn publish(&mut self, id: Option<EventId>, body: &'static str) {
+        add(&mut self.conn, &self.stream, id, body).await;
+    }
+
+    fn spawn_run(
+        &self,
+        handler: impl InboxHandler + 'static,
+        options: AdapterOptions,
+    ) -> JoinHandle<Result<(), outbox_inbox::Error>> {
+        let stream = self.stream.clone();
+        tokio::spawn(async move {
+            let mut conn = connection().await;
+            outbox_inbox::redis::run(&mut conn, &stream, "billing", "c1", &handler, &options).await
+        })
+    }
+
+    /// Every entry delivered and acked.
+    async fn wait_settled(&self, timeout: Duration) -> bool {
+        eventually(timeout, || drained(&self.stream, "billing")).await
+    }
+
+    async fn delete(mut self) {
+        delete(&mut self.conn, &self.stream).await;
+    }
 }
 
-/// Wait up to `timeout` for every entry to be delivered and acked.
-async fn wait_drained(stream: &str, timeout: Duration) -> bool {
-    eventually(timeout, || drained(stream, "billing")).await
-}
-
-#[tokio::test]
-async fn same_event_twice_applies_once_and_acks() {
-    let f = fixture().await;
-    let mut conn = connection().await;
-    let stream = new_stream(&mut conn).await;
-    let id = EventId::new();
-    add(&mut conn, &stream, Some(id), r#"{"n":1}"#).await;
-    add(&mut conn, &stream, Some(id), r#"{"n":1}"#).await;
-
-    let runner = spawn_run(&stream, f.handler(), AdapterOptions::default());
-    assert!(wait_drained(&stream, Duration::from_secs(15)).await);
-    runner.abort();
-    assert_eq!(f.effects().await, 1);
-    assert!(f.parked().await.is_empty());
-    delete(&mut conn, &stream).await;
-}
-
-#[tokio::test]
-async fn always_failing_handler_is_parked_after_max_attempts_and_acked() {
-    let f = fixture().await;
-    let mut conn = connection().await;
-    let stream = new_stream(&mut conn).await;
-    let id = EventId::new();
-    add(&mut conn, &stream, Some(id), r#"{"n":2}"#).await;
-
-    let options = AdapterOptions::default()
-        .with_max_attempts(3)
-        .with_retry_delay(Duration::from_millis(100));
-    let runner = spawn_run(&stream, f.failing_handler(), options);
-    assert!(f.wait_parked(Duration::from_secs(20)).await);
-    assert!(wait_drained(&stream, Duration::from_secs(10)).await);
-    runner.abort();
-    f.assert_parked_after_failures(id, 3, br#"{"n":2}"#).await;
-    delete(&mut conn, &stream).await;
-}
+common::channel_tests!(Stream; failed_first_delivery_is_reclaimed_and_applied_once);
 
 #[tokio::test]
 async fn entry_without_id_is_parked_at_once() {
@@ -181,21 +169,5 @@ async fn entry_without_id_is_parked_at_once() {
     assert_eq!(outcomes.len(), 1);
     assert!(matches!(outcomes[0], outbox_inbox::HandlerOutcome::Parked));
     assert_eq!(pending(&mut conn, &stream, "billing").await, 0);
-    delete(&mut conn, &stream).await;
-}
-
-#[tokio::test]
-async fn failed_first_delivery_is_reclaimed_and_applied_once() {
-    let f = fixture().await;
-    let mut conn = connection().await;
-    let stream = new_stream(&mut conn).await;
-    add(&mut conn, &stream, Some(EventId::new()), r#"{"n":3}"#).await;
-    let options = AdapterOptions::default().with_retry_delay(Duration::from_millis(100));
-    let runner = spawn_run(&stream, f.flaky_handler(), options);
-    assert!(eventually(Duration::from_secs(15), || async { f.effects().await == 1 }).await);
-    assert!(wait_drained(&stream, Duration::from_secs(10)).await);
-    runner.abort();
-    assert_eq!(f.effects().await, 1);
-    assert!(f.parked().await.is_empty());
     delete(&mut conn, &stream).await;
 }

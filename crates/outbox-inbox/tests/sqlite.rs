@@ -1,5 +1,6 @@
 //! The SQLite inbox on a fresh database file per test (WAL, several connections). The contract
-//! every database shares is in `conformance/`; here: its backend and the claim statement.
+//! every database shares is in `conformance/`; here: its backend and how the claim statement is
+//! run.
 
 #![cfg(feature = "sqlite")]
 
@@ -8,8 +9,8 @@ mod conformance;
 
 use common::unique;
 
-use conformance::{Backend, Fixture, run_sql, setup};
-use outbox_inbox::EventId;
+use conformance::{Backend, ClaimRoutine, Fixture, run_sql};
+use outbox_inbox::BoxFuture;
 use outbox_inbox::sqlite::SqliteInbox;
 use sqlx::{SqliteConnection, SqlitePool};
 
@@ -26,22 +27,15 @@ impl Backend for Lite {
         (pool, inbox)
     }
 
-    fn effects_table(inbox: &SqliteInbox) -> String {
-        format!("\"{}_effects\"", inbox.table())
+    fn beside(inbox: &SqliteInbox, suffix: &str) -> String {
+        format!("\"{}{suffix}\"", inbox.table())
     }
 
     run_sql!(SqliteConnection);
 
     /// SQLite's times are the host's microseconds: moved back from the row's own.
-    fn backdate(inbox: &SqliteInbox, id: EventId, hours: u32) -> String {
-        format!(
-            "UPDATE {} SET processed_at = processed_at - {hours} * 3600 * 1000000 WHERE event_id = '{id}'",
-            inbox.qualified_table()
-        )
-    }
-
-    fn migrations_table(inbox: &SqliteInbox) -> String {
-        format!("\"{}_migrations\"", inbox.table())
+    fn hours_ago(hours: u32) -> String {
+        format!("processed_at - {hours} * 3600 * 1000000")
     }
 
     fn refuses_bad_table_name() -> bool {
@@ -51,37 +45,38 @@ impl Backend for Lite {
 
 conformance::conformance_tests!(Lite);
 
-/// The documented claim statement, run as a consumer in another language runs it: one row
-/// changed once; none for a committed duplicate; one again after a rollback.
+impl ClaimRoutine for Lite {
+    fn claim_sql(inbox: &SqliteInbox) -> String {
+        inbox.claim_statement().to_owned()
+    }
+
+    /// One row changed, or none.
+    fn call_claim(
+        conn: &mut SqliteConnection,
+        sql: String,
+        id: Option<String>,
+        handler: String,
+    ) -> BoxFuture<'_, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(id)
+                .bind(handler)
+                .execute(conn)
+                .await?;
+            Ok(conformance::fresh(
+                i64::try_from(done.rows_affected()).unwrap(),
+            ))
+        })
+    }
+}
+
+/// The documented claim statement, run as a consumer in another language runs it (in a
+/// `BEGIN IMMEDIATE` transaction, as the inbox's own): see the shared scenario; and
+/// `processed_at` is SQLite's clock in microseconds, within a minute of the host's.
 #[tokio::test]
 async fn the_claim_statement_is_plain_sql_any_consumer_can_run() {
-    let Fixture { pool, inbox, .. } = setup::<Lite>().await;
-    let sql = inbox.claim_statement().to_owned();
-    let id = EventId::new();
-    let claim = async |tx: &mut sqlx::SqliteConnection| -> u64 {
-        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(id.to_string())
-            .bind("billing")
-            .execute(tx)
-            .await
-            .unwrap()
-            .rows_affected()
-    };
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    assert_eq!(claim(&mut tx).await, 1);
-    tx.rollback().await.unwrap();
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    assert_eq!(
-        claim(&mut tx).await,
-        1,
-        "a rolled-back claim must not count"
-    );
-    tx.commit().await.unwrap();
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    assert_eq!(claim(&mut tx).await, 0);
-    tx.commit().await.unwrap();
-    assert!(inbox.contains(&pool, id, "billing").await.unwrap());
-    // processed_at is SQLite's clock in microseconds: within a minute of the host's.
+    let Fixture { pool, inbox, .. } =
+        conformance::the_claim_routine_is_plain_sql_any_consumer_can_call::<Lite>().await;
     let at: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT processed_at FROM {}",
         inbox.qualified_table()

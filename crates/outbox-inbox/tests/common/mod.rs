@@ -1,15 +1,17 @@
-//! Shared by the broker adapter tests: a fresh SQLite inbox and handlers that count effects
-//! (and the SQLite pool, by the SQLite inbox tests).
+//! Shared by the broker adapter tests: a fresh SQLite inbox, handlers that count effects and
+//! the scenarios every broker passes (and the SQLite pool, by the SQLite inbox tests).
 
 #![allow(dead_code)]
 
 pub use outbox_testkit::unique;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use outbox_inbox::sqlite::{SqliteHandler, SqliteInbox};
-use outbox_inbox::{BoxFuture, EventId};
+use outbox_inbox::{AdapterOptions, BoxFuture, EventId, InboxHandler};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use tokio::task::JoinHandle;
 
 pub struct Fixture {
     pub pool: SqlitePool,
@@ -59,21 +61,31 @@ async fn insert_effect(
     Ok(())
 }
 
+/// Insert the effect, then end as `outcome` says for the delivery: what the effects below
+/// share.
+fn insert_then<'c>(
+    tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    d: &'c outbox_inbox::Delivery,
+    outcome: fn(&outbox_inbox::Delivery) -> Result<(), outbox_inbox::BoxError>,
+) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
+    Box::pin(async move {
+        insert_effect(tx, d).await?;
+        outcome(d)
+    })
+}
+
 fn record<'c>(
     tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
-    Box::pin(async move { Ok(insert_effect(tx, d).await?) })
+    insert_then(tx, d, |_| Ok(()))
 }
 
 fn record_then_fail<'c>(
     tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
-    Box::pin(async move {
-        insert_effect(tx, d).await?;
-        Err("downstream rejected the event".into())
-    })
+    insert_then(tx, d, |_| Err("downstream rejected the event".into()))
 }
 
 /// Fails on the first delivery, succeeds on later ones.
@@ -81,8 +93,7 @@ fn fail_first<'c>(
     tx: &'c mut sqlx::Transaction<'static, sqlx::Sqlite>,
     d: &'c outbox_inbox::Delivery,
 ) -> BoxFuture<'c, Result<(), outbox_inbox::BoxError>> {
-    Box::pin(async move {
-        insert_effect(tx, d).await?;
+    insert_then(tx, d, |d| {
         if d.attempt == 1 {
             return Err("first delivery fails".into());
         }
@@ -171,3 +182,101 @@ where
     }
     false
 }
+
+/// A broker's channel of its own for one test — a stream with the consumer group `billing`
+/// (NATS JetStream, Redis Streams) — and the adapter over it: what the scenarios below need.
+pub trait Channel: Sized {
+    /// A new channel.
+    fn open() -> impl Future<Output = Self>;
+
+    /// Publish `body` with the event id `id` (`None`: without one).
+    fn publish(&mut self, id: Option<EventId>, body: &'static str) -> impl Future<Output = ()>;
+
+    /// Run the adapter over the channel in the background, until aborted.
+    fn spawn_run(
+        &self,
+        handler: impl InboxHandler + 'static,
+        options: AdapterOptions,
+    ) -> JoinHandle<Result<(), outbox_inbox::Error>>;
+
+    /// Wait up to `timeout` for every message to be delivered and acked.
+    fn wait_settled(&self, timeout: Duration) -> impl Future<Output = bool>;
+
+    /// Delete the channel.
+    fn delete(self) -> impl Future<Output = ()>;
+}
+
+/// The same event delivered twice: applied once, both acked, nothing parked.
+pub async fn same_event_twice_applies_once_and_acks<C: Channel>() {
+    let f = fixture().await;
+    let mut channel = C::open().await;
+    let id = EventId::new();
+    channel.publish(Some(id), r#"{"n":1}"#).await;
+    channel.publish(Some(id), r#"{"n":1}"#).await;
+
+    let runner = channel.spawn_run(f.handler(), AdapterOptions::default());
+    assert!(channel.wait_settled(Duration::from_secs(15)).await);
+    runner.abort();
+    assert_eq!(f.effects().await, 1);
+    assert!(f.parked().await.is_empty());
+    channel.delete().await;
+}
+
+/// A handler that always fails: parked after three attempts, then acked; its effects rolled
+/// back.
+pub async fn always_failing_handler_is_parked_after_max_attempts_and_acked<C: Channel>() {
+    let f = fixture().await;
+    let mut channel = C::open().await;
+    let id = EventId::new();
+    channel.publish(Some(id), r#"{"n":2}"#).await;
+
+    let options = AdapterOptions::default()
+        .with_max_attempts(3)
+        .with_retry_delay(Duration::from_millis(100));
+    let runner = channel.spawn_run(f.failing_handler(), options);
+    assert!(f.wait_parked(Duration::from_secs(20)).await);
+    assert!(channel.wait_settled(Duration::from_secs(10)).await);
+    runner.abort();
+    f.assert_parked_after_failures(id, 3, br#"{"n":2}"#).await;
+    channel.delete().await;
+}
+
+/// A first delivery that fails comes again (redelivered or reclaimed) and is applied once.
+pub async fn failed_first_delivery_is_delivered_again_and_applied_once<C: Channel>() {
+    let f = fixture().await;
+    let mut channel = C::open().await;
+    channel.publish(Some(EventId::new()), r#"{"n":3}"#).await;
+    let options = AdapterOptions::default().with_retry_delay(Duration::from_millis(100));
+    let runner = channel.spawn_run(f.flaky_handler(), options);
+    assert!(eventually(Duration::from_secs(15), || async { f.effects().await == 1 }).await);
+    assert!(channel.wait_settled(Duration::from_secs(10)).await);
+    runner.abort();
+    assert_eq!(f.effects().await, 1);
+    assert!(f.parked().await.is_empty());
+    channel.delete().await;
+}
+
+/// The scenarios above as `#[tokio::test]`s over the channel `$channel`, each named as its
+/// scenario but the failed-first-delivery one, named `$failed_first` in the broker's words
+/// (redelivered, reclaimed). (Only the NATS and Redis tests expand it.)
+#[allow(unused_macros)]
+macro_rules! channel_tests {
+    ($channel:ty; $failed_first:ident) => {
+        $crate::common::channel_tests!(@as $channel;
+            same_event_twice_applies_once_and_acks = same_event_twice_applies_once_and_acks,
+            always_failing_handler_is_parked_after_max_attempts_and_acked =
+                always_failing_handler_is_parked_after_max_attempts_and_acked,
+            $failed_first = failed_first_delivery_is_delivered_again_and_applied_once,
+        );
+    };
+    (@as $channel:ty; $($name:ident = $scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                $crate::common::$scenario::<$channel>().await;
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use channel_tests;

@@ -10,6 +10,10 @@
 
 #![allow(dead_code)]
 
+mod routine;
+
+pub use routine::*;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -42,8 +46,14 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// A pool and an unmigrated inbox of its own (unique names).
     fn open() -> impl Future<Output = (Pool<Db<Self>>, Self::Inbox)> + Send;
 
+    /// The quoted name of the table `<table><suffix>` next to `inbox` (in its schema); the
+    /// suffix `""` names the inbox table itself.
+    fn beside(inbox: &Self::Inbox, suffix: &str) -> String;
+
     /// The quoted name of the effects table next to `inbox`.
-    fn effects_table(inbox: &Self::Inbox) -> String;
+    fn effects_table(inbox: &Self::Inbox) -> String {
+        Self::beside(inbox, "_effects")
+    }
 
     /// Run `sql` on `conn`. (Written per database, by [`run_sql!`], because sqlx's executor
     /// bound cannot be stated once for every database.)
@@ -52,21 +62,42 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Run `sql`, which returns one integer, on `conn`.
     fn fetch_i64(conn: &mut Conn<Self>, sql: String) -> BoxFuture<'_, i64>;
 
+    /// SQL for a `processed_at` `hours` before now.
+    fn hours_ago(hours: u32) -> String;
+
     /// SQL setting `id`'s `processed_at` to `hours` before now.
-    fn backdate(inbox: &Self::Inbox, id: EventId, hours: u32) -> String;
+    fn backdate(inbox: &Self::Inbox, id: EventId, hours: u32) -> String {
+        format!(
+            "UPDATE {} SET processed_at = {} WHERE event_id = '{id}'",
+            Self::beside(inbox, ""),
+            Self::hours_ago(hours)
+        )
+    }
 
     /// The quoted migrations (bookkeeping) table.
-    fn migrations_table(inbox: &Self::Inbox) -> String;
+    fn migrations_table(inbox: &Self::Inbox) -> String {
+        Self::beside(inbox, "_migrations")
+    }
 
     /// Whether the inbox constructor refuses the table name `Bad-Name`.
     fn refuses_bad_table_name() -> bool;
 
-    /// SQL that takes a migrated inbox back to schema version 1: drops the claim routine
-    /// (function or procedure) and its bookkeeping row. Only for databases whose schema has a
-    /// version 2, which run [`a_version_1_inbox_is_upgraded_and_says_so_until_then`].
-    fn downgrade_to_version_1(inbox: &Self::Inbox) -> String {
+    /// SQL dropping the claim routine (function or procedure) that schema version 2 adds.
+    /// Only for databases whose schema has a version 2, which run
+    /// [`a_version_1_inbox_is_upgraded_and_says_so_until_then`].
+    fn drop_claim_routine(inbox: &Self::Inbox) -> String {
         let _ = inbox;
         unreachable!("this database's inbox schema has one version")
+    }
+
+    /// SQL that takes a migrated inbox back to schema version 1: drops the claim routine and
+    /// its bookkeeping row.
+    fn downgrade_to_version_1(inbox: &Self::Inbox) -> String {
+        format!(
+            "{}; DELETE FROM {} WHERE version = 2",
+            Self::drop_claim_routine(inbox),
+            Self::migrations_table(inbox)
+        )
     }
 }
 
@@ -96,6 +127,17 @@ macro_rules! run_sql {
     };
 }
 pub(crate) use run_sql;
+
+/// A pool of 12 connections to the server at the URL in the environment variable `var`
+/// (`default` without it); panics saying `running` when none answers.
+pub async fn connect<DB: Database>(var: &str, default: &str, running: &str) -> Pool<DB> {
+    let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .expect(running)
+}
 
 /// A migrated inbox of its own, the pool and the effects table.
 pub struct Fixture<B: Backend> {
@@ -203,11 +245,14 @@ fn spawn_apply<B: Backend>(fx: &Fixture<B>, id: EventId) -> JoinHandle<(Processe
 }
 
 /// Expand to one test per property of the inbox contract for `$backend` (a type implementing
-/// [`Backend`]); `@tests $backend; names` for properties only some databases have
-/// (`a_version_1_inbox_is_upgraded_and_says_so_until_then`).
+/// [`Backend`]), and for the properties only some databases have that follow it
+/// (`$backend; a_version_1_inbox_is_upgraded_and_says_so_until_then`); `@tests $backend; names`
+/// for those alone; `@as $backend; name = scenario`
+/// for a test named `name` running the scenario `scenario` (the database's own word for its
+/// claim routine in the name).
 macro_rules! conformance_tests {
-    ($backend:ty) => {
-        $crate::conformance::conformance_tests!(@tests $backend;
+    ($backend:ty $(; $($extra:ident),* $(,)?)?) => {
+        $crate::conformance::conformance_tests!(@tests $backend; $($($extra,)*)?
             migrate_is_idempotent,
             process_twice_applies_once,
             failed_effect_records_nothing_and_retry_applies,
@@ -222,10 +267,13 @@ macro_rules! conformance_tests {
         );
     };
     (@tests $backend:ty; $($name:ident),* $(,)?) => {
+        $crate::conformance::conformance_tests!(@as $backend; $($name = $name),*);
+    };
+    (@as $backend:ty; $($name:ident = $scenario:ident),* $(,)?) => {
         $(
             #[tokio::test]
             async fn $name() {
-                $crate::conformance::$name::<$backend>().await;
+                $crate::conformance::$scenario::<$backend>().await;
             }
         )*
     };

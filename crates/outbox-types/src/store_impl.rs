@@ -150,3 +150,38 @@ macro_rules! impl_store_by_concern {
         }
     };
 }
+
+/// The `retention` module of a store whose two purges are one statement each, run the same way:
+/// `purge_delivered` (`sql().purge`) and `purge_dead` (`sql().purge_dead`), the functions
+/// [`impl_store_by_concern!`](crate::impl_store_by_concern) delegates to, and `purge`, which
+/// both call, with `$body` as its body over the parameters named by the caller (the store, the
+/// statement, `older_than`, the batch limit). Only the body differs between stores (the bind
+/// types, a write turn, how the count comes back), so only the body is written per store.
+#[macro_export]
+macro_rules! impl_purge_by_statement {
+    ($store:ty, |$s:ident, $statement:ident, $older_than:ident, $limit:ident| $body:block) => {
+        pub(crate) async fn purge_delivered(
+            store: &$store,
+            older_than: ::std::time::Duration,
+            limit: u32,
+        ) -> Result<u64, $crate::StoreError> {
+            purge(store, &store.sql().purge, older_than, limit).await
+        }
+
+        pub(crate) async fn purge_dead(
+            store: &$store,
+            older_than: ::std::time::Duration,
+            limit: u32,
+        ) -> Result<u64, $crate::StoreError> {
+            purge(store, &store.sql().purge_dead, older_than, limit).await
+        }
+
+        /// Run one of the purge statements: `older_than` and `limit` are its parameters.
+        async fn purge(
+            $s: &$store,
+            $statement: &str,
+            $older_than: ::std::time::Duration,
+            $limit: u32,
+        ) -> Result<u64, $crate::StoreError> $body
+    };
+}

@@ -86,6 +86,25 @@ macro_rules! relay_behaviour {
     };
 }
 
+/// One `#[tokio::test]` per writer scenario listed, each calling the scenario of the same name
+/// (or, written `test => scenario`, of another name) with `$writer` (an expression building a
+/// [`Writer`]): the writer's side of the contract, run by each store from its own test file.
+#[macro_export]
+macro_rules! writer_tests {
+    ($writer:expr; $($test:ident $(=> $scenario:ident)?),* $(,)?) => {
+        $($crate::writer_tests!(@one $writer; $test $(=> $scenario)?);)*
+    };
+    (@one $writer:expr; $test:ident) => {
+        $crate::writer_tests!(@one $writer; $test => $test);
+    };
+    (@one $writer:expr; $test:ident => $scenario:ident) => {
+        #[tokio::test]
+        async fn $test() {
+            $crate::$scenario(&$writer).await;
+        }
+    };
+}
+
 mod admin;
 mod claim;
 mod harness;

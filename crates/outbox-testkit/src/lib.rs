@@ -225,6 +225,14 @@ impl Sink for RecordingSink {
     }
 }
 
+/// Fail unless `error`'s message contains `text`; the failure shows the whole message. What a
+/// test of a refusal checks: the reason is named, whatever else the database adds around it.
+#[track_caller]
+pub fn assert_mentions(error: &impl std::fmt::Display, text: &str) {
+    let message = error.to_string();
+    assert!(message.contains(text), "{message}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -233,6 +233,27 @@ pub fn assert_mentions(error: &impl std::fmt::Display, text: &str) {
     assert!(message.contains(text), "{message}");
 }
 
+/// Check a store's table-name rule: plain names (up to 48 bytes) pass; the names every store
+/// refuses (empty, upper case, a leading digit, a dash, 49 bytes) and the store's own `more`
+/// (its quoting, its reserved prefixes) are [`StoreError::Invalid`](outbox_types::StoreError).
+#[track_caller]
+pub fn check_table_name_rule(
+    check: impl Fn(&str) -> Result<(), outbox_types::StoreError>,
+    more: &[&str],
+) {
+    for good in ["outbox_events", "_x1", &"a".repeat(48)] {
+        assert!(check(good).is_ok(), "{good:?}");
+    }
+    let too_long = "a".repeat(49);
+    let common = ["", "Events", "1events", "bad-name", too_long.as_str()];
+    for bad in common.iter().chain(more) {
+        assert!(
+            matches!(check(bad), Err(outbox_types::StoreError::Invalid(_))),
+            "{bad:?}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

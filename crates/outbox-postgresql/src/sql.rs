@@ -602,7 +602,6 @@ mod tests {
     use outbox_types::ClaimRequest;
     use outbox_types::DeadLetterPolicy;
     use outbox_types::Store;
-    use outbox_types::route::RouteTable;
     use outbox_types::route::SqlDialect;
     use sqlx::AssertSqlSafe;
     use sqlx::PgPool;
@@ -688,15 +687,7 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
-        let routes = RouteTable::new(
-            ["kafka", "hooks"],
-            vec![
-                outbox_types::route::RouteRule::to("hooks")
-                    .event_type(outbox_types::route::Pattern::parse("Hook*")),
-                outbox_types::route::RouteRule::to("kafka"),
-            ],
-        )
-        .unwrap();
+        let routes = outbox_testkit::hooks_and_kafka();
         let claim_args = || {
             vec![
                 PlanArg::Int(200),

@@ -314,7 +314,6 @@ mod tests {
     use crate::SqliteStore;
     use outbox_types::DeadLetterPolicy;
     use outbox_types::NewEvent;
-    use outbox_types::route::RouteTable;
     use outbox_types::route::SqlDialect;
     use outbox_types::{ClaimRequest, Store};
     use sqlx::AssertSqlSafe;
@@ -403,15 +402,7 @@ mod tests {
         }
         // The operator statements read undelivered and dead rows through the partial indexes,
         // never the delivered bulk; a claim with a destination on hold still does too.
-        let routes = RouteTable::new(
-            ["kafka", "hooks"],
-            vec![
-                outbox_types::route::RouteRule::to("hooks")
-                    .event_type(outbox_types::route::Pattern::parse("Hook*")),
-                outbox_types::route::RouteRule::to("kafka"),
-            ],
-        )
-        .unwrap();
+        let routes = outbox_testkit::hooks_and_kafka();
         let route_e = routes.sql_case(SqlDialect::Sqlite, Some("e"));
         let route_b = routes.sql_case(SqlDialect::Sqlite, Some("b"));
         let held = claim_sql(

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use outbox_testkit::hooks_and_kafka;
 use outbox_types::route::{Pattern, RouteRule, RouteTable};
 use outbox_types::{
     BuryEvent, ClaimRequest, DeadLetterPolicy, DestinationStats, EventId, EventState, Hold,
@@ -46,18 +47,6 @@ fn singles(prefix: &str, event_types: &[&str]) -> Vec<NewEvent> {
         .enumerate()
         .map(|(i, event_type)| typed(&format!("{prefix}{i}"), 0, event_type))
         .collect()
-}
-
-/// `kafka` gets everything but `Hook*` event types, which go to `hooks`.
-fn two_routes() -> RouteTable {
-    RouteTable::new(
-        ["kafka", "hooks"],
-        vec![
-            RouteRule::to("hooks").event_type(Pattern::parse("Hook*")),
-            RouteRule::to("kafka"),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A claim of up to 1000 with `paused` destinations held back and `deferred` ones skipped.
@@ -109,7 +98,7 @@ where
 /// Resumed, the held events are claimed in seq order.
 pub async fn pause_holds_only_that_destinations_events<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
+    let routes = hooks_and_kafka();
     let events = [
         history("a", &["Created", "HookSent", "Created"]),
         history("b", &["HookSent", "HookSent"]),
@@ -159,7 +148,7 @@ pub async fn pause_holds_only_that_destinations_events<H: Harness>(h: &H) {
 /// later events of its aggregate (it does once the destination is resumed).
 pub async fn held_events_do_not_block_other_destinations<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
+    let routes = hooks_and_kafka();
     h.enqueue(&store, &history("d", &["HookSent", "Created"]))
         .await;
     let first = store.claim(&req(1)).await.unwrap();
@@ -194,7 +183,7 @@ fn defer(routes: &RouteTable, deferred: &[&str]) -> ClaimRequest {
 /// must still return every due event in order.
 pub async fn a_deferred_destination_keeps_its_place_in_each_aggregate<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
+    let routes = hooks_and_kafka();
     let events = [
         history("a", &["Created", "HookSent", "Created"]),
         history("b", &["HookSent", "Created"]),
@@ -545,7 +534,7 @@ pub async fn leases_report_who_holds_what_since_when<H: Harness>(h: &H) {
 /// other states.
 pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
+    let routes = hooks_and_kafka();
     // r0 kafka, r1 hooks, r2 kafka (delivered after a retry), r3 kafka "Other", r4 recent,
     // r5 dead, r6 pending, r7 in flight.
     let mut types = ["Created"; 8];
@@ -799,7 +788,7 @@ pub async fn purge_never_deletes_an_undelivered_event<H: Harness>(h: &H) {
 /// `DeadLetterPolicy` still applies to the rest.
 pub async fn hold_respects_the_dead_letter_policy<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
+    let routes = hooks_and_kafka();
     let events = [
         history("z", &["Created", "Created"]),
         history("y", &["HookSent"]),

@@ -225,6 +225,20 @@ impl Sink for RecordingSink {
     }
 }
 
+/// `kafka` gets every event but those of `Hook*` event types, which go to `hooks`: the route
+/// table the stores' statement tests and the conformance suite hold, pause and replay by.
+pub fn hooks_and_kafka() -> outbox_types::route::RouteTable {
+    use outbox_types::route::{Pattern, RouteRule, RouteTable};
+    RouteTable::new(
+        ["kafka", "hooks"],
+        vec![
+            RouteRule::to("hooks").event_type(Pattern::parse("Hook*")),
+            RouteRule::to("kafka"),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Fail unless `error`'s message contains `text`; the failure shows the whole message. What a
 /// test of a refusal checks: the reason is named, whatever else the database adds around it.
 #[track_caller]

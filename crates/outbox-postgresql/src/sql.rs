@@ -858,16 +858,12 @@ mod tests {
         // (buffers of relay-b's claim while relay-a holds every head, of one after relay-a's ack)
         let measure = || async {
             let holder = store
-                .claim(&ClaimRequest {
-                    owner: "relay-a".into(),
-                    limit: 100,
-                    lease: std::time::Duration::from_secs(600),
-                    dead_letter: DeadLetterPolicy::Block,
-                    hold: None,
-                    max_batch_bytes: u64::MAX,
-                    max_payload_bytes: u64::MAX,
-                    up_to_seq: None,
-                })
+                .claim(&ClaimRequest::new(
+                    "relay-a",
+                    100,
+                    std::time::Duration::from_secs(600),
+                    DeadLetterPolicy::Block,
+                ))
                 .await
                 .unwrap();
             let held: std::collections::HashSet<&str> = holder

@@ -361,16 +361,12 @@ mod tests {
             .await
             .unwrap();
         let claim = store
-            .claim(&ClaimRequest {
-                owner: "plan".into(),
-                limit: 550,
-                lease: Duration::from_secs(60),
-                dead_letter: DeadLetterPolicy::Block,
-                hold: None,
-                max_batch_bytes: u64::MAX,
-                max_payload_bytes: u64::MAX,
-                up_to_seq: None,
-            })
+            .claim(&ClaimRequest::new(
+                "plan",
+                550,
+                Duration::from_secs(60),
+                DeadLetterPolicy::Block,
+            ))
             .await
             .unwrap();
         let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();

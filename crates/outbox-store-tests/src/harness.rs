@@ -129,3 +129,13 @@ pub(crate) fn labels(events: &[Event]) -> Vec<(&str, u64)> {
 pub(crate) fn aggregate_ids(events: &[Event]) -> Vec<&str> {
     events.iter().map(|e| e.aggregate_id.as_str()).collect()
 }
+
+/// A fresh store holding `events`, enqueued in one transaction, and what the enqueue returned.
+pub(crate) async fn fresh_holding<H: Harness>(
+    h: &H,
+    events: &[NewEvent],
+) -> (Arc<H::Store>, Vec<(EventId, bool)>) {
+    let store = h.fresh().await;
+    let enqueued = h.enqueue(&store, events).await;
+    (store, enqueued)
+}

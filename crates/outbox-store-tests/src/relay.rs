@@ -298,10 +298,7 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
 /// is dead with the attempt count and a "gave up after" error, and under `Block` its aggregate's
 /// later events wait behind it.
 pub async fn relay_gives_up_after_max_attempts<H: Harness>(h: &H) {
-    let store = h.fresh().await;
-    let ids = h
-        .enqueue(&store, &numbered_all(&[("m", 1), ("m", 2), ("n", 1)]))
-        .await;
+    let (store, ids) = fresh_holding(h, &numbered_all(&[("m", 1), ("m", 2), ("n", 1)])).await;
     let sink = faulty_sink(Faults {
         fail: Some(Arc::new(|e: &outbox_types::Event| {
             e.aggregate_id == "m" && payload_n(e) == 1
@@ -600,10 +597,7 @@ pub async fn a_batch_waiting_on_a_hanging_destination_gives_its_slot_back<H: Har
 /// each and are retried, the poison one ends dead after `max_attempts`, the others are
 /// delivered, and nothing stays in flight.
 pub async fn a_panicking_sink_costs_attempts_not_a_stuck_claim<H: Harness>(h: &H) {
-    let store = h.fresh().await;
-    let ids = h
-        .enqueue(&store, &numbered_all(&[("p", 1), ("q", 1), ("q", 2)]))
-        .await;
+    let (store, ids) = fresh_holding(h, &numbered_all(&[("p", 1), ("q", 1), ("q", 2)])).await;
     let sink = faulty_sink(Faults {
         panic: Some(Arc::new(|e: &outbox_types::Event| e.aggregate_id == "p")),
         ..Faults::default()

@@ -9,9 +9,7 @@ use crate::sql::json_text;
 use chrono::{DateTime, Utc};
 use outbox_types::route::RouteTable;
 use outbox_types::sql_store::{id_list, outbox_stats, sorted_destination_stats};
-use outbox_types::{
-    DeadFilter, DestinationStats, EventId, OutboxStats, ReplayFilter, ReplayStep, StoreError,
-};
+use outbox_types::{DeadFilter, DestinationStats, EventId, OutboxStats, ReplayStep, StoreError};
 use sqlx::{AssertSqlSafe, Row};
 
 /// The longest paused destination name and "paused by" text.
@@ -21,6 +19,46 @@ outbox_types::impl_sql_admin_reads! {
     store: MySqlStore,
     bind_id: EventId::to_string,
     pauser: pauser,
+}
+
+outbox_types::impl_sql_admin_writes! {
+    store: MySqlStore,
+    requeue_dead: |store, filter| {
+        let sql = store.sql();
+        on_dead(store, filter, &sql.requeue_dead_all, &sql.requeue_dead_ids).await
+    },
+    discard_dead: |store, filter| {
+        let sql = store.sql();
+        on_dead(store, filter, &sql.discard_dead_all, &sql.discard_dead_ids).await
+    },
+    replay_step: |store, filter, routes, after_seq, limit| {
+        let page = store
+            .sql()
+            .replay_page(filter, routes, after_seq.unwrap_or(0), i64::from(limit));
+        let seqs: Vec<i64> = page
+            .query()
+            .fetch_all(&store.pool)
+            .await
+            .map_err(map_sqlx)?
+            .iter()
+            .map(|row| row.try_get("seq").map_err(map_sqlx))
+            .collect::<Result<_, _>>()?;
+        if seqs.is_empty() {
+            return Ok(ReplayStep::default());
+        }
+        let done = sqlx::query(AssertSqlSafe(store.sql().replay_update.as_str()))
+            .bind(json_text(&seqs)?)
+            .execute(&store.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(ReplayStep {
+            replayed: done.rows_affected(),
+            next_after: seqs
+                .last()
+                .copied()
+                .filter(|_| seqs.len() >= limit as usize),
+        })
+    },
 }
 
 /// Where [`check`] says the schema is.
@@ -36,22 +74,6 @@ pub(crate) async fn stats(store: &MySqlStore) -> Result<OutboxStats, StoreError>
     let oldest: Option<DateTime<Utc>> = row.try_get("oldest").map_err(map_sqlx)?;
     let observed_at: DateTime<Utc> = row.try_get("observed_at").map_err(map_sqlx)?;
     outbox_stats(&Columns(&row), oldest, observed_at)
-}
-
-pub(crate) async fn requeue_dead(
-    store: &MySqlStore,
-    filter: &DeadFilter,
-) -> Result<u64, StoreError> {
-    let sql = store.sql();
-    on_dead(store, filter, &sql.requeue_dead_all, &sql.requeue_dead_ids).await
-}
-
-pub(crate) async fn discard_dead(
-    store: &MySqlStore,
-    filter: &DeadFilter,
-) -> Result<u64, StoreError> {
-    let sql = store.sql();
-    on_dead(store, filter, &sql.discard_dead_all, &sql.discard_dead_ids).await
 }
 
 /// Runs `all` or, for a list of ids, `ids` over their JSON array (an empty list changes
@@ -102,40 +124,4 @@ fn pauser(destination: &str, by: &str) -> Result<String, StoreError> {
         )));
     }
     Ok(by.chars().take(MAX_NAME_CHARS).collect())
-}
-
-/// One page of a replay, `limit` above 0.
-async fn replay_step(
-    store: &MySqlStore,
-    filter: &ReplayFilter,
-    routes: &RouteTable,
-    after_seq: Option<i64>,
-    limit: u32,
-) -> Result<ReplayStep, StoreError> {
-    let page = store
-        .sql()
-        .replay_page(filter, routes, after_seq.unwrap_or(0), i64::from(limit));
-    let seqs: Vec<i64> = page
-        .query()
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?
-        .iter()
-        .map(|row| row.try_get("seq").map_err(map_sqlx))
-        .collect::<Result<_, _>>()?;
-    if seqs.is_empty() {
-        return Ok(ReplayStep::default());
-    }
-    let done = sqlx::query(AssertSqlSafe(store.sql().replay_update.as_str()))
-        .bind(json_text(&seqs)?)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(ReplayStep {
-        replayed: done.rows_affected(),
-        next_after: seqs
-            .last()
-            .copied()
-            .filter(|_| seqs.len() >= limit as usize),
-    })
 }

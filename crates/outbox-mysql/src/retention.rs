@@ -4,33 +4,9 @@
 use crate::MySqlStore;
 use crate::error::map_sqlx;
 use crate::sql::micros;
-use outbox_types::StoreError;
 use sqlx::AssertSqlSafe;
-use std::time::Duration;
 
-pub(crate) async fn purge_delivered(
-    store: &MySqlStore,
-    older_than: Duration,
-    limit: u32,
-) -> Result<u64, StoreError> {
-    purge(store, &store.sql().purge, older_than, limit).await
-}
-
-pub(crate) async fn purge_dead(
-    store: &MySqlStore,
-    older_than: Duration,
-    limit: u32,
-) -> Result<u64, StoreError> {
-    purge(store, &store.sql().purge_dead, older_than, limit).await
-}
-
-/// Run one of the purge statements: `older_than` and `limit` are its parameters.
-async fn purge(
-    store: &MySqlStore,
-    statement: &str,
-    older_than: Duration,
-    limit: u32,
-) -> Result<u64, StoreError> {
+outbox_types::impl_purge_by_statement!(MySqlStore, |store, statement, older_than, limit| {
     if limit == 0 {
         return Ok(0);
     }
@@ -41,4 +17,4 @@ async fn purge(
         .await
         .map_err(map_sqlx)?;
     Ok(done.rows_affected())
-}
+});

@@ -688,15 +688,7 @@ mod tests {
                 "round {round}: {candidates:?}"
             );
             // The statements built around a route table read through the same indexes.
-            let routes = RouteTable::new(
-                ["kafka", "hooks"],
-                vec![
-                    outbox_types::route::RouteRule::to("hooks")
-                        .event_type(outbox_types::route::Pattern::parse("Hook*")),
-                    outbox_types::route::RouteRule::to("kafka"),
-                ],
-            )
-            .unwrap();
+            let routes = outbox_testkit::hooks_and_kafka();
             let built = |b: crate::sql::Built| -> (String, Vec<serde_json::Value>) {
                 let binds = b
                     .binds

@@ -11,10 +11,12 @@ use outbox_mysql::{MySqlOutbox, MySqlStore};
 use outbox_store_tests::{self as scenario, Writer};
 use outbox_types::{NewEvent, Store, StoreError};
 
-#[tokio::test]
-async fn committed_transaction_keeps_order_and_event_together() {
-    scenario::committed_transaction_keeps_order_and_event_together(&MySqlWriter).await;
-}
+outbox_store_tests::writer_tests!(MySqlWriter;
+    committed_transaction_keeps_order_and_event_together,
+    rolled_back_transaction_leaves_neither,
+    a_writer_killed_before_commit_leaves_nothing,
+    enqueue_through_the_pool_autocommits_like_any_statement,
+);
 
 #[tokio::test]
 async fn a_committed_batch_appears_whole_and_only_at_commit() {
@@ -55,11 +57,6 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
 }
 
 #[tokio::test]
-async fn rolled_back_transaction_leaves_neither() {
-    scenario::rolled_back_transaction_leaves_neither(&MySqlWriter).await;
-}
-
-#[tokio::test]
 async fn dropping_the_transaction_rolls_the_event_back() {
     let store = common::fresh_store().await;
     {
@@ -76,16 +73,6 @@ async fn dropping_the_transaction_rolls_the_event_back() {
         scenario::counts(&MySqlWriter, &store, &orders).await,
         (0, 0)
     );
-}
-
-#[tokio::test]
-async fn a_writer_killed_before_commit_leaves_nothing() {
-    scenario::a_writer_killed_before_commit_leaves_nothing(&MySqlWriter).await;
-}
-
-#[tokio::test]
-async fn enqueue_through_the_pool_autocommits_like_any_statement() {
-    scenario::enqueue_through_the_pool_autocommits_like_any_statement(&MySqlWriter).await;
 }
 
 #[tokio::test]
@@ -234,7 +221,7 @@ async fn a_store_on_an_unmigrated_table_says_to_migrate() {
     let store = MySqlStore::new(pool, outbox);
     let err = store.check().await.unwrap_err();
     assert!(matches!(err, StoreError::NotMigrated(_)), "{err}");
-    assert!(err.to_string().contains("outbox migrate"), "{err}");
+    outbox_testkit::assert_mentions(&err, "outbox migrate");
     let err = store.stats().await.unwrap_err();
     assert!(matches!(err, StoreError::NotMigrated(_)), "{err}");
     let err = store

@@ -25,6 +25,24 @@ fn aggregate_ids(events: &[outbox_types::Event]) -> Vec<&str> {
     events.iter().map(|e| e.aggregate_id.as_str()).collect()
 }
 
+/// Enqueue `events` in one batch through the pool; each one must be new.
+async fn enqueue_new(store: &MySqlStore, events: &[NewEvent]) {
+    let done = store
+        .outbox()
+        .enqueue_batch(store.pool(), events)
+        .await
+        .unwrap();
+    assert!(done.iter().all(|e| e.created), "{done:?}");
+}
+
+/// The one `BIGINT` the statement `sql` selects, read on `conn`.
+async fn select_i64(conn: &mut MySqlConnection, sql: String) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
 async fn connect() -> MySqlConnection {
     MySqlConnection::connect(&common::database_url())
         .await
@@ -89,12 +107,7 @@ async fn idempotency_keys_compare_exactly() {
         .iter()
         .map(|k| numbered("a", 0).with_idempotency_key(*k))
         .collect();
-    let done = store
-        .outbox()
-        .enqueue_batch(store.pool(), &events)
-        .await
-        .unwrap();
-    assert!(done.iter().all(|e| e.created), "{done:?}");
+    enqueue_new(&store, &events).await;
     for e in &events {
         let again = store
             .outbox()
@@ -179,13 +192,8 @@ async fn a_duplicate_of_a_row_committed_after_the_snapshot_is_still_found() {
         .await
         .unwrap();
     writer.execute("START TRANSACTION").await.unwrap();
-    let _: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {}",
-        store.outbox().quoted_table()
-    )))
-    .fetch_one(&mut writer)
-    .await
-    .unwrap();
+    let sql = format!("SELECT COUNT(*) FROM {}", store.outbox().quoted_table());
+    select_i64(&mut writer, sql).await;
     let single_first = numbered("a", 1).with_idempotency_key("late-1");
     let batch_first = numbered("a", 2).with_idempotency_key("late-2");
     store
@@ -366,13 +374,11 @@ async fn claims_go_on_without_the_claim_lock_when_its_holder_hangs() {
         .unwrap();
     // Another session takes the claim lock and never lets go (a relay whose connection hangs).
     let mut holder = connect().await;
-    let got: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+    let sql = format!(
         "SELECT GET_LOCK(CONCAT('outbox:claim:', MD5(CONCAT(DATABASE(), '.', '{}'))), 0)",
         store.outbox().table()
-    )))
-    .fetch_one(&mut holder)
-    .await
-    .unwrap();
+    );
+    let got = select_i64(&mut holder, sql).await;
     assert_eq!(got, 1);
     let started = std::time::Instant::now();
     let claim = store.claim(&claim_all()).await.unwrap();
@@ -509,12 +515,7 @@ async fn large_batches_are_split_and_keep_their_order() {
         })
         .chain((0..500).map(|i| numbered("small", i)))
         .collect();
-    let done = store
-        .outbox()
-        .enqueue_batch(store.pool(), &events)
-        .await
-        .unwrap();
-    assert!(done.iter().all(|e| e.created));
+    enqueue_new(&store, &events).await;
     let claim = store.claim(&claim_all()).await.unwrap();
     let got: Vec<_> = claim.events.iter().map(|e| e.id).collect();
     let want: Vec<_> = events.iter().map(NewEvent::id).collect();

@@ -136,21 +136,13 @@ async fn the_enqueue_procedure_refuses_a_reserved_header_through_the_trigger() {
     .await
     .unwrap_err();
     assert_eq!(sqlstate(&err), "45000", "{err}");
-    assert!(
-        err.to_string()
-            .contains(r#"header "outbox-event-id" uses the reserved prefix"#),
-        "{err}"
-    );
+    outbox_testkit::assert_mentions(&err, r#"header "outbox-event-id" uses the reserved prefix"#);
     assert_eq!(count(store.pool(), store.outbox()).await, 0);
 }
 
-#[tokio::test]
-async fn the_library_refuses_a_reserved_header_before_the_database_does() {
-    outbox_store_tests::the_library_refuses_a_reserved_header_before_the_database_does(
-        &common::MySqlWriter,
-    )
-    .await;
-}
+outbox_store_tests::writer_tests!(common::MySqlWriter;
+    the_library_refuses_a_reserved_header_before_the_database_does,
+);
 
 /// An outbox of the previous release (version 3) with rows the trigger refuses upgrades: the
 /// trigger never looks at rows already there, and the relay's updates (claim, dead-letter,

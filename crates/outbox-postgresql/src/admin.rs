@@ -11,9 +11,7 @@ use outbox_types::route::{RouteTable, SqlDialect};
 use outbox_types::sql_store::{
     StoredRow, check_pause, count, outbox_stats, sorted_destination_stats,
 };
-use outbox_types::{
-    DeadFilter, DestinationStats, EventId, OutboxStats, ReplayFilter, ReplayStep, StoreError,
-};
+use outbox_types::{DeadFilter, DestinationStats, EventId, OutboxStats, ReplayStep, StoreError};
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
@@ -21,6 +19,56 @@ outbox_types::impl_sql_admin_reads! {
     store: PgStore,
     bind_id: EventId::as_uuid,
     pauser: check_pause,
+}
+
+outbox_types::impl_sql_admin_writes! {
+    store: PgStore,
+    requeue_dead: |store, filter| {
+        let done = sqlx::query(AssertSqlSafe(store.sql().requeue_dead.as_str()))
+            .bind(dead_ids(filter))
+            .execute(&store.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    },
+    discard_dead: |store, filter| {
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(store.sql().discard_dead.as_str()))
+            .bind(dead_ids(filter))
+            .fetch_one(&store.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(count(n))
+    },
+    replay_step: |store, filter, routes, after_seq, limit| {
+        let route = filter
+            .destination
+            .as_ref()
+            .map(|_| routes.sql_case(SqlDialect::Postgres { first_param: 7 }, Some("e")));
+        let sql = replay_sql(
+            store.outbox.qualified_table(),
+            route.as_ref().map(|r| r.sql.as_str()),
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(after_seq.unwrap_or(0))
+            .bind(filter.from)
+            .bind(filter.to)
+            .bind(filter.event_type.as_deref())
+            .bind(i64::from(limit));
+        if let (Some(destination), Some(route)) = (&filter.destination, &route) {
+            query = query.bind(destination);
+            for value in &route.binds {
+                query = query.bind(value);
+            }
+        }
+        let row = query.fetch_one(&store.pool).await.map_err(map_sqlx)?;
+        let scanned: i64 = row.try_get("scanned").map_err(map_sqlx)?;
+        let last_seq: Option<i64> = row.try_get("last_seq").map_err(map_sqlx)?;
+        let replayed: i64 = row.try_get("replayed").map_err(map_sqlx)?;
+        Ok(ReplayStep {
+            replayed: u64::try_from(replayed).unwrap_or(0),
+            next_after: last_seq.filter(|_| scanned >= i64::from(limit)),
+        })
+    },
 }
 
 /// Where [`check`] says the schema is.
@@ -42,24 +90,6 @@ pub(crate) async fn stats(store: &PgStore) -> Result<OutboxStats, StoreError> {
     outbox_stats(&Columns(&row), oldest, observed_at)
 }
 
-pub(crate) async fn requeue_dead(store: &PgStore, filter: &DeadFilter) -> Result<u64, StoreError> {
-    let done = sqlx::query(AssertSqlSafe(store.sql().requeue_dead.as_str()))
-        .bind(dead_ids(filter))
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
-}
-
-pub(crate) async fn discard_dead(store: &PgStore, filter: &DeadFilter) -> Result<u64, StoreError> {
-    let n: i64 = sqlx::query_scalar(AssertSqlSafe(store.sql().discard_dead.as_str()))
-        .bind(dead_ids(filter))
-        .fetch_one(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(count(n))
-}
-
 pub(crate) async fn destination_stats(
     store: &PgStore,
     routes: &RouteTable,
@@ -72,44 +102,6 @@ pub(crate) async fn destination_stats(
     }
     let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
     sorted_destination_stats(rows.iter().map(Columns), |row| row.text("route"))
-}
-
-/// One page of a replay, `limit` above 0.
-async fn replay_step(
-    store: &PgStore,
-    filter: &ReplayFilter,
-    routes: &RouteTable,
-    after_seq: Option<i64>,
-    limit: u32,
-) -> Result<ReplayStep, StoreError> {
-    let route = filter
-        .destination
-        .as_ref()
-        .map(|_| routes.sql_case(SqlDialect::Postgres { first_param: 7 }, Some("e")));
-    let sql = replay_sql(
-        store.outbox.qualified_table(),
-        route.as_ref().map(|r| r.sql.as_str()),
-    );
-    let mut query = sqlx::query(AssertSqlSafe(sql))
-        .bind(after_seq.unwrap_or(0))
-        .bind(filter.from)
-        .bind(filter.to)
-        .bind(filter.event_type.as_deref())
-        .bind(i64::from(limit));
-    if let (Some(destination), Some(route)) = (&filter.destination, &route) {
-        query = query.bind(destination);
-        for value in &route.binds {
-            query = query.bind(value);
-        }
-    }
-    let row = query.fetch_one(&store.pool).await.map_err(map_sqlx)?;
-    let scanned: i64 = row.try_get("scanned").map_err(map_sqlx)?;
-    let last_seq: Option<i64> = row.try_get("last_seq").map_err(map_sqlx)?;
-    let replayed: i64 = row.try_get("replayed").map_err(map_sqlx)?;
-    Ok(ReplayStep {
-        replayed: u64::try_from(replayed).unwrap_or(0),
-        next_after: last_seq.filter(|_| scanned >= i64::from(limit)),
-    })
 }
 
 fn dead_ids(filter: &DeadFilter) -> Option<Vec<Uuid>> {

@@ -6,84 +6,57 @@
 use crate::PgStore;
 use crate::error::map_sqlx;
 use outbox_types::sql_store::{count, millis};
-use outbox_types::{BuryEvent, Lease, RetryEvent, StoreError};
+use outbox_types::{Lease, StoreError};
 use sqlx::AssertSqlSafe;
 
-pub(crate) async fn ack(store: &PgStore, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    if store.delete_on_ack {
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(store.sql().ack_delete.as_str()))
-            .bind(seqs)
+outbox_types::impl_settle_by_statement! {
+    store: PgStore,
+    ack: |store, lease, seqs| {
+        if store.delete_on_ack {
+            let n: i64 = sqlx::query_scalar(AssertSqlSafe(store.sql().ack_delete.as_str()))
+                .bind(seqs)
+                .bind(lease.token)
+                .fetch_one(&store.pool)
+                .await
+                .map_err(map_sqlx)?;
+            return Ok(count(n));
+        }
+        settle(store, &store.sql().ack, seqs, lease).await
+    },
+    retry: |store, lease, events| {
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        let delays: Vec<i64> = events.iter().map(|e| millis(e.delay)).collect();
+        let errors = truncated_errors(events.iter().map(|e| e.error.as_str()));
+        let costs: Vec<i32> = events.iter().map(|e| i32::from(e.counts_attempt)).collect();
+        let done = sqlx::query(AssertSqlSafe(store.sql().retry.as_str()))
+            .bind(&seqs)
+            .bind(&delays)
+            .bind(&errors)
             .bind(lease.token)
-            .fetch_one(&store.pool)
+            .bind(&costs)
+            .execute(&store.pool)
             .await
             .map_err(map_sqlx)?;
-        return Ok(count(n));
-    }
-    settle(store, &store.sql().ack, seqs, lease).await
+        Ok(done.rows_affected())
+    },
+    bury: |store, lease, events| {
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        let errors = truncated_errors(events.iter().map(|e| e.error.as_str()));
+        let done = sqlx::query(AssertSqlSafe(store.sql().bury.as_str()))
+            .bind(&seqs)
+            .bind(&errors)
+            .bind(lease.token)
+            .execute(&store.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    },
+    release: |store, lease, seqs| settle(store, &store.sql().release, seqs, lease).await,
 }
 
-pub(crate) async fn retry(
-    store: &PgStore,
-    lease: &Lease,
-    events: &[RetryEvent],
-) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
-    let delays: Vec<i64> = events.iter().map(|e| millis(e.delay)).collect();
-    let errors: Vec<String> = events
-        .iter()
-        .map(|e| outbox_types::truncate_error(&e.error))
-        .collect();
-    let costs: Vec<i32> = events.iter().map(|e| i32::from(e.counts_attempt)).collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().retry.as_str()))
-        .bind(&seqs)
-        .bind(&delays)
-        .bind(&errors)
-        .bind(lease.token)
-        .bind(&costs)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
-}
-
-pub(crate) async fn bury(
-    store: &PgStore,
-    lease: &Lease,
-    events: &[BuryEvent],
-) -> Result<u64, StoreError> {
-    if events.is_empty() {
-        return Ok(0);
-    }
-    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
-    let errors: Vec<String> = events
-        .iter()
-        .map(|e| outbox_types::truncate_error(&e.error))
-        .collect();
-    let done = sqlx::query(AssertSqlSafe(store.sql().bury.as_str()))
-        .bind(&seqs)
-        .bind(&errors)
-        .bind(lease.token)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
-}
-
-pub(crate) async fn release(
-    store: &PgStore,
-    lease: &Lease,
-    seqs: &[i64],
-) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    settle(store, &store.sql().release, seqs, lease).await
+/// Each error as stored: cut to the bound.
+fn truncated_errors<'e>(errors: impl Iterator<Item = &'e str>) -> Vec<String> {
+    errors.map(outbox_types::truncate_error).collect()
 }
 
 /// Runs one settle `statement` over `seqs` under the lease's token; the rows it changed.

@@ -602,7 +602,6 @@ mod tests {
     use outbox_types::ClaimRequest;
     use outbox_types::DeadLetterPolicy;
     use outbox_types::Store;
-    use outbox_types::route::RouteTable;
     use outbox_types::route::SqlDialect;
     use sqlx::AssertSqlSafe;
     use sqlx::PgPool;
@@ -688,15 +687,7 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
-        let routes = RouteTable::new(
-            ["kafka", "hooks"],
-            vec![
-                outbox_types::route::RouteRule::to("hooks")
-                    .event_type(outbox_types::route::Pattern::parse("Hook*")),
-                outbox_types::route::RouteRule::to("kafka"),
-            ],
-        )
-        .unwrap();
+        let routes = outbox_testkit::hooks_and_kafka();
         let claim_args = || {
             vec![
                 PlanArg::Int(200),
@@ -867,16 +858,12 @@ mod tests {
         // (buffers of relay-b's claim while relay-a holds every head, of one after relay-a's ack)
         let measure = || async {
             let holder = store
-                .claim(&ClaimRequest {
-                    owner: "relay-a".into(),
-                    limit: 100,
-                    lease: std::time::Duration::from_secs(600),
-                    dead_letter: DeadLetterPolicy::Block,
-                    hold: None,
-                    max_batch_bytes: u64::MAX,
-                    max_payload_bytes: u64::MAX,
-                    up_to_seq: None,
-                })
+                .claim(&ClaimRequest::new(
+                    "relay-a",
+                    100,
+                    std::time::Duration::from_secs(600),
+                    DeadLetterPolicy::Block,
+                ))
                 .await
                 .unwrap();
             let held: std::collections::HashSet<&str> = holder

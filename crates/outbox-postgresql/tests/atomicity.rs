@@ -5,29 +5,15 @@ mod common;
 
 use common::PgWriter;
 use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_store_tests as scenario;
 use outbox_testkit::concurrent::race;
 use outbox_types::Store;
 
-#[tokio::test]
-async fn committed_transaction_keeps_order_and_event_together() {
-    scenario::committed_transaction_keeps_order_and_event_together(&PgWriter::default()).await;
-}
-
-#[tokio::test]
-async fn rolled_back_transaction_leaves_neither() {
-    scenario::rolled_back_transaction_leaves_neither(&PgWriter::default()).await;
-}
-
-#[tokio::test]
-async fn a_writer_that_dies_before_commit_leaves_nothing() {
-    scenario::a_writer_killed_before_commit_leaves_nothing(&PgWriter::default()).await;
-}
-
-#[tokio::test]
-async fn enqueue_through_the_pool_autocommits_like_any_statement() {
-    scenario::enqueue_through_the_pool_autocommits_like_any_statement(&PgWriter::default()).await;
-}
+outbox_store_tests::writer_tests!(PgWriter::default();
+    committed_transaction_keeps_order_and_event_together,
+    rolled_back_transaction_leaves_neither,
+    a_writer_that_dies_before_commit_leaves_nothing => a_writer_killed_before_commit_leaves_nothing,
+    enqueue_through_the_pool_autocommits_like_any_statement,
+);
 
 #[tokio::test]
 async fn migrate_is_idempotent_and_safe_to_race() {

@@ -12,9 +12,7 @@ use outbox_types::route::{RouteTable, SqlDialect};
 use outbox_types::sql_store::{
     StoredRow, check_pause, id_list, outbox_stats, sorted_destination_stats,
 };
-use outbox_types::{
-    DeadFilter, DestinationStats, EventId, OutboxStats, ReplayFilter, ReplayStep, StoreError,
-};
+use outbox_types::{DeadFilter, DestinationStats, EventId, OutboxStats, ReplayStep, StoreError};
 use sqlx::{AssertSqlSafe, Row};
 
 outbox_types::impl_sql_admin_reads! {
@@ -23,6 +21,55 @@ outbox_types::impl_sql_admin_reads! {
     pauser: check_pause,
     write_turn: SqliteStore::write_turn,
     now: now_micros,
+}
+
+outbox_types::impl_sql_admin_writes! {
+    store: SqliteStore,
+    requeue_dead: |store, filter| {
+        let (all, ids) = (&store.sql().requeue_dead_all, &store.sql().requeue_dead_ids);
+        on_dead(store, filter, all, ids, Stamp::Now).await
+    },
+    discard_dead: |store, filter| {
+        let (all, ids) = (&store.sql().discard_dead_all, &store.sql().discard_dead_ids);
+        on_dead(store, filter, all, ids, Stamp::None).await
+    },
+    replay_step: |store, filter, routes, after_seq, limit| {
+        let route = filter
+            .destination
+            .as_ref()
+            .map(|_| routes.sql_case(SqlDialect::Sqlite, Some("e")));
+        let sql = replay_sql(
+            store.outbox.quoted_table(),
+            route
+                .as_ref()
+                .map(|r| number_placeholders(&r.sql, 8))
+                .as_deref(),
+        );
+        let _turn = store.writes.lock().await;
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(after_seq.unwrap_or(0))
+            .bind(clamp_micros(filter.from.timestamp_micros()))
+            .bind(clamp_micros(filter.to.timestamp_micros()))
+            .bind(filter.event_type.as_deref())
+            .bind(i64::from(limit))
+            .bind(now_micros());
+        if let (Some(destination), Some(route)) = (&filter.destination, &route) {
+            query = query.bind(destination.as_str());
+            for value in &route.binds {
+                query = query.bind(value.as_str());
+            }
+        }
+        let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
+        let mut last = None;
+        for row in &rows {
+            let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+            last = last.max(Some(seq));
+        }
+        Ok(ReplayStep {
+            replayed: rows.len() as u64,
+            next_after: last.filter(|_| rows.len() >= limit as usize),
+        })
+    },
 }
 
 /// Where [`check`] says the schema is.
@@ -39,22 +86,6 @@ pub(crate) async fn stats(store: &SqliteStore) -> Result<OutboxStats, StoreError
     let row = Columns(&row);
     let oldest = row.opt_time(0, "oldest")?;
     outbox_stats(&row, oldest, observed_at)
-}
-
-pub(crate) async fn requeue_dead(
-    store: &SqliteStore,
-    filter: &DeadFilter,
-) -> Result<u64, StoreError> {
-    let (all, ids) = (&store.sql().requeue_dead_all, &store.sql().requeue_dead_ids);
-    on_dead(store, filter, all, ids, Stamp::Now).await
-}
-
-pub(crate) async fn discard_dead(
-    store: &SqliteStore,
-    filter: &DeadFilter,
-) -> Result<u64, StoreError> {
-    let (all, ids) = (&store.sql().discard_dead_all, &store.sql().discard_dead_ids);
-    on_dead(store, filter, all, ids, Stamp::None).await
 }
 
 /// Runs `all` or, for a list of ids, `ids` over their JSON array, under the write turn, with
@@ -97,49 +128,4 @@ pub(crate) async fn destination_stats(
     }
     let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
     sorted_destination_stats(rows.iter().map(Columns), |row| row.text("route"))
-}
-
-/// One page of a replay, `limit` above 0.
-async fn replay_step(
-    store: &SqliteStore,
-    filter: &ReplayFilter,
-    routes: &RouteTable,
-    after_seq: Option<i64>,
-    limit: u32,
-) -> Result<ReplayStep, StoreError> {
-    let route = filter
-        .destination
-        .as_ref()
-        .map(|_| routes.sql_case(SqlDialect::Sqlite, Some("e")));
-    let sql = replay_sql(
-        store.outbox.quoted_table(),
-        route
-            .as_ref()
-            .map(|r| number_placeholders(&r.sql, 8))
-            .as_deref(),
-    );
-    let _turn = store.writes.lock().await;
-    let mut query = sqlx::query(AssertSqlSafe(sql))
-        .bind(after_seq.unwrap_or(0))
-        .bind(clamp_micros(filter.from.timestamp_micros()))
-        .bind(clamp_micros(filter.to.timestamp_micros()))
-        .bind(filter.event_type.as_deref())
-        .bind(i64::from(limit))
-        .bind(now_micros());
-    if let (Some(destination), Some(route)) = (&filter.destination, &route) {
-        query = query.bind(destination.as_str());
-        for value in &route.binds {
-            query = query.bind(value.as_str());
-        }
-    }
-    let rows = query.fetch_all(&store.pool).await.map_err(map_sqlx)?;
-    let mut last = None;
-    for row in &rows {
-        let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
-        last = last.max(Some(seq));
-    }
-    Ok(ReplayStep {
-        replayed: rows.len() as u64,
-        next_after: last.filter(|_| rows.len() >= limit as usize),
-    })
 }

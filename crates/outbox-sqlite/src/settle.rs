@@ -9,60 +9,20 @@ use outbox_types::sql_store::{bury_batch, json_text, retry_batch};
 use outbox_types::{BuryEvent, Lease, RetryEvent, StoreError};
 use sqlx::AssertSqlSafe;
 
-pub(crate) async fn ack(
-    store: &SqliteStore,
-    lease: &Lease,
-    seqs: &[i64],
-) -> Result<u64, StoreError> {
-    settle(store, &store.sql().ack, lease, Stamp::Now, seqs, seq_list).await
-}
-
-pub(crate) async fn retry(
-    store: &SqliteStore,
-    lease: &Lease,
-    events: &[RetryEvent],
-) -> Result<u64, StoreError> {
-    settle(
-        store,
-        &store.sql().retry,
-        lease,
-        Stamp::None,
-        events,
-        retry_list,
-    )
-    .await
-}
-
-pub(crate) async fn bury(
-    store: &SqliteStore,
-    lease: &Lease,
-    events: &[BuryEvent],
-) -> Result<u64, StoreError> {
-    settle(
-        store,
-        &store.sql().bury,
-        lease,
-        Stamp::Now,
-        events,
-        bury_list,
-    )
-    .await
-}
-
-pub(crate) async fn release(
-    store: &SqliteStore,
-    lease: &Lease,
-    seqs: &[i64],
-) -> Result<u64, StoreError> {
-    settle(
-        store,
-        &store.sql().release,
-        lease,
-        Stamp::None,
-        seqs,
-        seq_list,
-    )
-    .await
+outbox_types::impl_settle_by_statement! {
+    store: SqliteStore,
+    ack: |store, lease, seqs| {
+        settle(store, &store.sql().ack, lease, Stamp::Now, seqs, seq_list).await
+    },
+    retry: |store, lease, events| {
+        settle(store, &store.sql().retry, lease, Stamp::None, events, retry_list).await
+    },
+    bury: |store, lease, events| {
+        settle(store, &store.sql().bury, lease, Stamp::Now, events, bury_list).await
+    },
+    release: |store, lease, seqs| {
+        settle(store, &store.sql().release, lease, Stamp::None, seqs, seq_list).await
+    },
 }
 
 fn seq_list(seqs: &[i64], _now: i64) -> Result<String, StoreError> {
@@ -78,10 +38,10 @@ fn bury_list(events: &[BuryEvent], _now: i64) -> Result<String, StoreError> {
     bury_batch(events)
 }
 
-/// Runs one settle `statement` over `items` under the write turn; no items, no statement. Its
-/// parameters are the JSON array `batch` makes of the items and the current time (read under
-/// the turn, as retry's due times need), the lease's token and, with [`Stamp::Now`], that time.
-/// The rows it changed.
+/// Runs one settle `statement` over `items` (some: the callers run nothing for none) under the
+/// write turn. Its parameters are the JSON array `batch` makes of the items and the current time
+/// (read under the turn, as retry's due times need), the lease's token and, with
+/// [`Stamp::Now`], that time. The rows it changed.
 async fn settle<T>(
     store: &SqliteStore,
     statement: &str,
@@ -90,9 +50,6 @@ async fn settle<T>(
     items: &[T],
     batch: impl FnOnce(&[T], i64) -> Result<String, StoreError>,
 ) -> Result<u64, StoreError> {
-    if items.is_empty() {
-        return Ok(0);
-    }
     let _turn = store.writes.lock().await;
     let now = now_micros();
     let mut query = sqlx::query(AssertSqlSafe(statement))

@@ -314,7 +314,6 @@ mod tests {
     use crate::SqliteStore;
     use outbox_types::DeadLetterPolicy;
     use outbox_types::NewEvent;
-    use outbox_types::route::RouteTable;
     use outbox_types::route::SqlDialect;
     use outbox_types::{ClaimRequest, Store};
     use sqlx::AssertSqlSafe;
@@ -362,16 +361,12 @@ mod tests {
             .await
             .unwrap();
         let claim = store
-            .claim(&ClaimRequest {
-                owner: "plan".into(),
-                limit: 550,
-                lease: Duration::from_secs(60),
-                dead_letter: DeadLetterPolicy::Block,
-                hold: None,
-                max_batch_bytes: u64::MAX,
-                max_payload_bytes: u64::MAX,
-                up_to_seq: None,
-            })
+            .claim(&ClaimRequest::new(
+                "plan",
+                550,
+                Duration::from_secs(60),
+                DeadLetterPolicy::Block,
+            ))
             .await
             .unwrap();
         let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
@@ -403,15 +398,7 @@ mod tests {
         }
         // The operator statements read undelivered and dead rows through the partial indexes,
         // never the delivered bulk; a claim with a destination on hold still does too.
-        let routes = RouteTable::new(
-            ["kafka", "hooks"],
-            vec![
-                outbox_types::route::RouteRule::to("hooks")
-                    .event_type(outbox_types::route::Pattern::parse("Hook*")),
-                outbox_types::route::RouteRule::to("kafka"),
-            ],
-        )
-        .unwrap();
+        let routes = outbox_testkit::hooks_and_kafka();
         let route_e = routes.sql_case(SqlDialect::Sqlite, Some("e"));
         let route_b = routes.sql_case(SqlDialect::Sqlite, Some("b"));
         let held = claim_sql(

@@ -21,15 +21,11 @@ async fn counts(store: &TempStore) -> (i64, i64) {
     scenario::counts(&SqliteWriter, store, "orders").await
 }
 
-#[tokio::test]
-async fn committed_transaction_keeps_order_and_event_together() {
-    scenario::committed_transaction_keeps_order_and_event_together(&SqliteWriter).await;
-}
-
-#[tokio::test]
-async fn rolled_back_transaction_leaves_neither() {
-    scenario::rolled_back_transaction_leaves_neither(&SqliteWriter).await;
-}
+outbox_store_tests::writer_tests!(SqliteWriter;
+    committed_transaction_keeps_order_and_event_together,
+    rolled_back_transaction_leaves_neither,
+    enqueue_through_the_pool_autocommits_like_any_statement,
+);
 
 #[tokio::test]
 async fn a_transaction_dropped_without_commit_leaves_nothing() {
@@ -164,11 +160,6 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
         claim.events.iter().map(|e| e.id).collect::<Vec<_>>(),
         vec![done.id]
     );
-}
-
-#[tokio::test]
-async fn enqueue_through_the_pool_autocommits_like_any_statement() {
-    scenario::enqueue_through_the_pool_autocommits_like_any_statement(&SqliteWriter).await;
 }
 
 #[tokio::test]

@@ -156,7 +156,7 @@ async fn a_store_on_an_unmigrated_file_says_to_migrate() {
     let store = common::open(&path, SqliteOutbox::new()).await;
     let err = store.check().await.unwrap_err();
     assert!(matches!(err, StoreError::NotMigrated(_)), "{err}");
-    assert!(err.to_string().contains("outbox migrate"), "{err}");
+    outbox_testkit::assert_mentions(&err, "outbox migrate");
     for err in [
         store.stats().await.unwrap_err(),
         store.claim(&claim_all()).await.unwrap_err(),
@@ -208,7 +208,7 @@ async fn an_unreachable_file_is_a_transient_error() {
         .await
         .unwrap_err();
     assert!(err.is_transient(), "{err}");
-    assert!(err.to_string().contains("/nonexistent-dir"), "{err}");
+    outbox_testkit::assert_mentions(&err, "/nonexistent-dir");
     assert!(matches!(
         SqliteStore::connect("", SqliteOutbox::new()).await,
         Err(StoreError::Invalid(_))

@@ -8,15 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use outbox_testkit::hooks_and_kafka;
 use outbox_types::route::{Pattern, RouteRule, RouteTable};
 use outbox_types::{
-    BuryEvent, ClaimRequest, DeadLetterPolicy, DestinationStats, Event, EventId, EventState, Hold,
-    NewEvent, ReplayFilter, RetryEvent, Store,
+    BuryEvent, ClaimRequest, DeadLetterPolicy, DestinationStats, EventId, EventState, Hold,
+    NewEvent, ReplayFilter, Store,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-use crate::{Harness, payload_n, req};
+use crate::harness::*;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -31,16 +32,21 @@ fn typed(aggregate_id: &str, n: u64, event_type: &str) -> NewEvent {
     .unwrap_or_else(|e| panic!("a test event always serializes: {e}"))
 }
 
-/// `kafka` gets everything but `Hook*` event types, which go to `hooks`.
-fn two_routes() -> RouteTable {
-    RouteTable::new(
-        ["kafka", "hooks"],
-        vec![
-            RouteRule::to("hooks").event_type(Pattern::parse("Hook*")),
-            RouteRule::to("kafka"),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
+/// Events `1, 2, …` of aggregate `aggregate_id`, one per event type, in that order.
+fn history(aggregate_id: &str, event_types: &[&str]) -> Vec<NewEvent> {
+    (1..)
+        .zip(event_types)
+        .map(|(n, event_type)| typed(aggregate_id, n, event_type))
+        .collect()
+}
+
+/// One event (number 0) per event type, each of its own aggregate `{prefix}0`, `{prefix}1`, ….
+fn singles(prefix: &str, event_types: &[&str]) -> Vec<NewEvent> {
+    event_types
+        .iter()
+        .enumerate()
+        .map(|(i, event_type)| typed(&format!("{prefix}{i}"), 0, event_type))
+        .collect()
 }
 
 /// A claim of up to 1000 with `paused` destinations held back and `deferred` ones skipped.
@@ -58,17 +64,6 @@ fn held(routes: &RouteTable, paused: &[&str], deferred: &[&str]) -> ClaimRequest
 
 fn hold(routes: &RouteTable, paused: &[&str]) -> ClaimRequest {
     held(routes, paused, &[])
-}
-
-fn labels(events: &[Event]) -> Vec<(String, u64)> {
-    events
-        .iter()
-        .map(|e| (e.aggregate_id.clone(), payload_n(e)))
-        .collect()
-}
-
-fn label_list(items: &[(&str, u64)]) -> Vec<(String, u64)> {
-    items.iter().map(|(a, n)| ((*a).to_owned(), *n)).collect()
 }
 
 /// Run an async property under proptest's runner (with shrinking) from inside the multi-thread
@@ -103,19 +98,13 @@ where
 /// Resumed, the held events are claimed in seq order.
 pub async fn pause_holds_only_that_destinations_events<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
-    h.enqueue(
-        &store,
-        &[
-            typed("a", 1, "Created"),
-            typed("a", 2, "HookSent"),
-            typed("a", 3, "Created"),
-            typed("b", 1, "HookSent"),
-            typed("b", 2, "HookSent"),
-            typed("c", 1, "Created"),
-        ],
-    )
-    .await;
+    let routes = hooks_and_kafka();
+    let events = [
+        history("a", &["Created", "HookSent", "Created"]),
+        history("b", &["HookSent", "HookSent"]),
+        history("c", &["Created"]),
+    ];
+    h.enqueue(&store, &events.concat()).await;
     assert!(store.pause("hooks", "ops@host-1").await.unwrap());
     assert!(
         !store.pause("hooks", "someone else").await.unwrap(),
@@ -132,10 +121,10 @@ pub async fn pause_holds_only_that_destinations_events<H: Harness>(h: &H) {
     let held = store.claim(&hold(&routes, &names)).await.unwrap();
     assert_eq!(
         labels(&held.events),
-        label_list(&[("a", 1), ("a", 3), ("c", 1)]),
+        [("a", 1), ("a", 3), ("c", 1)],
         "hooks' events stay; a/3 goes on past the held a/2"
     );
-    let seqs: Vec<i64> = held.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&held.events);
     store.ack(&held.lease, &seqs).await.unwrap();
     assert!(
         store
@@ -151,10 +140,7 @@ pub async fn pause_holds_only_that_destinations_events<H: Harness>(h: &H) {
     assert!(!store.resume("hooks").await.unwrap(), "not paused any more");
     assert!(store.paused().await.unwrap().is_empty());
     let resumed = store.claim(&req(1000)).await.unwrap();
-    assert_eq!(
-        labels(&resumed.events),
-        label_list(&[("a", 2), ("b", 1), ("b", 2)])
-    );
+    assert_eq!(labels(&resumed.events), [("a", 2), ("b", 1), ("b", 2)]);
     assert!(resumed.events.windows(2).all(|w| w[0].seq < w[1].seq));
 }
 
@@ -162,23 +148,19 @@ pub async fn pause_holds_only_that_destinations_events<H: Harness>(h: &H) {
 /// later events of its aggregate (it does once the destination is resumed).
 pub async fn held_events_do_not_block_other_destinations<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
-    h.enqueue(
-        &store,
-        &[typed("d", 1, "HookSent"), typed("d", 2, "Created")],
-    )
-    .await;
+    let routes = hooks_and_kafka();
+    h.enqueue(&store, &history("d", &["HookSent", "Created"]))
+        .await;
     let first = store.claim(&req(1)).await.unwrap();
-    assert_eq!(labels(&first.events), label_list(&[("d", 1)]));
+    assert_eq!(labels(&first.events), [("d", 1)]);
     store
         .retry(
             &first.lease,
-            &[RetryEvent {
-                counts_attempt: true,
-                seq: first.events[0].seq,
-                delay: HOUR,
-                error: "hook endpoint down".into(),
-            }],
+            &[counted_retry(
+                first.events[0].seq,
+                HOUR,
+                "hook endpoint down",
+            )],
         )
         .await
         .unwrap();
@@ -187,7 +169,7 @@ pub async fn held_events_do_not_block_other_destinations<H: Harness>(h: &H) {
         "unpaused: d/2 waits behind the retrying d/1"
     );
     let held = store.claim(&hold(&routes, &["hooks"])).await.unwrap();
-    assert_eq!(labels(&held.events), label_list(&[("d", 2)]));
+    assert_eq!(labels(&held.events), [("d", 2)]);
 }
 
 fn defer(routes: &RouteTable, deferred: &[&str]) -> ClaimRequest {
@@ -201,25 +183,19 @@ fn defer(routes: &RouteTable, deferred: &[&str]) -> ClaimRequest {
 /// must still return every due event in order.
 pub async fn a_deferred_destination_keeps_its_place_in_each_aggregate<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
-    h.enqueue(
-        &store,
-        &[
-            typed("a", 1, "Created"),
-            typed("a", 2, "HookSent"),
-            typed("a", 3, "Created"),
-            typed("b", 1, "HookSent"),
-            typed("b", 2, "Created"),
-            typed("c", 1, "Created"),
-            typed("d", 1, "HookSent"),
-        ],
-    )
-    .await;
+    let routes = hooks_and_kafka();
+    let events = [
+        history("a", &["Created", "HookSent", "Created"]),
+        history("b", &["HookSent", "Created"]),
+        history("c", &["Created"]),
+        history("d", &["HookSent"]),
+    ];
+    h.enqueue(&store, &events.concat()).await;
     let turn = store.claim(&defer(&routes, &["hooks"])).await.unwrap();
     if !h.defers() {
         assert_eq!(
             labels(&turn.events),
-            label_list(&[
+            [
                 ("a", 1),
                 ("a", 2),
                 ("a", 3),
@@ -227,23 +203,23 @@ pub async fn a_deferred_destination_keeps_its_place_in_each_aggregate<H: Harness
                 ("b", 2),
                 ("c", 1),
                 ("d", 1)
-            ]),
+            ],
         );
         return;
     }
     assert_eq!(
         labels(&turn.events),
-        label_list(&[("a", 1), ("c", 1)]),
+        [("a", 1), ("c", 1)],
         "hooks' events wait for the next claim, and a/3 and b/2 wait behind them"
     );
-    let seqs: Vec<i64> = turn.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&turn.events);
     store.ack(&turn.lease, &seqs).await.unwrap();
     // b/1 in flight, then waiting for a retry: b/2 still waits behind it while hooks is
     // deferred.
     let hooks = store.claim(&req(1000)).await.unwrap();
     assert_eq!(
         labels(&hooks.events),
-        label_list(&[("a", 2), ("a", 3), ("b", 1), ("b", 2), ("d", 1)]),
+        [("a", 2), ("a", 3), ("b", 1), ("b", 2), ("d", 1)],
     );
     let b1 = hooks.events[2].seq;
     let rest: Vec<i64> = hooks
@@ -266,12 +242,7 @@ pub async fn a_deferred_destination_keeps_its_place_in_each_aggregate<H: Harness
     store
         .retry(
             &hooks.lease,
-            &[RetryEvent {
-                counts_attempt: false,
-                seq: b1,
-                delay: HOUR,
-                error: "hook endpoint down".into(),
-            }],
+            &[unavailable_retry(b1, HOUR, "hook endpoint down")],
         )
         .await
         .unwrap();
@@ -403,7 +374,7 @@ pub async fn routes_in_sql_agree_with_resolve<H: Harness>(h: &H) {
                     .map(|(id, _)| *id)
                     .collect();
                 assert_eq!(claimed, expected, "paused {paused:?}, events {picks:?}");
-                let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+                let seqs = seqs_of(&claim.events);
                 store.release(&claim.lease, &seqs).await.unwrap();
             }
 
@@ -418,22 +389,14 @@ pub async fn routes_in_sql_agree_with_resolve<H: Harness>(h: &H) {
                 match payload_n(e) % 4 {
                     0 => {
                         want.entry(to).or_default().3 += 1;
-                        bury.push(BuryEvent {
-                            seq: e.seq,
-                            error: "x".into(),
-                        });
+                        bury.push(buried(e.seq, "x"));
                     }
                     1 => ack.push(e.seq),
                     2 => {
                         let w = want.entry(to).or_default();
                         w.0 += 1;
                         w.1 += 1;
-                        retry.push(RetryEvent {
-                            counts_attempt: true,
-                            seq: e.seq,
-                            delay: HOUR,
-                            error: "x".into(),
-                        });
+                        retry.push(counted_retry(e.seq, HOUR, "x"));
                     }
                     _ => want.entry(to).or_default().2 += 1,
                 }
@@ -471,20 +434,12 @@ pub async fn destination_stats_count_each_state<H: Harness>(h: &H) {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(store.destination_stats(&routes).await.unwrap().is_empty());
-    let ids = h
-        .enqueue(
-            &store,
-            &[
-                typed("k0", 0, "Created"),
-                typed("k1", 0, "Created"),
-                typed("k2", 0, "Created"),
-                typed("k3", 0, "Created"),
-                typed("k4", 0, "Created"),
-                typed("h0", 0, "HookSent"),
-                typed("u0", 0, "Unknown"),
-            ],
-        )
-        .await;
+    let events = [
+        singles("k", &["Created"; 5]),
+        singles("h", &["HookSent"]),
+        singles("u", &["Unknown"]),
+    ];
+    let ids = h.enqueue(&store, &events.concat()).await;
     // k0 pending, k1 retrying, k2 in flight, k3 dead, k4 delivered.
     let claim = store.claim(&req(4)).await.unwrap();
     let seq = |i: usize| claim.events[i].seq;
@@ -492,23 +447,12 @@ pub async fn destination_stats_count_each_state<H: Harness>(h: &H) {
     store
         .retry(
             &claim.lease,
-            &[RetryEvent {
-                counts_attempt: true,
-                seq: seq(1),
-                delay: HOUR,
-                error: "connection refused".into(),
-            }],
+            &[counted_retry(seq(1), HOUR, "connection refused")],
         )
         .await
         .unwrap();
     store
-        .bury(
-            &claim.lease,
-            &[BuryEvent {
-                seq: seq(3),
-                error: "x".into(),
-            }],
-        )
+        .bury(&claim.lease, &[buried(seq(3), "x")])
         .await
         .unwrap();
     let k4 = store.claim(&req(1)).await.unwrap();
@@ -544,13 +488,7 @@ pub async fn destination_stats_count_each_state<H: Harness>(h: &H) {
 pub async fn leases_report_who_holds_what_since_when<H: Harness>(h: &H) {
     let store = h.fresh().await;
     assert!(store.leases().await.unwrap().is_empty());
-    h.enqueue(
-        &store,
-        &(0..6)
-            .map(|i| typed(&format!("l{i}"), 0, "Created"))
-            .collect::<Vec<_>>(),
-    )
-    .await;
+    h.enqueue(&store, &singles("l", &["Created"; 6])).await;
     let before = Utc::now() - chrono::TimeDelta::seconds(30);
     let short = store
         .claim(&ClaimRequest {
@@ -596,28 +534,17 @@ pub async fn leases_report_who_holds_what_since_when<H: Harness>(h: &H) {
 /// other states.
 pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
+    let routes = hooks_and_kafka();
     // r0 kafka, r1 hooks, r2 kafka (delivered after a retry), r3 kafka "Other", r4 recent,
     // r5 dead, r6 pending, r7 in flight.
-    let events = vec![
-        typed("r0", 0, "Created"),
-        typed("r1", 0, "HookSent"),
-        typed("r2", 0, "Created"),
-        typed("r3", 0, "Other"),
-        typed("r4", 0, "Created"),
-        typed("r5", 0, "Created"),
-        typed("r6", 0, "Created"),
-        typed("r7", 0, "Created"),
-    ];
-    let ids: Vec<EventId> = h
-        .enqueue(&store, &events)
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let mut types = ["Created"; 8];
+    types[1] = "HookSent";
+    types[3] = "Other";
+    let events = singles("r", &types);
+    let ids = ids_of(h.enqueue(&store, &events).await);
     let claim = store.claim(&req(100)).await.unwrap();
     assert_eq!(claim.events.len(), 8);
-    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&claim.events);
     store
         .ack(&claim.lease, &[seqs[0], seqs[1], seqs[3], seqs[4]])
         .await
@@ -625,23 +552,12 @@ pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
     store
         .retry(
             &claim.lease,
-            &[RetryEvent {
-                counts_attempt: true,
-                seq: seqs[2],
-                delay: Duration::ZERO,
-                error: "blip".into(),
-            }],
+            &[counted_retry(seqs[2], Duration::ZERO, "blip")],
         )
         .await
         .unwrap();
     store
-        .bury(
-            &claim.lease,
-            &[BuryEvent {
-                seq: seqs[5],
-                error: "x".into(),
-            }],
-        )
+        .bury(&claim.lease, &[buried(seqs[5], "x")])
         .await
         .unwrap();
     store.release(&claim.lease, &[seqs[6]]).await.unwrap();
@@ -759,25 +675,12 @@ async fn futures_all<S: Store + ?Sized>(
 /// nothing else.
 pub async fn purge_dead_deletes_only_old_dead_events<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let ids: Vec<EventId> = h
-        .enqueue(
-            &store,
-            &(0..5)
-                .map(|i| typed(&format!("x{i}"), 0, "Created"))
-                .collect::<Vec<_>>(),
-        )
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let ids = ids_of(h.enqueue(&store, &singles("x", &["Created"; 5])).await);
     // x0, x1 dead long ago; x2 dead just now; x3 delivered long ago; x4 pending, enqueued long ago.
     let claim = store.claim(&req(4)).await.unwrap();
     let buries: Vec<BuryEvent> = claim.events[..3]
         .iter()
-        .map(|e| BuryEvent {
-            seq: e.seq,
-            error: "x".into(),
-        })
+        .map(|e| buried(e.seq, "x"))
         .collect();
     store.bury(&claim.lease, &buries).await.unwrap();
     store
@@ -830,12 +733,7 @@ pub async fn purge_never_deletes_an_undelivered_event<H: Harness>(h: &H) {
         let events: Vec<NewEvent> = (0..mix.len())
             .map(|i| typed(&format!("m{i}"), i as u64, "Created"))
             .collect();
-        let ids: Vec<EventId> = h
-            .enqueue(&store, &events)
-            .await
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let ids = ids_of(h.enqueue(&store, &events).await);
         let claim = store.claim(&req(1000)).await.unwrap();
         assert_eq!(claim.events.len(), mix.len());
         let (mut ack, mut retry, mut bury, mut release) =
@@ -843,18 +741,10 @@ pub async fn purge_never_deletes_an_undelivered_event<H: Harness>(h: &H) {
         for e in &claim.events {
             match mix[payload_n(e) as usize].0 {
                 Shape::Pending => release.push(e.seq),
-                Shape::Retrying => retry.push(RetryEvent {
-                    counts_attempt: true,
-                    seq: e.seq,
-                    delay: HOUR,
-                    error: "x".into(),
-                }),
+                Shape::Retrying => retry.push(counted_retry(e.seq, HOUR, "x")),
                 Shape::InFlight => {}
                 Shape::Delivered => ack.push(e.seq),
-                Shape::Dead => bury.push(BuryEvent {
-                    seq: e.seq,
-                    error: "x".into(),
-                }),
+                Shape::Dead => bury.push(buried(e.seq, "x")),
             }
         }
         store.ack(&claim.lease, &ack).await.unwrap();
@@ -898,25 +788,15 @@ pub async fn purge_never_deletes_an_undelivered_event<H: Harness>(h: &H) {
 /// `DeadLetterPolicy` still applies to the rest.
 pub async fn hold_respects_the_dead_letter_policy<H: Harness>(h: &H) {
     let store = h.fresh().await;
-    let routes = two_routes();
-    h.enqueue(
-        &store,
-        &[
-            typed("z", 1, "Created"),
-            typed("z", 2, "Created"),
-            typed("y", 1, "HookSent"),
-        ],
-    )
-    .await;
+    let routes = hooks_and_kafka();
+    let events = [
+        history("z", &["Created", "Created"]),
+        history("y", &["HookSent"]),
+    ];
+    h.enqueue(&store, &events.concat()).await;
     let first = store.claim(&req(1)).await.unwrap();
     store
-        .bury(
-            &first.lease,
-            &[BuryEvent {
-                seq: first.events[0].seq,
-                error: "x".into(),
-            }],
-        )
+        .bury(&first.lease, &[buried(first.events[0].seq, "x")])
         .await
         .unwrap();
     let blocked = store.claim(&hold(&routes, &["hooks"])).await.unwrap();
@@ -926,5 +806,5 @@ pub async fn hold_respects_the_dead_letter_policy<H: Harness>(h: &H) {
         ..hold(&routes, &["hooks"])
     };
     let skipped = store.claim(&skip).await.unwrap();
-    assert_eq!(labels(&skipped.events), label_list(&[("z", 2)]));
+    assert_eq!(labels(&skipped.events), [("z", 2)]);
 }

@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_testkit::numbered;
-use outbox_types::{
-    BuryEvent, ClaimRequest, DeadLetterPolicy, EventId, EventState, NewEvent, RetryEvent, Store,
-};
+use outbox_types::{ClaimRequest, DeadLetterPolicy, EventId, EventState, NewEvent, Store};
 
 use crate::harness::*;
 
@@ -35,7 +33,7 @@ pub async fn claim_returns_due_events_in_order_and_ack_delivers<H: Harness>(h: &
         store.claim(&req(10)).await.unwrap().events.is_empty(),
         "in-flight events are not claimed twice"
     );
-    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&claim.events);
     assert_eq!(store.ack(&claim.lease, &seqs).await.unwrap(), 5);
     let record = store.get(want[0]).await.unwrap().unwrap();
     assert_eq!(record.state, EventState::Delivered);
@@ -80,13 +78,7 @@ pub async fn idempotency_key_returns_the_existing_event<H: Harness>(h: &H) {
 
 /// While an event is in flight, later events of its aggregate wait; other aggregates go on.
 pub async fn aggregate_in_flight_blocks_its_later_events_only<H: Harness>(h: &H) {
-    let store = h.fresh().await;
-    h.enqueue(
-        &store,
-        &[numbered("a", 1), numbered("a", 2), numbered("b", 1)],
-    )
-    .await;
-    let first = store.claim(&req(1)).await.unwrap();
+    let (store, first) = a1_claimed(h).await;
     assert_eq!(first.events.len(), 1);
     assert_eq!(
         (
@@ -96,22 +88,14 @@ pub async fn aggregate_in_flight_blocks_its_later_events_only<H: Harness>(h: &H)
         ("a", 1)
     );
     let second = store.claim(&req(10)).await.unwrap();
-    let got: Vec<(&str, u64)> = second
-        .events
-        .iter()
-        .map(|e| (e.aggregate_id.as_str(), payload_n(e)))
-        .collect();
+    let got = labels(&second.events);
     assert_eq!(got, vec![("b", 1)], "a/2 must wait for a/1");
     store
         .ack(&first.lease, &[first.events[0].seq])
         .await
         .unwrap();
     let third = store.claim(&req(10)).await.unwrap();
-    let got: Vec<(&str, u64)> = third
-        .events
-        .iter()
-        .map(|e| (e.aggregate_id.as_str(), payload_n(e)))
-        .collect();
+    let got = labels(&third.events);
     assert_eq!(got, vec![("a", 2)]);
     // Several events of one aggregate come in one claim, in order.
     h.enqueue(
@@ -165,7 +149,7 @@ pub async fn concurrent_claims_never_hand_out_an_event_twice<H: Harness>(h: &H) 
                     continue;
                 }
                 let tick = clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+                let seqs = seqs_of(&claim.events);
                 mine.extend(
                     claim
                         .events
@@ -211,17 +195,13 @@ pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: 
         .await;
     let first = store.claim(&req(2)).await.unwrap();
     assert_eq!(first.events.len(), 2);
-    let bury = BuryEvent {
-        seq: first.events[0].seq,
-        error: "payload rejected".into(),
-    };
+    let bury = buried(first.events[0].seq, "payload rejected");
     assert_eq!(store.bury(&first.lease, &[bury]).await.unwrap(), 1);
-    let retry = RetryEvent {
-        counts_attempt: true,
-        seq: first.events[1].seq,
-        delay: Duration::from_secs(3600),
-        error: "broker unavailable".into(),
-    };
+    let retry = counted_retry(
+        first.events[1].seq,
+        Duration::from_secs(3600),
+        "broker unavailable",
+    );
     assert_eq!(store.retry(&first.lease, &[retry]).await.unwrap(), 1);
     h.enqueue(&store, &[numbered("held", 0)]).await;
     let other = ClaimRequest::new(
@@ -275,7 +255,7 @@ pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: 
             assert_eq!(payload_n(e), *expected, "{} out of order", e.aggregate_id);
             *expected += 1;
         }
-        let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+        let seqs = seqs_of(&claim.events);
         assert_eq!(
             store.ack(&claim.lease, &seqs).await.unwrap(),
             seqs.len() as u64
@@ -318,7 +298,7 @@ pub async fn claims_are_bounded_by_payload_bytes<H: Harness>(h: &H) {
         "{:?}",
         first.events.iter().map(|e| e.seq).collect::<Vec<_>>()
     );
-    let seqs: Vec<i64> = first.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&first.events);
     store.ack(&first.lease, &seqs).await.unwrap();
     let second = store.claim(&request).await.unwrap();
     assert_eq!(second.events.len(), 4);
@@ -326,7 +306,7 @@ pub async fn claims_are_bounded_by_payload_bytes<H: Harness>(h: &H) {
         second.events[0].seq > seqs[3],
         "the next claim goes on in seq order"
     );
-    let seqs: Vec<i64> = second.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&second.events);
     store.ack(&second.lease, &seqs).await.unwrap();
     // Two 1000-byte events left, then one larger than the whole budget: it still comes back,
     // alone.
@@ -336,7 +316,7 @@ pub async fn claims_are_bounded_by_payload_bytes<H: Harness>(h: &H) {
         .await
         .unwrap();
     assert_eq!(third.events.len(), 1, "1000 bytes before the second: one");
-    let seqs: Vec<i64> = third.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&third.events);
     store.ack(&third.lease, &seqs).await.unwrap();
     let fourth = store
         .claim(&req(100).with_byte_limits(1000, 1_000_000))

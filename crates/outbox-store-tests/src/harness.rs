@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_engine::RelayConfig;
-use outbox_types::{ClaimRequest, DeadLetterPolicy, EventId, NewEvent, Store};
+use outbox_testkit::numbered;
+use outbox_types::{
+    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, EventId, NewEvent, RetryEvent, Store,
+};
 
 /// How the suite gets at a store.
 #[async_trait]
@@ -61,4 +64,78 @@ pub(crate) fn req(limit: u32) -> ClaimRequest {
 pub(crate) fn payload_n(e: &outbox_types::Event) -> u64 {
     let value: serde_json::Value = serde_json::from_str(&e.payload).unwrap_or_default();
     value["n"].as_u64().unwrap_or(u64::MAX)
+}
+
+/// A failed delivery of `seq` that counts an attempt and makes it wait `delay`.
+pub(crate) fn counted_retry(seq: i64, delay: Duration, error: impl Into<String>) -> RetryEvent {
+    RetryEvent {
+        counts_attempt: true,
+        seq,
+        delay,
+        error: error.into(),
+    }
+}
+
+/// A retry of `seq` because its destination was unavailable: no attempt counted.
+pub(crate) fn unavailable_retry(seq: i64, delay: Duration, error: impl Into<String>) -> RetryEvent {
+    RetryEvent {
+        counts_attempt: false,
+        ..counted_retry(seq, delay, error)
+    }
+}
+
+/// `seq` given up on with `error`.
+pub(crate) fn buried(seq: i64, error: impl Into<String>) -> BuryEvent {
+    BuryEvent {
+        seq,
+        error: error.into(),
+    }
+}
+
+/// The seqs of `events`, in their order: what a settle call takes.
+pub(crate) fn seqs_of(events: &[Event]) -> Vec<i64> {
+    events.iter().map(|e| e.seq).collect()
+}
+
+/// The ids of what [`Harness::enqueue`] returned, dropping the `created` flags.
+pub(crate) fn ids_of(enqueued: Vec<(EventId, bool)>) -> Vec<EventId> {
+    enqueued.into_iter().map(|(id, _)| id).collect()
+}
+
+/// [`numbered`] events, one per `(aggregate_id, n)`, in that order.
+pub(crate) fn numbered_all(events: &[(&str, u64)]) -> Vec<NewEvent> {
+    events.iter().map(|(a, n)| numbered(a, *n)).collect()
+}
+
+/// A fresh store holding aggregate `a`'s events 1 and 2 and aggregate `b`'s event 1, with a/1
+/// claimed alone: the start of the scenarios about what waits behind a/1.
+pub(crate) async fn a1_claimed<H: Harness>(h: &H) -> (Arc<H::Store>, Claim) {
+    let store = h.fresh().await;
+    h.enqueue(&store, &numbered_all(&[("a", 1), ("a", 2), ("b", 1)]))
+        .await;
+    let claim = store.claim(&req(1)).await.unwrap();
+    (store, claim)
+}
+
+/// `(aggregate_id, n)` of each of `events`, in their order.
+pub(crate) fn labels(events: &[Event]) -> Vec<(&str, u64)> {
+    events
+        .iter()
+        .map(|e| (e.aggregate_id.as_str(), payload_n(e)))
+        .collect()
+}
+
+/// The aggregate id of each of `events`, in their order.
+pub(crate) fn aggregate_ids(events: &[Event]) -> Vec<&str> {
+    events.iter().map(|e| e.aggregate_id.as_str()).collect()
+}
+
+/// A fresh store holding `events`, enqueued in one transaction, and what the enqueue returned.
+pub(crate) async fn fresh_holding<H: Harness>(
+    h: &H,
+    events: &[NewEvent],
+) -> (Arc<H::Store>, Vec<(EventId, bool)>) {
+    let store = h.fresh().await;
+    let enqueued = h.enqueue(&store, events).await;
+    (store, enqueued)
 }

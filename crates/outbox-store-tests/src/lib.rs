@@ -11,10 +11,12 @@
 //! `#[tokio::test]` functions.
 
 /// Expand to one test per property of the store contract, using `$harness` (an expression
-/// building a [`Harness`]).
+/// building a [`Harness`]): the relay behaviour tests of [`relay_behaviour!`] and the tests of
+/// the store's own statements.
 #[macro_export]
 macro_rules! conformance {
     ($harness:expr) => {
+        $crate::relay_behaviour!($harness);
         $crate::conformance!(@tests $harness;
             claim_returns_due_events_in_order_and_ack_delivers,
             idempotency_key_returns_the_existing_event,
@@ -29,11 +31,6 @@ macro_rules! conformance {
             stats_count_every_state,
             last_error_is_truncated,
             concurrent_claims_never_hand_out_an_event_twice,
-            three_relays_deliver_everything_in_order_despite_failures,
-            three_relays_deliver_in_order_under_the_block_policy,
-            dead_policy_block_holds_the_aggregate_in_a_relay_run,
-            relay_gives_up_after_max_attempts,
-            shutdown_leaves_nothing_claimed,
             pause_holds_only_that_destinations_events,
             held_events_do_not_block_other_destinations,
             a_deferred_destination_keeps_its_place_in_each_aggregate,
@@ -45,13 +42,8 @@ macro_rules! conformance {
             purge_dead_deletes_only_old_dead_events,
             purge_never_deletes_an_undelivered_event,
             aggregates_behind_a_long_held_run_are_still_claimed,
-            a_hanging_destination_does_not_hold_back_the_others,
-            a_batch_waiting_on_a_hanging_destination_gives_its_slot_back,
             claims_are_bounded_by_payload_bytes,
             oversized_payloads_are_buried_unread_and_hold_their_aggregate,
-            a_panicking_sink_costs_attempts_not_a_stuck_claim,
-            a_paused_destination_waits_in_a_running_relay_while_others_flow,
-            a_requeued_dead_event_goes_out_while_the_relay_runs,
             a_backlog_of_one_destination_does_not_starve_the_others,
         );
     };
@@ -83,6 +75,25 @@ macro_rules! relay_behaviour {
             a_paused_destination_waits_in_a_running_relay_while_others_flow,
             a_requeued_dead_event_goes_out_while_the_relay_runs,
         );
+    };
+}
+
+/// One `#[tokio::test]` per writer scenario listed, each calling the scenario of the same name
+/// (or, written `test => scenario`, of another name) with `$writer` (an expression building a
+/// [`Writer`]): the writer's side of the contract, run by each store from its own test file.
+#[macro_export]
+macro_rules! writer_tests {
+    ($writer:expr; $($test:ident $(=> $scenario:ident)?),* $(,)?) => {
+        $($crate::writer_tests!(@one $writer; $test $(=> $scenario)?);)*
+    };
+    (@one $writer:expr; $test:ident) => {
+        $crate::writer_tests!(@one $writer; $test => $test);
+    };
+    (@one $writer:expr; $test:ident => $scenario:ident) => {
+        #[tokio::test]
+        async fn $test() {
+            $crate::$scenario(&$writer).await;
+        }
     };
 }
 

@@ -57,6 +57,78 @@ fn relay_config(id: &str) -> RelayConfig {
     }
 }
 
+/// A relay running in a task: the sender that stops it, and the task that ends with its report.
+type Running = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<outbox_engine::RelayReport>,
+);
+
+/// Run `relay` in a task until the returned sender fires (or is dropped).
+fn spawn_until_stopped<S, K>(relay: Relay<S, K>) -> Running
+where
+    S: outbox_types::Source + ?Sized + 'static,
+    K: outbox_types::Sink + ?Sized + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    (tx, run)
+}
+
+/// Poll the store's stats every `every` until `done` holds; fail after 60 s.
+async fn wait_for_stats<S: Store + ?Sized>(
+    store: &S,
+    every: Duration,
+    done: impl Fn(&outbox_types::OutboxStats) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = store.stats().await.unwrap();
+        if done(&stats) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// A recording sink with `faults` injected.
+fn faulty_sink(faults: Faults) -> Arc<RecordingSink> {
+    Arc::new(RecordingSink::with_faults(faults))
+}
+
+/// A quick retry policy that gives up after three attempts.
+fn three_quick_tries() -> RetryPolicy {
+    RetryPolicy {
+        base: Duration::from_millis(1),
+        cap: Duration::from_millis(5),
+        max_attempts: 3,
+    }
+}
+
+/// The payload numbers `sink` delivered for aggregate `aggregate_id`, in delivery order.
+fn delivered_of(sink: &RecordingSink, aggregate_id: &str) -> Vec<u64> {
+    sink.delivered()
+        .iter()
+        .filter(|e| e.aggregate_id == aggregate_id)
+        .map(payload_n)
+        .collect()
+}
+
+/// Stop the relay started by [`spawn_until_stopped`] (it must still run), wait for it to end,
+/// and return the store's stats after it.
+async fn stop_then_stats<S: Store + ?Sized>(
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<outbox_engine::RelayReport>,
+    store: &S,
+) -> outbox_types::OutboxStats {
+    stop.send(())
+        .unwrap_or_else(|_| panic!("the relay ended early"));
+    run.await.unwrap();
+    store.stats().await.unwrap()
+}
+
 /// The proof: 3 relays, 20k events over 500 aggregates, 10% random transient failures
 /// and a few poison events. Every healthy event is delivered exactly once, first deliveries keep
 /// per-aggregate order, no event is ever in flight twice at once, exactly the poison events end
@@ -92,13 +164,13 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
     };
     // A publish takes a moment, so two publishes of one event at once would overlap and be
     // caught by the sink.
-    let sink = Arc::new(RecordingSink::with_faults(Faults {
+    let sink = faulty_sink(Faults {
         retry_rate: 0.10,
         reject: Some(Arc::new(poison)),
         delay: Duration::from_millis(1),
         seed: 7,
         ..Faults::default()
-    }));
+    });
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut relays = Vec::new();
     for i in 0..3 {
@@ -226,42 +298,24 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
 /// is dead with the attempt count and a "gave up after" error, and under `Block` its aggregate's
 /// later events wait behind it.
 pub async fn relay_gives_up_after_max_attempts<H: Harness>(h: &H) {
-    let store = h.fresh().await;
-    let ids = h
-        .enqueue(
-            &store,
-            &[numbered("m", 1), numbered("m", 2), numbered("n", 1)],
-        )
-        .await;
-    let sink = Arc::new(RecordingSink::with_faults(Faults {
+    let (store, ids) = fresh_holding(h, &numbered_all(&[("m", 1), ("m", 2), ("n", 1)])).await;
+    let sink = faulty_sink(Faults {
         fail: Some(Arc::new(|e: &outbox_types::Event| {
             e.aggregate_id == "m" && payload_n(e) == 1
         })),
         ..Faults::default()
-    }));
+    });
     let config = RelayConfig {
-        retry: RetryPolicy {
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(5),
-            max_attempts: 3,
-        },
+        retry: three_quick_tries(),
         dead_letter: DeadLetterPolicy::Block,
         ..relay_config("giver-upper")
     };
     let relay = Relay::new(h.source(&store, &config).await, sink.clone(), config);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = rx.await;
-    }));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = store.stats().await.unwrap();
-        if stats.dead == 1 && stats.delivered == 1 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (tx, run) = spawn_until_stopped(relay);
+    wait_for_stats(&*store, Duration::from_millis(10), |s| {
+        s.dead == 1 && s.delivered == 1
+    })
+    .await;
     tx.send(()).unwrap();
     let report = run.await.unwrap();
     assert_eq!((report.retried, report.dead, report.delivered), (2, 1, 1));
@@ -288,12 +342,12 @@ pub async fn dead_policy_block_holds_the_aggregate_in_a_relay_run<H: Harness>(h:
         }
     }
     h.enqueue(&store, &events).await;
-    let sink = Arc::new(RecordingSink::with_faults(Faults {
+    let sink = faulty_sink(Faults {
         reject: Some(Arc::new(|e: &outbox_types::Event| {
             e.aggregate_id == "y" && payload_n(e) == 2
         })),
         ..Faults::default()
-    }));
+    });
     let config = RelayConfig {
         dead_letter: DeadLetterPolicy::Block,
         stop_when_idle: true,
@@ -309,13 +363,7 @@ pub async fn dead_policy_block_holds_the_aggregate_in_a_relay_run<H: Harness>(h:
         (12, 1, 2),
         "{stats:?}"
     );
-    let y: Vec<u64> = sink
-        .delivered()
-        .iter()
-        .filter(|e| e.aggregate_id == "y")
-        .map(payload_n)
-        .collect();
-    assert_eq!(y, vec![0, 1]);
+    assert_eq!(delivered_of(&sink, "y"), vec![0, 1]);
 }
 
 /// Stopping a relay mid-run finishes the batches in flight and leaves no event claimed.
@@ -325,20 +373,17 @@ pub async fn shutdown_leaves_nothing_claimed<H: Harness>(h: &H) {
         .map(|i| numbered(&format!("g{}", i % 300), i / 300))
         .collect();
     h.enqueue(&store, &events).await;
-    let sink = Arc::new(RecordingSink::with_faults(Faults {
+    let sink = faulty_sink(Faults {
         delay: Duration::from_millis(5),
         ..Faults::default()
-    }));
+    });
     let config = RelayConfig {
         batch_size: 100,
         ..relay_config("stopper")
     };
     let relay = Relay::new(h.source(&store, &config).await, sink.clone(), config);
     let counters = relay.counters();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, run) = spawn_until_stopped(relay);
     while counters.report().delivered < 200 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -433,11 +478,8 @@ async fn run_with_a_hanging_destination<H: Harness>(
     let relay = Relay::new(h.source(&store, &config).await, Arc::new(router), config)
         .with_routes(Arc::new(routes));
     let counters = relay.counters();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let started = std::time::Instant::now();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, run) = spawn_until_stopped(relay);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while !done(&good, &counters.report()) {
         assert!(
@@ -555,23 +597,13 @@ pub async fn a_batch_waiting_on_a_hanging_destination_gives_its_slot_back<H: Har
 /// each and are retried, the poison one ends dead after `max_attempts`, the others are
 /// delivered, and nothing stays in flight.
 pub async fn a_panicking_sink_costs_attempts_not_a_stuck_claim<H: Harness>(h: &H) {
-    let store = h.fresh().await;
-    let ids = h
-        .enqueue(
-            &store,
-            &[numbered("p", 1), numbered("q", 1), numbered("q", 2)],
-        )
-        .await;
-    let sink = Arc::new(RecordingSink::with_faults(Faults {
+    let (store, ids) = fresh_holding(h, &numbered_all(&[("p", 1), ("q", 1), ("q", 2)])).await;
+    let sink = faulty_sink(Faults {
         panic: Some(Arc::new(|e: &outbox_types::Event| e.aggregate_id == "p")),
         ..Faults::default()
-    }));
+    });
     let config = RelayConfig {
-        retry: RetryPolicy {
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(5),
-            max_attempts: 3,
-        },
+        retry: three_quick_tries(),
         // One event per call, so the panic is the poison event's alone.
         batch_size: 1,
         stop_when_idle: true,
@@ -601,18 +633,21 @@ pub async fn a_panicking_sink_costs_attempts_not_a_stuck_claim<H: Harness>(h: &H
     );
 }
 
+/// The `main` and `hooks` sinks of a running [`two_destination_relay`], and the relay.
+type TwoDestinations = (
+    Arc<RecordingSink>,
+    Arc<RecordingSink>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<outbox_engine::RelayReport>,
+);
+
 /// Two destinations by aggregate type (`hooks` for `h*`, `main` for the rest), a router over
 /// two recording sinks, and a relay over `h`'s source, running until the returned sender fires.
 async fn two_destination_relay<H: Harness>(
     h: &H,
     store: &Arc<H::Store>,
     config: RelayConfig,
-) -> (
-    Arc<RecordingSink>,
-    Arc<RecordingSink>,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<outbox_engine::RelayReport>,
-) {
+) -> TwoDestinations {
     two_destination_relay_with(h, store, config, RecordingSink::new()).await
 }
 
@@ -623,22 +658,14 @@ async fn two_destination_relay_with<H: Harness>(
     store: &Arc<H::Store>,
     config: RelayConfig,
     hooks: RecordingSink,
-) -> (
-    Arc<RecordingSink>,
-    Arc<RecordingSink>,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<outbox_engine::RelayReport>,
-) {
+) -> TwoDestinations {
     let main = Arc::new(RecordingSink::new());
     let hooks = Arc::new(hooks);
     let (router, routes) =
         split_by_aggregate_type("h*", ("hooks", hooks.clone()), ("main", main.clone()));
     let relay = Relay::new(h.source(store, &config).await, Arc::new(router), config)
         .with_routes(Arc::new(routes));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, run) = spawn_until_stopped(relay);
     (main, hooks, tx, run)
 }
 
@@ -687,10 +714,7 @@ pub async fn a_paused_destination_waits_in_a_running_relay_while_others_flow<H: 
     h.enqueue(&store, &[typed_event("hook", "k", 5)]).await;
     wait_until("the newer one", || hooks.distinct_delivered().len() == 6).await;
     assert!(check_first_delivery_order(&hooks.delivered()).is_empty());
-    stop.send(())
-        .unwrap_or_else(|_| panic!("the relay ended early"));
-    run.await.unwrap();
-    let stats = store.stats().await.unwrap();
+    let stats = stop_then_stats(stop, run, &*store).await;
     assert_eq!(
         (stats.delivered, stats.pending, stats.in_flight),
         (11, 0, 0),
@@ -750,45 +774,35 @@ pub async fn a_requeued_dead_event_goes_out_while_the_relay_runs<H: Harness>(h: 
     let store = h.fresh().await;
     let reject = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let rejecting = reject.clone();
-    let sink = Arc::new(RecordingSink::with_faults(Faults {
+    let sink = faulty_sink(Faults {
         reject: Some(Arc::new(move |e: &outbox_types::Event| {
             rejecting.load(std::sync::atomic::Ordering::SeqCst)
                 && e.aggregate_id == "p"
                 && payload_n(e) == 1
         })),
         ..Faults::default()
-    }));
+    });
     let config = RelayConfig {
         dead_letter: DeadLetterPolicy::Block,
         ..relay_config("requeuer")
     };
     let relay = Relay::new(h.source(&store, &config).await, sink.clone(), config);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, run) = spawn_until_stopped(relay);
     let mut events = Vec::new();
     for n in 0..4 {
         events.push(numbered("p", n));
         events.push(numbered("q", n));
     }
     h.enqueue(&store, &events).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = store.stats().await.unwrap();
-        if stats.dead == 1 && stats.delivered == 5 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let p: Vec<u64> = sink
-        .delivered()
-        .iter()
-        .filter(|e| e.aggregate_id == "p")
-        .map(payload_n)
-        .collect();
-    assert_eq!(p, [0], "p waits behind its dead event");
+    wait_for_stats(&*store, Duration::from_millis(20), |s| {
+        s.dead == 1 && s.delivered == 5
+    })
+    .await;
+    assert_eq!(
+        delivered_of(&sink, "p"),
+        [0],
+        "p waits behind its dead event"
+    );
     // The operator fixes the cause and requeues; the relay keeps running.
     reject.store(false, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(store.requeue_dead(&DeadFilter::All).await.unwrap(), 1);
@@ -796,17 +810,12 @@ pub async fn a_requeued_dead_event_goes_out_while_the_relay_runs<H: Harness>(h: 
         sink.distinct_delivered().len() == 8
     })
     .await;
-    let p: Vec<u64> = sink
-        .delivered()
-        .iter()
-        .filter(|e| e.aggregate_id == "p")
-        .map(payload_n)
-        .collect();
-    assert_eq!(p, [0, 1, 2, 3], "in order, without a restart");
-    tx.send(())
-        .unwrap_or_else(|_| panic!("the relay ended early"));
-    run.await.unwrap();
-    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        delivered_of(&sink, "p"),
+        [0, 1, 2, 3],
+        "in order, without a restart"
+    );
+    let stats = stop_then_stats(tx, run, &*store).await;
     assert_eq!(
         (stats.delivered, stats.dead, stats.pending),
         (8, 0, 0),

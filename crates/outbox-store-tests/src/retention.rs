@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use outbox_testkit::numbered;
-use outbox_types::{BuryEvent, Store};
+use outbox_types::Store;
 
 use crate::harness::*;
 
@@ -20,42 +20,22 @@ pub async fn purge_deletes_only_old_delivered_events<H: Harness>(h: &H) {
         .await;
     // 3 delivered, 1 dead, 1 in flight, 1 pending.
     let claim = store.claim(&req(5)).await.unwrap();
-    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&claim.events);
     store.ack(&claim.lease, &seqs[..3]).await.unwrap();
     store
-        .bury(
-            &claim.lease,
-            &[BuryEvent {
-                seq: seqs[3],
-                error: "x".into(),
-            }],
-        )
+        .bury(&claim.lease, &[buried(seqs[3], "x")])
         .await
         .unwrap();
-    assert_eq!(
-        store
-            .purge_delivered(Duration::from_secs(3600), 100)
-            .await
-            .unwrap(),
-        0,
-        "too recent"
-    );
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        store
-            .purge_delivered(Duration::from_millis(1), 2)
-            .await
-            .unwrap(),
-        2,
-        "batch limit holds"
-    );
-    assert_eq!(
-        store
-            .purge_delivered(Duration::from_millis(1), 100)
-            .await
-            .unwrap(),
-        1
-    );
+    let ms = Duration::from_millis(1);
+    for (older_than, batch, deleted, why) in [
+        (Duration::from_secs(3600), 100, 0, "too recent"),
+        (ms, 2, 2, "batch limit holds"),
+        (ms, 100, 1, "the rest"),
+    ] {
+        let purged = store.purge_delivered(older_than, batch).await.unwrap();
+        assert_eq!(purged, deleted, "{why}");
+    }
     let stats = store.stats().await.unwrap();
     assert_eq!(
         (stats.delivered, stats.dead, stats.in_flight, stats.pending),

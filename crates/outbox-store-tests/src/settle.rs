@@ -13,20 +13,9 @@ use crate::harness::*;
 
 /// A retry counts the attempt, stores the error, and makes the event (and its aggregate) wait.
 pub async fn retry_counts_the_attempt_and_delays_the_event<H: Harness>(h: &H) {
-    let store = h.fresh().await;
-    h.enqueue(
-        &store,
-        &[numbered("a", 1), numbered("a", 2), numbered("b", 1)],
-    )
-    .await;
-    let claim = store.claim(&req(1)).await.unwrap();
+    let (store, claim) = a1_claimed(h).await;
     let a1 = claim.events[0].clone();
-    let retry = RetryEvent {
-        counts_attempt: true,
-        seq: a1.seq,
-        delay: Duration::from_secs(3600),
-        error: "broker down".into(),
-    };
+    let retry = counted_retry(a1.seq, Duration::from_secs(3600), "broker down");
     assert_eq!(store.retry(&claim.lease, &[retry]).await.unwrap(), 1);
     let record = store.get(a1.id).await.unwrap().unwrap();
     assert_eq!(record.state, EventState::Pending);
@@ -34,23 +23,17 @@ pub async fn retry_counts_the_attempt_and_delays_the_event<H: Harness>(h: &H) {
     assert_eq!(record.last_error.as_deref(), Some("broker down"));
     assert!(record.next_attempt_at > chrono::Utc::now() + chrono::TimeDelta::seconds(3000));
     let next = store.claim(&req(10)).await.unwrap();
-    let got: Vec<&str> = next
-        .events
-        .iter()
-        .map(|e| e.aggregate_id.as_str())
-        .collect();
-    assert_eq!(got, vec!["b"], "a/1 is not due and a/2 waits behind it");
+    assert_eq!(
+        aggregate_ids(&next.events),
+        vec!["b"],
+        "a/1 is not due and a/2 waits behind it"
+    );
     assert_eq!(store.stats().await.unwrap().retrying, 1);
 
     // A zero delay makes it due at once, with its attempt count.
     h.enqueue(&store, &[numbered("c", 1)]).await;
     let c = store.claim(&req(10)).await.unwrap();
-    let retry = RetryEvent {
-        counts_attempt: true,
-        seq: c.events[0].seq,
-        delay: Duration::ZERO,
-        error: "blip".into(),
-    };
+    let retry = counted_retry(c.events[0].seq, Duration::ZERO, "blip");
     store.retry(&c.lease, &[retry]).await.unwrap();
     let again = store.claim(&req(10)).await.unwrap();
     assert_eq!(again.events.len(), 1);
@@ -62,24 +45,17 @@ pub async fn retry_counts_the_attempt_and_delays_the_event<H: Harness>(h: &H) {
 /// the waiting one exactly like a counted retry: an outage costs time, not attempts, and never
 /// reorders an aggregate.
 pub async fn an_unavailable_retry_costs_no_attempt_and_holds_its_aggregate<H: Harness>(h: &H) {
-    let store = h.fresh().await;
-    h.enqueue(
-        &store,
-        &[numbered("a", 1), numbered("a", 2), numbered("b", 1)],
-    )
-    .await;
-    let claim = store.claim(&req(1)).await.unwrap();
+    let (store, claim) = a1_claimed(h).await;
     let a1 = claim.events[0].clone();
     assert_eq!(a1.aggregate_id, "a");
     // Three outage rounds: due at once each time, claimed again, unavailable again.
     let mut lease = claim.lease;
     for round in 0..3 {
-        let unavailable = RetryEvent {
-            counts_attempt: false,
-            seq: a1.seq,
-            delay: Duration::ZERO,
-            error: format!("connection refused (round {round})"),
-        };
+        let unavailable = unavailable_retry(
+            a1.seq,
+            Duration::ZERO,
+            format!("connection refused (round {round})"),
+        );
         assert_eq!(store.retry(&lease, &[unavailable]).await.unwrap(), 1);
         let again = store.claim(&req(1)).await.unwrap();
         assert_eq!(again.events.len(), 1, "round {round}");
@@ -88,12 +64,7 @@ pub async fn an_unavailable_retry_costs_no_attempt_and_holds_its_aggregate<H: Ha
         lease = again.lease;
     }
     // Waiting for a later probe: a/2 must not overtake it, b flows.
-    let wait = RetryEvent {
-        counts_attempt: false,
-        seq: a1.seq,
-        delay: Duration::from_secs(3600),
-        error: "connection refused".into(),
-    };
+    let wait = unavailable_retry(a1.seq, Duration::from_secs(3600), "connection refused");
     store.retry(&lease, &[wait]).await.unwrap();
     let record = store.get(a1.id).await.unwrap().unwrap();
     assert_eq!(record.state, EventState::Pending);
@@ -115,17 +86,8 @@ pub async fn an_unavailable_retry_costs_no_attempt_and_holds_its_aggregate<H: Ha
 
 /// A dead event holds back its own aggregate under `Block`, nobody under `Skip`.
 pub async fn dead_event_blocks_its_aggregate_only_under_block_policy<H: Harness>(h: &H) {
-    let store = h.fresh().await;
-    h.enqueue(
-        &store,
-        &[numbered("a", 1), numbered("a", 2), numbered("b", 1)],
-    )
-    .await;
-    let claim = store.claim(&req(1)).await.unwrap();
-    let bury = BuryEvent {
-        seq: claim.events[0].seq,
-        error: "payload rejected".into(),
-    };
+    let (store, claim) = a1_claimed(h).await;
+    let bury = buried(claim.events[0].seq, "payload rejected");
     assert_eq!(store.bury(&claim.lease, &[bury]).await.unwrap(), 1);
     let record = store.get(claim.events[0].id).await.unwrap().unwrap();
     assert_eq!(record.state, EventState::Dead);
@@ -133,13 +95,8 @@ pub async fn dead_event_blocks_its_aggregate_only_under_block_policy<H: Harness>
     assert!(record.dead_at.is_some());
 
     let blocked = store.claim(&req(10)).await.unwrap();
-    let got: Vec<&str> = blocked
-        .events
-        .iter()
-        .map(|e| e.aggregate_id.as_str())
-        .collect();
     assert_eq!(
-        got,
+        aggregate_ids(&blocked.events),
         vec!["b"],
         "block: a/2 waits behind dead a/1, b goes on"
     );
@@ -148,18 +105,12 @@ pub async fn dead_event_blocks_its_aggregate_only_under_block_policy<H: Harness>
         .await
         .unwrap();
 
-    let skip = ClaimRequest::new(
-        "test-relay",
-        10,
-        Duration::from_secs(60),
-        DeadLetterPolicy::Skip,
-    );
+    let skip = ClaimRequest {
+        dead_letter: DeadLetterPolicy::Skip,
+        ..req(10)
+    };
     let skipped = store.claim(&skip).await.unwrap();
-    let mut got: Vec<(&str, u64)> = skipped
-        .events
-        .iter()
-        .map(|e| (e.aggregate_id.as_str(), payload_n(e)))
-        .collect();
+    let mut got = labels(&skipped.events);
     got.sort();
     assert_eq!(
         got,
@@ -175,23 +126,11 @@ pub async fn requeue_and_discard_act_on_dead_events_only<H: Harness>(h: &H) {
     let ids = h
         .enqueue(
             &store,
-            &[
-                numbered("a", 1),
-                numbered("b", 1),
-                numbered("c", 1),
-                numbered("d", 1),
-            ],
+            &numbered_all(&[("a", 1), ("b", 1), ("c", 1), ("d", 1)]),
         )
         .await;
     let claim = store.claim(&req(3)).await.unwrap();
-    let buries: Vec<BuryEvent> = claim
-        .events
-        .iter()
-        .map(|e| BuryEvent {
-            seq: e.seq,
-            error: "no".into(),
-        })
-        .collect();
+    let buries: Vec<BuryEvent> = claim.events.iter().map(|e| buried(e.seq, "no")).collect();
     store.bury(&claim.lease, &buries).await.unwrap();
     let dead = store.list_dead(None, 10).await.unwrap();
     assert_eq!(dead.len(), 3);
@@ -240,12 +179,11 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
     let store = h.fresh().await;
     h.enqueue(&store, &[numbered("a", 1), numbered("a", 2)])
         .await;
-    let short = ClaimRequest::new(
-        "relay-1",
-        10,
-        Duration::from_millis(200),
-        DeadLetterPolicy::Block,
-    );
+    let short = ClaimRequest {
+        owner: "relay-1".into(),
+        lease: Duration::from_millis(200),
+        ..req(10)
+    };
     let stale = store.claim(&short).await.unwrap();
     assert_eq!(stale.events.len(), 2);
     assert!(
@@ -254,12 +192,10 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
     let fresh = store
-        .claim(&ClaimRequest::new(
-            "relay-2",
-            10,
-            Duration::from_secs(60),
-            DeadLetterPolicy::Block,
-        ))
+        .claim(&ClaimRequest {
+            owner: "relay-2".into(),
+            ..req(10)
+        })
         .await
         .unwrap();
     let got: Vec<u64> = fresh.events.iter().map(payload_n).collect();
@@ -269,7 +205,7 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
         "expired lease is claimable again, in order"
     );
     assert_ne!(stale.lease.token, fresh.lease.token);
-    let seqs: Vec<i64> = stale.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&stale.events);
     assert_eq!(
         store.ack(&stale.lease, &seqs).await.unwrap(),
         0,
@@ -278,12 +214,7 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
     let retry: Vec<RetryEvent> = stale
         .events
         .iter()
-        .map(|e| RetryEvent {
-            counts_attempt: true,
-            seq: e.seq,
-            delay: Duration::ZERO,
-            error: "x".into(),
-        })
+        .map(|e| counted_retry(e.seq, Duration::ZERO, "x"))
         .collect();
     assert_eq!(
         store.retry(&stale.lease, &retry).await.unwrap(),
@@ -306,7 +237,7 @@ pub async fn release_gives_events_back_without_an_attempt<H: Harness>(h: &H) {
     h.enqueue(&store, &[numbered("a", 1), numbered("a", 2)])
         .await;
     let claim = store.claim(&req(10)).await.unwrap();
-    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&claim.events);
     assert_eq!(store.release(&claim.lease, &seqs).await.unwrap(), 2);
     let again = store.claim(&req(10)).await.unwrap();
     assert_eq!(again.events.len(), 2);
@@ -336,13 +267,7 @@ pub async fn stats_count_every_state<H: Harness>(h: &H) {
         .await
         .unwrap();
     store
-        .bury(
-            &claim.lease,
-            &[BuryEvent {
-                seq: claim.events[1].seq,
-                error: "x".into(),
-            }],
-        )
+        .bury(&claim.lease, &[buried(claim.events[1].seq, "x")])
         .await
         .unwrap();
     let stats = store.stats().await.unwrap();
@@ -364,12 +289,7 @@ pub async fn last_error_is_truncated<H: Harness>(h: &H) {
     store
         .retry(
             &claim.lease,
-            &[RetryEvent {
-                counts_attempt: true,
-                seq: claim.events[0].seq,
-                delay: Duration::ZERO,
-                error: huge,
-            }],
+            &[counted_retry(claim.events[0].seq, Duration::ZERO, huge)],
         )
         .await
         .unwrap();

@@ -225,6 +225,49 @@ impl Sink for RecordingSink {
     }
 }
 
+/// `kafka` gets every event but those of `Hook*` event types, which go to `hooks`: the route
+/// table the stores' statement tests and the conformance suite hold, pause and replay by.
+pub fn hooks_and_kafka() -> outbox_types::route::RouteTable {
+    use outbox_types::route::{Pattern, RouteRule, RouteTable};
+    RouteTable::new(
+        ["kafka", "hooks"],
+        vec![
+            RouteRule::to("hooks").event_type(Pattern::parse("Hook*")),
+            RouteRule::to("kafka"),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Fail unless `error`'s message contains `text`; the failure shows the whole message. What a
+/// test of a refusal checks: the reason is named, whatever else the database adds around it.
+#[track_caller]
+pub fn assert_mentions(error: &impl std::fmt::Display, text: &str) {
+    let message = error.to_string();
+    assert!(message.contains(text), "{message}");
+}
+
+/// Check a store's table-name rule: plain names (up to 48 bytes) pass; the names every store
+/// refuses (empty, upper case, a leading digit, a dash, 49 bytes) and the store's own `more`
+/// (its quoting, its reserved prefixes) are [`StoreError::Invalid`](outbox_types::StoreError).
+#[track_caller]
+pub fn check_table_name_rule(
+    check: impl Fn(&str) -> Result<(), outbox_types::StoreError>,
+    more: &[&str],
+) {
+    for good in ["outbox_events", "_x1", &"a".repeat(48)] {
+        assert!(check(good).is_ok(), "{good:?}");
+    }
+    let too_long = "a".repeat(49);
+    let common = ["", "Events", "1events", "bad-name", too_long.as_str()];
+    for bad in common.iter().chain(more) {
+        assert!(
+            matches!(check(bad), Err(outbox_types::StoreError::Invalid(_))),
+            "{bad:?}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -150,3 +150,44 @@ macro_rules! impl_sql_admin_reads {
         }
     };
 }
+
+/// Define, in a store's `admin` module, the operator's writes whose statements differ per
+/// store, with their signatures written once: `requeue_dead` and `discard_dead`, which
+/// [`impl_store_by_concern!`](crate::impl_store_by_concern) delegates to, and `replay_step`,
+/// one page of a replay (`limit` above 0), which the `replay` of [`impl_sql_admin_reads!`]
+/// calls. The caller writes each body over the parameter names it gives.
+#[macro_export]
+macro_rules! impl_sql_admin_writes {
+    (
+        store: $store:ty,
+        requeue_dead: |$q_store:ident, $q_filter:ident| $requeue:expr,
+        discard_dead: |$d_store:ident, $d_filter:ident| $discard:expr,
+        replay_step: |$r_store:ident, $filter:ident, $routes:ident, $after_seq:ident, $limit:ident|
+            $replay:expr $(,)?
+    ) => {
+        pub(crate) async fn requeue_dead(
+            $q_store: &$store,
+            $q_filter: &$crate::DeadFilter,
+        ) -> Result<u64, $crate::StoreError> {
+            $requeue
+        }
+
+        pub(crate) async fn discard_dead(
+            $d_store: &$store,
+            $d_filter: &$crate::DeadFilter,
+        ) -> Result<u64, $crate::StoreError> {
+            $discard
+        }
+
+        /// One page of a replay, `limit` above 0.
+        async fn replay_step(
+            $r_store: &$store,
+            $filter: &$crate::ReplayFilter,
+            $routes: &$crate::route::RouteTable,
+            $after_seq: Option<i64>,
+            $limit: u32,
+        ) -> Result<$crate::ReplayStep, $crate::StoreError> {
+            $replay
+        }
+    };
+}

@@ -150,3 +150,77 @@ macro_rules! impl_store_by_concern {
         }
     };
 }
+
+/// The `retention` module of a store whose two purges are one statement each, run the same way:
+/// `purge_delivered` (`sql().purge`) and `purge_dead` (`sql().purge_dead`), the functions
+/// [`impl_store_by_concern!`](crate::impl_store_by_concern) delegates to, and `purge`, which
+/// both call, with `$body` as its body over the parameters named by the caller (the store, the
+/// statement, `older_than`, the batch limit). Only the body differs between stores (the bind
+/// types, a write turn, how the count comes back), so only the body is written per store.
+#[macro_export]
+macro_rules! impl_purge_by_statement {
+    ($store:ty, |$s:ident, $statement:ident, $older_than:ident, $limit:ident| $body:block) => {
+        pub(crate) async fn purge_delivered(
+            store: &$store,
+            older_than: ::std::time::Duration,
+            limit: u32,
+        ) -> Result<u64, $crate::StoreError> {
+            purge(store, &store.sql().purge, older_than, limit).await
+        }
+
+        pub(crate) async fn purge_dead(
+            store: &$store,
+            older_than: ::std::time::Duration,
+            limit: u32,
+        ) -> Result<u64, $crate::StoreError> {
+            purge(store, &store.sql().purge_dead, older_than, limit).await
+        }
+
+        /// Run one of the purge statements: `older_than` and `limit` are its parameters.
+        async fn purge(
+            $s: &$store,
+            $statement: &str,
+            $older_than: ::std::time::Duration,
+            $limit: u32,
+        ) -> Result<u64, $crate::StoreError> $body
+    };
+}
+
+/// The `settle` module of a store: `ack`, `retry`, `bury` and `release`, the functions
+/// [`impl_store_by_concern!`](crate::impl_store_by_concern) delegates to, each with its
+/// signature and the rule every store keeps (nothing to settle: no statement, `Ok(0)`) written
+/// once; the caller writes each body over the parameter names it gives (the store, the lease,
+/// the seqs or events), as an expression of the rows settled.
+#[macro_export]
+macro_rules! impl_settle_by_statement {
+    (
+        store: $store:ty,
+        ack: |$a_store:ident, $a_lease:ident, $a_seqs:ident| $ack:expr,
+        retry: |$r_store:ident, $r_lease:ident, $r_events:ident| $retry:expr,
+        bury: |$b_store:ident, $b_lease:ident, $b_events:ident| $bury:expr,
+        release: |$l_store:ident, $l_lease:ident, $l_seqs:ident| $release:expr $(,)?
+    ) => {
+        $crate::impl_settle_by_statement!(@op ack, $store, i64, $a_store, $a_lease, $a_seqs, $ack);
+        $crate::impl_settle_by_statement!(
+            @op retry, $store, $crate::RetryEvent, $r_store, $r_lease, $r_events, $retry
+        );
+        $crate::impl_settle_by_statement!(
+            @op bury, $store, $crate::BuryEvent, $b_store, $b_lease, $b_events, $bury
+        );
+        $crate::impl_settle_by_statement!(
+            @op release, $store, i64, $l_store, $l_lease, $l_seqs, $release
+        );
+    };
+    (@op $name:ident, $store:ty, $item:ty, $s:ident, $lease:ident, $items:ident, $body:expr) => {
+        pub(crate) async fn $name(
+            $s: &$store,
+            $lease: &$crate::Lease,
+            $items: &[$item],
+        ) -> Result<u64, $crate::StoreError> {
+            if $items.is_empty() {
+                return Ok(0);
+            }
+            $body
+        }
+    };
+}

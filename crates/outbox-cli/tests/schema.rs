@@ -26,11 +26,7 @@ fn psql(script: &str) {
         .arg(script)
         .output()
         .unwrap();
-    assert!(
-        applied.status.success(),
-        "psql: {}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    common::assert_succeeded(&applied, "psql");
 }
 
 fn outbox(args: &[&str]) -> String {
@@ -39,11 +35,7 @@ fn outbox(args: &[&str]) -> String {
         .env("NO_COLOR", "1")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "outbox {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_succeeded(&out, &format!("outbox {args:?}"));
     String::from_utf8(out.stdout).unwrap()
 }
 

@@ -182,6 +182,16 @@ pub fn assert_contains(haystack: &str, needle: &str) {
     assert!(haystack.contains(needle), "{haystack}");
 }
 
+/// Fail the test unless the command `what` exited 0, showing its stderr.
+#[track_caller]
+pub fn assert_succeeded(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// Write `contents` to the file `name` in `dir`; its path. The config files (and other inputs)
 /// the tests hand the binary.
 pub fn write_file(dir: &std::path::Path, name: &str, contents: &str) -> std::path::PathBuf {

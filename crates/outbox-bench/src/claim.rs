@@ -78,9 +78,7 @@ pub(crate) async fn claim_latency(
         .execute(store.pool())
         .await?;
         fill(&store, args.pending, 1000, 400).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {t}")))
-            .execute(store.pool())
-            .await?;
+        crate::execute(&store, format!("VACUUM ANALYZE {t}")).await?;
         let size: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT pg_size_pretty(pg_total_relation_size('{t}'))"
         )))

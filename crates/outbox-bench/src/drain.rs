@@ -150,11 +150,10 @@ pub(crate) async fn drain_run(
 ) -> anyhow::Result<RunFigures> {
     summary.settings = server_settings(store).await?;
     let fill_secs = fill(store, args.events, args.aggregates, args.payload_bytes).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "VACUUM ANALYZE {}",
-        store.outbox().qualified_table()
-    )))
-    .execute(store.pool())
+    crate::execute(
+        store,
+        format!("VACUUM ANALYZE {}", store.outbox().qualified_table()),
+    )
     .await?;
 
     let name = format!("outbox_bench_{kind}_{}_{}", std::process::id(), run + 1);

@@ -50,12 +50,14 @@ impl Variant {
 /// The business table the writers insert into, next to the outbox.
 pub async fn create_orders(store: &PgStore) -> anyhow::Result<()> {
     let schema = store.outbox().schema();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS \"{schema}\".orders (
+    crate::execute(
+        store,
+        format!(
+            "CREATE TABLE IF NOT EXISTS \"{schema}\".orders (
              id UUID PRIMARY KEY, customer_id BIGINT NOT NULL, amount_cents BIGINT NOT NULL,
              status TEXT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-    )))
-    .execute(store.pool())
+        ),
+    )
     .await?;
     Ok(())
 }
@@ -63,11 +65,13 @@ pub async fn create_orders(store: &PgStore) -> anyhow::Result<()> {
 /// Empty the orders and the outbox between runs, so every run starts from the same tables.
 pub async fn truncate(store: &PgStore) -> anyhow::Result<()> {
     let schema = store.outbox().schema();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "TRUNCATE \"{schema}\".orders, {}",
-        store.outbox().qualified_table()
-    )))
-    .execute(store.pool())
+    crate::execute(
+        store,
+        format!(
+            "TRUNCATE \"{schema}\".orders, {}",
+            store.outbox().qualified_table()
+        ),
+    )
     .await?;
     Ok(())
 }
@@ -110,6 +114,28 @@ pub struct WriterResult {
     pub late: u64,
 }
 
+/// A pool of its own to the store's database, apart from the store's own (small) pool, and
+/// `writers` connections taken from it: one connection per writer, for every writer benchmark.
+/// The pool is the caller's to close when the writers are done.
+pub async fn writer_connections(
+    store: &PgStore,
+    writers: usize,
+) -> anyhow::Result<(
+    sqlx::PgPool,
+    Vec<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+)> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::try_from(writers.max(1)).unwrap_or(u32::MAX))
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with((*store.pool().connect_options()).clone())
+        .await?;
+    let mut connections = Vec::with_capacity(writers);
+    for _ in 0..writers {
+        connections.push(pool.acquire().await?);
+    }
+    Ok((pool, connections))
+}
+
 /// Run `plan.writers` writers, each on its own connection, until `plan.duration` is over.
 pub async fn run_writers(store: &PgStore, plan: &WriterPlan) -> anyhow::Result<WriterResult> {
     let table = store.outbox().qualified_table().to_owned();
@@ -120,16 +146,7 @@ pub async fn run_writers(store: &PgStore, plan: &WriterPlan) -> anyhow::Result<W
     let raw_event = format!(
         "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::json)"
     );
-    // One connection per writer, apart from the store's own (small) pool.
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(u32::try_from(plan.writers.max(1)).unwrap_or(u32::MAX))
-        .acquire_timeout(Duration::from_secs(30))
-        .connect_with((*store.pool().connect_options()).clone())
-        .await?;
-    let mut connections = Vec::with_capacity(plan.writers);
-    for _ in 0..plan.writers {
-        connections.push(pool.acquire().await?);
-    }
+    let (pool, connections) = writer_connections(store, plan.writers).await?;
     let started = Instant::now();
     let deadline = started + plan.duration;
     let stop = Arc::new(AtomicBool::new(false));

@@ -369,21 +369,31 @@ fn schema_name(tag: &str) -> String {
 
 async fn fresh(url: &str, schema: &str) -> anyhow::Result<PgStore> {
     let store = PgStore::connect(url, PgOutbox::with_names(schema, "events")?).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(store.pool())
+    execute(
+        &store,
+        format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
+    )
     .await?;
     store.outbox().migrate(store.pool()).await?;
     Ok(store)
 }
 
+/// Run one statement of the bench's own making (DDL, `TRUNCATE`, `VACUUM`) on the store's pool.
+async fn execute(store: &PgStore, sql: String) -> anyhow::Result<()> {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(store.pool())
+        .await?;
+    Ok(())
+}
+
 async fn drop_schema(store: &PgStore) -> anyhow::Result<()> {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-        store.outbox().schema()
-    )))
-    .execute(store.pool())
+    execute(
+        store,
+        format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            store.outbox().schema()
+        ),
+    )
     .await?;
     Ok(())
 }

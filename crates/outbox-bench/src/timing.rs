@@ -177,6 +177,14 @@ impl Tally {
         );
     }
 
+    /// Await `call`, counting it and its duration here: every timed store call, written once.
+    async fn time<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        let started = Instant::now();
+        let done = call.await;
+        self.add(started.elapsed());
+        done
+    }
+
     fn seconds(&self) -> f64 {
         self.nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
@@ -235,9 +243,7 @@ impl<S> TimedStore<S> {
 #[async_trait]
 impl<S: Store> Store for TimedStore<S> {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        let started = Instant::now();
-        let claim = self.inner.claim(request).await;
-        self.claim.add(started.elapsed());
+        let claim = self.claim.time(self.inner.claim(request)).await;
         if claim.as_ref().is_ok_and(|c| c.events.is_empty()) {
             self.empty_claims.fetch_add(1, Ordering::Relaxed);
         }
@@ -245,31 +251,19 @@ impl<S: Store> Store for TimedStore<S> {
     }
 
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
-        let started = Instant::now();
-        let done = self.inner.ack(lease, seqs).await;
-        self.ack.add(started.elapsed());
-        done
+        self.ack.time(self.inner.ack(lease, seqs)).await
     }
 
     async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError> {
-        let started = Instant::now();
-        let done = self.inner.retry(lease, events).await;
-        self.other.add(started.elapsed());
-        done
+        self.other.time(self.inner.retry(lease, events)).await
     }
 
     async fn bury(&self, lease: &Lease, events: &[BuryEvent]) -> Result<u64, StoreError> {
-        let started = Instant::now();
-        let done = self.inner.bury(lease, events).await;
-        self.other.add(started.elapsed());
-        done
+        self.other.time(self.inner.bury(lease, events)).await
     }
 
     async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
-        let started = Instant::now();
-        let done = self.inner.release(lease, seqs).await;
-        self.other.add(started.elapsed());
-        done
+        self.other.time(self.inner.release(lease, seqs)).await
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {

@@ -428,12 +428,7 @@ async fn truncate(store: &PgStore, args: &WriterCostArgs) -> anyhow::Result<()> 
     }
     tables.sort();
     tables.dedup();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "TRUNCATE {}",
-        tables.join(", ")
-    )))
-    .execute(store.pool())
-    .await?;
+    crate::execute(store, format!("TRUNCATE {}", tables.join(", "))).await?;
     Ok(())
 }
 
@@ -471,15 +466,7 @@ async fn run_writers(
     );
     let outbox = PgOutbox::with_names(&s, variant.table().unwrap_or("events"))?;
     let prefix = format!("{s}_events");
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(u32::try_from(args.writers.max(1)).unwrap_or(u32::MAX))
-        .acquire_timeout(Duration::from_secs(30))
-        .connect_with((*store.pool().connect_options()).clone())
-        .await?;
-    let mut connections = Vec::with_capacity(args.writers);
-    for _ in 0..args.writers.max(1) {
-        connections.push(pool.acquire().await?);
-    }
+    let (pool, connections) = crate::load::writer_connections(store, args.writers.max(1)).await?;
     let commits = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicBool::new(false));
     let started = Instant::now();

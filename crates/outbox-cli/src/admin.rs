@@ -21,6 +21,25 @@ pub fn parse_ids(ids: &[String]) -> Result<Vec<EventId>, ConfigError> {
         .collect()
 }
 
+/// What every listing command prints before its table: with `--json`, `json()` pretty-printed;
+/// else, when there is nothing to list, the line `nothing`. Whether that was all (no table).
+pub(crate) fn listed_without_a_table<T: serde::Serialize>(
+    as_json: bool,
+    json: impl FnOnce() -> T,
+    empty: bool,
+    nothing: &str,
+) -> anyhow::Result<bool> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&json())?);
+        return Ok(true);
+    }
+    if empty {
+        println!("{nothing}");
+        return Ok(true);
+    }
+    Ok(false)
+}
+
 pub(crate) fn one_line(text: &str, max: usize) -> String {
     let flat: String = text
         .chars()
@@ -46,12 +65,7 @@ pub async fn list(
         .list_dead(after, limit)
         .await
         .context("listing dead events failed")?;
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(&dead)?);
-        return Ok(());
-    }
-    if dead.is_empty() {
-        println!("no dead events");
+    if listed_without_a_table(as_json, || &dead, dead.is_empty(), "no dead events")? {
         return Ok(());
     }
     println!(

@@ -438,26 +438,22 @@ pub enum SinkConfig {
 // Each broker sink's settings are its crate's type when the build has the sink; without it, the
 // settings are kept as written ([`NotBuilt`]) so the file still loads and the error can say
 // which feature the destination needs.
-#[cfg(feature = "kafka")]
-type KafkaConfig = outbox_sink_kafka::KafkaSinkConfig;
-#[cfg(not(feature = "kafka"))]
-type KafkaConfig = NotBuilt;
-#[cfg(feature = "rabbitmq")]
-type RabbitMqConfig = outbox_sink_rabbitmq::RabbitMqSinkConfig;
-#[cfg(not(feature = "rabbitmq"))]
-type RabbitMqConfig = NotBuilt;
-#[cfg(feature = "nats")]
-type NatsConfig = outbox_sink_nats::NatsSinkConfig;
-#[cfg(not(feature = "nats"))]
-type NatsConfig = NotBuilt;
-#[cfg(feature = "redis")]
-type RedisConfig = outbox_sink_redis::RedisSinkConfig;
-#[cfg(not(feature = "redis"))]
-type RedisConfig = NotBuilt;
-#[cfg(feature = "webhook")]
-type WebhookConfig = outbox_sink_webhook::WebhookSinkConfig;
-#[cfg(not(feature = "webhook"))]
-type WebhookConfig = NotBuilt;
+macro_rules! sink_settings {
+    ($($name:ident = $feature:literal, $built:ty;)*) => {$(
+        #[cfg(feature = $feature)]
+        type $name = $built;
+        #[cfg(not(feature = $feature))]
+        type $name = NotBuilt;
+    )*};
+}
+
+sink_settings! {
+    KafkaConfig = "kafka", outbox_sink_kafka::KafkaSinkConfig;
+    RabbitMqConfig = "rabbitmq", outbox_sink_rabbitmq::RabbitMqSinkConfig;
+    NatsConfig = "nats", outbox_sink_nats::NatsSinkConfig;
+    RedisConfig = "redis", outbox_sink_redis::RedisSinkConfig;
+    WebhookConfig = "webhook", outbox_sink_webhook::WebhookSinkConfig;
+}
 
 /// The settings of a sink this build does not have, as written.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -918,28 +914,37 @@ mod tests {
         f
     }
 
+    /// `text` as the config file is refused, the error naming each of `says`.
+    fn refused_saying(text: &str, says: &[&str]) {
+        let f = write(text);
+        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
+        for needle in says {
+            assert!(err.contains(needle), "`{needle}` not in: {err}");
+        }
+    }
+
     #[test]
     fn unknown_key_is_named_with_a_suggestion() {
-        let f = write("[database]\nurl = \"postgres://x/y\"\n[relay]\nbach_size = 10\n");
-        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
-        assert!(err.contains("unknown key `relay.bach_size`"), "{err}");
-        assert!(err.contains("did you mean `batch_size`?"), "{err}");
+        refused_saying(
+            "[database]\nurl = \"postgres://x/y\"\n[relay]\nbach_size = 10\n",
+            &[
+                "unknown key `relay.bach_size`",
+                "did you mean `batch_size`?",
+            ],
+        );
     }
 
     #[test]
     fn bad_duration_names_the_key() {
-        let f =
-            write("[database]\nurl = \"postgres://x/y\"\n[relay]\npoll_interval = \"5 parsecs\"\n");
-        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
-        assert!(err.contains("relay.poll_interval"), "{err}");
-        assert!(err.contains("unknown unit `parsecs`"), "{err}");
+        refused_saying(
+            "[database]\nurl = \"postgres://x/y\"\n[relay]\npoll_interval = \"5 parsecs\"\n",
+            &["relay.poll_interval", "unknown unit `parsecs`"],
+        );
     }
 
     #[test]
     fn missing_url_says_where_to_set_it() {
-        let f = write("[relay]\nbatch_size = 10\n");
-        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
-        assert!(err.contains("database.url"), "{err}");
+        refused_saying("[relay]\nbatch_size = 10\n", &["database.url"]);
     }
 
     #[test]
@@ -952,23 +957,18 @@ mod tests {
 
     #[test]
     fn unknown_sink_type_is_rejected_naming_the_destination() {
-        let f =
-            write("[database]\nurl = \"postgres://x/y\"\n[destinations.main]\ntype = \"kafak\"\n");
-        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
-        assert!(err.contains("destinations.main"), "{err}");
-        assert!(err.contains("kafak"), "{err}");
-        assert!(err.contains("kafka"), "the valid types are listed: {err}");
+        refused_saying(
+            "[database]\nurl = \"postgres://x/y\"\n[destinations.main]\ntype = \"kafak\"\n",
+            &["destinations.main", "kafak", "kafka"],
+        );
     }
 
     #[test]
     fn a_sink_setting_typo_is_named_with_a_suggestion() {
-        let f = write(
+        refused_saying(
             "[database]\nurl = \"postgres://x/y\"\n[destinations.orders]\ntype = \"nats\"\nsubjct = \"orders.>\"\n",
+            &["subjct", "destinations.orders", "did you mean `subject`?"],
         );
-        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
-        assert!(err.contains("subjct"), "{err}");
-        assert!(err.contains("destinations.orders"), "{err}");
-        assert!(err.contains("did you mean `subject`?"), "{err}");
     }
 
     #[test]
@@ -1005,13 +1005,10 @@ to = "orders"
 
     #[test]
     fn a_route_to_a_missing_destination_is_refused() {
-        let f = write(
+        refused_saying(
             "[database]\nurl = \"postgres://x/y\"\n[destinations.orders]\ntype = \"stdout\"\n[[routes]]\nto = \"ordres\"\n",
+            &["invalid `routes`", "`ordres`", "did you mean `orders`?"],
         );
-        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
-        assert!(err.contains("invalid `routes`"), "{err}");
-        assert!(err.contains("`ordres`"), "{err}");
-        assert!(err.contains("did you mean `orders`?"), "{err}");
     }
 
     #[test]
@@ -1034,9 +1031,10 @@ to = "orders"
             config.retention.dead,
             Some(std::time::Duration::from_secs(30 * 86_400))
         );
-        let f = write("[database]\nurl = \"postgres://x/y\"\n[retention]\ndead = \"forever\"\n");
-        let err = load(Some(f.path()), Figment::new()).unwrap_err().0;
-        assert!(err.contains("retention.dead"), "{err}");
+        refused_saying(
+            "[database]\nurl = \"postgres://x/y\"\n[retention]\ndead = \"forever\"\n",
+            &["retention.dead"],
+        );
     }
 }
 

@@ -437,13 +437,13 @@ pub async fn list_parked(
     as_json: bool,
 ) -> anyhow::Result<()> {
     let records = inbox.list_parked(query).await.map_err(inbox_error)?;
-    if as_json {
-        let list: Vec<_> = records.iter().map(record_json).collect();
-        println!("{}", serde_json::to_string_pretty(&list)?);
-        return Ok(());
-    }
-    if records.is_empty() {
-        println!("no parked messages");
+    let json = || records.iter().map(record_json).collect::<Vec<_>>();
+    if crate::admin::listed_without_a_table(
+        as_json,
+        json,
+        records.is_empty(),
+        "no parked messages",
+    )? {
         return Ok(());
     }
     println!(

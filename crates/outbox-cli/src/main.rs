@@ -124,22 +124,74 @@ enum Command {
     Demo(demo::DemoArgs),
 }
 
-#[derive(Args, Clone)]
-pub(crate) struct DbArgs {
-    /// Config file (TOML). Keys can also come from OUTBOX_SECTION__KEY environment variables.
-    #[arg(long, short)]
-    config: Option<PathBuf>,
-    /// Database URL: postgres://… or sqlite://path. Keep passwords out of it: a command line
-    /// is readable by every user of the machine (`ps`); put the URL in OUTBOX_DATABASE__URL or
-    /// the config file instead.
-    #[arg(long)]
-    database_url: Option<String>,
-    /// PostgreSQL schema of the outbox.
-    #[arg(long)]
-    schema: Option<String>,
-    /// Outbox table name.
-    #[arg(long)]
-    table: Option<String>,
+/// A command's database: a config file, or flags laid over its keys (the key beside each flag).
+/// The outbox's ([`DbArgs`]) and the inbox's ([`InboxDbArgs`]) are the same four flags with
+/// their own help and keys, loaded the same way: a macro because clap takes the help from each
+/// field's doc comment.
+macro_rules! database_flags {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident loaded by ($load:expr) {
+            $(#[$config_doc:meta])*
+            config,
+            $(#[$url_doc:meta])*
+            database_url => $url_key:literal,
+            $(#[$schema_doc:meta])*
+            schema => $schema_key:literal,
+            $(#[$table_doc:meta])*
+            table => $table_key:literal,
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Args, Clone)]
+        $vis struct $name {
+            $(#[$config_doc])*
+            #[arg(long, short)]
+            config: Option<PathBuf>,
+            $(#[$url_doc])*
+            #[arg(long)]
+            database_url: Option<String>,
+            $(#[$schema_doc])*
+            #[arg(long)]
+            schema: Option<String>,
+            $(#[$table_doc])*
+            #[arg(long)]
+            table: Option<String>,
+        }
+
+        impl $name {
+            /// The configuration: the file, the environment, then the flags given and `extra`
+            /// over them, checked for what the command needs.
+            fn load(
+                &self,
+                extra: Vec<(&'static str, Option<serde_json::Value>)>,
+            ) -> Result<Config, ConfigError> {
+                warn_password_flag(&self.database_url);
+                let mut pairs = vec![
+                    ($url_key, self.database_url.clone().map(|v| json!(v))),
+                    ($schema_key, self.schema.clone().map(|v| json!(v))),
+                    ($table_key, self.table.clone().map(|v| json!(v))),
+                ];
+                pairs.extend(extra);
+                ($load)(self.config.as_deref(), config::flags(pairs))
+            }
+        }
+    };
+}
+
+database_flags! {
+    pub(crate) struct DbArgs loaded by (config::load) {
+        /// Config file (TOML). Keys can also come from OUTBOX_SECTION__KEY environment variables.
+        config,
+        /// Database URL: postgres://… or sqlite://path. Keep passwords out of it: a command line
+        /// is readable by every user of the machine (`ps`); put the URL in OUTBOX_DATABASE__URL or
+        /// the config file instead.
+        database_url => "database.url",
+        /// PostgreSQL schema of the outbox.
+        schema => "database.schema",
+        /// Outbox table name.
+        table => "database.table",
+    }
 }
 
 #[derive(Args)]
@@ -151,25 +203,22 @@ struct MigrateArgs {
     json: bool,
 }
 
-/// Where the inbox is: `[inbox]` of the config file, `[database]` for the rest.
-#[derive(Args, Clone)]
-struct InboxDbArgs {
-    /// Config file (TOML), the relay's or one of the consumer's own; `[inbox]` and, when it
-    /// names no `database_url`, `[database]` are read. Keys can also come from
-    /// OUTBOX_INBOX__KEY environment variables.
-    #[arg(long, short)]
-    config: Option<PathBuf>,
-    /// The consumer's database URL (overrides `inbox.database_url`). Keep passwords out of
-    /// it: a command line is readable by every user of the machine; use
-    /// OUTBOX_INBOX__DATABASE_URL or the config file instead.
-    #[arg(long)]
-    database_url: Option<String>,
-    /// PostgreSQL schema of the inbox (default `public`).
-    #[arg(long)]
-    schema: Option<String>,
-    /// Inbox table name (default `outbox_inbox`).
-    #[arg(long)]
-    table: Option<String>,
+database_flags! {
+    /// Where the inbox is: `[inbox]` of the config file, `[database]` for the rest.
+    struct InboxDbArgs loaded by (|file, flags| config::load_for(file, flags, config::Need::Inbox)) {
+        /// Config file (TOML), the relay's or one of the consumer's own; `[inbox]` and, when it
+        /// names no `database_url`, `[database]` are read. Keys can also come from
+        /// OUTBOX_INBOX__KEY environment variables.
+        config,
+        /// The consumer's database URL (overrides `inbox.database_url`). Keep passwords out of
+        /// it: a command line is readable by every user of the machine; use
+        /// OUTBOX_INBOX__DATABASE_URL or the config file instead.
+        database_url => "inbox.database_url",
+        /// PostgreSQL schema of the inbox (default `public`).
+        schema => "inbox.schema",
+        /// Inbox table name (default `outbox_inbox`).
+        table => "inbox.table",
+    }
 }
 
 #[derive(Subcommand)]
@@ -351,32 +400,34 @@ enum DeadCommand {
     /// Requeue: make dead events pending again (attempts reset), due now. `retry` is the old
     /// spelling.
     #[command(alias = "retry")]
-    Requeue {
-        #[command(flatten)]
-        db: DbArgs,
-        /// Event ids.
-        ids: Vec<String>,
-        /// Every dead event.
-        #[arg(long, conflicts_with = "ids")]
-        all: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Requeue(DeadSelection),
     /// Purge: delete dead events for good. `discard` is the old spelling.
     #[command(alias = "discard")]
-    Purge {
-        #[command(flatten)]
-        db: DbArgs,
-        /// Event ids.
-        ids: Vec<String>,
-        /// Every dead event.
-        #[arg(long, conflicts_with = "ids")]
-        all: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Purge(DeadSelection),
+}
+
+/// The dead events `dead requeue` and `dead purge` act on: the given ids, or `--all`.
+#[derive(Args)]
+struct DeadSelection {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Event ids.
+    ids: Vec<String>,
+    /// Every dead event.
+    #[arg(long, conflicts_with = "ids")]
+    all: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl DeadSelection {
+    /// Requeue (`requeue`) or purge the selected dead events.
+    async fn act(self, requeue: bool) -> anyhow::Result<()> {
+        let filter = dead_filter(&self.ids, self.all)?;
+        let (_, store) = open(&self.db).await?;
+        admin::act(store.dyn_store().as_ref(), filter, requeue, self.json).await
+    }
 }
 
 #[derive(Args)]
@@ -490,49 +541,6 @@ fn warn_password_flag(url: &Option<String>) {
             url = %outbox_types::redact::redact_url(url),
             "--database-url carries a password, which every user of this machine can read from the process list; set OUTBOX_DATABASE__URL (OUTBOX_INBOX__DATABASE_URL) or the config file instead."
         );
-    }
-}
-
-impl InboxDbArgs {
-    fn load(
-        &self,
-        extra: Vec<(&'static str, Option<serde_json::Value>)>,
-    ) -> Result<Config, ConfigError> {
-        warn_password_flag(&self.database_url);
-        let mut pairs = vec![
-            (
-                "inbox.database_url",
-                self.database_url.clone().map(|v| json!(v)),
-            ),
-            ("inbox.schema", self.schema.clone().map(|v| json!(v))),
-            ("inbox.table", self.table.clone().map(|v| json!(v))),
-        ];
-        pairs.extend(extra);
-        config::load_for(
-            self.config.as_deref(),
-            config::flags(pairs),
-            config::Need::Inbox,
-        )
-    }
-}
-
-impl DbArgs {
-    fn layer(&self) -> Vec<(&'static str, Option<serde_json::Value>)> {
-        vec![
-            ("database.url", self.database_url.clone().map(|v| json!(v))),
-            ("database.schema", self.schema.clone().map(|v| json!(v))),
-            ("database.table", self.table.clone().map(|v| json!(v))),
-        ]
-    }
-
-    fn load(
-        &self,
-        extra: Vec<(&'static str, Option<serde_json::Value>)>,
-    ) -> Result<Config, ConfigError> {
-        warn_password_flag(&self.database_url);
-        let mut pairs = self.layer();
-        pairs.extend(extra);
-        config::load(self.config.as_deref(), config::flags(pairs))
     }
 }
 
@@ -955,16 +963,8 @@ async fn dead(command: DeadCommand) -> anyhow::Result<()> {
             let (_, store) = open(&db).await?;
             admin::show(store.dyn_store().as_ref(), id, json).await
         }
-        DeadCommand::Requeue { db, ids, all, json } => {
-            let filter = dead_filter(&ids, all)?;
-            let (_, store) = open(&db).await?;
-            admin::act(store.dyn_store().as_ref(), filter, true, json).await
-        }
-        DeadCommand::Purge { db, ids, all, json } => {
-            let filter = dead_filter(&ids, all)?;
-            let (_, store) = open(&db).await?;
-            admin::act(store.dyn_store().as_ref(), filter, false, json).await
-        }
+        DeadCommand::Requeue(selection) => selection.act(true).await,
+        DeadCommand::Purge(selection) => selection.act(false).await,
     }
 }
 

@@ -69,34 +69,30 @@ async fn build_one(sink: &SinkConfig) -> Result<Arc<dyn Sink>, String> {
     #[allow(unreachable_patterns)] // every arm is reachable only in a build with every sink
     Ok(match sink {
         SinkConfig::Stdout => Arc::new(outbox_sink_stdout::StdoutSink::stdout()),
-        SinkConfig::File(file) => Arc::new(
-            outbox_sink_stdout::StdoutSink::file(&file.path, file.sync)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
+        SinkConfig::File(file) => {
+            connected(outbox_sink_stdout::StdoutSink::file(&file.path, file.sync).await)?
+        }
         #[cfg(feature = "kafka")]
-        SinkConfig::Kafka(c) => {
-            Arc::new(outbox_sink_kafka::KafkaSink::connect(c.clone()).map_err(|e| e.to_string())?)
-        }
+        SinkConfig::Kafka(c) => connected(outbox_sink_kafka::KafkaSink::connect(c.clone()))?,
         #[cfg(feature = "rabbitmq")]
-        SinkConfig::Rabbitmq(c) => Arc::new(
-            outbox_sink_rabbitmq::RabbitMqSink::connect(c.clone()).map_err(|e| e.to_string())?,
-        ),
-        #[cfg(feature = "nats")]
-        SinkConfig::Nats(c) => Arc::new(
-            outbox_sink_nats::NatsSink::connect(c.clone())
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        #[cfg(feature = "redis")]
-        SinkConfig::Redis(c) => {
-            Arc::new(outbox_sink_redis::RedisSink::connect(c.clone()).map_err(|e| e.to_string())?)
+        SinkConfig::Rabbitmq(c) => {
+            connected(outbox_sink_rabbitmq::RabbitMqSink::connect(c.clone()))?
         }
+        #[cfg(feature = "nats")]
+        SinkConfig::Nats(c) => connected(outbox_sink_nats::NatsSink::connect(c.clone()).await)?,
+        #[cfg(feature = "redis")]
+        SinkConfig::Redis(c) => connected(outbox_sink_redis::RedisSink::connect(c.clone()))?,
         #[cfg(feature = "webhook")]
-        SinkConfig::Webhook(c) => Arc::new(
-            outbox_sink_webhook::WebhookSink::connect(c.clone()).map_err(|e| e.to_string())?,
-        ),
+        SinkConfig::Webhook(c) => connected(outbox_sink_webhook::WebhookSink::connect(c.clone()))?,
         // Not reached: `built()` above refused a sink this build lacks.
         other => return Err(format!("the `{}` sink is not in this build", other.kind())),
     })
+}
+
+/// A sink as the router holds it, or why it could not be built, in words: every sink's
+/// constructor ends here.
+fn connected<S: Sink + 'static>(
+    built: Result<S, impl std::fmt::Display>,
+) -> Result<Arc<dyn Sink>, String> {
+    Ok(Arc::new(built.map_err(|e| e.to_string())?))
 }

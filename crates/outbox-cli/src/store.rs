@@ -52,19 +52,26 @@ pub fn pg_outbox(full: &Config) -> Result<PgOutbox, ConfigError> {
 /// The SQLite outbox `[database]` names, without connecting.
 #[cfg(feature = "sqlite")]
 pub fn sqlite_outbox(full: &Config) -> Result<SqliteOutbox, ConfigError> {
-    match full.database.table.as_deref() {
-        Some(table) => SqliteOutbox::with_table(table),
-        None => Ok(SqliteOutbox::new()),
-    }
-    .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))
+    named_table(full, SqliteOutbox::with_table, SqliteOutbox::new)
 }
 
 /// The MySQL or MariaDB outbox `[database]` names, without connecting.
 #[cfg(feature = "mysql")]
 pub fn mysql_outbox(full: &Config) -> Result<MySqlOutbox, ConfigError> {
+    named_table(full, MySqlOutbox::with_table, MySqlOutbox::new)
+}
+
+/// The outbox on the table `[database] table` names (`with_table`), else on the default table
+/// (`default`): SQLite's and MySQL's outboxes, alike but for their types.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+fn named_table<O>(
+    full: &Config,
+    with_table: fn(&str) -> Result<O, StoreError>,
+    default: fn() -> O,
+) -> Result<O, ConfigError> {
     match full.database.table.as_deref() {
-        Some(table) => MySqlOutbox::with_table(table),
-        None => Ok(MySqlOutbox::new()),
+        Some(table) => with_table(table),
+        None => Ok(default()),
     }
     .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))
 }

@@ -65,13 +65,13 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
     let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 2);
     let o = outbox(&["dead", "list", "--database-url", &url]);
-    assert!(text(&o).contains("400 Bad Request"), "{}", text(&o));
+    common::assert_contains(&text(&o), "400 Bad Request");
 
     let first = events[0].id().to_string();
     let o = outbox(&["dead", "show", "--database-url", &url, &first]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("state            dead"), "{}", text(&o));
-    assert!(text(&o).contains(r#""i":0"#), "{}", text(&o));
+    common::assert_contains(&text(&o), "state            dead");
+    common::assert_contains(&text(&o), r#""i":0"#);
 
     let o = outbox(&[
         "dead",
@@ -82,24 +82,15 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
         &events[3].id().to_string(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(
-        text(&o).contains("requeued 1 dead event(s)"),
-        "{}",
-        text(&o)
-    );
-    assert!(
-        text(&o).contains("1 of the given ids were not dead events"),
-        "{}",
-        text(&o)
-    );
+    common::assert_contains(&text(&o), "requeued 1 dead event(s)");
+    common::assert_contains(&text(&o), "1 of the given ids were not dead events");
 
     // The old spelling still works, with a warning naming the new one.
     let o = outbox(&["dead", "discard", "--database-url", &url, "--all", "--json"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(
-        text(&o).contains("`outbox dead discard` is deprecated: use `outbox dead purge`"),
-        "{}",
-        text(&o)
+    common::assert_contains(
+        &text(&o),
+        "`outbox dead discard` is deprecated: use `outbox dead purge`",
     );
     let done: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
@@ -115,21 +106,16 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
 
     let o = outbox(&["dead", "requeue", "--database-url", &url, "not-a-uuid"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(
-        text(&o).contains("`not-a-uuid` is not an event id"),
-        "{}",
-        text(&o)
-    );
+    common::assert_contains(&text(&o), "`not-a-uuid` is not an event id");
     let o = outbox(&["dead", "retry", "--database-url", &url]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(
-        text(&o).contains("`outbox dead retry` is deprecated: use `outbox dead requeue`"),
-        "{}",
-        text(&o)
+    common::assert_contains(
+        &text(&o),
+        "`outbox dead retry` is deprecated: use `outbox dead requeue`",
     );
     let o = outbox(&["dead", "show", "--database-url", &url, &uuid_like()]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("no event with id"), "{}", text(&o));
+    common::assert_contains(&text(&o), "no event with id");
 
     tokio::time::sleep(Duration::from_millis(20)).await;
     let o = outbox(&[

@@ -10,10 +10,33 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `outbox --log-format json relay --drain FLAGS… --config CONFIG` logging at info, which must
+/// succeed; what it logged (stderr): the relay's structured log, read line by line.
+fn drained_json_log(config: &std::path::Path, flags: &[&str]) -> String {
+    let o = Command::new(BIN)
+        .args(["--log-format", "json", "relay", "--drain"])
+        .args(flags)
+        .arg("--config")
+        .arg(config)
+        .env("OUTBOX_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    stderr(&o)
+}
+
+/// The first of the JSON log `lines` whose message contains `text`.
+fn log_line<'a>(lines: &'a [serde_json::Value], text: &str) -> &'a serde_json::Value {
+    lines
+        .iter()
+        .find(|l| l["message"].as_str().unwrap_or("").contains(text))
+        .unwrap_or_else(|| panic!("no `{text}` line in {lines:?}"))
+}
+
 /// The command was refused as a usage error (exit 2) and its stderr says `says`.
 fn exits_2_saying(o: &Output, says: &str) {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
-    assert!(stderr(o).contains(says), "{}", stderr(o));
+    common::assert_contains(&stderr(o), says);
 }
 
 /// A config in `dir` with a file destination (`out.jsonl` in `dir`), `database` as the body of
@@ -45,8 +68,8 @@ fn unknown_config_key_exits_2_naming_the_key() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = stderr(&o);
-    assert!(err.contains("unknown key `relay.poll_intervl`"), "{err}");
-    assert!(err.contains("did you mean `poll_interval`?"), "{err}");
+    common::assert_contains(&err, "unknown key `relay.poll_intervl`");
+    common::assert_contains(&err, "did you mean `poll_interval`?");
     assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
 }
 
@@ -71,13 +94,13 @@ fn unreachable_database_exits_2_naming_the_url_without_its_password() {
         stderr(&o)
     };
     let err = refused("postgres://app:s3cret@127.0.0.1:1/app");
-    assert!(err.contains("postgres://app:***@127.0.0.1:1/app"), "{err}");
+    common::assert_contains(&err, "postgres://app:***@127.0.0.1:1/app");
     assert!(!err.contains("s3cret"), "{err}");
     assert!(err.contains("refused") || err.contains("connect"), "{err}");
     // A password given as a query parameter is masked as well.
     let err = refused("postgres://app@127.0.0.1:1/app?password=qu3ry&sslmode=disable");
     assert!(!err.contains("qu3ry"), "{err}");
-    assert!(err.contains("password=***&sslmode=disable"), "{err}");
+    common::assert_contains(&err, "password=***&sslmode=disable");
 }
 
 #[test]
@@ -125,7 +148,7 @@ fn migrate_and_status_on_postgres() {
     let o = outbox(&["status", "--database-url", &pg_url(), "--schema", &schema]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("pending     0"), "{text}");
+    common::assert_contains(&text, "pending     0");
 }
 
 #[test]
@@ -167,11 +190,11 @@ fn demo_delivers_exactly_the_committed_events_with(threads: &[&str]) {
     );
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
-    assert!(out.contains("orders created            300"), "{out}");
-    assert!(out.contains("lost                      0"), "{out}");
-    assert!(out.contains("phantom (no such order)   0"), "{out}");
-    assert!(out.contains("per-order order broken    0"), "{out}");
-    assert!(out.contains("result                    OK"), "{out}");
+    common::assert_contains(&out, "orders created            300");
+    common::assert_contains(&out, "lost                      0");
+    common::assert_contains(&out, "phantom (no such order)   0");
+    common::assert_contains(&out, "per-order order broken    0");
+    common::assert_contains(&out, "result                    OK");
     for db in ["orders.db", "delivery.db", "billing.db"] {
         assert!(dir.path().join(db).exists(), "{db} kept in --dir");
     }
@@ -180,12 +203,11 @@ fn demo_delivers_exactly_the_committed_events_with(threads: &[&str]) {
 #[test]
 fn config_check_prints_the_effective_config_with_secrets_masked() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("outbox.toml");
-    std::fs::write(
-        &file,
+    let file = common::write_file(
+        dir.path(),
+        "outbox.toml",
         "[database]\nurl = \"postgres://app:hunter2@db:5432/app\"\n[relay]\nbatch_size = 42\n",
-    )
-    .unwrap();
+    );
     let o = Command::new(BIN)
         .args(["config", "check", "--config", file.to_str().unwrap()])
         .env("OUTBOX_RELAY__LEASE", "45s")
@@ -193,12 +215,12 @@ fn config_check_prints_the_effective_config_with_secrets_masked() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("batch_size = 42"), "{out}");
+    common::assert_contains(&out, "batch_size = 42");
     assert!(
         out.contains("lease = \"45s\""),
         "environment layer applied: {out}"
     );
-    assert!(out.contains("app:***@db"), "{out}");
+    common::assert_contains(&out, "app:***@db");
     assert!(!out.contains("hunter2"), "{out}");
     std::fs::write(
         &file,
@@ -331,29 +353,18 @@ async fn json_logs_carry_the_event_fields() {
     store.outbox().enqueue(&mut *tx, &event).await.unwrap();
     tx.commit().await.unwrap();
     store.pool().close().await;
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = common::write_file(
+        dir.path(),
+        "outbox.toml",
+        &format!(
             "[database]\nurl = \"{url}\"\n[destinations.a]\ntype = \"stdout\"\n[destinations.b]\ntype = \"stdout\"\n"
         ),
-    )
-    .unwrap();
-    let o = Command::new(BIN)
-        .args(["--log-format", "json", "relay", "--drain", "--config"])
-        .arg(&config)
-        .env("OUTBOX_LOG", "info")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> = stderr(&o)
+    );
+    let lines: Vec<serde_json::Value> = drained_json_log(&config, &[])
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
         .collect();
-    let dead = lines
-        .iter()
-        .find(|l| l["message"].as_str().unwrap_or("").contains("is dead"))
-        .unwrap_or_else(|| panic!("no dead-letter line in {lines:?}"));
+    let dead = log_line(&lines, "is dead");
     assert_eq!(dead["event_id"], event.id().to_string(), "{dead}");
     assert_eq!(dead["event_type"], "UserRenamed", "{dead}");
     assert_eq!(dead["aggregate_type"], "user", "{dead}");
@@ -422,10 +433,9 @@ async fn the_partitioned_layout_works_through_the_binary() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("`outbox cleanup` is deprecated: use `outbox purge`"),
-        "{}",
-        stderr(&o)
+    common::assert_contains(
+        &stderr(&o),
+        "`outbox cleanup` is deprecated: use `outbox purge`",
     );
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(report["dropped"].as_array().unwrap().is_empty(), "{report}");
@@ -435,11 +445,7 @@ async fn the_partitioned_layout_works_through_the_binary() {
         Some(0),
         "plain layout over a partitioned table"
     );
-    assert!(
-        stderr(&o).contains("database.layout = \"partitioned\""),
-        "{}",
-        stderr(&o)
-    );
+    common::assert_contains(&stderr(&o), "database.layout = \"partitioned\"");
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA \"{schema}\" CASCADE"
     )))
@@ -500,10 +506,10 @@ fn config_check_masks_every_secret_and_contacts_no_broker() {
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("outbox.toml");
-    std::fs::write(
-        &file,
-        format!(
+    let file = common::write_file(
+        dir.path(),
+        "outbox.toml",
+        &format!(
             r#"
 [database]
 url = "postgres://app@db:5432/app?sslmode=prefer&password=dbquerypw"
@@ -536,8 +542,7 @@ password = "kafkapw"
 to = "nats"
 "#
         ),
-    )
-    .unwrap();
+    );
     for format in [None, Some("--json")] {
         let mut args = vec!["config", "check", "--config", file.to_str().unwrap()];
         args.extend(format);
@@ -559,7 +564,7 @@ to = "nats"
             out.contains("sslmode=prefer"),
             "the rest stays readable: {out}"
         );
-        assert!(out.contains("natsuser:***@"), "{out}");
+        common::assert_contains(&out, "natsuser:***@");
     }
     // Give any background connection attempt a moment to arrive.
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -653,38 +658,16 @@ async fn a_drain_counts_every_dead_letter_and_says_what_it_leaves() {
     .await
     .unwrap();
     store.pool().close().await;
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!("[database]\nurl = \"{url}\"\n[destinations.out]\ntype = \"stdout\"\n"),
-    )
-    .unwrap();
-    let o = Command::new(BIN)
-        .args([
-            "--log-format",
-            "json",
-            "relay",
-            "--drain",
-            "--drain-wait",
-            "1s",
-            "--config",
-        ])
-        .arg(&config)
-        .env("OUTBOX_LOG", "info")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> = stderr(&o)
+    let config = common::write_file(
+        dir.path(),
+        "outbox.toml",
+        &format!("[database]\nurl = \"{url}\"\n[destinations.out]\ntype = \"stdout\"\n"),
+    );
+    let lines: Vec<serde_json::Value> = drained_json_log(&config, &["--drain-wait", "1s"])
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    let line = |text: &str| {
-        lines
-            .iter()
-            .find(|l| l["message"].as_str().unwrap_or("").contains(text))
-            .unwrap_or_else(|| panic!("no `{text}` line in {lines:?}"))
-            .clone()
-    };
+    let line = |text: &str| log_line(&lines, text);
     let exited = line("Relay exited.");
     assert_eq!(exited["delivered"], 1, "{exited}");
     assert_eq!(exited["dead"], 1, "the unreadable row counts: {exited}");

@@ -50,26 +50,18 @@ fn write_config(
     debezium: &str,
     destination: &str,
 ) -> String {
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-mode = "wal"
-
-[database]
-url = "{url}"
-schema = "{schema}"
-
-[relay]
-publish_timeout = "10s"
-
-[wal]
-slot = "{schema}_{name}"
-publication = "{schema}_{name}"
-sources = ["debezium"]
-status_interval = "100ms"
-
+    let head = common::wal_config(
+        url,
+        schema,
+        &format!("{schema}_{name}"),
+        "publish_timeout = \"10s\"\n",
+        "sources = [\"debezium\"]\n",
+    );
+    let path = common::write_file(
+        dir,
+        &format!("{name}.toml"),
+        &format!(
+            r#"{head}
 [wal.debezium]
 table = "{schema}.outbox"
 {debezium}
@@ -77,8 +69,7 @@ table = "{schema}.outbox"
 {destination}
 "#
         ),
-    )
-    .unwrap();
+    );
     path.to_str().unwrap().to_owned()
 }
 
@@ -256,9 +247,7 @@ format = "debezium""#
     let app = Router::new()
         .route("/hook", post(receive))
         .with_state(received.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let port = common::serve(app).await;
     let hook = write_config(
         dir.path(),
         "hook",
@@ -593,10 +582,10 @@ debezium.transforms.outbox.table.fields.additional.placement=type:header:eventTy
         let o = outbox(&args);
         assert!(o.status.success(), "{}", text(&o));
         let toml = String::from_utf8(o.stdout.clone()).unwrap();
-        assert!(toml.contains("format = \"debezium\""), "{toml}");
+        common::assert_contains(&toml, "format = \"debezium\"");
         let stderr = String::from_utf8_lossy(&o.stderr);
         if i == 0 {
-            assert!(stderr.contains("snapshot.mode"), "{stderr}");
+            common::assert_contains(&stderr, "snapshot.mode");
         }
         let to = dir.path().join(format!("outbox-{i}.toml"));
         std::fs::write(&to, &toml).unwrap();
@@ -604,13 +593,12 @@ debezium.transforms.outbox.table.fields.additional.placement=type:header:eventTy
         assert!(o.status.success(), "{toml}\n{}", text(&o));
     }
     // Not a PostgreSQL connector: refused, naming why.
-    let mysql = dir.path().join("mysql.json");
-    std::fs::write(
-        &mysql,
+    let mysql = common::write_file(
+        dir.path(),
+        "mysql.json",
         r#"{"config": {"connector.class": "io.debezium.connector.mysql.MySqlConnector"}}"#,
-    )
-    .unwrap();
+    );
     let o = outbox(&["config", "import-debezium", mysql.to_str().unwrap()]);
     assert!(!o.status.success());
-    assert!(text(&o).contains("PostgreSQL connector"), "{}", text(&o));
+    common::assert_contains(&text(&o), "PostgreSQL connector");
 }

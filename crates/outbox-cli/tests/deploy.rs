@@ -3,9 +3,11 @@
 //! with a value it accepts. There is no container engine here to run the image; this loads the
 //! same environment into `outbox config check`, which fails on an unknown key or a bad value.
 
+mod common;
+
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+use common::BIN;
 
 fn repo_file(path: &str) -> String {
     std::fs::read_to_string(format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
@@ -64,11 +66,7 @@ fn the_deployment_environment_is_a_valid_relay_configuration() {
         .envs(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{vars:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_succeeded(&out, &format!("{vars:?}"));
     let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(config["metrics"]["listen"], "0.0.0.0:9464");
     assert_eq!(config["relay"]["relay_id"], "pod-1");

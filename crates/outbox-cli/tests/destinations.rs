@@ -59,9 +59,7 @@ async fn webhook_receiver() -> (u16, Received) {
     let app = Router::new()
         .route("/hook/{event_type}", post(receive))
         .with_state(received.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let port = common::serve(app).await;
     (port, received)
 }
 
@@ -232,9 +230,9 @@ async fn events_are_routed_to_their_destinations_and_unroutable_ones_are_dead_le
     let dead = f.store.get(stray.id()).await.unwrap().unwrap();
     assert_eq!(dead.state, EventState::Dead);
     let error = dead.last_error.unwrap();
-    assert!(error.contains("no route matches"), "{error}");
-    assert!(error.contains("UserRenamed"), "{error}");
-    assert!(error.contains("outbox dead requeue"), "{error}");
+    common::assert_contains(&error, "no route matches");
+    common::assert_contains(&error, "UserRenamed");
+    common::assert_contains(&error, "outbox dead requeue");
 
     // NATS got exactly the committed order events, in order per aggregate.
     let messages = stream_messages(&f.stream).await;
@@ -307,11 +305,7 @@ async fn a_paused_destination_holds_its_events_while_the_others_flow() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("hooks: paused"));
     let o = outbox(&["pause", "hoks", "--config", f.config_path()]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("did you mean `hooks`?"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    common::assert_contains(&String::from_utf8_lossy(&o.stderr), "did you mean `hooks`?");
     // Let the running relay notice (one poll interval is 20 ms).
     tokio::time::sleep(Duration::from_millis(300)).await;
 

@@ -106,9 +106,7 @@ async fn capture(
 async fn receiver() -> (u16, Received) {
     let received = Received::default();
     let app = Router::new().fallback(capture).with_state(received.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let port = common::serve(app).await;
     (port, received)
 }
 
@@ -146,6 +144,13 @@ impl Outputs {
                 String::from_utf8_lossy(&o.stderr)
             ),
         ));
+        o
+    }
+
+    /// [`Outputs::run`], which must succeed.
+    fn succeeds(&mut self, what: &str, args: &[&str]) -> std::process::Output {
+        let o = self.run(what, args);
+        assert!(o.status.success(), "{what}: {}", self.0.last().unwrap().1);
         o
     }
 
@@ -283,10 +288,10 @@ async fn hostile_rows_on_postgres(mode: Mode) {
     let (trap_port, trapped) = trap();
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.jsonl");
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = common::write_file(
+        dir.path(),
+        "outbox.toml",
+        &format!(
             r#"
 mode = "{mode}"
 
@@ -333,8 +338,7 @@ to = "hooks"
             url = with_password(&base),
             audit = audit.display(),
         ),
-    )
-    .unwrap();
+    );
     let config_arg = config.to_str().unwrap();
     // SAFETY of the environment: the secrets reach the relay through the environment, as
     // SECURITY.md advises; set for this process so every child inherits them.
@@ -343,11 +347,9 @@ to = "hooks"
         std::env::set_var("HOSTILE_TEST_SIGNING", SIGNING);
     }
     let mut outputs = Outputs::default();
-    let o = outputs.run("migrate", &["migrate", "--config", config_arg]);
-    assert!(o.status.success(), "{}", outputs.0.last().unwrap().1);
+    outputs.succeeds("migrate", &["migrate", "--config", config_arg]);
     if mode == Mode::Wal {
-        let o = outputs.run("wal prepare", &["wal", "prepare", "--config", config_arg]);
-        assert!(o.status.success(), "{}", outputs.0.last().unwrap().1);
+        outputs.succeeds("wal prepare", &["wal", "prepare", "--config", config_arg]);
     }
     let log = dir.path().join("relay-1.log");
     let relay = spawn_relay(&config, &log);
@@ -583,30 +585,23 @@ to = "hooks"
             vec!["config", "check", "--config", config_arg, "--json"],
         ),
     ] {
-        let o = outputs.run(what, &args);
-        assert!(
-            o.status.success(),
-            "{what}: {}",
-            outputs.0.last().unwrap().1
-        );
+        outputs.succeeds(what, &args);
     }
     for (r, id) in rows.iter().zip(&ids) {
         if settled[id].0 == "dead" {
             let id = id.to_string();
-            let o = outputs.run(
+            outputs.succeeds(
                 &format!("dead show ({})", r.name),
                 &["dead", "show", &id, "--config", config_arg],
             );
-            assert!(o.status.success(), "{}", outputs.0.last().unwrap().1);
         }
     }
     if mode == Mode::Wal {
         outputs.run("wal status", &["wal", "status", "--config", config_arg]);
-        let o = outputs.run(
+        outputs.succeeds(
             "wal drop-slot",
             &["wal", "drop-slot", "--config", config_arg],
         );
-        assert!(o.status.success(), "{}", outputs.0.last().unwrap().1);
     }
     outputs.add_file("audit file", &audit);
     outputs.check();
@@ -659,8 +654,7 @@ async fn rows_sqlite_cannot_type_check_are_dead_lettered() {
     .unwrap();
     let config_arg = config.to_str().unwrap();
     let mut outputs = Outputs::default();
-    let o = outputs.run("migrate", &["migrate", "--config", config_arg]);
-    assert!(o.status.success(), "{}", outputs.0.last().unwrap().1);
+    outputs.succeeds("migrate", &["migrate", "--config", config_arg]);
 
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(1)
@@ -745,11 +739,10 @@ async fn rows_sqlite_cannot_type_check_are_dead_lettered() {
         .await
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     }
-    let o = outputs.run(
+    outputs.succeeds(
         "relay --drain",
         &["relay", "--config", config_arg, "--drain"],
     );
-    assert!(o.status.success(), "{}", outputs.0.last().unwrap().1);
     let delivered: Vec<serde_json::Value> = std::fs::read_to_string(&out)
         .unwrap()
         .lines()
@@ -784,11 +777,10 @@ async fn rows_sqlite_cannot_type_check_are_dead_lettered() {
         );
     }
     // Runs again, finds nothing to do, and the operator commands work on these rows.
-    let o = outputs.run(
+    outputs.succeeds(
         "relay --drain again",
         &["relay", "--config", config_arg, "--drain"],
     );
-    assert!(o.status.success(), "{}", outputs.0.last().unwrap().1);
     for (what, args) in [
         ("status", vec!["status", "--config", config_arg]),
         ("dead list", vec!["dead", "list", "--config", config_arg]),
@@ -797,12 +789,7 @@ async fn rows_sqlite_cannot_type_check_are_dead_lettered() {
             vec!["dead", "list", "--config", config_arg, "--json"],
         ),
     ] {
-        let o = outputs.run(what, &args);
-        assert!(
-            o.status.success(),
-            "{what}: {}",
-            outputs.0.last().unwrap().1
-        );
+        outputs.succeeds(what, &args);
     }
     outputs.add_file("file sink", &out);
     outputs.check();

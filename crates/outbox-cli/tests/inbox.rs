@@ -55,16 +55,8 @@ async fn sqlite_inbox_is_migrated_shown_purged_and_its_parked_messages_listed() 
     // migrate creates the file and the tables, and says which claim to run.
     let out = outbox(&[&["inbox", "migrate"], &db[..]].concat());
     assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        text(&out).contains("applied migrations [1]"),
-        "{}",
-        text(&out)
-    );
-    assert!(
-        text(&out).contains("INSERT INTO \"inbox\""),
-        "{}",
-        text(&out)
-    );
+    common::assert_contains(&text(&out), "applied migrations [1]");
+    common::assert_contains(&text(&out), "INSERT INTO \"inbox\"");
     let again = json_of(&outbox(
         &[&["inbox", "migrate", "--json"], &db[..]].concat(),
     ));
@@ -110,7 +102,7 @@ async fn sqlite_inbox_is_migrated_shown_purged_and_its_parked_messages_listed() 
     assert_eq!(status["handlers"][0]["handler"], "billing", "{status}");
     assert_eq!(status["handlers"][0]["rows"], 2, "{status}");
     let human = outbox(&[&["inbox", "status"], &db[..]].concat());
-    assert!(text(&human).contains("parked: 2"), "{}", text(&human));
+    common::assert_contains(&text(&human), "parked: 2");
 
     // The parked list escapes what a message could use to drive the terminal.
     let list = outbox(&[&["inbox", "parked"], &db[..]].concat());
@@ -132,11 +124,7 @@ async fn sqlite_inbox_is_migrated_shown_purged_and_its_parked_messages_listed() 
     assert_eq!(shown["attempts"], 3);
     let missing = outbox(&[&["inbox", "parked", "show", "999"], &db[..]].concat());
     assert_eq!(missing.status.code(), Some(1), "{}", text(&missing));
-    assert!(
-        text(&missing).contains("no parked message with id 999"),
-        "{}",
-        text(&missing)
-    );
+    common::assert_contains(&text(&missing), "no parked message with id 999");
 
     // Purge: only the row past the window, in batches of one.
     let purged = json_of(&outbox(
@@ -166,26 +154,21 @@ async fn sqlite_inbox_is_migrated_shown_purged_and_its_parked_messages_listed() 
 async fn postgres_inbox_from_the_relay_config_with_its_own_database_url() {
     let schema = unique("outbox_t_inbox");
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = common::write_file(
+        dir.path(),
+        "outbox.toml",
+        &format!(
             "[database]\nurl = \"sqlite://{}\"\n\n[inbox]\ndatabase_url = \"{}\"\nschema = \"{schema}\"\ntable = \"inbox\"\nretention = \"1h\"\nbatch_size = 2\n",
             dir.path().join("outbox.db").display(),
             pg_url()
         ),
-    )
-    .unwrap();
+    );
     let config = config.to_str().unwrap();
 
     // Not migrated yet: exit 2 naming the fix.
     let before = outbox(&["inbox", "status", "--config", config]);
     assert_eq!(before.status.code(), Some(2), "{}", text(&before));
-    assert!(
-        text(&before).contains("outbox inbox migrate"),
-        "{}",
-        text(&before)
-    );
+    common::assert_contains(&text(&before), "outbox inbox migrate");
 
     let migrated = json_of(&outbox(&["inbox", "migrate", "--config", config, "--json"]));
     assert_eq!(migrated["applied"], serde_json::json!([1, 2]));
@@ -235,7 +218,7 @@ async fn postgres_inbox_from_the_relay_config_with_its_own_database_url() {
     std::fs::write(config, secret).unwrap();
     let check = outbox(&["config", "check", "--config", config]);
     assert!(check.status.success(), "{}", text(&check));
-    assert!(text(&check).contains("[inbox]"), "{}", text(&check));
+    common::assert_contains(&text(&check), "[inbox]");
     assert!(!text(&check).contains("inboxsecret"), "{}", text(&check));
 
     common::drop_pg_schema(&pool, &schema).await;
@@ -326,7 +309,7 @@ async fn purge_every_runs_until_sigterm() {
 fn an_inbox_command_without_a_database_says_where_to_set_one() {
     let out = outbox(&["inbox", "status"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("inbox.database_url"), "{}", text(&out));
+    common::assert_contains(&text(&out), "inbox.database_url");
     let out = outbox(&[
         "inbox",
         "status",
@@ -336,5 +319,5 @@ fn an_inbox_command_without_a_database_says_where_to_set_one() {
         "Bad",
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("invalid `[inbox]`"), "{}", text(&out));
+    common::assert_contains(&text(&out), "invalid `[inbox]`");
 }

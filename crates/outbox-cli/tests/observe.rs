@@ -94,9 +94,9 @@ async fn metrics_move_and_readiness_follows_the_database() {
         |body| metric(body, "outbox_events_delivered_total") >= 250.0,
     )
     .await;
-    assert!(body.contains("outbox_publish_duration_seconds"), "{body}");
-    assert!(body.contains("outbox_claim_batch_size"), "{body}");
-    assert!(body.contains("outbox_events_pending"), "{body}");
+    common::assert_contains(&body, "outbox_publish_duration_seconds");
+    common::assert_contains(&body, "outbox_claim_batch_size");
+    common::assert_contains(&body, "outbox_events_pending");
     // The deprecated name counts the same acks.
     assert_eq!(
         metric(&body, "outbox_events_published_total"),
@@ -120,7 +120,7 @@ async fn metrics_move_and_readiness_follows_the_database() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("database not ready"), "{body}");
+    common::assert_contains(&body, "database not ready");
     assert!(!body.contains("127.0.0.1"), "no error text: {body}");
     proxy.restore();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -197,9 +197,7 @@ async fn per_destination_metrics_and_sink_readiness() {
     let app = axum::Router::new()
         .route("/hook", axum::routing::post(hook))
         .with_state(Seen::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook_port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let hook_port = common::serve(app).await;
 
     let schema = format!("outbox_t_obs2_{}", std::process::id());
     let store = PgStore::connect(&pg_url(), PgOutbox::with_names(&schema, "events").unwrap())
@@ -442,8 +440,8 @@ to = "ok"
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("DOWN for"), "{text}");
-    assert!(text.contains("last error  nats:"), "{text}");
+    common::assert_contains(&text, "DOWN for");
+    common::assert_contains(&text, "last error  nats:");
     let attempts: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT max(attempts) FROM \"{schema}\".events WHERE aggregate_type = 'signal'"
     )))

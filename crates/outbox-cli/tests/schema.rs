@@ -26,11 +26,7 @@ fn psql(script: &str) {
         .arg(script)
         .output()
         .unwrap();
-    assert!(
-        applied.status.success(),
-        "psql: {}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    common::assert_succeeded(&applied, "psql");
 }
 
 fn outbox(args: &[&str]) -> String {
@@ -39,11 +35,7 @@ fn outbox(args: &[&str]) -> String {
         .env("NO_COLOR", "1")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "outbox {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_succeeded(&out, &format!("outbox {args:?}"));
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -125,7 +117,7 @@ async fn the_postgres_script_gives_what_migrate_gives() {
     psql(&script);
     let url = pg_url();
     let said = outbox(&["migrate", "--database-url", &url, "--schema", &scripted]);
-    assert!(said.contains("schema is current"), "{said}");
+    common::assert_contains(&said, "schema is current");
     outbox(&["migrate", "--database-url", &url, "--schema", &migrated]);
     let (a, b) = (
         pg_catalog(&pool, &scripted).await,
@@ -144,17 +136,16 @@ async fn the_postgres_script_includes_the_stream_table_when_wal_mode_reads_it() 
     let schema = format!("outbox_t_script_stream_{}", std::process::id());
     drop_pg_schemas(&pool, &[&schema]).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = common::write_file(
+        dir.path(),
+        "outbox.toml",
+        &format!(
             "mode = \"wal\"\n[database]\nurl = \"{}\"\nschema = \"{schema}\"\n[wal]\nsources = [\"table\", \"stream_table\"]\n",
             pg_url()
         ),
-    )
-    .unwrap();
+    );
     let script = outbox(&["schema", "print", "--config", config.to_str().unwrap()]);
-    assert!(script.contains("events_stream"), "{script}");
+    common::assert_contains(&script, "events_stream");
     psql(&script);
     let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
         .bind(format!("\"{schema}\".events_stream"))
@@ -207,7 +198,7 @@ async fn the_partitioned_postgres_script_is_current_for_migrate() {
     .unwrap();
     let path = config.path().display().to_string();
     let said = outbox(&["migrate", "--config", &path]);
-    assert!(said.contains("schema is current"), "{said}");
+    common::assert_contains(&said, "schema is current");
     drop_pg_schemas(&pool, &[&schema]).await;
 }
 
@@ -318,7 +309,7 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
     }
     let url = mysql_url();
     let said = outbox(&["migrate", "--database-url", &url, "--table", &scripted]);
-    assert!(said.contains("schema is current"), "{said}");
+    common::assert_contains(&said, "schema is current");
     outbox(&["migrate", "--database-url", &url, "--table", &migrated]);
     for (a, b) in tables(&scripted).into_iter().zip(tables(&migrated)) {
         let show = |table: String, name: String| {
@@ -361,14 +352,14 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
         show_create("PROCEDURE", "_enqueue", scripted.clone()).await,
         show_create("PROCEDURE", "_enqueue", migrated.clone()).await,
     );
-    assert!(a.contains("CREATE DEFINER"), "{a}");
+    common::assert_contains(&a, "CREATE DEFINER");
     assert_eq!(a, b);
     // The insert trigger that checks headers (migration 4).
     let (a, b) = (
         show_create("TRIGGER", "_headers_insert", scripted.clone()).await,
         show_create("TRIGGER", "_headers_insert", migrated.clone()).await,
     );
-    assert!(a.contains("BEFORE INSERT"), "{a}");
+    common::assert_contains(&a, "BEFORE INSERT");
     assert_eq!(a, b);
     drop(scripted).await;
     drop(migrated).await;

@@ -63,27 +63,18 @@ impl WalOutbox {
             dir,
             ..
         } = self;
-        let path = dir.path().join(format!("{name}.toml"));
-        std::fs::write(
-            &path,
-            format!(
-                r#"
-mode = "wal"
-
-[database]
-url = "{url}"
-schema = "{schema}"
-
-[relay]
-{relay}publish_timeout = "5s"
-
-[wal]
-slot = "{slot}"
-publication = "{slot}"
-sources = ["table", "messages"]
-message_prefix = "{slot}"
-status_interval = "100ms"
-{wal}
+        let head = common::wal_config(
+            url,
+            schema,
+            slot,
+            &format!("{relay}publish_timeout = \"5s\"\n"),
+            &format!("sources = [\"table\", \"messages\"]\nmessage_prefix = \"{slot}\"\n{wal}"),
+        );
+        let path = common::write_file(
+            dir.path(),
+            &format!("{name}.toml"),
+            &format!(
+                r#"{head}
 [destinations.file]
 type = "file"
 path = "{}"
@@ -91,8 +82,7 @@ sync = true
 "#,
                 out.display()
             ),
-        )
-        .unwrap();
+        );
         path.to_str().unwrap().to_owned()
     }
 }
@@ -110,11 +100,7 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(!text(&o).contains("REVOKE"), "{}", text(&o));
     if std::env::var("OUTBOX_WAL_TEST_URL").is_err() {
-        assert!(
-            text(&o).contains("replication connection: TLS"),
-            "{}",
-            text(&o)
-        );
+        common::assert_contains(&text(&o), "replication connection: TLS");
     }
 
     // This streaming relay runs every task on its main thread (`--worker-threads 1`, as
@@ -179,11 +165,10 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
     assert_eq!(status["wal"]["active"], true, "a relay streams: {status}");
     let o = outbox(&["wal", "status", "--config", &config]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("wal lag"), "{}", text(&o));
-    assert!(
-        text(&o).contains("message source  on; only superusers may write messages"),
-        "{}",
-        text(&o)
+    common::assert_contains(&text(&o), "wal lag");
+    common::assert_contains(
+        &text(&o),
+        "message source  on; only superusers may write messages",
     );
 
     // Stop the relay, lose the slot, write more: a restart refuses and names the recovery.
@@ -198,7 +183,7 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
     common::enqueue_order_updates(store, 10..15).await;
     let o = outbox(&["relay", "--config", &config, "--drain"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("outbox wal recover"), "{}", text(&o));
+    common::assert_contains(&text(&o), "outbox wal recover");
 
     let o = outbox(&["wal", "recover", "--config", &config, "--json"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -242,10 +227,10 @@ async fn an_open_message_source_is_reported_with_the_fix_and_refused() {
     store.outbox().migrate(store.pool()).await.unwrap();
     store.pool().close().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = common::write_file(
+        dir.path(),
+        "outbox.toml",
+        &format!(
             r#"
 mode = "wal"
 
@@ -262,8 +247,7 @@ message_prefix = "{db}"
 type = "stdout"
 "#
         ),
-    )
-    .unwrap();
+    );
     let config = config.to_str().unwrap().to_owned();
 
     let o = outbox(&["wal", "prepare", "--config", &config]);
@@ -301,11 +285,7 @@ type = "stdout"
         "{status}"
     );
     let o = outbox(&["wal", "status", "--config", &config]);
-    assert!(
-        text(&o).contains("message source  ON but REFUSED"),
-        "{}",
-        text(&o)
-    );
+    common::assert_contains(&text(&o), "message source  ON but REFUSED");
 
     let o = outbox(&["relay", "--config", &config, "--drain"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -336,7 +316,7 @@ fn wal_mode_needs_postgresql_and_valid_names() {
     );
     let config = dir.path().join("outbox.toml");
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("needs a PostgreSQL"), "{}", text(&o));
+    common::assert_contains(&text(&o), "needs a PostgreSQL");
     std::fs::write(
         &config,
         "mode = \"wal\"\n[database]\nurl = \"postgres://x@127.0.0.1:1/y\"\n[wal]\nslot = \"Bad-Name\"\n",
@@ -344,7 +324,7 @@ fn wal_mode_needs_postgresql_and_valid_names() {
     .unwrap();
     let o = outbox(&["config", "check", "--config", config.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("slot"), "{}", text(&o));
+    common::assert_contains(&text(&o), "slot");
 }
 
 /// Two `outbox relay` processes in WAL mode on one slot: one streams, the other stands by; the

@@ -67,16 +67,15 @@ async fn delivers_exactly_what_a_writer_committed(lang: &str, writer: Command) {
 
     let dir = tempfile::tempdir().unwrap();
     let sink = dir.path().join("out.jsonl");
-    let config = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = common::write_file(
+        dir.path(),
+        "outbox.toml",
+        &format!(
             "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n[destinations.out]\ntype = \"file\"\npath = \"{}\"\n",
             pg_url(),
             sink.display()
         ),
-    )
-    .unwrap();
+    );
     let o = Command::new(BIN)
         .args(["relay", "--drain", "--config"])
         .arg(&config)

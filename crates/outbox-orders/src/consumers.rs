@@ -395,32 +395,28 @@ impl InboxHandler for Consumer {
     async fn handle(&self, delivery: &Delivery) -> Result<Processed<()>, outbox_inbox::Error> {
         let message = OrderMessage::from_delivery(delivery)?;
         let name = self.service.name();
-        let effect = match &self.db {
-            ConsumerDb::Postgres { pool, inbox } => {
-                let mut tx = pool.begin().await?;
-                if inbox.claim(&mut *tx, delivery.event_id, name).await? == InboxClaim::Duplicate {
+        // Claim, then write the effect in the same transaction (`None`: a duplicate, rolled
+        // back). A macro: the two databases' transactions and inboxes are different types.
+        macro_rules! claim_then_apply {
+            ($begin:expr, $inbox:expr, $dialect:expr) => {{
+                let mut tx = $begin.await?;
+                if $inbox.claim(&mut *tx, delivery.event_id, name).await? == InboxClaim::Duplicate {
                     None
                 } else {
-                    let effect = self
-                        .apply(&mut tx, Dialect::Postgres, delivery, &message)
-                        .await?;
+                    let effect = self.apply(&mut tx, $dialect, delivery, &message).await?;
                     tx.commit().await?;
                     Some(effect)
                 }
+            }};
+        }
+        let effect = match &self.db {
+            ConsumerDb::Postgres { pool, inbox } => {
+                claim_then_apply!(pool.begin(), inbox, Dialect::Postgres)
             }
             ConsumerDb::Sqlite { pool, inbox } => {
                 // BEGIN IMMEDIATE: the claim writes first anyway; taking the write lock up
                 // front keeps a concurrent writer from turning this into SQLITE_BUSY.
-                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                if inbox.claim(&mut *tx, delivery.event_id, name).await? == InboxClaim::Duplicate {
-                    None
-                } else {
-                    let effect = self
-                        .apply(&mut tx, Dialect::Sqlite, delivery, &message)
-                        .await?;
-                    tx.commit().await?;
-                    Some(effect)
-                }
+                claim_then_apply!(pool.begin_with("BEGIN IMMEDIATE"), inbox, Dialect::Sqlite)
             }
         };
         let c = &self.counters;
@@ -453,59 +449,70 @@ impl InboxHandler for Consumer {
     }
 }
 
+/// A ledger table in both dialects: the delivery slots and the billing ledger are one table
+/// (an append-only row per action on an order, see the module docs) under other names. A macro
+/// so the SQL stays `&'static str`, the text of both migrations byte for byte what their
+/// checksums recorded.
+macro_rules! ledger_sql {
+    ($table:literal, $value:literal, $actions:literal) => {
+        (
+            concat!(
+                "\n-- value = ",
+                $value,
+                ". Append-only; no unique key on (order_id, action): see the\n",
+                "-- module docs of outbox_orders::consumers.\n",
+                "CREATE TABLE ",
+                $table,
+                r#" (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    order_id    TEXT NOT NULL,
+    action      TEXT NOT NULL CHECK (action IN ("#,
+                $actions,
+                r#")),
+    value       BIGINT NOT NULL,
+    event_id    TEXT NOT NULL,
+    recorded_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX "#,
+                $table,
+                "_order ON ",
+                $table,
+                " (order_id, action);\n",
+            ),
+            concat!(
+                "\nCREATE TABLE ",
+                $table,
+                r#" (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    order_id    TEXT NOT NULL,
+    action      TEXT NOT NULL CHECK (action IN ("#,
+                $actions,
+                r#")),
+    value       INTEGER NOT NULL,
+    event_id    TEXT NOT NULL,
+    recorded_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+) STRICT;
+CREATE INDEX "#,
+                $table,
+                "_order ON ",
+                $table,
+                " (order_id, action);\n",
+            ),
+        )
+    };
+}
+
 fn ledger_migrations(service: Service) -> [Migration; 1] {
     let (postgres, sqlite) = match service {
-        Service::Delivery => (
-            r#"
--- value = the quantity to deliver. Append-only; no unique key on (order_id, action): see the
--- module docs of outbox_orders::consumers.
-CREATE TABLE delivery_slots (
-    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    order_id    TEXT NOT NULL,
-    action      TEXT NOT NULL CHECK (action IN ('reserve', 'release')),
-    value       BIGINT NOT NULL,
-    event_id    TEXT NOT NULL,
-    recorded_at TIMESTAMPTZ NOT NULL DEFAULT now()
-);
-CREATE INDEX delivery_slots_order ON delivery_slots (order_id, action);
-"#,
-            r#"
-CREATE TABLE delivery_slots (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    order_id    TEXT NOT NULL,
-    action      TEXT NOT NULL CHECK (action IN ('reserve', 'release')),
-    value       INTEGER NOT NULL,
-    event_id    TEXT NOT NULL,
-    recorded_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-) STRICT;
-CREATE INDEX delivery_slots_order ON delivery_slots (order_id, action);
-"#,
+        Service::Delivery => ledger_sql!(
+            "delivery_slots",
+            "the quantity to deliver",
+            "'reserve', 'release'"
         ),
-        Service::Billing => (
-            r#"
--- value = the amount in cents. Append-only; no unique key on (order_id, action): see the
--- module docs of outbox_orders::consumers.
-CREATE TABLE billing_ledger (
-    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    order_id    TEXT NOT NULL,
-    action      TEXT NOT NULL CHECK (action IN ('charge', 'refund')),
-    value       BIGINT NOT NULL,
-    event_id    TEXT NOT NULL,
-    recorded_at TIMESTAMPTZ NOT NULL DEFAULT now()
-);
-CREATE INDEX billing_ledger_order ON billing_ledger (order_id, action);
-"#,
-            r#"
-CREATE TABLE billing_ledger (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    order_id    TEXT NOT NULL,
-    action      TEXT NOT NULL CHECK (action IN ('charge', 'refund')),
-    value       INTEGER NOT NULL,
-    event_id    TEXT NOT NULL,
-    recorded_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-) STRICT;
-CREATE INDEX billing_ledger_order ON billing_ledger (order_id, action);
-"#,
+        Service::Billing => ledger_sql!(
+            "billing_ledger",
+            "the amount in cents",
+            "'charge', 'refund'"
         ),
     };
     [Migration {

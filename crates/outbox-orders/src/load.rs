@@ -141,6 +141,13 @@ struct Shared {
     report: Mutex<LoadReport>,
 }
 
+impl Shared {
+    /// The report so far, locked (a client that panicked holding it leaves it readable).
+    fn report(&self) -> std::sync::MutexGuard<'_, LoadReport> {
+        self.report.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Run the load against the service at `base` (e.g. `http://127.0.0.1:8080`) and return what
 /// it saw. `counters` are updated live.
 pub async fn run(
@@ -170,11 +177,7 @@ pub async fn run(
     while let Some(done) = clients.join_next().await {
         done.map_err(|e| Error::Io(format!("load client task: {e}")))??;
     }
-    let report = shared
-        .report
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let report = shared.report().clone();
     Ok(report)
 }
 
@@ -228,11 +231,7 @@ async fn send(
 fn unexpected(s: &Shared, what: String) {
     s.counters.unexpected.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(problem = %what, "Unexpected answer from the order service.");
-    s.report
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .unexpected
-        .push(what);
+    s.report().unexpected.push(what);
 }
 
 async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
@@ -248,7 +247,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
         };
         if got == status && answer["error"].is_string() && field_ok {
             s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            s.report.lock().unwrap_or_else(|p| p.into_inner()).rejected += 1;
+            s.report().rejected += 1;
         } else {
             unexpected(
                 s,
@@ -268,7 +267,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
             send(s, reqwest::Method::POST, "/orders", Some(body.to_string())).await?;
         if got == 409 && answer["field"] == "amount" {
             s.counters.declined.fetch_add(1, Ordering::Relaxed);
-            s.report.lock().unwrap_or_else(|p| p.into_inner()).declined += 1;
+            s.report().declined += 1;
         } else {
             unexpected(
                 s,
@@ -290,7 +289,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
     if got == 409 {
         // A regular customer reached the credit limit (long runs only): declined, rolled back.
         s.counters.declined.fetch_add(1, Ordering::Relaxed);
-        s.report.lock().unwrap_or_else(|p| p.into_inner()).declined += 1;
+        s.report().declined += 1;
         return Ok(());
     }
     let id = answer["id"]
@@ -304,11 +303,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
         return Ok(());
     };
     s.counters.created.fetch_add(1, Ordering::Relaxed);
-    s.report
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .created
-        .insert(id);
+    s.report().created.insert(id);
 
     let (got, answer) = send(s, reqwest::Method::GET, &format!("/orders/{id}"), None).await?;
     if got != 200 || answer["id"] != id.to_string() {
@@ -337,11 +332,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
         let (got, answer) = send(s, reqwest::Method::POST, &path, None).await?;
         if got == 200 && answer["status"] == "cancelled" {
             s.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-            s.report
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .cancelled
-                .insert(id);
+            s.report().cancelled.insert(id);
         } else {
             unexpected(
                 s,
@@ -353,10 +344,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
             let (got, answer) = send(s, reqwest::Method::POST, &path, None).await?;
             if got == 200 && answer["status"] == "cancelled" {
                 s.counters.repeat_cancels.fetch_add(1, Ordering::Relaxed);
-                s.report
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .repeat_cancels += 1;
+                s.report().repeat_cancels += 1;
             } else {
                 unexpected(
                     s,

@@ -89,6 +89,15 @@ impl TransportArgs {
             .with_max_attempts(self.max_attempts)
             .with_retry_delay(Duration::from_millis(self.retry_delay_ms))
     }
+
+    /// The durable consumer (NATS) or consumer group (Kafka) `consumer` reads as: `--durable`,
+    /// else the service's name.
+    #[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(dead_code))]
+    fn durable_for(&self, consumer: &Consumer) -> String {
+        self.durable
+            .clone()
+            .unwrap_or_else(|| consumer.service().name().to_owned())
+    }
 }
 
 /// Consume with `consumer` from the broker `args` name until `shutdown` completes.
@@ -161,10 +170,7 @@ pub mod nats {
         args: &TransportArgs,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
-        let durable = args
-            .durable
-            .clone()
-            .unwrap_or_else(|| consumer.service().name().to_owned());
+        let durable = args.durable_for(&consumer);
         let pull = pull_consumer(&args.nats_url, &args.stream, &args.subjects, &durable).await?;
         tracing::info!(service = consumer.service().name(), stream = %args.stream, durable = %durable, "Consuming from NATS JetStream.");
         let options = args.options();
@@ -238,10 +244,7 @@ pub mod kafka {
         args: &TransportArgs,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
-        let group = args
-            .durable
-            .clone()
-            .unwrap_or_else(|| consumer.service().name().to_owned());
+        let group = args.durable_for(&consumer);
         let brokers = args.kafka_brokers.clone();
         let topic = args.topic.clone();
         let assign = args.kafka_assign;

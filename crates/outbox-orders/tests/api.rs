@@ -276,42 +276,33 @@ async fn concurrent_cancels_write_one_event(backend: Backend) {
     assert_eq!(cancelled, 1);
 }
 
-#[tokio::test]
-async fn sqlite_create_get_cancel() {
-    create_get_cancel(Backend::Sqlite).await;
+/// Each scenario as one test per backend, under `#[$attr]`, with the tests' names written out.
+macro_rules! on_both_backends {
+    (#[$attr:meta] $($scenario:ident: $sqlite:ident, $postgres:ident;)*) => {$(
+        #[$attr]
+        async fn $sqlite() {
+            $scenario(Backend::Sqlite).await;
+        }
+
+        #[$attr]
+        async fn $postgres() {
+            $scenario(Backend::Postgres).await;
+        }
+    )*};
 }
 
-#[tokio::test]
-async fn postgres_create_get_cancel() {
-    create_get_cancel(Backend::Postgres).await;
+on_both_backends! {
+    #[tokio::test]
+    create_get_cancel: sqlite_create_get_cancel, postgres_create_get_cancel;
+    invalid_requests_write_nothing:
+        sqlite_invalid_requests_write_nothing, postgres_invalid_requests_write_nothing;
+    credit_limit_rolls_back_order_and_event:
+        sqlite_credit_limit_rolls_back_order_and_event,
+        postgres_credit_limit_rolls_back_order_and_event;
 }
 
-#[tokio::test]
-async fn sqlite_invalid_requests_write_nothing() {
-    invalid_requests_write_nothing(Backend::Sqlite).await;
-}
-
-#[tokio::test]
-async fn postgres_invalid_requests_write_nothing() {
-    invalid_requests_write_nothing(Backend::Postgres).await;
-}
-
-#[tokio::test]
-async fn sqlite_credit_limit_rolls_back_order_and_event() {
-    credit_limit_rolls_back_order_and_event(Backend::Sqlite).await;
-}
-
-#[tokio::test]
-async fn postgres_credit_limit_rolls_back_order_and_event() {
-    credit_limit_rolls_back_order_and_event(Backend::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_concurrent_cancels_write_one_event() {
-    concurrent_cancels_write_one_event(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_concurrent_cancels_write_one_event() {
-    concurrent_cancels_write_one_event(Backend::Postgres).await;
+on_both_backends! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    concurrent_cancels_write_one_event:
+        sqlite_concurrent_cancels_write_one_event, postgres_concurrent_cancels_write_one_event;
 }

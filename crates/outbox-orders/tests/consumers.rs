@@ -97,24 +97,21 @@ async fn effects_once(service: Service, postgres: bool) {
     assert_eq!(c.ledger().await.unwrap().len(), 2);
 }
 
-#[tokio::test]
-async fn sqlite_delivery_effects_once() {
-    effects_once(Service::Delivery, false).await;
+/// [`effects_once`] as one test per service and database (`true`: PostgreSQL).
+macro_rules! effects_once_tests {
+    ($($name:ident: $service:ident, $postgres:literal;)*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            effects_once(Service::$service, $postgres).await;
+        }
+    )*};
 }
 
-#[tokio::test]
-async fn sqlite_billing_effects_once() {
-    effects_once(Service::Billing, false).await;
-}
-
-#[tokio::test]
-async fn postgres_delivery_effects_once() {
-    effects_once(Service::Delivery, true).await;
-}
-
-#[tokio::test]
-async fn postgres_billing_effects_once() {
-    effects_once(Service::Billing, true).await;
+effects_once_tests! {
+    sqlite_delivery_effects_once: Delivery, false;
+    sqlite_billing_effects_once: Billing, false;
+    postgres_delivery_effects_once: Delivery, true;
+    postgres_billing_effects_once: Billing, true;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

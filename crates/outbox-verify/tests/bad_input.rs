@@ -216,6 +216,20 @@ fn unless_refused(code: Option<i32>, stderr: &str, needle: &str, what: &str) -> 
         .then(|| format!("{what}: exit {code:?}; stderr: {}", stderr.trim()))
 }
 
+/// Drain with `config` written as `name` in `dir` (and `env` set) for up to 20 s; the failure line
+/// for `what` unless it exited 2 naming `needle`.
+async fn drain_unless_refused(
+    dir: &Path,
+    name: &str,
+    config: &str,
+    env: &[(&str, &str)],
+    needle: &str,
+    what: &str,
+) -> Option<String> {
+    let (code, stderr) = drain(dir, name, config, env, Duration::from_secs(20)).await;
+    unless_refused(code, &stderr, needle, what)
+}
+
 /// Start `outbox relay --drain` with `body` against a migrated, empty outbox; describe what
 /// went wrong if it did not exit 2 naming `needle`.
 async fn refused_by_the_relay(
@@ -251,35 +265,29 @@ async fn malformed_config_values_are_refused_with_the_key_named() {
     }
     // A bad value from the environment names the key too.
     let dir = tempfile::tempdir().unwrap();
-    let (code, stderr) = drain(
-        dir.path(),
-        "ok.toml",
-        &config(&schema, ""),
-        &[("OUTBOX_RELAY__BATCH_SIZE", "abc")],
-        Duration::from_secs(20),
-    )
-    .await;
-    failures.extend(unless_refused(
-        code,
-        &stderr,
-        "relay.batch_size",
-        "OUTBOX_RELAY__BATCH_SIZE=abc",
-    ));
+    failures.extend(
+        drain_unless_refused(
+            dir.path(),
+            "ok.toml",
+            &config(&schema, ""),
+            &[("OUTBOX_RELAY__BATCH_SIZE", "abc")],
+            "relay.batch_size",
+            "OUTBOX_RELAY__BATCH_SIZE=abc",
+        )
+        .await,
+    );
     // An unsupported database URL.
-    let (code, stderr) = drain(
-        dir.path(),
-        "url.toml",
-        "[database]\nurl = \"mysq://root@127.0.0.1/test\"\n",
-        &[],
-        Duration::from_secs(20),
-    )
-    .await;
-    failures.extend(unless_refused(
-        code,
-        &stderr,
-        "database.url",
-        "unsupported URL scheme",
-    ));
+    failures.extend(
+        drain_unless_refused(
+            dir.path(),
+            "url.toml",
+            "[database]\nurl = \"mysq://root@127.0.0.1/test\"\n",
+            &[],
+            "database.url",
+            "unsupported URL scheme",
+        )
+        .await,
+    );
     drop_schema(&store).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -362,8 +370,11 @@ async fn a_relay_with_a_bad_config_claims_nothing() {
     drop_schema(&store).await;
 }
 
-/// A stream on the shared NATS server with its own subjects; returns (stream, subject prefix).
-async fn nats_stream(js: &async_nats::jetstream::Context) -> (String, String) {
+/// A stream on the shared NATS server with its own subjects; returns (a JetStream context on
+/// that server, the stream, the subject prefix).
+async fn nats_stream() -> (async_nats::jetstream::Context, String, String) {
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
     let stream = unique("OUTBOX_T_BAD").to_uppercase();
     let prefix = stream.to_lowercase();
     js.create_stream(async_nats::jetstream::stream::Config {
@@ -374,7 +385,7 @@ async fn nats_stream(js: &async_nats::jetstream::Context) -> (String, String) {
     })
     .await
     .unwrap();
-    (stream, prefix)
+    (js, stream, prefix)
 }
 
 async fn nats_messages(
@@ -406,9 +417,7 @@ async fn nats_messages(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_at_the_size_limits_are_delivered_or_dead_with_the_limit_named() {
-    let client = async_nats::connect(nats_url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    let (stream, prefix) = nats_stream(&js).await;
+    let (js, stream, prefix) = nats_stream().await;
     let schema = unique("outbox_t_bad_size");
     let store = store(&schema).await;
     let empty = NewEvent::from_json("blob", "empty", "Sized", "{}").unwrap();
@@ -449,9 +458,7 @@ async fn payloads_at_the_size_limits_are_delivered_or_dead_with_the_limit_named(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_values_that_cannot_travel_are_dead_with_a_reason_and_block_nothing_else() {
-    let client = async_nats::connect(nats_url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    let (stream, prefix) = nats_stream(&js).await;
+    let (js, stream, prefix) = nats_stream().await;
     let schema = unique("outbox_t_bad_hdr");
     let store = store(&schema).await;
     let newline = NewEvent::new("h", "newline", "Hdr", &1)

@@ -2,23 +2,15 @@
 //!
 //! Why its own module: the default mode's run and its exit line, beside [`super::wal`]'s.
 
-use outbox_engine::Relay;
-
 use super::left_behind::left_behind;
 use super::shutdown::Shutdown;
 use super::start::Started;
 
 /// Run the engine over the store until `shutdown`, then say what it did and what is left.
 pub(super) async fn run(mut started: Started, shutdown: Shutdown) -> anyhow::Result<()> {
-    let relay = Relay::new(
-        started.dyn_store.clone(),
-        started.sink.clone(),
-        started.config.relay.clone(),
-    )
-    .with_routes(started.routes.clone());
-    let _ = started.destinations.set(relay.destinations());
-    let report = relay.run(shutdown.finish_batches()).await;
-    started.stop_retention();
+    let report = started
+        .run_engine(started.dyn_store.clone(), shutdown)
+        .await;
     let left = left_behind(started.dyn_store.as_ref(), started.at_start.as_ref()).await;
     tracing::info!(
         delivered = report.delivered,

@@ -7,12 +7,14 @@
 
 use std::sync::Arc;
 
-use outbox_types::Sink;
+use outbox_engine::{Relay, RelayReport};
 use outbox_types::route::RouteTable;
+use outbox_types::{Sink, Source};
 use tokio::task::JoinHandle;
 
 use super::flags;
 use super::retention::{Retention, retention_loop};
+use super::shutdown::Shutdown;
 use crate::RelayArgs;
 use crate::config::{self, Config, ConfigError};
 use crate::observe;
@@ -40,6 +42,22 @@ impl Started {
         if let Some(task) = self.retention.take() {
             task.abort();
         }
+    }
+
+    /// Run the engine over `source` (the outbox table, or WAL mode's stream) to the relay's
+    /// sinks and routes until `shutdown`, its destinations shown on the metrics endpoint, then
+    /// stop the side tasks: what both modes do, written once.
+    pub(super) async fn run_engine<S: Source + ?Sized>(
+        &mut self,
+        source: Arc<S>,
+        shutdown: Shutdown,
+    ) -> RelayReport {
+        let relay = Relay::new(source, self.sink.clone(), self.config.relay.clone())
+            .with_routes(self.routes.clone());
+        let _ = self.destinations.set(relay.destinations());
+        let report = relay.run(shutdown.finish_batches()).await;
+        self.stop_retention();
+        report
     }
 }
 

@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use outbox_engine::Relay;
-
 use super::left_behind::left_behind;
 use super::shutdown::Shutdown;
 use super::start::Started;
@@ -34,11 +32,7 @@ pub(super) async fn run(mut started: Started, shutdown: Shutdown) -> anyhow::Res
             .await
             .map_err(wal_error)?,
     );
-    let relay = Relay::new(source.clone(), started.sink.clone(), config.relay.clone())
-        .with_routes(started.routes.clone());
-    let _ = started.destinations.set(relay.destinations());
-    let report = relay.run(shutdown.finish_batches()).await;
-    started.stop_retention();
+    let report = started.run_engine(source.clone(), shutdown).await;
     let wal_report = source.shutdown().await.map_err(wal_error)?;
     let left = left_behind(started.dyn_store.as_ref(), started.at_start.as_ref()).await;
     tracing::info!(

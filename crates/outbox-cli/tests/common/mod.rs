@@ -174,3 +174,60 @@ macro_rules! enqueue_committed {
         tx.commit().await.unwrap();
     }};
 }
+
+/// Fail the test unless `haystack` contains `needle`, showing all of `haystack`: what each
+/// scenario checks of a command's output or an error's text.
+#[track_caller]
+pub fn assert_contains(haystack: &str, needle: &str) {
+    assert!(haystack.contains(needle), "{haystack}");
+}
+
+/// Fail the test unless the command `what` exited 0, showing its stderr.
+#[track_caller]
+pub fn assert_succeeded(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Write `contents` to the file `name` in `dir`; its path. The config files (and other inputs)
+/// the tests hand the binary.
+pub fn write_file(dir: &std::path::Path, name: &str, contents: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+/// Serve `app` on a free local port, in the background; the port. The HTTP endpoints (webhook
+/// receivers) the relay under test delivers to.
+pub async fn serve(app: axum::Router) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    port
+}
+
+/// A WAL-mode relay's config: `schema` of the database at `url`, streamed through the slot and
+/// publication `slot`, with `relay` and `wal` (the scenario's own lines, each ending in a newline)
+/// in those tables. The caller appends its destinations (and any other table).
+pub fn wal_config(url: &str, schema: &str, slot: &str, relay: &str, wal: &str) -> String {
+    format!(
+        r#"
+mode = "wal"
+
+[database]
+url = "{url}"
+schema = "{schema}"
+
+[relay]
+{relay}
+[wal]
+slot = "{slot}"
+publication = "{slot}"
+status_interval = "100ms"
+{wal}
+"#
+    )
+}

@@ -174,29 +174,26 @@ mod tests {
             "WARN Claim failed; the database may be down. Events stay in the outbox.\n";
         let fenced = "WARN Lease expired before the write; another relay owns these events.\n";
         let stopped = "INFO Relay stopped.\n";
-        assert_eq!(
-            settled(&format!("{fenced}{stopped}"), 1),
-            LateWrites::Fenced
-        );
-        assert_eq!(
-            settled(&format!("{claim_failed}{fenced}{stopped}"), 1),
-            LateWrites::Fenced
-        );
-        // The claim it was frozen in never got its answer: it never had the events.
-        assert_eq!(
-            settled(&format!("{claim_failed}{stopped}"), 1),
-            LateWrites::ClaimLost
-        );
-        // Two claims held: the failed one may be the other; a missing fence stays a violation.
-        assert_eq!(
-            settled(&format!("{claim_failed}{stopped}"), 2),
-            LateWrites::Unfenced
-        );
-        // It stopped normally before any claim failed, and never fenced: a violation.
-        assert_eq!(
-            settled(&format!("{stopped}{claim_failed}"), 1),
-            LateWrites::Unfenced
-        );
-        assert_eq!(settled("", 1), LateWrites::NeverWritten);
+        for (log, claims_held, expected) in [
+            (format!("{fenced}{stopped}"), 1, LateWrites::Fenced),
+            (
+                format!("{claim_failed}{fenced}{stopped}"),
+                1,
+                LateWrites::Fenced,
+            ),
+            // The claim it was frozen in never got its answer: it never had the events.
+            (format!("{claim_failed}{stopped}"), 1, LateWrites::ClaimLost),
+            // Two claims held: the failed one may be the other; a missing fence stays a violation.
+            (format!("{claim_failed}{stopped}"), 2, LateWrites::Unfenced),
+            // It stopped normally before any claim failed, and never fenced: a violation.
+            (format!("{stopped}{claim_failed}"), 1, LateWrites::Unfenced),
+            (String::new(), 1, LateWrites::NeverWritten),
+        ] {
+            assert_eq!(
+                settled(&log, claims_held),
+                expected,
+                "{log:?} with {claims_held} claim(s) held"
+            );
+        }
     }
 }

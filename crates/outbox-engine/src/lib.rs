@@ -146,6 +146,22 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+/// Log a line about `event` at `level` (`debug`, `warn`, …) with the fields that identify it
+/// (id, type, aggregate, idempotency key), then the line's own fields and message: the lines
+/// of one event's life are found by the same fields, written in one place.
+macro_rules! event_line {
+    ($level:ident, $event:ident, $($rest:tt)+) => {
+        $level!(
+            event_id = %$event.id,
+            event_type = %$event.event_type,
+            aggregate_type = %$event.aggregate_type,
+            aggregate_id = %$event.aggregate_id,
+            idempotency_key = $event.idempotency_key.as_deref().unwrap_or(""),
+            $($rest)+
+        )
+    };
+}
+
 /// How a relay behaves. Every field has a default suited to a single relay in front of a busy
 /// PostgreSQL; `outbox relay` reads them from its config file.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -1407,12 +1423,9 @@ where
                 true
             }
             Outcome::Delivered => {
-                debug!(
-                    event_id = %event.id,
-                    event_type = %event.event_type,
-                    aggregate_type = %event.aggregate_type,
-                    aggregate_id = %event.aggregate_id,
-                    idempotency_key = event.idempotency_key.as_deref().unwrap_or(""),
+                event_line!(
+                    debug,
+                    event,
                     attempts = event.attempts + 1,
                     destination = sink,
                     "Event published."
@@ -1431,12 +1444,9 @@ where
                     });
                     metrics::counter!("outbox_events_retried_total", "destination" => label())
                         .increment(1);
-                    warn!(
-                        event_id = %event.id,
-                        event_type = %event.event_type,
-                        aggregate_type = %event.aggregate_type,
-                        aggregate_id = %event.aggregate_id,
-                        idempotency_key = event.idempotency_key.as_deref().unwrap_or(""),
+                    event_line!(
+                        warn,
+                        event,
                         attempts = failed,
                         destination = sink,
                         retry_in_ms = delay.as_millis() as u64,
@@ -1474,12 +1484,9 @@ where
     }
 
     fn log_dead(&self, event: &Event, destination: &str, error: &str) {
-        warn!(
-            event_id = %event.id,
-            event_type = %event.event_type,
-            aggregate_type = %event.aggregate_type,
-            aggregate_id = %event.aggregate_id,
-            idempotency_key = event.idempotency_key.as_deref().unwrap_or(""),
+        event_line!(
+            warn,
+            event,
             attempts = event.attempts + 1,
             destination,
             error,
@@ -1499,61 +1506,75 @@ where
             released,
         } = settlement;
 
-        if !delivered.is_empty() {
-            let expected = delivered.len() as u64;
-            if let Some(done) = self
-                .with_retries("ack", give_up_at, || self.source.ack(lease, &delivered))
-                .await
-            {
-                add(&self.counters.delivered, done);
-                self.note_fenced("ack", expected, done);
-                self.settled(&delivered);
-            }
+        if let Some(done) = self
+            .write_part("ack", &delivered, give_up_at, || {
+                self.source.ack(lease, &delivered)
+            })
+            .await
+        {
+            add(&self.counters.delivered, done);
+            self.settled(&delivered);
         }
-        if !retries.is_empty() {
-            let expected = retries.len() as u64;
-            if let Some(done) = self
-                .with_retries("retry", give_up_at, || self.source.retry(lease, &retries))
-                .await
-            {
-                // Events that waited for an unavailable destination are counted as unavailable
-                // when settled, not as retries (attempts).
-                let waiting = retries.iter().filter(|r| !r.counts_attempt).count() as u64;
-                if self.config.stop_when_idle {
-                    let now = Instant::now();
-                    let mut retrying = self.retrying.lock().unwrap_or_else(|p| p.into_inner());
-                    for r in &retries {
-                        retrying.insert(r.seq, now + r.delay);
-                    }
+        if let Some(done) = self
+            .write_part("retry", &retries, give_up_at, || {
+                self.source.retry(lease, &retries)
+            })
+            .await
+        {
+            // Events that waited for an unavailable destination are counted as unavailable
+            // when settled, not as retries (attempts).
+            let waiting = retries.iter().filter(|r| !r.counts_attempt).count() as u64;
+            if self.config.stop_when_idle {
+                let now = Instant::now();
+                let mut retrying = self.retrying.lock().unwrap_or_else(|p| p.into_inner());
+                for r in &retries {
+                    retrying.insert(r.seq, now + r.delay);
                 }
-                add(&self.counters.retried, done.saturating_sub(waiting));
-                self.note_fenced("retry", expected, done);
             }
+            add(&self.counters.retried, done.saturating_sub(waiting));
         }
-        if !buries.is_empty() {
-            let expected = buries.len() as u64;
-            if let Some(done) = self
-                .with_retries("bury", give_up_at, || self.source.bury(lease, &buries))
-                .await
-            {
-                add(&self.counters.dead, done);
-                self.note_fenced("bury", expected, done);
-                let seqs: Vec<i64> = buries.iter().map(|b| b.seq).collect();
-                self.settled(&seqs);
-            }
+        if let Some(done) = self
+            .write_part("bury", &buries, give_up_at, || {
+                self.source.bury(lease, &buries)
+            })
+            .await
+        {
+            add(&self.counters.dead, done);
+            let seqs: Vec<i64> = buries.iter().map(|b| b.seq).collect();
+            self.settled(&seqs);
         }
-        if !released.is_empty() {
-            let expected = released.len() as u64;
-            if let Some(done) = self
-                .with_retries("release", give_up_at, || {
-                    self.source.release(lease, &released)
-                })
-                .await
-            {
-                add(&self.counters.released, done);
-                self.note_fenced("release", expected, done);
-            }
+        if let Some(done) = self
+            .write_part("release", &released, give_up_at, || {
+                self.source.release(lease, &released)
+            })
+            .await
+        {
+            add(&self.counters.released, done);
         }
+    }
+
+    /// One write of [`write_back`](Self::write_back), the same for acks, retries, burials and
+    /// releases: nothing to do without `items`; else the write, retried by `with_retries`, and
+    /// the rows it did not change counted as fenced (another relay owns them now). Returns the
+    /// rows changed, `None` when the write was given up.
+    async fn write_part<'a, T, F, Fut>(
+        &'a self,
+        what: &str,
+        items: &[T],
+        give_up_at: Instant,
+        op: F,
+    ) -> Option<u64>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<u64, StoreError>> + 'a,
+    {
+        if items.is_empty() {
+            return None;
+        }
+        let expected = items.len() as u64;
+        let done = self.with_retries(what, give_up_at, op).await?;
+        self.note_fenced(what, expected, done);
+        Some(done)
     }
 
     /// A drain's retried events that are now settled (acked or dead) no longer keep it waiting.

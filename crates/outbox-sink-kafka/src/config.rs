@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use outbox_types::routing::{CloudEventsKeys, Routing, Template};
+use outbox_types::routing::{Routing, Template};
 use outbox_types::sink_config::{self, default_destination};
 use outbox_types::{SinkError, humantime_duration};
 use rdkafka::ClientConfig;
@@ -17,7 +17,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
-pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
+pub use outbox_types::routing::BodyFormat;
 
 /// What a record's timestamp says (the `CreateTime` the broker stores and consumers, retention
 /// and time-based offset lookups read).
@@ -149,131 +149,89 @@ impl fmt::Display for PropertyValue {
     }
 }
 
-/// Settings of the Kafka sink, as read from the relay's configuration file.
-///
-/// Every field has a default: an empty table publishes raw JSON to `events.${event_type}` on
-/// `127.0.0.1:9092` with the idempotent producer.
-///
-/// ```
-/// let config: outbox_sink_kafka::KafkaSinkConfig = serde_json::from_str(r#"{
-///     "brokers": "k1:9092,k2:9092",
-///     "topic": "${aggregate_type}.events",
-///     "compression": "lz4",
-///     "linger": "10ms",
-///     "properties": { "queue.buffering.max.kbytes": 65536 }
-/// }"#).unwrap();
-/// assert_eq!(config.brokers, vec!["k1:9092".to_owned(), "k2:9092".to_owned()]);
-/// assert!(config.validate().is_ok());
-/// ```
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KafkaSinkConfig {
-    /// Bootstrap brokers as `host:port`, a list or one comma-separated string. Prefer IPv4
-    /// literals or names that resolve to the address the broker listens on.
-    #[serde(
+outbox_sink_common::config_struct! {
+    /// Settings of the Kafka sink, as read from the relay's configuration file.
+    ///
+    /// Every field has a default: an empty table publishes raw JSON to `events.${event_type}` on
+    /// `127.0.0.1:9092` with the idempotent producer.
+    ///
+    /// ```
+    /// let config: outbox_sink_kafka::KafkaSinkConfig = serde_json::from_str(r#"{
+    ///     "brokers": "k1:9092,k2:9092",
+    ///     "topic": "${aggregate_type}.events",
+    ///     "compression": "lz4",
+    ///     "linger": "10ms",
+    ///     "properties": { "queue.buffering.max.kbytes": 65536 }
+    /// }"#).unwrap();
+    /// assert_eq!(config.brokers, vec!["k1:9092".to_owned(), "k2:9092".to_owned()]);
+    /// assert!(config.validate().is_ok());
+    /// ```
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct KafkaSinkConfig {
+        /// Bootstrap brokers as `host:port`, a list or one comma-separated string. Prefer IPv4
+        /// literals or names that resolve to the address the broker listens on.
+        #[serde(
         deserialize_with = "string_or_list",
         serialize_with = "outbox_types::redact::serialize_url_list"
-    )]
-    pub brokers: Vec<String>,
-    /// Topic template for events that name no destination themselves.
-    pub topic: Template,
-    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
-    /// Event Router, for its consumers).
-    pub format: BodyFormat,
-    /// The records' timestamp: `publish_time` (default) or `occurred_at`.
-    pub record_timestamp: RecordTimestamp,
-    /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
-    /// `format = "cloudevents"`.
-    pub cloudevents_source: Option<String>,
-    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
-    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_mode: Option<CloudEventsMode>,
-    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
-    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_type_prefix: Option<String>,
-    /// Talk TLS to the brokers (`security.protocol` `ssl`, or `sasl_ssl` with a `user`).
-    pub tls: bool,
-    /// PEM file of the CA that signed the brokers' certificates (`ssl.ca.location`); the system
-    /// store when unset.
-    pub tls_ca_file: Option<String>,
-    /// SASL user; needs `password` or `password_env`.
-    pub user: Option<String>,
-    /// SASL password for `user`.
-    pub password: Option<Secret>,
-    /// Name of an environment variable holding the SASL password.
-    pub password_env: Option<String>,
-    /// `PLAIN` (default), `SCRAM-SHA-256` or `SCRAM-SHA-512`.
-    pub sasl_mechanism: SaslMechanism,
-    /// `client.id`, shown in broker logs and quotas.
-    pub client_id: String,
-    /// `none` (default), `gzip`, `snappy`, `lz4` or `zstd`.
-    pub compression: Compression,
-    /// How a key picks its partition (default `murmur2_random`, the Java producer's hash).
-    pub partitioner: Partitioner,
-    /// `allow.auto.create.topics`: let the broker create a missing topic on first use (when the
-    /// broker allows it too). With `false`, events for a missing topic are rejected.
-    pub allow_auto_create_topics: bool,
-    /// `linger.ms`: how long the producer waits to fill a record batch.
-    #[serde(with = "humantime_duration")]
-    pub linger: Duration,
-    /// `batch.size`: most bytes in one record batch.
-    pub batch_size: u32,
-    /// `batch.num.messages`: most records in one record batch.
-    pub batch_num_messages: u32,
-    /// `message.max.bytes`: the largest request the producer builds; a record larger than this
-    /// is rejected before it is sent. Keep it at or below the broker's and topic's limit.
-    pub max_message_bytes: Option<u32>,
-    /// `message.timeout.ms`: how long librdkafka may try to deliver one record (retries
-    /// included) before the sink answers `Retry`. Keep it below the relay's `publish_timeout`
-    /// so the reason recorded is the sink's, not a relay timeout.
-    #[serde(with = "humantime_duration")]
-    pub delivery_timeout: Duration,
-    /// `request.timeout.ms`: how long one produce request waits for the broker's answer.
-    #[serde(with = "humantime_duration")]
-    pub request_timeout: Duration,
-    /// `socket.connection.setup.timeout.ms`: TCP, TLS and SASL set-up of one broker connection
-    /// (at least 1s).
-    #[serde(with = "humantime_duration")]
-    pub connect_timeout: Duration,
-    /// Further librdkafka properties, passed through as they are (e.g.
-    /// `"queue.buffering.max.kbytes" = 65536`). Properties the sink sets from the settings above
-    /// cannot be given here, and the ones its guarantees rest on (`enable.idempotence`, `acks`)
-    /// cannot be changed at all.
-    #[serde(serialize_with = "masked_properties")]
-    pub properties: BTreeMap<String, PropertyValue>,
-}
-
-impl Default for KafkaSinkConfig {
-    fn default() -> Self {
-        KafkaSinkConfig {
-            brokers: vec!["127.0.0.1:9092".to_owned()],
-            topic: default_destination(),
-            format: BodyFormat::Raw,
-            record_timestamp: RecordTimestamp::PublishTime,
-            cloudevents_source: None,
-            cloudevents_mode: None,
-            cloudevents_type_prefix: None,
-            tls: false,
-            tls_ca_file: None,
-            user: None,
-            password: None,
-            password_env: None,
-            sasl_mechanism: SaslMechanism::Plain,
-            client_id: "outbox-relay".to_owned(),
-            compression: Compression::None,
-            partitioner: Partitioner::Murmur2Random,
-            allow_auto_create_topics: true,
-            linger: Duration::from_millis(5),
-            batch_size: 1_000_000,
-            batch_num_messages: 10_000,
-            max_message_bytes: None,
-            delivery_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-            properties: BTreeMap::new(),
-        }
+        )]
+        pub brokers: Vec<String> = vec!["127.0.0.1:9092".to_owned()],
+        /// Topic template for events that name no destination themselves.
+        pub topic: Template = default_destination(),
+        @format,
+        /// The records' timestamp: `publish_time` (default) or `occurred_at`.
+        pub record_timestamp: RecordTimestamp = RecordTimestamp::PublishTime,
+        @cloudevents,
+        /// Talk TLS to the brokers (`security.protocol` `ssl`, or `sasl_ssl` with a `user`).
+        pub tls: bool = false,
+        /// PEM file of the CA that signed the brokers' certificates (`ssl.ca.location`); the system
+        /// store when unset.
+        pub tls_ca_file: Option<String> = None,
+        /// SASL user; needs `password` or `password_env`.
+        pub user: Option<String> = None,
+        /// SASL password for `user`.
+        pub password: Option<Secret> = None,
+        /// Name of an environment variable holding the SASL password.
+        pub password_env: Option<String> = None,
+        /// `PLAIN` (default), `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+        pub sasl_mechanism: SaslMechanism = SaslMechanism::Plain,
+        /// `client.id`, shown in broker logs and quotas.
+        pub client_id: String = "outbox-relay".to_owned(),
+        /// `none` (default), `gzip`, `snappy`, `lz4` or `zstd`.
+        pub compression: Compression = Compression::None,
+        /// How a key picks its partition (default `murmur2_random`, the Java producer's hash).
+        pub partitioner: Partitioner = Partitioner::Murmur2Random,
+        /// `allow.auto.create.topics`: let the broker create a missing topic on first use (when the
+        /// broker allows it too). With `false`, events for a missing topic are rejected.
+        pub allow_auto_create_topics: bool = true,
+        /// `linger.ms`: how long the producer waits to fill a record batch.
+        #[serde(with = "humantime_duration")]
+        pub linger: Duration = Duration::from_millis(5),
+        /// `batch.size`: most bytes in one record batch.
+        pub batch_size: u32 = 1_000_000,
+        /// `batch.num.messages`: most records in one record batch.
+        pub batch_num_messages: u32 = 10_000,
+        /// `message.max.bytes`: the largest request the producer builds; a record larger than this
+        /// is rejected before it is sent. Keep it at or below the broker's and topic's limit.
+        pub max_message_bytes: Option<u32> = None,
+        /// `message.timeout.ms`: how long librdkafka may try to deliver one record (retries
+        /// included) before the sink answers `Retry`. Keep it below the relay's `publish_timeout`
+        /// so the reason recorded is the sink's, not a relay timeout.
+        #[serde(with = "humantime_duration")]
+        pub delivery_timeout: Duration = Duration::from_secs(5),
+        /// `request.timeout.ms`: how long one produce request waits for the broker's answer.
+        #[serde(with = "humantime_duration")]
+        pub request_timeout: Duration = Duration::from_secs(5),
+        /// `socket.connection.setup.timeout.ms`: TCP, TLS and SASL set-up of one broker connection
+        /// (at least 1s).
+        #[serde(with = "humantime_duration")]
+        pub connect_timeout: Duration = Duration::from_secs(5),
+        /// Further librdkafka properties, passed through as they are (e.g.
+        /// `"queue.buffering.max.kbytes" = 65536`). Properties the sink sets from the settings above
+        /// cannot be given here, and the ones its guarantees rest on (`enable.idempotence`, `acks`)
+        /// cannot be changed at all.
+        #[serde(serialize_with = "masked_properties")]
+        pub properties: BTreeMap<String, PropertyValue> = BTreeMap::new(),
     }
 }
 
@@ -355,15 +313,7 @@ fn millis(d: Duration) -> String {
 impl KafkaSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        sink_config::routing(
-            self.topic.clone(),
-            self.format,
-            CloudEventsKeys {
-                source: self.cloudevents_source.as_deref(),
-                mode: self.cloudevents_mode,
-                type_prefix: self.cloudevents_type_prefix.as_deref(),
-            },
-        )
+        sink_config::routing(self.topic.clone(), self.format, self.cloudevents_keys())
     }
 
     /// Check every setting without connecting anywhere.

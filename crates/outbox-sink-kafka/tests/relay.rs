@@ -15,15 +15,7 @@ use outbox_types::{NewEvent, Sink, Store};
 use rdkafka::Message;
 
 fn relay_config(batch_size: u32) -> RelayConfig {
-    RelayConfig {
-        relay_id: "kafka-test".into(),
-        batch_size,
-        poll_interval: Duration::from_millis(20),
-        lease: Duration::from_secs(30),
-        publish_timeout: Duration::from_secs(10),
-        stop_when_idle: true,
-        ..RelayConfig::default()
-    }
+    common::drain_relay_config("kafka-test", batch_size)
 }
 
 fn sink_config(brokers: &str, topic_template: &str) -> KafkaSinkConfig {
@@ -51,14 +43,9 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     let store = Arc::new(common::fresh_store().await);
     let aggregates = 12u64;
     let per_aggregate = 15u64;
-    let mut committed = common::numbered_batch(aggregates, per_aggregate);
-    let audit = NewEvent::from_json("audit", "x", "AuditWritten", r#"{"who":"me"}"#)
-        .unwrap()
-        .with_destination(own_topic.clone());
-    committed.push(audit.clone());
-    let ghosts: Vec<NewEvent> = (0..20).map(|n| numbered("ghost", n)).collect();
-
-    common::enqueue_ghosts_between(&store, &committed, &ghosts).await;
+    let (committed, audit) =
+        common::enqueue_numbered_and_audit(&store, aggregates, per_aggregate, own_topic.clone())
+            .await;
 
     let sink = Arc::new(
         KafkaSink::connect(sink_config(
@@ -95,11 +82,8 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
         "exactly the committed events, once each"
     );
 
-    let by_id: HashMap<String, &NewEvent> =
-        committed.iter().map(|e| (e.id().to_string(), e)).collect();
+    let mut arrivals = common::Arrivals::new(&committed);
     let mut partition_of: HashMap<String, i32> = HashMap::new();
-    let mut last_n: HashMap<String, i64> = HashMap::new();
-    let mut seen = HashSet::new();
     // Records of one partition come back in offset order; an aggregate lives in one partition.
     let mut by_partition: BTreeMap<i32, Vec<&rdkafka::message::OwnedMessage>> = BTreeMap::new();
     for m in &messages {
@@ -112,10 +96,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     for (partition, records) in by_partition {
         for m in records {
             let id = common::header(m, "outbox-event-id").expect("event id header");
-            let event = by_id
-                .get(&id)
-                .unwrap_or_else(|| panic!("unexpected event {id}"));
-            assert!(seen.insert(id.clone()), "event {id} arrived twice");
+            let event = arrivals.arrived(&id);
             let key = std::str::from_utf8(m.key().unwrap()).unwrap();
             assert_eq!(key, event.aggregate_id(), "key = aggregate id");
             assert_eq!(
@@ -148,17 +129,10 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
                 previous.is_none_or(|p| p == partition),
                 "aggregate {key} is spread over partitions {previous:?} and {partition}"
             );
-            let body: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
-            let n = body["n"].as_i64().unwrap();
-            let last = last_n.insert(key.to_owned(), n);
-            assert_eq!(last.map_or(0, |l| l + 1), n, "aggregate {key} out of order");
+            arrivals.in_order(key, m.payload().unwrap());
         }
     }
-    assert_eq!(last_n.len(), aggregates as usize);
-    assert!(
-        !last_n.contains_key("ghost"),
-        "a rolled-back event was published"
-    );
+    arrivals.assert_complete(aggregates);
 
     let audits = common::consume(
         common::BROKERS,
@@ -216,24 +190,7 @@ async fn a_broker_that_is_down_keeps_events_pending_until_it_comes_up() {
 
     // While the broker is down: nothing delivered, failures recorded on the rows, at most one
     // attempt counted.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let first = store.get(events[0].id()).await.unwrap().unwrap();
-        if first.last_error.is_some() {
-            outbox_sink_tests::assert_outage_cost_no_attempt(
-                &store,
-                events[0].id(),
-                &[&brokers, &topic],
-            )
-            .await;
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no failed attempt recorded: {first:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::outage_recorded_at_no_cost(&store, events[0].id(), &[&brokers, &topic]).await;
     assert_eq!(counters.report().delivered, 0);
     assert_eq!(store.stats().await.unwrap().delivered, 0);
     assert_eq!(store.stats().await.unwrap().dead, 0);

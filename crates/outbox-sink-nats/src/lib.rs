@@ -73,9 +73,10 @@ use async_nats::jetstream::{self, context::GetStreamByNameErrorKind, context::Pu
 use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
+use outbox_sink_common::unique_headers;
 use outbox_tls::ensure_crypto_provider;
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{Binding, CloudEventsKeys, Routing, Template};
+use outbox_types::routing::{Binding, Routing, Template};
 use outbox_types::sink_config::{self, config_error, default_destination};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use serde::{Deserialize, Serialize};
@@ -90,120 +91,73 @@ pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
 /// [`outbox_types::redact::Secret`], re-exported under this crate's name).
 pub use outbox_types::redact::Secret;
 
-/// Settings of the NATS sink, as read from the relay's configuration file.
-///
-/// Every field has a default: an empty table publishes raw JSON to `events.${event_type}` on
-/// `nats://127.0.0.1:4222` and expects a stream capturing those subjects to exist.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NatsSinkConfig {
-    /// NATS server URLs (`nats://host:4222`, `tls://host:4222`); the client picks one and fails
-    /// over to the others. Printed with passwords and tokens masked.
-    #[serde(serialize_with = "outbox_types::redact::serialize_url_list")]
-    pub servers: Vec<String>,
-    /// Subject template for events that name no destination themselves.
-    pub subject: Template,
-    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
-    /// Event Router, for its consumers).
-    pub format: BodyFormat,
-    /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
-    /// `format = "cloudevents"`.
-    pub cloudevents_source: Option<String>,
-    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
-    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_mode: Option<CloudEventsMode>,
-    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
-    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_type_prefix: Option<String>,
-    /// Send the header names of earlier releases (`Content-Type` instead of `content-type`)
-    /// for consumers that look them up with case; default `false`.
-    pub legacy_headers: bool,
-    /// Require TLS on every connection (also implied by a `tls://` URL).
-    pub tls: bool,
-    /// A PEM file of CA certificates to trust instead of the system's roots (a private CA).
-    pub tls_ca_file: Option<std::path::PathBuf>,
-    /// User name, with `password` or `password_env`.
-    pub user: Option<String>,
-    /// Password for `user`.
-    pub password: Option<Secret>,
-    /// Name of an environment variable holding the password.
-    pub password_env: Option<String>,
-    /// Authentication token (instead of user and password).
-    pub token: Option<Secret>,
-    /// Name of an environment variable holding the token.
-    pub token_env: Option<String>,
-    /// Client name shown by `nats server report connections`.
-    pub client_name: String,
-    /// Longest wait for one connection attempt; also how long a publish waits for a connection
-    /// that is being (re-)established before it answers `Retry`.
-    #[serde(with = "humantime_duration")]
-    pub connect_timeout: Duration,
-    /// Longest wait for a `PubAck` (and for JetStream API calls). Keep it below the relay's
-    /// `publish_timeout`, so the sink reports why instead of the relay reporting a timeout.
-    #[serde(with = "humantime_duration")]
-    pub ack_timeout: Duration,
-    /// Longest pause between two reconnection attempts while the server is unreachable.
-    #[serde(with = "humantime_duration")]
-    pub max_reconnect_delay: Duration,
-    /// JetStream domain, when the stream lives in another domain (leaf nodes).
-    pub domain: Option<String>,
-    /// Create the stream `stream_name` (capturing `stream_subjects`) if it does not exist.
-    pub create_stream: bool,
-    /// Name of the stream created with `create_stream`.
-    pub stream_name: String,
-    /// Subjects of the stream created with `create_stream`. Empty: derived from `subject`
-    /// (`orders.${event_type}` gives `orders.>`).
-    pub stream_subjects: Vec<String>,
-    /// Duplicate window of the stream created with `create_stream`: how long JetStream remembers
-    /// a `Nats-Msg-Id` to drop a redelivered event.
-    #[serde(with = "humantime_duration")]
-    pub duplicate_window: Duration,
-}
-
-impl Default for NatsSinkConfig {
-    fn default() -> Self {
-        NatsSinkConfig {
-            servers: vec!["nats://127.0.0.1:4222".to_owned()],
-            subject: default_destination(),
-            format: BodyFormat::Raw,
-            cloudevents_source: None,
-            cloudevents_mode: None,
-            cloudevents_type_prefix: None,
-            legacy_headers: false,
-            tls: false,
-            tls_ca_file: None,
-            user: None,
-            password: None,
-            password_env: None,
-            token: None,
-            token_env: None,
-            client_name: "outbox-relay".to_owned(),
-            connect_timeout: Duration::from_secs(5),
-            ack_timeout: Duration::from_secs(5),
-            max_reconnect_delay: Duration::from_secs(2),
-            domain: None,
-            create_stream: false,
-            stream_name: "OUTBOX".to_owned(),
-            stream_subjects: Vec::new(),
-            duplicate_window: Duration::from_secs(120),
-        }
+outbox_sink_common::config_struct! {
+    /// Settings of the NATS sink, as read from the relay's configuration file.
+    ///
+    /// Every field has a default: an empty table publishes raw JSON to `events.${event_type}` on
+    /// `nats://127.0.0.1:4222` and expects a stream capturing those subjects to exist.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct NatsSinkConfig {
+        /// NATS server URLs (`nats://host:4222`, `tls://host:4222`); the client picks one and fails
+        /// over to the others. Printed with passwords and tokens masked.
+        #[serde(serialize_with = "outbox_types::redact::serialize_url_list")]
+        pub servers: Vec<String> = vec!["nats://127.0.0.1:4222".to_owned()],
+        /// Subject template for events that name no destination themselves.
+        pub subject: Template = default_destination(),
+        @format,
+        @cloudevents,
+        /// Send the header names of earlier releases (`Content-Type` instead of `content-type`)
+        /// for consumers that look them up with case; default `false`.
+        pub legacy_headers: bool = false,
+        /// Require TLS on every connection (also implied by a `tls://` URL).
+        pub tls: bool = false,
+        /// A PEM file of CA certificates to trust instead of the system's roots (a private CA).
+        pub tls_ca_file: Option<std::path::PathBuf> = None,
+        /// User name, with `password` or `password_env`.
+        pub user: Option<String> = None,
+        /// Password for `user`.
+        pub password: Option<Secret> = None,
+        /// Name of an environment variable holding the password.
+        pub password_env: Option<String> = None,
+        /// Authentication token (instead of user and password).
+        pub token: Option<Secret> = None,
+        /// Name of an environment variable holding the token.
+        pub token_env: Option<String> = None,
+        /// Client name shown by `nats server report connections`.
+        pub client_name: String = "outbox-relay".to_owned(),
+        /// Longest wait for one connection attempt; also how long a publish waits for a connection
+        /// that is being (re-)established before it answers `Retry`.
+        #[serde(with = "humantime_duration")]
+        pub connect_timeout: Duration = Duration::from_secs(5),
+        /// Longest wait for a `PubAck` (and for JetStream API calls). Keep it below the relay's
+        /// `publish_timeout`, so the sink reports why instead of the relay reporting a timeout.
+        #[serde(with = "humantime_duration")]
+        pub ack_timeout: Duration = Duration::from_secs(5),
+        /// Longest pause between two reconnection attempts while the server is unreachable.
+        #[serde(with = "humantime_duration")]
+        pub max_reconnect_delay: Duration = Duration::from_secs(2),
+        /// JetStream domain, when the stream lives in another domain (leaf nodes).
+        pub domain: Option<String> = None,
+        /// Create the stream `stream_name` (capturing `stream_subjects`) if it does not exist.
+        pub create_stream: bool = false,
+        /// Name of the stream created with `create_stream`.
+        pub stream_name: String = "OUTBOX".to_owned(),
+        /// Subjects of the stream created with `create_stream`. Empty: derived from `subject`
+        /// (`orders.${event_type}` gives `orders.>`).
+        pub stream_subjects: Vec<String> = Vec::new(),
+        /// Duplicate window of the stream created with `create_stream`: how long JetStream remembers
+        /// a `Nats-Msg-Id` to drop a redelivered event.
+        #[serde(with = "humantime_duration")]
+        pub duplicate_window: Duration = Duration::from_secs(120),
     }
 }
 
 impl NatsSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let routing = sink_config::routing(
-            self.subject.clone(),
-            self.format,
-            CloudEventsKeys {
-                source: self.cloudevents_source.as_deref(),
-                mode: self.cloudevents_mode,
-                type_prefix: self.cloudevents_type_prefix.as_deref(),
-            },
-        )?;
+        let routing =
+            sink_config::routing(self.subject.clone(), self.format, self.cloudevents_keys())?;
         let subject = self.subject.as_str();
         if subject.chars().any(char::is_whitespace)
             || subject.starts_with('.')
@@ -520,17 +474,6 @@ impl NatsSink {
             }
         }
     }
-}
-
-/// The routing headers with each name kept once, first occurrence wins, names compared without
-/// case. The event's own headers come after the standard ones, so an own `Outbox-Event-Id`
-/// (which routing's case-sensitive `outbox-` filter lets through) cannot shadow the real one.
-fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
-    let mut seen = std::collections::HashSet::with_capacity(headers.len());
-    headers
-        .into_iter()
-        .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
-        .collect()
 }
 
 /// A stream subject pattern covering `subject`: its first token and `>`.

@@ -9,14 +9,14 @@ use std::time::Duration;
 use lapin::ExchangeKind;
 use lapin::uri::{AMQPScheme, AMQPUri};
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{CloudEventsKeys, Routing, Template};
+use outbox_types::routing::{Routing, Template};
 use outbox_types::sink_config;
 use outbox_types::{SinkError, humantime_duration};
 use serde::{Deserialize, Serialize};
 
 /// The body format named in configuration (`raw`, `cloudevents` or `debezium`), shared by
 /// every sink.
-pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
+pub use outbox_types::routing::BodyFormat;
 
 /// The type of the exchanges created with `declare = true`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -61,117 +61,78 @@ pub enum Unroutable {
 /// [`outbox_types::redact::Secret`], re-exported under this crate's name).
 pub use outbox_types::redact::Secret;
 
-/// Settings of the RabbitMQ sink, as read from the relay's configuration file.
-///
-/// Every field has a default: an empty table publishes raw JSON, persistent and mandatory, to
-/// the existing exchange `outbox` on `amqp://127.0.0.1:5672/%2f` with routing key
-/// `${event_type}`, as guest/guest.
-///
-/// ```
-/// let config: outbox_sink_rabbitmq::RabbitMqSinkConfig = serde_json::from_str(r#"{
-///     "url": "amqp://rabbit:5672/orders",
-///     "user": "relay",
-///     "password": "secret",
-///     "exchange": "${aggregate_type}.events",
-///     "routing_key": "${event_type}",
-///     "declare": true,
-///     "confirm_timeout": "5s"
-/// }"#).unwrap();
-/// assert!(config.validate().is_ok());
-/// ```
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RabbitMqSinkConfig {
-    /// `amqp://host:port/vhost` (`%2f` is the vhost `/`), or `amqps://` for TLS. Credentials are
-    /// best given with `user` and `password_env` instead of inside the URL. Printed with its
-    /// password masked.
-    #[serde(serialize_with = "outbox_types::redact::serialize_url")]
-    pub url: String,
-    /// Talk TLS: turns an `amqp://` URL into `amqps://` (port 5672 becomes 5671).
-    pub tls: bool,
-    /// PEM file of the CA that signed the broker's certificate; the system store when unset.
-    pub tls_ca_file: Option<String>,
-    /// AMQP user (PLAIN); `guest` when neither this nor the URL names one.
-    pub user: Option<String>,
-    /// Password for `user`.
-    pub password: Option<Secret>,
-    /// Name of an environment variable holding the password.
-    pub password_env: Option<String>,
-    /// Connection name shown in the management UI.
-    pub client_name: String,
-    /// Exchange template (e.g. `outbox`, `${aggregate_type}.events`); `""` is the default
-    /// exchange, which routes on queue names.
-    pub exchange: String,
-    /// Routing-key template for events that name no destination themselves. An event's own
-    /// destination is its routing key.
-    pub routing_key: Template,
-    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
-    /// Event Router, for its consumers).
-    pub format: BodyFormat,
-    /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
-    /// `format = "cloudevents"`.
-    pub cloudevents_source: Option<String>,
-    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
-    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_mode: Option<CloudEventsMode>,
-    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
-    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_type_prefix: Option<String>,
-    /// Publish with `mandatory`, so a message no queue receives comes back instead of vanishing.
-    pub mandatory: bool,
-    /// What a message returned as unroutable counts as: `retry` (default) or `reject`. Never
-    /// delivered.
-    pub unroutable: Unroutable,
-    /// `delivery_mode = 2`: durable queues keep the message across a broker restart.
-    pub persistent: bool,
-    /// Create each exchange (durable, of `exchange_type`) on first use. Off by default: the sink
-    /// declares nothing and expects the exchanges to exist.
-    pub declare: bool,
-    /// Type of the exchanges created with `declare = true`.
-    pub exchange_type: ExchangeType,
-    /// Longest wait for the TCP, TLS and AMQP handshake of one connection attempt.
-    #[serde(with = "humantime_duration")]
-    pub connect_timeout: Duration,
-    /// Longest wait for the publisher confirms of a batch. Keep it below the relay's
-    /// `publish_timeout`, so the reason recorded is the sink's.
-    #[serde(with = "humantime_duration")]
-    pub confirm_timeout: Duration,
-    /// AMQP heartbeat interval (a dead connection is noticed after about twice this).
-    #[serde(with = "humantime_duration")]
-    pub heartbeat: Duration,
-    /// Largest body published; a larger event is rejected before it is sent. RabbitMQ's own
-    /// limit (`max_message_size`) is 128 MiB by default.
-    pub max_message_bytes: u64,
-}
-
-impl Default for RabbitMqSinkConfig {
-    fn default() -> Self {
-        RabbitMqSinkConfig {
-            url: "amqp://127.0.0.1:5672/%2f".to_owned(),
-            tls: false,
-            tls_ca_file: None,
-            user: None,
-            password: None,
-            password_env: None,
-            client_name: "outbox-relay".to_owned(),
-            exchange: "outbox".to_owned(),
-            routing_key: default_routing_key(),
-            format: BodyFormat::Raw,
-            cloudevents_source: None,
-            cloudevents_mode: None,
-            cloudevents_type_prefix: None,
-            mandatory: true,
-            unroutable: Unroutable::Retry,
-            persistent: true,
-            declare: false,
-            exchange_type: ExchangeType::Topic,
-            connect_timeout: Duration::from_secs(5),
-            confirm_timeout: Duration::from_secs(5),
-            heartbeat: Duration::from_secs(10),
-            max_message_bytes: 128 * 1024 * 1024,
-        }
+outbox_sink_common::config_struct! {
+    /// Settings of the RabbitMQ sink, as read from the relay's configuration file.
+    ///
+    /// Every field has a default: an empty table publishes raw JSON, persistent and mandatory, to
+    /// the existing exchange `outbox` on `amqp://127.0.0.1:5672/%2f` with routing key
+    /// `${event_type}`, as guest/guest.
+    ///
+    /// ```
+    /// let config: outbox_sink_rabbitmq::RabbitMqSinkConfig = serde_json::from_str(r#"{
+    ///     "url": "amqp://rabbit:5672/orders",
+    ///     "user": "relay",
+    ///     "password": "secret",
+    ///     "exchange": "${aggregate_type}.events",
+    ///     "routing_key": "${event_type}",
+    ///     "declare": true,
+    ///     "confirm_timeout": "5s"
+    /// }"#).unwrap();
+    /// assert!(config.validate().is_ok());
+    /// ```
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct RabbitMqSinkConfig {
+        /// `amqp://host:port/vhost` (`%2f` is the vhost `/`), or `amqps://` for TLS. Credentials are
+        /// best given with `user` and `password_env` instead of inside the URL. Printed with its
+        /// password masked.
+        #[serde(serialize_with = "outbox_types::redact::serialize_url")]
+        pub url: String = "amqp://127.0.0.1:5672/%2f".to_owned(),
+        /// Talk TLS: turns an `amqp://` URL into `amqps://` (port 5672 becomes 5671).
+        pub tls: bool = false,
+        /// PEM file of the CA that signed the broker's certificate; the system store when unset.
+        pub tls_ca_file: Option<String> = None,
+        /// AMQP user (PLAIN); `guest` when neither this nor the URL names one.
+        pub user: Option<String> = None,
+        /// Password for `user`.
+        pub password: Option<Secret> = None,
+        /// Name of an environment variable holding the password.
+        pub password_env: Option<String> = None,
+        /// Connection name shown in the management UI.
+        pub client_name: String = "outbox-relay".to_owned(),
+        /// Exchange template (e.g. `outbox`, `${aggregate_type}.events`); `""` is the default
+        /// exchange, which routes on queue names.
+        pub exchange: String = "outbox".to_owned(),
+        /// Routing-key template for events that name no destination themselves. An event's own
+        /// destination is its routing key.
+        pub routing_key: Template = default_routing_key(),
+        @format,
+        @cloudevents,
+        /// Publish with `mandatory`, so a message no queue receives comes back instead of vanishing.
+        pub mandatory: bool = true,
+        /// What a message returned as unroutable counts as: `retry` (default) or `reject`. Never
+        /// delivered.
+        pub unroutable: Unroutable = Unroutable::Retry,
+        /// `delivery_mode = 2`: durable queues keep the message across a broker restart.
+        pub persistent: bool = true,
+        /// Create each exchange (durable, of `exchange_type`) on first use. Off by default: the sink
+        /// declares nothing and expects the exchanges to exist.
+        pub declare: bool = false,
+        /// Type of the exchanges created with `declare = true`.
+        pub exchange_type: ExchangeType = ExchangeType::Topic,
+        /// Longest wait for the TCP, TLS and AMQP handshake of one connection attempt.
+        #[serde(with = "humantime_duration")]
+        pub connect_timeout: Duration = Duration::from_secs(5),
+        /// Longest wait for the publisher confirms of a batch. Keep it below the relay's
+        /// `publish_timeout`, so the reason recorded is the sink's.
+        #[serde(with = "humantime_duration")]
+        pub confirm_timeout: Duration = Duration::from_secs(5),
+        /// AMQP heartbeat interval (a dead connection is noticed after about twice this).
+        #[serde(with = "humantime_duration")]
+        pub heartbeat: Duration = Duration::from_secs(10),
+        /// Largest body published; a larger event is rejected before it is sent. RabbitMQ's own
+        /// limit (`max_message_size`) is 128 MiB by default.
+        pub max_message_bytes: u64 = 128 * 1024 * 1024,
     }
 }
 
@@ -199,11 +160,7 @@ impl RabbitMqSinkConfig {
         sink_config::routing(
             self.routing_key.clone(),
             self.format,
-            CloudEventsKeys {
-                source: self.cloudevents_source.as_deref(),
-                mode: self.cloudevents_mode,
-                type_prefix: self.cloudevents_type_prefix.as_deref(),
-            },
+            self.cloudevents_keys(),
         )
     }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,15 +14,7 @@ use outbox_testkit::{TcpProxy, numbered};
 use outbox_types::{NewEvent, RetryPolicy, Sink, Store};
 
 fn relay_config(batch_size: u32) -> RelayConfig {
-    RelayConfig {
-        relay_id: "rabbitmq-test".into(),
-        batch_size,
-        poll_interval: Duration::from_millis(20),
-        lease: Duration::from_secs(30),
-        publish_timeout: Duration::from_secs(10),
-        stop_when_idle: true,
-        ..RelayConfig::default()
-    }
+    common::drain_relay_config("rabbitmq-test", batch_size)
 }
 
 fn sink_config(json: serde_json::Value) -> RabbitMqSinkConfig {
@@ -55,14 +47,9 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
 
     let aggregates = 10u64;
     let per_aggregate = 20u64;
-    let mut committed = common::numbered_batch(aggregates, per_aggregate);
-    let audit = NewEvent::from_json("audit", "x", "AuditWritten", r#"{"who":"me"}"#)
-        .unwrap()
-        .with_destination("audit.special");
-    committed.push(audit.clone());
-    let ghosts: Vec<NewEvent> = (0..20).map(|n| numbered("ghost", n)).collect();
-
-    common::enqueue_ghosts_between(&store, &committed, &ghosts).await;
+    let (committed, audit) =
+        common::enqueue_numbered_and_audit(&store, aggregates, per_aggregate, "audit.special")
+            .await;
 
     let report = Relay::new(store.clone(), sink, relay_config(40))
         .run(std::future::pending())
@@ -76,10 +63,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
         expected,
         "exactly the committed events, once each"
     );
-    let by_id: HashMap<String, &NewEvent> =
-        committed.iter().map(|e| (e.id().to_string(), e)).collect();
-    let mut seen = HashSet::new();
-    let mut last_n: HashMap<String, i64> = HashMap::new();
+    let mut arrivals = common::Arrivals::new(&committed);
     for m in &messages {
         let id = m
             .properties
@@ -87,10 +71,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
             .as_ref()
             .expect("message_id = event id")
             .to_string();
-        let event = by_id
-            .get(&id)
-            .unwrap_or_else(|| panic!("unexpected message {id}"));
-        assert!(seen.insert(id.clone()), "event {id} arrived twice");
+        let event = arrivals.arrived(&id);
         assert_eq!(common::header(m, "outbox-event-id"), Some(id.clone()));
         assert_eq!(*m.properties.delivery_mode(), Some(2), "persistent");
         assert_eq!(
@@ -112,21 +93,9 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
             common::header(m, "outbox-idempotency-key").as_deref(),
             event.idempotency_key()
         );
-        let body: serde_json::Value = serde_json::from_slice(&m.data).unwrap();
-        let n = body["n"].as_i64().unwrap();
-        let last = last_n.insert(event.aggregate_id().to_owned(), n);
-        assert_eq!(
-            last.map_or(0, |l| l + 1),
-            n,
-            "aggregate {} out of order",
-            event.aggregate_id()
-        );
+        arrivals.in_order(event.aggregate_id(), &m.data);
     }
-    assert_eq!(last_n.len(), aggregates as usize);
-    assert!(
-        !last_n.contains_key("ghost"),
-        "a rolled-back event was published"
-    );
+    arrivals.assert_complete(aggregates);
 
     let audits = rabbit.drain_expecting(&audit_queue, 1).await;
     assert_eq!(
@@ -181,21 +150,9 @@ async fn a_cut_connection_keeps_events_pending_until_rabbitmq_is_reachable_again
         common::dead_after_three_quick_attempts(relay_config(10)),
     );
     let wait_delivered = |n: u64| {
-        let store = store.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            loop {
-                let stats = store.stats().await.unwrap();
-                if stats.delivered == n {
-                    return;
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "not delivered: {stats:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+        common::wait_for_stats(&store, Duration::from_secs(60), "delivered", move |s| {
+            s.delivered == n
+        })
     };
     wait_delivered(20).await;
 
@@ -205,21 +162,8 @@ async fn a_cut_connection_keeps_events_pending_until_rabbitmq_is_reachable_again
         .map(|i| numbered(&format!("c{}", i % 4), i / 4))
         .collect();
     common::enqueue_committed(&store, &after).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let record = store.get(after[0].id()).await.unwrap().unwrap();
-        if record.last_error.is_some() {
-            let broker = format!("127.0.0.1:{}", proxy.addr().port());
-            outbox_sink_tests::assert_outage_cost_no_attempt(&store, after[0].id(), &[&broker])
-                .await;
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no failed attempt recorded: {record:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let broker = format!("127.0.0.1:{}", proxy.addr().port());
+    common::outage_recorded_at_no_cost(&store, after[0].id(), &[&broker]).await;
     let during = store.stats().await.unwrap();
     assert_eq!(during.delivered, 20, "{during:?}");
     assert_eq!(during.dead, 0, "{during:?}");

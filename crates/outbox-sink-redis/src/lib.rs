@@ -69,9 +69,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_sink_common::unique_headers;
 use outbox_tls::ensure_crypto_provider;
 use outbox_types::redact::redact_url as redact;
-use outbox_types::routing::{CloudEventsKeys, Routing, Template};
+use outbox_types::routing::{Routing, Template};
 use outbox_types::sink_config::{self, config_error, default_destination};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use redis::aio::MultiplexedConnection;
@@ -88,94 +89,52 @@ pub use outbox_types::routing::{BodyFormat, CloudEventsMode};
 /// [`outbox_types::redact::Secret`], re-exported under this crate's name).
 pub use outbox_types::redact::Secret;
 
-/// Settings of the Redis sink, as read from the relay's configuration file.
-///
-/// Every field has a default: an empty table appends raw JSON to the stream
-/// `events.${event_type}` on `redis://127.0.0.1:6379`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RedisSinkConfig {
-    /// `redis://[user[:password]@]host[:port][/db]`; `rediss://` for TLS. Printed with its
-    /// password masked.
-    #[serde(serialize_with = "outbox_types::redact::serialize_url")]
-    pub url: String,
-    /// Stream key template for events that name no destination themselves.
-    pub stream: Template,
-    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
-    /// Event Router, for its consumers).
-    pub format: BodyFormat,
-    /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
-    /// `format = "cloudevents"`.
-    pub cloudevents_source: Option<String>,
-    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
-    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_mode: Option<CloudEventsMode>,
-    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
-    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_type_prefix: Option<String>,
-    /// Trim each stream to about this many entries (`XADD … MAXLEN ~ N`); unset keeps everything.
-    pub maxlen: Option<u64>,
-    /// Use TLS even when the URL says `redis://` (a `rediss://` URL always does).
-    pub tls: bool,
-    /// ACL user name (overrides the URL's); `user`, as in every sink.
-    pub user: Option<String>,
-    /// The old spelling of `user`: still read, with a deprecation warning.
-    #[serde(skip_serializing)]
-    pub username: Option<String>,
-    /// Password (overrides the URL's).
-    pub password: Option<Secret>,
-    /// Name of an environment variable holding the password.
-    pub password_env: Option<String>,
-    /// Connection name shown by `CLIENT LIST` (`CLIENT SETNAME`); no spaces.
-    pub client_name: String,
-    /// Longest wait to connect.
-    #[serde(with = "humantime_duration")]
-    pub connect_timeout: Duration,
-    /// Longest wait for the replies of one batch. Keep it below the relay's `publish_timeout`.
-    #[serde(with = "humantime_duration")]
-    pub response_timeout: Duration,
-    /// Largest entry (sum of its field sizes) to send; a larger event is rejected instead of
-    /// bloating Redis' memory.
-    pub max_message_bytes: usize,
-}
-
-impl Default for RedisSinkConfig {
-    fn default() -> Self {
-        RedisSinkConfig {
-            url: "redis://127.0.0.1:6379".to_owned(),
-            stream: default_destination(),
-            format: BodyFormat::Raw,
-            cloudevents_source: None,
-            cloudevents_mode: None,
-            cloudevents_type_prefix: None,
-            maxlen: None,
-            tls: false,
-            user: None,
-            username: None,
-            password: None,
-            password_env: None,
-            client_name: "outbox-relay".to_owned(),
-            connect_timeout: Duration::from_secs(5),
-            response_timeout: Duration::from_secs(5),
-            max_message_bytes: 16 * 1024 * 1024,
-        }
+outbox_sink_common::config_struct! {
+    /// Settings of the Redis sink, as read from the relay's configuration file.
+    ///
+    /// Every field has a default: an empty table appends raw JSON to the stream
+    /// `events.${event_type}` on `redis://127.0.0.1:6379`.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct RedisSinkConfig {
+        /// `redis://[user[:password]@]host[:port][/db]`; `rediss://` for TLS. Printed with its
+        /// password masked.
+        #[serde(serialize_with = "outbox_types::redact::serialize_url")]
+        pub url: String = "redis://127.0.0.1:6379".to_owned(),
+        /// Stream key template for events that name no destination themselves.
+        pub stream: Template = default_destination(),
+        @format,
+        @cloudevents,
+        /// Trim each stream to about this many entries (`XADD … MAXLEN ~ N`); unset keeps everything.
+        pub maxlen: Option<u64> = None,
+        /// Use TLS even when the URL says `redis://` (a `rediss://` URL always does).
+        pub tls: bool = false,
+        /// ACL user name (overrides the URL's); `user`, as in every sink.
+        pub user: Option<String> = None,
+        @username,
+        /// Password (overrides the URL's).
+        pub password: Option<Secret> = None,
+        /// Name of an environment variable holding the password.
+        pub password_env: Option<String> = None,
+        /// Connection name shown by `CLIENT LIST` (`CLIENT SETNAME`); no spaces.
+        pub client_name: String = "outbox-relay".to_owned(),
+        /// Longest wait to connect.
+        #[serde(with = "humantime_duration")]
+        pub connect_timeout: Duration = Duration::from_secs(5),
+        /// Longest wait for the replies of one batch. Keep it below the relay's `publish_timeout`.
+        #[serde(with = "humantime_duration")]
+        pub response_timeout: Duration = Duration::from_secs(5),
+        /// Largest entry (sum of its field sizes) to send; a larger event is rejected instead of
+        /// bloating Redis' memory.
+        pub max_message_bytes: usize = 16 * 1024 * 1024,
     }
 }
 
 impl RedisSinkConfig {
     /// The routing this configuration describes.
     pub fn routing(&self) -> Result<Routing, SinkError> {
-        let routing = sink_config::routing(
-            self.stream.clone(),
-            self.format,
-            CloudEventsKeys {
-                source: self.cloudevents_source.as_deref(),
-                mode: self.cloudevents_mode,
-                type_prefix: self.cloudevents_type_prefix.as_deref(),
-            },
-        )?;
+        let routing =
+            sink_config::routing(self.stream.clone(), self.format, self.cloudevents_keys())?;
         if self.format == BodyFormat::Cloudevents
             && self.cloudevents_mode == Some(CloudEventsMode::Binary)
         {
@@ -389,17 +348,6 @@ impl RedisSink {
         }
         Ok((key, fields))
     }
-}
-
-/// The routing headers with each name kept once, first occurrence wins, names compared without
-/// case. The event's own headers come after the standard ones, so an own `Outbox-Event-Id`
-/// (which routing's case-sensitive `outbox-` filter lets through) cannot shadow the real one.
-fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
-    let mut seen = std::collections::HashSet::with_capacity(headers.len());
-    headers
-        .into_iter()
-        .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
-        .collect()
 }
 
 /// Whether an error means the connection is no longer usable.

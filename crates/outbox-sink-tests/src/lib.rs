@@ -10,6 +10,7 @@
 pub use outbox_testkit::unique;
 use std::time::Duration;
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use outbox_engine::{Relay, RelayConfig, RelayCounters, RelayReport};
@@ -246,6 +247,21 @@ pub async fn assert_outage_cost_no_attempt(store: &PgStore, id: EventId, names: 
     assert_no_attempt_spent(store, id, names).await;
 }
 
+/// Wait (up to 30 s) until event `id`, whose destination is down, has recorded a failed call,
+/// then [`assert_outage_cost_no_attempt`]: a test whose relay runs on its own checks the outage
+/// with it.
+pub async fn outage_recorded_at_no_cost(store: &PgStore, id: EventId, names: &[&str]) {
+    wait_for_record(
+        store,
+        id,
+        Duration::from_secs(30),
+        "a failed attempt recorded",
+        |r| r.last_error.is_some(),
+    )
+    .await;
+    assert_outage_cost_no_attempt(store, id, names).await;
+}
+
 /// The record of event `id` now: waiting (or claimed for the trial call the relay makes now and
 /// then), never delivered or dead, no attempt spent, and its `last_error` contains each of
 /// `names`. [`assert_outage_cost_no_attempt`] without its wait, for a test that waits its own way.
@@ -439,4 +455,93 @@ pub async fn assert_all_delivered(store: &PgStore, report: &RelayReport, committ
 pub fn closed_addr() -> std::net::SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
+}
+
+/// The relay of an end-to-end test that drains the outbox into a broker and stops once idle:
+/// batches of `batch_size`, a fast poll, a 30 s lease and 10 s to publish a batch, named
+/// `relay_id`.
+pub fn drain_relay_config(relay_id: &str, batch_size: u32) -> RelayConfig {
+    RelayConfig {
+        relay_id: relay_id.into(),
+        batch_size,
+        poll_interval: Duration::from_millis(20),
+        lease: Duration::from_secs(30),
+        publish_timeout: Duration::from_secs(10),
+        stop_when_idle: true,
+        ..RelayConfig::default()
+    }
+}
+
+/// The events of an end-to-end delivery test, enqueued: [`numbered_batch`] of `aggregates` ×
+/// `per_aggregate` and one `AuditWritten` event that names its own `destination`, committed
+/// around 20 rolled-back `ghost` events ([`enqueue_ghosts_between`]). Returns the committed
+/// events (the audit event last) and the audit event.
+pub async fn enqueue_numbered_and_audit(
+    store: &PgStore,
+    aggregates: u64,
+    per_aggregate: u64,
+    destination: impl Into<String>,
+) -> (Vec<NewEvent>, NewEvent) {
+    let mut committed = numbered_batch(aggregates, per_aggregate);
+    let audit = NewEvent::from_json("audit", "x", "AuditWritten", r#"{"who":"me"}"#)
+        .unwrap()
+        .with_destination(destination);
+    committed.push(audit.clone());
+    let ghosts: Vec<NewEvent> = (0..20).map(|n| numbered("ghost", n)).collect();
+    enqueue_ghosts_between(store, &committed, &ghosts).await;
+    (committed, audit)
+}
+
+/// The read-back check of an end-to-end delivery test, message by message: each is one of the
+/// committed events, none arrives twice, and the numbered events of an aggregate arrive in
+/// order (their payload's `n` counts up from 0).
+pub struct Arrivals<'a> {
+    by_id: HashMap<String, &'a NewEvent>,
+    seen: HashSet<String>,
+    last_n: HashMap<String, i64>,
+}
+
+impl<'a> Arrivals<'a> {
+    /// Nothing arrived yet of `committed`.
+    pub fn new(committed: &'a [NewEvent]) -> Self {
+        Arrivals {
+            by_id: committed.iter().map(|e| (e.id().to_string(), e)).collect(),
+            seen: HashSet::new(),
+            last_n: HashMap::new(),
+        }
+    }
+
+    /// The committed event whose id a message carries; fails the test for an id that was never
+    /// committed or that arrived before.
+    pub fn arrived(&mut self, id: &str) -> &'a NewEvent {
+        let event = self
+            .by_id
+            .get(id)
+            .copied()
+            .unwrap_or_else(|| panic!("unexpected event {id}"));
+        assert!(self.seen.insert(id.to_owned()), "event {id} arrived twice");
+        event
+    }
+
+    /// `body`, a numbered event's payload, is the next of `aggregate`.
+    pub fn in_order(&mut self, aggregate: &str, body: &[u8]) {
+        let body: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let n = body["n"].as_i64().unwrap();
+        let last = self.last_n.insert(aggregate.to_owned(), n);
+        assert_eq!(
+            last.map_or(0, |l| l + 1),
+            n,
+            "aggregate {aggregate} out of order"
+        );
+    }
+
+    /// After the last message: numbered events of all `aggregates` arrived, none of the
+    /// rolled-back `ghost` aggregate.
+    pub fn assert_complete(&self, aggregates: u64) {
+        assert_eq!(self.last_n.len(), aggregates as usize);
+        assert!(
+            !self.last_n.contains_key("ghost"),
+            "a rolled-back event was published"
+        );
+    }
 }

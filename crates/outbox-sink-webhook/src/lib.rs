@@ -165,8 +165,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use outbox_sink_common::unique_headers;
 use outbox_types::redact::{redact_in_text, redact_url};
-use outbox_types::routing::{Binding, CloudEventsKeys, Routing, Template};
+use outbox_types::routing::{Binding, Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -200,113 +201,71 @@ fn serialize_template<S: serde::Serializer>(
     }
 }
 
-/// Settings of the webhook sink, as read from the relay's configuration file. Only `url` is
-/// required.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WebhookSinkConfig {
-    /// URL template for events, e.g. `https://hooks.example.com/orders/${event_type}`. Its
-    /// scheme, host and port are the configured origin: placeholders go after the host (values
-    /// are percent-encoded). Required.
-    #[serde(serialize_with = "serialize_template")]
-    pub url: Option<Template>,
-    /// Hosts other than the `url`'s own that an event's `destination` column may name (and a
-    /// placeholder in the `url`'s host may produce): `hooks.example.com`, `*.example.com` (any
-    /// subdomain), either with `:port` (without, only the scheme's default port). They get the
-    /// same `Authorization` and signature: list only your own hosts. Empty by default: a row
-    /// may only pick a path under the `url`'s origin.
-    pub allowed_hosts: Vec<String>,
-    /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
-    /// Event Router, for its consumers).
-    pub format: BodyFormat,
-    /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
-    /// `format = "cloudevents"`.
-    pub cloudevents_source: Option<String>,
-    /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
-    /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_mode: Option<CloudEventsMode>,
-    /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
-    /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
-    /// `format = "cloudevents"`.
-    pub cloudevents_type_prefix: Option<String>,
-    /// Also send the headers of earlier releases, `x-event-id` and `x-event-type` (the
-    /// same values as `outbox-event-id` and `outbox-event-type`); default `false`.
-    pub legacy_headers: bool,
-    /// Only send to `https://` URLs (a plain `http://` URL is then rejected).
-    pub tls: bool,
-    /// HTTP Basic user name, with `password` or `password_env` (`user`, as in every sink).
-    pub user: Option<String>,
-    /// The old spelling of `user`: still read, with a deprecation warning.
-    #[serde(skip_serializing)]
-    pub username: Option<String>,
-    /// HTTP Basic password.
-    pub password: Option<Secret>,
-    /// Name of an environment variable holding the HTTP Basic password.
-    pub password_env: Option<String>,
-    /// Bearer token sent as `Authorization: Bearer …`.
-    pub bearer_token: Option<Secret>,
-    /// Name of an environment variable holding the bearer token.
-    pub bearer_token_env: Option<String>,
-    /// HMAC-SHA256 signing secret; requests are signed when one is set. With
-    /// `signature_scheme = "standard-webhooks"`, `whsec_<base64>` is decoded to the key.
-    pub secret: Option<Secret>,
-    /// Name of an environment variable holding the signing secret.
-    pub secret_env: Option<String>,
-    /// `"outbox-v1"` (default, `X-Outbox-Signature`) or `"standard-webhooks"` (recommended:
-    /// `webhook-id`, `webhook-timestamp`, `webhook-signature`, the event id signed too). See
-    /// the [crate docs](crate#signatures).
-    pub signature_scheme: SignatureScheme,
-    /// Header carrying the outbox-v1 signature.
-    pub signature_header: String,
-    /// `User-Agent` of the requests.
-    pub client_name: String,
-    /// Longest wait to open a connection.
-    #[serde(with = "humantime_duration")]
-    pub connect_timeout: Duration,
-    /// Longest wait for one request, from sending to the end of the response. A batch takes up
-    /// to `ceil(batch_size / concurrency) × request_timeout` against a slow receiver; keep that
-    /// below the relay's `publish_timeout`, or the relay times the whole batch out.
-    #[serde(with = "humantime_duration")]
-    pub request_timeout: Duration,
-    /// Requests in flight at once, over all batches.
-    pub concurrency: usize,
-    /// Longest `Retry-After` honoured; a receiver asking for more gets this.
-    #[serde(with = "humantime_duration")]
-    pub max_retry_after: Duration,
+outbox_sink_common::config_struct! {
+    /// Settings of the webhook sink, as read from the relay's configuration file. Only `url` is
+    /// required.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct WebhookSinkConfig {
+        /// URL template for events, e.g. `https://hooks.example.com/orders/${event_type}`. Its
+        /// scheme, host and port are the configured origin: placeholders go after the host (values
+        /// are percent-encoded). Required.
+        #[serde(serialize_with = "serialize_template")]
+        pub url: Option<Template> = None,
+        /// Hosts other than the `url`'s own that an event's `destination` column may name (and a
+        /// placeholder in the `url`'s host may produce): `hooks.example.com`, `*.example.com` (any
+        /// subdomain), either with `:port` (without, only the scheme's default port). They get the
+        /// same `Authorization` and signature: list only your own hosts. Empty by default: a row
+        /// may only pick a path under the `url`'s origin.
+        pub allowed_hosts: Vec<String> = Vec::new(),
+        @format,
+        @cloudevents,
+        /// Also send the headers of earlier releases, `x-event-id` and `x-event-type` (the
+        /// same values as `outbox-event-id` and `outbox-event-type`); default `false`.
+        pub legacy_headers: bool = false,
+        /// Only send to `https://` URLs (a plain `http://` URL is then rejected).
+        pub tls: bool = false,
+        /// HTTP Basic user name, with `password` or `password_env` (`user`, as in every sink).
+        pub user: Option<String> = None,
+        @username,
+        /// HTTP Basic password.
+        pub password: Option<Secret> = None,
+        /// Name of an environment variable holding the HTTP Basic password.
+        pub password_env: Option<String> = None,
+        /// Bearer token sent as `Authorization: Bearer …`.
+        pub bearer_token: Option<Secret> = None,
+        /// Name of an environment variable holding the bearer token.
+        pub bearer_token_env: Option<String> = None,
+        /// HMAC-SHA256 signing secret; requests are signed when one is set. With
+        /// `signature_scheme = "standard-webhooks"`, `whsec_<base64>` is decoded to the key.
+        pub secret: Option<Secret> = None,
+        /// Name of an environment variable holding the signing secret.
+        pub secret_env: Option<String> = None,
+        /// `"outbox-v1"` (default, `X-Outbox-Signature`) or `"standard-webhooks"` (recommended:
+        /// `webhook-id`, `webhook-timestamp`, `webhook-signature`, the event id signed too). See
+        /// the [crate docs](crate#signatures).
+        pub signature_scheme: SignatureScheme = SignatureScheme::OutboxV1,
+        /// Header carrying the outbox-v1 signature.
+        pub signature_header: String = DEFAULT_SIGNATURE_HEADER.to_owned(),
+        /// `User-Agent` of the requests.
+        pub client_name: String = concat!("outbox-relay/", env!("CARGO_PKG_VERSION")).to_owned(),
+        /// Longest wait to open a connection.
+        #[serde(with = "humantime_duration")]
+        pub connect_timeout: Duration = Duration::from_secs(2),
+        /// Longest wait for one request, from sending to the end of the response. A batch takes up
+        /// to `ceil(batch_size / concurrency) × request_timeout` against a slow receiver; keep that
+        /// below the relay's `publish_timeout`, or the relay times the whole batch out.
+        #[serde(with = "humantime_duration")]
+        pub request_timeout: Duration = Duration::from_secs(5),
+        /// Requests in flight at once, over all batches.
+        pub concurrency: usize = 64,
+        /// Longest `Retry-After` honoured; a receiver asking for more gets this.
+        #[serde(with = "humantime_duration")]
+        pub max_retry_after: Duration = Duration::from_secs(3600),
+    }
 }
 
 const DEFAULT_SIGNATURE_HEADER: &str = "X-Outbox-Signature";
-
-impl Default for WebhookSinkConfig {
-    fn default() -> Self {
-        WebhookSinkConfig {
-            url: None,
-            allowed_hosts: Vec::new(),
-            format: BodyFormat::Raw,
-            cloudevents_source: None,
-            cloudevents_mode: None,
-            cloudevents_type_prefix: None,
-            legacy_headers: false,
-            tls: false,
-            user: None,
-            username: None,
-            password: None,
-            password_env: None,
-            bearer_token: None,
-            bearer_token_env: None,
-            secret: None,
-            secret_env: None,
-            signature_scheme: SignatureScheme::OutboxV1,
-            signature_header: DEFAULT_SIGNATURE_HEADER.to_owned(),
-            client_name: concat!("outbox-relay/", env!("CARGO_PKG_VERSION")).to_owned(),
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(5),
-            concurrency: 64,
-            max_retry_after: Duration::from_secs(3600),
-        }
-    }
-}
 
 /// How requests are signed, with the key resolved.
 enum Signing {
@@ -412,15 +371,7 @@ impl WebhookSink {
         let targets = Targets::new(template.clone(), &config.allowed_hosts, config.tls)
             .map_err(config_error)?
             .with_topic_destinations(config.format == BodyFormat::Debezium);
-        let routing = sink_config::routing(
-            template,
-            config.format,
-            CloudEventsKeys {
-                source: config.cloudevents_source.as_deref(),
-                mode: config.cloudevents_mode,
-                type_prefix: config.cloudevents_type_prefix.as_deref(),
-            },
-        )?;
+        let routing = sink_config::routing(template, config.format, config.cloudevents_keys())?;
 
         let password =
             sink_config::password(config.password.as_ref(), config.password_env.as_deref())?;
@@ -751,17 +702,6 @@ fn classify(
     } else {
         Outcome::retry(truncate_error(&reason))
     }
-}
-
-/// The routing headers with each name kept once, first occurrence wins, names compared without
-/// case. The event's own headers come after the standard ones, so an own `Outbox-Event-Id`
-/// (which routing's case-sensitive `outbox-` filter lets through) cannot shadow the real one.
-fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
-    let mut seen = std::collections::HashSet::with_capacity(headers.len());
-    headers
-        .into_iter()
-        .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
-        .collect()
 }
 
 /// `Authorization: Basic base64(user:password)`.

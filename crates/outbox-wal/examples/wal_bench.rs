@@ -42,6 +42,17 @@ fn arg(args: &[String], name: &str, default: &str) -> String {
         .unwrap_or_else(|| default.to_owned())
 }
 
+/// `--source` of `drain` and `latency`: `table` (the default), `messages`, `stream_table` or
+/// `debezium`.
+fn source_arg(args: &[String]) -> Source {
+    match arg(args, "--source", "table").as_str() {
+        "messages" => Source::Messages,
+        "stream_table" => Source::StreamTable,
+        "debezium" => Source::Debezium,
+        _ => Source::Table,
+    }
+}
+
 fn url() -> Res<String> {
     if let Ok(url) = std::env::var("OUTBOX_WAL_BENCH_URL") {
         return Ok(url);
@@ -153,6 +164,18 @@ async fn nats_count_and_delete(name: &str) -> Res<u64> {
     let count = stream.info().await?.state.messages;
     js.delete_stream(name.to_uppercase()).await?;
     Ok(count)
+}
+
+/// After a run on the `nats` sink: its stream holds all `n` events (the relay counted them as
+/// delivered, the broker must have them), and is deleted. Other sinks: nothing to check.
+async fn check_nats_stream(sink: &str, name: &str, n: u64) -> Res<()> {
+    if sink == "nats" {
+        let stored = nats_count_and_delete(name).await?;
+        if stored < n {
+            return Err(format!("NATS stream holds {stored} of {n} events").into());
+        }
+    }
+    Ok(())
 }
 
 /// The relay process: deliver until `events` distinct events arrived, then stop gracefully.
@@ -357,12 +380,7 @@ async fn drain(args: &[String]) -> Res<()> {
     let n: u64 = arg(args, "--events", "100000").parse()?;
     let aggregates: u64 = arg(args, "--aggregates", "1000").parse()?;
     let size: usize = arg(args, "--payload-bytes", "400").parse()?;
-    let source = match arg(args, "--source", "table").as_str() {
-        "messages" => Source::Messages,
-        "stream_table" => Source::StreamTable,
-        "debezium" => Source::Debezium,
-        _ => Source::Table,
-    };
+    let source = source_arg(args);
     let (pool, outbox, mut cfg) = setup(&url, source).await?;
     if args
         .iter()
@@ -409,12 +427,7 @@ async fn drain(args: &[String]) -> Res<()> {
     let events = figures["events"].as_f64().unwrap_or(0.0);
     let total = figures["since_start_s"].as_f64().unwrap_or(0.0);
     let cpu = figures["cpu_s"].as_f64().unwrap_or(0.0);
-    if sink == "nats" {
-        let stored = nats_count_and_delete(&cfg.slot).await?;
-        if stored < n {
-            return Err(format!("NATS stream holds {stored} of {n} events").into());
-        }
-    }
+    check_nats_stream(&sink, &cfg.slot, n).await?;
     println!(
         "drain sink={sink} source={source:?} delete_on_ack={} events={n} aggregates={aggregates} payload={size}B: {:.0} events/s (relay start → last ack {:.2} s; first → last {:.2} s), CPU {:.1} µs/event, PostgreSQL CPU {:.1} µs/event, peak RSS {:.1} MB",
         cfg.delete_on_ack,
@@ -442,12 +455,7 @@ async fn latency(args: &[String]) -> Res<()> {
     let seconds: u64 = arg(args, "--seconds", "10").parse()?;
     let writers: u64 = arg(args, "--writers", "8").parse()?;
     let size: usize = arg(args, "--payload-bytes", "400").parse()?;
-    let source = match arg(args, "--source", "table").as_str() {
-        "messages" => Source::Messages,
-        "stream_table" => Source::StreamTable,
-        "debezium" => Source::Debezium,
-        _ => Source::Table,
-    };
+    let source = source_arg(args);
     let (pool, outbox, cfg) = setup(&url, source).await?;
     let per_writer = rate * seconds / writers;
     let n = per_writer * writers;
@@ -525,12 +533,7 @@ async fn latency(args: &[String]) -> Res<()> {
             .unwrap_or(f64::NAN)
     };
     let events = figures["events"].as_f64().unwrap_or(0.0);
-    if sink == "nats" {
-        let stored = nats_count_and_delete(&cfg.slot).await?;
-        if stored < n {
-            return Err(format!("NATS stream holds {stored} of {n} events").into());
-        }
-    }
+    check_nats_stream(&sink, &cfg.slot, n).await?;
     println!(
         "latency sink={sink} source={source:?} target={rate}/s achieved={:.0}/s events={} writers={writers} payload={size}B: commit→sink p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; relay CPU {:.1} µs/event, PostgreSQL CPU {:.1} µs/event (writers and relay), peak RSS {:.1} MB",
         commits.len() as f64 / write_secs,

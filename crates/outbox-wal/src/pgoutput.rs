@@ -443,6 +443,18 @@ pub(crate) fn pg_epoch_micros(micros: i64) -> DateTime<Utc> {
 mod tests {
     use super::*;
 
+    /// The columns of an outbox table both decoding tests start from (each adds its own last).
+    const EVENT_COLUMNS: [&str; 8] = [
+        "seq",
+        "id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+        "headers",
+        "status",
+    ];
+
     fn cstr(out: &mut Vec<u8>, s: &str) {
         out.extend_from_slice(s.as_bytes());
         out.push(0);
@@ -450,24 +462,14 @@ mod tests {
 
     #[test]
     fn relation_and_insert_decode() {
-        let cols = [
-            "seq",
-            "id",
-            "aggregate_type",
-            "aggregate_id",
-            "event_type",
-            "payload",
-            "headers",
-            "status",
-            "occurred_at",
-        ];
+        let cols = [EVENT_COLUMNS.as_slice(), &["occurred_at"]].concat();
         let mut rel = vec![b'R'];
         rel.extend_from_slice(&16384i32.to_be_bytes());
         cstr(&mut rel, "outbox");
         cstr(&mut rel, "events");
         rel.push(b'd');
         rel.extend_from_slice(&(cols.len() as i16).to_be_bytes());
-        for c in cols {
+        for c in &cols {
             rel.push(0);
             cstr(&mut rel, c);
             rel.extend_from_slice(&25i32.to_be_bytes());
@@ -521,17 +523,7 @@ mod tests {
 
     #[test]
     fn malformed_rows_name_the_column_and_keep_their_seq() {
-        let columns = [
-            "seq",
-            "id",
-            "aggregate_type",
-            "aggregate_id",
-            "event_type",
-            "payload",
-            "headers",
-            "status",
-            "attempts",
-        ];
+        let columns = [EVENT_COLUMNS.as_slice(), &["attempts"]].concat();
         let relation = |payload_type: u32| Relation {
             relid: 1,
             namespace: "outbox".into(),

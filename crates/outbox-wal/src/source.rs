@@ -691,10 +691,11 @@ impl Source for WalSource {
 
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        if !inner.shared.state().is_stream_lease(&lease.token) {
-            let n = Store::ack(&inner.store, lease, seqs).await?;
-            self.after_table_write(lease, seqs, true);
-            return Ok(n);
+        if let Some(written) = self
+            .table_write(lease, seqs, true, || Store::ack(&inner.store, lease, seqs))
+            .await
+        {
+            return written;
         }
         let settled = {
             let mut state = inner.shared.state();
@@ -720,33 +721,30 @@ impl Source for WalSource {
 
     async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
-        if !inner.shared.state().is_stream_lease(&lease.token) {
-            let n = Store::retry(&inner.store, lease, events).await?;
-            self.after_table_write(lease, &seqs, false);
-            return Ok(n);
-        }
-        Ok(self.settle_stream(lease, &seqs, events, true))
+        self.settle(lease, events, false, true, || {
+            Store::retry(&inner.store, lease, events)
+        })
+        .await
     }
 
     async fn bury(&self, lease: &Lease, events: &[BuryEvent]) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
         let block = inner.dead_letter == DeadLetterPolicy::Block;
-        if !inner.shared.state().is_stream_lease(&lease.token) {
-            let n = Store::bury(&inner.store, lease, events).await?;
-            self.after_table_write(lease, &seqs, !block);
-            return Ok(n);
-        }
-        Ok(self.settle_stream(lease, &seqs, events, block))
+        self.settle(lease, events, !block, block, || {
+            Store::bury(&inner.store, lease, events)
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        if !inner.shared.state().is_stream_lease(&lease.token) {
-            let n = Store::release(&inner.store, lease, seqs).await?;
-            self.after_table_write(lease, seqs, false);
-            return Ok(n);
+        if let Some(written) = self
+            .table_write(lease, seqs, false, || {
+                Store::release(&inner.store, lease, seqs)
+            })
+            .await
+        {
+            return written;
         }
         let mut state = inner.shared.state();
         // Given back unpublished: the table takes them (a row is there already; a message is
@@ -832,6 +830,50 @@ impl Source for WalSource {
 }
 
 impl WalSource {
+    /// The write-back of a lease the table's store claimed (not the stream): `write`, the
+    /// store's own write, then [`after_table_write`](Self::after_table_write) once it succeeded.
+    /// `None` for a stream lease, which the caller settles itself (`write` is not called).
+    async fn table_write<F>(
+        &self,
+        lease: &Lease,
+        seqs: &[i64],
+        finished: bool,
+        write: impl FnOnce() -> F,
+    ) -> Option<Result<u64, StoreError>>
+    where
+        F: Future<Output = Result<u64, StoreError>>,
+    {
+        if self.inner.shared.state().is_stream_lease(&lease.token) {
+            return None;
+        }
+        Some(
+            write()
+                .await
+                .inspect(|_| self.after_table_write(lease, seqs, finished)),
+        )
+    }
+
+    /// A retry or bury of `events`: for a table lease the store's `write`, then
+    /// [`after_table_write`](Self::after_table_write) with `finished`; for a stream lease
+    /// [`settle_stream`](Self::settle_stream) with `own`.
+    async fn settle<E: Settling, F>(
+        &self,
+        lease: &Lease,
+        events: &[E],
+        finished: bool,
+        own: bool,
+        write: impl FnOnce() -> F,
+    ) -> Result<u64, StoreError>
+    where
+        F: Future<Output = Result<u64, StoreError>>,
+    {
+        let seqs: Vec<i64> = events.iter().map(Settling::seq).collect();
+        if let Some(written) = self.table_write(lease, &seqs, finished, write).await {
+            return written;
+        }
+        Ok(self.settle_stream(lease, &seqs, events, own))
+    }
+
     /// Events of a table claim were written back by the table's store: the aggregates of the
     /// events it `finished` (delivered, or dead under `skip`) go back to the stream once the
     /// table holds nothing else of them.

@@ -1,0 +1,162 @@
+//! # outbox-sink-common
+//!
+//! What the broker sinks share and `outbox-types` (which every crate shares, sinks or not) does
+//! not hold, so it is written once:
+//!
+//! - [`config_struct!`] declares a sink's settings struct, so the keys every sink shares are
+//!   written once: `format` and the `cloudevents_*` keys, with the same types, the same
+//!   documentation and the same defaults in every sink;
+//! - [`unique_headers`], the routing headers with each name once, for the sinks whose headers
+//!   are compared without case (NATS, Redis, HTTP).
+//!
+//! Why a macro for the settings: each sink's struct refuses unknown keys
+//! (`#[serde(deny_unknown_fields)]`, so a misspelt key is an error), and serde cannot refuse them
+//! through a `#[serde(flatten)]`ed shared struct. The shared keys therefore have to stay fields of
+//! each sink's own struct; the macro writes them there, at the place the sink names (the order of
+//! the fields is the order `outbox config check` prints them in). How the keys are *read* is
+//! shared through [`outbox_types::sink_config`].
+//!
+//! Each field is written with its default after `=`; the macro writes the `Default` impl from
+//! them, so a field and its default stand together.
+//!
+//! ```
+//! use serde::{Deserialize, Serialize};
+//!
+//! outbox_sink_common::config_struct! {
+//!     /// Settings of an example sink.
+//!     #[derive(Clone, Debug, Deserialize, Serialize)]
+//!     #[serde(deny_unknown_fields, default)]
+//!     pub struct ExampleSinkConfig {
+//!         /// Where to send.
+//!         pub url: String = "example://127.0.0.1".to_owned(),
+//!         @format,
+//!         @cloudevents,
+//!         /// Talk TLS.
+//!         pub tls: bool = false,
+//!     }
+//! }
+//!
+//! let config: ExampleSinkConfig = serde_json::from_str(r#"{"format": "cloudevents"}"#).unwrap();
+//! assert_eq!(config.url, "example://127.0.0.1");
+//! assert!(config.cloudevents_keys().source.is_none());
+//! let err = serde_json::from_str::<ExampleSinkConfig>(r#"{"formt": "raw"}"#).unwrap_err();
+//! assert!(err.to_string().contains("unknown field `formt`"), "{err}");
+//! ```
+
+/// The routing headers with each name kept once, first occurrence wins, names compared without
+/// case. The event's own headers come after the standard ones, so an own `Outbox-Event-Id`
+/// (which routing's case-sensitive `outbox-` filter lets through) cannot shadow the real one.
+///
+/// ```
+/// let headers = vec![
+///     ("outbox-event-id".to_owned(), "real".to_owned()),
+///     ("Outbox-Event-Id".to_owned(), "forged".to_owned()),
+/// ];
+/// assert_eq!(
+///     outbox_sink_common::unique_headers(headers),
+///     vec![("outbox-event-id".to_owned(), "real".to_owned())]
+/// );
+/// ```
+pub fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut seen = std::collections::HashSet::with_capacity(headers.len());
+    headers
+        .into_iter()
+        .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
+        .collect()
+}
+
+/// What the macro's expansion names, reachable from every crate that calls it.
+#[doc(hidden)]
+pub mod __private {
+    pub use outbox_types::routing::{BodyFormat, CloudEventsKeys, CloudEventsMode};
+}
+
+/// Declare a sink's settings struct and its `Default` impl (see the [crate docs](crate)).
+///
+/// Inside the braces, each field is written as usual (doc comments and attributes, then
+/// `pub name: Type`) followed by `= default,`. These markers stand for shared fields:
+///
+/// - `@format,` — `format: BodyFormat` (`raw` by default);
+/// - `@cloudevents,` — `cloudevents_source`, `cloudevents_mode` and `cloudevents_type_prefix`
+///   (all unset by default), and a method `cloudevents_keys()` that hands them to
+///   [`outbox_types::sink_config::routing`];
+/// - `@username,` — `username`, the old spelling of `user`, read but never printed (for
+///   [`outbox_types::sink_config::user`]).
+#[macro_export]
+macro_rules! config_struct {
+    // `@format`: the body format.
+    (@munch $name:ident $head:tt [$($fields:tt)*] [$($defaults:tt)*] @format, $($rest:tt)*) => {
+        $crate::config_struct!(@munch $name $head
+            [$($fields)*
+                /// `raw` (default), `cloudevents` or `debezium` (the message shape of Debezium's Outbox
+                /// Event Router, for its consumers).
+                pub format: $crate::__private::BodyFormat,
+            ]
+            [$($defaults)* format: $crate::__private::BodyFormat::Raw,]
+            $($rest)*);
+    };
+    // `@cloudevents`: the keys of `format = "cloudevents"`.
+    (@munch $name:ident $head:tt [$($fields:tt)*] [$($defaults:tt)*] @cloudevents, $($rest:tt)*) => {
+        impl $name {
+            /// The `cloudevents_*` keys, as [`outbox_types::sink_config::routing`] reads them.
+            pub(crate) fn cloudevents_keys(&self) -> $crate::__private::CloudEventsKeys<'_> {
+                $crate::__private::CloudEventsKeys {
+                    source: self.cloudevents_source.as_deref(),
+                    mode: self.cloudevents_mode,
+                    type_prefix: self.cloudevents_type_prefix.as_deref(),
+                }
+            }
+        }
+        $crate::config_struct!(@munch $name $head
+            [$($fields)*
+                /// The CloudEvents `source` attribute (e.g. `/orders-service`); required with
+                /// `format = "cloudevents"`.
+                pub cloudevents_source: Option<String>,
+                /// `structured` (default: one JSON envelope as the body) or `binary` (the payload as the
+                /// body, the attributes as headers named by the protocol's CloudEvents binding); only with
+                /// `format = "cloudevents"`.
+                pub cloudevents_mode: Option<$crate::__private::CloudEventsMode>,
+                /// Put before the event type in the CloudEvents `type` (reverse-DNS, e.g.
+                /// `com.example.orders` gives `com.example.orders.OrderCreated`); only with
+                /// `format = "cloudevents"`.
+                pub cloudevents_type_prefix: Option<String>,
+            ]
+            [$($defaults)* cloudevents_source: None, cloudevents_mode: None, cloudevents_type_prefix: None,]
+            $($rest)*);
+    };
+    // `@username`: the old spelling of `user`.
+    (@munch $name:ident $head:tt [$($fields:tt)*] [$($defaults:tt)*] @username, $($rest:tt)*) => {
+        $crate::config_struct!(@munch $name $head
+            [$($fields)*
+                /// The old spelling of `user`: still read, with a deprecation warning.
+                #[serde(skip_serializing)]
+                pub username: Option<String>,
+            ]
+            [$($defaults)* username: None,]
+            $($rest)*);
+    };
+    // A sink's own field, with its default.
+    (@munch $name:ident $head:tt [$($fields:tt)*] [$($defaults:tt)*]
+        $(#[$field_meta:meta])* $field_vis:vis $field:ident : $ty:ty = $default:expr, $($rest:tt)*) => {
+        $crate::config_struct!(@munch $name $head
+            [$($fields)* $(#[$field_meta])* $field_vis $field: $ty,]
+            [$($defaults)* $field: $default,]
+            $($rest)*);
+    };
+    // Every field read: the struct and its defaults.
+    (@munch $name:ident [$(#[$meta:meta])* $vis:vis] [$($fields:tt)*] [$($defaults:tt)*]) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($fields)*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name { $($defaults)* }
+            }
+        }
+    };
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($body:tt)* }) => {
+        $crate::config_struct!(@munch $name [$(#[$meta])* $vis] [] [] $($body)*);
+    };
+}

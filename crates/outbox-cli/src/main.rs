@@ -58,10 +58,11 @@ struct Cli {
         default_value_t = LogFormat::Human
     )]
     log_format: LogFormat,
-    /// Threads that run the relay's tasks. `1` runs everything on the main thread, which on a
-    /// small host costs the least CPU per event: a WAL relay at 2,000 events/s measured 40 µs
-    /// per event on one thread against 64-67 µs on two (cross-thread wake-ups), and drained
-    /// faster. Default: one per core.
+    /// Threads that run the relay's tasks. Default `1`: everything on the main thread, which
+    /// costs the least CPU per event (measured with scripts/bench-relay-runtime.sh on 2 cores:
+    /// 95-104 µs per event against 122-138 µs on one worker per core for a WAL relay at 2,000
+    /// events/s, 44 against 75 µs polling; drains as fast). N > 1: a pool of N workers, for
+    /// sinks that do CPU work of their own on a host with cores to spare.
     #[arg(
         long,
         global = true,
@@ -554,13 +555,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse_from(&args);
     init_logging(cli.log_format);
     let mut builder = match cli.worker_threads {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        None | Some(1) => tokio::runtime::Builder::new_current_thread(),
         Some(threads) => {
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             builder.worker_threads(usize::from(threads));
             builder
         }
-        None => tokio::runtime::Builder::new_multi_thread(),
     };
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,

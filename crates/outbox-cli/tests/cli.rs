@@ -156,8 +156,9 @@ fn demo_delivers_exactly_the_committed_events() {
     demo_delivers_exactly_the_committed_events_with(&[]);
 }
 
-/// The same run with every task on the main thread (`--worker-threads 1`, a current-thread
-/// runtime) and on three worker threads; 0 threads is refused as a usage error.
+/// The same run with every task on the main thread said explicitly (`--worker-threads 1`, the
+/// default: a current-thread runtime) and on a pool of three workers; 0 threads is refused as a
+/// usage error.
 #[test]
 fn demo_delivers_exactly_the_committed_events_on_one_thread_or_three() {
     demo_delivers_exactly_the_committed_events_with(&["--worker-threads", "1"]);

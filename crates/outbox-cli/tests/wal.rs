@@ -103,14 +103,14 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
         common::assert_contains(&text(&o), "replication connection: TLS");
     }
 
-    // This streaming relay runs every task on its main thread (`--worker-threads 1`, as
+    // This streaming relay runs on a pool of two workers (`--worker-threads 2`, as
     // `OUTBOX_WORKER_THREADS`); the takeover test below and `outbox-verify --mode wal` run the
-    // default of one worker per core.
+    // default, every task on the main thread.
     let relay = Killed(
         Command::new(BIN)
             .args(["relay", "--config", &config])
             .env("OUTBOX_LOG", "warn")
-            .env("OUTBOX_WORKER_THREADS", "1")
+            .env("OUTBOX_WORKER_THREADS", "2")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

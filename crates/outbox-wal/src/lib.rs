@@ -300,13 +300,15 @@
 //! park/unpark and syscalls), not decoding; it falls to 5–6 µs as transactions batch up. A
 //! multi-threaded runtime costs more per event at low rates (measured 62 µs vs 41 µs at
 //! 1,000/s): every hand-off between tasks becomes a cross-thread wakeup. `wal_bench` runs its
-//! relay child on one thread; `outbox relay` runs one worker per core unless
-//! `--worker-threads 1` (`OUTBOX_WORKER_THREADS=1`) puts every task on the main thread.
+//! relay child on one thread, and so does `outbox relay` unless `--worker-threads N`
+//! (`OUTBOX_WORKER_THREADS`) asks for a pool of N workers.
 //! Measured on 2026-11-27, table rows, alternating runs on this 2-core machine: at 2,000/s
 //! 39.5–40.2 µs per event on one thread against 63.7–66.5 µs on two workers (p99 2.2–4.0 ms
 //! against 4.1–11.7 ms); a 100k drain 60k events/s at 6.5 µs per event on one thread against
-//! 52k/s at 8.5 µs on two. The default stays one worker per core until a host with more cores
-//! and sinks that do CPU work of their own (TLS handshakes, compression) has been measured.
+//! 52k/s at 8.5 µs on two. The shipped binary, measured the same day with
+//! `scripts/bench-relay-runtime.sh steady wal 2000 20` (pgbench writers, Redis sink): 95–104 µs
+//! per event on one thread, 122–138 µs on two workers. The gap to `wal_bench` is the sink's
+//! round trip per batch: at a trickle every event is a batch of its own.
 //!
 //! What that fixed cost is made of, at 2,000 single-event transactions/s (`wal_bench latency
 //! --rate 2000`, `perf` and `strace -c` on the relay child): about 40 % kernel time, most of it

@@ -4,8 +4,9 @@ use outbox_types::StoreError;
 
 /// Classify a sqlx error: connection-level trouble is [`StoreError::Unavailable`] (the relay
 /// backs off and retries), a missing outbox table is [`StoreError::NotMigrated`], the rest is
-/// [`StoreError::Database`].
-pub(crate) fn map_sqlx(error: sqlx::Error) -> StoreError {
+/// [`StoreError::Database`]. Public as [`classify_sqlx_error`](crate::classify_sqlx_error), so
+/// WAL mode's own queries are classified by the same rule.
+pub fn map_sqlx(error: sqlx::Error) -> StoreError {
     match &error {
         outbox_types::sqlx_connection_trouble!() => StoreError::Unavailable(error.to_string()),
         sqlx::Error::Database(db) => {

@@ -147,6 +147,7 @@ mod sql;
 mod store;
 
 pub use connect::PgStore;
+pub use error::map_sqlx as classify_sqlx_error;
 pub use migrations::MigrationReport;
 pub use outbox::PgOutbox;
 pub use partition::{KeepReason, KeptPartition, PartitionInterval, PartitionReport, Partitioning};

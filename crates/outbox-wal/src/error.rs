@@ -80,31 +80,13 @@ impl WalError {
     }
 }
 
-/// Classify a sqlx error like `outbox-postgresql` does: connection trouble is transient.
+/// Classify a sqlx error by `outbox-postgresql`'s rule (one rule for both modes): connection
+/// trouble is transient, a missing outbox table is "not migrated", the rest a database error.
 pub(crate) fn map_sqlx(error: sqlx::Error) -> WalError {
-    match &error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => WalError::Unavailable(error.to_string()),
-        sqlx::Error::Database(db) => {
-            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            if code.starts_with("08")
-                || matches!(
-                    code.as_str(),
-                    "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01"
-                )
-            {
-                WalError::Unavailable(error.to_string())
-            } else if code == "42P01" || code == "3F000" {
-                WalError::Store(StoreError::NotMigrated(db.message().to_owned()))
-            } else {
-                WalError::Database(error.to_string())
-            }
-        }
-        _ => WalError::Database(error.to_string()),
+    match outbox_postgresql::classify_sqlx_error(error) {
+        StoreError::Unavailable(message) => WalError::Unavailable(message),
+        StoreError::Database(message) => WalError::Database(message),
+        other => WalError::Store(other),
     }
 }
 

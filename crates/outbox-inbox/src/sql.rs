@@ -618,6 +618,7 @@ pub(crate) use sql_inbox;
 /// `outbox_inbox`) and `with_table`, which checks the name and writes it in SQL as `$quote`
 /// makes of `$table_name`, with the inbox's `$statements`. `$whereabouts` ends the
 /// constructors' first doc line: where the table lives.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! table_inbox {
     (
         inbox: $inbox:ident,
@@ -660,6 +661,7 @@ macro_rules! table_inbox {
         }
     };
 }
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) use table_inbox;
 
 /// A query whose parameters are still to be bound.

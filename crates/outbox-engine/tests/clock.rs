@@ -512,3 +512,142 @@ async fn a_drain_waits_for_a_retry_due_within_its_wait_and_not_longer() {
         }
     }
 }
+
+/// A [`MemorySource`] that, like a stream source, wakes the relay when an event is added.
+struct Streaming {
+    inner: MemorySource,
+    work: tokio::sync::Notify,
+}
+
+impl Streaming {
+    fn add(&self, event: outbox_types::NewEvent) {
+        self.inner.enqueue(&[event]);
+        self.work.notify_one();
+    }
+}
+
+#[async_trait]
+impl outbox_types::Source for Streaming {
+    async fn claim(
+        &self,
+        request: &outbox_types::ClaimRequest,
+    ) -> Result<outbox_types::Claim, outbox_types::StoreError> {
+        self.inner.claim(request).await
+    }
+    async fn ack(
+        &self,
+        lease: &outbox_types::Lease,
+        seqs: &[i64],
+    ) -> Result<u64, outbox_types::StoreError> {
+        self.inner.ack(lease, seqs).await
+    }
+    async fn retry(
+        &self,
+        lease: &outbox_types::Lease,
+        events: &[outbox_types::RetryEvent],
+    ) -> Result<u64, outbox_types::StoreError> {
+        self.inner.retry(lease, events).await
+    }
+    async fn bury(
+        &self,
+        lease: &outbox_types::Lease,
+        events: &[outbox_types::BuryEvent],
+    ) -> Result<u64, outbox_types::StoreError> {
+        self.inner.bury(lease, events).await
+    }
+    async fn release(
+        &self,
+        lease: &outbox_types::Lease,
+        seqs: &[i64],
+    ) -> Result<u64, outbox_types::StoreError> {
+        self.inner.release(lease, seqs).await
+    }
+    async fn paused(
+        &self,
+    ) -> Result<Vec<outbox_types::PausedDestination>, outbox_types::StoreError> {
+        self.inner.paused().await
+    }
+    async fn work_ready(&self) {
+        self.work.notified().await
+    }
+    fn kind(&self) -> &'static str {
+        "streaming"
+    }
+}
+
+/// Events streaming in at 2,000/s, one at a time, share batches once the rate is measured (a
+/// short claim is followed by a pause of at most 2 ms), and none waits much longer than that
+/// pause; a trickle of 200/s afterwards goes out event by event with no pause at all.
+#[tokio::test(start_paused = true)]
+async fn a_fast_stream_shares_batches_and_a_trickle_is_not_held() {
+    let source = Arc::new(Streaming {
+        inner: MemorySource::new(),
+        work: tokio::sync::Notify::new(),
+    });
+    let sink = Arc::new(Timed::new(Duration::from_micros(100), |_, _| {
+        Outcome::Delivered
+    }));
+    let relay = Relay::new(source.clone(), sink.clone(), config("coalesce"));
+    let run = tokio::spawn(relay.run(tokio::time::sleep(Duration::from_secs(3))));
+    let mut added = Vec::new();
+    // 1,000 events at 2,000/s over 50 aggregates (two each millisecond, the relay let run
+    // between them: the paused clock's timers tick in whole milliseconds), a quiet second, then
+    // 100 at 200/s.
+    for n in 0..1_100u64 {
+        if n == 1_000 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        added.push(Instant::now());
+        source.add(numbered(&format!("a{}", n % 50), n));
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        if n >= 1_000 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        } else if n % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    run.await.unwrap();
+
+    let calls = sink.calls.lock().unwrap().clone();
+    let mut waited = vec![None; added.len()];
+    for (at, events) in &calls {
+        for e in events {
+            let n: usize = serde_json::from_str::<serde_json::Value>(&e.payload).unwrap()["n"]
+                .as_u64()
+                .unwrap() as usize;
+            waited[n].get_or_insert(*at - added[n]);
+        }
+    }
+    let waited: Vec<Duration> = waited
+        .into_iter()
+        .enumerate()
+        .map(|(n, w)| w.unwrap_or_else(|| panic!("event {n} never published")))
+        .collect();
+    // The fast stream, after its first 200 ms (the rate is measured over 100 ms windows).
+    let steady = &waited[400..1_000];
+    let steady_calls = calls
+        .iter()
+        .filter(|(at, _)| *at >= added[400] && *at <= added[999] + Duration::from_millis(5))
+        .count();
+    assert!(
+        steady_calls * 3 <= steady.len(),
+        "600 events at 2,000/s went out in {steady_calls} calls: not coalesced (about 150 \
+         expected: four per 2 ms pause; 300 without coalescing)"
+    );
+    let worst = steady.iter().max().unwrap();
+    assert!(
+        *worst <= Duration::from_micros(2_500),
+        "an event of the fast stream waited {worst:?}"
+    );
+    // The trickle: each event alone and at once.
+    let trickle = &waited[1_000..];
+    let worst = trickle.iter().max().unwrap();
+    assert!(
+        *worst < Duration::from_micros(500),
+        "an event of the trickle waited {worst:?}"
+    );
+    let trickle_calls = calls.iter().filter(|(at, _)| *at > added[1_000]).count();
+    assert!(trickle_calls >= 99, "{trickle_calls} calls for 100 events");
+}

@@ -637,14 +637,7 @@ pub(crate) async fn current_version(
     if exists == 0 {
         return Ok(0);
     }
-    let version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT MAX(version) FROM {}",
-        outbox.migrations_table()
-    )))
-    .fetch_one(pool)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(version.unwrap_or(0))
+    outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
 }
 
 impl Versioned for Migration {

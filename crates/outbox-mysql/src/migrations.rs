@@ -388,17 +388,13 @@ pub(crate) async fn run(
     pool: &MySqlPool,
 ) -> Result<MigrationReport, StoreError> {
     let sql = outbox.sql();
-    let mut session = Session::open(pool).await?;
-    let locked = match session
-        .get_lock(&sql.migrate_lock, MIGRATE_LOCK_WAIT_SECONDS)
-        .await
-    {
-        Ok(locked) => locked,
-        Err(error) => {
-            session.abandon(&sql.migrate_unlock).await;
-            return Err(error);
-        }
-    };
+    let (mut session, locked) = Session::open_with_lock(
+        pool,
+        &sql.migrate_lock,
+        &sql.migrate_unlock,
+        MIGRATE_LOCK_WAIT_SECONDS,
+    )
+    .await?;
     if !locked {
         session.abandon(&sql.migrate_unlock).await;
         return Err(StoreError::Unavailable(format!(

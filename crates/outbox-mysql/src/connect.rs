@@ -1,8 +1,8 @@
 //! [`MySqlStore`]: the outbox as a relay sees it, over an existing pool or a new one made by
 //! [`MySqlStore::connect`] with settings suited to a relay.
 
-use crate::sql::Sql;
 use crate::MySqlOutbox;
+use crate::sql::Sql;
 use outbox_types::StoreError;
 use sqlx::MySqlPool;
 

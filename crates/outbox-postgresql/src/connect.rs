@@ -1,8 +1,8 @@
 //! [`PgStore`]: the outbox as a relay sees it, over an existing pool or a new one made by
 //! [`PgStore::connect`] with settings suited to a relay.
 
-use crate::sql::Sql;
 use crate::PgOutbox;
+use crate::sql::Sql;
 use outbox_types::StoreError;
 use sqlx::PgPool;
 

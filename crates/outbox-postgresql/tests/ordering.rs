@@ -15,12 +15,7 @@ use outbox_types::{ClaimRequest, DeadLetterPolicy, Event, Store};
 
 /// The labels of what `owner` claims now, under a lease of a minute.
 async fn claimed(store: &PgStore, owner: &str) -> Vec<String> {
-    let request = ClaimRequest::new(
-        owner,
-        100,
-        Duration::from_secs(60),
-        DeadLetterPolicy::Block,
-    );
+    let request = ClaimRequest::new(owner, 100, Duration::from_secs(60), DeadLetterPolicy::Block);
     labels(&store.claim(&request).await.unwrap().events)
 }
 

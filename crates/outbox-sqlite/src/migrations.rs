@@ -248,7 +248,6 @@ pub(crate) async fn current_version(
     outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
 }
 
-
 /// Everything [`run`] applies to a database without this outbox, as one SQL script: the
 /// bookkeeping table, each migration as rendered for `outbox`, and the row that records it
 /// (with the checksum `run` checks), in one transaction. Applied by another tool, it leaves a

@@ -175,17 +175,8 @@ impl PgInbox {
             .bind(fnv1a(&format!("outbox-inbox:migrate:{}", n.qualified)) as i64)
             .execute(&mut *tx)
             .await?;
-        let create_table = format!(
-            "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
-             CREATE TABLE IF NOT EXISTS {m} (
-                 version     BIGINT PRIMARY KEY,
-                 description TEXT NOT NULL,
-                 checksum    TEXT NOT NULL,
-                 applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
-             );",
-            schema = self.schema,
-            m = n.migrations
-        );
+        let create_table =
+            outbox_types::migration::postgres_bookkeeping_ddl(&self.schema, &n.migrations);
         let report = self.apply_migrations(&mut tx, create_table).await?;
         tx.commit().await?;
         Ok(report)

@@ -116,15 +116,7 @@ impl SqliteInbox {
     pub async fn migrate(&self, pool: &SqlitePool) -> Result<MigrationReport, Error> {
         let n = &self.inner;
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        let create_table = format!(
-            "CREATE TABLE IF NOT EXISTS {m} (
-                 version     INTEGER PRIMARY KEY,
-                 description TEXT    NOT NULL,
-                 checksum    TEXT    NOT NULL,
-                 applied_at  INTEGER NOT NULL
-             ) STRICT;",
-            m = n.migrations
-        );
+        let create_table = outbox_types::migration::sqlite_bookkeeping_ddl(&n.migrations);
         let report = self.apply_migrations(&mut tx, create_table).await?;
         tx.commit().await?;
         Ok(report)

@@ -34,17 +34,13 @@ pub(crate) async fn claim(store: &MySqlStore, request: &ClaimRequest) -> Result<
         });
     }
     let sql = store.sql();
-    let mut session = Session::open(&store.pool).await?;
-    let serialized = match session
-        .get_lock(&sql.claim_lock, CLAIM_LOCK_WAIT_SECONDS)
-        .await
-    {
-        Ok(serialized) => serialized,
-        Err(error) => {
-            session.abandon(&sql.claim_unlock).await;
-            return Err(error);
-        }
-    };
+    let (mut session, serialized) = Session::open_with_lock(
+        &store.pool,
+        &sql.claim_lock,
+        &sql.claim_unlock,
+        CLAIM_LOCK_WAIT_SECONDS,
+    )
+    .await?;
     if !serialized {
         tracing::warn!(
             table = store.outbox.table(),

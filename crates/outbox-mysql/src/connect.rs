@@ -1,12 +1,10 @@
 //! [`MySqlStore`]: the outbox as a relay sees it, over an existing pool or a new one made by
 //! [`MySqlStore::connect`] with settings suited to a relay.
 
+use crate::MySqlOutbox;
 use crate::sql::Sql;
-use crate::{MySqlOutbox, redact_url};
 use outbox_types::StoreError;
 use sqlx::MySqlPool;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use std::time::Duration;
 
 /// The outbox as a relay sees it: a pool and an outbox location.
 #[derive(Clone, Debug)]
@@ -25,24 +23,7 @@ impl MySqlStore {
     /// outage surfaces as a retryable error instead of a hang). The URL is not echoed in errors
     /// with its password.
     pub async fn connect(url: &str, outbox: MySqlOutbox) -> Result<Self, StoreError> {
-        let options: MySqlConnectOptions = url.parse().map_err(|e: sqlx::Error| {
-            StoreError::Invalid(format!("invalid MySQL URL `{}`: {e}", redact_url(url)))
-        })?;
-        let unreachable = |e: sqlx::Error| {
-            StoreError::Unavailable(format!("cannot connect to {}: {e}", redact_url(url)))
-        };
-        // One direct connection first: it fails fast with the real cause (refused, unknown host,
-        // access denied) where a pool would only report a timeout.
-        let probe = <sqlx::MySqlConnection as sqlx::Connection>::connect_with(&options)
-            .await
-            .map_err(unreachable)?;
-        let _ = sqlx::Connection::close(probe).await;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_with(options)
-            .await
-            .map_err(unreachable)?;
+        let pool = outbox_types::connect_relay_pool!(sqlx::MySql, "MySQL", url)?;
         Ok(MySqlStore { pool, outbox })
     }
 
@@ -63,7 +44,7 @@ impl MySqlStore {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::redact_url;
 
     #[test]
     fn passwords_are_redacted() {

@@ -388,17 +388,13 @@ pub(crate) async fn run(
     pool: &MySqlPool,
 ) -> Result<MigrationReport, StoreError> {
     let sql = outbox.sql();
-    let mut session = Session::open(pool).await?;
-    let locked = match session
-        .get_lock(&sql.migrate_lock, MIGRATE_LOCK_WAIT_SECONDS)
-        .await
-    {
-        Ok(locked) => locked,
-        Err(error) => {
-            session.abandon(&sql.migrate_unlock).await;
-            return Err(error);
-        }
-    };
+    let (mut session, locked) = Session::open_with_lock(
+        pool,
+        &sql.migrate_lock,
+        &sql.migrate_unlock,
+        MIGRATE_LOCK_WAIT_SECONDS,
+    )
+    .await?;
     if !locked {
         session.abandon(&sql.migrate_unlock).await;
         return Err(StoreError::Unavailable(format!(
@@ -637,14 +633,7 @@ pub(crate) async fn current_version(
     if exists == 0 {
         return Ok(0);
     }
-    let version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT MAX(version) FROM {}",
-        outbox.migrations_table()
-    )))
-    .fetch_one(pool)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(version.unwrap_or(0))
+    outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
 }
 
 impl Versioned for Migration {

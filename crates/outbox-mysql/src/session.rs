@@ -38,6 +38,25 @@ impl Session {
         })
     }
 
+    /// Take a connection from the pool and ask for a named lock on it ([`Session::get_lock`]):
+    /// the session and whether the lock was granted within `wait_seconds`. When asking fails,
+    /// the session is abandoned (`release_lock`) and the error returned.
+    pub(crate) async fn open_with_lock(
+        pool: &MySqlPool,
+        get_lock: &str,
+        release_lock: &str,
+        wait_seconds: u32,
+    ) -> Result<(Self, bool), StoreError> {
+        let mut session = Session::open(pool).await?;
+        match session.get_lock(get_lock, wait_seconds).await {
+            Ok(granted) => Ok((session, granted)),
+            Err(error) => {
+                session.abandon(release_lock).await;
+                Err(error)
+            }
+        }
+    }
+
     /// The connection, for statements in between.
     pub(crate) fn conn(&mut self) -> &mut MySqlConnection {
         &mut self.conn

@@ -668,26 +668,10 @@ mod tests {
                     .await
                     .unwrap();
             }
-            let candidates = plan(
-                &pool,
-                &sql.claim_candidates,
-                &[true.into(), 200.into(), true.into(), 200.into(), 200.into()],
-            )
-            .await;
-            assert!(
-                candidates
-                    .iter()
-                    .filter(|(t, _)| t == "e")
-                    .all(|(_, k)| k == "open_seq"),
-                "round {round}: {candidates:?}"
-            );
-            let probes: Vec<_> = candidates.iter().filter(|(t, _)| t == "b").collect();
-            assert_eq!(probes.len(), 6, "round {round}: {candidates:?}");
-            assert!(
-                probes.iter().all(|(_, k)| k == "blockers"),
-                "round {round}: {candidates:?}"
-            );
-            // The statements built around a route table read through the same indexes.
+            // The claim's candidates read `open_seq` and probe earlier rows through `blockers`:
+            // the plain statement, and the statements built around a route table (a held
+            // destination; a deferred one, whose earlier open rows are probed through
+            // `blockers` too).
             let routes = outbox_testkit::hooks_and_kafka();
             let built = |b: crate::sql::Built| -> (String, Vec<serde_json::Value>) {
                 let binds = b
@@ -701,42 +685,42 @@ mod tests {
                     .collect();
                 (b.sql, binds)
             };
-            let (held, held_binds) =
-                built(sql.held_claim_candidates(&routes, &["hooks".into()], &[], true, 200));
-            let held_plan = plan(&pool, &held, &held_binds).await;
-            assert!(
-                held_plan
+            let plain = (
+                sql.claim_candidates.clone(),
+                vec![true.into(), 200.into(), true.into(), 200.into(), 200.into()],
+            );
+            for (name, (statement, binds), probe_tables, probe_count) in [
+                ("claim candidates", plain, &["b"][..], 6),
+                (
+                    "held claim candidates",
+                    built(sql.held_claim_candidates(&routes, &["hooks".into()], &[], true, 200)),
+                    &["b"][..],
+                    6,
+                ),
+                (
+                    "deferred claim candidates",
+                    built(sql.held_claim_candidates(&routes, &[], &["hooks".into()], true, 200)),
+                    &["b", "d"][..],
+                    8,
+                ),
+            ] {
+                let p = plan(&pool, &statement, &binds).await;
+                assert!(
+                    p.iter()
+                        .filter(|(t, _)| t == "e")
+                        .all(|(_, k)| k == "open_seq"),
+                    "{name}, round {round}: {p:?}"
+                );
+                let probes: Vec<_> = p
                     .iter()
-                    .filter(|(t, _)| t == "e")
-                    .all(|(_, k)| k == "open_seq"),
-                "round {round}: {held_plan:?}"
-            );
-            let held_probes: Vec<_> = held_plan.iter().filter(|(t, _)| t == "b").collect();
-            assert_eq!(held_probes.len(), 6, "round {round}: {held_plan:?}");
-            assert!(
-                held_probes.iter().all(|(_, k)| k == "blockers"),
-                "round {round}: {held_plan:?}"
-            );
-            // A deferred destination: its earlier open rows are probed through `blockers` too.
-            let (deferred, deferred_binds) =
-                built(sql.held_claim_candidates(&routes, &[], &["hooks".into()], true, 200));
-            let deferred_plan = plan(&pool, &deferred, &deferred_binds).await;
-            assert!(
-                deferred_plan
-                    .iter()
-                    .filter(|(t, _)| t == "e")
-                    .all(|(_, k)| k == "open_seq"),
-                "round {round}: {deferred_plan:?}"
-            );
-            let deferred_probes: Vec<_> = deferred_plan
-                .iter()
-                .filter(|(t, _)| t == "b" || t == "d")
-                .collect();
-            assert_eq!(deferred_probes.len(), 8, "round {round}: {deferred_plan:?}");
-            assert!(
-                deferred_probes.iter().all(|(_, k)| k == "blockers"),
-                "round {round}: {deferred_plan:?}"
-            );
+                    .filter(|(t, _)| probe_tables.contains(&t.as_str()))
+                    .collect();
+                assert_eq!(probes.len(), probe_count, "{name}, round {round}: {p:?}");
+                assert!(
+                    probes.iter().all(|(_, k)| k == "blockers"),
+                    "{name}, round {round}: {p:?}"
+                );
+            }
             let filter = outbox_types::ReplayFilter {
                 from: chrono::DateTime::<Utc>::MIN_UTC,
                 to: Utc::now(),

@@ -1,12 +1,10 @@
 //! [`PgStore`]: the outbox as a relay sees it, over an existing pool or a new one made by
 //! [`PgStore::connect`] with settings suited to a relay.
 
+use crate::PgOutbox;
 use crate::sql::Sql;
-use crate::{PgOutbox, redact_url};
 use outbox_types::StoreError;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use std::time::Duration;
 
 /// The outbox as a relay sees it: a pool and an outbox location.
 #[derive(Clone, Debug)]
@@ -47,24 +45,7 @@ impl PgStore {
     /// outage surfaces as a retryable error instead of a hang). The URL is not echoed in errors
     /// with its password.
     pub async fn connect(url: &str, outbox: PgOutbox) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
-            StoreError::Invalid(format!("invalid PostgreSQL URL `{}`: {e}", redact_url(url)))
-        })?;
-        let unreachable = |e: sqlx::Error| {
-            StoreError::Unavailable(format!("cannot connect to {}: {e}", redact_url(url)))
-        };
-        // One direct connection first: it fails fast with the real cause (refused, unknown host,
-        // authentication) where a pool would only report a timeout.
-        let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
-            .await
-            .map_err(unreachable)?;
-        let _ = sqlx::Connection::close(probe).await;
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_with(options)
-            .await
-            .map_err(unreachable)?;
+        let pool = outbox_types::connect_relay_pool!(sqlx::Postgres, "PostgreSQL", url)?;
         Ok(PgStore::new(pool, outbox))
     }
 
@@ -85,7 +66,7 @@ impl PgStore {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::redact_url;
 
     #[test]
     fn passwords_are_redacted() {

@@ -629,17 +629,7 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
 
 /// The schema and the table that record which migrations were applied (created when missing).
 fn bookkeeping_ddl(outbox: &PgOutbox) -> String {
-    format!(
-        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
-CREATE TABLE IF NOT EXISTS {bookkeeping} (
-    version     BIGINT PRIMARY KEY,
-    description TEXT NOT NULL,
-    checksum    TEXT NOT NULL,
-    applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
-);",
-        schema = outbox.schema(),
-        bookkeeping = outbox.migrations_table()
-    )
+    outbox_types::migration::postgres_bookkeeping_ddl(outbox.schema(), &outbox.migrations_table())
 }
 
 /// Everything [`run`] applies to a database without this outbox, as one SQL script: the
@@ -734,14 +724,7 @@ pub(crate) async fn current_version(outbox: &PgOutbox, pool: &PgPool) -> Result<
     if exists.is_none() {
         return Ok(0);
     }
-    let version: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT max(version) FROM {}",
-        outbox.migrations_table()
-    )))
-    .fetch_one(pool)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(version.unwrap_or(0))
+    outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
 }
 
 #[cfg(test)]

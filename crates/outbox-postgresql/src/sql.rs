@@ -109,23 +109,9 @@ impl Sql {
             discard_dead: counted_delete(format!(
                 "DELETE FROM {t} WHERE status = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1))"
             )),
-            // The outer WHERE repeats the condition: a row changed between the subquery's
-            // snapshot and the delete (a replay, say) is re-checked on its latest version.
-            purge: counted_delete(format!(
-                "DELETE FROM {t} WHERE seq IN (
-                     SELECT seq FROM {t}
-                     WHERE status = 'delivered' AND delivered_at < now() - $1 * interval '1 millisecond'
-                     ORDER BY seq LIMIT $2)
-                   AND status = 'delivered' AND delivered_at < now() - $1 * interval '1 millisecond'"
-            )),
-            // $1 age ms, $2 limit. Through the `_dead` partial index.
-            purge_dead: counted_delete(format!(
-                "DELETE FROM {t} WHERE seq IN (
-                     SELECT seq FROM {t}
-                     WHERE status = 'dead' AND dead_at < now() - $1 * interval '1 millisecond'
-                     ORDER BY seq LIMIT $2)
-                   AND status = 'dead' AND dead_at < now() - $1 * interval '1 millisecond'"
-            )),
+            purge: counted_delete(purge_sql(t, "delivered", "delivered_at")),
+            // Through the `_dead` partial index.
+            purge_dead: counted_delete(purge_sql(t, "dead", "dead_at")),
             // In-flight rows only (the `_open` partial index), on the database's clock.
             leases: format!(
                 "SELECT COALESCE(lease_owner, '') AS owner, count(*) AS events,
@@ -156,6 +142,20 @@ impl Sql {
             ),
         }
     }
+}
+
+/// A purge: up to `$2` rows in `status` whose `at` is more than `$1` milliseconds ago, oldest
+/// first. The outer WHERE repeats the condition: a row changed between the subquery's snapshot
+/// and the delete (a replay, say) is re-checked on its latest version.
+fn purge_sql(t: &str, status: &str, at: &str) -> String {
+    let old = format!("status = '{status}' AND {at} < now() - $1 * interval '1 millisecond'");
+    format!(
+        "DELETE FROM {t} WHERE seq IN (
+                     SELECT seq FROM {t}
+                     WHERE {old}
+                     ORDER BY seq LIMIT $2)
+                   AND {old}"
+    )
 }
 
 /// Enqueue into the plain layout. `$1` id … `$9` occurred_at. A duplicate idempotency key

@@ -25,16 +25,11 @@ async fn rows(store: &PgStore) -> Vec<(String, String)> {
 
 async fn check_delete_on_ack(store: PgStore) {
     let store = store.with_delete_on_ack(true);
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(
-            &mut *tx,
-            &[numbered("a", 1), numbered("a", 2), numbered("b", 1)],
-        )
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    common::enqueue_committed(
+        &store,
+        &[numbered("a", 1), numbered("a", 2), numbered("b", 1)],
+    )
+    .await;
 
     // The first claim takes all three; acking a/1 and b/1 deletes their rows, and a/2 (not
     // published: say its wave never came) is released untouched.

@@ -9,11 +9,14 @@ mod common;
 
 use std::time::Duration;
 
+use outbox_postgresql::PgStore;
 use outbox_testkit::numbered;
 use outbox_types::{ClaimRequest, DeadLetterPolicy, Event, Store};
 
-fn request(owner: &str, lease: Duration) -> ClaimRequest {
-    ClaimRequest::new(owner, 100, lease, DeadLetterPolicy::Block)
+/// The labels of what `owner` claims now, under a lease of a minute.
+async fn claimed(store: &PgStore, owner: &str) -> Vec<String> {
+    let request = ClaimRequest::new(owner, 100, Duration::from_secs(60), DeadLetterPolicy::Block);
+    labels(&store.claim(&request).await.unwrap().events)
 }
 
 fn labels(events: &[Event]) -> Vec<String> {
@@ -30,13 +33,7 @@ fn labels(events: &[Event]) -> Vec<String> {
 async fn a_locked_earlier_event_holds_back_its_aggregate_duplicate_key_enqueue() {
     let store = common::fresh_store().await;
     let a1 = numbered("a", 1).with_idempotency_key("a-1");
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, &[a1, numbered("a", 2), numbered("b", 1)])
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    common::enqueue_committed(&store, &[a1, numbered("a", 2), numbered("b", 1)]).await;
 
     // A writer retries its business transaction: its enqueue hits a/1's key (ON CONFLICT DO
     // UPDATE locks that row) and the transaction stays open.
@@ -48,36 +45,23 @@ async fn a_locked_earlier_event_holds_back_its_aggregate_duplicate_key_enqueue()
         .unwrap();
     assert!(!again.created);
 
-    let claim = store
-        .claim(&request("relay", Duration::from_secs(60)))
-        .await
-        .unwrap();
     assert_eq!(
-        labels(&claim.events),
+        claimed(&store, "relay").await,
         vec!["b/1"],
         "a/2 must not go out while a/1 is skipped"
     );
     writer.commit().await.unwrap();
-    let next = store
-        .claim(&request("relay", Duration::from_secs(60)))
-        .await
-        .unwrap();
-    assert_eq!(labels(&next.events), vec!["a/1", "a/2"]);
+    assert_eq!(claimed(&store, "relay").await, vec!["a/1", "a/2"]);
 }
 
 #[tokio::test]
 async fn a_locked_earlier_event_holds_back_its_aggregate_stalled_relay_write() {
     let store = common::fresh_store().await;
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(
-            &mut *tx,
-            &[numbered("a", 1), numbered("b", 1), numbered("a", 2)],
-        )
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    common::enqueue_committed(
+        &store,
+        &[numbered("a", 1), numbered("b", 1), numbered("a", 2)],
+    )
+    .await;
 
     // Relay 1 claims a/1 alone, then stalls past its lease.
     let stalled = store
@@ -104,19 +88,11 @@ async fn a_locked_earlier_event_holds_back_its_aggregate_stalled_relay_write() {
     .await
     .unwrap();
 
-    let claim = store
-        .claim(&request("relay-2", Duration::from_secs(60)))
-        .await
-        .unwrap();
     assert_eq!(
-        labels(&claim.events),
+        claimed(&store, "relay-2").await,
         vec!["b/1"],
         "a/2 must not overtake the expired, locked a/1"
     );
     late.rollback().await.unwrap();
-    let next = store
-        .claim(&request("relay-2", Duration::from_secs(60)))
-        .await
-        .unwrap();
-    assert_eq!(labels(&next.events), vec!["a/1", "a/2"]);
+    assert_eq!(claimed(&store, "relay-2").await, vec!["a/1", "a/2"]);
 }

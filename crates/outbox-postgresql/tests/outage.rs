@@ -18,13 +18,7 @@ async fn relay_survives_a_database_outage_without_losing_or_double_acking() {
     let events: Vec<_> = (0..3000u64)
         .map(|i| numbered(&format!("o{}", i % 100), i / 100))
         .collect();
-    let mut tx = direct.pool().begin().await.unwrap();
-    direct
-        .outbox()
-        .enqueue_batch(&mut *tx, &events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    common::enqueue_committed(&direct, &events).await;
 
     // The relay reaches PostgreSQL only through a proxy we can cut.
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap())

@@ -134,15 +134,11 @@ async fn rotation_drops_only_partitions_fully_delivered_and_past_retention() {
             events.push(numbered(group, n).with_idempotency_key(format!("k-{group}{n}")));
         }
     }
-    let mut tx = pool.begin().await.unwrap();
-    let ids: Vec<EventId> = outbox
-        .enqueue_batch(&mut *tx, &events)
+    let ids: Vec<EventId> = common::enqueue_committed(&store, &events)
         .await
-        .unwrap()
-        .iter()
-        .map(|e| e.id)
+        .into_iter()
+        .map(|(id, _)| id)
         .collect();
-    tx.commit().await.unwrap();
     let (a, b, c) = (&ids[0..3], &ids[3..6], &ids[6..9]);
     set_enqueued_at(&store, a, d(-2, 1)).await;
     set_enqueued_at(&store, b, d(-1, 1)).await;

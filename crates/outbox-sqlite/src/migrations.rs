@@ -17,7 +17,7 @@
 //!   not a silent skip.
 
 use outbox_types::StoreError;
-use outbox_types::migration::{Schema, pending};
+use outbox_types::migration::{Schema, pending, sqlite_bookkeeping_ddl};
 use sqlx::SqlitePool;
 
 use crate::SqliteOutbox;
@@ -197,7 +197,7 @@ pub(crate) async fn run(
 ) -> Result<MigrationReport, StoreError> {
     let bookkeeping = outbox.migrations_table();
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_sqlx)?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(bookkeeping_ddl(&bookkeeping)))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sqlite_bookkeeping_ddl(&bookkeeping)))
         .execute(&mut *tx)
         .await
         .map_err(map_sqlx)?;
@@ -245,26 +245,7 @@ pub(crate) async fn current_version(
     if exists == 0 {
         return Ok(0);
     }
-    let version: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT max(version) FROM {}",
-        outbox.migrations_table()
-    )))
-    .fetch_one(pool)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(version.unwrap_or(0))
-}
-
-/// The table that records which migrations were applied (created when missing).
-fn bookkeeping_ddl(bookkeeping: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {bookkeeping} (
-    version     INTEGER PRIMARY KEY,
-    description TEXT    NOT NULL,
-    checksum    TEXT    NOT NULL,
-    applied_at  INTEGER NOT NULL
-) STRICT;"
-    )
+    outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
 }
 
 /// Everything [`run`] applies to a database without this outbox, as one SQL script: the
@@ -280,7 +261,7 @@ pub(crate) fn script(outbox: &SqliteOutbox) -> String {
          BEGIN IMMEDIATE;\n\n{}\n",
         outbox.quoted_table(),
         latest_version(),
-        bookkeeping_ddl(&bookkeeping)
+        sqlite_bookkeeping_ddl(&bookkeeping)
     );
     for m in MIGRATIONS {
         out.push_str(&format!(

@@ -232,6 +232,35 @@ pub fn check_released<M: Versioned>(known: &[M], released: &[(i64, &str)]) -> Re
     Ok(())
 }
 
+/// The bookkeeping table on PostgreSQL, as SQL that creates the schema `schema` and the table
+/// `bookkeeping` (its quoted, qualified name) when they are missing: the same table for every
+/// runner there (a store's outbox, an inbox).
+pub fn postgres_bookkeeping_ddl(schema: &str, bookkeeping: &str) -> String {
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+CREATE TABLE IF NOT EXISTS {bookkeeping} (
+    version     BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    checksum    TEXT NOT NULL,
+    applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+);"
+    )
+}
+
+/// The bookkeeping table on SQLite, as SQL that creates the table `bookkeeping` (its quoted
+/// name) when it is missing: the same table for every runner there (a store's outbox, an inbox).
+/// `applied_at` is microseconds since the Unix epoch, written by the runner (no default).
+pub fn sqlite_bookkeeping_ddl(bookkeeping: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {bookkeeping} (
+    version     INTEGER PRIMARY KEY,
+    description TEXT    NOT NULL,
+    checksum    TEXT    NOT NULL,
+    applied_at  INTEGER NOT NULL
+) STRICT;"
+    )
+}
+
 /// The `(version, checksum)` rows of the bookkeeping table `$bookkeeping` (its quoted name),
 /// oldest first, read through `$conn`: what [`pending`] takes. The statement is the same in
 /// every database; errors go through `$map_err` (the store's `map_sqlx`). A macro because the
@@ -245,6 +274,24 @@ macro_rules! applied_migrations {
         )))
         .fetch_all($conn)
         .await
+        .map_err($map_err)
+    };
+}
+
+/// The newest version recorded in the bookkeeping table `$bookkeeping` (its quoted name), `0`
+/// when it holds none, read through `$conn`: what a store's `current_version` reports once it
+/// knows the table exists. The statement is the same in every database; errors go through
+/// `$map_err` (the store's `map_sqlx`). A macro for the reason [`applied_migrations!`] is one.
+#[macro_export]
+macro_rules! recorded_version {
+    ($conn:expr, $bookkeeping:expr, $map_err:path) => {
+        ::sqlx::query_scalar::<_, Option<i64>>(::sqlx::AssertSqlSafe(format!(
+            "SELECT max(version) FROM {}",
+            $bookkeeping
+        )))
+        .fetch_one($conn)
+        .await
+        .map(|version| version.unwrap_or(0))
         .map_err($map_err)
     };
 }

@@ -116,6 +116,52 @@ macro_rules! sqlx_connection_trouble {
     };
 }
 
+/// A relay's pool on the database server at `$url` (a `&str`), for the PostgreSQL and MySQL
+/// stores' `connect`: the URL parsed into `$db`'s connect options (a bad one is
+/// [`StoreError::Invalid`], "invalid `$name` URL"); one direct connection first, which fails fast
+/// with the real cause (refused, unknown host, authentication) where a pool would only report a
+/// timeout; then a small pool (8 connections) with a short acquire timeout (5 s), so a database
+/// outage surfaces as a retryable error instead of a hang. A failure to connect is
+/// [`StoreError::Unavailable`]; no error echoes the URL's password. It expands to an awaited
+/// expression of type `Result<sqlx::Pool<$db>, StoreError>`, for the body of an `async fn`; a
+/// macro because `sqlx` is the store's.
+#[macro_export]
+macro_rules! connect_relay_pool {
+    ($db:ty, $name:literal, $url:expr) => {
+        async {
+            let url: &str = $url;
+            let options: <<$db as ::sqlx::Database>::Connection as ::sqlx::Connection>::Options =
+                url.parse().map_err(|e: ::sqlx::Error| {
+                    $crate::StoreError::Invalid(format!(
+                        concat!("invalid ", $name, " URL `{}`: {}"),
+                        $crate::redact::redact_url(url),
+                        e
+                    ))
+                })?;
+            let unreachable = |e: ::sqlx::Error| {
+                $crate::StoreError::Unavailable(format!(
+                    "cannot connect to {}: {e}",
+                    $crate::redact::redact_url(url)
+                ))
+            };
+            let probe =
+                <<$db as ::sqlx::Database>::Connection as ::sqlx::Connection>::connect_with(
+                    &options,
+                )
+                .await
+                .map_err(unreachable)?;
+            let _ = ::sqlx::Connection::close(probe).await;
+            ::sqlx::pool::PoolOptions::<$db>::new()
+                .max_connections(8)
+                .acquire_timeout(::std::time::Duration::from_secs(5))
+                .connect_with(options)
+                .await
+                .map_err(unreachable)
+        }
+        .await
+    };
+}
+
 /// The longest table (or schema) name the stores accept: derived names such as
 /// `<table>_migrations` and PostgreSQL's index names then stay within every database's
 /// identifier limit (PostgreSQL 63 bytes, MySQL 64 characters), and one configuration works for

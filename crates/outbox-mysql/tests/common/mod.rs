@@ -48,38 +48,35 @@ async fn sweep_old_tables() {
             else {
                 return;
             };
-            let old: Vec<String> = sqlx::query_scalar(
-                "SELECT TABLE_NAME FROM information_schema.TABLES
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'ob\\_t\\_%'
-                   AND CREATE_TIME < NOW() - INTERVAL 1 HOUR",
-            )
-            .fetch_all(&pool)
-            .await
-            .unwrap_or_default();
-            for table in old {
-                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "DROP TABLE IF EXISTS `{table}`"
-                )))
-                .execute(&pool)
-                .await;
-            }
-            // Each migrated test table has its enqueue procedure: dropped with the table.
-            let orphans: Vec<String> = sqlx::query_scalar(
-                "SELECT r.ROUTINE_NAME FROM information_schema.ROUTINES AS r
-                 WHERE r.ROUTINE_SCHEMA = DATABASE() AND r.ROUTINE_NAME LIKE 'ob\\_t\\_%\\_enqueue'
-                   AND NOT EXISTS (SELECT 1 FROM information_schema.TABLES AS t
-                                   WHERE t.TABLE_SCHEMA = DATABASE()
-                                     AND CONCAT(t.TABLE_NAME, '_enqueue') = r.ROUTINE_NAME)",
-            )
-            .fetch_all(&pool)
-            .await
-            .unwrap_or_default();
-            for procedure in orphans {
-                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "DROP PROCEDURE IF EXISTS `{procedure}`"
-                )))
-                .execute(&pool)
-                .await;
+            // Old test tables, then the enqueue procedures their tables left behind (each
+            // migrated test table has one, dropped with the table).
+            for (kind, names) in [
+                (
+                    "TABLE",
+                    "SELECT TABLE_NAME FROM information_schema.TABLES
+                     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'ob\\_t\\_%'
+                       AND CREATE_TIME < NOW() - INTERVAL 1 HOUR",
+                ),
+                (
+                    "PROCEDURE",
+                    "SELECT r.ROUTINE_NAME FROM information_schema.ROUTINES AS r
+                     WHERE r.ROUTINE_SCHEMA = DATABASE() AND r.ROUTINE_NAME LIKE 'ob\\_t\\_%\\_enqueue'
+                       AND NOT EXISTS (SELECT 1 FROM information_schema.TABLES AS t
+                                       WHERE t.TABLE_SCHEMA = DATABASE()
+                                         AND CONCAT(t.TABLE_NAME, '_enqueue') = r.ROUTINE_NAME)",
+                ),
+            ] {
+                let old: Vec<String> = sqlx::query_scalar(names)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap_or_default();
+                for name in old {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP {kind} IF EXISTS `{name}`"
+                    )))
+                    .execute(&pool)
+                    .await;
+                }
             }
             pool.close().await;
         })

@@ -52,6 +52,12 @@ pub async fn fresh_partitioned_store(partitioning: Partitioning) -> PgStore {
     PgStore::new(pool, outbox)
 }
 
+/// Enqueue `events` in one committed transaction, the way a writer would; `(id, created)` per
+/// event.
+pub async fn enqueue_committed(store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
+    outbox_store_tests::enqueue_committed(&PgWriter::default(), store, events).await
+}
+
 pub struct PgHarness;
 
 /// The same contract against the partitioned layout.
@@ -97,7 +103,7 @@ impl Harness for PgHarness {
     }
 
     async fn enqueue(&self, store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
-        outbox_store_tests::enqueue_committed(&PgWriter::default(), store, events).await
+        enqueue_committed(store, events).await
     }
 
     async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {

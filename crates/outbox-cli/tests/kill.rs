@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_postgresql::PgStore;
 use outbox_types::Store;
 
 use common::BIN;
@@ -65,13 +65,7 @@ async fn backlog(prefix: &str) -> (String, PgStore, Vec<outbox_types::NewEvent>)
         .unwrap()
         .subsec_nanos();
     let schema = format!("{prefix}_{}_{}", std::process::id(), nanos % 100_000);
-    let store = PgStore::connect(
-        &common::pg_url(),
-        PgOutbox::with_names(&schema, "events").unwrap(),
-    )
-    .await
-    .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
+    let store = common::migrated_store(&common::pg_url(), &schema).await;
     let events: Vec<_> = (0..20_000u64)
         .map(|i| outbox_testkit::numbered(&format!("k{}", i % 400), i / 400))
         .collect();

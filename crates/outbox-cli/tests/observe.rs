@@ -6,7 +6,6 @@ use common::{BIN, Killed, pg_url};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_testkit::TcpProxy;
 use outbox_types::{NewEvent, Store};
 
@@ -46,10 +45,7 @@ fn metric(body: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_and_readiness_follows_the_database() {
     let schema = format!("outbox_t_obs_{}", std::process::id());
-    let store = PgStore::connect(&pg_url(), PgOutbox::with_names(&schema, "events").unwrap())
-        .await
-        .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
+    let store = common::migrated_store(&pg_url(), &schema).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap())
         .await
         .unwrap();
@@ -200,10 +196,7 @@ async fn per_destination_metrics_and_sink_readiness() {
     let hook_port = common::serve(app).await;
 
     let schema = format!("outbox_t_obs2_{}", std::process::id());
-    let store = PgStore::connect(&pg_url(), PgOutbox::with_names(&schema, "events").unwrap())
-        .await
-        .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
+    let store = common::migrated_store(&pg_url(), &schema).await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let dead_nats = free_port();

@@ -19,6 +19,9 @@
 //! The tests take a shared lock and run one at a time: each drives a few thousand HTTP
 //! requests and transactions, and the machine is small.
 
+mod common;
+
+use common::{BIN, pg_url};
 use outbox_testkit::unique;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -42,16 +45,10 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::task::JoinHandle;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 const ORDERS: u64 = 1_000;
 
 /// One test at a time (see the module docs).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
 fn nats_url() -> String {
     std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
@@ -274,7 +271,7 @@ impl System {
             .map(|s| format!("{tag}_{s}"))
             .collect();
 
-        let db = Db::connect(&database_url(), Some(&schemas[0]), 8)
+        let db = Db::connect(&pg_url(), Some(&schemas[0]), 8)
             .await
             .expect("PostgreSQL must be running on 127.0.0.1:5432");
         let outbox = outbox_postgresql::PgOutbox::with_names(&schemas[0], "events").unwrap();
@@ -303,7 +300,7 @@ impl System {
             (Service::Delivery, &schemas[1]),
             (Service::Billing, &schemas[2]),
         ] {
-            let db = Db::connect(&database_url(), Some(schema), 4).await.unwrap();
+            let db = Db::connect(&pg_url(), Some(schema), 4).await.unwrap();
             let consumer = Arc::new(Consumer::open(service, db).await.unwrap());
             let transport = route.transport(&unique(service.name()));
             let running = consumer.clone();
@@ -353,7 +350,7 @@ impl System {
              [relay]\nbatch_size = 200\npoll_interval = \"20ms\"\nlease = \"5s\"\npublish_timeout = \"4s\"\n\n\
              [retention]\nenabled = false\n\n\
              [destinations.orders]\n{}",
-            database_url(),
+            pg_url(),
             self.schemas[0],
             self.route.destination_toml()
         );

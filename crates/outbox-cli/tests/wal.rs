@@ -13,7 +13,7 @@ use outbox_testkit::logical_cluster_url as cluster_url;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_postgresql::PgStore;
 use outbox_types::{NewEvent, Store};
 
 fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
@@ -221,10 +221,7 @@ async fn an_open_message_source_is_reported_with_the_fix_and_refused() {
     }
     let (base, _) = url.rsplit_once('/').unwrap();
     let db_url = format!("{base}/{db}");
-    let store = PgStore::connect(&db_url, PgOutbox::with_names("outbox", "events").unwrap())
-        .await
-        .unwrap();
-    store.outbox().migrate(store.pool()).await.unwrap();
+    let store = common::migrated_store(&db_url, "outbox").await;
     store.pool().close().await;
     let dir = tempfile::tempdir().unwrap();
     let config = common::write_file(

@@ -4,8 +4,8 @@
 //! not hold, so it is written once:
 //!
 //! - [`config_struct!`] declares a sink's settings struct, so the keys every sink shares are
-//!   written once: `format` and the `cloudevents_*` keys, with the same types, the same
-//!   documentation and the same defaults in every sink;
+//!   written once: `format`, the `cloudevents_*` keys and `password`/`password_env`, with the
+//!   same types, the same documentation and the same defaults in every sink;
 //! - [`unique_headers`], the routing headers with each name once, for the sinks whose headers
 //!   are compared without case (NATS, Redis, HTTP).
 //!
@@ -68,6 +68,7 @@ pub fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
 /// What the macro's expansion names, reachable from every crate that calls it.
 #[doc(hidden)]
 pub mod __private {
+    pub use outbox_types::redact::Secret;
     pub use outbox_types::routing::{BodyFormat, CloudEventsKeys, CloudEventsMode};
 }
 
@@ -82,6 +83,8 @@ pub mod __private {
 ///   [`outbox_types::sink_config::routing`];
 /// - `@username,` — `username`, the old spelling of `user`, read but never printed (for
 ///   [`outbox_types::sink_config::user`]).
+/// - `@password,` — `password` (a [`Secret`](outbox_types::redact::Secret), masked when printed)
+///   and `password_env` (both unset by default), for [`outbox_types::sink_config::password`].
 #[macro_export]
 macro_rules! config_struct {
     // `@format`: the body format.
@@ -133,6 +136,18 @@ macro_rules! config_struct {
                 pub username: Option<String>,
             ]
             [$($defaults)* username: None,]
+            $($rest)*);
+    };
+    // `@password`: the password for `user`, given or read from the environment.
+    (@munch $name:ident $head:tt [$($fields:tt)*] [$($defaults:tt)*] @password, $($rest:tt)*) => {
+        $crate::config_struct!(@munch $name $head
+            [$($fields)*
+                /// Password for `user`.
+                pub password: Option<$crate::__private::Secret>,
+                /// Name of an environment variable holding the password.
+                pub password_env: Option<String>,
+            ]
+            [$($defaults)* password: None, password_env: None,]
             $($rest)*);
     };
     // A sink's own field, with its default.

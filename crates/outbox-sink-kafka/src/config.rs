@@ -189,10 +189,7 @@ outbox_sink_common::config_struct! {
         pub tls_ca_file: Option<String> = None,
         /// SASL user; needs `password` or `password_env`.
         pub user: Option<String> = None,
-        /// SASL password for `user`.
-        pub password: Option<Secret> = None,
-        /// Name of an environment variable holding the SASL password.
-        pub password_env: Option<String> = None,
+        @password,
         /// `PLAIN` (default), `SCRAM-SHA-256` or `SCRAM-SHA-512`.
         pub sasl_mechanism: SaslMechanism = SaslMechanism::Plain,
         /// `client.id`, shown in broker logs and quotas.

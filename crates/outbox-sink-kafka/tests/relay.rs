@@ -116,14 +116,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
                 common::header(m, "content-type").as_deref(),
                 Some("application/json")
             );
-            assert_eq!(
-                common::header(m, "traceparent"),
-                event.headers().get("traceparent").cloned()
-            );
-            assert_eq!(
-                common::header(m, "outbox-idempotency-key").as_deref(),
-                event.idempotency_key()
-            );
+            common::assert_trace_and_key_headers(event, |name| common::header(m, name));
             let previous = partition_of.insert(key.to_owned(), partition);
             assert!(
                 previous.is_none_or(|p| p == partition),

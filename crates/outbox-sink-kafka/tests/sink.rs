@@ -2,7 +2,7 @@
 
 mod common;
 
-use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use outbox_sink_kafka::KafkaSink;
 use outbox_types::{Event, Outcome, Sink};
 use rdkafka::Message;
 
@@ -24,10 +24,6 @@ fn assert_rejected(outcome: &Outcome, words: &[&str], what: &str) {
     }
 }
 
-fn config(json: serde_json::Value) -> KafkaSinkConfig {
-    serde_json::from_value(json).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_bodies_are_structured_envelopes() {
     if !common::kafka_available() {
@@ -35,7 +31,7 @@ async fn cloudevents_bodies_are_structured_envelopes() {
     }
     let topic = common::unique("outbox_ce");
     common::create_topic(common::BROKERS, &topic, 1).await;
-    let sink = KafkaSink::connect(config(serde_json::json!({
+    let sink = KafkaSink::connect(common::config(serde_json::json!({
         "brokers": [common::BROKERS],
         "topic": topic,
         "format": "cloudevents",
@@ -68,7 +64,7 @@ async fn a_record_too_large_is_rejected_and_the_rest_of_the_batch_is_delivered()
     }
     let topic = common::unique("outbox_big");
     common::create_topic(common::BROKERS, &topic, 1).await;
-    let sink = KafkaSink::connect(config(serde_json::json!({
+    let sink = KafkaSink::connect(common::config(serde_json::json!({
         "brokers": common::BROKERS,
         "topic": topic,
         "max_message_bytes": 10000,
@@ -102,7 +98,7 @@ async fn a_missing_topic_is_rejected_when_auto_creation_is_off() {
         return;
     }
     let topic = common::unique("outbox_nocreate");
-    let sink = KafkaSink::connect(config(serde_json::json!({
+    let sink = KafkaSink::connect(common::config(serde_json::json!({
         "brokers": common::BROKERS,
         "topic": topic,
         "delivery_timeout": "3s",
@@ -141,7 +137,7 @@ async fn the_record_timestamp_is_the_publish_time_or_occurred_at() {
     for (setting, expect_occurred) in [("publish_time", false), ("occurred_at", true)] {
         let topic = common::unique("outbox_ts");
         common::create_topic(common::BROKERS, &topic, 1).await;
-        let sink = KafkaSink::connect(config(serde_json::json!({
+        let sink = KafkaSink::connect(common::config(serde_json::json!({
             "brokers": [common::BROKERS],
             "topic": topic,
             "record_timestamp": setting,

@@ -116,10 +116,7 @@ outbox_sink_common::config_struct! {
         pub tls_ca_file: Option<std::path::PathBuf> = None,
         /// User name, with `password` or `password_env`.
         pub user: Option<String> = None,
-        /// Password for `user`.
-        pub password: Option<Secret> = None,
-        /// Name of an environment variable holding the password.
-        pub password_env: Option<String> = None,
+        @password,
         /// Authentication token (instead of user and password).
         pub token: Option<Secret> = None,
         /// Name of an environment variable holding the token.

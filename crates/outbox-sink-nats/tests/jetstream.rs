@@ -11,15 +11,11 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use outbox_engine::RelayConfig;
-use outbox_sink_nats::{NatsSink, NatsSinkConfig};
-use outbox_testkit::{TcpProxy, numbered};
+use outbox_sink_nats::NatsSink;
+use outbox_testkit::TcpProxy;
 use outbox_types::{Outcome, Sink, Store};
 
 const NATS: &str = "nats://127.0.0.1:4222";
-
-fn config(json: serde_json::Value) -> NatsSinkConfig {
-    serde_json::from_value(json).unwrap()
-}
 
 fn relay_config(stop_when_idle: bool) -> RelayConfig {
     common::relay_config("nats-test", stop_when_idle)
@@ -62,16 +58,12 @@ async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
 
     let (committed, committed_ids) = common::enqueue_with_ghosts(
         &store,
-        numbered("special", 0)
-            .with_destination(format!("{prefix}.audit"))
-            .with_header("traceparent", common::SPECIAL_TRACEPARENT)
-            .with_header("Nats-Expected-Stream", "forged")
-            .with_header("Outbox-Event-Id", "forged")
-            .with_idempotency_key("special-0"),
+        common::special_event(format!("{prefix}.audit"))
+            .with_header("Nats-Expected-Stream", "forged"),
     )
     .await;
 
-    let sink = NatsSink::connect(config(serde_json::json!({
+    let sink = NatsSink::connect(common::config(serde_json::json!({
         "servers": [NATS],
         "subject": format!("{prefix}.${{event_type}}"),
         "create_stream": true,
@@ -137,7 +129,7 @@ async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
             );
             assert_eq!(
                 header(m, "traceparent").as_deref(),
-                Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+                Some(common::SPECIAL_TRACEPARENT)
             );
             assert_eq!(
                 header(m, "outbox-idempotency-key").as_deref(),
@@ -168,7 +160,7 @@ async fn sink_with_own_stream(tag: &str, extra: serde_json::Value) -> (NatsSink,
     for (key, value) in extra.as_object().unwrap() {
         settings[key] = value.clone();
     }
-    let sink = NatsSink::connect(config(settings)).await.unwrap();
+    let sink = NatsSink::connect(common::config(settings)).await.unwrap();
     // Give the background connection a moment.
     for _ in 0..100 {
         if sink.check().await.is_ok() {
@@ -217,7 +209,7 @@ async fn legacy_headers_send_content_type_as_earlier_releases_did() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subject_without_a_stream_is_rejected_with_the_fix() {
     let id = common::unique("n");
-    let sink = NatsSink::connect(config(serde_json::json!({
+    let sink = NatsSink::connect(common::config(serde_json::json!({
         "servers": [NATS],
         "subject": format!("nostream_{id}.${{event_type}}"),
     })))
@@ -260,7 +252,7 @@ async fn broker_down_at_start_keeps_events_pending_until_it_is_back() {
         .await
         .unwrap();
     proxy.cut();
-    let sink = NatsSink::connect(config(serde_json::json!({
+    let sink = NatsSink::connect(common::config(serde_json::json!({
         "servers": [format!("nats://{}", proxy.addr())],
         "subject": format!("{prefix}.${{event_type}}"),
         "create_stream": true,

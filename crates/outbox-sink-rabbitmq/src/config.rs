@@ -94,10 +94,7 @@ outbox_sink_common::config_struct! {
         pub tls_ca_file: Option<String> = None,
         /// AMQP user (PLAIN); `guest` when neither this nor the URL names one.
         pub user: Option<String> = None,
-        /// Password for `user`.
-        pub password: Option<Secret> = None,
-        /// Name of an environment variable holding the password.
-        pub password_env: Option<String> = None,
+        @password,
         /// Connection name shown in the management UI.
         pub client_name: String = "outbox-relay".to_owned(),
         /// Exchange template (e.g. `outbox`, `${aggregate_type}.events`); `""` is the default

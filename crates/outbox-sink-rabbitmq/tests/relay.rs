@@ -9,16 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_engine::{Relay, RelayConfig};
-use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
+use outbox_sink_rabbitmq::RabbitMqSink;
 use outbox_testkit::{TcpProxy, numbered};
 use outbox_types::{NewEvent, RetryPolicy, Sink, Store};
 
 fn relay_config(batch_size: u32) -> RelayConfig {
     common::drain_relay_config("rabbitmq-test", batch_size)
-}
-
-fn sink_config(json: serde_json::Value) -> RabbitMqSinkConfig {
-    serde_json::from_value(json).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -28,7 +24,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
     let store = Arc::new(common::fresh_store().await);
 
     let sink = Arc::new(
-        RabbitMqSink::connect(sink_config(serde_json::json!({
+        RabbitMqSink::connect(common::config(serde_json::json!({
             "url": "amqp://127.0.0.1:5672/%2f",
             "user": "guest",
             "password": "guest",
@@ -85,14 +81,7 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
             common::header(m, "outbox-aggregate-id").as_deref(),
             Some(event.aggregate_id())
         );
-        assert_eq!(
-            common::header(m, "traceparent"),
-            event.headers().get("traceparent").cloned()
-        );
-        assert_eq!(
-            common::header(m, "outbox-idempotency-key").as_deref(),
-            event.idempotency_key()
-        );
+        common::assert_trace_and_key_headers(event, |name| common::header(m, name));
         arrivals.in_order(event.aggregate_id(), &m.data);
     }
     arrivals.assert_complete(aggregates);
@@ -123,7 +112,7 @@ async fn a_cut_connection_keeps_events_pending_until_rabbitmq_is_reachable_again
         .unwrap();
     let url = format!("amqp://127.0.0.1:{}/%2f", proxy.addr().port());
     let sink = Arc::new(
-        RabbitMqSink::connect(sink_config(serde_json::json!({
+        RabbitMqSink::connect(common::config(serde_json::json!({
             "url": url,
             "exchange": exchange,
             "declare": true,
@@ -199,7 +188,7 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
     let rabbit = common::Rabbit::connect().await;
     let exchange = common::unique("outbox_ex_noroute");
     let sink = Arc::new(
-        RabbitMqSink::connect(sink_config(serde_json::json!({
+        RabbitMqSink::connect(common::config(serde_json::json!({
             "exchange": exchange,
             "declare": true,
             "routing_key": "lonely.${event_type}",
@@ -253,7 +242,7 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
     assert_eq!(rabbit.drain_expecting(&queue, 6).await.len(), 6);
 
     // With `unroutable = "reject"` the event is buried at once instead.
-    let rejecting = RabbitMqSink::connect(sink_config(serde_json::json!({
+    let rejecting = RabbitMqSink::connect(common::config(serde_json::json!({
         "exchange": exchange,
         "routing_key": "nobody.listens",
         "unroutable": "reject",

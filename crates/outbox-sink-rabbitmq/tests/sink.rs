@@ -2,15 +2,11 @@
 
 mod common;
 
-use outbox_sink_rabbitmq::{RabbitMqSink, RabbitMqSinkConfig};
+use outbox_sink_rabbitmq::RabbitMqSink;
 use outbox_types::{Event, Outcome, Sink};
 
 fn event(aggregate: &str, aggregate_type: &str, payload: &str) -> Event {
     common::claimed_event(aggregate_type, aggregate, payload)
-}
-
-fn config(json: serde_json::Value) -> RabbitMqSinkConfig {
-    serde_json::from_value(json).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -19,7 +15,7 @@ async fn cloudevents_bodies_are_structured_envelopes() {
     let exchange = common::unique("outbox_ex_ce");
     rabbit.declare_exchange(&exchange).await;
     let queue = rabbit.queue_bound(&exchange, "#").await;
-    let sink = RabbitMqSink::connect(config(serde_json::json!({
+    let sink = RabbitMqSink::connect(common::config(serde_json::json!({
         "exchange": exchange,
         "format": "cloudevents",
         "cloudevents_source": "/orders-service",
@@ -58,7 +54,7 @@ async fn a_missing_exchange_rejects_its_events_and_the_rest_of_the_batch_is_deli
     rabbit.declare_exchange(&present).await;
     let queue = rabbit.queue_bound(&present, "#").await;
     // The exchange is `<prefix>.<aggregate_type>`: one of them does not exist.
-    let sink = RabbitMqSink::connect(config(serde_json::json!({
+    let sink = RabbitMqSink::connect(common::config(serde_json::json!({
         "exchange": format!("{prefix}.${{aggregate_type}}"),
         "max_message_bytes": 1000,
     })))

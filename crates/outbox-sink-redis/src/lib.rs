@@ -109,13 +109,10 @@ outbox_sink_common::config_struct! {
         pub maxlen: Option<u64> = None,
         /// Use TLS even when the URL says `redis://` (a `rediss://` URL always does).
         pub tls: bool = false,
-        /// ACL user name (overrides the URL's); `user`, as in every sink.
+        /// ACL user name (overrides the URL's, as `password` does); `user`, as in every sink.
         pub user: Option<String> = None,
         @username,
-        /// Password (overrides the URL's).
-        pub password: Option<Secret> = None,
-        /// Name of an environment variable holding the password.
-        pub password_env: Option<String> = None,
+        @password,
         /// Connection name shown by `CLIENT LIST` (`CLIENT SETNAME`); no spaces.
         pub client_name: String = "outbox-relay".to_owned(),
         /// Longest wait to connect.

@@ -9,17 +9,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use outbox_engine::RelayConfig;
-use outbox_sink_redis::{RedisSink, RedisSinkConfig};
-use outbox_testkit::{TcpProxy, numbered};
+use outbox_sink_redis::RedisSink;
+use outbox_testkit::TcpProxy;
 use outbox_types::{Outcome, Sink};
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
-
-fn config(json: serde_json::Value) -> RedisSinkConfig {
-    serde_json::from_value(json).unwrap()
-}
 
 fn relay_config(stop_when_idle: bool) -> RelayConfig {
     common::relay_config("redis-test", stop_when_idle)
@@ -66,27 +62,10 @@ async fn relay_appends_exactly_the_committed_events_with_fields_and_order() {
     let main_key = format!("outbox:{id}:Numbered");
     let audit_key = format!("outbox:{id}:audit");
 
-    let mut committed = Vec::new();
-    for n in 0..6u64 {
-        for a in 0..8 {
-            committed.push(numbered(&format!("a{a}"), n));
-        }
-    }
-    committed.push(
-        numbered("special", 0)
-            .with_destination(audit_key.clone())
-            .with_header(
-                "traceparent",
-                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            )
-            .with_header("Outbox-Event-Id", "forged")
-            .with_idempotency_key("special-0"),
-    );
-    let committed_ids = common::enqueue_committed(&store, &committed).await;
-    let ghosts: Vec<_> = (0..5).map(|n| numbered("ghost", n)).collect();
-    common::enqueue_rolled_back(&store, &ghosts).await;
+    let (committed, committed_ids) =
+        common::enqueue_with_ghosts(&store, common::special_event(audit_key.clone())).await;
 
-    let sink = RedisSink::connect(config(serde_json::json!({
+    let sink = RedisSink::connect(common::config(serde_json::json!({
         "url": REDIS,
         "stream": format!("outbox:{id}:${{event_type}}"),
         "maxlen": 100000,
@@ -122,10 +101,7 @@ async fn relay_appends_exactly_the_committed_events_with_fields_and_order() {
         assert_eq!(headers["outbox-aggregate-id"], aggregate);
         if aggregate == "special" {
             assert_eq!(fields["idempotency_key"], "special-0");
-            assert_eq!(
-                headers["traceparent"],
-                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-            );
+            assert_eq!(headers["traceparent"], common::SPECIAL_TRACEPARENT);
         } else {
             assert!(!fields.contains_key("idempotency_key"));
         }
@@ -147,7 +123,7 @@ async fn a_key_of_another_type_is_rejected_without_failing_the_rest() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let sink = RedisSink::connect(config(serde_json::json!({
+    let sink = RedisSink::connect(common::config(serde_json::json!({
         "url": REDIS,
         "stream": format!("outbox:{id}:${{aggregate_id}}"),
         "max_message_bytes": 4096,
@@ -187,7 +163,7 @@ async fn a_key_of_another_type_is_rejected_without_failing_the_rest() {
 async fn maxlen_trims_the_stream() {
     let id = common::unique("m");
     let key = format!("outbox:{id}:trimmed");
-    let sink = RedisSink::connect(config(serde_json::json!({
+    let sink = RedisSink::connect(common::config(serde_json::json!({
         "url": REDIS,
         "stream": key,
         "maxlen": 10,
@@ -225,7 +201,7 @@ async fn redis_down_keeps_events_pending_until_it_is_back() {
         .await
         .unwrap();
     proxy.cut();
-    let sink = RedisSink::connect(config(serde_json::json!({
+    let sink = RedisSink::connect(common::config(serde_json::json!({
         "url": format!("redis://{}", proxy.addr()),
         "stream": format!("outbox:{id}:${{event_type}}"),
         "connect_timeout": "500ms",

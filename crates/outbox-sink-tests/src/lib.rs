@@ -1,7 +1,7 @@
 //! What every sink crate's integration tests share, so a new sink's tests start from the same
 //! pieces: a fresh outbox in its own PostgreSQL schema, transactional enqueue (committed or
 //! rolled back), names no other test uses, waiting for the store, an event as a relay hands it
-//! to a sink, and the per-aggregate order check.
+//! to a sink, a sink's configuration from JSON, and the per-aggregate order check.
 //!
 //! A sink's `tests/common/mod.rs` re-exports this crate and adds what is broker-specific (a
 //! consumer, a topic or queue of the test's own); a sink with nothing broker-specific uses the
@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use outbox_engine::{Relay, RelayConfig, RelayCounters, RelayReport};
-use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_postgresql::{Enqueued, PgOutbox, PgStore};
 use outbox_testkit::numbered;
 use outbox_types::{
     Event, EventId, EventRecord, EventState, NewEvent, OutboxStats, RetryPolicy, Sink, Store,
@@ -25,6 +25,11 @@ use sqlx::postgres::PgPoolOptions;
 pub fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A sink's configuration from the JSON a test writes (the TOML table's fields).
+pub fn config<C: serde::de::DeserializeOwned>(json: serde_json::Value) -> C {
+    serde_json::from_value(json).unwrap()
 }
 
 /// A fresh migrated outbox in its own schema (`outbox_t_…`, which `scripts/test.sh` drops before
@@ -42,25 +47,42 @@ pub async fn fresh_store() -> PgStore {
 
 /// Enqueue `events` in one transaction that commits.
 pub async fn enqueue_committed(store: &PgStore, events: &[NewEvent]) -> Vec<EventId> {
+    enqueue_batch_committed(store, events)
+        .await
+        .into_iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+/// Enqueue `events` in one transaction that commits; what `enqueue_batch` answered for each
+/// (its id, and whether this call created it).
+pub async fn enqueue_batch_committed(store: &PgStore, events: &[NewEvent]) -> Vec<Enqueued> {
+    enqueue_in_transaction(store, events, true).await
+}
+
+/// Enqueue `events` in one transaction that rolls back: none of them may ever be published.
+pub async fn enqueue_rolled_back(store: &PgStore, events: &[NewEvent]) {
+    enqueue_in_transaction(store, events, false).await;
+}
+
+/// Enqueue `events` in one transaction, then commit it or roll it back.
+async fn enqueue_in_transaction(
+    store: &PgStore,
+    events: &[NewEvent],
+    commit: bool,
+) -> Vec<Enqueued> {
     let mut tx = store.pool().begin().await.unwrap();
     let done = store
         .outbox()
         .enqueue_batch(&mut *tx, events)
         .await
         .unwrap();
-    tx.commit().await.unwrap();
-    done.into_iter().map(|e| e.id).collect()
-}
-
-/// Enqueue `events` in one transaction that rolls back: none of them may ever be published.
-pub async fn enqueue_rolled_back(store: &PgStore, events: &[NewEvent]) {
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, events)
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
+    if commit {
+        tx.commit().await.unwrap();
+    } else {
+        tx.rollback().await.unwrap();
+    }
+    done
 }
 
 /// Poll `fetch` every 50 ms until what it returns satisfies `done`, or fail after `limit`
@@ -376,6 +398,32 @@ pub async fn stop_with_no_dead(
 
 /// The `traceparent` header the special event of a delivery test carries.
 pub const SPECIAL_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The special event of a delivery test: number 0 of aggregate `special`, sent to its own
+/// `destination`, with the trace context [`SPECIAL_TRACEPARENT`], the idempotency key
+/// `special-0` and a forged `Outbox-Event-Id` header (which must not shadow the real one). A
+/// sink's test adds the headers it must not let through as they are.
+pub fn special_event(destination: impl Into<String>) -> NewEvent {
+    numbered("special", 0)
+        .with_destination(destination)
+        .with_header("traceparent", SPECIAL_TRACEPARENT)
+        .with_header("Outbox-Event-Id", "forged")
+        .with_idempotency_key("special-0")
+}
+
+/// Check that a message carried `event`'s trace context and idempotency key, as the headers
+/// `traceparent` and `outbox-idempotency-key`; `header` reads one of the message's headers.
+#[track_caller]
+pub fn assert_trace_and_key_headers(event: &NewEvent, header: impl Fn(&str) -> Option<String>) {
+    assert_eq!(
+        header("traceparent"),
+        event.headers().get("traceparent").cloned()
+    );
+    assert_eq!(
+        header("outbox-idempotency-key").as_deref(),
+        event.idempotency_key()
+    );
+}
 
 /// The events of a delivery test, enqueued: 6 numbered events for each of 8 aggregates (`a0`…
 /// `a7`) interleaved, then `special`, committed; then 5 `ghost` events in a transaction rolled

@@ -228,10 +228,7 @@ outbox_sink_common::config_struct! {
         /// HTTP Basic user name, with `password` or `password_env` (`user`, as in every sink).
         pub user: Option<String> = None,
         @username,
-        /// HTTP Basic password.
-        pub password: Option<Secret> = None,
-        /// Name of an environment variable holding the HTTP Basic password.
-        pub password_env: Option<String> = None,
+        @password,
         /// Bearer token sent as `Authorization: Bearer …`.
         pub bearer_token: Option<Secret> = None,
         /// Name of an environment variable holding the bearer token.

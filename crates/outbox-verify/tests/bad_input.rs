@@ -15,13 +15,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_sink_tests::{database_url, enqueue_committed};
 use outbox_types::{EventId, EventState, NewEvent, Store};
 use sqlx::AssertSqlSafe;
-
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 fn nats_url() -> String {
     std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
@@ -57,16 +53,6 @@ async fn drop_schema(store: &PgStore) {
     )))
     .execute(store.pool())
     .await;
-}
-
-async fn enqueue(store: &PgStore, events: &[NewEvent]) {
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -356,7 +342,7 @@ async fn a_relay_with_a_bad_config_claims_nothing() {
             .unwrap()
         })
         .collect();
-    enqueue(&store, &events).await;
+    enqueue_committed(&store, &events).await;
     let dir = tempfile::tempdir().unwrap();
     let text = config(
         &schema,
@@ -425,7 +411,7 @@ async fn payloads_at_the_size_limits_are_delivered_or_dead_with_the_limit_named(
     let one_mb = NewEvent::new("blob", "mb", "Sized", &"x".repeat(1_000_000)).unwrap();
     let over = NewEvent::new("blob", "over", "Sized", &"y".repeat(2_000_000)).unwrap();
     let after = NewEvent::new("blob", "after", "Sized", &serde_json::json!({"ok": true})).unwrap();
-    enqueue(
+    enqueue_committed(
         &store,
         &[empty.clone(), one_mb.clone(), over.clone(), after.clone()],
     )
@@ -470,7 +456,7 @@ async fn header_values_that_cannot_travel_are_dead_with_a_reason_and_block_nothi
     let plain = NewEvent::new("h", "plain", "Hdr", &3)
         .unwrap()
         .with_header("x-name", "plain");
-    enqueue(&store, &[newline.clone(), unicode.clone(), plain.clone()]).await;
+    enqueue_committed(&store, &[newline.clone(), unicode.clone(), plain.clone()]).await;
 
     // Bytes that are not UTF-8 never get into the outbox: the database refuses them, so the
     // writer's transaction fails and nothing is half-written.
@@ -539,7 +525,7 @@ async fn a_huge_batch_is_delivered_whole_and_in_order() {
         })
         .collect();
     // One transaction, one statement.
-    enqueue(&store, &events).await;
+    enqueue_committed(&store, &events).await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.jsonl");
     let (code, stderr) = drain(
@@ -581,7 +567,7 @@ async fn a_column_dropped_by_hand_is_named_and_nothing_is_lost_once_restored() {
     let events: Vec<NewEvent> = (0..20)
         .map(|i| NewEvent::new("alt", (i % 4).to_string(), "Alt", &i).unwrap())
         .collect();
-    enqueue(&store, &events).await;
+    enqueue_committed(&store, &events).await;
     let table = store.outbox().qualified_table().to_owned();
     sqlx::raw_sql(AssertSqlSafe(format!(
         "ALTER TABLE {table} DROP COLUMN lease_token"
@@ -658,8 +644,8 @@ async fn a_row_with_headers_that_are_not_strings_blocks_only_itself() {
     let good: Vec<NewEvent> = (1..=10)
         .map(|i| NewEvent::new("row", format!("g{i}"), "Row", &i).unwrap())
         .collect();
-    enqueue(&store, std::slice::from_ref(&bad)).await;
-    enqueue(&store, &good).await;
+    enqueue_committed(&store, std::slice::from_ref(&bad)).await;
+    enqueue_committed(&store, &good).await;
     // Altered by hand: a header value that is a number, not a string. The table's trigger
     // (`events_header_rules`) refuses that; a row from before the trigger is what this is about,
     // so the trigger goes first.

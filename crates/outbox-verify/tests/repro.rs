@@ -5,13 +5,9 @@
 use std::time::Duration;
 
 use outbox_postgresql::{PgOutbox, PgStore};
+use outbox_sink_tests::{database_url, enqueue_committed};
 use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use sqlx::AssertSqlSafe;
-
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 /// The long profile (seed 2026) saw 5 per-aggregate order violations on NATS: event #N retried,
 /// #N+1 delivered before it. The mechanism: relay A's write-back for #N (a retry) runs after its
@@ -31,13 +27,7 @@ async fn a_claim_never_takes_a_later_event_while_an_earlier_one_is_skipped() {
     store.outbox().migrate(store.pool()).await.unwrap();
     let first = NewEvent::new("order", "1", "A", &1).unwrap();
     let second = NewEvent::new("order", "1", "B", &2).unwrap();
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue_batch(&mut *tx, &[first.clone(), second.clone()])
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    enqueue_committed(&store, &[first.clone(), second.clone()]).await;
 
     // Relay A claims both with a lease that runs out at once.
     let a = ClaimRequest::new(

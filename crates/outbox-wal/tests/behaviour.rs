@@ -51,14 +51,11 @@ impl Harness for WalHarness {
     }
 
     async fn enqueue(&self, store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
-        let mut tx = store.pool().begin().await.unwrap();
-        let done = store
-            .outbox()
-            .enqueue_batch(&mut *tx, events)
+        outbox_sink_tests::enqueue_batch_committed(store, events)
             .await
-            .unwrap();
-        tx.commit().await.unwrap();
-        done.into_iter().map(|e| (e.id, e.created)).collect()
+            .into_iter()
+            .map(|e| (e.id, e.created))
+            .collect()
     }
 
     async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {

@@ -303,14 +303,13 @@ async fn a_sink_outage_moves_waiting_events_to_the_table_and_the_stream_keeps_mo
     sink.down.store(false, Ordering::SeqCst);
     let mut expected = ids(&big);
     expected.extend(ids(&rows));
-    wait_for(
+    wait_delivered_exactly(
+        &sink.inner,
+        &expected,
         "everything after the outage",
         Duration::from_secs(60),
-        || sink.inner.distinct_delivered().len() >= expected.len(),
     )
     .await;
-    assert_eq!(sink.inner.distinct_delivered(), expected);
-    assert!(check_first_delivery_order(&sink.inner.delivered()).is_empty());
     wait_for(
         "slot confirmed past the events",
         Duration::from_secs(10),
@@ -337,14 +336,13 @@ async fn a_sink_outage_moves_waiting_events_to_the_table_and_the_stream_keeps_mo
     sink.down.store(false, Ordering::SeqCst);
     let relay = start(config.clone(), sink.clone()).ready().await;
     expected.extend(ids(&more));
-    wait_for(
+    wait_delivered_exactly(
+        &sink.inner,
+        &expected,
         "the second outage's events after a restart",
         Duration::from_secs(30),
-        || sink.inner.distinct_delivered().len() >= expected.len(),
     )
     .await;
-    assert_eq!(sink.inner.distinct_delivered(), expected);
-    assert!(check_first_delivery_order(&sink.inner.delivered()).is_empty());
     let report = relay.stop().await;
     assert_eq!(report.dead + stopped.dead, 0);
     let (open, delivered, dead) = fx.status_counts().await;
@@ -398,14 +396,13 @@ async fn database_connections_cut_and_restored_lose_nothing() {
         proxy.restore();
     }
     let expected = ids(&all);
-    wait_for(
+    wait_delivered_exactly(
+        &sink,
+        &expected,
         "everything across the cuts",
         Duration::from_secs(60),
-        || sink.distinct_delivered().len() >= expected.len(),
     )
     .await;
-    assert_eq!(sink.distinct_delivered(), expected);
-    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
     let report = relay.stop().await;
     assert!(report.errors >= 1, "the cuts ended sessions: {report:?}");
     eprintln!(
@@ -635,12 +632,13 @@ async fn hot_standby_takes_over_when_the_streamer_dies() {
     let takeover = killed.elapsed();
     let mut expected = ids(&first);
     expected.extend(ids(&second));
-    wait_for("everything via b", Duration::from_secs(60), || {
-        sink.distinct_delivered().len() >= expected.len()
-    })
+    wait_delivered_exactly(
+        &sink,
+        &expected,
+        "everything via b",
+        Duration::from_secs(60),
+    )
     .await;
-    assert_eq!(sink.distinct_delivered(), expected);
-    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
     eprintln!(
         "takeover after {takeover:?}; {} duplicates",
         duplicates(&sink.delivered())

@@ -1,5 +1,5 @@
-//! Shared by the webhook sink's integration tests: the sink test kit (re-exported), a sink
-//! configuration from JSON, and the check every test makes of a signed request.
+//! Shared by the webhook sink's integration tests: the sink test kit (re-exported, with its
+//! sink configuration from JSON), and the check every test makes of a signed request.
 
 #![allow(dead_code)]
 
@@ -7,12 +7,7 @@ pub use outbox_sink_tests::*;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outbox_sink_webhook::{WebhookSinkConfig, verify_signature};
-
-/// A sink configuration from the JSON a test writes (the TOML table's fields).
-pub fn config(json: serde_json::Value) -> WebhookSinkConfig {
-    serde_json::from_value(json).unwrap()
-}
+use outbox_sink_webhook::verify_signature;
 
 /// Seconds since the Unix epoch, as a signature's timestamp counts them.
 pub fn unix_now() -> u64 {

@@ -307,6 +307,22 @@ pub async fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bo
     }
 }
 
+/// Wait up to `limit` until `sink` has delivered as many distinct events as `expected` (`what`
+/// names them), then check that it delivered exactly those, each aggregate's in order.
+pub async fn wait_delivered_exactly(
+    sink: &RecordingSink,
+    expected: &HashSet<EventId>,
+    what: &str,
+    limit: Duration,
+) {
+    wait_for(what, limit, || {
+        sink.distinct_delivered().len() >= expected.len()
+    })
+    .await;
+    assert_eq!(&sink.distinct_delivered(), expected);
+    assert!(outbox_testkit::check_first_delivery_order(&sink.delivered()).is_empty());
+}
+
 /// A sink in front of a [`RecordingSink`] that can be switched off (every publish fails with a
 /// retryable error while off).
 pub struct SwitchSink {

@@ -1445,10 +1445,9 @@ where
                 add(&self.counters.unavailable, 1);
                 metrics::counter!("outbox_events_unavailable_total", "destination" => label())
                     .increment(1);
-                debug!(
-                    event_id = %event.id,
-                    aggregate_type = %event.aggregate_type,
-                    aggregate_id = %event.aggregate_id,
+                event_line!(
+                    debug,
+                    event,
                     attempts = event.attempts,
                     destination = sink,
                     retry_in_ms = delay.as_millis() as u64,

@@ -544,8 +544,6 @@ where
         let mut failure: Option<String> = None;
         let mut pacer = Pacer::new(config.min_poll_interval, config.poll_interval);
         let mut coalescer = Coalescer::new(Instant::now());
-        // While coalescing: the next claim starts no earlier than this (see `coalesce`).
-        let mut hold: Option<Instant> = None;
         // When a drain first found nothing due: it waits for retries at most `drain_wait` past it.
         let mut idle_since: Option<Instant> = None;
         tokio::pin!(shutdown);
@@ -589,10 +587,11 @@ where
                 // Unreadable or oversized rows the store buried at claim time.
                 add(&self.counters.dead, claim.buried);
             }
-            if let Ok(claim) = &claimed {
+            // While coalescing: the next claim starts no earlier than this (see `coalesce`).
+            let hold = claimed.as_ref().ok().and_then(|claim| {
                 let full = claim.events.len() >= request.limit as usize;
-                hold = coalescer.claimed(started, claim.events.len(), full || behind(claim));
-            }
+                coalescer.claimed(started, claim.events.len(), full || behind(claim))
+            });
             let wait = match claimed {
                 Ok(claim) if claim.events.is_empty() && deferred.is_some() => {
                     // Nothing but the deferred destination is due: claim it again at once, and
@@ -675,7 +674,7 @@ where
                 }
             };
             if let Some(wait) = wait {
-                if let Some(until) = hold.take() {
+                if let Some(until) = hold {
                     // Events stream in faster than one per `coalesce::LINGER`: let the ones
                     // committing now gather for the next claim instead of claiming each alone.
                     tokio::select! {

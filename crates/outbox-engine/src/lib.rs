@@ -9,11 +9,7 @@
 //! claims again at once (up to [`RelayConfig::max_batches_in_flight`] batches are published
 //! concurrently, plus batches left waiting only on a slow destination, below); when a claim comes
 //! back short it waits [`RelayConfig::min_poll_interval`] if it found events, and after claims
-//! that found nothing longer and longer, up to [`RelayConfig::poll_interval`]. A stream source
-//! (or a batch finishing) wakes it earlier. While events arrive faster than one per millisecond,
-//! a short claim is followed by a pause of at most 2 ms, so that events committing meanwhile
-//! share one batch instead of paying a claim, a publish round trip and a settle each (see
-//! `coalesce.rs`; below that rate nothing is held).
+//! that found nothing longer and longer, up to [`RelayConfig::poll_interval`].
 //!
 //! ```no_run
 //! # async fn demo(store: std::sync::Arc<dyn outbox_types::Store>, sink: std::sync::Arc<dyn outbox_types::Sink>) {
@@ -136,9 +132,6 @@ use std::time::Duration;
 // behaviour (backoff, cooldown, the lease's end) is tested without sleeping (tests/clock.rs).
 use tokio::time::Instant;
 
-use coalesce::Coalescer;
-
-mod coalesce;
 pub mod router;
 
 use futures::FutureExt;
@@ -543,7 +536,6 @@ where
         let mut store_failures: u32 = 0;
         let mut failure: Option<String> = None;
         let mut pacer = Pacer::new(config.min_poll_interval, config.poll_interval);
-        let mut coalescer = Coalescer::new(Instant::now());
         // When a drain first found nothing due: it waits for retries at most `drain_wait` past it.
         let mut idle_since: Option<Instant> = None;
         tokio::pin!(shutdown);
@@ -587,11 +579,6 @@ where
                 // Unreadable or oversized rows the store buried at claim time.
                 add(&self.counters.dead, claim.buried);
             }
-            // While coalescing: the next claim starts no earlier than this (see `coalesce`).
-            let hold = claimed.as_ref().ok().and_then(|claim| {
-                let full = claim.events.len() >= request.limit as usize;
-                coalescer.claimed(started, claim.events.len(), full || behind(claim))
-            });
             let wait = match claimed {
                 Ok(claim) if claim.events.is_empty() && deferred.is_some() => {
                     // Nothing but the deferred destination is due: claim it again at once, and
@@ -674,15 +661,6 @@ where
                 }
             };
             if let Some(wait) = wait {
-                if let Some(until) = hold {
-                    // Events stream in faster than one per `coalesce::LINGER`: let the ones
-                    // committing now gather for the next claim instead of claiming each alone.
-                    tokio::select! {
-                        biased;
-                        _ = &mut shutdown => break,
-                        _ = tokio::time::sleep_until(until) => {}
-                    }
-                }
                 // A batch finishing may unblock its aggregates' next events: claim again as soon
                 // as one does, or after the poll interval.
                 tokio::select! {
@@ -851,19 +829,6 @@ impl Pacer {
             .min(self.max);
         pause
     }
-}
-
-/// Whether the claim's oldest event waited longer than [`coalesce::BEHIND`]: the relay is
-/// catching up, so it must not pause between claims.
-fn behind(claim: &Claim) -> bool {
-    let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
-        return true;
-    };
-    let limit = now.as_micros() as i64 - coalesce::BEHIND.as_micros() as i64;
-    claim
-        .events
-        .iter()
-        .any(|e| e.enqueued_at.timestamp_micros() < limit)
 }
 
 /// Exponential pause between attempts to reach the database: 100 ms, 200 ms, … up to `max`.

@@ -158,8 +158,33 @@ impl Verdict {
 /// Check `history`.
 pub fn check(history: &History) -> Verdict {
     let mut verdict = Verdict::default();
+    let commits = commits(history, &mut verdict);
+    check_outbox_rows(history, &commits, &mut verdict);
+    let received = check_arrivals(
+        history,
+        &commits.committed,
+        &commits.not_committed,
+        &mut verdict,
+    );
+    check_lost(history, &commits.committed, &received, &mut verdict);
+    check_effects(history, &commits.committed, &received, &mut verdict);
+    check_dead_letters(history, &commits.committed, &mut verdict);
+    check_fencing(history, &mut verdict);
+    verdict
+}
 
-    // Which transactions committed: the writer's word, or for ambiguous ones the business row.
+/// The written events sorted by whether their transaction committed.
+struct Commits<'h> {
+    committed: Committed<'h>,
+    not_committed: NotCommitted<'h>,
+}
+
+type Committed<'h> = HashMap<EventId, &'h WrittenEvent>;
+type NotCommitted<'h> = HashMap<EventId, (TxnOutcome, &'h WrittenEvent)>;
+
+/// Which transactions committed: the writer's word, or for ambiguous ones the business row.
+/// Counts the outcomes and checks each business row against its transaction's outcome.
+fn commits<'h>(history: &'h History, verdict: &mut Verdict) -> Commits<'h> {
     let mut committed: HashMap<EventId, &WrittenEvent> = HashMap::new();
     let mut not_committed: HashMap<EventId, (TxnOutcome, &WrittenEvent)> = HashMap::new();
     for txn in &history.txns {
@@ -209,8 +234,20 @@ pub fn check(history: &History) -> Verdict {
         }
     }
 
-    // The outbox agrees with the commits.
-    for (id, event) in &committed {
+    Commits {
+        committed,
+        not_committed,
+    }
+}
+
+/// The outbox agrees with the commits: every committed event is in it (counting those still
+/// undelivered), no event of a transaction that did not commit is.
+fn check_outbox_rows(history: &History, commits: &Commits<'_>, verdict: &mut Verdict) {
+    let Commits {
+        committed,
+        not_committed,
+    } = commits;
+    for (id, event) in committed {
         match history.outbox.get(id) {
             None => verdict.atomicity.add(|| {
                 format!(
@@ -224,7 +261,7 @@ pub fn check(history: &History) -> Verdict {
             Some(_) => {}
         }
     }
-    for (id, (outcome, event)) in &not_committed {
+    for (id, (outcome, event)) in not_committed {
         if history.outbox.contains_key(id) {
             verdict.atomicity.add(|| {
                 format!(
@@ -234,8 +271,16 @@ pub fn check(history: &History) -> Verdict {
             });
         }
     }
+}
 
-    // What arrived: phantoms, misroutes, duplicates, first-delivery order.
+/// What arrived: phantoms, misroutes, duplicates, first-delivery order. Returns how many times
+/// each event was received.
+fn check_arrivals(
+    history: &History,
+    committed: &Committed<'_>,
+    not_committed: &NotCommitted<'_>,
+    verdict: &mut Verdict,
+) -> HashMap<EventId, u64> {
     let mut observed = history.observed.clone();
     observed.sort_by(|a, b| (&a.destination, a.index).cmp(&(&b.destination, b.index)));
     let mut received: HashMap<EventId, u64> = HashMap::new();
@@ -313,7 +358,17 @@ pub fn check(history: &History) -> Verdict {
     verdict.received_distinct = received.len() as u64;
     verdict.duplicates = verdict.received - verdict.received_distinct;
 
-    for (id, event) in &committed {
+    received
+}
+
+/// Committed, not poison, never received: lost, unless the broker dropped it after its ack.
+fn check_lost(
+    history: &History,
+    committed: &Committed<'_>,
+    received: &HashMap<EventId, u64>,
+    verdict: &mut Verdict,
+) {
+    for (id, event) in committed {
         if event.poison {
             continue;
         }
@@ -360,8 +415,15 @@ pub fn check(history: &History) -> Verdict {
             });
         }
     }
+}
 
-    // Effects.
+/// Every received event's effect applied exactly once.
+fn check_effects(
+    history: &History,
+    committed: &Committed<'_>,
+    received: &HashMap<EventId, u64>,
+    verdict: &mut Verdict,
+) {
     for (id, n) in &history.effects {
         verdict.effects_applied += u64::from(*n);
         if *n > 1 {
@@ -380,8 +442,10 @@ pub fn check(history: &History) -> Verdict {
                 .add(|| format!("event {id} received but its effect was never applied"));
         }
     }
+}
 
-    // Dead letters: exactly the committed poison events.
+/// Dead letters: exactly the committed poison events.
+fn check_dead_letters(history: &History, committed: &Committed<'_>, verdict: &mut Verdict) {
     let dead: HashSet<EventId> = history
         .outbox
         .iter()
@@ -401,7 +465,7 @@ pub fn check(history: &History) -> Verdict {
                 .add(|| format!("event {id} is dead but not poison: {error}"));
         }
     }
-    for (id, event) in &committed {
+    for (id, event) in committed {
         if event.poison && !dead.contains(id) {
             let state = history
                 .outbox
@@ -413,7 +477,11 @@ pub fn check(history: &History) -> Verdict {
                 .add(|| format!("poison event {id} ended {state}, not dead"));
         }
     }
+}
 
+/// After each lease fault whose paused relay's events were re-claimed, its late writes were
+/// fenced.
+fn check_fencing(history: &History, verdict: &mut Verdict) {
     for fault in &history.lease_faults {
         if fault.reclaimed > 0
             && matches!(
@@ -429,7 +497,6 @@ pub fn check(history: &History) -> Verdict {
             });
         }
     }
-    verdict
 }
 
 #[cfg(test)]

@@ -120,8 +120,25 @@ impl RunReport {
 
     /// The one-screen summary.
     pub fn summary(&self) -> String {
-        let v = &self.verdict;
         let mut s = String::new();
+        self.write_run(&mut s);
+        self.write_faults(&mut s);
+        self.write_resources(&mut s);
+        self.write_checks(&mut s);
+        let violations = self.violations();
+        if violations.is_empty() {
+            let _ = writeln!(s, "PASS");
+        } else {
+            let list: Vec<String> = violations.iter().map(|(n, c)| format!("{n}={c}")).collect();
+            let _ = writeln!(s, "FAIL: {}", list.join(" "));
+        }
+        let _ = write!(s, "files: {}", self.work_dir);
+        s
+    }
+
+    /// What ran, and the transactions and events it counted.
+    fn write_run(&self, s: &mut String) {
+        let v = &self.verdict;
         let _ = writeln!(
             s,
             "outbox-verify  profile={}  mode={}  seed={}  destinations={}  config={}",
@@ -168,6 +185,10 @@ impl RunReport {
             v.effects_applied,
             v.dead
         );
+    }
+
+    /// The faults injected, and what the lease faults led to.
+    fn write_faults(&self, s: &mut String) {
         let faults: Vec<String> = self
             .faults_by_kind
             .iter()
@@ -212,6 +233,10 @@ impl RunReport {
             never_written,
             claim_lost
         );
+    }
+
+    /// Backlog, memory, latency and the relays' logs.
+    fn write_resources(&self, s: &mut String) {
         if let (Some(max_backlog), Some(rss)) = (
             self.timeline.iter().filter_map(|x| x.backlog).max(),
             rss_range(&self.timeline),
@@ -251,6 +276,11 @@ impl RunReport {
                 .join(" "),
             self.relay_exits.len()
         );
+    }
+
+    /// Each property checked, with a few examples of what broke it.
+    fn write_checks(&self, s: &mut String) {
+        let v = &self.verdict;
         let _ = writeln!(s, "checks:");
         let rows: [(&str, &Finding, &str); 10] = [
             ("lost", &v.lost, "must be 0"),
@@ -288,15 +318,6 @@ impl RunReport {
                 let _ = writeln!(s, "         {e}");
             }
         }
-        let violations = self.violations();
-        if violations.is_empty() {
-            let _ = writeln!(s, "PASS");
-        } else {
-            let list: Vec<String> = violations.iter().map(|(n, c)| format!("{n}={c}")).collect();
-            let _ = writeln!(s, "FAIL: {}", list.join(" "));
-        }
-        let _ = write!(s, "files: {}", self.work_dir);
-        s
     }
 }
 

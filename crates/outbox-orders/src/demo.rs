@@ -18,18 +18,18 @@
 //!   every cancellation exactly one release and one refund, nothing for rejected requests.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use outbox_engine::{Relay, RelayConfig};
-use outbox_types::{EventId, Sink};
+use outbox_types::{EventId, OutboxStats, Sink, Store};
 use uuid::Uuid;
 
 use crate::bus::{Bus, BusConfig, BusSink};
 use crate::consumers::{Consumer, Service};
-use crate::load::{LoadConfig, LoadCounters};
+use crate::load::{LoadConfig, LoadCounters, LoadReport};
 use crate::order::OrderStore;
 use crate::{Db, Error};
 
@@ -105,29 +105,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Run the demo; `Err(Error::Violations(n))` when the final check failed.
 pub async fn run(args: DemoArgs) -> Result<(), Error> {
-    let temp;
-    let dir = match &args.dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
-            dir.clone()
-        }
-        None => {
-            temp = tempfile::tempdir()
-                .map_err(|e| Error::Io(format!("cannot create a temporary directory: {e}")))?;
-            temp.path().to_owned()
-        }
-    };
-    let db_url = |name: &str| -> Result<String, Error> {
-        for suffix in ["", "-wal", "-shm"] {
-            let path = dir.join(format!("{name}{suffix}"));
-            if path.exists() {
-                std::fs::remove_file(&path)
-                    .map_err(|e| Error::Io(format!("cannot remove {}: {e}", path.display())))?;
-            }
-        }
-        Ok(format!("sqlite://{}", dir.join(name).display()))
-    };
+    // Kept until the end: dropping it removes the temporary directory.
+    let (dir, _temp) = demo_dir(args.dir.as_ref())?;
+    let db_url = |name: &str| fresh_sqlite_url(&dir, name);
 
     let orders = OrderStore::new(Db::connect(&db_url("orders.db")?, None, 4).await?, None);
     orders.migrate().await?;
@@ -254,27 +234,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     };
     let load_done = started.elapsed();
 
-    // Drain: the outbox has nothing left, everything published reached the bus, and the bus
-    // settled every delivery (including its own redeliveries and retries).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let stats = loop {
-        let stats = store.stats().await?;
-        let received = bus.counters().received.load(Ordering::Acquire);
-        if stats.pending == 0
-            && stats.in_flight == 0
-            && received >= sink.sent()
-            && bus.wait_idle(Duration::from_millis(20)).await
-            && bus.counters().received.load(Ordering::Acquire) == received
-        {
-            break stats;
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Io(format!(
-                "the system did not settle within 60 s after the load ended: {stats:?}"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let stats = settle(store.as_ref(), &bus, &sink).await?;
     let settled = started.elapsed();
     if let Some(t) = &ticker {
         t.abort();
@@ -287,77 +247,31 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     let _ = stop_http.send(());
     let _ = server.await;
 
-    // Relay checks: lost, phantom, per-order order.
-    let published = sink.published();
-    let published_ids: HashSet<EventId> = published.iter().map(|e| e.id).collect();
-    let committed = committed_event_ids(&orders).await?;
-    let lost = committed.difference(&published_ids).count();
-    let existing: HashSet<String> = orders
-        .statuses()
-        .await?
-        .into_iter()
-        .map(|(id, _)| id.to_string())
-        .collect();
-    let phantom = published
-        .iter()
-        .filter(|e| !existing.contains(&e.aggregate_id))
-        .count();
-    let order_broken = outbox_types::check_first_delivery_order(&published).len();
-
+    let relayed = relay_findings(&orders, &sink).await?;
     let report = crate::check::verify(&orders, &delivery, &billing, Some(&load)).await?;
-    let bus_counters = bus_snapshot(&live);
 
-    println!();
-    println!("outbox demo summary");
-    println!("  orders created            {}", load.created.len());
-    println!(
-        "  cancellations             {} (+{} repeated cancels answered 200, no second event)",
-        load.cancelled.len(),
-        load.repeat_cancels
-    );
-    println!(
-        "  rejected requests         {} invalid (400/422), {} over the credit limit (409, rolled back)",
-        load.rejected, load.declined
-    );
-    println!(
-        "  events committed          {} ({} delivered, {} pending, {} dead in the outbox)",
-        committed.len(),
-        stats.delivered,
-        stats.pending,
-        stats.dead
-    );
-    println!(
-        "  events relayed            {} ({} publishes, {} batches)",
-        published_ids.len(),
-        published.len(),
-        relay_report.batches
-    );
-    println!("  lost                      {lost}");
-    println!("  phantom (no such order)   {phantom}");
-    println!("  per-order order broken    {order_broken}");
-    println!(
-        "  deliveries reserved       {} (released {})",
-        report.reserved, report.released
-    );
-    println!(
-        "  charges                   {} (refunds {})",
-        report.charged, report.refunded
-    );
-    println!(
-        "  duplicates suppressed     {} ({} redelivered on purpose, {} retries)",
-        bus_counters.0, bus_counters.1, bus_counters.2
-    );
-    println!(
-        "  time                      load {:.2} s, all effects applied after {:.2} s",
-        load_done.as_secs_f64(),
-        settled.as_secs_f64()
-    );
+    print_summary(&Summary {
+        load: &load,
+        stats: &stats,
+        relayed: &relayed,
+        batches: relay_report.batches,
+        report: &report,
+        bus: bus_snapshot(&live),
+        load_done,
+        settled,
+    });
 
     let mut violations = report.violation_count;
     for (what, n) in [
-        ("committed events never published", lost),
-        ("published events of orders that do not exist", phantom),
-        ("events of an order published out of order", order_broken),
+        ("committed events never published", relayed.lost),
+        (
+            "published events of orders that do not exist",
+            relayed.phantom,
+        ),
+        (
+            "events of an order published out of order",
+            relayed.order_broken,
+        ),
     ] {
         if n > 0 {
             violations += 1;
@@ -374,6 +288,152 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         "  result                    OK: every order reserved and charged once, every cancellation released and refunded once, nothing for rejected requests"
     );
     Ok(())
+}
+
+/// The demo's directory: `dir` (created if missing), or a temporary one that lives as long as
+/// the returned guard.
+fn demo_dir(dir: Option<&PathBuf>) -> Result<(PathBuf, Option<tempfile::TempDir>), Error> {
+    match dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
+            Ok((dir.clone(), None))
+        }
+        None => {
+            let temp = tempfile::tempdir()
+                .map_err(|e| Error::Io(format!("cannot create a temporary directory: {e}")))?;
+            Ok((temp.path().to_owned(), Some(temp)))
+        }
+    }
+}
+
+/// The URL of SQLite file `name` in `dir`, with the file and its `-wal`/`-shm` companions of an
+/// earlier run removed.
+fn fresh_sqlite_url(dir: &Path, name: &str) -> Result<String, Error> {
+    for suffix in ["", "-wal", "-shm"] {
+        let path = dir.join(format!("{name}{suffix}"));
+        if path.exists() {
+            std::fs::remove_file(&path)
+                .map_err(|e| Error::Io(format!("cannot remove {}: {e}", path.display())))?;
+        }
+    }
+    Ok(format!("sqlite://{}", dir.join(name).display()))
+}
+
+/// Waits until the outbox has nothing left, everything published reached the bus, and the bus
+/// settled every delivery (including its own redeliveries and retries); at most 60 s.
+async fn settle(store: &dyn Store, bus: &Bus, sink: &BusSink) -> Result<OutboxStats, Error> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = store.stats().await?;
+        let received = bus.counters().received.load(Ordering::Acquire);
+        if stats.pending == 0
+            && stats.in_flight == 0
+            && received >= sink.sent()
+            && bus.wait_idle(Duration::from_millis(20)).await
+            && bus.counters().received.load(Ordering::Acquire) == received
+        {
+            return Ok(stats);
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Io(format!(
+                "the system did not settle within 60 s after the load ended: {stats:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The relay's checks: lost, phantom, per-order order.
+struct RelayFindings {
+    /// Events in the outbox table.
+    committed: usize,
+    /// Distinct events published.
+    distinct: usize,
+    /// Publishes, repeats included.
+    publishes: usize,
+    lost: usize,
+    phantom: usize,
+    order_broken: usize,
+}
+
+async fn relay_findings(orders: &OrderStore, sink: &BusSink) -> Result<RelayFindings, Error> {
+    let published = sink.published();
+    let published_ids: HashSet<EventId> = published.iter().map(|e| e.id).collect();
+    let committed = committed_event_ids(orders).await?;
+    let existing: HashSet<String> = orders
+        .statuses()
+        .await?
+        .into_iter()
+        .map(|(id, _)| id.to_string())
+        .collect();
+    Ok(RelayFindings {
+        committed: committed.len(),
+        distinct: published_ids.len(),
+        publishes: published.len(),
+        lost: committed.difference(&published_ids).count(),
+        phantom: published
+            .iter()
+            .filter(|e| !existing.contains(&e.aggregate_id))
+            .count(),
+        order_broken: outbox_types::check_first_delivery_order(&published).len(),
+    })
+}
+
+/// What the summary prints.
+struct Summary<'a> {
+    load: &'a LoadReport,
+    stats: &'a OutboxStats,
+    relayed: &'a RelayFindings,
+    batches: u64,
+    report: &'a crate::check::CheckReport,
+    /// Duplicates suppressed, redelivered on purpose, retries.
+    bus: (u64, u64, u64),
+    load_done: Duration,
+    settled: Duration,
+}
+
+fn print_summary(s: &Summary<'_>) {
+    println!();
+    println!("outbox demo summary");
+    println!("  orders created            {}", s.load.created.len());
+    println!(
+        "  cancellations             {} (+{} repeated cancels answered 200, no second event)",
+        s.load.cancelled.len(),
+        s.load.repeat_cancels
+    );
+    println!(
+        "  rejected requests         {} invalid (400/422), {} over the credit limit (409, rolled back)",
+        s.load.rejected, s.load.declined
+    );
+    println!(
+        "  events committed          {} ({} delivered, {} pending, {} dead in the outbox)",
+        s.relayed.committed, s.stats.delivered, s.stats.pending, s.stats.dead
+    );
+    println!(
+        "  events relayed            {} ({} publishes, {} batches)",
+        s.relayed.distinct, s.relayed.publishes, s.batches
+    );
+    println!("  lost                      {}", s.relayed.lost);
+    println!("  phantom (no such order)   {}", s.relayed.phantom);
+    println!("  per-order order broken    {}", s.relayed.order_broken);
+    println!(
+        "  deliveries reserved       {} (released {})",
+        s.report.reserved, s.report.released
+    );
+    println!(
+        "  charges                   {} (refunds {})",
+        s.report.charged, s.report.refunded
+    );
+    println!(
+        "  duplicates suppressed     {} ({} redelivered on purpose, {} retries)",
+        s.bus.0, s.bus.1, s.bus.2
+    );
+    println!(
+        "  time                      load {:.2} s, all effects applied after {:.2} s",
+        s.load_done.as_secs_f64(),
+        s.settled.as_secs_f64()
+    );
 }
 
 /// Ids of every event in the outbox table (all delivered by now; retention does not run in

@@ -7,7 +7,10 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::{DateTime, NaiveDate, Utc};
 use outbox_types::route::RouteTable;
-use outbox_types::{ReplayFilter, Store, StoreError, humantime_duration};
+use outbox_types::{
+    DestinationStats, LeaseHolder, OutboxStats, PausedDestination, ReplayFilter, Store, StoreError,
+    humantime_duration,
+};
 use serde_json::json;
 
 use crate::config::ConfigError;
@@ -147,6 +150,36 @@ fn health(name: &str, is_paused: bool, relay: Option<&RelayView>, now: DateTime<
     words.join(", ")
 }
 
+/// What `outbox status` reads from the store, once.
+struct StatusSnapshot {
+    stats: OutboxStats,
+    /// `None`: this store cannot report per destination (and so on below).
+    per_destination: Option<Vec<DestinationStats>>,
+    leases: Option<Vec<LeaseHolder>>,
+    paused: Option<Vec<PausedDestination>>,
+    /// The store's clock when it answered, else this host's.
+    now: DateTime<Utc>,
+}
+
+impl StatusSnapshot {
+    async fn read(store: &dyn Store, routes: &RouteTable) -> anyhow::Result<Self> {
+        let stats = store.stats().await.context("reading the outbox failed")?;
+        let per_destination = optional(store.destination_stats(routes).await)
+            .context("reading the backlog per destination failed")?;
+        let leases = optional(store.leases().await).context("reading the claims failed")?;
+        let paused =
+            optional(store.paused().await).context("reading paused destinations failed")?;
+        let now = stats.observed_at.unwrap_or_else(Utc::now);
+        Ok(StatusSnapshot {
+            stats,
+            per_destination,
+            leases,
+            paused,
+            now,
+        })
+    }
+}
+
 /// `outbox status`.
 pub async fn status(
     store: &dyn Store,
@@ -156,76 +189,20 @@ pub async fn status(
     relay: Option<&RelayView>,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    let stats = store.stats().await.context("reading the outbox failed")?;
-    let per_destination = optional(store.destination_stats(routes).await)
-        .context("reading the backlog per destination failed")?;
-    let leases = optional(store.leases().await).context("reading the claims failed")?;
-    let paused = optional(store.paused().await).context("reading paused destinations failed")?;
-    let now = stats.observed_at.unwrap_or_else(Utc::now);
-    let oldest = stats.oldest_pending_age();
+    let snapshot = StatusSnapshot::read(store, routes).await?;
     if as_json {
-        let mut value = json!({
-            "outbox": describe,
-            "pending": stats.pending,
-            "retrying": stats.retrying,
-            "in_flight": stats.in_flight,
-            "delivered": stats.delivered,
-            "dead": stats.dead,
-            "oldest_pending_enqueued_at": stats.oldest_pending_enqueued_at,
-            "oldest_pending_age_seconds": oldest.map(|a| a.as_secs_f64()),
-            "observed_at": stats.observed_at,
-        });
-        if let Some(list) = &per_destination {
-            value["destinations"] = json!(
-                list.iter()
-                    .map(|d| json!({
-                        "destination": d.destination,
-                        "pending": d.pending,
-                        "retrying": d.retrying,
-                        "in_flight": d.in_flight,
-                        "dead": d.dead,
-                        "oldest_pending_enqueued_at": d.oldest_pending_enqueued_at,
-                        "lag_seconds": d.oldest_pending_enqueued_at
-                            .map(|t| ((now - t).num_milliseconds().max(0) as f64) / 1000.0),
-                        "paused": paused.as_ref().is_some_and(|p| p.iter().any(|p| Some(&p.destination) == d.destination.as_ref())),
-                        "last_error": d.last_error,
-                    }))
-                    .collect::<Vec<_>>()
-            );
-            if let Some(Ok(seen)) = relay.map(|r| &r.answer)
-                && let Some(rows) = value["destinations"].as_array_mut()
-            {
-                for row in rows {
-                    let name = row["destination"].as_str().unwrap_or_default().to_owned();
-                    if let Some(d) = seen.iter().find(|d| d.destination == name) {
-                        row["up"] = json!(d.up);
-                        row["failing"] = json!(d.failing);
-                        row["down_since"] = json!(d.down_since());
-                        row["reachable"] = json!(d.reachable);
-                    }
-                }
-            }
-        }
-        if let Some(relay) = relay {
-            value["relay"] = match &relay.answer {
-                Ok(seen) => {
-                    json!({ "url": relay.url, "answered": true, "destinations": seen.len() })
-                }
-                Err(e) => json!({ "url": relay.url, "answered": false, "error": e }),
-            };
-        }
-        if let Some(leases) = &leases {
-            value["claims"] = json!(leases);
-        }
-        if let Some(paused) = &paused {
-            value["paused"] = json!(paused);
-        }
-        if let Some(wal) = wal {
-            value["wal"] = serde_json::to_value(wal)?;
-        }
+        let value = status_json(&snapshot, describe, wal, relay)?;
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
+    let StatusSnapshot {
+        stats,
+        per_destination,
+        leases,
+        paused,
+        now,
+    } = &snapshot;
+    let now = *now;
     println!("outbox      {describe}");
     println!(
         "pending     {} ({} waiting for a retry)",
@@ -238,7 +215,123 @@ pub async fn status(
         "oldest pending age  {}",
         age(stats.oldest_pending_enqueued_at, now)
     );
-    match &per_destination {
+    print_destinations(per_destination.as_deref(), paused.as_deref(), relay, now);
+    match relay.map(|r| (&r.url, &r.answer)) {
+        Some((url, Ok(_))) => println!("\nup/down as the relay at {url} sees them"),
+        Some((url, Err(e))) => println!(
+            "\nup/down unknown: no answer from the relay at {url} ({e}); pass --relay http://HOST:PORT (its metrics.listen) or --relay none"
+        ),
+        None => {}
+    }
+    if let Some(paused) = paused
+        && !paused.is_empty()
+    {
+        println!();
+        for p in paused {
+            println!(
+                "paused: {} since {} by {}",
+                p.destination,
+                p.paused_at.to_rfc3339(),
+                p.paused_by
+            );
+        }
+    }
+    if let Some(wal) = wal {
+        println!();
+        print_wal_lines(wal);
+    }
+    if let Some(leases) = leases {
+        print_claims(leases, now);
+    }
+    Ok(())
+}
+
+/// `outbox status --json`.
+fn status_json(
+    snapshot: &StatusSnapshot,
+    describe: &str,
+    wal: Option<&outbox_wal::WalStatus>,
+    relay: Option<&RelayView>,
+) -> anyhow::Result<serde_json::Value> {
+    let StatusSnapshot {
+        stats,
+        per_destination,
+        leases,
+        paused,
+        now,
+    } = snapshot;
+    let now = *now;
+    let oldest = stats.oldest_pending_age();
+    let mut value = json!({
+        "outbox": describe,
+        "pending": stats.pending,
+        "retrying": stats.retrying,
+        "in_flight": stats.in_flight,
+        "delivered": stats.delivered,
+        "dead": stats.dead,
+        "oldest_pending_enqueued_at": stats.oldest_pending_enqueued_at,
+        "oldest_pending_age_seconds": oldest.map(|a| a.as_secs_f64()),
+        "observed_at": stats.observed_at,
+    });
+    if let Some(list) = &per_destination {
+        value["destinations"] = json!(
+            list.iter()
+                .map(|d| json!({
+                    "destination": d.destination,
+                    "pending": d.pending,
+                    "retrying": d.retrying,
+                    "in_flight": d.in_flight,
+                    "dead": d.dead,
+                    "oldest_pending_enqueued_at": d.oldest_pending_enqueued_at,
+                    "lag_seconds": d.oldest_pending_enqueued_at
+                        .map(|t| ((now - t).num_milliseconds().max(0) as f64) / 1000.0),
+                    "paused": paused.as_ref().is_some_and(|p| p.iter().any(|p| Some(&p.destination) == d.destination.as_ref())),
+                    "last_error": d.last_error,
+                }))
+                .collect::<Vec<_>>()
+        );
+        if let Some(Ok(seen)) = relay.map(|r| &r.answer)
+            && let Some(rows) = value["destinations"].as_array_mut()
+        {
+            for row in rows {
+                let name = row["destination"].as_str().unwrap_or_default().to_owned();
+                if let Some(d) = seen.iter().find(|d| d.destination == name) {
+                    row["up"] = json!(d.up);
+                    row["failing"] = json!(d.failing);
+                    row["down_since"] = json!(d.down_since());
+                    row["reachable"] = json!(d.reachable);
+                }
+            }
+        }
+    }
+    if let Some(relay) = relay {
+        value["relay"] = match &relay.answer {
+            Ok(seen) => {
+                json!({ "url": relay.url, "answered": true, "destinations": seen.len() })
+            }
+            Err(e) => json!({ "url": relay.url, "answered": false, "error": e }),
+        };
+    }
+    if let Some(leases) = &leases {
+        value["claims"] = json!(leases);
+    }
+    if let Some(paused) = &paused {
+        value["paused"] = json!(paused);
+    }
+    if let Some(wal) = wal {
+        value["wal"] = serde_json::to_value(wal)?;
+    }
+    Ok(value)
+}
+
+/// The backlog table of `outbox status`, and each destination's last error.
+fn print_destinations(
+    per_destination: Option<&[DestinationStats]>,
+    paused: Option<&[PausedDestination]>,
+    relay: Option<&RelayView>,
+    now: DateTime<Utc>,
+) {
+    match per_destination {
         Some(list) if !list.is_empty() => {
             println!();
             println!(
@@ -275,50 +368,28 @@ pub async fn status(
         Some(_) => {}
         None => println!("(this store cannot report the backlog per destination)"),
     }
-    match relay.map(|r| (&r.url, &r.answer)) {
-        Some((url, Ok(_))) => println!("\nup/down as the relay at {url} sees them"),
-        Some((url, Err(e))) => println!(
-            "\nup/down unknown: no answer from the relay at {url} ({e}); pass --relay http://HOST:PORT (its metrics.listen) or --relay none"
-        ),
-        None => {}
+}
+
+/// Who holds claims, for how long, and whether their lease ran out.
+fn print_claims(leases: &[LeaseHolder], now: DateTime<Utc>) {
+    if leases.is_empty() {
+        return;
     }
-    if let Some(paused) = &paused
-        && !paused.is_empty()
-    {
-        println!();
-        for p in paused {
-            println!(
-                "paused: {} since {} by {}",
-                p.destination,
-                p.paused_at.to_rfc3339(),
-                p.paused_by
-            );
-        }
-    }
-    if let Some(wal) = wal {
-        println!();
-        print_wal_lines(wal);
-    }
-    if let Some(leases) = &leases
-        && !leases.is_empty()
-    {
-        println!();
+    println!();
+    println!(
+        "{:<36} {:>8} {:>12} {:>26}  expired",
+        "claims held by", "events", "held for", "lease until"
+    );
+    for l in leases {
         println!(
-            "{:<36} {:>8} {:>12} {:>26}  expired",
-            "claims held by", "events", "held for", "lease until"
+            "{:<36} {:>8} {:>12} {:>26}  {}",
+            l.owner,
+            l.events,
+            age(l.claimed_since, now),
+            l.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+            l.expired
         );
-        for l in leases {
-            println!(
-                "{:<36} {:>8} {:>12} {:>26}  {}",
-                l.owner,
-                l.events,
-                age(l.claimed_since, now),
-                l.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
-                l.expired
-            );
-        }
     }
-    Ok(())
 }
 
 fn bytes(n: Option<u64>) -> String {

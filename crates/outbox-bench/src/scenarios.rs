@@ -1,6 +1,7 @@
 //! The writer-side scenarios: what enqueueing costs a business transaction (`write-overhead`),
 //! and how the relay behaves while writers run at a fixed rate or flat out (`steady`).
 
+use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use outbox_postgresql::PgStore;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use uuid::Uuid;
 
 use crate::load::{self, Variant, WriterPlan};
 use crate::{
@@ -316,34 +318,7 @@ pub async fn steady(
                 print_steady_run(relay, rate, run, &figures);
                 runs.push(figures);
             }
-            let m = |f: fn(&SteadyRun) -> f64| median(runs.iter().map(f).collect());
-            let summary = SteadyRun {
-                target_rate: match rate {
-                    Rate::Fixed(r) => Some(r),
-                    Rate::Max => None,
-                },
-                commits_per_second: m(|r| r.commits_per_second),
-                commits_per_second_without_relay: (rate == Rate::Max)
-                    .then(|| m(|r| r.commits_per_second_without_relay.unwrap_or(0.0))),
-                events: m(|r| r.events as f64) as u64,
-                late_transactions: m(|r| r.late_transactions as f64) as u64,
-                latency_ms_p50: m(|r| r.latency_ms_p50),
-                latency_ms_p95: m(|r| r.latency_ms_p95),
-                latency_ms_p99: m(|r| r.latency_ms_p99),
-                latency_ms_max: m(|r| r.latency_ms_max),
-                measured_events: m(|r| r.measured_events as f64) as u64,
-                undelivered: runs.iter().map(|r| r.undelivered).max().unwrap_or(0),
-                backlog_max: m(|r| r.backlog_max as f64) as u64,
-                backlog_max_first_half: m(|r| r.backlog_max_first_half as f64) as u64,
-                backlog_max_second_half: m(|r| r.backlog_max_second_half as f64) as u64,
-                backlog_at_stop: m(|r| r.backlog_at_stop as f64) as u64,
-                drain_after_stop_seconds: m(|r| r.drain_after_stop_seconds),
-                relay_cpu_us_per_event: m(|r| r.relay_cpu_us_per_event),
-                postgres_cpu_us_per_event: m(|r| r.postgres_cpu_us_per_event),
-                relay_peak_rss_mb: m(|r| r.relay_peak_rss_mb),
-                relay_rss_mb_first: m(|r| r.relay_rss_mb_first),
-                relay_rss_mb_last: m(|r| r.relay_rss_mb_last),
-            };
+            let summary = median_run(&runs, rate);
             record(
                 json_out,
                 serde_json::json!({
@@ -357,6 +332,44 @@ pub async fn steady(
             table.push((relay, rate, summary));
         }
     }
+    print_steady_table(&args, &table);
+    Ok(())
+}
+
+/// The median of each figure over `runs` at `rate` (the largest `undelivered`).
+fn median_run(runs: &[SteadyRun], rate: Rate) -> SteadyRun {
+    let m = |f: fn(&SteadyRun) -> f64| median(runs.iter().map(f).collect());
+    SteadyRun {
+        target_rate: match rate {
+            Rate::Fixed(r) => Some(r),
+            Rate::Max => None,
+        },
+        commits_per_second: m(|r| r.commits_per_second),
+        commits_per_second_without_relay: (rate == Rate::Max)
+            .then(|| m(|r| r.commits_per_second_without_relay.unwrap_or(0.0))),
+        events: m(|r| r.events as f64) as u64,
+        late_transactions: m(|r| r.late_transactions as f64) as u64,
+        latency_ms_p50: m(|r| r.latency_ms_p50),
+        latency_ms_p95: m(|r| r.latency_ms_p95),
+        latency_ms_p99: m(|r| r.latency_ms_p99),
+        latency_ms_max: m(|r| r.latency_ms_max),
+        measured_events: m(|r| r.measured_events as f64) as u64,
+        undelivered: runs.iter().map(|r| r.undelivered).max().unwrap_or(0),
+        backlog_max: m(|r| r.backlog_max as f64) as u64,
+        backlog_max_first_half: m(|r| r.backlog_max_first_half as f64) as u64,
+        backlog_max_second_half: m(|r| r.backlog_max_second_half as f64) as u64,
+        backlog_at_stop: m(|r| r.backlog_at_stop as f64) as u64,
+        drain_after_stop_seconds: m(|r| r.drain_after_stop_seconds),
+        relay_cpu_us_per_event: m(|r| r.relay_cpu_us_per_event),
+        postgres_cpu_us_per_event: m(|r| r.postgres_cpu_us_per_event),
+        relay_peak_rss_mb: m(|r| r.relay_peak_rss_mb),
+        relay_rss_mb_first: m(|r| r.relay_rss_mb_first),
+        relay_rss_mb_last: m(|r| r.relay_rss_mb_last),
+    }
+}
+
+/// The medians of every relay and rate as one table, and ours against the naive relay.
+fn print_steady_table(args: &SteadyArgs, table: &[(RelayKind, Rate, SteadyRun)]) {
     println!();
     println!(
         "steady state, median of {} run(s) ({} writers, in-process sink):",
@@ -378,7 +391,7 @@ pub async fn steady(
         "RSS MB",
         "PG µs/ev"
     );
-    for (relay, rate, s) in &table {
+    for (relay, rate, s) in table {
         println!(
             "{:<6} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>11} {:>9} {:>8.1} {:>7.1} {:>8.1}",
             relay.name(),
@@ -428,7 +441,6 @@ pub async fn steady(
     println!(
         "(bounded: the largest backlog of the second half of the writing is at most 1.5x that of the first half plus one second of writes, and everything was delivered.)"
     );
-    Ok(())
 }
 
 /// Backlog bounded: it did not keep growing over the run, and everything got delivered.
@@ -517,60 +529,15 @@ async fn steady_run_in(
     }
 
     let acks_file = std::env::temp_dir().join(format!("{}.acks", store.outbox().schema()));
-    let exe = std::env::current_exe()?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(["--database-url", url, "relay-child"])
-        .args(["--schema", store.outbox().schema(), "--expect", "0"])
-        .args(["--batch-size", &args.batch_size.to_string()])
-        .args(["--batches-in-flight", "1", "--sink", "channel"])
-        .args(["--relay", relay.name()])
-        .args(
-            args.poll_interval_ms
-                .iter()
-                .flat_map(|ms| ["--poll-interval-ms".to_owned(), ms.to_string()]),
-        )
-        .args(
-            args.min_poll_interval_ms
-                .iter()
-                .flat_map(|ms| ["--min-poll-interval-ms".to_owned(), ms.to_string()]),
-        )
-        .args((args.delete_on_ack && relay == RelayKind::Ours).then_some("--delete-on-ack"))
-        .arg("--until-stdin-eof")
-        .arg("--record-acks")
-        .arg(&acks_file)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()?;
-    let pid = child.id().context("relay child pid")?;
-    let stdin = child.stdin.take().context("relay child stdin")?;
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().context("relay child stdout")?);
-    let mut first = String::new();
-    tokio::time::timeout(Duration::from_secs(30), stdout.read_line(&mut first))
-        .await
-        .context("the relay child did not get ready within 30 s")??;
-    if first.trim() != "READY" {
-        bail!("the relay child said `{}` instead of READY", first.trim());
-    }
+    let RelayChild {
+        mut child,
+        pid,
+        stdin,
+        mut stdout,
+    } = start_relay_child(url, store, args, relay, &acks_file).await?;
 
     // Backlog and relay RSS once a second while the writers run.
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let store = store.clone();
-        let sampling = sampling.clone();
-        tokio::spawn(async move {
-            let mut samples: Vec<(f64, u64, f64)> = Vec::new();
-            let started = Instant::now();
-            while sampling.load(Ordering::Relaxed) {
-                let b = backlog(&store).await.unwrap_or(0);
-                let rss = rss_mb(pid).unwrap_or(0.0);
-                samples.push((started.elapsed().as_secs_f64(), b, rss));
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            samples
-        })
-    };
+    let (sampling, sampler) = sample_backlog_and_rss(store, pid);
     let postgres = crate::writer_cost::postgres_cpu(store.pool()).await?;
     let postgres_before = postgres.seconds()?;
     let writing_started = crate::load::now_micros();
@@ -604,17 +571,8 @@ async fn steady_run_in(
     let _ = std::fs::remove_file(&acks_file);
 
     let warm_until = writing_started + i64::try_from(args.warmup_seconds).unwrap_or(0) * 1_000_000;
-    let mut latencies = Vec::with_capacity(writers.committed_at.len());
-    for (id, committed) in &writers.committed_at {
-        match acks.get(id) {
-            Some(acked) if *committed >= warm_until => {
-                latencies.push((acked - committed) as f64 / 1000.0);
-            }
-            Some(_) => {}
-            None => figures.undelivered += 1,
-        }
-    }
-    latencies.sort_by(|a, b| a.total_cmp(b));
+    let (latencies, undelivered) = commit_to_ack_ms(&writers.committed_at, &acks, warm_until);
+    figures.undelivered = undelivered;
     figures.target_rate = match rate {
         Rate::Fixed(r) => Some(r),
         Rate::Max => None,
@@ -628,7 +586,128 @@ async fn steady_run_in(
     figures.latency_ms_p95 = percentile(&latencies, 0.95);
     figures.latency_ms_p99 = percentile(&latencies, 0.99);
     figures.latency_ms_max = latencies.last().copied().unwrap_or(0.0);
-    let half = args.seconds as f64 / 2.0;
+    backlog_figures(&mut figures, &samples, args.seconds as f64 / 2.0);
+    figures.relay_peak_rss_mb = report.peak_rss_kb as f64 / 1024.0;
+    figures.relay_cpu_us_per_event = if report.delivered > 0 {
+        report.cpu_seconds / report.delivered as f64 * 1e6
+    } else {
+        0.0
+    };
+    Ok(figures)
+}
+
+/// The relay child of a steady run, ready: it said READY on stdout.
+struct RelayChild {
+    child: tokio::process::Child,
+    pid: u32,
+    /// Closing it stops the child.
+    stdin: tokio::process::ChildStdin,
+    /// Its report comes here once it stopped.
+    stdout: tokio::io::BufReader<tokio::process::ChildStdout>,
+}
+
+/// Starts `relay-child` on this run's schema; it records each ack in `acks_file`.
+async fn start_relay_child(
+    url: &str,
+    store: &PgStore,
+    args: &SteadyArgs,
+    relay: RelayKind,
+    acks_file: &std::path::Path,
+) -> anyhow::Result<RelayChild> {
+    let exe = std::env::current_exe()?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["--database-url", url, "relay-child"])
+        .args(["--schema", store.outbox().schema(), "--expect", "0"])
+        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--batches-in-flight", "1", "--sink", "channel"])
+        .args(["--relay", relay.name()])
+        .args(
+            args.poll_interval_ms
+                .iter()
+                .flat_map(|ms| ["--poll-interval-ms".to_owned(), ms.to_string()]),
+        )
+        .args(
+            args.min_poll_interval_ms
+                .iter()
+                .flat_map(|ms| ["--min-poll-interval-ms".to_owned(), ms.to_string()]),
+        )
+        .args((args.delete_on_ack && relay == RelayKind::Ours).then_some("--delete-on-ack"))
+        .arg("--until-stdin-eof")
+        .arg("--record-acks")
+        .arg(acks_file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().context("relay child pid")?;
+    let stdin = child.stdin.take().context("relay child stdin")?;
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().context("relay child stdout")?);
+    let mut first = String::new();
+    tokio::time::timeout(Duration::from_secs(30), stdout.read_line(&mut first))
+        .await
+        .context("the relay child did not get ready within 30 s")??;
+    if first.trim() != "READY" {
+        bail!("the relay child said `{}` instead of READY", first.trim());
+    }
+
+    Ok(RelayChild {
+        child,
+        pid,
+        stdin,
+        stdout,
+    })
+}
+
+/// (seconds since start, backlog, relay RSS MB) once a second until the flag is cleared.
+type Samples = Vec<(f64, u64, f64)>;
+
+fn sample_backlog_and_rss(
+    store: &PgStore,
+    pid: u32,
+) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Samples>) {
+    let sampling = Arc::new(AtomicBool::new(true));
+    let store = store.clone();
+    let flag = sampling.clone();
+    let sampler = tokio::spawn(async move {
+        let mut samples: Samples = Vec::new();
+        let started = Instant::now();
+        while flag.load(Ordering::Relaxed) {
+            let b = backlog(&store).await.unwrap_or(0);
+            let rss = rss_mb(pid).unwrap_or(0.0);
+            samples.push((started.elapsed().as_secs_f64(), b, rss));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        samples
+    });
+    (sampling, sampler)
+}
+
+/// Commit → ack latencies in ms, sorted, of the events committed from `warm_until` (µs since
+/// the epoch) on; and how many committed events were never acked.
+fn commit_to_ack_ms(
+    committed_at: &HashMap<Uuid, i64>,
+    acks: &HashMap<Uuid, i64>,
+    warm_until: i64,
+) -> (Vec<f64>, u64) {
+    let mut undelivered = 0;
+    let mut latencies = Vec::with_capacity(committed_at.len());
+    for (id, committed) in committed_at {
+        match acks.get(id) {
+            Some(acked) if *committed >= warm_until => {
+                latencies.push((acked - committed) as f64 / 1000.0);
+            }
+            Some(_) => {}
+            None => undelivered += 1,
+        }
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    (latencies, undelivered)
+}
+
+/// The backlog's maximum over the whole writing, each half of it, and the relay's RSS at the
+/// first and last sample.
+fn backlog_figures(figures: &mut SteadyRun, samples: &[(f64, u64, f64)], half: f64) {
     figures.backlog_max = samples.iter().map(|s| s.1).max().unwrap_or(0);
     figures.backlog_max_first_half = samples
         .iter()
@@ -644,11 +723,4 @@ async fn steady_run_in(
         .unwrap_or(0);
     figures.relay_rss_mb_first = samples.first().map(|s| s.2).unwrap_or(0.0);
     figures.relay_rss_mb_last = samples.last().map(|s| s.2).unwrap_or(0.0);
-    figures.relay_peak_rss_mb = report.peak_rss_kb as f64 / 1024.0;
-    figures.relay_cpu_us_per_event = if report.delivered > 0 {
-        report.cpu_seconds / report.delivered as f64 * 1e6
-    } else {
-        0.0
-    };
-    Ok(figures)
 }

@@ -339,6 +339,8 @@ pub async fn steady(
 /// The median of each figure over `runs` at `rate` (the largest `undelivered`).
 fn median_run(runs: &[SteadyRun], rate: Rate) -> SteadyRun {
     let m = |f: fn(&SteadyRun) -> f64| median(runs.iter().map(f).collect());
+    // A count's median, rounded down.
+    let mu = |f: fn(&SteadyRun) -> u64| median(runs.iter().map(|r| f(r) as f64).collect()) as u64;
     SteadyRun {
         target_rate: match rate {
             Rate::Fixed(r) => Some(r),
@@ -347,18 +349,18 @@ fn median_run(runs: &[SteadyRun], rate: Rate) -> SteadyRun {
         commits_per_second: m(|r| r.commits_per_second),
         commits_per_second_without_relay: (rate == Rate::Max)
             .then(|| m(|r| r.commits_per_second_without_relay.unwrap_or(0.0))),
-        events: m(|r| r.events as f64) as u64,
-        late_transactions: m(|r| r.late_transactions as f64) as u64,
+        events: mu(|r| r.events),
+        late_transactions: mu(|r| r.late_transactions),
         latency_ms_p50: m(|r| r.latency_ms_p50),
         latency_ms_p95: m(|r| r.latency_ms_p95),
         latency_ms_p99: m(|r| r.latency_ms_p99),
         latency_ms_max: m(|r| r.latency_ms_max),
-        measured_events: m(|r| r.measured_events as f64) as u64,
+        measured_events: mu(|r| r.measured_events),
         undelivered: runs.iter().map(|r| r.undelivered).max().unwrap_or(0),
-        backlog_max: m(|r| r.backlog_max as f64) as u64,
-        backlog_max_first_half: m(|r| r.backlog_max_first_half as f64) as u64,
-        backlog_max_second_half: m(|r| r.backlog_max_second_half as f64) as u64,
-        backlog_at_stop: m(|r| r.backlog_at_stop as f64) as u64,
+        backlog_max: mu(|r| r.backlog_max),
+        backlog_max_first_half: mu(|r| r.backlog_max_first_half),
+        backlog_max_second_half: mu(|r| r.backlog_max_second_half),
+        backlog_at_stop: mu(|r| r.backlog_at_stop),
         drain_after_stop_seconds: m(|r| r.drain_after_stop_seconds),
         relay_cpu_us_per_event: m(|r| r.relay_cpu_us_per_event),
         postgres_cpu_us_per_event: m(|r| r.postgres_cpu_us_per_event),

@@ -253,14 +253,12 @@ fn status_json(
     wal: Option<&outbox_wal::WalStatus>,
     relay: Option<&RelayView>,
 ) -> anyhow::Result<serde_json::Value> {
-    let StatusSnapshot {
-        stats,
-        per_destination,
-        leases,
-        paused,
-        now,
-    } = snapshot;
-    let now = *now;
+    let (stats, now) = (&snapshot.stats, snapshot.now);
+    let (per_destination, leases, paused) = (
+        &snapshot.per_destination,
+        &snapshot.leases,
+        &snapshot.paused,
+    );
     let oldest = stats.oldest_pending_age();
     let mut value = json!({
         "outbox": describe,

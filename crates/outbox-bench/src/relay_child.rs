@@ -17,41 +17,9 @@ pub(crate) async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()
             .with_delete_on_ack(args.delete_on_ack),
     );
     let store = Arc::new(TimedStore::new(pg.clone()));
-    let mut consumer = None;
-    let inner: Arc<dyn Sink> = match args.sink {
-        SinkKind::Channel => {
-            let (sink, mut rx) =
-                outbox_sink_channel::ChannelSink::new(args.batch_size as usize * 4);
-            consumer = Some(tokio::spawn(async move {
-                let mut n = 0u64;
-                while rx.recv().await.is_some() {
-                    n += 1;
-                }
-                n
-            }));
-            Arc::new(sink)
-        }
-        kind => destination::build_sink(kind, &args.sink_config).await?,
-    };
+    let (inner, consumer) = child_sink(&args).await?;
     // Connection set-up happens before the clock starts: it is not what a drain measures.
-    let connect_started = Instant::now();
-    let mut last_error = None;
-    while connect_started.elapsed() < Duration::from_secs(15) {
-        match inner.check().await {
-            Ok(()) => {
-                last_error = None;
-                break;
-            }
-            Err(e) => {
-                last_error = Some(e.to_string());
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-    if let Some(error) = last_error {
-        bail!("the {} sink is not ready: {error}", args.sink);
-    }
-    let connect_seconds = connect_started.elapsed().as_secs_f64();
+    let connect_seconds = wait_until_ready(inner.as_ref(), args.sink).await?;
     let stamp = args
         .record_acks
         .as_ref()
@@ -76,22 +44,7 @@ pub(crate) async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()
     // The parent starts its writers once this line arrives.
     println!("READY");
 
-    let config = RelayConfig {
-        relay_id: "bench".into(),
-        batch_size: args.batch_size,
-        max_batches_in_flight: args.batches_in_flight,
-        poll_interval: args
-            .poll_interval_ms
-            .map(Duration::from_millis)
-            .unwrap_or(RelayConfig::default().poll_interval),
-        min_poll_interval: args
-            .min_poll_interval_ms
-            .map(Duration::from_millis)
-            .unwrap_or(RelayConfig::default().min_poll_interval),
-        dead_letter: DeadLetterPolicy::Block,
-        stop_when_idle: !until_eof,
-        ..RelayConfig::default()
-    };
+    let config = child_config(&args, until_eof);
     let cpu_before = cpu_snapshot();
     let cpu_ticks_before = cpu_ticks_seconds()?;
     let started = Instant::now();
@@ -151,4 +104,70 @@ pub(crate) async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()
     };
     println!("{}", serde_json::to_string(&out)?);
     Ok(())
+}
+
+/// The sink under measurement: an in-process channel (with a task counting what it receives)
+/// or a real destination.
+async fn child_sink(
+    args: &ChildArgs,
+) -> anyhow::Result<(Arc<dyn Sink>, Option<tokio::task::JoinHandle<u64>>)> {
+    let mut consumer = None;
+    let inner: Arc<dyn Sink> = match args.sink {
+        SinkKind::Channel => {
+            let (sink, mut rx) =
+                outbox_sink_channel::ChannelSink::new(args.batch_size as usize * 4);
+            consumer = Some(tokio::spawn(async move {
+                let mut n = 0u64;
+                while rx.recv().await.is_some() {
+                    n += 1;
+                }
+                n
+            }));
+            Arc::new(sink)
+        }
+        kind => destination::build_sink(kind, &args.sink_config).await?,
+    };
+    Ok((inner, consumer))
+}
+
+/// Checks the sink until it answers (at most 15 s); the seconds that took.
+async fn wait_until_ready(inner: &dyn Sink, kind: SinkKind) -> anyhow::Result<f64> {
+    let connect_started = Instant::now();
+    let mut last_error = None;
+    while connect_started.elapsed() < Duration::from_secs(15) {
+        match inner.check().await {
+            Ok(()) => {
+                last_error = None;
+                break;
+            }
+            Err(e) => {
+                last_error = Some(e.to_string());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    if let Some(error) = last_error {
+        bail!("the {} sink is not ready: {error}", kind);
+    }
+    Ok(connect_started.elapsed().as_secs_f64())
+}
+
+/// The relay's settings under measurement: the defaults but for what the parent passed.
+fn child_config(args: &ChildArgs, until_eof: bool) -> RelayConfig {
+    RelayConfig {
+        relay_id: "bench".into(),
+        batch_size: args.batch_size,
+        max_batches_in_flight: args.batches_in_flight,
+        poll_interval: args
+            .poll_interval_ms
+            .map(Duration::from_millis)
+            .unwrap_or(RelayConfig::default().poll_interval),
+        min_poll_interval: args
+            .min_poll_interval_ms
+            .map(Duration::from_millis)
+            .unwrap_or(RelayConfig::default().min_poll_interval),
+        dead_letter: DeadLetterPolicy::Block,
+        stop_when_idle: !until_eof,
+        ..RelayConfig::default()
+    }
 }

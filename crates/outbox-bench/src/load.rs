@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use outbox_postgresql::PgStore;
+use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_types::{Event, NewEvent, Outcome, Sink, SinkError};
 use uuid::Uuid;
 
@@ -140,12 +140,14 @@ pub async fn writer_connections(
 pub async fn run_writers(store: &PgStore, plan: &WriterPlan) -> anyhow::Result<WriterResult> {
     let table = store.outbox().qualified_table().to_owned();
     let orders = format!("\"{}\".orders", store.outbox().schema());
-    let insert_order = format!(
-        "INSERT INTO {orders} (id, customer_id, amount_cents, status) VALUES ($1, $2, $3, 'new')"
-    );
-    let raw_event = format!(
-        "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::json)"
-    );
+    let sql = Arc::new(WriterSql {
+        insert_order: format!(
+            "INSERT INTO {orders} (id, customer_id, amount_cents, status) VALUES ($1, $2, $3, 'new')"
+        ),
+        raw_event: format!(
+            "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::json)"
+        ),
+    });
     let (pool, connections) = writer_connections(store, plan.writers).await?;
     let started = Instant::now();
     let deadline = started + plan.duration;
@@ -155,8 +157,7 @@ pub async fn run_writers(store: &PgStore, plan: &WriterPlan) -> anyhow::Result<W
     for (w, mut conn) in connections.into_iter().enumerate() {
         let outbox = store.outbox().clone();
         let plan = plan.clone();
-        let insert_order = insert_order.clone();
-        let raw_event = raw_event.clone();
+        let sql = sql.clone();
         let commits = commits.clone();
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
@@ -183,47 +184,7 @@ pub async fn run_writers(store: &PgStore, plan: &WriterPlan) -> anyhow::Result<W
                     }
                 }
                 let order = Uuid::now_v7();
-                let outcome: anyhow::Result<Option<Uuid>> = async {
-                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                    sqlx::query(sqlx::AssertSqlSafe(insert_order.as_str()))
-                        .bind(order)
-                        .bind(customer)
-                        .bind(1999_i64)
-                        .execute(&mut *tx)
-                        .await?;
-                    let event_id = match plan.variant {
-                        Variant::OrderOnly => None,
-                        Variant::Outbox => {
-                            let event = NewEvent::new(
-                                "order",
-                                order.to_string(),
-                                "OrderCreated",
-                                &order_payload(order, customer, plan.payload_bytes),
-                            )?;
-                            Some(*outbox.enqueue(&mut *tx, &event).await?.id.as_uuid())
-                        }
-                        Variant::RawInsert => {
-                            let id = Uuid::now_v7();
-                            let body = serde_json::to_string(&order_payload(
-                                order,
-                                customer,
-                                plan.payload_bytes,
-                            ))?;
-                            sqlx::query(sqlx::AssertSqlSafe(raw_event.as_str()))
-                                .bind(id)
-                                .bind("order")
-                                .bind(order.to_string())
-                                .bind("OrderCreated")
-                                .bind(body)
-                                .execute(&mut *tx)
-                                .await?;
-                            Some(id)
-                        }
-                    };
-                    tx.commit().await?;
-                    Ok(event_id)
-                }
-                .await;
+                let outcome = write_one(&mut conn, &plan, &sql, &outbox, order, customer).await;
                 match outcome {
                     Ok(event_id) => {
                         result.commits += 1;
@@ -250,18 +211,75 @@ pub async fn run_writers(store: &PgStore, plan: &WriterPlan) -> anyhow::Result<W
     }
     let mut total = WriterResult::default();
     for task in tasks {
-        let r = task.await??;
-        total.commits += r.commits;
-        total.errors += r.errors;
-        total.late += r.late;
-        if total.first_error.is_none() {
-            total.first_error = r.first_error;
-        }
-        total.committed_at.extend(r.committed_at);
+        total.absorb(task.await??);
     }
     total.seconds = started.elapsed().as_secs_f64();
     pool.close().await;
     Ok(total)
+}
+
+/// The statements a writer runs besides the library's enqueue.
+struct WriterSql {
+    insert_order: String,
+    raw_event: String,
+}
+
+/// One writer transaction: the order row and, per `plan.variant`, its event; the event's id.
+async fn write_one(
+    conn: &mut sqlx::pool::PoolConnection<sqlx::Postgres>,
+    plan: &WriterPlan,
+    sql: &WriterSql,
+    outbox: &PgOutbox,
+    order: Uuid,
+    customer: i64,
+) -> anyhow::Result<Option<Uuid>> {
+    let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+    sqlx::query(sqlx::AssertSqlSafe(sql.insert_order.as_str()))
+        .bind(order)
+        .bind(customer)
+        .bind(1999_i64)
+        .execute(&mut *tx)
+        .await?;
+    let event_id = match plan.variant {
+        Variant::OrderOnly => None,
+        Variant::Outbox => {
+            let event = NewEvent::new(
+                "order",
+                order.to_string(),
+                "OrderCreated",
+                &order_payload(order, customer, plan.payload_bytes),
+            )?;
+            Some(*outbox.enqueue(&mut *tx, &event).await?.id.as_uuid())
+        }
+        Variant::RawInsert => {
+            let id = Uuid::now_v7();
+            let body = serde_json::to_string(&order_payload(order, customer, plan.payload_bytes))?;
+            sqlx::query(sqlx::AssertSqlSafe(sql.raw_event.as_str()))
+                .bind(id)
+                .bind("order")
+                .bind(order.to_string())
+                .bind("OrderCreated")
+                .bind(body)
+                .execute(&mut *tx)
+                .await?;
+            Some(id)
+        }
+    };
+    tx.commit().await?;
+    Ok(event_id)
+}
+
+impl WriterResult {
+    /// Adds one writer's figures to the total.
+    fn absorb(&mut self, r: WriterResult) {
+        self.commits += r.commits;
+        self.errors += r.errors;
+        self.late += r.late;
+        if self.first_error.is_none() {
+            self.first_error = r.first_error;
+        }
+        self.committed_at.extend(r.committed_at);
+    }
 }
 
 /// A sink that stamps, for every event its inner sink confirmed, when the confirmation came.

@@ -163,6 +163,15 @@ pub(crate) mod tests {
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
     }
 
+    /// A pool of up to `max` connections on [`database_url`].
+    pub(crate) async fn test_pool(max: u32) -> MySqlPool {
+        MySqlPoolOptions::new()
+            .max_connections(max)
+            .connect(&database_url())
+            .await
+            .expect("MariaDB/MySQL must be running on 127.0.0.1:3306 with a `test` database")
+    }
+
     pub(crate) fn unique_table(tag: &str) -> String {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -173,11 +182,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_session_dropped_while_holding_the_lock_gives_it_back() {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(3)
-            .connect(&database_url())
-            .await
-            .expect("MariaDB/MySQL must be running on 127.0.0.1:3306 with a `test` database");
+        let pool = test_pool(3).await;
         let outbox = MySqlOutbox::with_table(&unique_table("lock")).unwrap();
         let sql = outbox.sql();
         let is_free = format!(

@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -169,19 +168,7 @@ async fn relay_processes_on_one_file_never_hand_out_an_event_twice() {
     let mut children = Vec::new();
     let mut starts = Vec::new();
     for _ in 0..2 {
-        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "child_claimer",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, &parent.path)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut child = common::spawn_child("child_claimer", CHILD_ENV, &parent.path);
         let stdout = child.stdout.take().unwrap();
         let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
         starts.push(started_rx);

@@ -85,10 +85,7 @@ impl Session {
     /// Run `release_lock` (a `DO RELEASE_LOCK(name)`) if the lock is held.
     pub(crate) async fn release_lock(&mut self, release_lock: &str) -> Result<(), StoreError> {
         if self.lock_held {
-            sqlx::raw_sql(AssertSqlSafe(release_lock))
-                .execute(&mut *self.conn)
-                .await
-                .map_err(map_sqlx)?;
+            self.run(release_lock).await?;
             self.lock_held = false;
         }
         Ok(())
@@ -97,19 +94,12 @@ impl Session {
     /// `START TRANSACTION`.
     pub(crate) async fn begin(&mut self) -> Result<(), StoreError> {
         self.in_transaction = true;
-        sqlx::raw_sql("START TRANSACTION")
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_sqlx)?;
-        Ok(())
+        self.run("START TRANSACTION").await
     }
 
     /// `COMMIT`.
     pub(crate) async fn commit(&mut self) -> Result<(), StoreError> {
-        sqlx::raw_sql("COMMIT")
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_sqlx)?;
+        self.run("COMMIT").await?;
         self.in_transaction = false;
         Ok(())
     }
@@ -117,12 +107,18 @@ impl Session {
     /// `ROLLBACK` if a transaction is open.
     pub(crate) async fn rollback(&mut self) -> Result<(), StoreError> {
         if self.in_transaction {
-            sqlx::raw_sql("ROLLBACK")
-                .execute(&mut *self.conn)
-                .await
-                .map_err(map_sqlx)?;
+            self.run("ROLLBACK").await?;
             self.in_transaction = false;
         }
+        Ok(())
+    }
+
+    /// Run `sql` (no arguments, no rows) on the session's connection.
+    async fn run(&mut self, sql: &str) -> Result<(), StoreError> {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_sqlx)?;
         Ok(())
     }
 

@@ -93,24 +93,11 @@ impl VisitFmt for SafeVisitor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use outbox_testkit::LogBuffer;
 
     #[test]
     fn control_characters_from_fields_and_messages_are_escaped() {
-        let buffer = Buffer::default();
+        let buffer = LogBuffer::default();
         let writer = buffer.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
@@ -121,7 +108,7 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(event_type = %evil, plain = evil, error = ?evil, "Published {evil}.");
         });
-        let out = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let out = buffer.text();
         let line = out.trim_end_matches('\n');
         assert!(!line.contains('\n'), "one line: {out:?}");
         assert!(!line.chars().any(char::is_control), "{out:?}");

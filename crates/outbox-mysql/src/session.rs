@@ -85,10 +85,7 @@ impl Session {
     /// Run `release_lock` (a `DO RELEASE_LOCK(name)`) if the lock is held.
     pub(crate) async fn release_lock(&mut self, release_lock: &str) -> Result<(), StoreError> {
         if self.lock_held {
-            sqlx::raw_sql(AssertSqlSafe(release_lock))
-                .execute(&mut *self.conn)
-                .await
-                .map_err(map_sqlx)?;
+            self.run(release_lock).await?;
             self.lock_held = false;
         }
         Ok(())
@@ -97,19 +94,12 @@ impl Session {
     /// `START TRANSACTION`.
     pub(crate) async fn begin(&mut self) -> Result<(), StoreError> {
         self.in_transaction = true;
-        sqlx::raw_sql("START TRANSACTION")
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_sqlx)?;
-        Ok(())
+        self.run("START TRANSACTION").await
     }
 
     /// `COMMIT`.
     pub(crate) async fn commit(&mut self) -> Result<(), StoreError> {
-        sqlx::raw_sql("COMMIT")
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_sqlx)?;
+        self.run("COMMIT").await?;
         self.in_transaction = false;
         Ok(())
     }
@@ -117,12 +107,18 @@ impl Session {
     /// `ROLLBACK` if a transaction is open.
     pub(crate) async fn rollback(&mut self) -> Result<(), StoreError> {
         if self.in_transaction {
-            sqlx::raw_sql("ROLLBACK")
-                .execute(&mut *self.conn)
-                .await
-                .map_err(map_sqlx)?;
+            self.run("ROLLBACK").await?;
             self.in_transaction = false;
         }
+        Ok(())
+    }
+
+    /// Run `sql` (no arguments, no rows) on the session's connection.
+    async fn run(&mut self, sql: &str) -> Result<(), StoreError> {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_sqlx)?;
         Ok(())
     }
 
@@ -163,6 +159,15 @@ pub(crate) mod tests {
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
     }
 
+    /// A pool of up to `max` connections on [`database_url`].
+    pub(crate) async fn test_pool(max: u32) -> MySqlPool {
+        MySqlPoolOptions::new()
+            .max_connections(max)
+            .connect(&database_url())
+            .await
+            .expect("MariaDB/MySQL must be running on 127.0.0.1:3306 with a `test` database")
+    }
+
     pub(crate) fn unique_table(tag: &str) -> String {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -173,11 +178,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_session_dropped_while_holding_the_lock_gives_it_back() {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(3)
-            .connect(&database_url())
-            .await
-            .expect("MariaDB/MySQL must be running on 127.0.0.1:3306 with a `test` database");
+        let pool = test_pool(3).await;
         let outbox = MySqlOutbox::with_table(&unique_table("lock")).unwrap();
         let sql = outbox.sql();
         let is_free = format!(

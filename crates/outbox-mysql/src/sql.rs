@@ -576,8 +576,7 @@ pub(crate) fn micros(d: Duration) -> i64 {
 mod tests {
     use super::*;
     use crate::MySqlOutbox;
-    use crate::session::tests::{database_url, unique_table};
-    use sqlx::mysql::MySqlPoolOptions;
+    use crate::session::tests::{test_pool, unique_table};
     use sqlx::{MySqlPool, Row};
     use uuid::Uuid;
 
@@ -631,11 +630,7 @@ mod tests {
 
     #[tokio::test]
     async fn statements_use_the_intended_indexes_on_a_small_and_a_retention_heavy_table() {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(2)
-            .connect(&database_url())
-            .await
-            .expect("MariaDB/MySQL must be running on 127.0.0.1:3306 with a `test` database");
+        let pool = test_pool(2).await;
         let outbox = MySqlOutbox::with_table(&unique_table("plan")).unwrap();
         outbox.migrate(&pool).await.unwrap();
         let t = outbox.quoted_table();

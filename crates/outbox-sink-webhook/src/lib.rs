@@ -901,26 +901,14 @@ mod tests {
 
     /// Collects what `warn!` writes while `f` runs.
     fn logged(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Buffer {
-            fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(data);
-                Ok(data.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buffer = Buffer::default();
+        let buffer = outbox_testkit::LogBuffer::default();
         let writer = buffer.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish();
         tracing::subscriber::with_default(subscriber, f);
-        let bytes = buffer.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
+        buffer.text()
     }
 
     #[test]

@@ -6,7 +6,6 @@ mod common;
 
 use outbox_testkit::order_created;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::{SqliteWriter, TempStore};
@@ -89,19 +88,7 @@ async fn child_writer_that_never_commits() {
 async fn a_writer_process_killed_before_commit_leaves_nothing() {
     let store = TempStore::new().await;
     SqliteWriter.business_table(&store).await;
-    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_writer_that_never_commits",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, &store.path)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_child("child_writer_that_never_commits", CHILD_ENV, &store.path);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let ready = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.unwrap() {

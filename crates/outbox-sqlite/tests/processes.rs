@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -13,7 +12,7 @@ use std::time::Duration;
 use common::TempStore;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
 use outbox_testkit::concurrent::race;
-use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
+use outbox_types::{NewEvent, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CHILD_ENV: &str = "OUTBOX_SQLITE_CLAIMER_DB";
@@ -43,32 +42,21 @@ async fn claim_until_done(
     tickets: Arc<AtomicU64>,
 ) -> Vec<Claimed> {
     let mut mine = Vec::new();
-    loop {
-        let claim = store
-            .claim(&ClaimRequest::new(
-                owner.clone(),
-                17,
-                Duration::from_secs(120),
-                DeadLetterPolicy::Block,
-            ))
-            .await
-            .unwrap();
-        if claim.events.is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            let stats = store.stats().await.unwrap();
-            if stats.pending == 0 && stats.in_flight == 0 {
-                return mine;
+    outbox_store_tests::claim_and_ack_until_drained(
+        &store,
+        &owner,
+        17,
+        Duration::from_secs(120),
+        Duration::from_millis(10),
+        |events| {
+            let ticket = tickets.fetch_add(1, Ordering::SeqCst);
+            for e in events {
+                mine.push((e.id.to_string(), e.aggregate_id.clone(), n_of(e), ticket));
             }
-            continue;
-        }
-        let ticket = tickets.fetch_add(1, Ordering::SeqCst);
-        for e in &claim.events {
-            mine.push((e.id.to_string(), e.aggregate_id.clone(), n_of(e), ticket));
-        }
-        let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
-        let acked = store.ack(&claim.lease, &seqs).await.unwrap();
-        assert_eq!(acked as usize, seqs.len(), "a live lease is never fenced");
-    }
+        },
+    )
+    .await;
+    mine
 }
 
 /// Every event exactly once, and per aggregate the claim order is the enqueue order.
@@ -169,19 +157,7 @@ async fn relay_processes_on_one_file_never_hand_out_an_event_twice() {
     let mut children = Vec::new();
     let mut starts = Vec::new();
     for _ in 0..2 {
-        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "child_claimer",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, &parent.path)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut child = common::spawn_child("child_claimer", CHILD_ENV, &parent.path);
         let stdout = child.stdout.take().unwrap();
         let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
         starts.push(started_rx);

@@ -129,37 +129,24 @@ pub async fn concurrent_claims_never_hand_out_an_event_twice<H: Harness>(h: &H) 
         let clock = clock.clone();
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
-            loop {
-                let claim = store
-                    .claim(&ClaimRequest::new(
-                        format!("w{worker}"),
-                        37,
-                        Duration::from_secs(60),
-                        DeadLetterPolicy::Block,
-                    ))
-                    .await
-                    .unwrap();
-                if claim.events.is_empty() {
-                    // Others may still hold events whose successors become due after their ack.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    let stats = store.stats().await.unwrap();
-                    if stats.pending == 0 && stats.in_flight == 0 {
-                        return mine;
-                    }
-                    continue;
-                }
-                let tick = clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let seqs = seqs_of(&claim.events);
-                mine.extend(
-                    claim
-                        .events
-                        .iter()
-                        .enumerate()
-                        .map(|(i, e)| ((tick, i), e.id, e.aggregate_id.clone(), payload_n(e))),
-                );
-                let acked = store.ack(&claim.lease, &seqs).await.unwrap();
-                assert_eq!(acked as usize, seqs.len());
-            }
+            claim_and_ack_until_drained(
+                &*store,
+                &format!("w{worker}"),
+                37,
+                Duration::from_secs(60),
+                Duration::from_millis(20),
+                |events| {
+                    let tick = clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    mine.extend(
+                        events
+                            .iter()
+                            .enumerate()
+                            .map(|(i, e)| ((tick, i), e.id, e.aggregate_id.clone(), payload_n(e))),
+                    );
+                },
+            )
+            .await;
+            mine
         }));
     }
     let mut all = Vec::new();

@@ -92,6 +92,44 @@ pub(crate) fn buried(seq: i64, error: impl Into<String>) -> BuryEvent {
     }
 }
 
+/// Claim as `owner`, up to `limit` events on leases of `lease`, and ack each claim until nothing
+/// is pending or in flight: an empty claim waits `pause` and looks at the counts, since others
+/// may still hold events whose successors become due after their ack. `on_claim` sees each
+/// claim's events before they are acked; every ack must settle them all (a live lease is never
+/// fenced). One worker of a concurrent claiming test.
+pub async fn claim_and_ack_until_drained<S: Store + ?Sized>(
+    store: &S,
+    owner: &str,
+    limit: u32,
+    lease: Duration,
+    pause: Duration,
+    mut on_claim: impl FnMut(&[Event]),
+) {
+    loop {
+        let claim = store
+            .claim(&ClaimRequest::new(
+                owner,
+                limit,
+                lease,
+                DeadLetterPolicy::Block,
+            ))
+            .await
+            .unwrap();
+        if claim.events.is_empty() {
+            tokio::time::sleep(pause).await;
+            let stats = store.stats().await.unwrap();
+            if stats.pending == 0 && stats.in_flight == 0 {
+                return;
+            }
+            continue;
+        }
+        on_claim(&claim.events);
+        let seqs = seqs_of(&claim.events);
+        let acked = store.ack(&claim.lease, &seqs).await.unwrap();
+        assert_eq!(acked as usize, seqs.len(), "a live lease is never fenced");
+    }
+}
+
 /// The seqs of `events`, in their order: what a settle call takes.
 pub(crate) fn seqs_of(events: &[Event]) -> Vec<i64> {
     events.iter().map(|e| e.seq).collect()

@@ -239,6 +239,29 @@ pub fn hooks_and_kafka() -> outbox_types::route::RouteTable {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// An in-memory [`std::io::Write`] for what a test logs: hand clones to a `tracing_subscriber`
+/// (`.with_writer(move || buffer.clone())`) and read it all back with [`LogBuffer::text`].
+#[derive(Clone, Default)]
+pub struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl LogBuffer {
+    /// Everything written so far, as UTF-8 text.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Fail unless `error`'s message contains `text`; the failure shows the whole message. What a
 /// test of a refusal checks: the reason is named, whatever else the database adds around it.
 #[track_caller]

@@ -209,21 +209,14 @@ impl WalConfig {
     }
 }
 
-/// Names end up in SQL and replication commands: plain identifiers only.
+/// Names end up in SQL and replication commands: plain identifiers only. The stores' check
+/// ([`outbox_types::sql_store::check_identifier`]), with the same rule and words, as a
+/// configuration error.
 pub(crate) fn check_name(what: &str, name: &str, max: usize) -> Result<(), WalError> {
-    let valid = !name.is_empty()
-        && name.len() <= max
-        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if valid {
-        Ok(())
-    } else {
-        Err(WalError::Config(format!(
-            "{what} `{name}` is not a plain identifier: use lowercase letters, digits and `_`, starting with a letter or `_`, at most {max} characters"
-        )))
-    }
+    outbox_types::sql_store::check_identifier(what, name, max).map_err(|e| match e {
+        outbox_types::StoreError::Invalid(message) => WalError::Config(message),
+        other => WalError::Config(other.to_string()),
+    })
 }
 
 #[cfg(test)]

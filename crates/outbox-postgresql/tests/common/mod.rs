@@ -79,18 +79,13 @@ impl Harness for PgPartitionedHarness {
         // Moving enqueued_at moves the rows to the partition of their new time (or the default
         // one); the keys rows follow, as an enqueue at that time would have written them.
         PgHarness.backdate(store, ids, by).await;
-        let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        let update = format!(
             "UPDATE \"{}\".\"{}_keys\" SET enqueued_at = enqueued_at - $2 * interval '1 millisecond'
              WHERE id = ANY($1)",
             store.outbox().schema(),
             store.outbox().table()
-        )))
-        .bind(&ids)
-        .bind(by.as_millis() as i64)
-        .execute(store.pool())
-        .await
-        .unwrap();
+        );
+        move_back(store, update, ids, by).await;
     }
 }
 
@@ -107,8 +102,7 @@ impl Harness for PgHarness {
     }
 
     async fn backdate(&self, store: &PgStore, ids: &[EventId], by: Duration) {
-        let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        let update = format!(
             "UPDATE {} SET occurred_at = occurred_at - $2 * interval '1 millisecond',
                  enqueued_at = enqueued_at - $2 * interval '1 millisecond',
                  claimed_at = claimed_at - $2 * interval '1 millisecond',
@@ -116,13 +110,21 @@ impl Harness for PgHarness {
                  dead_at = dead_at - $2 * interval '1 millisecond'
              WHERE id = ANY($1)",
             store.outbox().qualified_table()
-        )))
+        );
+        move_back(store, update, ids, by).await;
+    }
+}
+
+/// Run `update`, whose `$1` is the events' ids and `$2` a number of milliseconds, for `ids`
+/// moved back `by`.
+async fn move_back(store: &PgStore, update: String, ids: &[EventId], by: Duration) {
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
+    sqlx::query(sqlx::AssertSqlSafe(update))
         .bind(&ids)
         .bind(by.as_millis() as i64)
         .execute(store.pool())
         .await
         .unwrap();
-    }
 }
 
 /// The writer scenarios of `outbox-store-tests` against PostgreSQL: transactions on the store's

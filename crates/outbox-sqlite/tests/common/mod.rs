@@ -153,6 +153,25 @@ impl Store for TempStore {
     }
 }
 
+/// This test binary run again as a child process for the ignored test `test` alone, with the
+/// environment variable `env` set to the database file at `path` and stdout piped (the child
+/// reports through it). Killed when dropped.
+pub fn spawn_child(test: &str, env: &str, path: &Path) -> tokio::process::Child {
+    tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            test,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(env, path)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 /// Enqueue `events` in one committed transaction, the way a writer would.
 pub async fn enqueue_committed(store: &SqliteStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {
     let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();

@@ -111,32 +111,9 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
 
     let orders = OrderStore::new(Db::connect(&db_url("orders.db")?, None, 4).await?, None);
     orders.migrate().await?;
-    let delivery = Arc::new(
-        Consumer::open(
-            Service::Delivery,
-            Db::connect(&db_url("delivery.db")?, None, 2).await?,
-        )
-        .await?,
-    );
-    let billing = Arc::new(
-        Consumer::open(
-            Service::Billing,
-            Db::connect(&db_url("billing.db")?, None, 2).await?,
-        )
-        .await?,
-    );
-
-    // The order service.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| Error::Io(format!("cannot listen on 127.0.0.1: {e}")))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::Io(format!("listener address: {e}")))?;
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::http::serve(listener, orders.clone(), async move {
-        let _ = http_stopped.await;
-    }));
+    let delivery = open_consumer(Service::Delivery, &db_url("delivery.db")?).await?;
+    let billing = open_consumer(Service::Billing, &db_url("billing.db")?).await?;
+    let (addr, stop_http, server) = start_order_service(&orders).await?;
 
     // The relay, its sink, the bus and the consumers.
     let (sink, rx) = BusSink::new(256);
@@ -167,34 +144,9 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     }));
 
     let load_counters = Arc::new(LoadCounters::default());
-    let load_config = LoadConfig {
-        orders: args.orders.unwrap_or(if args.duration.is_some() {
-            u64::MAX
-        } else {
-            300
-        }),
-        duration: args.duration,
-        clients: args.writers.max(1),
-        rate: (args.rate > 0.0).then_some(args.rate),
-        seed: args.seed,
-        ..LoadConfig::default()
-    };
+    let load_config = load_config(&args);
     if !args.quiet {
-        println!(
-            "outbox demo: order service on http://{addr}, SQLite files in {}",
-            dir.display()
-        );
-        println!(
-            "  {} HTTP clients, {} (seed {}); the bus delivers {:.0}% of messages twice",
-            load_config.clients,
-            match (args.duration, load_config.rate) {
-                (Some(d), _) => format!("for {:.0} s", d.as_secs_f64()),
-                (None, Some(r)) => format!("{} orders at {r:.0}/s", load_config.orders),
-                (None, None) => format!("{} orders", load_config.orders),
-            },
-            args.seed,
-            args.redeliver * 100.0
-        );
+        print_intro(&args, &load_config, &addr, &dir);
     }
 
     let started = Instant::now();
@@ -205,17 +157,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         delivery: delivery.counters(),
         billing: billing.counters(),
     };
-    let ticker = (!args.quiet).then(|| {
-        let live = live.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                println!("{}", live.line(started.elapsed()));
-            }
-        })
-    });
+    let ticker = (!args.quiet).then(|| spawn_ticker(live.clone(), started));
 
     let load = crate::load::run(
         &format!("http://{addr}"),
@@ -288,6 +230,84 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         "  result                    OK: every order reserved and charged once, every cancellation released and refunded once, nothing for rejected requests"
     );
     Ok(())
+}
+
+/// A consumer service on its own SQLite file.
+async fn open_consumer(service: Service, url: &str) -> Result<Arc<Consumer>, Error> {
+    Ok(Arc::new(
+        Consumer::open(service, Db::connect(url, None, 2).await?).await?,
+    ))
+}
+
+/// The order service (the real axum app) on a free port of 127.0.0.1: its address, the sender
+/// that stops it, and its task.
+async fn start_order_service(
+    orders: &OrderStore,
+) -> Result<
+    (
+        std::net::SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ),
+    Error,
+> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| Error::Io(format!("cannot listen on 127.0.0.1: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::Io(format!("listener address: {e}")))?;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(crate::http::serve(listener, orders.clone(), async move {
+        let _ = http_stopped.await;
+    }));
+    Ok((addr, stop_http, server))
+}
+
+/// The load the arguments ask for: 300 orders unless told otherwise, no limit with a duration.
+fn load_config(args: &DemoArgs) -> LoadConfig {
+    LoadConfig {
+        orders: args.orders.unwrap_or(if args.duration.is_some() {
+            u64::MAX
+        } else {
+            300
+        }),
+        duration: args.duration,
+        clients: args.writers.max(1),
+        rate: (args.rate > 0.0).then_some(args.rate),
+        seed: args.seed,
+        ..LoadConfig::default()
+    }
+}
+
+fn print_intro(args: &DemoArgs, load_config: &LoadConfig, addr: &std::net::SocketAddr, dir: &Path) {
+    println!(
+        "outbox demo: order service on http://{addr}, SQLite files in {}",
+        dir.display()
+    );
+    println!(
+        "  {} HTTP clients, {} (seed {}); the bus delivers {:.0}% of messages twice",
+        load_config.clients,
+        match (args.duration, load_config.rate) {
+            (Some(d), _) => format!("for {:.0} s", d.as_secs_f64()),
+            (None, Some(r)) => format!("{} orders at {r:.0}/s", load_config.orders),
+            (None, None) => format!("{} orders", load_config.orders),
+        },
+        args.seed,
+        args.redeliver * 100.0
+    );
+}
+
+/// Prints the live line once a second.
+fn spawn_ticker(live: Live, started: Instant) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            println!("{}", live.line(started.elapsed()));
+        }
+    })
 }
 
 /// The demo's directory: `dir` (created if missing), or a temporary one that lives as long as

@@ -154,6 +154,16 @@ pub enum Rate {
     Max,
 }
 
+impl Rate {
+    /// Transactions per second to hold; `None` for as fast as the database goes.
+    fn target(self) -> Option<f64> {
+        match self {
+            Rate::Fixed(r) => Some(r),
+            Rate::Max => None,
+        }
+    }
+}
+
 fn parse_rate(s: &str) -> Result<Rate, String> {
     if s.eq_ignore_ascii_case("max") {
         return Ok(Rate::Max);
@@ -342,10 +352,7 @@ fn median_run(runs: &[SteadyRun], rate: Rate) -> SteadyRun {
     // A count's median, rounded down.
     let mu = |f: fn(&SteadyRun) -> u64| median(runs.iter().map(|r| f(r) as f64).collect()) as u64;
     SteadyRun {
-        target_rate: match rate {
-            Rate::Fixed(r) => Some(r),
-            Rate::Max => None,
-        },
+        target_rate: rate.target(),
         commits_per_second: m(|r| r.commits_per_second),
         commits_per_second_without_relay: (rate == Rate::Max)
             .then(|| m(|r| r.commits_per_second_without_relay.unwrap_or(0.0))),
@@ -506,10 +513,8 @@ async fn steady_run_in(
     let plan = WriterPlan {
         variant: Variant::Outbox,
         writers: args.writers,
-        rate: match rate {
-            Rate::Fixed(r) => r,
-            Rate::Max => 0.0,
-        },
+        // 0: as fast as they go.
+        rate: rate.target().unwrap_or(0.0),
         duration: Duration::from_secs(args.seconds),
         payload_bytes: args.payload_bytes,
         record_commits: true,
@@ -575,10 +580,7 @@ async fn steady_run_in(
     let warm_until = writing_started + i64::try_from(args.warmup_seconds).unwrap_or(0) * 1_000_000;
     let (latencies, undelivered) = commit_to_ack_ms(&writers.committed_at, &acks, warm_until);
     figures.undelivered = undelivered;
-    figures.target_rate = match rate {
-        Rate::Fixed(r) => Some(r),
-        Rate::Max => None,
-    };
+    figures.target_rate = rate.target();
     figures.commits_per_second = writers.commits as f64 / writers.seconds;
     figures.postgres_cpu_us_per_event = postgres_seconds / writers.commits.max(1) as f64 * 1e6;
     figures.events = writers.commits;
@@ -652,7 +654,6 @@ async fn start_relay_child(
     if first.trim() != "READY" {
         bail!("the relay child said `{}` instead of READY", first.trim());
     }
-
     Ok(RelayChild {
         child,
         pid,
@@ -661,18 +662,19 @@ async fn start_relay_child(
     })
 }
 
-/// (seconds since start, backlog, relay RSS MB) once a second until the flag is cleared.
-type Samples = Vec<(f64, u64, f64)>;
+/// Seconds since the sampling started, backlog, relay RSS in MB.
+type Sample = (f64, u64, f64);
 
+/// A [`Sample`] once a second until the returned flag is cleared.
 fn sample_backlog_and_rss(
     store: &PgStore,
     pid: u32,
-) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Samples>) {
+) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Vec<Sample>>) {
     let sampling = Arc::new(AtomicBool::new(true));
     let store = store.clone();
     let flag = sampling.clone();
     let sampler = tokio::spawn(async move {
-        let mut samples: Samples = Vec::new();
+        let mut samples: Vec<Sample> = Vec::new();
         let started = Instant::now();
         while flag.load(Ordering::Relaxed) {
             let b = backlog(&store).await.unwrap_or(0);
@@ -709,7 +711,7 @@ fn commit_to_ack_ms(
 
 /// The backlog's maximum over the whole writing, each half of it, and the relay's RSS at the
 /// first and last sample.
-fn backlog_figures(figures: &mut SteadyRun, samples: &[(f64, u64, f64)], half: f64) {
+fn backlog_figures(figures: &mut SteadyRun, samples: &[Sample], half: f64) {
     figures.backlog_max = samples.iter().map(|s| s.1).max().unwrap_or(0);
     figures.backlog_max_first_half = samples
         .iter()

@@ -214,6 +214,11 @@ fn keep_in_order(wanted: &[(i64, AggregateKey)], locked: HashSet<i64>) -> HashSe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::tests::{test_pool, unique_table};
+    use crate::{MySqlOutbox, MySqlStore};
+    use outbox_testkit::numbered;
+    use outbox_types::{BuryEvent, DeadFilter, Store};
+    use std::time::Duration;
 
     fn agg(id: &str) -> AggregateKey {
         AggregateKey {
@@ -239,5 +244,63 @@ mod tests {
         // b/4 lost only itself: nothing after it in b.
         let keep = keep_in_order(&wanted, [1, 2, 3, 5].into_iter().collect());
         assert_eq!(keep.len(), 4);
+    }
+
+    /// A claim's statement reads the clock (`UTC_TIMESTAMP()`) when it starts and its rows a
+    /// little later. An event requeued in between must still be due to it: a pending event with
+    /// no attempts holds nothing back, so were it not due, its aggregate's later events would be
+    /// claimed ahead of it (CI once saw `p` delivered as 0, 2, 3, 1). `SET timestamp` pins the
+    /// claiming session's clock to a moment before the requeue.
+    #[tokio::test]
+    async fn a_claim_whose_clock_was_read_before_a_requeue_takes_the_requeued_event_first() {
+        let pool = test_pool(3).await;
+        let outbox = MySqlOutbox::with_table(&unique_table("requeue")).unwrap();
+        outbox.migrate(&pool).await.unwrap();
+        let store = MySqlStore::new(pool.clone(), outbox);
+        let events = [numbered("p", 1), numbered("p", 2)];
+        let enqueued = store.outbox().enqueue_batch(&pool, &events).await.unwrap();
+        let request = |limit| {
+            ClaimRequest::new(
+                "relay",
+                limit,
+                Duration::from_secs(30),
+                DeadLetterPolicy::Block,
+            )
+        };
+        let first = store.claim(&request(1)).await.unwrap();
+        let buried = BuryEvent {
+            seq: first.events[0].seq,
+            error: "refused".into(),
+        };
+        store.bury(&first.lease, &[buried]).await.unwrap();
+        let before: String = sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) AS CHAR)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let requeued = store
+            .requeue_dead(&DeadFilter::Ids(vec![enqueued[0].id]))
+            .await
+            .unwrap();
+        assert_eq!(requeued, 1);
+
+        let mut session = Session::open(&pool).await.unwrap();
+        sqlx::query(AssertSqlSafe(format!("SET timestamp = {before}")))
+            .execute(session.conn())
+            .await
+            .unwrap();
+        let sorted = store
+            .claim_rows(&mut session, &request(10), Uuid::now_v7())
+            .await
+            .unwrap();
+        sqlx::query("SET timestamp = DEFAULT")
+            .execute(session.conn())
+            .await
+            .unwrap();
+        let ids: Vec<_> = sorted.events.iter().map(|e| e.id).collect();
+        assert_eq!(
+            ids.first(),
+            Some(&enqueued[0].id),
+            "the requeued event goes first: {ids:?}"
+        );
     }
 }

@@ -262,11 +262,11 @@ impl Sql {
             requeue_dead_ids: format!(
                 "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) AS d
                  STRAIGHT_JOIN {t} AS e FORCE INDEX (id_key) ON e.id = d.id
-                 SET e.status = 'pending', e.attempts = 0, e.next_attempt_at = UTC_TIMESTAMP(6), e.dead_at = NULL, e.last_error = NULL
+                 SET e.status = 'pending', e.attempts = 0, e.next_attempt_at = LEAST(e.next_attempt_at, UTC_TIMESTAMP(6)), e.dead_at = NULL, e.last_error = NULL
                  WHERE e.status = 'dead'"
             ),
             requeue_dead_all: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = UTC_TIMESTAMP(6), dead_at = NULL, last_error = NULL
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = LEAST(next_attempt_at, UTC_TIMESTAMP(6)), dead_at = NULL, last_error = NULL
                  WHERE status = 'dead'"
             ),
             discard_dead_ids: format!(
@@ -311,7 +311,7 @@ impl Sql {
             replay_update: format!(
                 "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS c
                  STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = c.seq
-                 SET e.status = 'pending', e.attempts = 0, e.next_attempt_at = UTC_TIMESTAMP(6),
+                 SET e.status = 'pending', e.attempts = 0, e.next_attempt_at = LEAST(e.next_attempt_at, UTC_TIMESTAMP(6)),
                      e.delivered_at = NULL, e.dead_at = NULL, e.last_error = NULL,
                      e.lease_owner = NULL, e.lease_token = NULL, e.lease_expires_at = NULL
                  WHERE e.status = 'delivered'"

@@ -103,7 +103,8 @@ impl Sql {
                 "SELECT {RECORD_COLUMNS} FROM {t} WHERE status = 'dead' AND seq > $1 ORDER BY seq LIMIT $2"
             ),
             requeue_dead: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = now(), dead_at = NULL, last_error = NULL
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = LEAST(next_attempt_at, now()),
+                        dead_at = NULL, last_error = NULL
                  WHERE status = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1))"
             ),
             discard_dead: counted_delete(format!(
@@ -579,7 +580,7 @@ pub(crate) fn replay_sql(t: &str, route: Option<&str>) -> String {
          ),
          done AS (
              UPDATE {t} AS o
-             SET status = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL,
+             SET status = 'pending', attempts = 0, next_attempt_at = LEAST(o.next_attempt_at, now()), delivered_at = NULL,
                  dead_at = NULL, last_error = NULL,
                  lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
              FROM page p

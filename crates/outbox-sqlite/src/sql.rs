@@ -105,11 +105,11 @@ impl Sql {
             ),
             // ?1 JSON array of ids, ?2 now.
             requeue_dead_ids: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = ?2, dead_at = NULL, last_error = NULL
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = MIN(next_attempt_at, ?2), dead_at = NULL, last_error = NULL
                  WHERE status = 'dead' AND id IN (SELECT value FROM json_each(?1))"
             ),
             requeue_dead_all: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = ?1, dead_at = NULL, last_error = NULL
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = MIN(next_attempt_at, ?1), dead_at = NULL, last_error = NULL
                  WHERE status = 'dead'"
             ),
             discard_dead_ids: format!(
@@ -292,7 +292,7 @@ pub(crate) fn replay_sql(t: &str, route: Option<&str>) -> String {
         .unwrap_or_default();
     format!(
         "UPDATE {t}
-         SET status = 'pending', attempts = 0, next_attempt_at = ?6, delivered_at = NULL,
+         SET status = 'pending', attempts = 0, next_attempt_at = MIN(next_attempt_at, ?6), delivered_at = NULL,
              dead_at = NULL, last_error = NULL,
              lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
          WHERE seq IN (

@@ -129,6 +129,7 @@ pub async fn requeue_and_discard_act_on_dead_events_only<H: Harness>(h: &H) {
             &numbered_all(&[("a", 1), ("b", 1), ("c", 1), ("d", 1)]),
         )
         .await;
+    let due = store.get(ids[0].0).await.unwrap().unwrap().next_attempt_at;
     let claim = store.claim(&req(3)).await.unwrap();
     let buries: Vec<BuryEvent> = claim.events.iter().map(|e| buried(e.seq, "no")).collect();
     store.bury(&claim.lease, &buries).await.unwrap();
@@ -155,6 +156,10 @@ pub async fn requeue_and_discard_act_on_dead_events_only<H: Harness>(h: &H) {
     // its destination's last error.
     assert!(record.last_error.is_none(), "{record:?}");
     assert_eq!(store.stats().await.unwrap().retrying, 0);
+    // Due no later than when it was claimed, not from the requeue on: a claim whose clock was
+    // read before the requeue but whose rows were read after must find it due, or it would take
+    // its aggregate's later events ahead of it (see `Store::requeue_dead`).
+    assert!(record.next_attempt_at <= due, "{record:?} was due at {due}");
 
     assert_eq!(
         store

@@ -515,6 +515,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<EventRecord>, StoreError>;
 
     /// Make dead events pending again with their attempts reset, due now. Returns how many.
+    ///
+    /// "Due now" means due no later than now: a store keeps an earlier due time (the one the
+    /// event was last claimed at) rather than moving it forward. A claim that compares due times
+    /// with a clock read before this write committed, but reads rows after it, must see the
+    /// event due. Were it not due, a pending event with no attempts would hold nothing back, so
+    /// that claim could take the event's later, due events ahead of it (seen on MySQL, where a
+    /// statement's `UTC_TIMESTAMP()` is read before its snapshot is taken).
     async fn requeue_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError>;
 
     /// Delete dead events for good. Returns how many.
@@ -561,8 +568,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// One step of a replay: put up to `limit` delivered events matching `filter` with
-    /// `seq > after_seq` back to `pending` (attempts reset, due now), keeping their ids and
-    /// their place in enqueue order, so consumers see them again and deduplicate on the id.
+    /// `seq > after_seq` back to `pending` (attempts reset, due now at the latest, as for
+    /// [`requeue_dead`](Self::requeue_dead)), keeping their ids and their place in enqueue
+    /// order, so consumers see them again and deduplicate on the id.
     /// Call again with [`ReplayStep::next_after`] until it is `None`.
     async fn replay(
         &self,

@@ -44,7 +44,7 @@ use outbox_engine::{Relay, RelayConfig};
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_types::{DeadLetterPolicy, NewEvent, Sink, Store};
 use serde::{Deserialize, Serialize};
-use timing::{Percentiles, PublishStats, StoreStats, TimedSink, TimedStore};
+use timing::{Percentiles, PublishStats, StoreStats, TimedSink, TimedSource};
 
 use claim::*;
 use drain::*;

@@ -16,7 +16,7 @@ pub(crate) async fn relay_child(url: &str, args: ChildArgs) -> anyhow::Result<()
             .await?
             .with_delete_on_ack(args.delete_on_ack),
     );
-    let store = Arc::new(TimedStore::new(pg.clone()));
+    let store = Arc::new(TimedSource::new(pg.clone()));
     let (inner, consumer) = child_sink(&args).await?;
     // Connection set-up happens before the clock starts: it is not what a drain measures.
     let connect_seconds = wait_until_ready(inner.as_ref(), args.sink).await?;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_types::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, Event, EventId, EventRecord, Lease, OutboxStats,
-    Outcome, RetryEvent, Sink, SinkError, Store, StoreError,
+    BuryEvent, Claim, ClaimRequest, Event, Lease, Outcome, PausedDestination, RetryEvent, Sink,
+    SinkError, Source, StoreError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -207,8 +207,10 @@ pub struct StoreStats {
     pub other_write_seconds: f64,
 }
 
-/// A store that times claims and the writes after a publish of the store it wraps.
-pub struct TimedStore<S> {
+/// The relay's source with its claims and the writes after a publish timed. A [`Source`] and
+/// not a `Store`: it forwards exactly what the engine calls, so nothing the relay asks for can
+/// fall back to a trait default the wrapped store overrides.
+pub struct TimedSource<S: ?Sized> {
     inner: Arc<S>,
     claim: Tally,
     empty_claims: AtomicU64,
@@ -216,9 +218,9 @@ pub struct TimedStore<S> {
     other: Tally,
 }
 
-impl<S> TimedStore<S> {
+impl<S: ?Sized> TimedSource<S> {
     pub fn new(inner: Arc<S>) -> Self {
-        TimedStore {
+        TimedSource {
             inner,
             claim: Tally::default(),
             empty_claims: AtomicU64::new(0),
@@ -241,7 +243,7 @@ impl<S> TimedStore<S> {
 }
 
 #[async_trait]
-impl<S: Store> Store for TimedStore<S> {
+impl<S: Source + ?Sized> Source for TimedSource<S> {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let claim = self.claim.time(self.inner.claim(request)).await;
         if claim.as_ref().is_ok_and(|c| c.events.is_empty()) {
@@ -266,36 +268,20 @@ impl<S: Store> Store for TimedStore<S> {
         self.other.time(self.inner.release(lease, seqs)).await
     }
 
-    async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        self.inner.stats().await
+    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
+        self.inner.paused().await
     }
 
-    async fn get(&self, id: EventId) -> Result<Option<EventRecord>, StoreError> {
-        self.inner.get(id).await
+    async fn work_ready(&self) {
+        self.inner.work_ready().await
     }
 
-    async fn list_dead(
-        &self,
-        after_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Vec<EventRecord>, StoreError> {
-        self.inner.list_dead(after_seq, limit).await
+    async fn close(&self) {
+        self.inner.close().await
     }
 
-    async fn requeue_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        self.inner.requeue_dead(filter).await
-    }
-
-    async fn discard_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        self.inner.discard_dead(filter).await
-    }
-
-    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        self.inner.purge_delivered(older_than, limit).await
-    }
-
-    async fn check(&self) -> Result<(), StoreError> {
-        self.inner.check().await
+    fn exhausted(&self) -> bool {
+        self.inner.exhausted()
     }
 
     fn kind(&self) -> &'static str {

@@ -1,5 +1,7 @@
 //! [`impl_store_by_concern!`](crate::impl_store_by_concern): the [`Store`](crate::Store)
-//! implementation of a SQL store whose crate has one module per concern.
+//! implementation of a SQL store whose crate has one module per concern; and
+//! [`forward_store!`](crate::forward_store), that of a wrapper around a store. Both list every
+//! method of the trait once, in one macro.
 //!
 //! Why a macro: a trait impl cannot be split across files, so every store (`outbox-postgresql`,
 //! `outbox-mysql`, `outbox-sqlite`) keeps its operations in modules named after their concern
@@ -17,17 +19,67 @@
 #[macro_export]
 macro_rules! impl_store_by_concern {
     ($store:ty, $kind:literal) => {
+        $crate::__impl_store!($store, (concern $kind));
+    };
+}
+
+/// Implement [`Store`](crate::Store) for a wrapper type by forwarding every method, `kind`
+/// included, to its field `$field`, a store. For test and bench wrappers that add something
+/// around a store (a temporary directory it lives in): written out by hand, a method added to
+/// the trait later and missed there would silently answer with the trait's default
+/// ("unsupported") instead of the wrapped store's. The caller depends on `async-trait`.
+///
+/// ```ignore
+/// /// A store on a file in a temporary directory removed with it (`outbox-sqlite`'s tests).
+/// struct TempStore {
+///     store: outbox_sqlite::SqliteStore,
+///     _dir: tempfile::TempDir,
+/// }
+/// outbox_types::forward_store!(TempStore => store);
+/// ```
+#[macro_export]
+macro_rules! forward_store {
+    ($wrapper:ty => $field:ident) => {
+        $crate::__impl_store!($wrapper, (field $field));
+    };
+}
+
+/// The body of one method of [`__impl_store!`]: `(concern "kind")` calls the concern module's
+/// function with the store first; `(field name)` calls the same trait method on that field.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_call {
+    ((concern $kind:literal), $s:ident, kind) => {
+        $kind
+    };
+    ((field $f:ident), $s:ident, kind) => {
+        $crate::Store::kind(&$s.$f)
+    };
+    ((concern $kind:literal), $s:ident, $path:path, $method:ident, ($($arg:expr),*)) => {
+        $path($s, $($arg),*).await
+    };
+    ((field $f:ident), $s:ident, $path:path, $method:ident, ($($arg:expr),*)) => {
+        $crate::Store::$method(&$s.$f, $($arg),*).await
+    };
+}
+
+/// [`impl_store_by_concern!`] and [`forward_store!`]: every method of the trait, each body one
+/// [`__store_call!`] by `$via`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __impl_store {
+    ($store:ty, $via:tt) => {
         #[async_trait::async_trait]
         impl $crate::Store for $store {
             fn kind(&self) -> &'static str {
-                $kind
+                $crate::__store_call!($via, self, kind)
             }
 
             async fn claim(
                 &self,
                 request: &$crate::ClaimRequest,
             ) -> Result<$crate::Claim, $crate::StoreError> {
-                claim::claim(self, request).await
+                $crate::__store_call!($via, self, claim::claim, claim, (request))
             }
 
             async fn ack(
@@ -35,7 +87,7 @@ macro_rules! impl_store_by_concern {
                 lease: &$crate::Lease,
                 seqs: &[i64],
             ) -> Result<u64, $crate::StoreError> {
-                settle::ack(self, lease, seqs).await
+                $crate::__store_call!($via, self, settle::ack, ack, (lease, seqs))
             }
 
             async fn retry(
@@ -43,7 +95,7 @@ macro_rules! impl_store_by_concern {
                 lease: &$crate::Lease,
                 events: &[$crate::RetryEvent],
             ) -> Result<u64, $crate::StoreError> {
-                settle::retry(self, lease, events).await
+                $crate::__store_call!($via, self, settle::retry, retry, (lease, events))
             }
 
             async fn bury(
@@ -51,7 +103,7 @@ macro_rules! impl_store_by_concern {
                 lease: &$crate::Lease,
                 events: &[$crate::BuryEvent],
             ) -> Result<u64, $crate::StoreError> {
-                settle::bury(self, lease, events).await
+                $crate::__store_call!($via, self, settle::bury, bury, (lease, events))
             }
 
             async fn release(
@@ -59,18 +111,18 @@ macro_rules! impl_store_by_concern {
                 lease: &$crate::Lease,
                 seqs: &[i64],
             ) -> Result<u64, $crate::StoreError> {
-                settle::release(self, lease, seqs).await
+                $crate::__store_call!($via, self, settle::release, release, (lease, seqs))
             }
 
             async fn stats(&self) -> Result<$crate::OutboxStats, $crate::StoreError> {
-                admin::stats(self).await
+                $crate::__store_call!($via, self, admin::stats, stats, ())
             }
 
             async fn get(
                 &self,
                 id: $crate::EventId,
             ) -> Result<Option<$crate::EventRecord>, $crate::StoreError> {
-                admin::get(self, id).await
+                $crate::__store_call!($via, self, admin::get, get, (id))
             }
 
             async fn list_dead(
@@ -78,21 +130,21 @@ macro_rules! impl_store_by_concern {
                 after_seq: Option<i64>,
                 limit: u32,
             ) -> Result<Vec<$crate::EventRecord>, $crate::StoreError> {
-                admin::list_dead(self, after_seq, limit).await
+                $crate::__store_call!($via, self, admin::list_dead, list_dead, (after_seq, limit))
             }
 
             async fn requeue_dead(
                 &self,
                 filter: &$crate::DeadFilter,
             ) -> Result<u64, $crate::StoreError> {
-                admin::requeue_dead(self, filter).await
+                $crate::__store_call!($via, self, admin::requeue_dead, requeue_dead, (filter))
             }
 
             async fn discard_dead(
                 &self,
                 filter: &$crate::DeadFilter,
             ) -> Result<u64, $crate::StoreError> {
-                admin::discard_dead(self, filter).await
+                $crate::__store_call!($via, self, admin::discard_dead, discard_dead, (filter))
             }
 
             async fn purge_delivered(
@@ -100,30 +152,42 @@ macro_rules! impl_store_by_concern {
                 older_than: ::std::time::Duration,
                 limit: u32,
             ) -> Result<u64, $crate::StoreError> {
-                retention::purge_delivered(self, older_than, limit).await
+                $crate::__store_call!(
+                    $via,
+                    self,
+                    retention::purge_delivered,
+                    purge_delivered,
+                    (older_than, limit)
+                )
             }
 
             async fn destination_stats(
                 &self,
                 routes: &$crate::route::RouteTable,
             ) -> Result<Vec<$crate::DestinationStats>, $crate::StoreError> {
-                admin::destination_stats(self, routes).await
+                $crate::__store_call!(
+                    $via,
+                    self,
+                    admin::destination_stats,
+                    destination_stats,
+                    (routes)
+                )
             }
 
             async fn leases(&self) -> Result<Vec<$crate::LeaseHolder>, $crate::StoreError> {
-                admin::leases(self).await
+                $crate::__store_call!($via, self, admin::leases, leases, ())
             }
 
             async fn pause(&self, destination: &str, by: &str) -> Result<bool, $crate::StoreError> {
-                admin::pause(self, destination, by).await
+                $crate::__store_call!($via, self, admin::pause, pause, (destination, by))
             }
 
             async fn resume(&self, destination: &str) -> Result<bool, $crate::StoreError> {
-                admin::resume(self, destination).await
+                $crate::__store_call!($via, self, admin::resume, resume, (destination))
             }
 
             async fn paused(&self) -> Result<Vec<$crate::PausedDestination>, $crate::StoreError> {
-                admin::paused(self).await
+                $crate::__store_call!($via, self, admin::paused, paused, ())
             }
 
             async fn replay(
@@ -133,7 +197,13 @@ macro_rules! impl_store_by_concern {
                 after_seq: Option<i64>,
                 limit: u32,
             ) -> Result<$crate::ReplayStep, $crate::StoreError> {
-                admin::replay(self, filter, routes, after_seq, limit).await
+                $crate::__store_call!(
+                    $via,
+                    self,
+                    admin::replay,
+                    replay,
+                    (filter, routes, after_seq, limit)
+                )
             }
 
             async fn purge_dead(
@@ -141,11 +211,17 @@ macro_rules! impl_store_by_concern {
                 older_than: ::std::time::Duration,
                 limit: u32,
             ) -> Result<u64, $crate::StoreError> {
-                retention::purge_dead(self, older_than, limit).await
+                $crate::__store_call!(
+                    $via,
+                    self,
+                    retention::purge_dead,
+                    purge_dead,
+                    (older_than, limit)
+                )
             }
 
             async fn check(&self) -> Result<(), $crate::StoreError> {
-                admin::check(self).await
+                $crate::__store_call!($via, self, admin::check, check, ())
             }
         }
     };

@@ -11,12 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
 use outbox_store_tests::{Harness, Writer};
-use outbox_types::route::RouteTable;
-use outbox_types::{
-    BuryEvent, Claim, ClaimRequest, DeadFilter, DestinationStats, EventId, EventRecord, Lease,
-    LeaseHolder, NewEvent, OutboxStats, PausedDestination, ReplayFilter, ReplayStep, RetryEvent,
-    Store, StoreError,
-};
+use outbox_types::{EventId, NewEvent};
 use sqlx::Sqlite;
 use tempfile::TempDir;
 
@@ -76,82 +71,7 @@ pub async fn open(path: &Path, outbox: SqliteOutbox) -> SqliteStore {
         .unwrap()
 }
 
-#[async_trait]
-impl Store for TempStore {
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.store.claim(request).await
-    }
-    async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
-        self.store.ack(lease, seqs).await
-    }
-    async fn retry(&self, lease: &Lease, events: &[RetryEvent]) -> Result<u64, StoreError> {
-        self.store.retry(lease, events).await
-    }
-    async fn bury(&self, lease: &Lease, events: &[BuryEvent]) -> Result<u64, StoreError> {
-        self.store.bury(lease, events).await
-    }
-    async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
-        self.store.release(lease, seqs).await
-    }
-    async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        self.store.stats().await
-    }
-    async fn get(&self, id: EventId) -> Result<Option<EventRecord>, StoreError> {
-        self.store.get(id).await
-    }
-    async fn list_dead(
-        &self,
-        after_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Vec<EventRecord>, StoreError> {
-        self.store.list_dead(after_seq, limit).await
-    }
-    async fn requeue_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        self.store.requeue_dead(filter).await
-    }
-    async fn discard_dead(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        self.store.discard_dead(filter).await
-    }
-    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        self.store.purge_delivered(older_than, limit).await
-    }
-    async fn check(&self) -> Result<(), StoreError> {
-        self.store.check().await
-    }
-    async fn destination_stats(
-        &self,
-        routes: &RouteTable,
-    ) -> Result<Vec<DestinationStats>, StoreError> {
-        self.store.destination_stats(routes).await
-    }
-    async fn leases(&self) -> Result<Vec<LeaseHolder>, StoreError> {
-        self.store.leases().await
-    }
-    async fn pause(&self, destination: &str, by: &str) -> Result<bool, StoreError> {
-        self.store.pause(destination, by).await
-    }
-    async fn resume(&self, destination: &str) -> Result<bool, StoreError> {
-        self.store.resume(destination).await
-    }
-    async fn paused(&self) -> Result<Vec<PausedDestination>, StoreError> {
-        self.store.paused().await
-    }
-    async fn replay(
-        &self,
-        filter: &ReplayFilter,
-        routes: &RouteTable,
-        after_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<ReplayStep, StoreError> {
-        self.store.replay(filter, routes, after_seq, limit).await
-    }
-    async fn purge_dead(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        self.store.purge_dead(older_than, limit).await
-    }
-    fn kind(&self) -> &'static str {
-        self.store.kind()
-    }
-}
+outbox_types::forward_store!(TempStore => store);
 
 /// This test binary run again as a child process for the ignored test `test` alone, with the
 /// environment variable `env` set to the database file at `path` and stdout piped (the child

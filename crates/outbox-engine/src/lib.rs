@@ -511,33 +511,15 @@ where
             stopping: AtomicBool::new(false),
             lanes: self.lanes.clone(),
         });
-        let mut request = ClaimRequest::new(
-            config.relay_id.clone(),
-            config.batch_size.max(1),
-            config.lease,
-            config.dead_letter,
-        )
-        .with_byte_limits(
-            config.max_batch_bytes.max(1),
-            config.max_payload_bytes.max(1),
-        );
+        let mut request = claim_request(&config);
         let mut pauses = PauseWatch::new(self.routes.clone(), config.poll_interval);
         let mut holds = HoldCache::new(self.routes.clone());
-        // The destination the next claim skips: one whose backlog filled the last claim (see
-        // `Lanes::dominant`).
-        let mut defer: Option<String> = None;
-        // No fair turn before this: they are spaced, and rarer after one that found nothing.
-        let mut next_fair_turn = Instant::now();
         let slots = Arc::new(Semaphore::new(config.max_batches_in_flight.max(1)));
         // Batches alive at once, counting those that gave their slot back while they wait for a
         // slow destination (see `BatchContext::process`).
         let max_alive = config.max_batches_in_flight.max(1) * MAX_ALIVE_PER_SLOT;
         let mut batches: JoinSet<()> = JoinSet::new();
-        let mut store_failures: u32 = 0;
-        let mut failure: Option<String> = None;
-        let mut pacer = Pacer::new(config.min_poll_interval, config.poll_interval);
-        // When a drain first found nothing due: it waits for retries at most `drain_wait` past it.
-        let mut idle_since: Option<Instant> = None;
+        let mut turns = Turns::new(&config);
         tokio::pin!(shutdown);
         info!(
             relay_id = %config.relay_id,
@@ -565,7 +547,7 @@ where
                 },
             };
             pauses.refresh(self.source.as_ref()).await;
-            let deferred = defer.take();
+            let deferred = turns.defer.take();
             request.hold = holds.get(&pauses.current, deferred.as_deref());
             // A claim is never cancelled half-way: a claim that committed but whose result
             // was dropped would leave events in flight until their lease ran out.
@@ -573,107 +555,69 @@ where
             let claimed = self.source.claim(&request).await;
             metrics::histogram!("outbox_claim_duration_seconds")
                 .record(started.elapsed().as_secs_f64());
-            if let Ok(claim) = &claimed
-                && claim.buried > 0
-            {
-                // Unreadable or oversized rows the store buried at claim time.
-                add(&self.counters.dead, claim.buried);
-            }
-            let wait = match claimed {
-                Ok(claim) if claim.events.is_empty() && deferred.is_some() => {
-                    // Nothing but the deferred destination is due: claim it again at once, and
-                    // do not look for others again soon.
-                    store_failures = 0;
-                    drop(slot);
-                    next_fair_turn = Instant::now() + FAIR_TURN_AFTER_NOTHING;
-                    None
-                }
-                Ok(claim) if claim.events.is_empty() => {
-                    store_failures = 0;
-                    drop(slot);
-                    if config.stop_when_idle {
-                        if !batches.is_empty() {
-                            // Finishing batches may release events: claim again once they are
-                            // done.
-                            while batches.join_next().await.is_some() {}
-                            continue;
-                        }
-                        if self.source.exhausted() {
-                            let now = Instant::now();
-                            let idle = *idle_since.get_or_insert(now);
-                            // A retry of this run that comes due within the drain's wait: claim
-                            // until it is settled (or a little past its time: it may wait behind
-                            // a paused destination or another failure).
-                            let waiting = ctx
-                                .retrying
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .values()
-                                .any(|due| {
-                                    *due <= idle + config.drain_wait && now <= *due + DRAIN_GRACE
-                                });
-                            if !waiting {
-                                break;
-                            }
-                        }
-                    }
-                    Some(pacer.found_nothing())
-                }
+            let next = match claimed {
                 Ok(claim) => {
-                    store_failures = 0;
-                    let full = claim.events.len() >= request.limit as usize;
-                    if deferred.is_some() {
-                        next_fair_turn = Instant::now() + FAIR_TURN_SPACING;
-                    } else if full && Instant::now() >= next_fair_turn {
-                        defer = self.lanes.dominant(&claim.events);
+                    turns.store_failures = 0;
+                    if claim.buried > 0 {
+                        // Unreadable or oversized rows the store buried at claim time.
+                        add(&self.counters.dead, claim.buried);
                     }
-                    metrics::histogram!("outbox_claim_batch_size")
-                        .record(claim.events.len() as f64);
-                    add(&self.counters.batches, 1);
-                    add(&self.counters.claimed, claim.events.len() as u64);
-                    let ctx = ctx.clone();
-                    batches.spawn(async move {
-                        ctx.process(claim, started, slot).await;
-                    });
-                    // After the others' turn, the deferred destination's backlog is claimed
-                    // again at once.
-                    let pause = pacer.found_some();
-                    (!full && deferred.is_none()).then_some(pause)
-                }
-                Err(StoreError::Stopped(reason)) => {
-                    drop(slot);
-                    tracing::error!(%reason, "The source stopped; the relay stops.");
-                    failure = Some(reason);
-                    break;
+                    if claim.events.is_empty() {
+                        drop(slot);
+                        self.found_nothing(&mut turns, deferred.is_some(), &ctx, &mut batches)
+                            .await
+                    } else {
+                        let full = claim.events.len() >= request.limit as usize;
+                        turns.found_some(&self.lanes, &claim, full, deferred.is_some());
+                        add(&self.counters.batches, 1);
+                        add(&self.counters.claimed, claim.events.len() as u64);
+                        let ctx = ctx.clone();
+                        batches.spawn(async move {
+                            ctx.process(claim, started, slot).await;
+                        });
+                        // After the others' turn, the deferred destination's backlog is claimed
+                        // again at once.
+                        let pause = turns.pacer.found_some();
+                        if full || deferred.is_some() {
+                            Next::ClaimNow
+                        } else {
+                            Next::Wait(pause)
+                        }
+                    }
                 }
                 Err(error) => {
                     drop(slot);
-                    add(&self.counters.store_errors, 1);
-                    metrics::counter!("outbox_database_errors_total").increment(1);
-                    store_failures = store_failures.saturating_add(1);
-                    let pause = store_backoff(store_failures, config.max_store_backoff);
-                    warn!(
-                        %error,
-                        retry_in_ms = pause.as_millis() as u64,
-                        "Claim failed; the database may be down. Events stay in the outbox."
-                    );
-                    Some(pause)
+                    self.claim_failed(&mut turns, error)
                 }
             };
-            if let Some(wait) = wait {
-                // A batch finishing may unblock its aggregates' next events: claim again as soon
-                // as one does, or after the poll interval.
-                tokio::select! {
-                    biased;
-                    _ = &mut shutdown => break,
-                    Some(_) = batches.join_next(), if !batches.is_empty() => {}
-                    // A stream source with events waiting: claim them now, not after the poll.
-                    _ = self.source.work_ready() => {}
-                    _ = tokio::time::sleep(wait) => {}
+            match next {
+                Next::ClaimNow => {}
+                Next::Stop => break,
+                Next::Wait(wait) => {
+                    // A batch finishing may unblock its aggregates' next events: claim again as
+                    // soon as one does, or after the poll interval.
+                    tokio::select! {
+                        biased;
+                        _ = &mut shutdown => break,
+                        Some(_) = batches.join_next(), if !batches.is_empty() => {}
+                        // A stream source with events waiting: claim them now, not after the poll.
+                        _ = self.source.work_ready() => {}
+                        _ = tokio::time::sleep(wait) => {}
+                    }
                 }
             }
         }
 
+        self.finish(&ctx, batches, turns.failure).await
+    }
+
+    /// The end of a run: finish the batches in flight, let the source close, and report.
+    async fn finish(
+        &self,
+        ctx: &BatchContext<S, K>,
+        mut batches: JoinSet<()>,
+        failure: Option<String>,
+    ) -> RelayReport {
         ctx.stopping.store(true, Ordering::SeqCst);
         info!(
             in_flight_batches = batches.len(),
@@ -691,6 +635,136 @@ where
             "Relay stopped."
         );
         report
+    }
+
+    /// A claim found nothing due. With a destination deferred, nothing but it is due: claim it
+    /// again at once, and do not look for others again soon. A drain (`stop_when_idle`) stops
+    /// once nothing is left, its finishing batches and the retries it waits for included;
+    /// otherwise the relay waits, longer each time nothing is found.
+    async fn found_nothing(
+        &self,
+        turns: &mut Turns,
+        deferred: bool,
+        ctx: &BatchContext<S, K>,
+        batches: &mut JoinSet<()>,
+    ) -> Next {
+        if deferred {
+            turns.next_fair_turn = Instant::now() + FAIR_TURN_AFTER_NOTHING;
+            return Next::ClaimNow;
+        }
+        if self.config.stop_when_idle {
+            if !batches.is_empty() {
+                // Finishing batches may release events: claim again once they are done.
+                while batches.join_next().await.is_some() {}
+                return Next::ClaimNow;
+            }
+            if self.source.exhausted() && !turns.waits_for_a_retry(ctx, &self.config) {
+                return Next::Stop;
+            }
+        }
+        Next::Wait(turns.pacer.found_nothing())
+    }
+
+    /// A claim failed. A source that stopped (a stream whose slot is gone) stops the relay;
+    /// anything else is the database being unreachable: log, back off, and claim again.
+    fn claim_failed(&self, turns: &mut Turns, error: StoreError) -> Next {
+        if let StoreError::Stopped(reason) = error {
+            tracing::error!(%reason, "The source stopped; the relay stops.");
+            turns.failure = Some(reason);
+            return Next::Stop;
+        }
+        add(&self.counters.store_errors, 1);
+        metrics::counter!("outbox_database_errors_total").increment(1);
+        turns.store_failures = turns.store_failures.saturating_add(1);
+        let pause = store_backoff(turns.store_failures, self.config.max_store_backoff);
+        warn!(
+            %error,
+            retry_in_ms = pause.as_millis() as u64,
+            "Claim failed; the database may be down. Events stay in the outbox."
+        );
+        Next::Wait(pause)
+    }
+}
+
+/// The claim every turn of [`Relay::run`] sends (its hold set per turn).
+fn claim_request(config: &RelayConfig) -> ClaimRequest {
+    ClaimRequest::new(
+        config.relay_id.clone(),
+        config.batch_size.max(1),
+        config.lease,
+        config.dead_letter,
+    )
+    .with_byte_limits(
+        config.max_batch_bytes.max(1),
+        config.max_payload_bytes.max(1),
+    )
+}
+
+/// What the delivery loop of [`Relay::run`] does after a claim.
+enum Next {
+    /// Claim again at once.
+    ClaimNow,
+    /// Claim again after this pause, or sooner when a batch finishes or the source has work.
+    Wait(Duration),
+    /// Stop: the source stopped, or a drain found nothing left.
+    Stop,
+}
+
+/// What the delivery loop of [`Relay::run`] remembers from one claim to the next.
+struct Turns {
+    /// The destination the next claim skips: one whose backlog filled the last claim (see
+    /// `Lanes::dominant`).
+    defer: Option<String>,
+    /// No fair turn before this: they are spaced, and rarer after one that found nothing.
+    next_fair_turn: Instant,
+    /// Claims failed in a row (the database unreachable), for the backoff.
+    store_failures: u32,
+    /// Why the source stopped the relay, if it did.
+    failure: Option<String>,
+    pacer: Pacer,
+    /// When a drain first found nothing due: it waits for retries at most `drain_wait` past it.
+    idle_since: Option<Instant>,
+}
+
+impl Turns {
+    fn new(config: &RelayConfig) -> Self {
+        Turns {
+            defer: None,
+            next_fair_turn: Instant::now(),
+            store_failures: 0,
+            failure: None,
+            pacer: Pacer::new(config.min_poll_interval, config.poll_interval),
+            idle_since: None,
+        }
+    }
+
+    /// A claim found events (`full`: as many as it asked for). After a fair turn, the next fair
+    /// turn is spaced; a full claim when one is due defers its dominant destination.
+    fn found_some(&mut self, lanes: &Lanes, claim: &Claim, full: bool, deferred: bool) {
+        if deferred {
+            self.next_fair_turn = Instant::now() + FAIR_TURN_SPACING;
+        } else if full && Instant::now() >= self.next_fair_turn {
+            self.defer = lanes.dominant(&claim.events);
+        }
+        metrics::histogram!("outbox_claim_batch_size").record(claim.events.len() as f64);
+    }
+
+    /// Whether a drain that found nothing still waits for one of its retries: one that comes
+    /// due within the drain's wait (counted from when the drain first found nothing), claimed
+    /// until it is settled or a little past its time (it may wait behind a paused destination
+    /// or another failure).
+    fn waits_for_a_retry<S: ?Sized, K: ?Sized>(
+        &mut self,
+        ctx: &BatchContext<S, K>,
+        config: &RelayConfig,
+    ) -> bool {
+        let now = Instant::now();
+        let idle = *self.idle_since.get_or_insert(now);
+        ctx.retrying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|due| *due <= idle + config.drain_wait && now <= *due + DRAIN_GRACE)
     }
 }
 

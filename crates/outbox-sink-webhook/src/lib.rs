@@ -337,161 +337,207 @@ pub struct WebhookSink {
     max_retry_after: Duration,
 }
 
+/// The `url` template, required, with a scheme `tls` allows.
+fn checked_url(config: &WebhookSinkConfig) -> Result<Template, SinkError> {
+    let template = config.url.clone().ok_or_else(|| {
+        config_error(
+            "`url` is required, e.g. `url = \"https://hooks.example.com/orders/${event_type}\"`",
+        )
+    })?;
+    let text = template.as_str();
+    let shown = redact_url(text);
+    let scheme_ok = if config.tls {
+        text.starts_with("https://")
+    } else {
+        text.starts_with("https://") || text.starts_with("http://")
+    };
+    if !scheme_ok {
+        return Err(config_error(if config.tls {
+            format!(
+                "`url = \"{shown}\"` must start with `https://` because `tls = true` (or set `tls = false` to allow `http://`)"
+            )
+        } else {
+            format!(
+                "`url = \"{shown}\"` must start with `http://` or `https://` (placeholders may come after the host)"
+            )
+        }));
+    }
+    Ok(template)
+}
+
+/// The `Authorization` header: HTTP Basic from `user` and a password, or a bearer token; never
+/// both, and never half of Basic.
+fn authorization(config: &WebhookSinkConfig) -> Result<Option<HeaderValue>, SinkError> {
+    let password = sink_config::password(config.password.as_ref(), config.password_env.as_deref())?;
+    let bearer = sink_config::secret(
+        "bearer_token",
+        config.bearer_token.as_ref(),
+        "bearer_token_env",
+        config.bearer_token_env.as_deref(),
+    )?;
+    let (user, deprecated) =
+        sink_config::user("webhook", config.user.as_ref(), config.username.as_ref())?;
+    if let Some(warning) = deprecated {
+        tracing::warn!("{warning}");
+    }
+    let authorization = match (user, password, bearer) {
+        (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
+            return Err(config_error(
+                "both HTTP Basic (`user`/`password`) and `bearer_token` are set: keep one",
+            ));
+        }
+        (None, Some(_), None) => {
+            return Err(config_error(
+                "a password is set but `user` is not: add `user = \"…\"`",
+            ));
+        }
+        (Some(_), None, None) => {
+            return Err(config_error(
+                "`user` is set without a password: add `password_env = \"VAR\"` (or `password`)",
+            ));
+        }
+        (Some(user), Some(password), None) => Some(basic_auth(user, &password)?),
+        (None, None, Some(token)) => {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                config_error("the bearer token contains characters not allowed in a header")
+            })?;
+            value.set_sensitive(true);
+            Some(value)
+        }
+        (None, None, None) => None,
+    };
+    Ok(authorization)
+}
+
+/// How bodies are signed, when a signing secret is set.
+fn signing(config: &WebhookSinkConfig) -> Result<Option<Signing>, SinkError> {
+    let secret = sink_config::secret(
+        "secret",
+        config.secret.as_ref(),
+        "secret_env",
+        config.secret_env.as_deref(),
+    )?;
+    let signing = match (secret, config.signature_scheme) {
+        (None, _) => None,
+        (Some(secret), SignatureScheme::OutboxV1) => {
+            let header = HeaderName::from_bytes(config.signature_header.as_bytes()).map_err(|_| {
+                config_error(format!(
+                    "`signature_header = \"{}\"` is not a valid header name (e.g. `X-Outbox-Signature`)",
+                    config.signature_header
+                ))
+            })?;
+            Some(Signing::OutboxV1 {
+                secret: secret.into_bytes(),
+                header,
+            })
+        }
+        (Some(secret), SignatureScheme::StandardWebhooks) => {
+            if config.signature_header != DEFAULT_SIGNATURE_HEADER {
+                return Err(config_error(format!(
+                    "`signature_header = \"{}\"` applies to `signature_scheme = \"outbox-v1\"` only; standard-webhooks always uses `webhook-signature`: remove `signature_header`",
+                    config.signature_header
+                )));
+            }
+            let key = standard_webhooks_key(&secret).ok_or_else(|| {
+                config_error(
+                    "the signing secret starts with `whsec_` but the rest is not base64 of a non-empty key: use `whsec_` + base64 of 24 to 64 random bytes (e.g. `whsec_$(openssl rand -base64 32)`), or a secret without the `whsec_` prefix, which is used as raw bytes",
+                )
+            })?;
+            Some(Signing::StandardWebhooks { key })
+        }
+    };
+    Ok(signing)
+}
+
+/// Concurrency and timeouts that can send something.
+fn check_limits(config: &WebhookSinkConfig) -> Result<(), SinkError> {
+    if config.concurrency == 0 {
+        return Err(config_error(
+            "`concurrency = 0` would never send anything: use at least 1 (default 64)",
+        ));
+    }
+    if config.request_timeout.is_zero() || config.connect_timeout.is_zero() {
+        return Err(config_error(
+            "`connect_timeout` and `request_timeout` must be above zero, e.g. `\"5s\"`",
+        ));
+    }
+    Ok(())
+}
+
+/// Warn when credentials would travel unencrypted: a plain `http://` URL, or `allowed_hosts`
+/// without `tls = true` (an event may then name an `http://` URL).
+fn warn_if_credentials_travel_in_clear(
+    config: &WebhookSinkConfig,
+    text: &str,
+    authorization: Option<&HeaderValue>,
+    signing: Option<&Signing>,
+) {
+    let shown = redact_url(text);
+    let credentials = match (authorization, signing) {
+        (Some(_), Some(_)) => {
+            Some("the `Authorization` header and the signing secret's signatures")
+        }
+        (Some(_), None) => Some("the `Authorization` header"),
+        (None, Some(_)) => Some("signatures made with the secret"),
+        (None, None) => None,
+    };
+    if let Some(credentials) = credentials {
+        if text.starts_with("http://") {
+            warn!(
+                url = %shown,
+                "The webhook destination {shown} is plain http://: {credentials} travel unencrypted, readable and reusable by anyone on the path. Use an https:// URL and set `tls = true`."
+            );
+        } else if !config.tls && !config.allowed_hosts.is_empty() {
+            warn!(
+                url = %shown,
+                "The webhook destination {shown} has `allowed_hosts` but not `tls = true`: an event may name an http:// URL on an allowed host, and {credentials} would travel unencrypted. Set `tls = true`."
+            );
+        }
+    }
+}
+
+/// The HTTP client: no redirects and no retries of its own (the relay retries), the timeouts,
+/// and `https_only` under `tls = true`.
+fn http_client(config: &WebhookSinkConfig) -> Result<reqwest::Client, SinkError> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .retry(reqwest::retry::never())
+        .timeout(config.request_timeout)
+        .connect_timeout(config.connect_timeout)
+        .user_agent(config.client_name.clone())
+        .pool_max_idle_per_host(config.concurrency)
+        .tcp_nodelay(true)
+        .https_only(config.tls)
+        .build()
+        .map_err(|e| {
+            config_error(format!(
+                "cannot build the HTTP client: {}",
+                redact_in_text(&chain(&e))
+            ))
+        })
+}
+
 impl WebhookSink {
     /// Validate `config` and build the HTTP client. Nothing is sent: a receiver that is down at
     /// start-up is not an error. Credentials or a secret over plain `http://` are allowed, with
     /// a warning in the log.
     pub fn connect(config: WebhookSinkConfig) -> Result<Self, SinkError> {
-        let template = config.url.clone().ok_or_else(|| {
-            config_error(
-                "`url` is required, e.g. `url = \"https://hooks.example.com/orders/${event_type}\"`",
-            )
-        })?;
+        let template = checked_url(&config)?;
         let text = template.as_str().to_owned();
-        let shown = redact_url(&text);
-        let scheme_ok = if config.tls {
-            text.starts_with("https://")
-        } else {
-            text.starts_with("https://") || text.starts_with("http://")
-        };
-        if !scheme_ok {
-            return Err(config_error(if config.tls {
-                format!(
-                    "`url = \"{shown}\"` must start with `https://` because `tls = true` (or set `tls = false` to allow `http://`)"
-                )
-            } else {
-                format!(
-                    "`url = \"{shown}\"` must start with `http://` or `https://` (placeholders may come after the host)"
-                )
-            }));
-        }
         let targets = Targets::new(template.clone(), &config.allowed_hosts, config.tls)
             .map_err(config_error)?
             .with_topic_destinations(config.format == BodyFormat::Debezium);
         let routing = sink_config::routing(template, config.format, config.cloudevents_keys())?;
-
-        let password =
-            sink_config::password(config.password.as_ref(), config.password_env.as_deref())?;
-        let bearer = sink_config::secret(
-            "bearer_token",
-            config.bearer_token.as_ref(),
-            "bearer_token_env",
-            config.bearer_token_env.as_deref(),
-        )?;
-        let (user, deprecated) =
-            sink_config::user("webhook", config.user.as_ref(), config.username.as_ref())?;
-        if let Some(warning) = deprecated {
-            tracing::warn!("{warning}");
-        }
-        let authorization = match (user, password, bearer) {
-            (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
-                return Err(config_error(
-                    "both HTTP Basic (`user`/`password`) and `bearer_token` are set: keep one",
-                ));
-            }
-            (None, Some(_), None) => {
-                return Err(config_error(
-                    "a password is set but `user` is not: add `user = \"…\"`",
-                ));
-            }
-            (Some(_), None, None) => {
-                return Err(config_error(
-                    "`user` is set without a password: add `password_env = \"VAR\"` (or `password`)",
-                ));
-            }
-            (Some(user), Some(password), None) => Some(basic_auth(user, &password)?),
-            (None, None, Some(token)) => {
-                let mut value =
-                    HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                        config_error("the bearer token contains characters not allowed in a header")
-                    })?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-            (None, None, None) => None,
-        };
-        let secret = sink_config::secret(
-            "secret",
-            config.secret.as_ref(),
-            "secret_env",
-            config.secret_env.as_deref(),
-        )?;
-        let signing = match (secret, config.signature_scheme) {
-            (None, _) => None,
-            (Some(secret), SignatureScheme::OutboxV1) => {
-                let header = HeaderName::from_bytes(config.signature_header.as_bytes()).map_err(|_| {
-                    config_error(format!(
-                        "`signature_header = \"{}\"` is not a valid header name (e.g. `X-Outbox-Signature`)",
-                        config.signature_header
-                    ))
-                })?;
-                Some(Signing::OutboxV1 {
-                    secret: secret.into_bytes(),
-                    header,
-                })
-            }
-            (Some(secret), SignatureScheme::StandardWebhooks) => {
-                if config.signature_header != DEFAULT_SIGNATURE_HEADER {
-                    return Err(config_error(format!(
-                        "`signature_header = \"{}\"` applies to `signature_scheme = \"outbox-v1\"` only; standard-webhooks always uses `webhook-signature`: remove `signature_header`",
-                        config.signature_header
-                    )));
-                }
-                let key = standard_webhooks_key(&secret).ok_or_else(|| {
-                    config_error(
-                        "the signing secret starts with `whsec_` but the rest is not base64 of a non-empty key: use `whsec_` + base64 of 24 to 64 random bytes (e.g. `whsec_$(openssl rand -base64 32)`), or a secret without the `whsec_` prefix, which is used as raw bytes",
-                    )
-                })?;
-                Some(Signing::StandardWebhooks { key })
-            }
-        };
-        if config.concurrency == 0 {
-            return Err(config_error(
-                "`concurrency = 0` would never send anything: use at least 1 (default 64)",
-            ));
-        }
-        if config.request_timeout.is_zero() || config.connect_timeout.is_zero() {
-            return Err(config_error(
-                "`connect_timeout` and `request_timeout` must be above zero, e.g. `\"5s\"`",
-            ));
-        }
-        let credentials = match (&authorization, &signing) {
-            (Some(_), Some(_)) => {
-                Some("the `Authorization` header and the signing secret's signatures")
-            }
-            (Some(_), None) => Some("the `Authorization` header"),
-            (None, Some(_)) => Some("signatures made with the secret"),
-            (None, None) => None,
-        };
-        if let Some(credentials) = credentials {
-            if text.starts_with("http://") {
-                warn!(
-                    url = %shown,
-                    "The webhook destination {shown} is plain http://: {credentials} travel unencrypted, readable and reusable by anyone on the path. Use an https:// URL and set `tls = true`."
-                );
-            } else if !config.tls && !config.allowed_hosts.is_empty() {
-                warn!(
-                    url = %shown,
-                    "The webhook destination {shown} has `allowed_hosts` but not `tls = true`: an event may name an http:// URL on an allowed host, and {credentials} would travel unencrypted. Set `tls = true`."
-                );
-            }
-        }
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .retry(reqwest::retry::never())
-            .timeout(config.request_timeout)
-            .connect_timeout(config.connect_timeout)
-            .user_agent(config.client_name.clone())
-            .pool_max_idle_per_host(config.concurrency)
-            .tcp_nodelay(true)
-            .https_only(config.tls)
-            .build()
-            .map_err(|e| {
-                config_error(format!(
-                    "cannot build the HTTP client: {}",
-                    redact_in_text(&chain(&e))
-                ))
-            })?;
+        let authorization = authorization(&config)?;
+        let signing = signing(&config)?;
+        check_limits(&config)?;
+        warn_if_credentials_travel_in_clear(
+            &config,
+            &text,
+            authorization.as_ref(),
+            signing.as_ref(),
+        );
+        let client = http_client(&config)?;
         Ok(WebhookSink {
             routing,
             legacy_headers: config.legacy_headers,

@@ -21,10 +21,13 @@ use crate::debezium::{DebeziumLayout, InvalidOp};
 use crate::error::{WalError, map_wire};
 use crate::lsn::Lsn;
 use crate::message::{HEARTBEAT_SUFFIX, decode_envelope, malformed_message};
-use crate::pgoutput::{self, BadRow, Decoded, OutboxLayout, pg_epoch_micros};
+use crate::pgoutput::{self, BadRow, Decoded, OutboxLayout, Relation, pg_epoch_micros};
 use crate::slot;
 use crate::source::Shared;
-use crate::state::Origin;
+use crate::state::{Origin, State};
+
+/// A row's column values as pgoutput sends them: text form, `None` for SQL NULL.
+type Columns<'a> = [Option<&'a [u8]>];
 
 /// Run until `stop`: stand by or stream, reconnect after what may pass, and record what needs a
 /// person (a lost slot, a server not set up) in `shared` before returning.
@@ -574,7 +577,7 @@ impl Decoder {
     /// row keeps its payload in the table; a message's dead row needs it).
     fn push(
         &self,
-        state: &mut crate::state::State,
+        state: &mut State,
         mut event: Event,
         origin: Origin,
         in_tx: bool,
@@ -594,7 +597,7 @@ impl Decoder {
 
     fn push_dead(
         &self,
-        state: &mut crate::state::State,
+        state: &mut State,
         event: Event,
         origin: Origin,
         in_tx: bool,
@@ -614,13 +617,7 @@ impl Decoder {
 
     /// A row of an insert-only table (the stream table, a Debezium outbox table) that cannot
     /// be read as an event: dead-lettered under its LSN, the row left where it is.
-    fn push_malformed_row(
-        &self,
-        state: &mut crate::state::State,
-        lsn: Lsn,
-        table: &str,
-        reason: &str,
-    ) {
+    fn push_malformed_row(&self, state: &mut State, lsn: Lsn, table: &str, reason: &str) {
         let (mut event, _) = malformed_message(
             &self.cfg.slot,
             lsn,
@@ -654,11 +651,7 @@ impl Decoder {
         }
     }
 
-    fn handle(
-        &mut self,
-        event: ReplicationEvent,
-        state: &mut crate::state::State,
-    ) -> Result<(), WalError> {
+    fn handle(&mut self, event: ReplicationEvent, state: &mut State) -> Result<(), WalError> {
         match event {
             ReplicationEvent::Begin {
                 commit_time_micros, ..
@@ -670,153 +663,173 @@ impl Decoder {
             ReplicationEvent::KeepAlive { wal_end, .. } => state.keepalive(wal_end.into()),
             ReplicationEvent::XLogData {
                 data, wal_start, ..
-            } => match pgoutput::decode(&data).map_err(WalError::Decode)? {
-                Decoded::Relation(relation) => {
-                    if relation.namespace == self.cfg.schema && relation.name == self.cfg.table {
-                        self.layout = Some(OutboxLayout::of(&relation).map_err(WalError::Decode)?);
-                        self.relid = Some(relation.relid);
-                    } else if relation.namespace == self.cfg.schema
-                        && relation.name == self.stream_table
+            } => {
+                let lsn = Lsn::from(wal_start);
+                match pgoutput::decode(&data).map_err(WalError::Decode)? {
+                    Decoded::Relation(relation) => self.on_relation(&relation)?,
+                    Decoded::Insert { relid, values } if Some(relid) == self.debezium_relid => {
+                        self.on_debezium_insert(state, &values, lsn);
+                    }
+                    Decoded::Update { relid } if Some(relid) == self.debezium_relid => {
+                        self.invalid_op(lsn)?;
+                    }
+                    // Deletes of a Debezium outbox table are how writers keep it empty.
+                    Decoded::Update { .. } | Decoded::Delete => {}
+                    Decoded::Insert { relid, values }
+                        if self.streams && Some(relid) == self.stream_relid =>
                     {
-                        self.stream_layout =
-                            Some(OutboxLayout::of_stream(&relation).map_err(WalError::Decode)?);
-                        self.stream_relid = Some(relation.relid);
-                    } else if self.debezium.as_ref().is_some_and(|(schema, name)| {
-                        relation.namespace == *schema && relation.name == *name
-                    }) {
-                        self.debezium_layout =
-                            Some(DebeziumLayout::of(&relation, &self.cfg.debezium)?);
-                        self.debezium_relid = Some(relation.relid);
+                        self.on_stream_insert(state, &values, lsn);
                     }
-                }
-                Decoded::Insert { relid, values } if Some(relid) == self.debezium_relid => {
-                    // Like a stream table's row: an event that lives in the WAL.
-                    let Some(layout) = &self.debezium_layout else {
-                        return Ok(());
-                    };
-                    let lsn = Lsn::from(wal_start);
-                    let committed = state.commit_time.unwrap_or_else(chrono::Utc::now);
-                    match layout.event(&values, i64::try_from(lsn.0).unwrap_or(i64::MAX), committed)
-                    {
-                        Ok(event) => self.push(state, event, Origin::Message, true, None),
-                        Err(reason) => {
-                            let table = self.cfg.debezium.quoted();
-                            self.push_malformed_row(state, lsn, &table, &reason);
-                        }
+                    Decoded::Insert { relid, values } => {
+                        self.on_table_insert(state, relid, &values, lsn);
                     }
+                    Decoded::Other => {}
                 }
-                Decoded::Update { relid } if Some(relid) == self.debezium_relid => {
-                    self.invalid_op(Lsn::from(wal_start))?;
-                }
-                // Deletes of a Debezium outbox table are how writers keep it empty.
-                Decoded::Update { .. } | Decoded::Delete => {}
-                Decoded::Insert { relid, values }
-                    if self.streams && Some(relid) == self.stream_relid =>
-                {
-                    // A stream table's row is an event like a logical message: it exists in
-                    // the WAL (and as a row nobody updates); what fails is handed to the outbox
-                    // table as a row of its own.
-                    let Some(layout) = &self.stream_layout else {
-                        return Ok(());
-                    };
-                    let lsn = Lsn::from(wal_start);
-                    match layout.event(&values, i64::try_from(lsn.0).unwrap_or(i64::MAX)) {
-                        Ok(Some(event)) => self.push(state, event, Origin::Message, true, None),
-                        Ok(None) => {}
-                        Err(BadRow { reason, .. }) => {
-                            let table =
-                                format!("\"{}\".\"{}\"", self.cfg.schema, self.stream_table);
-                            self.push_malformed_row(state, lsn, &table, &reason);
-                        }
-                    }
-                }
-                Decoded::Insert { relid, values } => {
-                    if self.tables
-                        && Some(relid) == self.relid
-                        && let Some(layout) = &self.layout
-                    {
-                        match layout.event(&values, 0) {
-                            Ok(Some(event)) => self.push(state, event, Origin::Table, true, None),
-                            Ok(None) => {}
-                            // Dead-lettered like the polling relay does, so one bad row
-                            // neither stops the stream nor waits for a table claim.
-                            Err(BadRow {
-                                seq: Some(seq),
-                                attempts,
-                                reason,
-                            }) => self.push_dead(
-                                state,
-                                pgoutput::placeholder(seq, attempts),
-                                Origin::Table,
-                                true,
-                                None,
-                                pgoutput::malformed_error(seq, &reason),
-                            ),
-                            Err(BadRow {
-                                seq: None, reason, ..
-                            }) => {
-                                add(&self.counters.undecodable, 1);
-                                error!(lsn = %Lsn::from(wal_start), %reason, "Outbox row cannot be decoded and has no readable seq; it stays in the table.");
-                            }
-                        }
-                    }
-                }
-                Decoded::Other => {}
-            },
+            }
             ReplicationEvent::Message {
                 transactional,
                 lsn,
                 prefix,
                 content,
-            } => {
-                if prefix == self.heartbeat_prefix {
-                    add(&self.counters.heartbeats, 1);
-                } else if prefix == self.cfg.message_prefix && !self.messages {
-                    self.ignore_message(Lsn::from(lsn));
-                } else if prefix == self.cfg.message_prefix {
-                    let lsn = Lsn::from(lsn);
-                    let standalone_end = (!transactional).then_some(Lsn(lsn.0 + 1));
-                    let enqueued_at = state.commit_time.unwrap_or_else(chrono::Utc::now);
-                    match decode_envelope(&content) {
-                        Ok(envelope) => {
-                            let event = Event {
-                                seq: i64::try_from(lsn.0).unwrap_or(i64::MAX),
-                                id: outbox_types::EventId::from_uuid(envelope.id),
-                                aggregate_type: envelope.aggregate_type,
-                                aggregate_id: envelope.aggregate_id,
-                                event_type: envelope.event_type,
-                                payload: envelope.payload,
-                                destination: envelope.destination,
-                                headers: envelope.headers,
-                                idempotency_key: envelope.idempotency_key,
-                                occurred_at: envelope.occurred_at,
-                                enqueued_at,
-                                attempts: 0,
-                            };
-                            self.push(state, event, Origin::Message, transactional, standalone_end);
-                        }
-                        Err(reason) => {
-                            let (event, error) = malformed_message(
-                                &self.cfg.slot,
-                                lsn,
-                                &content,
-                                &reason,
-                                enqueued_at,
-                            );
-                            self.push_dead(
-                                state,
-                                event,
-                                Origin::Message,
-                                transactional,
-                                standalone_end,
-                                error,
-                            );
-                        }
-                    }
-                }
-            }
+            } => self.on_message(state, transactional, Lsn::from(lsn), &prefix, &content),
             ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())
+    }
+
+    /// A table's layout: the outbox table's, the stream table's or the Debezium table's,
+    /// learned before the first row of it in this stream.
+    fn on_relation(&mut self, relation: &Relation) -> Result<(), WalError> {
+        if relation.namespace == self.cfg.schema && relation.name == self.cfg.table {
+            self.layout = Some(OutboxLayout::of(relation).map_err(WalError::Decode)?);
+            self.relid = Some(relation.relid);
+        } else if relation.namespace == self.cfg.schema && relation.name == self.stream_table {
+            self.stream_layout = Some(OutboxLayout::of_stream(relation).map_err(WalError::Decode)?);
+            self.stream_relid = Some(relation.relid);
+        } else if self
+            .debezium
+            .as_ref()
+            .is_some_and(|(schema, name)| relation.namespace == *schema && relation.name == *name)
+        {
+            self.debezium_layout = Some(DebeziumLayout::of(relation, &self.cfg.debezium)?);
+            self.debezium_relid = Some(relation.relid);
+        }
+        Ok(())
+    }
+
+    /// A row of the Debezium outbox table: like a stream table's row, an event that lives in the
+    /// WAL.
+    fn on_debezium_insert(&mut self, state: &mut State, values: &Columns, lsn: Lsn) {
+        let Some(layout) = &self.debezium_layout else {
+            return;
+        };
+        let committed = state.commit_time.unwrap_or_else(chrono::Utc::now);
+        match layout.event(values, i64::try_from(lsn.0).unwrap_or(i64::MAX), committed) {
+            Ok(event) => self.push(state, event, Origin::Message, true, None),
+            Err(reason) => {
+                let table = self.cfg.debezium.quoted();
+                self.push_malformed_row(state, lsn, &table, &reason);
+            }
+        }
+    }
+
+    /// A row of the stream table: an event like a logical message. It exists in the WAL (and as
+    /// a row nobody updates); what fails is handed to the outbox table as a row of its own.
+    fn on_stream_insert(&mut self, state: &mut State, values: &Columns, lsn: Lsn) {
+        let Some(layout) = &self.stream_layout else {
+            return;
+        };
+        match layout.event(values, i64::try_from(lsn.0).unwrap_or(i64::MAX)) {
+            Ok(Some(event)) => self.push(state, event, Origin::Message, true, None),
+            Ok(None) => {}
+            Err(BadRow { reason, .. }) => {
+                let table = format!("\"{}\".\"{}\"", self.cfg.schema, self.stream_table);
+                self.push_malformed_row(state, lsn, &table, &reason);
+            }
+        }
+    }
+
+    /// A row of the outbox table (when the stream serves it): its event, or a dead placeholder
+    /// for a row that does not decode.
+    fn on_table_insert(&mut self, state: &mut State, relid: u32, values: &Columns, lsn: Lsn) {
+        if self.tables
+            && Some(relid) == self.relid
+            && let Some(layout) = &self.layout
+        {
+            match layout.event(values, 0) {
+                Ok(Some(event)) => self.push(state, event, Origin::Table, true, None),
+                Ok(None) => {}
+                // Dead-lettered like the polling relay does, so one bad row
+                // neither stops the stream nor waits for a table claim.
+                Err(BadRow {
+                    seq: Some(seq),
+                    attempts,
+                    reason,
+                }) => self.push_dead(
+                    state,
+                    pgoutput::placeholder(seq, attempts),
+                    Origin::Table,
+                    true,
+                    None,
+                    pgoutput::malformed_error(seq, &reason),
+                ),
+                Err(BadRow {
+                    seq: None, reason, ..
+                }) => {
+                    add(&self.counters.undecodable, 1);
+                    error!(%lsn, %reason, "Outbox row cannot be decoded and has no readable seq; it stays in the table.");
+                }
+            }
+        }
+    }
+
+    /// A logical message: a heartbeat, or (with the prefix) an event in an envelope.
+    fn on_message(
+        &mut self,
+        state: &mut State,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: &str,
+        content: &[u8],
+    ) {
+        if prefix == self.heartbeat_prefix {
+            add(&self.counters.heartbeats, 1);
+        } else if prefix == self.cfg.message_prefix && !self.messages {
+            self.ignore_message(lsn);
+        } else if prefix == self.cfg.message_prefix {
+            let standalone_end = (!transactional).then_some(Lsn(lsn.0 + 1));
+            let enqueued_at = state.commit_time.unwrap_or_else(chrono::Utc::now);
+            match decode_envelope(content) {
+                Ok(envelope) => {
+                    let event = Event {
+                        seq: i64::try_from(lsn.0).unwrap_or(i64::MAX),
+                        id: outbox_types::EventId::from_uuid(envelope.id),
+                        aggregate_type: envelope.aggregate_type,
+                        aggregate_id: envelope.aggregate_id,
+                        event_type: envelope.event_type,
+                        payload: envelope.payload,
+                        destination: envelope.destination,
+                        headers: envelope.headers,
+                        idempotency_key: envelope.idempotency_key,
+                        occurred_at: envelope.occurred_at,
+                        enqueued_at,
+                        attempts: 0,
+                    };
+                    self.push(state, event, Origin::Message, transactional, standalone_end);
+                }
+                Err(reason) => {
+                    let (event, error) =
+                        malformed_message(&self.cfg.slot, lsn, content, &reason, enqueued_at);
+                    self.push_dead(
+                        state,
+                        event,
+                        Origin::Message,
+                        transactional,
+                        standalone_end,
+                        error,
+                    );
+                }
+            }
+        }
     }
 }

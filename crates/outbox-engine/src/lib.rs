@@ -567,22 +567,19 @@ where
                         self.found_nothing(&mut turns, deferred.is_some(), &ctx, &mut batches)
                             .await
                     } else {
-                        let full = claim.events.len() >= request.limit as usize;
-                        turns.found_some(&self.lanes, &claim, full, deferred.is_some());
+                        let next = turns.found_some(
+                            &self.lanes,
+                            &claim,
+                            request.limit,
+                            deferred.is_some(),
+                        );
                         add(&self.counters.batches, 1);
                         add(&self.counters.claimed, claim.events.len() as u64);
                         let ctx = ctx.clone();
                         batches.spawn(async move {
                             ctx.process(claim, started, slot).await;
                         });
-                        // After the others' turn, the deferred destination's backlog is claimed
-                        // again at once.
-                        let pause = turns.pacer.found_some();
-                        if full || deferred.is_some() {
-                            Next::ClaimNow
-                        } else {
-                            Next::Wait(pause)
-                        }
+                        next
                     }
                 }
                 Err(error) => {
@@ -738,15 +735,24 @@ impl Turns {
         }
     }
 
-    /// A claim found events (`full`: as many as it asked for). After a fair turn, the next fair
-    /// turn is spaced; a full claim when one is due defers its dominant destination.
-    fn found_some(&mut self, lanes: &Lanes, claim: &Claim, full: bool, deferred: bool) {
+    /// A claim of up to `limit` found events. After a fair turn, the next fair turn is spaced; a
+    /// full claim when one is due defers its dominant destination. A full claim, or one that
+    /// served a deferred destination (its backlog is claimed again at once after the others'
+    /// turn), claims again at once; a short one waits the pacer's pause.
+    fn found_some(&mut self, lanes: &Lanes, claim: &Claim, limit: u32, deferred: bool) -> Next {
+        let full = claim.events.len() >= limit as usize;
         if deferred {
             self.next_fair_turn = Instant::now() + FAIR_TURN_SPACING;
         } else if full && Instant::now() >= self.next_fair_turn {
             self.defer = lanes.dominant(&claim.events);
         }
         metrics::histogram!("outbox_claim_batch_size").record(claim.events.len() as f64);
+        let pause = self.pacer.found_some();
+        if full || deferred {
+            Next::ClaimNow
+        } else {
+            Next::Wait(pause)
+        }
     }
 
     /// Whether a drain that found nothing still waits for one of its retries: one that comes

@@ -683,6 +683,15 @@ where
     }
 }
 
+/// Which write-back of a batch [`BatchContext::write_back`] is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WriteBack {
+    /// What is settled so far, while the rest of the batch waits for a slow destination.
+    SoFar,
+    /// The batch's last: nothing more is written under its lease after it.
+    Last,
+}
+
 /// The claim every turn of [`Relay::run`] sends (its hold set per turn).
 fn claim_request(config: &RelayConfig) -> ClaimRequest {
     ClaimRequest::new(
@@ -1297,7 +1306,8 @@ where
                         next = calls.next() => next,
                         _ = tokio::time::sleep_until(newest + slow_after) => {
                             let settled = std::mem::take(&mut settlement);
-                            let write = self.write_back(&lease, settled, claimed_at);
+                            let write =
+                                self.write_back(&lease, settled, claimed_at, WriteBack::SoFar);
                             tokio::pin!(write);
                             // Keep the calls going meanwhile (a sink's call may need polling
                             // to make progress); what comes back is settled afterwards.
@@ -1334,7 +1344,8 @@ where
             settlement.released.extend(queue.drain(..).map(|e| e.seq));
         }
 
-        self.write_back(&lease, settlement, claimed_at).await;
+        self.write_back(&lease, settlement, claimed_at, WriteBack::Last)
+            .await;
         drop(slot);
         metrics::histogram!("outbox_relay_batch_duration_seconds")
             .record(claimed_at.elapsed().as_secs_f64());
@@ -1576,7 +1587,14 @@ where
     /// Persist a batch's decisions. Each write is retried while the database is unreachable and
     /// the lease could still be ours; after that the lease has run out anyway and the events will
     /// be claimed again (delivered ones then go out a second time, which at-least-once allows).
-    async fn write_back(&self, lease: &Lease, settlement: Settlement, claimed_at: Instant) {
+    /// `which` says whether more of the batch may be written back later under this lease.
+    async fn write_back(
+        &self,
+        lease: &Lease,
+        settlement: Settlement,
+        claimed_at: Instant,
+        which: WriteBack,
+    ) {
         let give_up_at = claimed_at + self.config.lease;
         let Settlement {
             delivered,
@@ -1584,9 +1602,12 @@ where
             buries,
             released,
         } = settlement;
+        // The writes given up, each with its last error: logged once, after this write-back's
+        // last write was tried; with `last_write`, nothing more is written under this lease.
+        let mut given_up: Vec<(&str, StoreError)> = Vec::new();
 
         if let Some(done) = self
-            .write_part("ack", &delivered, give_up_at, || {
+            .write_part("ack", &mut given_up, &delivered, give_up_at, || {
                 self.source.ack(lease, &delivered)
             })
             .await
@@ -1595,7 +1616,7 @@ where
             self.settled(&delivered);
         }
         if let Some(done) = self
-            .write_part("retry", &retries, give_up_at, || {
+            .write_part("retry", &mut given_up, &retries, give_up_at, || {
                 self.source.retry(lease, &retries)
             })
             .await
@@ -1613,7 +1634,7 @@ where
             add(&self.counters.retried, done.saturating_sub(waiting));
         }
         if let Some(done) = self
-            .write_part("bury", &buries, give_up_at, || {
+            .write_part("bury", &mut given_up, &buries, give_up_at, || {
                 self.source.bury(lease, &buries)
             })
             .await
@@ -1623,22 +1644,34 @@ where
             self.settled(&seqs);
         }
         if let Some(done) = self
-            .write_part("release", &released, give_up_at, || {
+            .write_part("release", &mut given_up, &released, give_up_at, || {
                 self.source.release(lease, &released)
             })
             .await
         {
             add(&self.counters.released, done);
         }
+        if let Some((_, error)) = given_up.last() {
+            let operations: Vec<&str> = given_up.iter().map(|(what, _)| *what).collect();
+            warn!(
+                lease = %lease.token,
+                last_write = which == WriteBack::Last,
+                operations = %operations.join(","),
+                %error,
+                "Could not record the batch before its lease ran out; its events will be claimed and published again."
+            );
+        }
     }
 
     /// One write of [`write_back`](Self::write_back), the same for acks, retries, burials and
     /// releases: nothing to do without `items`; else the write, retried by `with_retries`, and
     /// the rows it did not change counted as fenced (another relay owns them now). Returns the
-    /// rows changed, `None` when the write was given up.
-    async fn write_part<'a, T, F, Fut>(
+    /// rows changed, `None` when there was nothing to write or the write was given up (then
+    /// added to `given_up` with its last error).
+    async fn write_part<'a, 'w, T, F, Fut>(
         &'a self,
-        what: &str,
+        what: &'w str,
+        given_up: &mut Vec<(&'w str, StoreError)>,
         items: &[T],
         give_up_at: Instant,
         op: F,
@@ -1651,9 +1684,16 @@ where
             return None;
         }
         let expected = items.len() as u64;
-        let done = self.with_retries(what, give_up_at, op).await?;
-        self.note_fenced(what, expected, done);
-        Some(done)
+        match self.with_retries(what, give_up_at, op).await {
+            Ok(done) => {
+                self.note_fenced(what, expected, done);
+                Some(done)
+            }
+            Err(error) => {
+                given_up.push((what, error));
+                None
+            }
+        }
     }
 
     /// A drain's retried events that are now settled (acked or dead) no longer keep it waiting.
@@ -1682,12 +1722,14 @@ where
         }
     }
 
+    /// Run `op` until it answers, backing off while the database is unreachable; its last error
+    /// once the next try would come after `give_up_at` (the lease has run out by then).
     async fn with_retries<'a, F, Fut>(
         &'a self,
         what: &str,
         give_up_at: Instant,
         op: F,
-    ) -> Option<u64>
+    ) -> Result<u64, StoreError>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<u64, StoreError>> + 'a,
@@ -1695,19 +1737,15 @@ where
         let mut failures = 0u32;
         loop {
             match op().await {
-                Ok(n) => return Some(n),
+                Ok(n) => return Ok(n),
                 Err(error) => {
                     add(&self.counters.store_errors, 1);
                     metrics::counter!("outbox_database_errors_total").increment(1);
                     failures += 1;
                     let pause = store_backoff(failures, self.config.max_store_backoff);
                     if Instant::now() + pause >= give_up_at {
-                        warn!(
-                            operation = what,
-                            %error,
-                            "Could not record the batch before its lease ran out; its events will be claimed and published again."
-                        );
-                        return None;
+                        // Given up: the batch says so once, after its last write.
+                        return Err(error);
                     }
                     warn!(operation = what, %error, retry_in_ms = pause.as_millis() as u64, "Store write failed; retrying.");
                     tokio::time::sleep(pause).await;

@@ -10,7 +10,7 @@ use outbox_engine::router::Router;
 use outbox_engine::{Relay, RelayConfig};
 use outbox_testkit::{MemorySource, MemoryState, numbered};
 use outbox_types::route::{Pattern, RouteRule, RouteTable};
-use outbox_types::{Event, Outcome, RetryPolicy, Sink};
+use outbox_types::{Event, Outcome, RetryPolicy, Sink, StoreError};
 use tokio::time::Instant;
 
 /// A sink that records (virtual) call times and answers with `answer`, after `takes`.
@@ -511,4 +511,95 @@ async fn a_drain_waits_for_a_retry_due_within_its_wait_and_not_longer() {
             );
         }
     }
+}
+
+/// A source whose acks never reach the database: claims work, every ack fails as unavailable.
+struct AcksFail(MemorySource);
+
+#[async_trait]
+impl outbox_types::Source for AcksFail {
+    async fn claim(
+        &self,
+        request: &outbox_types::ClaimRequest,
+    ) -> Result<outbox_types::Claim, StoreError> {
+        self.0.claim(request).await
+    }
+    async fn ack(&self, _: &outbox_types::Lease, _: &[i64]) -> Result<u64, StoreError> {
+        Err(StoreError::Unavailable("connection reset".into()))
+    }
+    async fn retry(
+        &self,
+        lease: &outbox_types::Lease,
+        events: &[outbox_types::RetryEvent],
+    ) -> Result<u64, StoreError> {
+        self.0.retry(lease, events).await
+    }
+    async fn bury(
+        &self,
+        lease: &outbox_types::Lease,
+        events: &[outbox_types::BuryEvent],
+    ) -> Result<u64, StoreError> {
+        self.0.bury(lease, events).await
+    }
+    async fn release(&self, lease: &outbox_types::Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+        self.0.release(lease, seqs).await
+    }
+    async fn paused(&self) -> Result<Vec<outbox_types::PausedDestination>, StoreError> {
+        self.0.paused().await
+    }
+    fn kind(&self) -> &'static str {
+        "acks-fail"
+    }
+}
+
+/// A batch whose ack cannot be written before its lease runs out says so once, after its last
+/// write was tried, naming its lease and that nothing more is written under it: what
+/// `outbox-verify` reads to tell a relay that gave a batch up from one whose late write went
+/// through.
+#[tokio::test(start_paused = true)]
+async fn a_batch_given_up_says_so_once_with_its_lease_after_its_last_write() {
+    let source = Arc::new(AcksFail(MemorySource::new()));
+    source.0.enqueue(&[numbered("a", 1), numbered("b", 1)]);
+    let sink = Arc::new(Timed::new(Duration::ZERO, |_, _| Outcome::Delivered));
+    let relay = Relay::new(
+        source.clone(),
+        sink,
+        RelayConfig {
+            lease: Duration::from_secs(2),
+            ..config("giver-up")
+        },
+    );
+    let logs = outbox_testkit::LogBuffer::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let run = relay.run(tokio::time::sleep(Duration::from_secs(1)));
+    run.await;
+
+    let text = logs.text();
+    let given_up: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| l.contains("Could not record the batch before its lease ran out"))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(given_up.len(), 1, "one line for the batch: {text}");
+    let line = &given_up[0];
+    assert_eq!(line["last_write"], serde_json::json!(true), "{line}");
+    assert_eq!(line["operations"], serde_json::json!("ack"), "{line}");
+    let lease = line["lease"].as_str().unwrap_or_default();
+    assert!(uuid_like(lease), "the lease's token: {line}");
+    assert!(
+        text.find("Store write failed; retrying.")
+            .is_some_and(|retrying| retrying < text.find("Could not record").unwrap()),
+        "the ack was retried before it was given up: {text}"
+    );
+}
+
+fn uuid_like(s: &str) -> bool {
+    s.len() == 36 && s.chars().filter(|c| *c == '-').count() == 4
 }

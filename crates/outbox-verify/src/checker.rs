@@ -792,7 +792,7 @@ mod tests {
             reclaimed: 4,
             late_writes: LateWrites::Unfenced,
             log: None,
-            leases: 1,
+            leases: vec!["lease-1".into()],
         });
         f.history.lease_faults.push(LeaseFault {
             relay: "r2".into(),
@@ -800,7 +800,7 @@ mod tests {
             reclaimed: 0,
             late_writes: LateWrites::Pending,
             log: None,
-            leases: 1,
+            leases: vec!["lease-1".into()],
         });
         f.history.lease_faults.push(LeaseFault {
             relay: "r3".into(),
@@ -808,7 +808,7 @@ mod tests {
             reclaimed: 10,
             late_writes: LateWrites::NeverWritten,
             log: None,
-            leases: 1,
+            leases: vec!["lease-1".into()],
         });
         f.history.lease_faults.push(LeaseFault {
             relay: "r4".into(),
@@ -816,7 +816,7 @@ mod tests {
             reclaimed: 10,
             late_writes: LateWrites::Fenced,
             log: None,
-            leases: 1,
+            leases: vec!["lease-1".into()],
         });
         let v = check(&f.history);
         assert_eq!(v.misrouted.count, 1);

@@ -135,16 +135,16 @@ pub struct LeaseFault {
     /// resumed.
     pub reclaimed: u64,
     /// What its log, from the moment it was resumed to the end of that process, shows about
-    /// its late writes. Must be [`LateWrites::Fenced`] (or [`LateWrites::NeverWritten`])
+    /// its late writes. Must not be [`LateWrites::Unfenced`] or [`LateWrites::Pending`]
     /// whenever `reclaimed > 0`.
     pub late_writes: LateWrites,
     /// Its log file and the byte offset at which it was resumed, so the verdict can be settled
     /// from the whole log after the run (a stale batch can take longer than the fault waits).
     #[serde(default)]
     pub log: Option<(String, u64)>,
-    /// How many different leases the held events were under (one per claim).
+    /// The lease tokens the held events were under (one per claim).
     #[serde(default)]
-    pub leases: u64,
+    pub leases: Vec<String>,
 }
 
 /// What became of a resumed relay's writes for a batch it no longer owned.
@@ -164,6 +164,10 @@ pub enum LateWrites {
     /// database went away meanwhile (a restart fault), and the answer never reached it. The
     /// relay never had those events, so it had nothing to write back.
     ClaimLost,
+    /// Before it was paused, it had already given up writing back every batch it held ("Could
+    /// not record the batch before its lease ran out", logged with the lease once the batch's
+    /// last write was tried): it had nothing left to write under those leases when it resumed.
+    GivenUpBeforePause,
     /// The process went on and stopped normally ("Relay stopped.") and never logged a fenced
     /// write: a write for events another relay owned went through, or was silently dropped.
     Unfenced,

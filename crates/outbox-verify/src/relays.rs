@@ -18,11 +18,13 @@ use tokio::sync::Mutex;
 
 use crate::Error;
 
+/// What the log of a relay says when it gave up writing a batch back (the database did not
+/// answer before the lease ran out); logged once per batch, with its lease, after the batch's
+/// last write was tried.
+pub const GIVEN_UP_MARKER: &str = "Could not record the batch before its lease ran out";
+
 /// What the log of a relay says when a write was fenced (its lease had moved on) or given up.
-pub const FENCED_MARKERS: [&str; 2] = [
-    "Lease expired before the write",
-    "Could not record the batch before its lease ran out",
-];
+pub const FENCED_MARKERS: [&str; 2] = ["Lease expired before the write", GIVEN_UP_MARKER];
 
 /// What the log of a relay says when it stopped normally (it finished and wrote back every batch
 /// it had started).
@@ -364,13 +366,21 @@ pub fn tail_lines(path: &Path, n: usize) -> Vec<String> {
 
 /// The file's text from byte `offset` on (empty when it cannot be read).
 pub fn log_after(path: &Path, offset: u64) -> String {
+    log_split(path, offset).1
+}
+
+/// The file's text before byte `offset`, and from it on (both empty when it cannot be read).
+pub fn log_split(path: &Path, offset: u64) -> (String, String) {
     let Ok(bytes) = std::fs::read(path) else {
-        return String::new();
+        return (String::new(), String::new());
     };
-    let start = usize::try_from(offset)
+    let at = usize::try_from(offset)
         .unwrap_or(usize::MAX)
         .min(bytes.len());
-    String::from_utf8_lossy(&bytes[start..]).into_owned()
+    (
+        String::from_utf8_lossy(&bytes[..at]).into_owned(),
+        String::from_utf8_lossy(&bytes[at..]).into_owned(),
+    )
 }
 
 /// Whether the file, from byte `offset` on, contains one of `markers`.

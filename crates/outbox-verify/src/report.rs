@@ -222,16 +222,22 @@ impl RunReport {
             .iter()
             .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::ClaimLost)
             .count();
+        let given_up = self
+            .lease_faults
+            .iter()
+            .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::GivenUpBeforePause)
+            .count();
         let with_reclaim = self.lease_faults.iter().filter(|l| l.reclaimed > 0).count();
         let _ = writeln!(
             s,
-            "lease faults: {} pauses, {} with events re-claimed ({} events), {} of those fenced, {} killed before any late write, {} whose claim never got its answer",
+            "lease faults: {} pauses, {} with events re-claimed ({} events), {} of those fenced, {} killed before any late write, {} whose claim never got its answer, {} that had given up their batches before the pause",
             self.lease_faults.len(),
             with_reclaim,
             reclaimed,
             fenced,
             never_written,
-            claim_lost
+            claim_lost,
+            given_up
         );
     }
 

@@ -129,7 +129,7 @@ fn settle_late_writes(mut fault: LeaseFault) -> LeaseFault {
     let Some((log, offset)) = &fault.log else {
         return fault;
     };
-    let text = relays::log_after(Path::new(log), *offset);
+    let (before, text) = relays::log_split(Path::new(log), *offset);
     let stopped = text.find(relays::STOPPED_MARKER);
     // The first thing the resumed relay said about its claim was that it failed.
     let claim_failed_first = text
@@ -137,7 +137,9 @@ fn settle_late_writes(mut fault: LeaseFault) -> LeaseFault {
         .is_some_and(|at| stopped.is_none_or(|stop| at < stop));
     fault.late_writes = if relays::FENCED_MARKERS.iter().any(|m| text.contains(m)) {
         LateWrites::Fenced
-    } else if fault.leases == 1 && claim_failed_first {
+    } else if gave_up_every_lease(&before, &fault.leases) {
+        LateWrites::GivenUpBeforePause
+    } else if fault.leases.len() == 1 && claim_failed_first {
         LateWrites::ClaimLost
     } else if stopped.is_some() {
         LateWrites::Unfenced
@@ -147,15 +149,32 @@ fn settle_late_writes(mut fault: LeaseFault) -> LeaseFault {
     fault
 }
 
+/// Whether the log before the pause says the relay gave up the last write-back of the batch of
+/// every one of `leases` (the give-up line names its lease in the JSON field `lease` and says
+/// `"last_write":true`; the harness runs relays with `--log-format json`): it then had nothing
+/// left to write under them. A lease without such a line keeps the fault open.
+fn gave_up_every_lease(before: &str, leases: &[String]) -> bool {
+    !leases.is_empty()
+        && leases.iter().all(|lease| {
+            let field = format!("\"lease\":\"{lease}\"");
+            before.lines().any(|line| {
+                line.contains(relays::GIVEN_UP_MARKER)
+                    && line.contains(&field)
+                    && line.contains("\"last_write\":true")
+            })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A paused relay's fault settled from what its log says after it was resumed.
-    fn settled(after_resume: &str, leases: u64) -> LateWrites {
+    /// A paused relay's fault, holding events of `leases`, settled from its log: `before_pause`
+    /// up to the pause, `after_resume` from the moment it was resumed.
+    fn settled(before_pause: &str, after_resume: &str, leases: &[&str]) -> LateWrites {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = dir.path().join("relay.log");
-        let before = "INFO Claimed 40 events\n";
+        let before = format!("INFO Claimed 40 events\n{before_pause}");
         std::fs::write(&log, format!("{before}{after_resume}")).expect("log written");
         settle_late_writes(LeaseFault {
             relay: "relay-1".into(),
@@ -163,7 +182,7 @@ mod tests {
             reclaimed: 40,
             late_writes: LateWrites::Pending,
             log: Some((log.display().to_string(), before.len() as u64)),
-            leases,
+            leases: leases.iter().map(|l| (*l).to_owned()).collect(),
         })
         .late_writes
     }
@@ -174,25 +193,94 @@ mod tests {
             "WARN Claim failed; the database may be down. Events stay in the outbox.\n";
         let fenced = "WARN Lease expired before the write; another relay owns these events.\n";
         let stopped = "INFO Relay stopped.\n";
-        for (log, claims_held, expected) in [
-            (format!("{fenced}{stopped}"), 1, LateWrites::Fenced),
+        // What the engine logs when it gives up a write-back: `last` when it was the batch's last.
+        let given_up = |lease: &str, last: bool| {
+            format!(
+                "{{\"level\":\"WARN\",\"message\":\"Could not record the batch before its lease ran out; its events will be claimed and published again.\",\"lease\":\"{lease}\",\"last_write\":{last},\"operations\":\"ack,release\"}}\n"
+            )
+        };
+        let gave_up = |lease: &str| given_up(lease, true);
+        for (before, after, leases, expected) in [
             (
+                String::new(),
+                format!("{fenced}{stopped}"),
+                &["a"][..],
+                LateWrites::Fenced,
+            ),
+            (
+                String::new(),
                 format!("{claim_failed}{fenced}{stopped}"),
-                1,
+                &["a"],
+                LateWrites::Fenced,
+            ),
+            // Given up after it was resumed: its last write was tried then.
+            (
+                String::new(),
+                format!("{}{stopped}", gave_up("a")),
+                &["a"],
                 LateWrites::Fenced,
             ),
             // The claim it was frozen in never got its answer: it never had the events.
-            (format!("{claim_failed}{stopped}"), 1, LateWrites::ClaimLost),
+            (
+                String::new(),
+                format!("{claim_failed}{stopped}"),
+                &["a"],
+                LateWrites::ClaimLost,
+            ),
             // Two claims held: the failed one may be the other; a missing fence stays a violation.
-            (format!("{claim_failed}{stopped}"), 2, LateWrites::Unfenced),
+            (
+                String::new(),
+                format!("{claim_failed}{stopped}"),
+                &["a", "b"],
+                LateWrites::Unfenced,
+            ),
             // It stopped normally before any claim failed, and never fenced: a violation.
-            (format!("{stopped}{claim_failed}"), 1, LateWrites::Unfenced),
-            (String::new(), 1, LateWrites::NeverWritten),
+            (
+                String::new(),
+                format!("{stopped}{claim_failed}"),
+                &["a"],
+                LateWrites::Unfenced,
+            ),
+            (
+                String::new(),
+                String::new(),
+                &["a"],
+                LateWrites::NeverWritten,
+            ),
+            // Every batch it held was given up before the pause: nothing was left to write.
+            (
+                format!("{}{}", gave_up("a"), gave_up("b")),
+                stopped.to_owned(),
+                &["a", "b"],
+                LateWrites::GivenUpBeforePause,
+            ),
+            // Only what was settled so far was given up: the rest of the batch may still be
+            // written back after the pause, so the fault stays open.
+            (
+                given_up("a", false),
+                stopped.to_owned(),
+                &["a"],
+                LateWrites::Unfenced,
+            ),
+            // One of them given up, the other not heard of: a violation.
+            (
+                gave_up("a"),
+                stopped.to_owned(),
+                &["a", "b"],
+                LateWrites::Unfenced,
+            ),
+            // A give-up line that names no lease settles nothing.
+            (
+                "WARN Could not record the batch before its lease ran out\n".to_owned(),
+                stopped.to_owned(),
+                &["a"],
+                LateWrites::Unfenced,
+            ),
         ] {
             assert_eq!(
-                settled(&log, claims_held),
+                settled(&before, &after, leases),
                 expected,
-                "{log:?} with {claims_held} claim(s) held"
+                "{before:?} then {after:?} with leases {leases:?}"
             );
         }
     }

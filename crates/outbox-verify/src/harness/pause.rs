@@ -46,9 +46,10 @@ pub(super) async fn pause_relay(ctx: &Ctx, relay: usize) -> Result<String, Error
         log: Some((slot.log.display().to_string(), offset)),
         leases: held
             .iter()
-            .map(|h| h.1)
-            .collect::<std::collections::HashSet<_>>()
-            .len() as u64,
+            .map(|h| h.1.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect(),
     };
     let note = format!(
         "{id} paused holding {} events, {} re-claimed, fenced after resume: {fenced}{}",

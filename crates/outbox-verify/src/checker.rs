@@ -786,38 +786,22 @@ mod tests {
     fn misroutes_and_unfenced_lease_faults_are_reported() {
         let mut f = fixture();
         f.history.observed[1].destination = "nats".into();
-        f.history.lease_faults.push(LeaseFault {
-            relay: "r1".into(),
-            held: 10,
-            reclaimed: 4,
-            late_writes: LateWrites::Unfenced,
-            log: None,
-            leases: vec!["lease-1".into()],
-        });
-        f.history.lease_faults.push(LeaseFault {
-            relay: "r2".into(),
-            held: 10,
-            reclaimed: 0,
-            late_writes: LateWrites::Pending,
-            log: None,
-            leases: vec!["lease-1".into()],
-        });
-        f.history.lease_faults.push(LeaseFault {
-            relay: "r3".into(),
-            held: 10,
-            reclaimed: 10,
-            late_writes: LateWrites::NeverWritten,
-            log: None,
-            leases: vec!["lease-1".into()],
-        });
-        f.history.lease_faults.push(LeaseFault {
-            relay: "r4".into(),
-            held: 10,
-            reclaimed: 10,
-            late_writes: LateWrites::Fenced,
-            log: None,
-            leases: vec!["lease-1".into()],
-        });
+        let faults = [
+            ("r1", 4, LateWrites::Unfenced),
+            ("r2", 0, LateWrites::Pending),
+            ("r3", 10, LateWrites::NeverWritten),
+            ("r4", 10, LateWrites::Fenced),
+        ];
+        for (relay, reclaimed, late_writes) in faults {
+            f.history.lease_faults.push(LeaseFault {
+                relay: relay.into(),
+                held: 10,
+                reclaimed,
+                late_writes,
+                log: None,
+                leases: vec!["lease-1".into()],
+            });
+        }
         let v = check(&f.history);
         assert_eq!(v.misrouted.count, 1);
         assert_eq!(v.unfenced.count, 1);

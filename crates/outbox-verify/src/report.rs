@@ -207,26 +207,17 @@ impl RunReport {
             faults.join(" ")
         );
         let reclaimed: u64 = self.lease_faults.iter().map(|l| l.reclaimed).sum();
-        let fenced = self
-            .lease_faults
-            .iter()
-            .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::Fenced)
-            .count();
-        let never_written = self
-            .lease_faults
-            .iter()
-            .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::NeverWritten)
-            .count();
-        let claim_lost = self
-            .lease_faults
-            .iter()
-            .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::ClaimLost)
-            .count();
-        let given_up = self
-            .lease_faults
-            .iter()
-            .filter(|l| l.reclaimed > 0 && l.late_writes == LateWrites::GivenUpBeforePause)
-            .count();
+        // Pauses whose events were re-claimed, by what became of the paused relay's writes.
+        let reclaimed_and = |late_writes: LateWrites| {
+            self.lease_faults
+                .iter()
+                .filter(|l| l.reclaimed > 0 && l.late_writes == late_writes)
+                .count()
+        };
+        let fenced = reclaimed_and(LateWrites::Fenced);
+        let never_written = reclaimed_and(LateWrites::NeverWritten);
+        let claim_lost = reclaimed_and(LateWrites::ClaimLost);
+        let given_up = reclaimed_and(LateWrites::GivenUpBeforePause);
         let with_reclaim = self.lease_faults.iter().filter(|l| l.reclaimed > 0).count();
         let _ = writeln!(
             s,

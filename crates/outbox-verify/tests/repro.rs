@@ -6,8 +6,14 @@ use std::time::Duration;
 
 use outbox_postgresql::{PgOutbox, PgStore};
 use outbox_sink_tests::{database_url, enqueue_committed};
-use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
+use outbox_types::{Claim, ClaimRequest, DeadLetterPolicy, NewEvent, Store};
 use sqlx::AssertSqlSafe;
+
+/// `relay` claims up to 10 events for `lease`; the two relays below differ only in those.
+async fn claim(store: &PgStore, relay: &str, lease: Duration) -> Claim {
+    let request = ClaimRequest::new(relay, 10, lease, DeadLetterPolicy::Block);
+    store.claim(&request).await.unwrap()
+}
 
 /// The long profile (seed 2026) saw 5 per-aggregate order violations on NATS: event #N retried,
 /// #N+1 delivered before it. The mechanism: relay A's write-back for #N (a retry) runs after its
@@ -30,13 +36,7 @@ async fn a_claim_never_takes_a_later_event_while_an_earlier_one_is_skipped() {
     enqueue_committed(&store, &[first.clone(), second.clone()]).await;
 
     // Relay A claims both with a lease that runs out at once.
-    let a = ClaimRequest::new(
-        "relay-a",
-        10,
-        Duration::from_millis(1),
-        DeadLetterPolicy::Block,
-    );
-    let claim_a = store.claim(&a).await.unwrap();
+    let claim_a = claim(&store, "relay-a", Duration::from_millis(1)).await;
     assert_eq!(claim_a.events.len(), 2);
     tokio::time::sleep(Duration::from_millis(20)).await;
 
@@ -52,13 +52,7 @@ async fn a_claim_never_takes_a_later_event_while_an_earlier_one_is_skipped() {
     .unwrap();
 
     // Relay B claims meanwhile.
-    let b = ClaimRequest::new(
-        "relay-b",
-        10,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Block,
-    );
-    let claim_b = store.claim(&b).await.unwrap();
+    let claim_b = claim(&store, "relay-b", Duration::from_secs(30)).await;
     writer.rollback().await.unwrap();
     let ids: Vec<_> = claim_b.events.iter().map(|e| e.id).collect();
     let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))

@@ -128,11 +128,11 @@ pub(crate) async fn drain_sink(
         args.runs.max(1)
     );
     for run in 0..args.runs.max(1) {
-        let store = fresh(url, &schema).await?;
-        let result = drain_run(url, &store, args, endpoints, kind, run, &mut summary).await;
-        let dropped = drop_schema(&store).await;
-        let figures = result.with_context(|| format!("run {}", run + 1))?;
-        dropped?;
+        let figures = in_fresh_schema(url, &schema, async |store| {
+            drain_run(url, store, args, endpoints, kind, run, &mut summary).await
+        })
+        .await
+        .with_context(|| format!("run {}", run + 1))?;
         print_run(run, &figures);
         summary.runs.push(figures);
     }

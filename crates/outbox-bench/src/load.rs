@@ -62,8 +62,9 @@ pub async fn create_orders(store: &PgStore) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Empty the orders and the outbox between runs, so every run starts from the same tables.
-pub async fn truncate(store: &PgStore) -> anyhow::Result<()> {
+/// Empty the orders and the outbox between runs and checkpoint, so every run starts from the
+/// same tables and does not pay for writing out the previous run's pages.
+pub async fn reset(store: &PgStore) -> anyhow::Result<()> {
     let schema = store.outbox().schema();
     crate::execute(
         store,
@@ -73,7 +74,7 @@ pub async fn truncate(store: &PgStore) -> anyhow::Result<()> {
         ),
     )
     .await?;
-    Ok(())
+    crate::execute(store, "CHECKPOINT".to_owned()).await
 }
 
 /// A 400-byte-ish order event body.
@@ -270,6 +271,19 @@ async fn write_one(
 }
 
 impl WriterResult {
+    /// The figures, or an error naming `what` ran when any transaction failed: a run with
+    /// failed transactions measured something else.
+    pub fn all_committed(self, what: &str) -> anyhow::Result<Self> {
+        if self.errors > 0 {
+            anyhow::bail!(
+                "{what}: {} transactions failed; first: {}",
+                self.errors,
+                self.first_error.unwrap_or_default()
+            );
+        }
+        Ok(self)
+    }
+
     /// Adds one writer's figures to the total.
     fn absorb(&mut self, r: WriterResult) {
         self.commits += r.commits;

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use destination::{Destination, Endpoints, SinkKind};
 use outbox_engine::{Relay, RelayConfig};
 use outbox_postgresql::{PgOutbox, PgStore};
@@ -95,29 +95,38 @@ enum Command {
     WalRelayChild(writer_cost::WalChildArgs),
 }
 
-/// `--sink`: one destination, or all of them in turn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum SinkArg {
-    Channel,
-    Nats,
-    Kafka,
-    Rabbitmq,
-    Redis,
-    Webhook,
-    /// Every sink in turn, then a table.
-    All,
-}
+/// `--sink`: one destination, or all of them in turn (`None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SinkArg(Option<SinkKind>);
 
 impl SinkArg {
     fn kinds(self) -> Vec<SinkKind> {
-        match self {
-            SinkArg::Channel => vec![SinkKind::Channel],
-            SinkArg::Nats => vec![SinkKind::Nats],
-            SinkArg::Kafka => vec![SinkKind::Kafka],
-            SinkArg::Rabbitmq => vec![SinkKind::Rabbitmq],
-            SinkArg::Redis => vec![SinkKind::Redis],
-            SinkArg::Webhook => vec![SinkKind::Webhook],
-            SinkArg::All => SinkKind::ALL.to_vec(),
+        self.0
+            .map_or_else(|| SinkKind::ALL.to_vec(), |kind| vec![kind])
+    }
+}
+
+/// The values of `--sink` are those of [`SinkKind`] and `all`, so that a new destination is
+/// listed in one place only.
+impl ValueEnum for SinkArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        static VARIANTS: std::sync::OnceLock<Vec<SinkArg>> = std::sync::OnceLock::new();
+        VARIANTS.get_or_init(|| {
+            SinkKind::ALL
+                .into_iter()
+                .map(Some)
+                .chain([None])
+                .map(SinkArg)
+                .collect()
+        })
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        match self.0 {
+            Some(kind) => kind.to_possible_value(),
+            None => Some(
+                clap::builder::PossibleValue::new("all").help("Every sink in turn, then a table"),
+            ),
         }
     }
 }
@@ -367,15 +376,27 @@ fn schema_name(tag: &str) -> String {
     format!("outbox_bench_{tag}_{}", std::process::id())
 }
 
+/// A store on an empty outbox in `schema` (what a previous, interrupted run left there is dropped).
 async fn fresh(url: &str, schema: &str) -> anyhow::Result<PgStore> {
     let store = PgStore::connect(url, PgOutbox::with_names(schema, "events")?).await?;
-    execute(
-        &store,
-        format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
-    )
-    .await?;
+    drop_schema(&store).await?;
     store.outbox().migrate(store.pool()).await?;
     Ok(store)
+}
+
+/// Runs `body` on a [`fresh`] store in `schema`, then drops the schema, also when `body` failed
+/// (its error is the one returned then).
+async fn in_fresh_schema<T>(
+    url: &str,
+    schema: &str,
+    body: impl AsyncFnOnce(&PgStore) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let store = fresh(url, schema).await?;
+    let result = body(&store).await;
+    let dropped = drop_schema(&store).await;
+    let value = result?;
+    dropped?;
+    Ok(value)
 }
 
 /// Run one statement of the bench's own making (DDL, `TRUNCATE`, `VACUUM`) on the store's pool.

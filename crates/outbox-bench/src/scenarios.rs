@@ -13,9 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use uuid::Uuid;
 
 use crate::load::{self, Variant, WriterPlan};
-use crate::{
-    RelayArg, RelayKind, drop_schema, fresh, median, record, schema_name, server_settings,
-};
+use crate::{RelayArg, RelayKind, in_fresh_schema, median, record, schema_name, server_settings};
 
 #[derive(clap::Args, Clone)]
 pub struct WriteArgs {
@@ -34,6 +32,9 @@ pub struct WriteArgs {
     runs: usize,
 }
 
+/// The transactions `write-overhead` compares, in the order of its figures.
+const WRITE_VARIANTS: [Variant; 3] = [Variant::OrderOnly, Variant::Outbox, Variant::RawInsert];
+
 /// Scenario 1: commits/s of the business transaction alone, with `PgOutbox::enqueue`, and with
 /// a hand-written `INSERT` of the same event row.
 pub async fn write_overhead(
@@ -41,18 +42,24 @@ pub async fn write_overhead(
     json_out: Option<&std::path::Path>,
     args: WriteArgs,
 ) -> anyhow::Result<()> {
-    let schema = schema_name("write");
-    let store = fresh(url, &schema).await?;
-    load::create_orders(&store).await?;
-    let settings = server_settings(&store).await?;
-    println!(
-        "write-overhead: {} writers, one connection each, {} s per variant, {} run(s); a transaction inserts one order row and, per variant, one {} B event; {settings}",
-        args.writers,
-        args.seconds,
-        args.runs.max(1),
-        args.payload_bytes
-    );
-    let variants = [Variant::OrderOnly, Variant::Outbox, Variant::RawInsert];
+    in_fresh_schema(url, &schema_name("write"), async |store| {
+        load::create_orders(store).await?;
+        let settings = server_settings(store).await?;
+        println!(
+            "write-overhead: {} writers, one connection each, {} s per variant, {} run(s); a transaction inserts one order row and, per variant, one {} B event; {settings}",
+            args.writers,
+            args.seconds,
+            args.runs.max(1),
+            args.payload_bytes
+        );
+        let rates = write_rates(store, &args).await?;
+        report_write_overhead(json_out, &args, &settings, &rates)
+    })
+    .await
+}
+
+/// Commits/s of each of [`WRITE_VARIANTS`] in every run (indexed like it), after a warm-up.
+async fn write_rates(store: &PgStore, args: &WriteArgs) -> anyhow::Result<Vec<Vec<f64>>> {
     let plan = |variant, seconds| WriterPlan {
         variant,
         writers: args.writers,
@@ -62,41 +69,45 @@ pub async fn write_overhead(
         record_commits: false,
     };
     // Warm-up: connections, prepared statements, the tables' first pages.
-    for variant in variants {
-        load::run_writers(&store, &plan(variant, 2)).await?;
+    for variant in WRITE_VARIANTS {
+        load::run_writers(store, &plan(variant, 2)).await?;
     }
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); WRITE_VARIANTS.len()];
     for run in 0..args.runs.max(1) {
         // The two variants compared for the library's overhead run back to back, each going
         // first in every other run, so drift over time does not favour one of them.
         let order = if run % 2 == 0 { [1, 2, 0] } else { [2, 1, 0] };
         for i in order {
-            load::truncate(&store).await?;
-            sqlx::query("CHECKPOINT").execute(store.pool()).await?;
-            let result = load::run_writers(&store, &plan(variants[i], args.seconds)).await?;
-            if result.errors > 0 {
-                bail!(
-                    "{}: {} transactions failed; first: {}",
-                    variants[i].name(),
-                    result.errors,
-                    result.first_error.unwrap_or_default()
-                );
-            }
+            load::reset(store).await?;
+            let variant = WRITE_VARIANTS[i];
+            let result = load::run_writers(store, &plan(variant, args.seconds))
+                .await?
+                .all_committed(variant.name())?;
             let rate = result.commits as f64 / result.seconds;
             println!(
                 "  run {}: {:<20} {:>7.0} commits/s",
                 run + 1,
-                variants[i].name(),
+                variant.name(),
                 rate
             );
             rates[i].push(rate);
         }
     }
+    Ok(rates)
+}
+
+/// Prints the medians of [`write_rates`]'s `rates` and the library's overhead, and records them.
+fn report_write_overhead(
+    json_out: Option<&std::path::Path>,
+    args: &WriteArgs,
+    settings: &str,
+    rates: &[Vec<f64>],
+) -> anyhow::Result<()> {
     let [alone, outbox, raw] = [0, 1, 2].map(|i| median(rates[i].clone()));
     println!();
     println!("write-overhead, median of {} run(s):", args.runs.max(1));
     println!("  {:<20} {:>9}  vs order only", "transaction", "commits/s");
-    for (i, variant) in variants.iter().enumerate() {
+    for (i, variant) in WRITE_VARIANTS.iter().enumerate() {
         let r = median(rates[i].clone());
         println!(
             "  {:<20} {:>9.0}  {:>6.1}%",
@@ -143,8 +154,7 @@ pub async fn write_overhead(
             "library_overhead_percent_per_run": per_run,
             "per_run": {"order_only": rates[0], "outbox": rates[1], "raw_insert": rates[2]},
         }),
-    )?;
-    drop_schema(&store).await
+    )
 }
 
 /// A steady-state rate: a number of transactions per second, or as fast as the database goes.
@@ -299,9 +309,8 @@ pub async fn steady(
     args: SteadyArgs,
 ) -> anyhow::Result<()> {
     let schema = schema_name("steady");
-    let probe = fresh(url, &schema).await?;
-    let settings = server_settings(&probe).await?;
-    drop_schema(&probe).await?;
+    let settings =
+        in_fresh_schema(url, &schema, async |probe| server_settings(probe).await).await?;
     println!(
         "steady: {} writers, one {} B event per transaction (order row + enqueue), {} s per run after which the relay drains what is left, {} run(s) per rate; relay batch {}, poll interval {} (ours{}) / idle sleep 5 s (naive); sink: in-process channel; latency = sink ack − COMMIT returned, events of the first {} s left out; {settings}",
         args.writers,
@@ -322,7 +331,12 @@ pub async fn steady(
         for &rate in &args.rates {
             let mut runs = Vec::new();
             for run in 0..args.runs.max(1) {
-                let figures = steady_run(url, &args, relay, rate).await.with_context(|| {
+                let figures = in_fresh_schema(url, &schema, async |store| {
+                    load::create_orders(store).await?;
+                    steady_run(url, store, &args, relay, rate).await
+                })
+                .await
+                .with_context(|| {
                     format!("steady {rate}, {} relay, run {}", relay.name(), run + 1)
                 })?;
                 print_steady_run(relay, rate, run, &figures);
@@ -346,35 +360,61 @@ pub async fn steady(
     Ok(())
 }
 
+/// `SteadyRun { <fields given>, <each figure>: its median over $runs, <each count>: its
+/// median rounded down }`: the struct literal still has to name every field.
+macro_rules! steady_medians {
+    (
+        $runs:expr,
+        { $($field:ident: $value:expr),* $(,)? },
+        figures: [$($figure:ident),* $(,)?],
+        counts: [$($count:ident),* $(,)?] $(,)?
+    ) => {
+        SteadyRun {
+            $($field: $value,)*
+            $($figure: median($runs.iter().map(|r| r.$figure).collect()),)*
+            $($count: median($runs.iter().map(|r| r.$count as f64).collect()) as u64,)*
+        }
+    };
+}
+
 /// The median of each figure over `runs` at `rate` (the largest `undelivered`).
 fn median_run(runs: &[SteadyRun], rate: Rate) -> SteadyRun {
-    let m = |f: fn(&SteadyRun) -> f64| median(runs.iter().map(f).collect());
-    // A count's median, rounded down.
-    let mu = |f: fn(&SteadyRun) -> u64| median(runs.iter().map(|r| f(r) as f64).collect()) as u64;
-    SteadyRun {
-        target_rate: rate.target(),
-        commits_per_second: m(|r| r.commits_per_second),
-        commits_per_second_without_relay: (rate == Rate::Max)
-            .then(|| m(|r| r.commits_per_second_without_relay.unwrap_or(0.0))),
-        events: mu(|r| r.events),
-        late_transactions: mu(|r| r.late_transactions),
-        latency_ms_p50: m(|r| r.latency_ms_p50),
-        latency_ms_p95: m(|r| r.latency_ms_p95),
-        latency_ms_p99: m(|r| r.latency_ms_p99),
-        latency_ms_max: m(|r| r.latency_ms_max),
-        measured_events: mu(|r| r.measured_events),
-        undelivered: runs.iter().map(|r| r.undelivered).max().unwrap_or(0),
-        backlog_max: mu(|r| r.backlog_max),
-        backlog_max_first_half: mu(|r| r.backlog_max_first_half),
-        backlog_max_second_half: mu(|r| r.backlog_max_second_half),
-        backlog_at_stop: mu(|r| r.backlog_at_stop),
-        drain_after_stop_seconds: m(|r| r.drain_after_stop_seconds),
-        relay_cpu_us_per_event: m(|r| r.relay_cpu_us_per_event),
-        postgres_cpu_us_per_event: m(|r| r.postgres_cpu_us_per_event),
-        relay_peak_rss_mb: m(|r| r.relay_peak_rss_mb),
-        relay_rss_mb_first: m(|r| r.relay_rss_mb_first),
-        relay_rss_mb_last: m(|r| r.relay_rss_mb_last),
-    }
+    steady_medians!(
+        runs,
+        {
+            target_rate: rate.target(),
+            commits_per_second_without_relay: (rate == Rate::Max).then(|| {
+                median(
+                    runs.iter()
+                        .map(|r| r.commits_per_second_without_relay.unwrap_or(0.0))
+                        .collect(),
+                )
+            }),
+            undelivered: runs.iter().map(|r| r.undelivered).max().unwrap_or(0),
+        },
+        figures: [
+            commits_per_second,
+            latency_ms_p50,
+            latency_ms_p95,
+            latency_ms_p99,
+            latency_ms_max,
+            drain_after_stop_seconds,
+            relay_cpu_us_per_event,
+            postgres_cpu_us_per_event,
+            relay_peak_rss_mb,
+            relay_rss_mb_first,
+            relay_rss_mb_last,
+        ],
+        counts: [
+            events,
+            late_transactions,
+            measured_events,
+            backlog_max,
+            backlog_max_first_half,
+            backlog_max_second_half,
+            backlog_at_stop,
+        ],
+    )
 }
 
 /// The medians of every relay and rate as one table, and ours against the naive relay.
@@ -487,23 +527,8 @@ fn print_steady_run(relay: RelayKind, rate: Rate, run: usize, r: &SteadyRun) {
     );
 }
 
+/// One steady run on `store`, whose outbox and orders are empty.
 async fn steady_run(
-    url: &str,
-    args: &SteadyArgs,
-    relay: RelayKind,
-    rate: Rate,
-) -> anyhow::Result<SteadyRun> {
-    let schema = schema_name("steady");
-    let store = fresh(url, &schema).await?;
-    load::create_orders(&store).await?;
-    let result = steady_run_in(url, &store, args, relay, rate).await;
-    let dropped = drop_schema(&store).await;
-    let figures = result?;
-    dropped?;
-    Ok(figures)
-}
-
-async fn steady_run_in(
     url: &str,
     store: &PgStore,
     args: &SteadyArgs,
@@ -531,8 +556,7 @@ async fn steady_run_in(
         )
         .await?;
         figures.commits_per_second_without_relay = Some(alone.commits as f64 / alone.seconds);
-        load::truncate(store).await?;
-        sqlx::query("CHECKPOINT").execute(store.pool()).await?;
+        load::reset(store).await?;
     }
 
     let acks_file = std::env::temp_dir().join(format!("{}.acks", store.outbox().schema()));
@@ -552,13 +576,7 @@ async fn steady_run_in(
     let postgres_seconds = postgres.seconds()? - postgres_before;
     sampling.store(false, Ordering::Relaxed);
     let samples = sampler.await?;
-    if writers.errors > 0 {
-        bail!(
-            "{} writer transactions failed; first: {}",
-            writers.errors,
-            writers.first_error.unwrap_or_default()
-        );
-    }
+    let writers = writers.all_committed("writers")?;
     figures.backlog_at_stop = backlog(store).await?;
     let stopped = Instant::now();
     let timeout = Duration::from_secs(args.drain_timeout_seconds);

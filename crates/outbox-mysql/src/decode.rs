@@ -3,11 +3,11 @@
 //! relay can bury it instead of failing the claim.
 
 use crate::error::map_sqlx;
-use outbox_types::sql_store::{decode_headers, event, event_record};
+use outbox_types::sql_reading::{headers_as, id_as};
+use outbox_types::sql_store::{event, event_record};
 use outbox_types::{Event, EventId, EventRecord, Reading, StoreError};
 use sqlx::Row;
 use sqlx::mysql::MySqlRow;
-use uuid::Uuid;
 
 /// The UUID in text column `column`.
 pub(crate) fn decode_id(
@@ -27,13 +27,8 @@ pub(crate) fn decode_event_as(row: &MySqlRow, reading: Reading) -> Result<Event,
     let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
     let headers: String = row.try_get("headers").map_err(map_sqlx)?;
     let attempts: i32 = row.try_get("attempts").map_err(map_sqlx)?;
-    let (id, headers) = match reading {
-        Reading::Delivery => (decode_id(row, "id", seq)?, decode_headers(seq, &headers)?),
-        Reading::Display => (
-            decode_id(row, "id", seq).unwrap_or_else(|_| EventId::from_uuid(Uuid::nil())),
-            outbox_types::headers_for_display(&headers),
-        ),
-    };
+    let id = id_as(decode_id(row, "id", seq), reading)?;
+    let headers = headers_as(seq, &headers, reading)?;
     let payload = row.try_get("payload").map_err(map_sqlx)?;
     let payload = outbox_types::check_payload(seq, payload, reading)?;
     let attempts = u32::try_from(attempts).unwrap_or(0);

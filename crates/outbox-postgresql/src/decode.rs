@@ -3,7 +3,8 @@
 //! relay can bury it instead of failing the claim.
 
 use crate::error::map_sqlx;
-use outbox_types::sql_store::{decode_headers, event, event_record};
+use outbox_types::sql_reading::headers_as;
+use outbox_types::sql_store::{event, event_record};
 use outbox_types::{Event, EventId, EventRecord, Reading, StoreError};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -16,10 +17,7 @@ pub(crate) fn decode_event(row: &PgRow) -> Result<Event, StoreError> {
 pub(crate) fn decode_event_as(row: &PgRow, reading: Reading) -> Result<Event, StoreError> {
     let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
     let headers: String = row.try_get("headers").map_err(map_sqlx)?;
-    let headers = match reading {
-        Reading::Delivery => decode_headers(seq, &headers)?,
-        Reading::Display => outbox_types::headers_for_display(&headers),
-    };
+    let headers = headers_as(seq, &headers, reading)?;
     let attempts: i32 = row.try_get("attempts").map_err(map_sqlx)?;
     // The stock table's columns are typed (`uuid`, `json`); a hand-altered one may hold text
     // there, which a foreign writer can fill with anything: read it, and say what is wrong.

@@ -209,6 +209,30 @@ macro_rules! enqueue_function_head_v2 {
     };
 }
 
+/// The events table's columns from `payload` to `dead_at`, the same in both layouts (version 1 of
+/// each): the partitioned table is the plain one's columns, partitioned.
+macro_rules! event_columns {
+    () => {
+        r#"    payload          JSON        NOT NULL,
+    destination      TEXT,
+    headers          JSONB       NOT NULL DEFAULT '{}',
+    idempotency_key  TEXT,
+    occurred_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    enqueued_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    status           TEXT        NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead')),
+    attempts         INTEGER     NOT NULL DEFAULT 0,
+    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_error       TEXT,
+    lease_owner      TEXT,
+    lease_token      UUID,
+    lease_expires_at TIMESTAMPTZ,
+    delivered_at     TIMESTAMPTZ,
+    dead_at          TIMESTAMPTZ,
+"#
+    };
+}
+
 /// The plain layout's end of the enqueue function: the insert and the result.
 macro_rules! plain_enqueue_tail {
     () => {
@@ -253,12 +277,91 @@ $fn$;
     };
 }
 
+/// The migration that builds the `_heads` index, the same in both layouts but for its version
+/// (3 plain, 2 partitioned) and the layout's `$note`, a comment line before the statement.
+macro_rules! heads_index_migration {
+    ($version:literal, $note:literal) => {
+        Migration {
+            version: $version,
+            description: "open rows by aggregate, for claims behind held aggregates",
+            sql: concat!(
+                r#"
+-- Open rows by aggregate, in seq order. A claim that finds the front of the queue held back (one
+-- relay holds the head of every aggregate, or a few aggregates wait behind a retry or a dead
+-- event with long queues behind them) walks the aggregates through this index, one probe each,
+-- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
+-- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
+-- Its rows are `_open`'s, but the predicate is written so that the planner cannot use `_open`
+-- in its place (see the claim statement).
+"#,
+                $note,
+                r#"CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status NOT IN ('delivered', 'dead');
+"#
+            ),
+        }
+    };
+}
+
+/// The migration that rebuilds the blockers index with the `last_error` mark (4 plain, 3
+/// partitioned), the same in both layouts but for its version, the layout's `$comment`, and
+/// `$create`, the statement that builds the new index under a temporary name (the plain
+/// layout's accepts one an operator built ahead); then the old index goes and the new one takes
+/// its name.
+macro_rules! blockers_migration {
+    ($version:literal, $comment:literal, $create:literal) => {
+        Migration {
+            version: $version,
+            description: "blockers marked by last_error: an outage costs no attempt",
+            sql: concat!(
+                $comment,
+                $create,
+                r#" {table}_blockers_next ON {t} (aggregate_type, aggregate_id, seq)
+    WHERE status IN ('in_flight', 'dead')
+       OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
+DROP INDEX "{schema}".{table}_blockers;
+ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
+"#
+            ),
+        }
+    };
+}
+
+/// The migration that creates the enqueue function (5 plain, 4 partitioned), ending with the
+/// layout's inserts: `$tail` names `plain_enqueue_tail` or `partitioned_enqueue_tail`.
+macro_rules! enqueue_function_migration {
+    ($version:literal, $tail:ident) => {
+        Migration {
+            version: $version,
+            description: "enqueue function for writers in any language",
+            sql: concat!(enqueue_function_head!(), $tail!()),
+        }
+    };
+}
+
+/// The end of the migration that checks rows when they are written (6 plain, 5 partitioned), the
+/// same in both layouts but for the inserts (`$tail`): the header trigger on the events table
+/// (which fires on every partition), then the enqueue function's second version.
+macro_rules! header_trigger_and_enqueue_v2 {
+    ($tail:ident) => {
+        concat!(
+            check_headers_function!(),
+            r#"CREATE TRIGGER {table}_header_rules BEFORE INSERT OR UPDATE OF headers ON {t}
+    FOR EACH ROW EXECUTE FUNCTION "{schema}"."{table}_check_headers"();
+"#,
+            enqueue_function_head_v2!(),
+            $tail!()
+        )
+    };
+}
+
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         description: "outbox events table, claim and ordering indexes",
-        sql: r#"
+        sql: concat!(
+            r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- The seeds' new / sent / error are pending / delivered / dead; a pending row with attempts > 0
 -- is one waiting for a retry.
@@ -269,23 +372,9 @@ CREATE TABLE {t} (
     aggregate_id     TEXT        NOT NULL,
     event_type       TEXT        NOT NULL,
     -- json, not jsonb: the bytes the writer produced are the bytes a sink publishes.
-    payload          JSON        NOT NULL,
-    destination      TEXT,
-    headers          JSONB       NOT NULL DEFAULT '{}',
-    idempotency_key  TEXT,
-    occurred_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
-    enqueued_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
-    status           TEXT        NOT NULL DEFAULT 'pending'
-                     CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead')),
-    attempts         INTEGER     NOT NULL DEFAULT 0,
-    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
-    last_error       TEXT,
-    lease_owner      TEXT,
-    lease_token      UUID,
-    lease_expires_at TIMESTAMPTZ,
-    delivered_at     TIMESTAMPTZ,
-    dead_at          TIMESTAMPTZ,
-    CONSTRAINT {table}_id_key UNIQUE (id)
+"#,
+            event_columns!(),
+            r#"    CONSTRAINT {table}_id_key UNIQUE (id)
 );
 
 -- A second enqueue with the same key finds the first row.
@@ -301,7 +390,8 @@ CREATE INDEX {table}_open ON {t} (seq)
 -- retry. Small by construction, so the per-aggregate order check is a short index probe.
 CREATE INDEX {table}_blockers ON {t} (aggregate_type, aggregate_id, seq)
     WHERE status IN ('in_flight', 'dead') OR (status = 'pending' AND attempts > 0);
-"#,
+"#
+        ),
     },
     Migration {
         version: 2,
@@ -345,25 +435,10 @@ ALTER TABLE {t} SET (
 );
 "#,
     },
-    Migration {
-        version: 3,
-        description: "open rows by aggregate, for claims behind held aggregates",
-        sql: r#"
--- Open rows by aggregate, in seq order. A claim that finds the front of the queue held back (one
--- relay holds the head of every aggregate, or a few aggregates wait behind a retry or a dead
--- event with long queues behind them) walks the aggregates through this index, one probe each,
--- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
--- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
--- Its rows are `_open`'s, but the predicate is written so that the planner cannot use `_open`
--- in its place (see the claim statement).
-CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
-    WHERE status NOT IN ('delivered', 'dead');
-"#,
-    },
-    Migration {
-        version: 4,
-        description: "blockers marked by last_error: an outage costs no attempt",
-        sql: r#"
+    heads_index_migration!(3, ""),
+    blockers_migration!(
+        4,
+        r#"
 -- An outage (the destination unavailable) costs a waiting event no attempt, so `attempts` alone
 -- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
 -- does (every retry writes it). The blockers are rebuilt with that mark: the new index first
@@ -372,18 +447,10 @@ CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
 -- rows retained, build it ahead without holding writers back:
 --   CREATE INDEX CONCURRENTLY {table}_blockers_next ON ... (this predicate);
 -- the migration then finds it and only swaps the names.
-CREATE INDEX IF NOT EXISTS {table}_blockers_next ON {t} (aggregate_type, aggregate_id, seq)
-    WHERE status IN ('in_flight', 'dead')
-       OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
-DROP INDEX "{schema}".{table}_blockers;
-ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
 "#,
-    },
-    Migration {
-        version: 5,
-        description: "enqueue function for writers in any language",
-        sql: concat!(enqueue_function_head!(), plain_enqueue_tail!()),
-    },
+        "CREATE INDEX IF NOT EXISTS"
+    ),
+    enqueue_function_migration!(5, plain_enqueue_tail),
     Migration {
         version: 6,
         description: "rows checked when written: id default, header trigger, enqueue refuses reserved headers",
@@ -407,12 +474,7 @@ ALTER TABLE {t} ALTER COLUMN id SET DEFAULT "#,
 -- settled by the relay as before and nothing needs validating, and it names the header.
 -- Creating it reads no row; the table's lock is held only for the catalog change.
 "#,
-            check_headers_function!(),
-            r#"CREATE TRIGGER {table}_header_rules BEFORE INSERT OR UPDATE OF headers ON {t}
-    FOR EACH ROW EXECUTE FUNCTION "{schema}"."{table}_check_headers"();
-"#,
-            enqueue_function_head_v2!(),
-            plain_enqueue_tail!()
+            header_trigger_and_enqueue_v2!(plain_enqueue_tail)
         ),
     },
 ];
@@ -423,7 +485,8 @@ pub(crate) const PARTITIONED_MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         description: "partitioned outbox: events range-partitioned by enqueued_at, keys table, paused destinations",
-        sql: r#"
+        sql: concat!(
+            r#"
 -- Lifecycle and columns as in the plain layout (pending -> in_flight -> delivered | dead).
 --
 -- Range-partitioned by enqueued_at, so retention drops whole partitions: no DELETE of delivered
@@ -442,23 +505,9 @@ CREATE TABLE {t} (
     aggregate_type   TEXT        NOT NULL,
     aggregate_id     TEXT        NOT NULL,
     event_type       TEXT        NOT NULL,
-    payload          JSON        NOT NULL,
-    destination      TEXT,
-    headers          JSONB       NOT NULL DEFAULT '{}',
-    idempotency_key  TEXT,
-    occurred_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
-    enqueued_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
-    status           TEXT        NOT NULL DEFAULT 'pending'
-                     CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead')),
-    attempts         INTEGER     NOT NULL DEFAULT 0,
-    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
-    last_error       TEXT,
-    lease_owner      TEXT,
-    lease_token      UUID,
-    lease_expires_at TIMESTAMPTZ,
-    delivered_at     TIMESTAMPTZ,
-    dead_at          TIMESTAMPTZ,
-    claimed_at       TIMESTAMPTZ,
+"#,
+            event_columns!(),
+            r#"    claimed_at       TIMESTAMPTZ,
     PRIMARY KEY (seq, enqueued_at)
 ) PARTITION BY RANGE (enqueued_at);
 
@@ -495,45 +544,22 @@ CREATE TABLE "{schema}"."{table}_paused" (
     paused_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
     paused_by   TEXT        NOT NULL
 );
-"#,
+"#
+        ),
     },
-    Migration {
-        version: 2,
-        description: "open rows by aggregate, for claims behind held aggregates",
-        sql: r#"
--- Open rows by aggregate, in seq order. A claim that finds the front of the queue held back (one
--- relay holds the head of every aggregate, or a few aggregates wait behind a retry or a dead
--- event with long queues behind them) walks the aggregates through this index, one probe each,
--- instead of probing every held row in seq order (see the claim statement). Each enqueue adds
--- one entry. Building it reads the table once, under a lock that holds writers back meanwhile.
--- Its rows are `_open`'s, but the predicate is written so that the planner cannot use `_open`
--- in its place (see the claim statement).
--- Created on every partition.
-CREATE INDEX {table}_heads ON {t} (aggregate_type, aggregate_id, seq)
-    WHERE status NOT IN ('delivered', 'dead');
-"#,
-    },
-    Migration {
-        version: 3,
-        description: "blockers marked by last_error: an outage costs no attempt",
-        sql: r#"
+    heads_index_migration!(2, "-- Created on every partition.\n"),
+    blockers_migration!(
+        3,
+        r#"
 -- An outage (the destination unavailable) costs a waiting event no attempt, so `attempts` alone
 -- no longer tells whether a pending row has failed and waits for its retry: its `last_error`
 -- does (every retry writes it). The blockers are rebuilt with that mark. Building reads the
 -- table once, under a lock that holds writers back meanwhile.
 -- Created (first) and dropped on every partition.
-CREATE INDEX {table}_blockers_next ON {t} (aggregate_type, aggregate_id, seq)
-    WHERE status IN ('in_flight', 'dead')
-       OR (status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL));
-DROP INDEX "{schema}".{table}_blockers;
-ALTER INDEX "{schema}".{table}_blockers_next RENAME TO {table}_blockers;
 "#,
-    },
-    Migration {
-        version: 4,
-        description: "enqueue function for writers in any language",
-        sql: concat!(enqueue_function_head!(), partitioned_enqueue_tail!()),
-    },
+        "CREATE INDEX"
+    ),
+    enqueue_function_migration!(4, partitioned_enqueue_tail),
     Migration {
         version: 5,
         description: "rows checked when written: keys id default, header trigger, enqueue refuses reserved headers",
@@ -554,12 +580,7 @@ ALTER TABLE "{schema}"."{table}_keys" ALTER COLUMN id SET DEFAULT "#,
 -- (outbox-partition excepted), by a trigger on inserts and on updates that set `headers`.
 -- Created on the partitioned table, it fires on every partition, present and future.
 "#,
-            check_headers_function!(),
-            r#"CREATE TRIGGER {table}_header_rules BEFORE INSERT OR UPDATE OF headers ON {t}
-    FOR EACH ROW EXECUTE FUNCTION "{schema}"."{table}_check_headers"();
-"#,
-            enqueue_function_head_v2!(),
-            partitioned_enqueue_tail!()
+            header_trigger_and_enqueue_v2!(partitioned_enqueue_tail)
         ),
     },
 ];

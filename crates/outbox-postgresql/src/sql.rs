@@ -398,6 +398,25 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
              OFFSET 0)
          {deferred_probe}"
     );
+    // Per aggregate of `from` (aliased `a`), its first `limit` open rows that also pass `after`,
+    // in seq order (through `_heads`), kept when due and unblocked: each walked aggregate's head
+    // (`heads`), and up to 15 rows behind each head kept (`runs`).
+    let open_rows_of = |from: &str, after: &str, limit: u32| {
+        format!(
+            "SELECT e.seq, e.aggregate_type, e.aggregate_id FROM {from} a
+             CROSS JOIN LATERAL (
+                 SELECT e.seq, e.aggregate_type, e.aggregate_id, e.status, e.next_attempt_at, e.lease_expires_at
+                 FROM {t} e
+                 WHERE e.aggregate_type = a.aggregate_type AND e.aggregate_id = a.aggregate_id {after}
+                   AND e.status NOT IN ('delivered', 'dead') {hold_e}
+                 ORDER BY e.seq
+                 LIMIT {limit}
+             ) e
+             WHERE {due_by_time} AND {unblocked}"
+        )
+    };
+    let heads = open_rows_of("walk", "", 1);
+    let runs = open_rows_of("heads", "AND e.seq > a.seq", 15);
     format!(
         "WITH RECURSIVE window_due AS MATERIALIZED (
              SELECT e.seq, e.aggregate_type, e.aggregate_id FROM (
@@ -452,29 +471,10 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                    WHERE s.aggregate_type = nx.aggregate_type AND s.aggregate_id = nx.aggregate_id)
          ),
          heads AS (
-             SELECT e.seq, e.aggregate_type, e.aggregate_id FROM walk w
-             CROSS JOIN LATERAL (
-                 SELECT e.seq, e.aggregate_type, e.aggregate_id, e.status, e.next_attempt_at, e.lease_expires_at
-                 FROM {t} e
-                 WHERE e.aggregate_type = w.aggregate_type AND e.aggregate_id = w.aggregate_id
-                   AND e.status NOT IN ('delivered', 'dead') {hold_e}
-                 ORDER BY e.seq
-                 LIMIT 1
-             ) e
-             WHERE {due_by_time} AND {unblocked}
+             {heads}
          ),
          runs AS (
-             SELECT e.seq, e.aggregate_type, e.aggregate_id FROM heads hd
-             CROSS JOIN LATERAL (
-                 SELECT e.seq, e.aggregate_type, e.aggregate_id, e.status, e.next_attempt_at, e.lease_expires_at
-                 FROM {t} e
-                 WHERE e.aggregate_type = hd.aggregate_type AND e.aggregate_id = hd.aggregate_id
-                   AND e.seq > hd.seq
-                   AND e.status NOT IN ('delivered', 'dead') {hold_e}
-                 ORDER BY e.seq
-                 LIMIT 15
-             ) e
-             WHERE {due_by_time} AND {unblocked}
+             {runs}
          ),
          due AS MATERIALIZED (
              SELECT seq, aggregate_type, aggregate_id FROM window_due

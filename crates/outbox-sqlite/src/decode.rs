@@ -5,11 +5,11 @@
 use crate::error::map_sqlx;
 use crate::time::to_time;
 use chrono::{DateTime, Utc};
-use outbox_types::sql_store::{StoredRow, count, decode_headers, event_record, parse_event_id};
+use outbox_types::sql_reading::{headers_as, id_as};
+use outbox_types::sql_store::{StoredRow, count, event_record, parse_event_id};
 use outbox_types::{Event, EventId, EventRecord, Reading, StoreError};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
-use uuid::Uuid;
 
 pub(crate) fn get_time(
     row: &SqliteRow,
@@ -73,13 +73,8 @@ pub(crate) fn decode_event_as(row: &SqliteRow, reading: Reading) -> Result<Event
     let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
     let headers = text_as(row, "headers", reading)?;
     let attempts: i64 = row.try_get("attempts").map_err(map_sqlx)?;
-    let (id, headers) = match reading {
-        Reading::Delivery => (decode_id(row, "id", seq)?, decode_headers(seq, &headers)?),
-        Reading::Display => (
-            decode_id(row, "id", seq).unwrap_or_else(|_| EventId::from_uuid(Uuid::nil())),
-            outbox_types::headers_for_display(&headers),
-        ),
-    };
+    let id = id_as(decode_id(row, "id", seq), reading)?;
+    let headers = headers_as(seq, &headers, reading)?;
     Ok(Event {
         seq,
         id,

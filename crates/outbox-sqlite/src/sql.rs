@@ -345,15 +345,7 @@ mod tests {
         store.outbox().migrate(store.pool()).await.unwrap();
         // Mostly delivered rows, as in a table kept for retention, then fresh statistics.
         let events: Vec<NewEvent> = (0..600)
-            .map(|i| {
-                NewEvent::new(
-                    "agg",
-                    format!("a{}", i % 50),
-                    "E",
-                    &serde_json::json!({"i": i}),
-                )
-                .unwrap()
-            })
+            .map(|i| outbox_testkit::numbered(&format!("a{}", i % 50), i))
             .collect();
         store
             .outbox()

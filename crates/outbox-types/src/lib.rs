@@ -44,6 +44,7 @@ mod sink;
 pub mod sink_config;
 mod source;
 pub mod sql_admin;
+pub mod sql_reading;
 pub mod sql_script;
 pub mod sql_store;
 mod store;

@@ -5,10 +5,9 @@
 
 mod common;
 
-use common::{fresh_pg_store, outbox, pg_url};
+use common::{fresh_pg_store, outbox};
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -97,10 +96,7 @@ async fn fixture(tag: &str) -> Fixture {
         config.path(),
         format!(
             r#"
-[database]
-url = "{url}"
-schema = "{schema}"
-
+{database}
 [relay]
 poll_interval = "20ms"
 lease = "10s"
@@ -127,7 +123,7 @@ to = "hooks"
 when = {{ event_type = "Order*" }}
 to = "orders"
 "#,
-            url = pg_url(),
+            database = common::pg_database(&schema),
         ),
     )
     .unwrap();
@@ -158,19 +154,8 @@ impl Fixture {
         self.config.path().to_str().unwrap()
     }
 
-    async fn wait_for(&self, what: &str, mut done: impl FnMut(&outbox_types::OutboxStats) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let stats = self.store.stats().await.unwrap();
-            if done(&stats) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {stats:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    async fn wait_for(&self, what: &str, done: impl FnMut(&outbox_types::OutboxStats) -> bool) {
+        common::stats_until(&self.store, Duration::from_secs(60), what, done).await;
     }
 }
 
@@ -410,11 +395,7 @@ async fn sigterm_and_sigint_mid_batch_finish_the_wave_and_leave_nothing_claimed(
         }
         let mid = f.store.stats().await.unwrap();
         assert!(mid.in_flight > 0, "stopped mid-batch: {mid:?}");
-        let status = Command::new("kill")
-            .args([sig, &relay.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        common::signal(&relay, sig);
         let exit = common::exit_within(
             &mut relay,
             Duration::from_secs(15),

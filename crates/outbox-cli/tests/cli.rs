@@ -460,12 +460,11 @@ async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
             10,
             "{tag}"
         );
-        let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM \"{schema}\".\"events\""
-        )))
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+        let rows: i64 = common::pg_value(
+            store.pool(),
+            format!("SELECT count(*) FROM \"{schema}\".\"events\""),
+        )
+        .await;
         assert_eq!(rows, left, "{tag}: rows left after the drain");
         common::drop_pg_schema(store.pool(), &schema).await;
     }

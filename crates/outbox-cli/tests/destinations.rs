@@ -312,13 +312,7 @@ async fn a_paused_destination_holds_its_events_while_the_others_flow() {
 
     let o = outbox(&["status", "--config", f.config_path(), "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let hooks = status["destinations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["destination"] == "hooks")
-        .cloned()
-        .unwrap();
+    let hooks = common::destination(&status, "hooks").unwrap();
     assert_eq!(hooks["pending"], 5, "{status}");
     assert_eq!(hooks["paused"], true, "{status}");
     assert_eq!(status["paused"][0]["destination"], "hooks", "{status}");
@@ -419,13 +413,14 @@ async fn sigterm_and_sigint_mid_batch_finish_the_wave_and_leave_nothing_claimed(
             received >= stats.delivered && received <= stats.delivered + 1,
             "{sig}: delivered = what the receiver got (at most the one in progress extra): {received} vs {stats:?}"
         );
-        let attempted: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM \"{}\".events WHERE status = 'pending' AND attempts > 0",
-            f.schema
-        )))
-        .fetch_one(f.store.pool())
-        .await
-        .unwrap();
+        let attempted: i64 = common::pg_value(
+            f.store.pool(),
+            format!(
+                "SELECT count(*) FROM \"{}\".events WHERE status = 'pending' AND attempts > 0",
+                f.schema
+            ),
+        )
+        .await;
         assert_eq!(attempted, 0, "{sig}: released events count no attempt");
     }
 }

@@ -349,14 +349,7 @@ to = "ok"
         assert!(Instant::now() < deadline, "no destinations: {body}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let reachable = |name: &str| {
-        json["destinations"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["destination"] == name)
-            .map(|d| d["reachable"].clone())
-    };
+    let reachable = |name: &str| common::destination(&json, name).map(|d| d["reachable"].clone());
     assert_eq!(reachable("nats"), Some(serde_json::json!(false)), "{body}");
     assert_eq!(reachable("ok"), Some(serde_json::json!(true)), "{body}");
 
@@ -380,12 +373,7 @@ to = "ok"
     let relay_url = format!("http://127.0.0.1:{port2}");
     let nats = loop {
         let json = status(&relay_url);
-        let nats = json["destinations"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["destination"] == "nats")
-            .cloned();
+        let nats = common::destination(&json, "nats").cloned();
         if let Some(nats) = nats
             && nats["up"] == false
             && !nats["last_error"].is_null()
@@ -406,13 +394,7 @@ to = "ok"
     // No relay at that address: the status still answers from the database, and says so.
     let json = status(&format!("http://127.0.0.1:{}", free_port()));
     assert_eq!(json["relay"]["answered"], false, "{json}");
-    let nats = json["destinations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["destination"] == "nats")
-        .cloned()
-        .unwrap();
+    let nats = common::destination(&json, "nats").unwrap();
     assert!(nats["up"].is_null(), "unknown, not guessed: {nats}");
     assert!(!nats["last_error"].is_null(), "{nats}");
     // The table form names the state and the error.
@@ -420,11 +402,10 @@ to = "ok"
     let text = String::from_utf8_lossy(&o.stdout);
     common::assert_contains(&text, "DOWN for");
     common::assert_contains(&text, "last error  nats:");
-    let attempts: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT max(attempts) FROM \"{schema}\".events WHERE aggregate_type = 'signal'"
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
+    let attempts: i32 = common::pg_value(
+        store.pool(),
+        format!("SELECT max(attempts) FROM \"{schema}\".events WHERE aggregate_type = 'signal'"),
+    )
+    .await;
     assert_eq!(attempts, 0, "an outage costs no attempt");
 }

@@ -51,12 +51,8 @@ async fn delivers_exactly_what_a_writer_committed(lang: &str, writer: Command) {
     let written: Written = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(written.committed.len(), 6);
     assert_eq!(written.rolled_back.len(), 6);
-    let orders: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM \"{schema}\".orders"
-    )))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let orders: i64 =
+        common::pg_value(&pool, format!("SELECT count(*) FROM \"{schema}\".orders")).await;
     assert_eq!(orders, 6, "the business rows committed with their events");
 
     let dir = tempfile::tempdir().unwrap();

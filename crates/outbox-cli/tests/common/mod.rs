@@ -166,6 +166,18 @@ pub fn spawn_relay(config: impl AsRef<std::ffi::OsStr>, log: &str) -> Killed {
     Killed(relay_command(config, log).spawn().unwrap())
 }
 
+/// The one value the PostgreSQL query `sql` selects (a count, a maximum): what a test reads
+/// back from the tables it wrote or the relay updated. A failing query fails the test, naming it.
+pub async fn pg_value<T>(pool: &sqlx::PgPool, sql: String) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
 /// Drop `schema` and everything in it: the clean-up at the end of a PostgreSQL test (which
 /// fails if the schema is not there).
 pub async fn drop_pg_schema(pool: &sqlx::PgPool, schema: &str) {
@@ -294,6 +306,16 @@ pub fn jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
         .collect()
+}
+
+/// The entry of the destination `name` in the `destinations` list of `outbox status --json`
+/// or of the relay's `/destinations` endpoint, if it is listed.
+pub fn destination<'a>(json: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    json["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["destination"] == name)
 }
 
 /// Serve `app` on a free local port, in the background; the port. The HTTP endpoints (webhook

@@ -212,15 +212,11 @@ pub async fn purge_expired(
     batch: u32,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    let mut progress = Progress::new("delivered events deleted", as_json);
-    let total = purge(store, older_than, batch, |n| progress.add(n)).await?;
-    progress.finish();
+    let total =
+        purge_showing_progress(store, Purgeable::Delivered, older_than, batch, as_json).await?;
     let dead = match dead_older_than {
         Some(age) => {
-            let mut progress = Progress::new("dead events deleted", as_json);
-            let n = purge_dead(store, age, batch, |n| progress.add(n)).await?;
-            progress.finish();
-            Some(n)
+            Some(purge_showing_progress(store, Purgeable::Dead, age, batch, as_json).await?)
         }
         None => None,
     };
@@ -249,25 +245,23 @@ pub async fn purge_expired(
     Ok(())
 }
 
-/// Purge delivered events in batches until a batch comes back short; `progress` sees each
-/// batch's count.
-pub async fn purge(
+/// [`purge_in_batches`] for `outbox purge`, counting the deleted events on the terminal as it
+/// goes (quiet when the answer is JSON).
+async fn purge_showing_progress(
     store: &dyn Store,
+    which: Purgeable,
     older_than: Duration,
     batch: u32,
-    progress: impl FnMut(u64),
+    as_json: bool,
 ) -> anyhow::Result<u64> {
-    purge_in_batches(store, Purgeable::Delivered, older_than, batch, progress).await
-}
-
-/// Purge dead events buried longer than `older_than` ago, in batches.
-pub async fn purge_dead(
-    store: &dyn Store,
-    older_than: Duration,
-    batch: u32,
-    progress: impl FnMut(u64),
-) -> anyhow::Result<u64> {
-    purge_in_batches(store, Purgeable::Dead, older_than, batch, progress).await
+    let what = match which {
+        Purgeable::Delivered => "delivered events deleted",
+        Purgeable::Dead => "dead events deleted",
+    };
+    let mut progress = Progress::new(what, as_json);
+    let deleted = purge_in_batches(store, which, older_than, batch, |n| progress.add(n)).await?;
+    progress.finish();
+    Ok(deleted)
 }
 
 /// Which events a purge deletes.
@@ -277,8 +271,9 @@ pub(crate) enum Purgeable {
     Dead,
 }
 
-/// The one batch loop behind [`purge`] and [`purge_dead`]: delete up to `batch` events of the
-/// kind `which` per round until a round comes back short; a failure names the kind.
+/// The one batch loop behind `outbox purge` and the relay's retention: delete up to `batch`
+/// events of the kind `which` (delivered ones older than `older_than`, or dead ones buried
+/// longer ago) per round until a round comes back short; a failure names the kind.
 pub(crate) async fn purge_in_batches(
     store: &dyn Store,
     which: Purgeable,

@@ -801,11 +801,29 @@ debezium.format.value=json
 quarkus.log.level=INFO
 "#;
 
+    /// `text` imported with `options`, and the relay configuration it wrote, parsed.
+    fn imported_with(text: &str, options: &ImportOptions) -> (Imported, toml::Value) {
+        let imported = import(text, options).unwrap();
+        let parsed = toml::from_str(&imported.toml).unwrap();
+        (imported, parsed)
+    }
+
+    /// Fail unless the import's notes name each of `expected`.
+    #[track_caller]
+    fn assert_notes_name(imported: &Imported, expected: &[&str]) {
+        let notes = imported.notes.join("\n");
+        for expected in expected {
+            assert!(
+                notes.contains(expected),
+                "{expected} missing from:\n{notes}"
+            );
+        }
+    }
+
     #[test]
     fn a_debezium_server_configuration_becomes_a_relay_configuration() {
-        let imported = import(SERVER, &ImportOptions::default()).unwrap();
+        let (imported, parsed) = imported_with(SERVER, &ImportOptions::default());
         let t = &imported.toml;
-        let parsed: toml::Value = toml::from_str(t).unwrap();
         assert_eq!(parsed["mode"].as_str(), Some("wal"));
         assert_eq!(
             parsed["database"]["url"].as_str(),
@@ -826,18 +844,16 @@ quarkus.log.level=INFO
         let k = &parsed["destinations"]["kafka"];
         assert_eq!(k["format"].as_str(), Some("debezium"));
         assert_eq!(k["brokers"].as_array().map(Vec::len), Some(2));
+        assert_notes_name(
+            &imported,
+            &[
+                "table.field.event.schema.version",
+                "topic.prefix",
+                "producer.key.serializer",
+                "offset.storage.file.filename",
+            ],
+        );
         let notes = imported.notes.join("\n");
-        for expected in [
-            "table.field.event.schema.version",
-            "topic.prefix",
-            "producer.key.serializer",
-            "offset.storage.file.filename",
-        ] {
-            assert!(
-                notes.contains(expected),
-                "{expected} missing from:\n{notes}"
-            );
-        }
         assert!(!notes.contains("quarkus"), "{notes}");
         assert!(t.contains("# Not carried over:"), "{t}");
     }
@@ -863,8 +879,7 @@ quarkus.log.level=INFO
             reuse_slot: true,
             table: None,
         };
-        let imported = import(json, &options).unwrap();
-        let parsed: toml::Value = toml::from_str(&imported.toml).unwrap();
+        let (imported, parsed) = imported_with(json, &options);
         assert_eq!(parsed["wal"]["slot"].as_str(), Some("dbz_orders"));
         assert_eq!(
             parsed["wal"]["publication"].as_str(),
@@ -883,9 +898,7 @@ quarkus.log.level=INFO
             parsed["wal"]["debezium"]["route.tombstone.on.empty.payload"].as_bool(),
             Some(true)
         );
-        let notes = imported.notes.join("\n");
-        assert!(notes.contains("StringConverter"), "{notes}");
-        assert!(notes.contains("decoderbufs"), "{notes}");
+        assert_notes_name(&imported, &["StringConverter", "decoderbufs"]);
     }
 
     #[test]
@@ -911,8 +924,7 @@ quarkus.log.level=INFO
             .replace("database.password=s3cr@t", "database.password=${DB_PASSWORD}")
             .replace("debezium.transforms=outbox", "debezium.transforms=outbox,route\ndebezium.transforms.route.type=org.apache.kafka.connect.transforms.RegexRouter")
             + "debezium.sink.pubsub.project.id=x\ndebezium.transforms.outbox.table.field.event.timestamp=created_at\n";
-        let imported = import(&text, &ImportOptions::default()).unwrap();
-        let parsed: toml::Value = toml::from_str(&imported.toml).unwrap();
+        let (imported, parsed) = imported_with(&text, &ImportOptions::default());
         assert_eq!(
             parsed["database"]["url"].as_str(),
             Some("postgres://dbz@db.internal:5432/orders")
@@ -921,29 +933,24 @@ quarkus.log.level=INFO
             parsed["destinations"]["kafka"]["record_timestamp"].as_str(),
             Some("occurred_at")
         );
-        let notes = imported.notes.join("\n");
-        for expected in [
-            "DB_PASSWORD",
-            "RegexRouter",
-            "debezium.sink.pubsub.project.id",
-        ] {
-            assert!(
-                notes.contains(expected),
-                "{expected} missing from:\n{notes}"
-            );
-        }
+        assert_notes_name(
+            &imported,
+            &[
+                "DB_PASSWORD",
+                "RegexRouter",
+                "debezium.sink.pubsub.project.id",
+            ],
+        );
         let rabbit = "debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.password=${RABBIT_PW:guest}\n".to_owned()
             + &SERVER.replace("debezium.sink.type=kafka", "");
-        let imported = import(&rabbit, &ImportOptions::default()).unwrap();
-        let parsed: toml::Value = toml::from_str(&imported.toml).unwrap();
+        let (_, parsed) = imported_with(&rabbit, &ImportOptions::default());
         assert_eq!(
             parsed["destinations"]["rabbitmq"]["password_env"].as_str(),
             Some("RABBIT_PW")
         );
         // A note never breaks out of its comment line.
         let evil = SERVER.replace("quarkus.log.level=INFO", "evil\\nmode\\u003d\\\"poll\\\"=1");
-        let imported = import(&evil, &ImportOptions::default()).unwrap();
-        let parsed: toml::Value = toml::from_str(&imported.toml).unwrap();
+        let (_, parsed) = imported_with(&evil, &ImportOptions::default());
         assert_eq!(parsed["mode"].as_str(), Some("wal"));
     }
 

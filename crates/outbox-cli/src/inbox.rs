@@ -41,6 +41,21 @@ pub enum AnyInbox {
     Sqlite(sqlx::SqlitePool, SqliteInbox),
 }
 
+/// `$body` with `$pool` and `$inbox` bound to the pool and the inbox of whichever database
+/// `$any` is on. A macro, not a generic function: each database's inbox is its own type whose
+/// methods take that database's pool, and no trait covers them.
+macro_rules! on_inbox {
+    ($any:expr, |$pool:ident, $inbox:ident| $body:expr) => {
+        match $any {
+            AnyInbox::Postgres($pool, $inbox) => $body,
+            #[cfg(feature = "mysql")]
+            AnyInbox::MySql($pool, $inbox) => $body,
+            #[cfg(feature = "sqlite")]
+            AnyInbox::Sqlite($pool, $inbox) => $body,
+        }
+    };
+}
+
 /// Errors a person has to fix (names, a missing migration) exit 2 with the message; the rest 1.
 fn inbox_error(error: outbox_inbox::Error) -> anyhow::Error {
     match error {
@@ -146,13 +161,7 @@ impl AnyInbox {
     }
 
     async fn migrate(&self) -> Result<MigrationReport, outbox_inbox::Error> {
-        match self {
-            AnyInbox::Postgres(p, i) => i.migrate(p).await,
-            #[cfg(feature = "mysql")]
-            AnyInbox::MySql(p, i) => i.migrate(p).await,
-            #[cfg(feature = "sqlite")]
-            AnyInbox::Sqlite(p, i) => i.migrate(p).await,
-        }
+        on_inbox!(self, |p, i| i.migrate(p).await)
     }
 
     fn latest_version(&self) -> i64 {
@@ -166,46 +175,22 @@ impl AnyInbox {
     }
 
     async fn stats(&self, retention: Duration) -> Result<InboxStats, outbox_inbox::Error> {
-        match self {
-            AnyInbox::Postgres(p, i) => i.stats(p, retention).await,
-            #[cfg(feature = "mysql")]
-            AnyInbox::MySql(p, i) => i.stats(p, retention).await,
-            #[cfg(feature = "sqlite")]
-            AnyInbox::Sqlite(p, i) => i.stats(p, retention).await,
-        }
+        on_inbox!(self, |p, i| i.stats(p, retention).await)
     }
 
     async fn purge(&self, older_than: Duration, batch: u32) -> Result<u64, outbox_inbox::Error> {
-        match self {
-            AnyInbox::Postgres(p, i) => i.purge(p, older_than, batch).await,
-            #[cfg(feature = "mysql")]
-            AnyInbox::MySql(p, i) => i.purge(p, older_than, batch).await,
-            #[cfg(feature = "sqlite")]
-            AnyInbox::Sqlite(p, i) => i.purge(p, older_than, batch).await,
-        }
+        on_inbox!(self, |p, i| i.purge(p, older_than, batch).await)
     }
 
     async fn list_parked(
         &self,
         query: &ParkedQuery,
     ) -> Result<Vec<ParkedRecord>, outbox_inbox::Error> {
-        match self {
-            AnyInbox::Postgres(p, i) => i.list_parked(p, query).await,
-            #[cfg(feature = "mysql")]
-            AnyInbox::MySql(p, i) => i.list_parked(p, query).await,
-            #[cfg(feature = "sqlite")]
-            AnyInbox::Sqlite(p, i) => i.list_parked(p, query).await,
-        }
+        on_inbox!(self, |p, i| i.list_parked(p, query).await)
     }
 
     async fn parked_record(&self, id: i64) -> Result<Option<ParkedRecord>, outbox_inbox::Error> {
-        match self {
-            AnyInbox::Postgres(p, i) => i.parked_record(p, id).await,
-            #[cfg(feature = "mysql")]
-            AnyInbox::MySql(p, i) => i.parked_record(p, id).await,
-            #[cfg(feature = "sqlite")]
-            AnyInbox::Sqlite(p, i) => i.parked_record(p, id).await,
-        }
+        on_inbox!(self, |p, i| i.parked_record(p, id).await)
     }
 }
 

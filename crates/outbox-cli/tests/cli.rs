@@ -39,26 +39,6 @@ fn exits_2_saying(o: &Output, says: &str) {
     common::assert_contains(&stderr(o), says);
 }
 
-/// A config in `dir` with a file destination (`out.jsonl` in `dir`), `database` as the body of
-/// its `[database]` table and `extra` appended; returns the config and output paths.
-fn file_sink_config(
-    dir: &std::path::Path,
-    database: &str,
-    extra: &str,
-) -> (std::path::PathBuf, std::path::PathBuf) {
-    let config = dir.join("outbox.toml");
-    let out = dir.join("out.jsonl");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\n{database}[destinations.file]\ntype = \"file\"\npath = \"{}\"\n{extra}",
-            out.display()
-        ),
-    )
-    .unwrap();
-    (config, out)
-}
-
 #[test]
 fn unknown_config_key_exits_2_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -204,9 +184,8 @@ fn demo_delivers_exactly_the_committed_events_with(threads: &[&str]) {
 #[test]
 fn config_check_prints_the_effective_config_with_secrets_masked() {
     let dir = tempfile::tempdir().unwrap();
-    let file = common::write_file(
+    let file = common::write_config(
         dir.path(),
-        "outbox.toml",
         "[database]\nurl = \"postgres://app:hunter2@db:5432/app\"\n[relay]\nbatch_size = 42\n",
     );
     let o = Command::new(BIN)
@@ -354,9 +333,8 @@ async fn json_logs_carry_the_event_fields() {
     store.outbox().enqueue(&mut *tx, &event).await.unwrap();
     tx.commit().await.unwrap();
     store.pool().close().await;
-    let config = common::write_file(
+    let config = common::write_config(
         dir.path(),
-        "outbox.toml",
         &format!(
             "[database]\nurl = \"{url}\"\n[destinations.a]\ntype = \"stdout\"\n[destinations.b]\ntype = \"stdout\"\n"
         ),
@@ -383,7 +361,7 @@ async fn json_logs_carry_the_event_fields() {
 async fn the_partitioned_layout_works_through_the_binary() {
     let schema = format!("outbox_t_cliparts_{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
-    let (config, out) = file_sink_config(
+    let (config, out) = common::file_sink_config(
         dir.path(),
         &format!(
             "url = \"{}\"\nschema = \"{schema}\"\nlayout = \"partitioned\"\n[database.partitions]\ninterval = \"hourly\"\nahead = 2\n",
@@ -447,12 +425,7 @@ async fn the_partitioned_layout_works_through_the_binary() {
         "plain layout over a partitioned table"
     );
     common::assert_contains(&stderr(&o), "database.layout = \"partitioned\"");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    common::drop_pg_schema(store.pool(), &schema).await;
 }
 
 /// `retention.delivered = "0s"` on PostgreSQL: the relay delivers every event and the acks
@@ -465,7 +438,7 @@ async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
     ] {
         let schema = format!("outbox_t_cliack_{tag}_{}", std::process::id());
         let dir = tempfile::tempdir().unwrap();
-        let (config, out) = file_sink_config(
+        let (config, out) = common::file_sink_config(
             dir.path(),
             &format!("url = \"{}\"\nschema = \"{schema}\"\n", pg_url()),
             retention,
@@ -487,12 +460,11 @@ async fn zero_delivered_retention_deletes_each_event_at_its_ack() {
             10,
             "{tag}"
         );
-        let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM \"{schema}\".\"events\""
-        )))
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+        let rows: i64 = common::pg_value(
+            store.pool(),
+            format!("SELECT count(*) FROM \"{schema}\".\"events\""),
+        )
+        .await;
         assert_eq!(rows, left, "{tag}: rows left after the drain");
         common::drop_pg_schema(store.pool(), &schema).await;
     }
@@ -507,9 +479,8 @@ fn config_check_masks_every_secret_and_contacts_no_broker() {
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let dir = tempfile::tempdir().unwrap();
-    let file = common::write_file(
+    let file = common::write_config(
         dir.path(),
-        "outbox.toml",
         &format!(
             r#"
 [database]
@@ -659,9 +630,8 @@ async fn a_drain_counts_every_dead_letter_and_says_what_it_leaves() {
     .await
     .unwrap();
     store.pool().close().await;
-    let config = common::write_file(
+    let config = common::write_config(
         dir.path(),
-        "outbox.toml",
         &format!("[database]\nurl = \"{url}\"\n[destinations.out]\ntype = \"stdout\"\n"),
     );
     let lines: Vec<serde_json::Value> = drained_json_log(&config, &["--drain-wait", "1s"])

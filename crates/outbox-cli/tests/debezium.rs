@@ -503,12 +503,11 @@ format = "debezium""#
         .await;
 
     // Nothing of ours in the Debezium table, nothing left in the outbox table.
-    let dead: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM \"{schema}\".\"events\""
-    )))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let dead: i64 = common::pg_value(
+        &pool,
+        format!("SELECT count(*) FROM \"{schema}\".\"events\""),
+    )
+    .await;
     assert_eq!(dead, 0);
     for config in [&kafka, &kexp, &hook, &amqp] {
         let o = outbox(&["wal", "drop-slot", "--config", config]);

@@ -5,10 +5,9 @@
 
 mod common;
 
-use common::{fresh_pg_store, outbox, pg_url};
+use common::{fresh_pg_store, outbox};
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -97,10 +96,7 @@ async fn fixture(tag: &str) -> Fixture {
         config.path(),
         format!(
             r#"
-[database]
-url = "{url}"
-schema = "{schema}"
-
+{database}
 [relay]
 poll_interval = "20ms"
 lease = "10s"
@@ -127,7 +123,7 @@ to = "hooks"
 when = {{ event_type = "Order*" }}
 to = "orders"
 "#,
-            url = pg_url(),
+            database = common::pg_database(&schema),
         ),
     )
     .unwrap();
@@ -158,19 +154,8 @@ impl Fixture {
         self.config.path().to_str().unwrap()
     }
 
-    async fn wait_for(&self, what: &str, mut done: impl FnMut(&outbox_types::OutboxStats) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let stats = self.store.stats().await.unwrap();
-            if done(&stats) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {stats:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    async fn wait_for(&self, what: &str, done: impl FnMut(&outbox_types::OutboxStats) -> bool) {
+        common::stats_until(&self.store, Duration::from_secs(60), what, done).await;
     }
 }
 
@@ -327,13 +312,7 @@ async fn a_paused_destination_holds_its_events_while_the_others_flow() {
 
     let o = outbox(&["status", "--config", f.config_path(), "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let hooks = status["destinations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["destination"] == "hooks")
-        .cloned()
-        .unwrap();
+    let hooks = common::destination(&status, "hooks").unwrap();
     assert_eq!(hooks["pending"], 5, "{status}");
     assert_eq!(hooks["paused"], true, "{status}");
     assert_eq!(status["paused"][0]["destination"], "hooks", "{status}");
@@ -410,11 +389,7 @@ async fn sigterm_and_sigint_mid_batch_finish_the_wave_and_leave_nothing_claimed(
         }
         let mid = f.store.stats().await.unwrap();
         assert!(mid.in_flight > 0, "stopped mid-batch: {mid:?}");
-        let status = Command::new("kill")
-            .args([sig, &relay.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        common::signal(&relay, sig);
         let exit = common::exit_within(
             &mut relay,
             Duration::from_secs(15),
@@ -438,13 +413,14 @@ async fn sigterm_and_sigint_mid_batch_finish_the_wave_and_leave_nothing_claimed(
             received >= stats.delivered && received <= stats.delivered + 1,
             "{sig}: delivered = what the receiver got (at most the one in progress extra): {received} vs {stats:?}"
         );
-        let attempted: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM \"{}\".events WHERE status = 'pending' AND attempts > 0",
-            f.schema
-        )))
-        .fetch_one(f.store.pool())
-        .await
-        .unwrap();
+        let attempted: i64 = common::pg_value(
+            f.store.pool(),
+            format!(
+                "SELECT count(*) FROM \"{}\".events WHERE status = 'pending' AND attempts > 0",
+                f.schema
+            ),
+        )
+        .await;
         assert_eq!(attempted, 0, "{sig}: released events count no attempt");
     }
 }

@@ -10,7 +10,7 @@ mod common;
 
 use common::{BIN, Killed, pg_url};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,30 +28,6 @@ const BEARER: &str = "bearer-sekrit-9a1f";
 const SIGNING: &str = "signing-sekrit-2b7c";
 const DB_PASSWORD: &str = "dbpw-sekrit-5d3e";
 const SECRETS: [&str; 3] = [BEARER, SIGNING, DB_PASSWORD];
-
-fn cluster_url() -> String {
-    if let Ok(url) = std::env::var("OUTBOX_WAL_TEST_URL") {
-        return url;
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-logical.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg("start")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/pg-logical.sh start failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let url = Command::new("bash")
-        .arg(script)
-        .arg("url")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&url.stdout).trim().to_owned()
-}
 
 /// `postgres://user@host…` with a password added: the servers here trust local connections,
 /// so it is never checked, but it must never be printed either.
@@ -136,14 +112,7 @@ impl Outputs {
             .env("OUTBOX_LOG", "info")
             .output()
             .expect("the outbox binary runs");
-        self.0.push((
-            what.to_owned(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-        ));
+        self.0.push((what.to_owned(), common::text(&o)));
         o
     }
 
@@ -262,7 +231,7 @@ async fn states(pool: &PgPool, table: &str) -> HashMap<uuid::Uuid, (String, Opti
 async fn hostile_rows_on_postgres(mode: Mode) {
     let base = match mode {
         Mode::Poll => pg_url(),
-        Mode::Wal => cluster_url(),
+        Mode::Wal => outbox_testkit::logical_cluster_url(),
     };
     let pool = PgPoolOptions::new()
         .max_connections(2)
@@ -276,21 +245,15 @@ async fn hostile_rows_on_postgres(mode: Mode) {
     );
     let schema = format!("outbox_t_hostile_{tag}");
     let slot = format!("owt_hostile_{tag}");
-    sqlx::query(AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    common::drop_pg_schema_if_exists(&pool, &schema).await;
     let table = format!("\"{schema}\".\"events\"");
 
     let (port, received) = receiver().await;
     let (trap_port, trapped) = trap();
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.jsonl");
-    let config = common::write_file(
+    let config = common::write_config(
         dir.path(),
-        "outbox.toml",
         &format!(
             r#"
 mode = "{mode}"
@@ -616,12 +579,7 @@ to = "hooks"
             "escaped, not dropped: {text}"
         );
     }
-    sqlx::query(AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    common::drop_pg_schema_if_exists(&pool, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -641,17 +599,11 @@ async fn hostile_rows_in_wal_mode() {
 async fn rows_sqlite_cannot_type_check_are_dead_lettered() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("outbox.db");
-    let out = dir.path().join("out.jsonl");
-    let config: PathBuf = dir.path().join("outbox.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\nurl = \"sqlite://{}\"\n[destinations.file]\ntype = \"file\"\npath = \"{}\"\n",
-            db.display(),
-            out.display()
-        ),
-    )
-    .unwrap();
+    let (config, out) = common::file_sink_config(
+        dir.path(),
+        &format!("url = \"sqlite://{}\"\n", db.display()),
+        "",
+    );
     let config_arg = config.to_str().unwrap();
     let mut outputs = Outputs::default();
     outputs.succeeds("migrate", &["migrate", "--config", config_arg]);
@@ -743,11 +695,7 @@ async fn rows_sqlite_cannot_type_check_are_dead_lettered() {
         "relay --drain",
         &["relay", "--config", config_arg, "--drain"],
     );
-    let delivered: Vec<serde_json::Value> = std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let delivered = common::jsonl(&out);
     let ns: Vec<u64> = delivered
         .iter()
         .map(|e| e["payload"]["n"].as_u64().unwrap())

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::pg_url;
+use common::{BIN, mysql_url, pg_url, text};
 use outbox_testkit::unique;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
@@ -17,7 +17,6 @@ use outbox_inbox::postgres::PgInbox;
 use outbox_inbox::sqlite::SqliteInbox;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 fn outbox(args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
@@ -28,22 +27,9 @@ fn outbox(args: &[&str]) -> Output {
         .expect("runs")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn json_of(o: &Output) -> Value {
     assert!(o.status.success(), "{}", text(o));
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(o)))
-}
-
-fn mysql_url() -> String {
-    std::env::var("OUTBOX_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
 #[tokio::test]
@@ -154,9 +140,8 @@ async fn sqlite_inbox_is_migrated_shown_purged_and_its_parked_messages_listed() 
 async fn postgres_inbox_from_the_relay_config_with_its_own_database_url() {
     let schema = unique("outbox_t_inbox");
     let dir = tempfile::tempdir().unwrap();
-    let config = common::write_file(
+    let config = common::write_config(
         dir.path(),
-        "outbox.toml",
         &format!(
             "[database]\nurl = \"sqlite://{}\"\n\n[inbox]\ndatabase_url = \"{}\"\nschema = \"{schema}\"\ntable = \"inbox\"\nretention = \"1h\"\nbatch_size = 2\n",
             dir.path().join("outbox.db").display(),
@@ -296,11 +281,7 @@ async fn purge_every_runs_until_sigterm() {
         assert_eq!(v["deleted"], 0, "run {run}: {line}");
     }
     assert!(started.elapsed() >= Duration::from_millis(800));
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    common::signal(&child, "-TERM");
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
 }

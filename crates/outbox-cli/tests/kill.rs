@@ -6,54 +6,44 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_postgresql::PgStore;
 use outbox_types::Store;
 
-use common::BIN;
+use common::signal;
 
 fn spawn_relay(schema: &str, out: &Path) -> Child {
-    Command::new(BIN)
-        .args([
+    common::background(
+        &[
             "relay",
             "--database-url",
             &common::pg_url(),
             "--schema",
             schema,
-        ])
-        .args(["--sink", &format!("file:{}", out.display())])
-        .args([
-            "--batch-size",
-            "100",
-            "--lease",
-            "3s",
-            "--poll-interval",
-            "20ms",
-        ])
-        .env("OUTBOX_RELAY__PUBLISH_TIMEOUT", "1s")
-        .env("OUTBOX_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the outbox binary starts")
+        ],
+        "warn",
+    )
+    .args(["--sink", &format!("file:{}", out.display())])
+    .args([
+        "--batch-size",
+        "100",
+        "--lease",
+        "3s",
+        "--poll-interval",
+        "20ms",
+    ])
+    .env("OUTBOX_RELAY__PUBLISH_TIMEOUT", "1s")
+    .spawn()
+    .expect("the outbox binary starts")
 }
 
-fn signal(child: &Child, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
+/// The ids of the events the file sink at `path` has written so far.
 fn ids_in(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+    common::jsonl(path)
+        .iter()
+        .map(|v| v["id"].as_str().unwrap().to_owned())
         .collect()
 }
 
@@ -114,18 +104,13 @@ async fn a_killed_relays_claims_are_delivered_by_another_after_the_lease() {
     );
 
     let mut second = spawn_relay(&schema, &second_out);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let stats = store.stats().await.unwrap();
-        if stats.delivered == total {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not everything was delivered: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::stats_until(
+        &store,
+        Duration::from_secs(120),
+        "everything delivered",
+        |stats| stats.delivered == total,
+    )
+    .await;
     signal(&second, "-TERM");
     let status = second.wait().unwrap();
     assert!(status.success(), "graceful stop exits 0: {status:?}");
@@ -159,9 +144,7 @@ async fn a_relay_configured_by_environment_alone_stops_on_sigterm_losing_nothing
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.jsonl");
     let relay = |drain: bool| {
-        let mut command = Command::new(BIN);
-        command
-            .arg("relay")
+        common::background(&["relay"], "warn")
             .current_dir(dir.path())
             .env("OUTBOX_DATABASE__URL", common::pg_url())
             .env("OUTBOX_DATABASE__SCHEMA", &schema)
@@ -172,10 +155,8 @@ async fn a_relay_configured_by_environment_alone_stops_on_sigterm_losing_nothing
                 "OUTBOX_RELAY__STOP_WHEN_IDLE",
                 if drain { "true" } else { "false" },
             )
-            .env("OUTBOX_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        command.spawn().expect("the outbox binary starts")
+            .spawn()
+            .expect("the outbox binary starts")
     };
 
     let mut first = relay(false);
@@ -237,21 +218,21 @@ async fn a_relay_stopped_while_it_starts_exits_cleanly() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = silent.local_addr().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut relay = Command::new(BIN)
-        .args([
+    let mut relay = common::background(
+        &[
             "relay",
             "--database-url",
             &format!("postgres://postgres@{addr}/test"),
-        ])
-        .args([
-            "--sink",
-            &format!("file:{}", dir.path().join("out.jsonl").display()),
-        ])
-        .env("OUTBOX_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the outbox binary starts");
+        ],
+        "info",
+    )
+    .args([
+        "--sink",
+        &format!("file:{}", dir.path().join("out.jsonl").display()),
+    ])
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("the outbox binary starts");
     // It is connecting: past the point where it took over its signals.
     let (_connection, _) = silent.accept().expect("the relay connects");
     signal(&relay, "-TERM");

@@ -2,12 +2,11 @@
 
 mod common;
 
-use common::{BIN, Killed, pg_url};
-use std::process::{Command, Stdio};
+use common::{Killed, pg_url};
 use std::time::{Duration, Instant};
 
 use outbox_testkit::TcpProxy;
-use outbox_types::{NewEvent, Store};
+use outbox_types::NewEvent;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -53,8 +52,8 @@ async fn metrics_move_and_readiness_follows_the_database() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let _relay = Killed(
-        Command::new(BIN)
-            .args([
+        common::background(
+            &[
                 "relay",
                 "--database-url",
                 &via_proxy,
@@ -62,18 +61,17 @@ async fn metrics_move_and_readiness_follows_the_database() {
                 &schema,
                 "--poll-interval",
                 "20ms",
-            ])
-            .args([
-                "--sink",
-                &format!("file:{}", dir.path().join("out.jsonl").display()),
-            ])
-            .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
-            .env("OUTBOX_METRICS__REFRESH", "200ms")
-            .env("OUTBOX_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            ],
+            "warn",
+        )
+        .args([
+            "--sink",
+            &format!("file:{}", dir.path().join("out.jsonl").display()),
+        ])
+        .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+        .env("OUTBOX_METRICS__REFRESH", "200ms")
+        .spawn()
+        .unwrap(),
     );
     let deadline = endpoint_up(port).await;
     assert_eq!(get(port, "/healthz").await.unwrap().0, 200);
@@ -100,10 +98,13 @@ async fn metrics_move_and_readiness_follows_the_database() {
         "{body}"
     );
     // The counter moves when the sink answers; the ack is written when the batch ends.
-    while store.stats().await.unwrap().delivered < 250 {
-        assert!(Instant::now() < deadline, "acks never written");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::stats_until(
+        &store,
+        deadline.saturating_duration_since(Instant::now()),
+        "acks written",
+        |stats| stats.delivered >= 250,
+    )
+    .await;
 
     proxy.cut();
     // The answer is worked out at most once a second: the cut shows within about that.
@@ -206,10 +207,7 @@ async fn per_destination_metrics_and_sink_readiness() {
             &config,
             format!(
                 r#"
-[database]
-url = "{url}"
-schema = "{schema}"
-[relay]
+{database}[relay]
 poll_interval = "20ms"
 [relay.retry]
 base = "50ms"
@@ -231,7 +229,7 @@ to = "hook"
 [[routes]]
 to = "ok"
 "#,
-                url = pg_url(),
+                database = common::pg_database(&schema),
                 out = dir.path().join("out.jsonl").display(),
                 nats = if with_nats {
                     format!(
@@ -310,11 +308,8 @@ to = "ok"
         "{body}"
     );
 
-    let o = Command::new(BIN)
-        .args(["pause", "hook", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let config_arg = config.to_str().unwrap();
+    let o = common::outbox(&["pause", "hook", "--config", config_arg]);
     assert!(o.status.success());
     let body = metrics_until(port, deadline, "paused gauge never moved", |body| {
         metric_with(body, "outbox_destination_paused", hook_label) == 1.0
@@ -354,14 +349,7 @@ to = "ok"
         assert!(Instant::now() < deadline, "no destinations: {body}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let reachable = |name: &str| {
-        json["destinations"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["destination"] == name)
-            .map(|d| d["reachable"].clone())
-    };
+    let reachable = |name: &str| common::destination(&json, name).map(|d| d["reachable"].clone());
     assert_eq!(reachable("nats"), Some(serde_json::json!(false)), "{body}");
     assert_eq!(reachable("ok"), Some(serde_json::json!(true)), "{body}");
 
@@ -378,24 +366,14 @@ to = "ok"
         .unwrap();
     tx.commit().await.unwrap();
     let status = |relay: &str| {
-        let o = Command::new(BIN)
-            .args(["status", "--json", "--relay", relay, "--config"])
-            .arg(&config)
-            .env("OUTBOX_LOG", "warn")
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = common::outbox(&["status", "--json", "--relay", relay, "--config", config_arg]);
+        common::assert_succeeded(&o, "outbox status");
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
     };
     let relay_url = format!("http://127.0.0.1:{port2}");
     let nats = loop {
         let json = status(&relay_url);
-        let nats = json["destinations"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["destination"] == "nats")
-            .cloned();
+        let nats = common::destination(&json, "nats").cloned();
         if let Some(nats) = nats
             && nats["up"] == false
             && !nats["last_error"].is_null()
@@ -416,30 +394,18 @@ to = "ok"
     // No relay at that address: the status still answers from the database, and says so.
     let json = status(&format!("http://127.0.0.1:{}", free_port()));
     assert_eq!(json["relay"]["answered"], false, "{json}");
-    let nats = json["destinations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["destination"] == "nats")
-        .cloned()
-        .unwrap();
+    let nats = common::destination(&json, "nats").unwrap();
     assert!(nats["up"].is_null(), "unknown, not guessed: {nats}");
     assert!(!nats["last_error"].is_null(), "{nats}");
     // The table form names the state and the error.
-    let o = Command::new(BIN)
-        .args(["status", "--relay", &relay_url, "--config"])
-        .arg(&config)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .unwrap();
+    let o = common::outbox(&["status", "--relay", &relay_url, "--config", config_arg]);
     let text = String::from_utf8_lossy(&o.stdout);
     common::assert_contains(&text, "DOWN for");
     common::assert_contains(&text, "last error  nats:");
-    let attempts: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT max(attempts) FROM \"{schema}\".events WHERE aggregate_type = 'signal'"
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
+    let attempts: i32 = common::pg_value(
+        store.pool(),
+        format!("SELECT max(attempts) FROM \"{schema}\".events WHERE aggregate_type = 'signal'"),
+    )
+    .await;
     assert_eq!(attempts, 0, "an outage costs no attempt");
 }

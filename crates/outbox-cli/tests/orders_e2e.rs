@@ -57,10 +57,6 @@ fn kafka_brokers() -> String {
     std::env::var("OUTBOX_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".into())
 }
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// Start the Kafka-protocol test broker (`scripts/kafka.sh`); `false` (after a loud message)
 /// when that fails outside CI.
 fn kafka_available() -> bool {
@@ -346,15 +342,14 @@ impl System {
     /// relay's claims come back quickly.
     fn write_config(&self) {
         let config = format!(
-            "[database]\nurl = \"{}\"\nschema = \"{}\"\ntable = \"events\"\n\n\
+            "{}table = \"events\"\n\n\
              [relay]\nbatch_size = 200\npoll_interval = \"20ms\"\nlease = \"5s\"\npublish_timeout = \"4s\"\n\n\
              [retention]\nenabled = false\n\n\
              [destinations.orders]\n{}",
-            pg_url(),
-            self.schemas[0],
+            common::pg_database(&self.schemas[0]),
             self.route.destination_toml()
         );
-        std::fs::write(self.config_path(), config).unwrap();
+        common::write_config(self.dir.path(), &config);
     }
 
     async fn start_relay(&mut self) {
@@ -450,15 +445,9 @@ impl System {
     }
 
     async fn outbox_rows(&self) -> Vec<OutboxRow> {
-        let OrderStore::Postgres(s) = &self.orders else {
-            unreachable!("the e2e tests run on PostgreSQL")
-        };
-        let rows: Vec<(String, String, String, String)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT id::TEXT, event_type, aggregate_id, payload::TEXT FROM {} ORDER BY seq",
-                s.outbox().qualified_table()
-            )))
-            .fetch_all(s.pool())
+        let rows: Vec<(String, String, String, String)> = self
+            .orders
+            .outbox_rows("CAST(id AS TEXT), event_type, aggregate_id, CAST(payload AS TEXT)")
             .await
             .unwrap();
         rows.into_iter()
@@ -643,7 +632,7 @@ async fn kafka_orders_exactly_once() {
 /// The relay configuration `scripts/orders.sh` uses is one the binary accepts.
 #[test]
 fn example_relay_config_is_valid() {
-    let config = repo_root().join("crates/outbox-orders/outbox.toml");
+    let config = common::repo().join("crates/outbox-orders/outbox.toml");
     let out = std::process::Command::new(BIN)
         .args(["config", "check", "--config"])
         .arg(&config)

@@ -5,17 +5,10 @@
 
 mod common;
 
-use common::pg_url;
+use common::{BIN, mysql_url, pg_url};
 use std::process::Command;
 
 use sqlx::{AssertSqlSafe, Row};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-fn mysql_url() -> String {
-    std::env::var("OUTBOX_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
-}
 
 /// Run `outbox` with `args`; its stdout, or a panic with its stderr.
 /// Apply `script` with psql as a DBA would: stop at the first error, which fails the test.
@@ -88,12 +81,7 @@ async fn pg_catalog(pool: &sqlx::PgPool, schema: &str) -> Vec<String> {
 
 async fn drop_pg_schemas(pool: &sqlx::PgPool, schemas: &[&str]) {
     for schema in schemas {
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-        )))
-        .execute(pool)
-        .await
-        .unwrap();
+        common::drop_pg_schema_if_exists(pool, schema).await;
     }
 }
 
@@ -136,12 +124,11 @@ async fn the_postgres_script_includes_the_stream_table_when_wal_mode_reads_it() 
     let schema = format!("outbox_t_script_stream_{}", std::process::id());
     drop_pg_schemas(&pool, &[&schema]).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = common::write_file(
+    let config = common::write_config(
         dir.path(),
-        "outbox.toml",
         &format!(
-            "mode = \"wal\"\n[database]\nurl = \"{}\"\nschema = \"{schema}\"\n[wal]\nsources = [\"table\", \"stream_table\"]\n",
-            pg_url()
+            "mode = \"wal\"\n{}[wal]\nsources = [\"table\", \"stream_table\"]\n",
+            common::pg_database(&schema)
         ),
     );
     let script = outbox(&["schema", "print", "--config", config.to_str().unwrap()]);
@@ -189,15 +176,12 @@ async fn the_partitioned_postgres_script_is_current_for_migrate() {
         .execute(&pool)
         .await
         .unwrap();
-    let url = pg_url();
-    let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        config.path(),
-        format!("[database]\nurl = \"{url}\"\nschema = \"{schema}\"\nlayout = \"partitioned\"\n"),
-    )
-    .unwrap();
-    let path = config.path().display().to_string();
-    let said = outbox(&["migrate", "--config", &path]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::write_config(
+        dir.path(),
+        &format!("{}layout = \"partitioned\"\n", common::pg_database(&schema)),
+    );
+    let said = outbox(&["migrate", "--config", config.to_str().unwrap()]);
     common::assert_contains(&said, "schema is current");
     drop_pg_schemas(&pool, &[&schema]).await;
 }

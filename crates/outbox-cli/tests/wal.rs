@@ -7,23 +7,14 @@
 
 mod common;
 
-use common::{BIN, Killed, outbox, text};
+use common::{Killed, jsonl, outbox, text};
 use outbox_testkit::logical_cluster_url as cluster_url;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use outbox_postgresql::PgStore;
 use outbox_types::{NewEvent, Store};
-
-fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
 
 /// A WAL test's outbox: a migrated schema `outbox_t_<tag>_<pid>` on the logical cluster and
 /// the slot (also the publication and message prefix) `owt_<slot>_<pid>` its relays use, and a
@@ -107,11 +98,8 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
     // `OUTBOX_WORKER_THREADS`); the takeover test below and `outbox-verify --mode wal` run the
     // default, every task on the main thread.
     let relay = Killed(
-        Command::new(BIN)
-            .args(["relay", "--config", &config])
-            .env("OUTBOX_LOG", "warn")
+        common::relay_command(&config, "warn")
             .env("OUTBOX_WORKER_THREADS", "2")
-            .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap(),
@@ -136,11 +124,11 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
     tx.rollback().await.unwrap();
 
     let deadline = Instant::now() + Duration::from_secs(60);
-    while lines(&out).len() < 20 {
-        assert!(Instant::now() < deadline, "only {:?}", lines(&out).len());
+    while jsonl(&out).len() < 20 {
+        assert!(Instant::now() < deadline, "only {:?}", jsonl(&out).len());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let got = lines(&out);
+    let got = jsonl(&out);
     assert!(got.iter().all(|e| e["event_type"] != "Ghost"), "{got:?}");
     for (aggregate, kind) in [("o1", "OrderUpdated"), ("c1", "CartUpdated")] {
         let ns: Vec<u64> = got
@@ -151,11 +139,13 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
         assert_eq!(ns, (0..10).collect::<Vec<_>>(), "{kind} in commit order");
     }
     // Table rows are marked delivered before their position is confirmed.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while store.stats().await.unwrap().delivered < 10 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::stats_until(
+        store,
+        Duration::from_secs(30),
+        "the table rows marked delivered",
+        |stats| stats.delivered >= 10,
+    )
+    .await;
 
     let o = outbox(&["status", "--config", &config, "--json"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -189,7 +179,7 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
     assert!(o.status.success(), "{}", text(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["redelivered"], 5, "{report}");
-    let got = lines(&out);
+    let got = jsonl(&out);
     let ns: Vec<u64> = got
         .iter()
         .filter(|e| e["aggregate_id"] == "o1")
@@ -224,9 +214,8 @@ async fn an_open_message_source_is_reported_with_the_fix_and_refused() {
     let store = common::migrated_store(&db_url, "outbox").await;
     store.pool().close().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = common::write_file(
+    let config = common::write_config(
         dir.path(),
-        "outbox.toml",
         &format!(
             r#"
 mode = "wal"
@@ -311,14 +300,12 @@ fn wal_mode_needs_postgresql_and_valid_names() {
         dir.path(),
         "mode = \"wal\"\n[database]\nurl = \"sqlite://x.db\"\n",
     );
-    let config = dir.path().join("outbox.toml");
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     common::assert_contains(&text(&o), "needs a PostgreSQL");
-    std::fs::write(
-        &config,
+    let config = common::write_config(
+        dir.path(),
         "mode = \"wal\"\n[database]\nurl = \"postgres://x@127.0.0.1:1/y\"\n[wal]\nslot = \"Bad-Name\"\n",
-    )
-    .unwrap();
+    );
     let o = outbox(&["config", "check", "--config", config.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     common::assert_contains(&text(&o), "slot");
@@ -384,7 +371,7 @@ async fn a_standby_relay_process_takes_over_when_the_streamer_is_killed() {
         if chunk == 10 {
             // a is mid-stream: kill it without a goodbye.
             let deadline = Instant::now() + Duration::from_secs(20);
-            while lines(&out_a).is_empty() {
+            while jsonl(&out_a).is_empty() {
                 assert!(Instant::now() < deadline, "a delivered nothing");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -396,8 +383,8 @@ async fn a_standby_relay_process_takes_over_when_the_streamer_is_killed() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut first_from_b = None;
     loop {
-        let mut all = lines(&out_a);
-        let from_b = lines(&out_b);
+        let mut all = jsonl(&out_a);
+        let from_b = jsonl(&out_b);
         if first_from_b.is_none() && !from_b.is_empty() {
             first_from_b = Some(killed.elapsed());
         }

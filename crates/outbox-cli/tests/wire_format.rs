@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{fresh_pg_store, outbox, pg_url, repo, text};
+use common::{fresh_pg_store, outbox, repo, text};
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -181,8 +181,8 @@ async fn every_destination_sends_what_the_wire_format_document_says() {
 
     let dir = tempfile::tempdir().unwrap();
     let mut config = format!(
-        "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n\n[relay]\npoll_interval = \"20ms\"\npublish_timeout = \"10s\"\n",
-        pg_url()
+        "{}\n[relay]\npoll_interval = \"20ms\"\npublish_timeout = \"10s\"\n",
+        common::pg_database(&schema)
     );
     let mut spec = Vec::new();
     for v in &variants {
@@ -211,8 +211,7 @@ async fn every_destination_sends_what_the_wire_format_document_says() {
         facts["events"] = json!(expected);
         spec.push(facts);
     }
-    let config_path = dir.path().join("outbox.toml");
-    std::fs::write(&config_path, &config).unwrap();
+    let config_path = common::write_config(dir.path(), &config);
     let relay = outbox(&[
         "relay",
         "--config",
@@ -236,10 +235,5 @@ async fn every_destination_sends_what_the_wire_format_document_says() {
         "{}",
         report.join("\n")
     );
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    common::drop_pg_schema(store.pool(), &schema).await;
 }

@@ -6,13 +6,11 @@
 
 mod common;
 
-use common::pg_url;
+use common::{pg_url, repo};
 use std::path::PathBuf;
 use std::process::Command;
 
 use outbox_postgresql::PgOutbox;
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
 /// Where `scripts/inbox-deps.sh` installed the clients: the repository's `.cache`.
 fn clients() -> PathBuf {
@@ -23,10 +21,6 @@ fn clients() -> PathBuf {
         dir.display()
     );
     dir
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 #[derive(serde::Deserialize)]
@@ -57,37 +51,19 @@ async fn delivers_exactly_what_a_writer_committed(lang: &str, writer: Command) {
     let written: Written = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(written.committed.len(), 6);
     assert_eq!(written.rolled_back.len(), 6);
-    let orders: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM \"{schema}\".orders"
-    )))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let orders: i64 =
+        common::pg_value(&pool, format!("SELECT count(*) FROM \"{schema}\".orders")).await;
     assert_eq!(orders, 6, "the business rows committed with their events");
 
     let dir = tempfile::tempdir().unwrap();
-    let sink = dir.path().join("out.jsonl");
-    let config = common::write_file(
+    let (config, sink) = common::file_sink_config(
         dir.path(),
-        "outbox.toml",
-        &format!(
-            "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n[destinations.out]\ntype = \"file\"\npath = \"{}\"\n",
-            pg_url(),
-            sink.display()
-        ),
+        &format!("url = \"{}\"\nschema = \"{schema}\"\n", pg_url()),
+        "",
     );
-    let o = Command::new(BIN)
-        .args(["relay", "--drain", "--config"])
-        .arg(&config)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let delivered: Vec<serde_json::Value> = std::fs::read_to_string(&sink)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let o = common::outbox(&["relay", "--drain", "--config", config.to_str().unwrap()]);
+    common::assert_succeeded(&o, "outbox relay --drain");
+    let delivered = common::jsonl(&sink);
     let ids: Vec<&str> = delivered
         .iter()
         .map(|m| m["id"].as_str().unwrap())

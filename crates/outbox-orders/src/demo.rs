@@ -459,26 +459,9 @@ fn print_summary(s: &Summary<'_>) {
 /// Ids of every event in the outbox table (all delivered by now; retention does not run in
 /// the demo).
 async fn committed_event_ids(orders: &OrderStore) -> Result<HashSet<EventId>, Error> {
-    let ids: Vec<String> = match orders {
-        OrderStore::Sqlite(s) => {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "SELECT id FROM {}",
-                s.outbox().quoted_table()
-            )))
-            .fetch_all(s.pool())
-            .await?
-        }
-        OrderStore::Postgres(s) => {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "SELECT id::TEXT FROM {}",
-                s.outbox().qualified_table()
-            )))
-            .fetch_all(s.pool())
-            .await?
-        }
-    };
+    let ids: Vec<(String,)> = orders.outbox_rows("CAST(id AS TEXT)").await?;
     ids.iter()
-        .map(|id| {
+        .map(|(id,)| {
             Uuid::parse_str(id)
                 .map(EventId::from_uuid)
                 .map_err(|e| Error::Invalid(format!("outbox event id `{id}`: {e}")))

@@ -103,8 +103,9 @@ const PRODUCTS: [&str; 6] = [
     "desk lamp",
 ];
 
-/// Invalid bodies, each with the status and field the API must answer with.
-const INVALID: [(&str, u16, Option<&str>); 8] = [
+/// Invalid bodies, each with the status and field the API must answer with: what the load
+/// sends among its orders, and what the API's tests check (with more cases of their own).
+pub const INVALID: [(&str, u16, Option<&str>); 8] = [
     (r#"{"product": "lamp", "quantity": }"#, 400, None),
     (r#"["lamp", 1]"#, 400, None),
     (
@@ -234,6 +235,36 @@ fn unexpected(s: &Shared, what: String) {
     s.report().unexpected.push(what);
 }
 
+/// The answers counted by number, both live (in [`LoadCounters`]) and in the [`LoadReport`].
+#[derive(Clone, Copy)]
+enum Tally {
+    Rejected,
+    Declined,
+    RepeatCancel,
+}
+
+/// Count one answer under `tally`, live and in the report.
+fn count(s: &Shared, tally: Tally) {
+    let mut report = s.report();
+    let (live, reported) = match tally {
+        Tally::Rejected => (&s.counters.rejected, &mut report.rejected),
+        Tally::Declined => (&s.counters.declined, &mut report.declined),
+        Tally::RepeatCancel => (&s.counters.repeat_cancels, &mut report.repeat_cancels),
+    };
+    live.fetch_add(1, Ordering::Relaxed);
+    *reported += 1;
+}
+
+/// Count an answer under `tally` when it is the one the API promises (`as_promised`); otherwise
+/// record it as unexpected, described by `problem`.
+fn expect(s: &Shared, as_promised: bool, tally: Tally, problem: impl FnOnce() -> String) {
+    if as_promised {
+        count(s, tally);
+    } else {
+        unexpected(s, problem());
+    }
+}
+
 async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
     let mut rng = StdRng::seed_from_u64(s.config.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i);
 
@@ -245,15 +276,12 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
             Some(f) => answer["field"] == f,
             None => true,
         };
-        if got == status && answer["error"].is_string() && field_ok {
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            s.report().rejected += 1;
-        } else {
-            unexpected(
-                s,
-                format!("invalid body {body} answered {got} {answer}, expected {status}"),
-            );
-        }
+        expect(
+            s,
+            got == status && answer["error"].is_string() && field_ok,
+            Tally::Rejected,
+            || format!("invalid body {body} answered {got} {answer}, expected {status}"),
+        );
     }
 
     if rng.random_bool(s.config.over_limit_ratio.clamp(0.0, 1.0)) {
@@ -265,15 +293,12 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
         });
         let (got, answer) =
             send(s, reqwest::Method::POST, "/orders", Some(body.to_string())).await?;
-        if got == 409 && answer["field"] == "amount" {
-            s.counters.declined.fetch_add(1, Ordering::Relaxed);
-            s.report().declined += 1;
-        } else {
-            unexpected(
-                s,
-                format!("over-limit order answered {got} {answer}, expected 409"),
-            );
-        }
+        expect(
+            s,
+            got == 409 && answer["field"] == "amount",
+            Tally::Declined,
+            || format!("over-limit order answered {got} {answer}, expected 409"),
+        );
     }
 
     let product = PRODUCTS[rng.random_range(0..PRODUCTS.len())];
@@ -288,8 +313,7 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
     let (got, answer) = send(s, reqwest::Method::POST, "/orders", Some(body.to_string())).await?;
     if got == 409 {
         // A regular customer reached the credit limit (long runs only): declined, rolled back.
-        s.counters.declined.fetch_add(1, Ordering::Relaxed);
-        s.report().declined += 1;
+        count(s, Tally::Declined);
         return Ok(());
     }
     let id = answer["id"]
@@ -342,15 +366,12 @@ async fn one_request(s: &Shared, i: u64) -> Result<(), Error> {
         }
         if rng.random_bool(0.3) {
             let (got, answer) = send(s, reqwest::Method::POST, &path, None).await?;
-            if got == 200 && answer["status"] == "cancelled" {
-                s.counters.repeat_cancels.fetch_add(1, Ordering::Relaxed);
-                s.report().repeat_cancels += 1;
-            } else {
-                unexpected(
-                    s,
-                    format!("repeated POST {path} answered {got} {answer}, expected 200"),
-                );
-            }
+            expect(
+                s,
+                got == 200 && answer["status"] == "cancelled",
+                Tally::RepeatCancel,
+                || format!("repeated POST {path} answered {got} {answer}, expected 200"),
+            );
         }
     }
     Ok(())

@@ -547,6 +547,33 @@ impl OrderStore {
         }
     }
 
+    /// `columns` (an SQL select list that reads the same on both databases, e.g. the id as
+    /// `CAST(id AS TEXT)`) of every row of the outbox table, in write order: what the demo and
+    /// the tests compare with what the consumers saw. The table's name is the only part that
+    /// differs per database.
+    pub async fn outbox_rows<T>(&self, columns: &str) -> Result<Vec<T>, Error>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+            + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+            + Send
+            + Unpin,
+    {
+        let select = |table: &str| format!("SELECT {columns} FROM {table} ORDER BY seq");
+        let rows = match self {
+            OrderStore::Postgres(s) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(select(s.outbox().qualified_table())))
+                    .fetch_all(s.pool())
+                    .await?
+            }
+            OrderStore::Sqlite(s) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(select(s.outbox().quoted_table())))
+                    .fetch_all(s.pool())
+                    .await?
+            }
+        };
+        Ok(rows)
+    }
+
     /// Every order's id and status (for the end-to-end checks).
     pub async fn statuses(&self) -> Result<Vec<(Uuid, OrderStatus)>, Error> {
         let rows: Vec<(String, String)> = match self {

@@ -86,22 +86,10 @@ impl Service {
 
     /// (event type, aggregate id, idempotency key) of every outbox row, in write order.
     async fn events(&self) -> Vec<(String, String, Option<String>)> {
-        match &self.store {
-            OrderStore::Sqlite(s) => sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT event_type, aggregate_id, idempotency_key FROM {} ORDER BY seq",
-                s.outbox().quoted_table()
-            )))
-            .fetch_all(s.pool())
+        self.store
+            .outbox_rows("event_type, aggregate_id, idempotency_key")
             .await
-            .unwrap(),
-            OrderStore::Postgres(s) => sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT event_type, aggregate_id, idempotency_key FROM {} ORDER BY seq",
-                s.outbox().qualified_table()
-            )))
-            .fetch_all(s.pool())
-            .await
-            .unwrap(),
-        }
+            .unwrap()
     }
 
     async fn order_count(&self) -> usize {
@@ -171,17 +159,11 @@ async fn create_get_cancel(backend: Backend) {
 
 async fn invalid_requests_write_nothing(backend: Backend) {
     let s = start(backend).await;
+    // The load's invalid bodies, and these.
     let cases: &[(&str, u16, Option<&str>)] = &[
-        (r#"{"product": "lamp", "quantity": }"#, 400, None),
         ("not json at all", 400, None),
         (r#"[{"product": "lamp"}]"#, 400, None),
         ("", 400, None),
-        (r#"{"product": "lamp"}"#, 422, Some("quantity")),
-        (
-            r#"{"product": "lamp", "quantity": 0}"#,
-            422,
-            Some("quantity"),
-        ),
         (
             r#"{"product": "lamp", "quantity": -1}"#,
             422,
@@ -197,7 +179,6 @@ async fn invalid_requests_write_nothing(backend: Backend) {
             422,
             Some("quantity"),
         ),
-        (r#"{"product": "", "quantity": 1}"#, 422, Some("product")),
         (r#"{"quantity": 1}"#, 422, Some("product")),
         (
             r#"{"product": "lamp", "quantity": 1, "amount": -0.01}"#,
@@ -215,7 +196,7 @@ async fn invalid_requests_write_nothing(backend: Backend) {
             Some("qty"),
         ),
     ];
-    for (body, status, field) in cases {
+    for (body, status, field) in outbox_orders::load::INVALID.iter().chain(cases) {
         let (got, answer) = s.post("/orders", body).await;
         assert_eq!(got, *status, "{body}: {answer}");
         assert!(answer["error"].is_string(), "{body}: {answer}");

@@ -32,6 +32,21 @@ pub fn pg_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// The MySQL/MariaDB the tests use: `OUTBOX_TEST_MYSQL_URL`, else the local `test` database.
+pub fn mysql_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// The `[database]` table of a config on the tests' PostgreSQL ([`pg_url`]), outbox in
+/// `schema`: how a scenario's config file points the binary at the test database.
+pub fn pg_database(schema: &str) -> String {
+    format!(
+        "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n",
+        pg_url()
+    )
+}
+
 /// The repository's root directory.
 pub fn repo() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -41,12 +56,7 @@ pub fn repo() -> std::path::PathBuf {
 /// migrated.
 pub async fn fresh_pg_store(schema: &str) -> outbox_postgresql::PgStore {
     let store = connect_store(&pg_url(), schema).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("the old schema goes");
+    drop_pg_schema_if_exists(store.pool(), schema).await;
     migrated(store).await
 }
 
@@ -87,6 +97,39 @@ pub async fn exit_within(
     }
 }
 
+/// Read `store`'s stats every 50 ms until `done` holds for them; those stats. Past `limit` the
+/// test fails naming `what` and showing the last stats: how a test waits for a relay it runs
+/// in the background to deliver (or bury, or release) what it expects.
+pub async fn stats_until(
+    store: &dyn outbox_types::Store,
+    limit: std::time::Duration,
+    what: &str,
+    mut done: impl FnMut(&outbox_types::OutboxStats) -> bool,
+) -> outbox_types::OutboxStats {
+    let started = std::time::Instant::now();
+    loop {
+        let stats = store.stats().await.unwrap();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out waiting for {what}: {stats:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Send `child` the signal `sig` (`-TERM`, `-INT`, `-STOP`, …) with kill(1), as an operator or
+/// an orchestrator does.
+pub fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {}", child.id());
+}
+
 /// A child process killed (and reaped) when the guard goes: a test that fails mid-way leaves no
 /// relay running.
 pub struct Killed(pub Child);
@@ -98,17 +141,23 @@ impl Drop for Killed {
     }
 }
 
-/// `outbox relay --config CONFIG` logging at `log`, its stdout and stderr discarded: the
-/// relay a test runs in the background and watches through the database, sinks and endpoints.
-/// The caller adds what its scenario needs (an env var, a log file) before spawning.
-pub fn relay_command(config: impl AsRef<std::ffi::OsStr>, log: &str) -> Command {
+/// `outbox ARGS…` logging at `log`, its stdout and stderr discarded: a process a test runs in
+/// the background and watches through the database, sinks and endpoints. The caller adds what
+/// its scenario needs (flags, env vars, a log file for stderr) before spawning.
+pub fn background(args: &[&str], log: &str) -> Command {
     let mut command = Command::new(BIN);
     command
-        .args(["relay", "--config"])
-        .arg(config)
+        .args(args)
         .env("OUTBOX_LOG", log)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    command
+}
+
+/// `outbox relay --config CONFIG` as a [`background`] process.
+pub fn relay_command(config: impl AsRef<std::ffi::OsStr>, log: &str) -> Command {
+    let mut command = background(&["relay", "--config"], log);
+    command.arg(config);
     command
 }
 
@@ -117,7 +166,20 @@ pub fn spawn_relay(config: impl AsRef<std::ffi::OsStr>, log: &str) -> Killed {
     Killed(relay_command(config, log).spawn().unwrap())
 }
 
-/// Drop `schema` and everything in it: the clean-up at the end of a PostgreSQL test.
+/// The one value the PostgreSQL query `sql` selects (a count, a maximum): what a test reads
+/// back from the tables it wrote or the relay updated. A failing query fails the test, naming it.
+pub async fn pg_value<T>(pool: &sqlx::PgPool, sql: String) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Drop `schema` and everything in it: the clean-up at the end of a PostgreSQL test (which
+/// fails if the schema is not there).
 pub async fn drop_pg_schema(pool: &sqlx::PgPool, schema: &str) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA \"{schema}\" CASCADE"
@@ -125,6 +187,17 @@ pub async fn drop_pg_schema(pool: &sqlx::PgPool, schema: &str) {
     .execute(pool)
     .await
     .unwrap();
+}
+
+/// Drop `schema` and everything in it if an earlier run (or this one) left it: the clean slate
+/// before a PostgreSQL test, and its clean-up where the schema may not have been made.
+pub async fn drop_pg_schema_if_exists(pool: &sqlx::PgPool, schema: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .execute(pool)
+    .await
+    .expect("the old schema goes");
 }
 
 /// A request's headers as (name, value) pairs in order (collected into a list or a map), a value
@@ -138,8 +211,7 @@ pub fn header_pairs<C: FromIterator<(String, String)>>(headers: &axum::http::Hea
 
 /// Write `toml` to `outbox.toml` in `dir` and run `outbox relay --config` on it.
 pub fn relay_with_config(dir: &std::path::Path, toml: &str) -> Output {
-    let file = dir.join("outbox.toml");
-    std::fs::write(&file, toml).unwrap();
+    let file = write_config(dir, toml);
     outbox(&["relay", "--config", file.to_str().unwrap()])
 }
 
@@ -198,6 +270,52 @@ pub fn write_file(dir: &std::path::Path, name: &str, contents: &str) -> std::pat
     let path = dir.join(name);
     std::fs::write(&path, contents).unwrap();
     path
+}
+
+/// Write `toml` as the config file `outbox.toml` in `dir`; its path.
+pub fn write_config(dir: &std::path::Path, toml: &str) -> std::path::PathBuf {
+    write_file(dir, "outbox.toml", toml)
+}
+
+/// A config in `dir` with a file destination (`out.jsonl` in `dir`), `database` as the body of
+/// its `[database]` table and `extra` appended; returns the config and output paths.
+pub fn file_sink_config(
+    dir: &std::path::Path,
+    database: &str,
+    extra: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let out = dir.join("out.jsonl");
+    let config = write_config(
+        dir,
+        &format!(
+            "[database]\n{database}[destinations.file]\ntype = \"file\"\npath = \"{}\"\n{extra}",
+            out.display()
+        ),
+    );
+    (config, out)
+}
+
+/// The complete lines of the JSON-lines file at `path` (a file destination's output), parsed;
+/// none while the file does not exist. A last line still being written (no newline yet) is not
+/// complete and not read, so a test may read while a relay writes.
+pub fn jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect()
+}
+
+/// The entry of the destination `name` in the `destinations` list of `outbox status --json`
+/// or of the relay's `/destinations` endpoint, if it is listed.
+pub fn destination<'a>(json: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    json["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["destination"] == name)
 }
 
 /// Serve `app` on a free local port, in the background; the port. The HTTP endpoints (webhook

@@ -15,17 +15,10 @@ use crate::order::RequestError;
 /// Everything a request can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// The body is not a JSON object (400).
-    #[error("{0}")]
-    Malformed(String),
-    /// A field is missing, mistyped or out of range (422).
-    #[error("{message}")]
-    Invalid {
-        /// The field at fault.
-        field: String,
-        /// What is wrong.
-        message: String,
-    },
+    /// The body is not a JSON object (400), or a field is missing, mistyped or out of range
+    /// (422): [`RequestError`] says which, in the words the client gets.
+    #[error(transparent)]
+    Request(#[from] RequestError),
     /// The customer's open orders would exceed the credit limit (409). The order and its event
     /// were rolled back.
     #[error("credit limit exceeded: the customer's open orders would total {open} (limit {limit})")]
@@ -43,27 +36,20 @@ pub enum ApiError {
     Internal(#[from] crate::Error),
 }
 
-impl From<RequestError> for ApiError {
-    fn from(e: RequestError) -> Self {
-        match e {
-            RequestError::Malformed(m) => ApiError::Malformed(m),
-            RequestError::Invalid { field, message } => ApiError::Invalid { field, message },
-        }
-    }
-}
-
 impl ApiError {
     /// The status code of this error.
     ///
     /// ```
     /// use outbox_orders::http::ApiError;
+    /// use outbox_orders::order::RequestError;
     /// assert_eq!(ApiError::NotFound.status().as_u16(), 404);
-    /// assert_eq!(ApiError::Malformed("x".into()).status().as_u16(), 400);
+    /// let malformed = ApiError::from(RequestError::Malformed("x".into()));
+    /// assert_eq!(malformed.status().as_u16(), 400);
     /// ```
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::Malformed(_) => StatusCode::BAD_REQUEST,
-            ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Request(RequestError::Malformed(_)) => StatusCode::BAD_REQUEST,
+            ApiError::Request(RequestError::Invalid { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::CreditLimitExceeded { .. } => StatusCode::CONFLICT,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -72,7 +58,7 @@ impl ApiError {
 
     fn field(&self) -> Option<&str> {
         match self {
-            ApiError::Invalid { field, .. } => Some(field),
+            ApiError::Request(RequestError::Invalid { field, .. }) => Some(field),
             ApiError::CreditLimitExceeded { .. } => Some("amount"),
             _ => None,
         }

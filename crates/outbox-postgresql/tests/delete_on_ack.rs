@@ -38,7 +38,7 @@ async fn check_delete_on_ack(store: PgStore) {
         .await
         .unwrap();
     assert_eq!(claim.events.len(), 3);
-    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    let seqs = outbox_store_tests::seqs_of(&claim.events);
     assert_eq!(
         store.ack(&claim.lease, &[seqs[0], seqs[2]]).await.unwrap(),
         2

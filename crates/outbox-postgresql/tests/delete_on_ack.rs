@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use outbox_postgresql::{Partitioning, PgStore};
 use outbox_testkit::numbered;
-use outbox_types::{ClaimRequest, DeadLetterPolicy, RetryEvent, Store};
+use outbox_types::{ClaimRequest, RetryEvent, Store};
 
 fn request(owner: &str, lease: Duration) -> ClaimRequest {
-    ClaimRequest::new(owner, 100, lease, DeadLetterPolicy::Block)
+    ClaimRequest {
+        lease,
+        ..outbox_store_tests::claim_as(owner, 100)
+    }
 }
 
 async fn rows(store: &PgStore) -> Vec<(String, String)> {

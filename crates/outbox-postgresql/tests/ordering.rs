@@ -10,13 +10,13 @@ mod common;
 use std::time::Duration;
 
 use outbox_postgresql::PgStore;
+use outbox_store_tests::claim_as;
 use outbox_testkit::numbered;
 use outbox_types::{ClaimRequest, DeadLetterPolicy, Event, Store};
 
 /// The labels of what `owner` claims now, under a lease of a minute.
 async fn claimed(store: &PgStore, owner: &str) -> Vec<String> {
-    let request = ClaimRequest::new(owner, 100, Duration::from_secs(60), DeadLetterPolicy::Block);
-    labels(&store.claim(&request).await.unwrap().events)
+    labels(&store.claim(&claim_as(owner, 100)).await.unwrap().events)
 }
 
 /// What `owner` claims while a/1's row is locked, then after `unlock` (the commit or rollback

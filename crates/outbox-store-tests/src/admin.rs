@@ -501,20 +501,13 @@ pub async fn leases_report_who_holds_what_since_when<H: Harness>(h: &H) {
     let before = Utc::now() - chrono::TimeDelta::seconds(30);
     let short = store
         .claim(&ClaimRequest {
-            owner: "relay-b".into(),
             lease: Duration::from_millis(200),
-            ..claim_up_to(1)
+            ..claim_as("relay-b", 1)
         })
         .await
         .unwrap();
     assert_eq!(short.events.len(), 1);
-    let long = store
-        .claim(&ClaimRequest {
-            owner: "relay-a".into(),
-            ..claim_up_to(3)
-        })
-        .await
-        .unwrap();
+    let long = store.claim(&claim_as("relay-a", 3)).await.unwrap();
     store.ack(&long.lease, &[long.events[2].seq]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     let leases = store.leases().await.unwrap();

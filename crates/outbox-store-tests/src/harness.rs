@@ -134,6 +134,14 @@ pub async fn claim_and_ack_until_drained<S: Store + ?Sized>(
     }
 }
 
+/// [`claim_up_to`] by relay `owner`, for the scenarios where several relays claim.
+pub fn claim_as(owner: &str, limit: u32) -> ClaimRequest {
+    ClaimRequest {
+        owner: owner.to_owned(),
+        ..claim_up_to(limit)
+    }
+}
+
 /// Whether a claim now finds nothing to hand out (and claims nothing, then).
 pub async fn claims_nothing<S: Store + ?Sized>(store: &S) -> bool {
     store

@@ -185,21 +185,14 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
     h.enqueue(&store, &[numbered("a", 1), numbered("a", 2)])
         .await;
     let short = ClaimRequest {
-        owner: "relay-1".into(),
         lease: Duration::from_millis(200),
-        ..claim_up_to(10)
+        ..claim_as("relay-1", 10)
     };
     let stale = store.claim(&short).await.unwrap();
     assert_eq!(stale.events.len(), 2);
     assert!(claims_nothing(&*store).await, "lease still live");
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let fresh = store
-        .claim(&ClaimRequest {
-            owner: "relay-2".into(),
-            ..claim_up_to(10)
-        })
-        .await
-        .unwrap();
+    let fresh = store.claim(&claim_as("relay-2", 10)).await.unwrap();
     let got: Vec<u64> = fresh.events.iter().map(payload_n).collect();
     assert_eq!(
         got,

@@ -42,15 +42,7 @@ async fn a_committed_batch_appears_whole_and_only_at_commit() {
         scenario::counts(&MySqlWriter, &store, &orders).await,
         (1, 10)
     );
-    let claimed = store
-        .claim(&outbox_types::ClaimRequest::new(
-            "t",
-            100,
-            std::time::Duration::from_secs(30),
-            outbox_types::DeadLetterPolicy::Block,
-        ))
-        .await
-        .unwrap();
+    let claimed = store.claim(&scenario::claim_up_to(100)).await.unwrap();
     let ids: Vec<_> = claimed.events.iter().map(|e| e.id).collect();
     let want: Vec<_> = events.iter().map(NewEvent::id).collect();
     assert_eq!(ids, want, "the batch is stored in its order");

@@ -6,19 +6,11 @@ mod common;
 use std::time::Duration;
 
 use outbox_mysql::{CLAIM_LOCK_WAIT_SECONDS, MySqlStore};
+use outbox_store_tests::{claim_up_to, claims_nothing};
 use outbox_testkit::numbered;
-use outbox_types::{ClaimRequest, DeadLetterPolicy, EventState, NewEvent, Store, StoreError};
+use outbox_types::{ClaimRequest, EventState, NewEvent, Store, StoreError};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{Connection, Executor, MySqlConnection};
-
-fn claim_all() -> ClaimRequest {
-    ClaimRequest::new(
-        "mysql-test",
-        1000,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Block,
-    )
-}
 
 /// The aggregate ids of claimed events, in claim order.
 fn aggregate_ids(events: &[outbox_types::Event]) -> Vec<&str> {
@@ -84,7 +76,7 @@ async fn payloads_and_headers_are_kept_byte_for_byte() {
         .enqueue_batch(store.pool(), &batch)
         .await
         .unwrap();
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     assert_eq!(claim.events.len(), 2 * ODD_PAYLOADS.len());
     for (got, want) in claim.events.iter().zip(single.iter().chain(&batch)) {
         assert_eq!(got.id, want.id());
@@ -305,11 +297,11 @@ async fn a_locked_due_event_holds_back_its_aggregate_and_nothing_else() {
         .unwrap();
     assert_eq!((dup.id, dup.created), (a1.id(), false));
 
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     let got = aggregate_ids(&claim.events);
     assert_eq!(got, vec!["b"], "a/1 is locked, so a/2 must wait too");
     writer.execute("COMMIT").await.unwrap();
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     let got: Vec<(&str, u64)> = claim
         .events
         .iter()
@@ -336,9 +328,8 @@ async fn a_locked_expired_lease_holds_back_its_aggregate() {
         .unwrap();
     let stalled = store
         .claim(&ClaimRequest {
-            limit: 1,
             lease: Duration::from_millis(100),
-            ..claim_all()
+            ..claim_up_to(1)
         })
         .await
         .unwrap();
@@ -355,11 +346,11 @@ async fn a_locked_expired_lease_holds_back_its_aggregate() {
     .await
     .unwrap();
 
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     let got = aggregate_ids(&claim.events);
     assert_eq!(got, vec!["b"], "a/1 is locked, so a/2 must wait too");
     late.execute("ROLLBACK").await.unwrap();
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     let got = aggregate_ids(&claim.events);
     assert_eq!(got, vec!["a", "a"]);
 }
@@ -381,14 +372,14 @@ async fn claims_go_on_without_the_claim_lock_when_its_holder_hangs() {
     let got = select_i64(&mut holder, sql).await;
     assert_eq!(got, 1);
     let started = std::time::Instant::now();
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     assert_eq!(claim.events.len(), 2);
     assert!(started.elapsed() >= Duration::from_secs(u64::from(CLAIM_LOCK_WAIT_SECONDS)));
-    assert!(store.claim(&claim_all()).await.unwrap().events.is_empty());
+    assert!(claims_nothing(&store).await);
     holder.close().await.unwrap();
     // With the lock free again, claims take it and give it back.
     let started = std::time::Instant::now();
-    store.claim(&claim_all()).await.unwrap();
+    store.claim(&claim_up_to(1000)).await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(2));
     let free: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT IS_FREE_LOCK(CONCAT('outbox:claim:', MD5(CONCAT(DATABASE(), '.', '{}'))))",
@@ -408,7 +399,7 @@ async fn a_lock_wait_timeout_is_transient() {
         .enqueue(store.pool(), &numbered("a", 1))
         .await
         .unwrap();
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     // Someone holds the row (an operator's open transaction)…
     let mut holder = connect().await;
     holder.execute("START TRANSACTION").await.unwrap();
@@ -488,7 +479,7 @@ async fn long_fields_are_refused_and_times_are_the_databases() {
         .claim(&ClaimRequest {
             lease: Duration::MAX,
             owner: "o".repeat(400),
-            ..claim_all()
+            ..claim_up_to(1000)
         })
         .await
         .unwrap();
@@ -516,7 +507,7 @@ async fn large_batches_are_split_and_keep_their_order() {
         .chain((0..500).map(|i| numbered("small", i)))
         .collect();
     enqueue_new(&store, &events).await;
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     let got: Vec<_> = claim.events.iter().map(|e| e.id).collect();
     let want: Vec<_> = events.iter().map(NewEvent::id).collect();
     assert_eq!(got, want);

@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use outbox_mysql::MySqlStore;
-use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store};
+use outbox_store_tests::claim_up_to;
+use outbox_types::{NewEvent, Store};
 use sqlx::{Acquire, MySqlConnection, Row};
 
 /// `CALL` with every argument given (NULL = the default); the id it returns.
@@ -46,13 +45,7 @@ fn event(aggregate_id: &str, event_type: &str, payload: &str) -> [Option<&'stati
 }
 
 async fn claim_all(store: &MySqlStore) -> Vec<outbox_types::Event> {
-    let request = ClaimRequest::new(
-        "procedure-test",
-        100,
-        Duration::from_secs(30),
-        DeadLetterPolicy::default(),
-    );
-    store.claim(&request).await.unwrap().events
+    store.claim(&claim_up_to(100)).await.unwrap().events
 }
 
 async fn rejected(store: &MySqlStore, args: [Option<&str>; 9]) -> String {

@@ -6,10 +6,11 @@
 
 mod common;
 
+use common::MySqlWriter;
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_store_tests::write_checks_claim;
+use outbox_store_tests::{outbox_rows, state_of, write_checks_claim};
 use outbox_types::{DeadFilter, EventId, EventState, NewEvent, Store};
-use sqlx::{AssertSqlSafe, MySqlPool};
+use sqlx::AssertSqlSafe;
 
 /// A hand-written insert as the table contract describes it, `id` left out. The id that
 /// `UUID()` gave is read back by the row's seq.
@@ -43,16 +44,6 @@ fn sqlstate(error: &sqlx::Error) -> String {
         .and_then(|e| e.code())
         .map(|c| c.into_owned())
         .unwrap_or_default()
-}
-
-async fn count(pool: &MySqlPool, outbox: &MySqlOutbox) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {}",
-        outbox.quoted_table()
-    )))
-    .fetch_one(pool)
-    .await
-    .unwrap()
 }
 
 #[tokio::test]
@@ -102,7 +93,7 @@ async fn bad_headers_fail_the_writers_statement_naming_the_header() {
     }
     // The failed statements left nothing behind; the writer's transaction decides the rest.
     tx.rollback().await.unwrap();
-    assert_eq!(count(store.pool(), store.outbox()).await, 0);
+    assert_eq!(outbox_rows(&MySqlWriter, &store).await, 0);
 
     // Accepted: the one reserved name the relay stores itself, names that only look alike,
     // strings of any content.
@@ -137,10 +128,10 @@ async fn the_enqueue_procedure_refuses_a_reserved_header_through_the_trigger() {
     .unwrap_err();
     assert_eq!(sqlstate(&err), "45000", "{err}");
     outbox_testkit::assert_mentions(&err, r#"header "outbox-event-id" uses the reserved prefix"#);
-    assert_eq!(count(store.pool(), store.outbox()).await, 0);
+    assert_eq!(outbox_rows(&MySqlWriter, &store).await, 0);
 }
 
-outbox_store_tests::writer_tests!(common::MySqlWriter;
+outbox_store_tests::writer_tests!(MySqlWriter;
     the_library_refuses_a_reserved_header_before_the_database_does,
 );
 
@@ -199,12 +190,8 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .ack(&claim.lease, &[claim.events[0].seq])
         .await
         .unwrap();
-    let state = |id: EventId| {
-        let store = store.clone();
-        async move { store.get(id).await.unwrap().unwrap().state }
-    };
-    assert_eq!(state(number.id()).await, EventState::Dead);
-    assert_eq!(state(reserved.id()).await, EventState::Delivered);
+    assert_eq!(state_of(&store, number.id()).await, EventState::Dead);
+    assert_eq!(state_of(&store, reserved.id()).await, EventState::Delivered);
     // Requeueing it leaves its headers alone, so it passes; it is dead-lettered again.
     let requeued = store
         .requeue_dead(&DeadFilter::Ids(vec![number.id()]))

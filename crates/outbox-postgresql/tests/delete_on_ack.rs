@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use outbox_postgresql::{Partitioning, PgStore};
 use outbox_testkit::numbered;
-use outbox_types::{ClaimRequest, DeadLetterPolicy, RetryEvent, Store};
+use outbox_types::{ClaimRequest, RetryEvent, Store};
 
 fn request(owner: &str, lease: Duration) -> ClaimRequest {
-    ClaimRequest::new(owner, 100, lease, DeadLetterPolicy::Block)
+    ClaimRequest {
+        lease,
+        ..outbox_store_tests::claim_as(owner, 100)
+    }
 }
 
 async fn rows(store: &PgStore) -> Vec<(String, String)> {
@@ -38,7 +41,7 @@ async fn check_delete_on_ack(store: PgStore) {
         .await
         .unwrap();
     assert_eq!(claim.events.len(), 3);
-    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    let seqs = outbox_store_tests::seqs_of(&claim.events);
     assert_eq!(
         store.ack(&claim.lease, &[seqs[0], seqs[2]]).await.unwrap(),
         2

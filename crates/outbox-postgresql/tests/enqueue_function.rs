@@ -4,8 +4,7 @@
 mod common;
 
 use outbox_postgresql::{Partitioning, PgStore};
-use outbox_types::{ClaimRequest, DeadLetterPolicy, EventState, Store};
-use std::time::Duration;
+use outbox_types::{EventState, Store};
 
 fn function(store: &PgStore) -> String {
     // qualified_table() is "schema"."events": the function sits beside it.
@@ -70,12 +69,7 @@ async fn writes_what_the_library_writes(store: PgStore) {
         "the rolled-back and the duplicate are absent: {stats:?}"
     );
     let claim = store
-        .claim(&ClaimRequest::new(
-            "t",
-            10,
-            Duration::from_secs(30),
-            DeadLetterPolicy::Block,
-        ))
+        .claim(&outbox_store_tests::claim_up_to(10))
         .await
         .unwrap();
     let ids: Vec<uuid::Uuid> = claim.events.iter().map(|e| *e.id.as_uuid()).collect();

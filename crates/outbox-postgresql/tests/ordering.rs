@@ -10,13 +10,27 @@ mod common;
 use std::time::Duration;
 
 use outbox_postgresql::PgStore;
+use outbox_store_tests::claim_as;
 use outbox_testkit::numbered;
 use outbox_types::{ClaimRequest, DeadLetterPolicy, Event, Store};
 
 /// The labels of what `owner` claims now, under a lease of a minute.
 async fn claimed(store: &PgStore, owner: &str) -> Vec<String> {
-    let request = ClaimRequest::new(owner, 100, Duration::from_secs(60), DeadLetterPolicy::Block);
-    labels(&store.claim(&request).await.unwrap().events)
+    labels(&store.claim(&claim_as(owner, 100)).await.unwrap().events)
+}
+
+/// What `owner` claims while a/1's row is locked, then after `unlock` (the commit or rollback
+/// of the locking transaction, run only between the two claims): b/1 alone (`why`), then a/1
+/// and a/2 in order.
+async fn a_waits_until_unlocked(
+    store: &PgStore,
+    owner: &str,
+    unlock: impl Future<Output = Result<(), sqlx::Error>>,
+    why: &str,
+) {
+    assert_eq!(claimed(store, owner).await, vec!["b/1"], "{why}");
+    unlock.await.unwrap();
+    assert_eq!(claimed(store, owner).await, vec!["a/1", "a/2"]);
 }
 
 fn labels(events: &[Event]) -> Vec<String> {
@@ -45,13 +59,13 @@ async fn a_locked_earlier_event_holds_back_its_aggregate_duplicate_key_enqueue()
         .unwrap();
     assert!(!again.created);
 
-    assert_eq!(
-        claimed(&store, "relay").await,
-        vec!["b/1"],
-        "a/2 must not go out while a/1 is skipped"
-    );
-    writer.commit().await.unwrap();
-    assert_eq!(claimed(&store, "relay").await, vec!["a/1", "a/2"]);
+    a_waits_until_unlocked(
+        &store,
+        "relay",
+        writer.commit(),
+        "a/2 must not go out while a/1 is skipped",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -88,11 +102,11 @@ async fn a_locked_earlier_event_holds_back_its_aggregate_stalled_relay_write() {
     .await
     .unwrap();
 
-    assert_eq!(
-        claimed(&store, "relay-2").await,
-        vec!["b/1"],
-        "a/2 must not overtake the expired, locked a/1"
-    );
-    late.rollback().await.unwrap();
-    assert_eq!(claimed(&store, "relay-2").await, vec!["a/1", "a/2"]);
+    a_waits_until_unlocked(
+        &store,
+        "relay-2",
+        late.rollback(),
+        "a/2 must not overtake the expired, locked a/1",
+    )
+    .await;
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use outbox_engine::{Relay, RelayConfig};
 use outbox_postgresql::PgStore;
-use outbox_testkit::{Faults, RecordingSink, TcpProxy, check_first_delivery_order, numbered};
+use outbox_store_tests::{spawn_until_stopped, wait_for_stats};
+use outbox_testkit::{Faults, RecordingSink, TcpProxy, numbered};
 use outbox_types::{DeadLetterPolicy, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -50,10 +51,7 @@ async fn relay_survives_a_database_outage_without_losing_or_double_acking() {
     };
     let relay = Relay::new(relayed.clone(), sink.clone(), config);
     let counters = relay.counters();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run(async move {
-        let _ = stopped.await;
-    }));
+    let (stop, run) = spawn_until_stopped(relay);
 
     while counters.report().delivered < 500 {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -63,18 +61,14 @@ async fn relay_survives_a_database_outage_without_losing_or_double_acking() {
     let during = counters.report();
     proxy.restore();
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = direct.stats().await.unwrap();
-        if stats.delivered == 3000 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "relay did not recover: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_stats(
+        &direct,
+        Duration::from_millis(50),
+        Duration::from_secs(60),
+        "relay did not recover",
+        |stats| stats.delivered == 3000,
+    )
+    .await;
     stop.send(()).unwrap();
     let report = run.await.unwrap();
 
@@ -92,6 +86,5 @@ async fn relay_survives_a_database_outage_without_losing_or_double_acking() {
     // A delivery whose ack was lost in the outage is published again after its lease: allowed
     // (at least once), and it never makes a second row change.
     assert!(report.delivered <= 3000, "no event acked twice: {report:?}");
-    assert!(check_first_delivery_order(&sink.delivered()).is_empty());
-    assert!(sink.overlaps().is_empty());
+    sink.assert_in_order_without_overlaps();
 }

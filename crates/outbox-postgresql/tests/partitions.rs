@@ -10,8 +10,9 @@ use chrono::{DateTime, TimeDelta, Utc};
 use outbox_postgresql::{
     KeepReason, KeptPartition, PartitionInterval, Partitioning, PgOutbox, PgStore,
 };
+use outbox_store_tests::{claim_up_to, seqs_except, seqs_of};
 use outbox_testkit::numbered;
-use outbox_types::{BuryEvent, ClaimRequest, DeadFilter, DeadLetterPolicy, EventId, Store};
+use outbox_types::{BuryEvent, DeadFilter, EventId, Store};
 
 fn partitioning() -> Partitioning {
     Partitioning {
@@ -24,15 +25,6 @@ fn partitioning() -> Partitioning {
 
 fn name(day: DateTime<Utc>) -> String {
     format!("events_p{}", day.format("%Y%m%d"))
-}
-
-fn claim_all() -> ClaimRequest {
-    ClaimRequest::new(
-        "rotation",
-        100,
-        Duration::from_secs(60),
-        DeadLetterPolicy::Block,
-    )
 }
 
 /// Put events at a given `enqueued_at` (their rows move to that partition) and keep the keys
@@ -150,15 +142,10 @@ async fn rotation_drops_only_partitions_fully_delivered_and_past_retention() {
     }
 
     // Everything delivered half an hour after it was written, except b3, still pending.
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(100)).await.unwrap();
     assert_eq!(claim.events.len(), 9);
     let b3 = claim.events.iter().find(|e| e.id == b[2]).unwrap().seq;
-    let delivered: Vec<i64> = claim
-        .events
-        .iter()
-        .map(|e| e.seq)
-        .filter(|s| *s != b3)
-        .collect();
+    let delivered = seqs_except(&claim.events, b3);
     store.ack(&claim.lease, &delivered).await.unwrap();
     store.release(&claim.lease, &[b3]).await.unwrap();
     set_delivered_at(&store, a, d(-2, 2)).await;
@@ -199,7 +186,7 @@ async fn rotation_drops_only_partitions_fully_delivered_and_past_retention() {
     assert_eq!(enqueue_keyed(&store, "k-b1").await, (b[0], false));
 
     // b3 dead: the partition stays.
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(100)).await.unwrap();
     let b3_event = claim.events.iter().find(|e| e.id == b[2]).unwrap();
     store
         .bury(
@@ -211,12 +198,7 @@ async fn rotation_drops_only_partitions_fully_delivered_and_past_retention() {
         )
         .await
         .unwrap();
-    let others: Vec<i64> = claim
-        .events
-        .iter()
-        .filter(|e| e.id != b[2])
-        .map(|e| e.seq)
-        .collect();
+    let others = seqs_except(&claim.events, b3_event.seq);
     store.ack(&claim.lease, &others).await.unwrap();
     let report = outbox.maintain_partitions(&pool, later).await.unwrap();
     assert!(report.dropped.is_empty(), "{report:?}");
@@ -231,9 +213,11 @@ async fn rotation_drops_only_partitions_fully_delivered_and_past_retention() {
             .unwrap(),
         1
     );
-    let claim = store.claim(&claim_all()).await.unwrap();
-    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
-    store.ack(&claim.lease, &seqs).await.unwrap();
+    let claim = store.claim(&claim_up_to(100)).await.unwrap();
+    store
+        .ack(&claim.lease, &seqs_of(&claim.events))
+        .await
+        .unwrap();
     set_delivered_at(&store, &b[2..], d(0, 2)).await;
     let report = outbox.maintain_partitions(&pool, later).await.unwrap();
     assert_eq!(

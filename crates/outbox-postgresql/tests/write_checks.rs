@@ -8,7 +8,7 @@
 mod common;
 
 use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_store_tests::write_checks_claim;
+use outbox_store_tests::{seqs_of, state_of, write_checks_claim};
 use outbox_types::{DeadFilter, EventState, NewEvent, Store};
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -332,19 +332,15 @@ async fn upgrades_with_bad_rows(store: PgStore, version: i64) {
     // reserved name is delivered (and never sent), the old dead row can be requeued.
     let claim = store.claim(&write_checks_claim()).await.unwrap();
     assert_eq!(claim.buried, 1, "{claim:?}");
-    let seqs: Vec<i64> = claim.events.iter().map(|e| e.seq).collect();
+    let seqs = seqs_of(&claim.events);
     assert_eq!(
         claim.events.len(),
         2,
         "the reserved one and the new one: {claim:?}"
     );
     store.ack(&claim.lease, &seqs).await.unwrap();
-    let state = |id| {
-        let store = store.clone();
-        async move { store.get(id).await.unwrap().unwrap().state }
-    };
-    assert_eq!(state(number.id()).await, EventState::Dead);
-    assert_eq!(state(reserved.id()).await, EventState::Delivered);
+    assert_eq!(state_of(&store, number.id()).await, EventState::Dead);
+    assert_eq!(state_of(&store, reserved.id()).await, EventState::Delivered);
     let requeued = store
         .requeue_dead(&DeadFilter::Ids(vec![dead.id(), number.id()]))
         .await

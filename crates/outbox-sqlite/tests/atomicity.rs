@@ -134,15 +134,7 @@ async fn a_writer_process_killed_before_commit_leaves_nothing() {
         .enqueue(reopened.pool(), &order_created(6))
         .await
         .unwrap();
-    let claim = reopened
-        .claim(&outbox_types::ClaimRequest::new(
-            "after-crash",
-            10,
-            Duration::from_secs(30),
-            outbox_types::DeadLetterPolicy::Block,
-        ))
-        .await
-        .unwrap();
+    let claim = reopened.claim(&scenario::claim_up_to(10)).await.unwrap();
     assert_eq!(
         claim.events.iter().map(|e| e.id).collect::<Vec<_>>(),
         vec![done.id]

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use common::TempStore;
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
+use outbox_store_tests::{claim_up_to, claims_nothing};
 use outbox_testkit::concurrent::race;
-use outbox_types::{ClaimRequest, DeadLetterPolicy, NewEvent, Store, StoreError};
+use outbox_types::{ClaimRequest, NewEvent, Store, StoreError};
 use sqlx::sqlite::SqlitePoolOptions;
 
 async fn tables(store: &SqliteStore) -> Vec<String> {
@@ -15,15 +16,6 @@ async fn tables(store: &SqliteStore) -> Vec<String> {
         .fetch_all(store.pool())
         .await
         .unwrap()
-}
-
-fn claim_all() -> ClaimRequest {
-    ClaimRequest::new(
-        "schema-test",
-        100,
-        Duration::from_secs(30),
-        DeadLetterPolicy::Block,
-    )
 }
 
 #[tokio::test]
@@ -121,7 +113,7 @@ async fn a_custom_table_name_is_used_everywhere() {
 
     let ids = common::enqueue_committed(&store, &[outbox_testkit::numbered("a", 1)]).await;
     assert_eq!(default.stats().await.unwrap().pending, 0);
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(100)).await.unwrap();
     assert_eq!(claim.events[0].id, ids[0].0);
     assert_eq!(
         store
@@ -131,7 +123,7 @@ async fn a_custom_table_name_is_used_everywhere() {
         1
     );
     assert_eq!(store.stats().await.unwrap().delivered, 1);
-    assert!(default.claim(&claim_all()).await.unwrap().events.is_empty());
+    assert!(claims_nothing(&default).await);
 }
 
 #[tokio::test]
@@ -159,7 +151,7 @@ async fn a_store_on_an_unmigrated_file_says_to_migrate() {
     outbox_testkit::assert_mentions(&err, "outbox migrate");
     for err in [
         store.stats().await.unwrap_err(),
-        store.claim(&claim_all()).await.unwrap_err(),
+        store.claim(&claim_up_to(100)).await.unwrap_err(),
         store
             .outbox()
             .enqueue(store.pool(), &outbox_testkit::numbered("a", 1))
@@ -230,7 +222,7 @@ async fn a_write_lock_held_past_the_busy_timeout_is_transient() {
         .unwrap();
     let impatient = SqliteStore::new(pool, store.outbox().clone());
     let tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let err = impatient.claim(&claim_all()).await.unwrap_err();
+    let err = impatient.claim(&claim_up_to(100)).await.unwrap_err();
     assert!(
         matches!(err, StoreError::Unavailable(_)) && err.is_transient(),
         "{err}"
@@ -238,7 +230,15 @@ async fn a_write_lock_held_past_the_busy_timeout_is_transient() {
     // Readers are not blocked by the writer (WAL).
     assert_eq!(impatient.stats().await.unwrap().pending, 1);
     tx.rollback().await.unwrap();
-    assert_eq!(impatient.claim(&claim_all()).await.unwrap().events.len(), 1);
+    assert_eq!(
+        impatient
+            .claim(&claim_up_to(100))
+            .await
+            .unwrap()
+            .events
+            .len(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -252,7 +252,7 @@ async fn a_waiting_claim_gets_in_once_the_writer_commits() {
         .enqueue(&mut *tx, &outbox_testkit::numbered("a", 2))
         .await
         .unwrap();
-    let waiting = tokio::spawn(async move { other.claim(&claim_all()).await });
+    let waiting = tokio::spawn(async move { other.claim(&claim_up_to(100)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "the claim waits for the write lock");
     tx.commit().await.unwrap();
@@ -331,7 +331,7 @@ async fn a_key_freed_by_discard_can_be_used_again() {
     let store = TempStore::new().await;
     let first = outbox_testkit::numbered("a", 1).with_idempotency_key("k");
     common::enqueue_committed(&store, std::slice::from_ref(&first)).await;
-    let claim = store.claim(&claim_all()).await.unwrap();
+    let claim = store.claim(&claim_up_to(100)).await.unwrap();
     store
         .bury(
             &claim.lease,
@@ -350,7 +350,7 @@ async fn a_key_freed_by_discard_can_be_used_again() {
     let done = common::enqueue_committed(&store, std::slice::from_ref(&second)).await;
     assert_eq!(done, vec![(second.id(), true)]);
     // seq is never reused, even for the newest row deleted.
-    let claim2 = store.claim(&claim_all()).await.unwrap();
+    let claim2 = store.claim(&claim_up_to(100)).await.unwrap();
     assert!(claim2.events[0].seq > claim.events[0].seq);
 }
 
@@ -361,7 +361,7 @@ async fn huge_leases_and_delays_saturate_instead_of_failing() {
     let claim = store
         .claim(&ClaimRequest {
             lease: Duration::MAX,
-            ..claim_all()
+            ..claim_up_to(100)
         })
         .await
         .unwrap();
@@ -381,5 +381,5 @@ async fn huge_leases_and_delays_saturate_instead_of_failing() {
         .unwrap();
     let record = store.get(ids[0].0).await.unwrap().unwrap();
     assert!(record.next_attempt_at.timestamp() > 200_000_000_000);
-    assert!(store.claim(&claim_all()).await.unwrap().events.is_empty());
+    assert!(claims_nothing(&store).await);
 }

@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::TempStore;
+use common::{SqliteWriter, TempStore};
 use outbox_sqlite::{SqliteOutbox, SqliteStore};
-use outbox_store_tests::write_checks_claim;
+use outbox_store_tests::{outbox_rows, state_of, write_checks_claim};
 use outbox_types::{DeadFilter, EventState, Store};
 use sqlx::AssertSqlSafe;
 
@@ -41,16 +41,6 @@ async fn insert<'e>(
 
 fn id() -> String {
     uuid::Uuid::now_v7().to_string()
-}
-
-async fn count(store: &SqliteStore) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM \"{}\"",
-        store.outbox().table()
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap()
 }
 
 #[tokio::test]
@@ -87,7 +77,7 @@ async fn bad_headers_fail_the_writers_insert_naming_the_rule() {
         );
     }
     tx.rollback().await.unwrap();
-    assert_eq!(count(&store).await, 0);
+    assert_eq!(outbox_rows(&SqliteWriter, &store).await, 0);
 
     // A missing id is named, not a bare NOT NULL failure.
     let err = insert(store.pool(), &store, None, "{}").await.unwrap_err();
@@ -124,7 +114,7 @@ async fn bad_headers_fail_the_writers_insert_naming_the_rule() {
     outbox_testkit::assert_mentions(&err, "header values must be JSON strings");
 }
 
-outbox_store_tests::writer_tests!(common::SqliteWriter;
+outbox_store_tests::writer_tests!(SqliteWriter;
     the_library_refuses_a_reserved_header_before_the_database_does,
 );
 
@@ -172,13 +162,14 @@ async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
         .ack(&claim.lease, &[claim.events[0].seq])
         .await
         .unwrap();
-    let state = |id: &str| {
-        let id = id.parse().unwrap();
-        let store = store.store.clone();
-        async move { store.get(id).await.unwrap().unwrap().state }
-    };
-    assert_eq!(state(&number).await, EventState::Dead);
-    assert_eq!(state(&reserved).await, EventState::Delivered);
+    assert_eq!(
+        state_of(&store, number.parse().unwrap()).await,
+        EventState::Dead
+    );
+    assert_eq!(
+        state_of(&store, reserved.parse().unwrap()).await,
+        EventState::Delivered
+    );
     let requeued = store
         .requeue_dead(&DeadFilter::Ids(vec![number.parse().unwrap()]))
         .await

@@ -40,6 +40,16 @@ fn history(aggregate_id: &str, event_types: &[&str]) -> Vec<NewEvent> {
         .collect()
 }
 
+/// A fresh store holding, enqueued in one transaction, each aggregate's [`history`] of
+/// `histories` (aggregate id, its event types in order), one aggregate after the other.
+async fn fresh_with_histories<H: Harness>(h: &H, histories: &[(&str, &[&str])]) -> Arc<H::Store> {
+    let events: Vec<NewEvent> = histories
+        .iter()
+        .flat_map(|(aggregate_id, event_types)| history(aggregate_id, event_types))
+        .collect();
+    fresh_holding(h, &events).await.0
+}
+
 /// One event (number 0) per event type, each of its own aggregate `{prefix}0`, `{prefix}1`, ….
 fn singles(prefix: &str, event_types: &[&str]) -> Vec<NewEvent> {
     event_types
@@ -58,7 +68,7 @@ fn held(routes: &RouteTable, paused: &[&str], deferred: &[&str]) -> ClaimRequest
             paused: names(paused),
             deferred: names(deferred),
         })),
-        ..req(1000)
+        ..claim_up_to(1000)
     }
 }
 
@@ -97,14 +107,16 @@ where
 /// events, and an aggregate with events for both destinations goes on with the unpaused one.
 /// Resumed, the held events are claimed in seq order.
 pub async fn pause_holds_only_that_destinations_events<H: Harness>(h: &H) {
-    let store = h.fresh().await;
+    let store = fresh_with_histories(
+        h,
+        &[
+            ("a", &["Created", "HookSent", "Created"]),
+            ("b", &["HookSent", "HookSent"]),
+            ("c", &["Created"]),
+        ],
+    )
+    .await;
     let routes = hooks_and_kafka();
-    let events = [
-        history("a", &["Created", "HookSent", "Created"]),
-        history("b", &["HookSent", "HookSent"]),
-        history("c", &["Created"]),
-    ];
-    h.enqueue(&store, &events.concat()).await;
     assert!(store.pause("hooks", "ops@host-1").await.unwrap());
     assert!(
         !store.pause("hooks", "someone else").await.unwrap(),
@@ -139,7 +151,7 @@ pub async fn pause_holds_only_that_destinations_events<H: Harness>(h: &H) {
     assert!(store.resume("hooks").await.unwrap());
     assert!(!store.resume("hooks").await.unwrap(), "not paused any more");
     assert!(store.paused().await.unwrap().is_empty());
-    let resumed = store.claim(&req(1000)).await.unwrap();
+    let resumed = store.claim(&claim_up_to(1000)).await.unwrap();
     assert_eq!(labels(&resumed.events), [("a", 2), ("b", 1), ("b", 2)]);
     assert!(resumed.events.windows(2).all(|w| w[0].seq < w[1].seq));
 }
@@ -151,7 +163,7 @@ pub async fn held_events_do_not_block_other_destinations<H: Harness>(h: &H) {
     let routes = hooks_and_kafka();
     h.enqueue(&store, &history("d", &["HookSent", "Created"]))
         .await;
-    let first = store.claim(&req(1)).await.unwrap();
+    let first = store.claim(&claim_up_to(1)).await.unwrap();
     assert_eq!(labels(&first.events), [("d", 1)]);
     store
         .retry(
@@ -165,7 +177,7 @@ pub async fn held_events_do_not_block_other_destinations<H: Harness>(h: &H) {
         .await
         .unwrap();
     assert!(
-        store.claim(&req(10)).await.unwrap().events.is_empty(),
+        claims_nothing(&*store).await,
         "unpaused: d/2 waits behind the retrying d/1"
     );
     let held = store.claim(&hold(&routes, &["hooks"])).await.unwrap();
@@ -182,15 +194,17 @@ fn defer(routes: &RouteTable, deferred: &[&str]) -> ClaimRequest {
 /// for a retry. Stores that claim a deferred destination as usual ([`Harness::defers`] false)
 /// must still return every due event in order.
 pub async fn a_deferred_destination_keeps_its_place_in_each_aggregate<H: Harness>(h: &H) {
-    let store = h.fresh().await;
+    let store = fresh_with_histories(
+        h,
+        &[
+            ("a", &["Created", "HookSent", "Created"]),
+            ("b", &["HookSent", "Created"]),
+            ("c", &["Created"]),
+            ("d", &["HookSent"]),
+        ],
+    )
+    .await;
     let routes = hooks_and_kafka();
-    let events = [
-        history("a", &["Created", "HookSent", "Created"]),
-        history("b", &["HookSent", "Created"]),
-        history("c", &["Created"]),
-        history("d", &["HookSent"]),
-    ];
-    h.enqueue(&store, &events.concat()).await;
     let turn = store.claim(&defer(&routes, &["hooks"])).await.unwrap();
     if !h.defers() {
         assert_eq!(
@@ -216,18 +230,13 @@ pub async fn a_deferred_destination_keeps_its_place_in_each_aggregate<H: Harness
     store.ack(&turn.lease, &seqs).await.unwrap();
     // b/1 in flight, then waiting for a retry: b/2 still waits behind it while hooks is
     // deferred.
-    let hooks = store.claim(&req(1000)).await.unwrap();
+    let hooks = store.claim(&claim_up_to(1000)).await.unwrap();
     assert_eq!(
         labels(&hooks.events),
         [("a", 2), ("a", 3), ("b", 1), ("b", 2), ("d", 1)],
     );
     let b1 = hooks.events[2].seq;
-    let rest: Vec<i64> = hooks
-        .events
-        .iter()
-        .map(|e| e.seq)
-        .filter(|s| *s != b1)
-        .collect();
+    let rest = seqs_except(&hooks.events, b1);
     store.release(&hooks.lease, &rest).await.unwrap();
     assert!(
         store
@@ -380,7 +389,7 @@ pub async fn routes_in_sql_agree_with_resolve<H: Harness>(h: &H) {
 
             // Every state the stats count: i % 4 = 0 dead, 1 delivered (not counted), 2 waiting
             // for a retry, 3 in flight.
-            let claim = store.claim(&req(1000)).await.unwrap();
+            let claim = store.claim(&claim_up_to(1000)).await.unwrap();
             assert_eq!(claim.events.len(), events.len());
             let mut want: BTreeMap<Option<String>, (u64, u64, u64, u64)> = BTreeMap::new();
             let (mut ack, mut retry, mut bury) = (Vec::new(), Vec::new(), Vec::new());
@@ -441,7 +450,7 @@ pub async fn destination_stats_count_each_state<H: Harness>(h: &H) {
     ];
     let ids = h.enqueue(&store, &events.concat()).await;
     // k0 pending, k1 retrying, k2 in flight, k3 dead, k4 delivered.
-    let claim = store.claim(&req(4)).await.unwrap();
+    let claim = store.claim(&claim_up_to(4)).await.unwrap();
     let seq = |i: usize| claim.events[i].seq;
     store.release(&claim.lease, &[seq(0)]).await.unwrap();
     store
@@ -455,7 +464,7 @@ pub async fn destination_stats_count_each_state<H: Harness>(h: &H) {
         .bury(&claim.lease, &[buried(seq(3), "x")])
         .await
         .unwrap();
-    let k4 = store.claim(&req(1)).await.unwrap();
+    let k4 = store.claim(&claim_up_to(1)).await.unwrap();
     assert_eq!(k4.events.len(), 1);
     store.ack(&k4.lease, &[k4.events[0].seq]).await.unwrap();
     h.backdate(&store, &[ids[1].0], HOUR).await;
@@ -492,22 +501,13 @@ pub async fn leases_report_who_holds_what_since_when<H: Harness>(h: &H) {
     let before = Utc::now() - chrono::TimeDelta::seconds(30);
     let short = store
         .claim(&ClaimRequest {
-            owner: "relay-b".into(),
-            limit: 1,
             lease: Duration::from_millis(200),
-            ..req(1)
+            ..claim_as("relay-b", 1)
         })
         .await
         .unwrap();
     assert_eq!(short.events.len(), 1);
-    let long = store
-        .claim(&ClaimRequest {
-            owner: "relay-a".into(),
-            limit: 3,
-            ..req(3)
-        })
-        .await
-        .unwrap();
+    let long = store.claim(&claim_as("relay-a", 3)).await.unwrap();
     store.ack(&long.lease, &[long.events[2].seq]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     let leases = store.leases().await.unwrap();
@@ -542,7 +542,7 @@ pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
     types[3] = "Other";
     let events = singles("r", &types);
     let ids = ids_of(h.enqueue(&store, &events).await);
-    let claim = store.claim(&req(100)).await.unwrap();
+    let claim = store.claim(&claim_up_to(100)).await.unwrap();
     assert_eq!(claim.events.len(), 8);
     let seqs = seqs_of(&claim.events);
     store
@@ -561,7 +561,7 @@ pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
         .await
         .unwrap();
     store.release(&claim.lease, &[seqs[6]]).await.unwrap();
-    let again = store.claim(&req(1)).await.unwrap();
+    let again = store.claim(&claim_up_to(1)).await.unwrap();
     assert_eq!(again.events[0].id, ids[2]);
     store.ack(&again.lease, &[seqs[2]]).await.unwrap();
     let old: Vec<EventId> = [0, 1, 2, 3, 5, 6, 7].iter().map(|&i| ids[i]).collect();
@@ -606,7 +606,7 @@ pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
         assert_eq!(after[i].lease_owner, before[i].lease_owner, "r{i}");
         assert_eq!(after[i].next_attempt_at, before[i].next_attempt_at, "r{i}");
     }
-    let replayed = store.claim(&req(100)).await.unwrap();
+    let replayed = store.claim(&claim_up_to(100)).await.unwrap();
     let got: Vec<EventId> = replayed.events.iter().map(|e| e.id).collect();
     assert_eq!(
         got,
@@ -624,11 +624,8 @@ pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
         .await
         .unwrap();
     assert_eq!(step.replayed, 1);
-    assert_eq!(
-        store.get(ids[1]).await.unwrap().unwrap().state,
-        EventState::Pending
-    );
-    let c = store.claim(&req(100)).await.unwrap();
+    assert_eq!(state_of(&*store, ids[1]).await, EventState::Pending);
+    let c = store.claim(&claim_up_to(100)).await.unwrap();
     store.ack(&c.lease, &[seqs[1]]).await.unwrap();
     store.release(&c.lease, &[seqs[6]]).await.unwrap();
 
@@ -651,7 +648,7 @@ pub async fn replay_sends_delivered_events_again<H: Harness>(h: &H) {
     assert_eq!(total, 4, "{steps:?}");
     assert_eq!(steps[0].next_after, Some(seqs[1]), "{steps:?}");
     assert_eq!(
-        store.get(ids[4]).await.unwrap().unwrap().state,
+        state_of(&*store, ids[4]).await,
         EventState::Delivered,
         "out of range"
     );
@@ -682,7 +679,7 @@ pub async fn purge_dead_deletes_only_old_dead_events<H: Harness>(h: &H) {
     let store = h.fresh().await;
     let ids = ids_of(h.enqueue(&store, &singles("x", &["Created"; 5])).await);
     // x0, x1 dead long ago; x2 dead just now; x3 delivered long ago; x4 pending, enqueued long ago.
-    let claim = store.claim(&req(4)).await.unwrap();
+    let claim = store.claim(&claim_up_to(4)).await.unwrap();
     let buries: Vec<BuryEvent> = claim.events[..3]
         .iter()
         .map(|e| buried(e.seq, "x"))
@@ -739,7 +736,7 @@ pub async fn purge_never_deletes_an_undelivered_event<H: Harness>(h: &H) {
             .map(|i| typed(&format!("m{i}"), i as u64, "Created"))
             .collect();
         let ids = ids_of(h.enqueue(&store, &events).await);
-        let claim = store.claim(&req(1000)).await.unwrap();
+        let claim = store.claim(&claim_up_to(1000)).await.unwrap();
         assert_eq!(claim.events.len(), mix.len());
         let (mut ack, mut retry, mut bury, mut release) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -792,14 +789,10 @@ pub async fn purge_never_deletes_an_undelivered_event<H: Harness>(h: &H) {
 /// A claim with a hold but with events of the held destination only returns nothing, and
 /// `DeadLetterPolicy` still applies to the rest.
 pub async fn hold_respects_the_dead_letter_policy<H: Harness>(h: &H) {
-    let store = h.fresh().await;
+    let store =
+        fresh_with_histories(h, &[("z", &["Created", "Created"]), ("y", &["HookSent"])]).await;
     let routes = hooks_and_kafka();
-    let events = [
-        history("z", &["Created", "Created"]),
-        history("y", &["HookSent"]),
-    ];
-    h.enqueue(&store, &events.concat()).await;
-    let first = store.claim(&req(1)).await.unwrap();
+    let first = store.claim(&claim_up_to(1)).await.unwrap();
     store
         .bury(&first.lease, &[buried(first.events[0].seq, "x")])
         .await

@@ -14,7 +14,7 @@ pub async fn claim_returns_due_events_in_order_and_ack_delivers<H: Harness>(h: &
     let store = h.fresh().await;
     let events: Vec<NewEvent> = (0..5).map(|i| numbered(&format!("a{i}"), 0)).collect();
     let ids = h.enqueue(&store, &events).await;
-    let claim = store.claim(&req(10)).await.unwrap();
+    let claim = store.claim(&claim_up_to(10)).await.unwrap();
     let got: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
     let want: Vec<EventId> = ids.iter().map(|(id, _)| *id).collect();
     assert_eq!(got, want, "claimed in enqueue order");
@@ -30,7 +30,7 @@ pub async fn claim_returns_due_events_in_order_and_ack_delivers<H: Harness>(h: &
     assert_eq!(record.lease_owner.as_deref(), Some("test-relay"));
 
     assert!(
-        store.claim(&req(10)).await.unwrap().events.is_empty(),
+        claims_nothing(&*store).await,
         "in-flight events are not claimed twice"
     );
     let seqs = seqs_of(&claim.events);
@@ -39,7 +39,7 @@ pub async fn claim_returns_due_events_in_order_and_ack_delivers<H: Harness>(h: &
     assert_eq!(record.state, EventState::Delivered);
     assert!(record.delivered_at.is_some());
     assert!(
-        store.claim(&req(10)).await.unwrap().events.is_empty(),
+        claims_nothing(&*store).await,
         "delivered events are not claimed"
     );
     assert_eq!(
@@ -87,14 +87,14 @@ pub async fn aggregate_in_flight_blocks_its_later_events_only<H: Harness>(h: &H)
         ),
         ("a", 1)
     );
-    let second = store.claim(&req(10)).await.unwrap();
+    let second = store.claim(&claim_up_to(10)).await.unwrap();
     let got = labels(&second.events);
     assert_eq!(got, vec![("b", 1)], "a/2 must wait for a/1");
     store
         .ack(&first.lease, &[first.events[0].seq])
         .await
         .unwrap();
-    let third = store.claim(&req(10)).await.unwrap();
+    let third = store.claim(&claim_up_to(10)).await.unwrap();
     let got = labels(&third.events);
     assert_eq!(got, vec![("a", 2)]);
     // Several events of one aggregate come in one claim, in order.
@@ -103,7 +103,7 @@ pub async fn aggregate_in_flight_blocks_its_later_events_only<H: Harness>(h: &H)
         &[numbered("c", 1), numbered("c", 2), numbered("c", 3)],
     )
     .await;
-    let fourth = store.claim(&req(10)).await.unwrap();
+    let fourth = store.claim(&claim_up_to(10)).await.unwrap();
     let got: Vec<u64> = fourth.events.iter().map(payload_n).collect();
     assert_eq!(got, vec![1, 2, 3]);
 }
@@ -180,7 +180,7 @@ pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: 
     let store = h.fresh().await;
     h.enqueue(&store, &[numbered("dead", 0), numbered("retry", 0)])
         .await;
-    let first = store.claim(&req(2)).await.unwrap();
+    let first = store.claim(&claim_up_to(2)).await.unwrap();
     assert_eq!(first.events.len(), 2);
     let bury = buried(first.events[0].seq, "payload rejected");
     assert_eq!(store.bury(&first.lease, &[bury]).await.unwrap(), 1);
@@ -224,7 +224,7 @@ pub async fn aggregates_behind_a_long_held_run_are_still_claimed<H: Harness>(h: 
         if delivered == tail.len() {
             break;
         }
-        let claim = store.claim(&req(10)).await.unwrap();
+        let claim = store.claim(&claim_up_to(10)).await.unwrap();
         claims += 1;
         assert!(
             !claim.events.is_empty(),
@@ -276,15 +276,10 @@ pub async fn claims_are_bounded_by_payload_bytes<H: Harness>(h: &H) {
         events.push(sized(&format!("a{}", n % 3), 1000));
     }
     h.enqueue(&store, &events).await;
-    let request = req(100).with_byte_limits(3500, 1_000_000);
+    let request = claim_up_to(100).with_byte_limits(3500, 1_000_000);
     let first = store.claim(&request).await.unwrap();
     // 0, 1000, 2000 and 3000 bytes before each: four events; the fifth would start at 4000.
-    assert_eq!(
-        first.events.len(),
-        4,
-        "{:?}",
-        first.events.iter().map(|e| e.seq).collect::<Vec<_>>()
-    );
+    assert_eq!(first.events.len(), 4, "{:?}", seqs_of(&first.events));
     let seqs = seqs_of(&first.events);
     store.ack(&first.lease, &seqs).await.unwrap();
     let second = store.claim(&request).await.unwrap();
@@ -299,19 +294,19 @@ pub async fn claims_are_bounded_by_payload_bytes<H: Harness>(h: &H) {
     // alone.
     h.enqueue(&store, &[sized("big", 5000)]).await;
     let third = store
-        .claim(&req(100).with_byte_limits(1000, 1_000_000))
+        .claim(&claim_up_to(100).with_byte_limits(1000, 1_000_000))
         .await
         .unwrap();
     assert_eq!(third.events.len(), 1, "1000 bytes before the second: one");
     let seqs = seqs_of(&third.events);
     store.ack(&third.lease, &seqs).await.unwrap();
     let fourth = store
-        .claim(&req(100).with_byte_limits(1000, 1_000_000))
+        .claim(&claim_up_to(100).with_byte_limits(1000, 1_000_000))
         .await
         .unwrap();
     assert_eq!(fourth.events.len(), 1);
     let last = store
-        .claim(&req(100).with_byte_limits(1000, 1_000_000))
+        .claim(&claim_up_to(100).with_byte_limits(1000, 1_000_000))
         .await
         .unwrap();
     assert_eq!(last.events.len(), 1);
@@ -339,7 +334,7 @@ pub async fn oversized_payloads_are_buried_unread_and_hold_their_aggregate<H: Ha
             .await;
         let request = ClaimRequest {
             dead_letter: policy,
-            ..req(100).with_byte_limits(1_000_000, 1000)
+            ..claim_up_to(100).with_byte_limits(1_000_000, 1000)
         };
         let claim = store.claim(&request).await.unwrap();
         assert_eq!(claim.buried, 1, "the relay counts it as dead");

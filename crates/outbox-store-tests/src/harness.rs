@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use outbox_engine::RelayConfig;
 use outbox_testkit::numbered;
 use outbox_types::{
-    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, EventId, NewEvent, RetryEvent, Store,
+    BuryEvent, Claim, ClaimRequest, DeadLetterPolicy, Event, EventId, EventState, NewEvent,
+    RetryEvent, Store,
 };
 
 /// How the suite gets at a store.
@@ -52,7 +53,10 @@ pub trait Harness: Send + Sync + 'static {
     }
 }
 
-pub(crate) fn req(limit: u32) -> ClaimRequest {
+/// A claim of up to `limit` events by `test-relay` on a lease of a minute, under the block
+/// policy: the request the suite and the stores' own tests make when nothing else about it
+/// matters to the test.
+pub fn claim_up_to(limit: u32) -> ClaimRequest {
     ClaimRequest::new(
         "test-relay",
         limit,
@@ -130,9 +134,47 @@ pub async fn claim_and_ack_until_drained<S: Store + ?Sized>(
     }
 }
 
+/// [`claim_up_to`] by relay `owner`, for the scenarios where several relays claim.
+pub fn claim_as(owner: &str, limit: u32) -> ClaimRequest {
+    ClaimRequest {
+        owner: owner.to_owned(),
+        ..claim_up_to(limit)
+    }
+}
+
+/// Whether a claim now finds nothing to hand out (and claims nothing, then).
+pub async fn claims_nothing<S: Store + ?Sized>(store: &S) -> bool {
+    store
+        .claim(&claim_up_to(10))
+        .await
+        .unwrap()
+        .events
+        .is_empty()
+}
+
 /// The seqs of `events`, in their order: what a settle call takes.
-pub(crate) fn seqs_of(events: &[Event]) -> Vec<i64> {
+pub fn seqs_of(events: &[Event]) -> Vec<i64> {
     events.iter().map(|e| e.seq).collect()
+}
+
+/// The seqs of `events` but `left_out`, in their order: the rest of a claim, settled one way
+/// while the event left out is settled another.
+pub fn seqs_except(events: &[Event], left_out: i64) -> Vec<i64> {
+    events
+        .iter()
+        .map(|e| e.seq)
+        .filter(|seq| *seq != left_out)
+        .collect()
+}
+
+/// The state of event `id`, which must exist.
+pub async fn state_of<S: Store + ?Sized>(store: &S, id: EventId) -> EventState {
+    store
+        .get(id)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("event {id} is not in the outbox"))
+        .state
 }
 
 /// The ids of what [`Harness::enqueue`] returned, dropping the `created` flags.
@@ -151,7 +193,7 @@ pub(crate) async fn a1_claimed<H: Harness>(h: &H) -> (Arc<H::Store>, Claim) {
     let store = h.fresh().await;
     h.enqueue(&store, &numbered_all(&[("a", 1), ("a", 2), ("b", 1)]))
         .await;
-    let claim = store.claim(&req(1)).await.unwrap();
+    let claim = store.claim(&claim_up_to(1)).await.unwrap();
     (store, claim)
 }
 

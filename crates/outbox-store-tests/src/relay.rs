@@ -58,13 +58,13 @@ fn relay_config(id: &str) -> RelayConfig {
 }
 
 /// A relay running in a task: the sender that stops it, and the task that ends with its report.
-type Running = (
+pub type Running = (
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<outbox_engine::RelayReport>,
 );
 
 /// Run `relay` in a task until the returned sender fires (or is dropped).
-fn spawn_until_stopped<S, K>(relay: Relay<S, K>) -> Running
+pub fn spawn_until_stopped<S, K>(relay: Relay<S, K>) -> Running
 where
     S: outbox_types::Source + ?Sized + 'static,
     K: outbox_types::Sink + ?Sized + 'static,
@@ -76,21 +76,40 @@ where
     (tx, run)
 }
 
-/// Poll the store's stats every `every` until `done` holds; fail after 60 s.
-async fn wait_for_stats<S: Store + ?Sized>(
+/// Poll `store`'s stats every `every` until `done` holds; past `patience`, fail the test with
+/// `what` and the last stats. A relay works in the background, so a test can only wait for the
+/// counts it expects, never for the relay itself.
+pub async fn wait_for_stats<S: Store + ?Sized>(
     store: &S,
     every: Duration,
+    patience: Duration,
+    what: &str,
     done: impl Fn(&outbox_types::OutboxStats) -> bool,
 ) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + patience;
     loop {
         let stats = store.stats().await.unwrap();
         if done(&stats) {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {stats:?}");
         tokio::time::sleep(every).await;
     }
+}
+
+/// [`wait_for_stats`], for a minute at most, until exactly `dead` events are dead and
+/// `delivered` delivered.
+async fn wait_for_dead_and_delivered<S: Store + ?Sized>(
+    store: &S,
+    every: Duration,
+    dead: u64,
+    delivered: u64,
+) {
+    let what = format!("{dead} dead and {delivered} delivered");
+    wait_for_stats(store, every, Duration::from_secs(60), &what, |s| {
+        s.dead == dead && s.delivered == delivered
+    })
+    .await;
 }
 
 /// A recording sink with `faults` injected.
@@ -194,20 +213,17 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
         DeadLetterPolicy::Skip => 0,
     };
     let expected_delivered = total - expected_dead - expected_held;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        let stats = store.stats().await.unwrap();
-        if stats.delivered + stats.dead == expected_delivered + expected_dead
-            && stats.in_flight == 0
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "relays did not finish: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_stats(
+        &*store,
+        Duration::from_millis(50),
+        Duration::from_secs(300),
+        "relays did not finish",
+        |stats| {
+            stats.delivered + stats.dead == expected_delivered + expected_dead
+                && stats.in_flight == 0
+        },
+    )
+    .await;
     stop_tx.send(()).unwrap();
     let mut reports = Vec::new();
     for r in relays {
@@ -241,17 +257,7 @@ async fn three_relays<H: Harness>(h: &H, policy: DeadLetterPolicy) {
             "nothing after a poison event was delivered under Block"
         );
     }
-    let violations = check_first_delivery_order(&delivered);
-    assert!(
-        violations.is_empty(),
-        "order violations: {:?}",
-        &violations[..violations.len().min(5)]
-    );
-    assert!(
-        sink.overlaps().is_empty(),
-        "events in flight twice: {:?}",
-        sink.overlaps()
-    );
+    sink.assert_in_order_without_overlaps();
 
     // The relays' books balance: every claimed event was settled exactly one way, every
     // delivery and burial was recorded once, and nothing was fenced under a 30 s lease.
@@ -312,10 +318,7 @@ pub async fn relay_gives_up_after_max_attempts<H: Harness>(h: &H) {
     };
     let relay = Relay::new(h.source(&store, &config).await, sink.clone(), config);
     let (tx, run) = spawn_until_stopped(relay);
-    wait_for_stats(&*store, Duration::from_millis(10), |s| {
-        s.dead == 1 && s.delivered == 1
-    })
-    .await;
+    wait_for_dead_and_delivered(&*store, Duration::from_millis(10), 1, 1).await;
     tx.send(()).unwrap();
     let report = run.await.unwrap();
     assert_eq!((report.retried, report.dead, report.delivered), (2, 1, 1));
@@ -794,10 +797,7 @@ pub async fn a_requeued_dead_event_goes_out_while_the_relay_runs<H: Harness>(h: 
         events.push(numbered("q", n));
     }
     h.enqueue(&store, &events).await;
-    wait_for_stats(&*store, Duration::from_millis(20), |s| {
-        s.dead == 1 && s.delivered == 5
-    })
-    .await;
+    wait_for_dead_and_delivered(&*store, Duration::from_millis(20), 1, 5).await;
     assert_eq!(
         delivered_of(&sink, "p"),
         [0],

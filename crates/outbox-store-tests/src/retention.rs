@@ -19,7 +19,7 @@ pub async fn purge_deletes_only_old_delivered_events<H: Harness>(h: &H) {
         )
         .await;
     // 3 delivered, 1 dead, 1 in flight, 1 pending.
-    let claim = store.claim(&req(5)).await.unwrap();
+    let claim = store.claim(&claim_up_to(5)).await.unwrap();
     let seqs = seqs_of(&claim.events);
     store.ack(&claim.lease, &seqs[..3]).await.unwrap();
     store

@@ -22,7 +22,7 @@ pub async fn retry_counts_the_attempt_and_delays_the_event<H: Harness>(h: &H) {
     assert_eq!(record.event.attempts, 1);
     assert_eq!(record.last_error.as_deref(), Some("broker down"));
     assert!(record.next_attempt_at > chrono::Utc::now() + chrono::TimeDelta::seconds(3000));
-    let next = store.claim(&req(10)).await.unwrap();
+    let next = store.claim(&claim_up_to(10)).await.unwrap();
     assert_eq!(
         aggregate_ids(&next.events),
         vec!["b"],
@@ -32,10 +32,10 @@ pub async fn retry_counts_the_attempt_and_delays_the_event<H: Harness>(h: &H) {
 
     // A zero delay makes it due at once, with its attempt count.
     h.enqueue(&store, &[numbered("c", 1)]).await;
-    let c = store.claim(&req(10)).await.unwrap();
+    let c = store.claim(&claim_up_to(10)).await.unwrap();
     let retry = counted_retry(c.events[0].seq, Duration::ZERO, "blip");
     store.retry(&c.lease, &[retry]).await.unwrap();
-    let again = store.claim(&req(10)).await.unwrap();
+    let again = store.claim(&claim_up_to(10)).await.unwrap();
     assert_eq!(again.events.len(), 1);
     assert_eq!(again.events[0].attempts, 1);
 }
@@ -57,7 +57,7 @@ pub async fn an_unavailable_retry_costs_no_attempt_and_holds_its_aggregate<H: Ha
             format!("connection refused (round {round})"),
         );
         assert_eq!(store.retry(&lease, &[unavailable]).await.unwrap(), 1);
-        let again = store.claim(&req(1)).await.unwrap();
+        let again = store.claim(&claim_up_to(1)).await.unwrap();
         assert_eq!(again.events.len(), 1, "round {round}");
         assert_eq!(again.events[0].seq, a1.seq, "the head comes back first");
         assert_eq!(again.events[0].attempts, 0, "round {round}: no attempt");
@@ -70,7 +70,7 @@ pub async fn an_unavailable_retry_costs_no_attempt_and_holds_its_aggregate<H: Ha
     assert_eq!(record.state, EventState::Pending);
     assert_eq!(record.event.attempts, 0);
     assert_eq!(record.last_error.as_deref(), Some("connection refused"));
-    let next = store.claim(&req(10)).await.unwrap();
+    let next = store.claim(&claim_up_to(10)).await.unwrap();
     let got: Vec<(&str, u32)> = next
         .events
         .iter()
@@ -94,7 +94,7 @@ pub async fn dead_event_blocks_its_aggregate_only_under_block_policy<H: Harness>
     assert_eq!(record.event.attempts, 1);
     assert!(record.dead_at.is_some());
 
-    let blocked = store.claim(&req(10)).await.unwrap();
+    let blocked = store.claim(&claim_up_to(10)).await.unwrap();
     assert_eq!(
         aggregate_ids(&blocked.events),
         vec!["b"],
@@ -107,7 +107,7 @@ pub async fn dead_event_blocks_its_aggregate_only_under_block_policy<H: Harness>
 
     let skip = ClaimRequest {
         dead_letter: DeadLetterPolicy::Skip,
-        ..req(10)
+        ..claim_up_to(10)
     };
     let skipped = store.claim(&skip).await.unwrap();
     let mut got = labels(&skipped.events);
@@ -130,7 +130,7 @@ pub async fn requeue_and_discard_act_on_dead_events_only<H: Harness>(h: &H) {
         )
         .await;
     let due = store.get(ids[0].0).await.unwrap().unwrap().next_attempt_at;
-    let claim = store.claim(&req(3)).await.unwrap();
+    let claim = store.claim(&claim_up_to(3)).await.unwrap();
     let buries: Vec<BuryEvent> = claim.events.iter().map(|e| buried(e.seq, "no")).collect();
     store.bury(&claim.lease, &buries).await.unwrap();
     let dead = store.list_dead(None, 10).await.unwrap();
@@ -185,24 +185,14 @@ pub async fn expired_lease_is_reclaimed_and_stale_writes_are_fenced<H: Harness>(
     h.enqueue(&store, &[numbered("a", 1), numbered("a", 2)])
         .await;
     let short = ClaimRequest {
-        owner: "relay-1".into(),
         lease: Duration::from_millis(200),
-        ..req(10)
+        ..claim_as("relay-1", 10)
     };
     let stale = store.claim(&short).await.unwrap();
     assert_eq!(stale.events.len(), 2);
-    assert!(
-        store.claim(&req(10)).await.unwrap().events.is_empty(),
-        "lease still live"
-    );
+    assert!(claims_nothing(&*store).await, "lease still live");
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let fresh = store
-        .claim(&ClaimRequest {
-            owner: "relay-2".into(),
-            ..req(10)
-        })
-        .await
-        .unwrap();
+    let fresh = store.claim(&claim_as("relay-2", 10)).await.unwrap();
     let got: Vec<u64> = fresh.events.iter().map(payload_n).collect();
     assert_eq!(
         got,
@@ -241,10 +231,10 @@ pub async fn release_gives_events_back_without_an_attempt<H: Harness>(h: &H) {
     let store = h.fresh().await;
     h.enqueue(&store, &[numbered("a", 1), numbered("a", 2)])
         .await;
-    let claim = store.claim(&req(10)).await.unwrap();
+    let claim = store.claim(&claim_up_to(10)).await.unwrap();
     let seqs = seqs_of(&claim.events);
     assert_eq!(store.release(&claim.lease, &seqs).await.unwrap(), 2);
-    let again = store.claim(&req(10)).await.unwrap();
+    let again = store.claim(&claim_up_to(10)).await.unwrap();
     assert_eq!(again.events.len(), 2);
     assert!(again.events.iter().all(|e| e.attempts == 0));
 }
@@ -266,7 +256,7 @@ pub async fn stats_count_every_state<H: Harness>(h: &H) {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let claim = store.claim(&req(3)).await.unwrap();
+    let claim = store.claim(&claim_up_to(3)).await.unwrap();
     store
         .ack(&claim.lease, &[claim.events[0].seq])
         .await
@@ -289,7 +279,7 @@ pub async fn stats_count_every_state<H: Harness>(h: &H) {
 pub async fn last_error_is_truncated<H: Harness>(h: &H) {
     let store = h.fresh().await;
     let ids = h.enqueue(&store, &[numbered("a", 1)]).await;
-    let claim = store.claim(&req(1)).await.unwrap();
+    let claim = store.claim(&claim_up_to(1)).await.unwrap();
     let huge = "é".repeat(20_000);
     store
         .retry(

@@ -154,6 +154,20 @@ impl RecordingSink {
     pub fn distinct_delivered(&self) -> HashSet<EventId> {
         self.state().delivered.iter().map(|e| e.id).collect()
     }
+
+    /// Fail the test unless each aggregate's first deliveries kept its order (the first few
+    /// violations are shown) and no event was ever in two publish calls at once: what every
+    /// relay run must keep, whatever faults it went through.
+    pub fn assert_in_order_without_overlaps(&self) {
+        let violations = check_first_delivery_order(&self.delivered());
+        assert!(
+            violations.is_empty(),
+            "order violations: {:?}",
+            &violations[..violations.len().min(5)]
+        );
+        let overlaps = self.overlaps();
+        assert!(overlaps.is_empty(), "events in flight twice: {overlaps:?}");
+    }
 }
 
 impl Default for RecordingSink {

@@ -7,7 +7,9 @@
 //!   written once: `format`, the `cloudevents_*` keys and `password`/`password_env`, with the
 //!   same types, the same documentation and the same defaults in every sink;
 //! - [`unique_headers`], the routing headers with each name once, for the sinks whose headers
-//!   are compared without case (NATS, Redis, HTTP).
+//!   are compared without case (NATS, Redis, HTTP);
+//! - [`login`], a user with a password or a token, checked the same way in the sinks that take
+//!   either (NATS, HTTP), and [`secret!`], a secret setting read from its two keys.
 //!
 //! Why a macro for the settings: each sink's struct refuses unknown keys
 //! (`#[serde(deny_unknown_fields)]`, so a misspelt key is an error), and serde cannot refuse them
@@ -43,6 +45,9 @@
 //! assert!(err.to_string().contains("unknown field `formt`"), "{err}");
 //! ```
 
+use outbox_types::SinkError;
+use outbox_types::sink_config::config_error;
+
 /// The routing headers with each name kept once, first occurrence wins, names compared without
 /// case. The event's own headers come after the standard ones, so an own `Outbox-Event-Id`
 /// (which routing's case-sensitive `outbox-` filter lets through) cannot shadow the real one.
@@ -65,11 +70,95 @@ pub fn unique_headers(headers: Vec<(String, String)>) -> Vec<(String, String)> {
         .collect()
 }
 
-/// What the macro's expansion names, reachable from every crate that calls it.
+/// Who a sink logs in as, from its `user`, its password and its token (resolved from their
+/// inline and `*_env` keys): a user with a password, a token, or nobody.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Login {
+    /// No credentials are configured.
+    Anonymous,
+    /// `user` with its password.
+    UserPassword {
+        /// The user name.
+        user: String,
+        /// The password, resolved.
+        password: String,
+    },
+    /// A token (NATS `token`, HTTP `bearer_token`), resolved.
+    Token(String),
+}
+
+/// The [`Login`] that `user`, `password` and `token` describe, for the sinks that take either a
+/// user with a password or a token (NATS, HTTP). Half of a user login or both kinds at once is
+/// a configuration error that names the fix, worded the same in every such sink; `both` is the
+/// sink's own message for both kinds at once, naming its token key.
+///
+/// ```
+/// use outbox_sink_common::{Login, login};
+///
+/// let both = "both `user`/`password` and `token` are set: keep one";
+/// assert_eq!(login(None, None, None, both).unwrap(), Login::Anonymous);
+/// assert_eq!(login(None, None, Some("t".into()), both).unwrap(), Login::Token("t".into()));
+/// let err = login(Some("u".into()), None, None, both).unwrap_err();
+/// assert!(err.to_string().contains("password_env"), "{err}");
+/// let err = login(None, Some("p".into()), Some("t".into()), both).unwrap_err();
+/// assert!(err.to_string().contains("keep one"), "{err}");
+/// ```
+pub fn login(
+    user: Option<String>,
+    password: Option<String>,
+    token: Option<String>,
+    both: &str,
+) -> Result<Login, SinkError> {
+    match (user, password, token) {
+        (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => Err(config_error(both)),
+        (None, Some(_), None) => Err(config_error(
+            "a password is set but `user` is not: add `user = \"…\"`",
+        )),
+        (Some(_), None, None) => Err(config_error(
+            "`user` is set without a password: add `password_env = \"VAR\"` (or `password`)",
+        )),
+        (Some(user), Some(password), None) => Ok(Login::UserPassword { user, password }),
+        (None, None, Some(token)) => Ok(Login::Token(token)),
+        (None, None, None) => Ok(Login::Anonymous),
+    }
+}
+
+/// A secret setting, given inline as the field `$inline` of `$config` or through the
+/// environment variable its field `$env` names ([`outbox_types::sink_config::secret`]). The
+/// keys an error names are the two fields' names, so they cannot drift from the settings the
+/// user wrote; a function could not know them.
+///
+/// ```
+/// use outbox_types::redact::Secret;
+///
+/// struct Settings {
+///     token: Option<Secret>,
+///     token_env: Option<String>,
+/// }
+/// let both = Settings { token: Some(Secret::new("t")), token_env: Some("VAR".into()) };
+/// let err = outbox_sink_common::secret!(both, token, token_env).unwrap_err();
+/// assert!(err.to_string().contains("both `token` and `token_env` are set"), "{err}");
+/// let inline = Settings { token: Some(Secret::new("t")), token_env: None };
+/// assert_eq!(outbox_sink_common::secret!(inline, token, token_env).unwrap().as_deref(), Some("t"));
+/// ```
+#[macro_export]
+macro_rules! secret {
+    ($config:expr, $inline:ident, $env:ident) => {
+        $crate::__private::sink_config::secret(
+            stringify!($inline),
+            $config.$inline.as_ref(),
+            stringify!($env),
+            $config.$env.as_deref(),
+        )
+    };
+}
+
+/// What the macros' expansions name, reachable from every crate that calls them.
 #[doc(hidden)]
 pub mod __private {
     pub use outbox_types::redact::Secret;
     pub use outbox_types::routing::{BodyFormat, CloudEventsKeys, CloudEventsMode};
+    pub use outbox_types::sink_config;
 }
 
 /// Declare a sink's settings struct and its `Default` impl (see the [crate docs](crate)).

@@ -13,15 +13,19 @@ fn event(aggregate: &str, payload: &str, destination: Option<String>) -> Event {
     }
 }
 
-/// `outcome` is a rejection whose reason contains each of `words`; otherwise the test fails,
-/// saying `what`.
-fn assert_rejected(outcome: &Outcome, words: &[&str], what: &str) {
-    match outcome {
-        Outcome::Reject { reason } => {
-            assert!(words.iter().all(|w| reason.contains(w)), "{reason}")
-        }
-        other => panic!("{what}: {other:?}"),
+/// A topic of the test's own (named `prefix_…`, one partition), and a sink that sends to it
+/// from the shared test broker with `settings` added.
+async fn sink_on_own_topic(prefix: &str, settings: serde_json::Value) -> (String, KafkaSink) {
+    let topic = common::unique(prefix);
+    common::create_topic(common::BROKERS, &topic, 1).await;
+    let mut config = serde_json::json!({
+        "brokers": [common::BROKERS],
+        "topic": topic,
+    });
+    for (key, value) in settings.as_object().unwrap() {
+        config[key] = value.clone();
     }
+    (topic, KafkaSink::connect(common::config(config)).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -29,16 +33,15 @@ async fn cloudevents_bodies_are_structured_envelopes() {
     if !common::kafka_available() {
         return;
     }
-    let topic = common::unique("outbox_ce");
-    common::create_topic(common::BROKERS, &topic, 1).await;
-    let sink = KafkaSink::connect(common::config(serde_json::json!({
-        "brokers": [common::BROKERS],
-        "topic": topic,
-        "format": "cloudevents",
-        "cloudevents_source": "/orders-service",
-        "compression": "zstd",
-    })))
-    .unwrap();
+    let (topic, sink) = sink_on_own_topic(
+        "outbox_ce",
+        serde_json::json!({
+            "format": "cloudevents",
+            "cloudevents_source": "/orders-service",
+            "compression": "zstd",
+        }),
+    )
+    .await;
     let e = event("42", r#"{"amount": 1999}"#, None);
     assert_eq!(
         sink.publish(std::slice::from_ref(&e)).await,
@@ -62,14 +65,11 @@ async fn a_record_too_large_is_rejected_and_the_rest_of_the_batch_is_delivered()
     if !common::kafka_available() {
         return;
     }
-    let topic = common::unique("outbox_big");
-    common::create_topic(common::BROKERS, &topic, 1).await;
-    let sink = KafkaSink::connect(common::config(serde_json::json!({
-        "brokers": common::BROKERS,
-        "topic": topic,
-        "max_message_bytes": 10000,
-    })))
-    .unwrap();
+    let (topic, sink) = sink_on_own_topic(
+        "outbox_big",
+        serde_json::json!({ "max_message_bytes": 10000 }),
+    )
+    .await;
     let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(20_000));
     let batch = vec![
         event("1", "{}", None),
@@ -80,12 +80,12 @@ async fn a_record_too_large_is_rejected_and_the_rest_of_the_batch_is_delivered()
     let outcomes = sink.publish(&batch).await;
     assert_eq!(outcomes[0], Outcome::Delivered);
     assert_eq!(outcomes[2], Outcome::Delivered);
-    assert_rejected(
+    common::assert_rejected(
         &outcomes[1],
         &[&topic, "max_message_bytes"],
         "a too-large record must be rejected",
     );
-    assert_rejected(
+    common::assert_rejected(
         &outcomes[3],
         &["has a space", "destination"],
         "an illegal topic name must be rejected",
@@ -113,7 +113,7 @@ async fn a_missing_topic_is_rejected_when_auto_creation_is_off() {
         let [outcome] = &outcomes[..] else {
             panic!("a missing topic must be rejected: {outcomes:?}");
         };
-        assert_rejected(
+        common::assert_rejected(
             outcome,
             &[
                 &format!("topic `{topic}` does not exist"),
@@ -135,14 +135,11 @@ async fn the_record_timestamp_is_the_publish_time_or_occurred_at() {
         .unwrap()
         .with_timezone(&chrono::Utc);
     for (setting, expect_occurred) in [("publish_time", false), ("occurred_at", true)] {
-        let topic = common::unique("outbox_ts");
-        common::create_topic(common::BROKERS, &topic, 1).await;
-        let sink = KafkaSink::connect(common::config(serde_json::json!({
-            "brokers": [common::BROKERS],
-            "topic": topic,
-            "record_timestamp": setting,
-        })))
-        .unwrap();
+        let (topic, sink) = sink_on_own_topic(
+            "outbox_ts",
+            serde_json::json!({ "record_timestamp": setting }),
+        )
+        .await;
         let mut e = event("7", "{}", None);
         e.occurred_at = occurred;
         let before = chrono::Utc::now().timestamp_millis();

@@ -73,7 +73,7 @@ use async_nats::jetstream::{self, context::GetStreamByNameErrorKind, context::Pu
 use async_nats::{HeaderMap, HeaderName, HeaderValue, ServerAddr};
 use async_trait::async_trait;
 use bytes::Bytes;
-use outbox_sink_common::unique_headers;
+use outbox_sink_common::{Login, login, unique_headers};
 use outbox_tls::ensure_crypto_provider;
 use outbox_types::redact::redact_url as redact;
 use outbox_types::routing::{Binding, Routing, Template};
@@ -653,38 +653,23 @@ fn prepare(config: &NatsSinkConfig) -> Result<Prepared, SinkError> {
         .join(", ");
 
     let password = sink_config::password(config.password.as_ref(), config.password_env.as_deref())?;
-    let token = sink_config::secret(
-        "token",
-        config.token.as_ref(),
-        "token_env",
-        config.token_env.as_deref(),
-    )?;
+    let token = outbox_sink_common::secret!(config, token, token_env)?;
     let mut options = async_nats::ConnectOptions::new();
-    match (config.user.clone(), password, token) {
-        (Some(_), _, Some(_)) => {
-            return Err(config_error(
-                "both `user` and `token` are set: authenticate with one of them",
-            ));
-        }
-        (None, Some(_), _) => {
-            return Err(config_error(
-                "a password is set but `user` is not: add `user = \"…\"`",
-            ));
-        }
-        (Some(_), None, None) => {
-            return Err(config_error(
-                "`user` is set without a password: add `password_env = \"VAR\"` (or `password`)",
-            ));
-        }
-        (Some(user), Some(password), None) => {
+    match login(
+        config.user.clone(),
+        password,
+        token,
+        "both `user`/`password` and `token` are set: authenticate with one of them",
+    )? {
+        Login::UserPassword { user, password } => {
             warn_cleartext(config, "the NATS password");
             options = options.user_and_password(user, password);
         }
-        (None, None, Some(token)) => {
+        Login::Token(token) => {
             warn_cleartext(config, "the NATS token");
             options = options.token(token);
         }
-        (None, None, None) => {}
+        Login::Anonymous => {}
     }
 
     let stream = if config.create_stream {

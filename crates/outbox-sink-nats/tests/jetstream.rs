@@ -12,7 +12,6 @@ use std::time::Duration;
 use async_nats::jetstream;
 use outbox_engine::RelayConfig;
 use outbox_sink_nats::NatsSink;
-use outbox_testkit::TcpProxy;
 use outbox_types::{Outcome, Sink, Store};
 
 const NATS: &str = "nats://127.0.0.1:4222";
@@ -49,12 +48,26 @@ fn header(m: &jetstream::message::StreamMessage, name: &str) -> Option<String> {
     m.headers.get(name).map(|v| v.as_str().to_owned())
 }
 
+/// A test's own names from `tag`: the subject prefix `outbox_<id>` and the stream `S_<ID>`.
+fn own_prefix_and_stream(tag: &str) -> (String, String) {
+    let id = common::unique(tag);
+    (format!("outbox_{id}"), format!("S_{id}").to_uppercase())
+}
+
+/// Give the background connection of `sink` a moment (up to 2 s) to come up.
+async fn wait_connected(sink: &NatsSink) {
+    for _ in 0..100 {
+        if sink.check().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
     let store = Arc::new(common::fresh_store().await);
-    let id = common::unique("t");
-    let prefix = format!("outbox_{id}");
-    let stream = format!("S_{id}").to_uppercase();
+    let (prefix, stream) = own_prefix_and_stream("t");
 
     let (committed, committed_ids) = common::enqueue_with_ghosts(
         &store,
@@ -149,11 +162,10 @@ async fn relay_publishes_exactly_the_committed_events_with_routing_and_order() {
 /// A connected sink whose subjects (`outbox_<id>.<event type>`) go to a stream of the test's
 /// own, which the sink creates; `extra` adds settings. Returns the sink and the stream's name.
 async fn sink_with_own_stream(tag: &str, extra: serde_json::Value) -> (NatsSink, String) {
-    let id = common::unique(tag);
-    let stream = format!("S_{id}").to_uppercase();
+    let (prefix, stream) = own_prefix_and_stream(tag);
     let mut settings = serde_json::json!({
         "servers": [NATS],
-        "subject": format!("outbox_{id}.${{event_type}}"),
+        "subject": format!("{prefix}.${{event_type}}"),
         "create_stream": true,
         "stream_name": stream,
     });
@@ -161,13 +173,7 @@ async fn sink_with_own_stream(tag: &str, extra: serde_json::Value) -> (NatsSink,
         settings[key] = value.clone();
     }
     let sink = NatsSink::connect(common::config(settings)).await.unwrap();
-    // Give the background connection a moment.
-    for _ in 0..100 {
-        if sink.check().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_connected(&sink).await;
     (sink, stream)
 }
 
@@ -215,43 +221,28 @@ async fn a_subject_without_a_stream_is_rejected_with_the_fix() {
     })))
     .await
     .unwrap();
-    for _ in 0..100 {
-        if sink.check().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_connected(&sink).await;
     let mut bad = common::event("x", 1);
     bad.event_type = "Has Space".into();
     let outcomes = sink.publish(&[common::event("x", 1), bad]).await;
-    match &outcomes[0] {
-        Outcome::Reject { reason } => {
-            assert!(
-                reason.contains(&format!("nostream_{id}.Numbered")),
-                "{reason}"
-            );
-            assert!(reason.contains("nats stream add"), "{reason}");
-            assert!(reason.contains("create_stream = true"), "{reason}");
-        }
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-    match &outcomes[1] {
-        Outcome::Reject { reason } => assert!(reason.contains("whitespace"), "{reason}"),
-        other => panic!("expected a rejection, got {other:?}"),
-    }
+    common::assert_rejected(
+        &outcomes[0],
+        &[
+            &format!("nostream_{id}.Numbered"),
+            "nats stream add",
+            "create_stream = true",
+        ],
+        "a subject no stream captures",
+    );
+    common::assert_rejected(&outcomes[1], &["whitespace"], "a subject with a space");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_down_at_start_keeps_events_pending_until_it_is_back() {
     let store = Arc::new(common::fresh_store().await);
-    let id = common::unique("o");
-    let prefix = format!("outbox_{id}");
-    let stream = format!("S_{id}").to_uppercase();
+    let (prefix, stream) = own_prefix_and_stream("o");
 
-    let proxy = TcpProxy::start("127.0.0.1:4222".parse().unwrap())
-        .await
-        .unwrap();
-    proxy.cut();
+    let proxy = common::cut_proxy("127.0.0.1:4222".parse().unwrap()).await;
     let sink = NatsSink::connect(common::config(serde_json::json!({
         "servers": [format!("nats://{}", proxy.addr())],
         "subject": format!("{prefix}.${{event_type}}"),
@@ -287,13 +278,7 @@ async fn broker_down_at_start_keeps_events_pending_until_it_is_back() {
     assert_eq!(messages.len(), 50, "no duplicates stored");
     let order: Vec<(String, u64)> = messages
         .iter()
-        .map(|m| {
-            let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
-            (
-                v["aggregate"].as_str().unwrap().to_owned(),
-                v["n"].as_u64().unwrap(),
-            )
-        })
+        .map(|m| common::aggregate_and_n(&m.payload))
         .collect();
     assert!(common::order_violations(&order).is_empty());
     js.delete_stream(&stream).await.unwrap();

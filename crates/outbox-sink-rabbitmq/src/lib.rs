@@ -351,36 +351,29 @@ impl RabbitMqSink {
             .await
             .map_err(|u| Outcome::unavailable(u.0))?;
         // A failed declaration closes its channel: use one of its own.
+        // With `declare`, create the exchange (durable, of its type); without, only ask whether
+        // it exists (passive: the type is not compared).
+        let (kind, options) = match self.declare {
+            Some(kind) => (
+                kind.kind(),
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+            ),
+            None => (
+                lapin::ExchangeKind::Direct,
+                ExchangeDeclareOptions {
+                    passive: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+            ),
+        };
         let check = async {
             let channel = connection.create_channel().await?;
-            let result = match self.declare {
-                Some(kind) => {
-                    channel
-                        .exchange_declare(
-                            exchange.into(),
-                            kind.kind(),
-                            ExchangeDeclareOptions {
-                                durable: true,
-                                ..ExchangeDeclareOptions::default()
-                            },
-                            FieldTable::default(),
-                        )
-                        .await
-                }
-                None => {
-                    channel
-                        .exchange_declare(
-                            exchange.into(),
-                            lapin::ExchangeKind::Direct,
-                            ExchangeDeclareOptions {
-                                passive: true,
-                                ..ExchangeDeclareOptions::default()
-                            },
-                            FieldTable::default(),
-                        )
-                        .await
-                }
-            };
+            let result = channel
+                .exchange_declare(exchange.into(), kind, options, FieldTable::default())
+                .await;
             if result.is_ok() {
                 let _ = channel.close(200, "OK".into()).await;
             }

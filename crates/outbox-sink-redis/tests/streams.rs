@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use outbox_engine::RelayConfig;
 use outbox_sink_redis::RedisSink;
-use outbox_testkit::TcpProxy;
 use outbox_types::{Outcome, Sink};
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
@@ -140,17 +139,12 @@ async fn a_key_of_another_type_is_rejected_without_failing_the_rest() {
         ])
         .await;
     assert_eq!(outcomes[0], Outcome::Delivered);
-    match &outcomes[1] {
-        Outcome::Reject { reason } => {
-            assert!(reason.contains("WRONGTYPE"), "{reason}");
-            assert!(reason.contains(&string_key), "{reason}");
-        }
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-    match &outcomes[2] {
-        Outcome::Reject { reason } => assert!(reason.contains("too large"), "{reason}"),
-        other => panic!("expected a rejection, got {other:?}"),
-    }
+    common::assert_rejected(
+        &outcomes[1],
+        &["WRONGTYPE", &string_key],
+        "a key of another type",
+    );
+    common::assert_rejected(&outcomes[2], &["too large"], "an entry too large");
     assert_eq!(outcomes[3], Outcome::Delivered);
     let a = format!("outbox:{id}:a");
     let b = format!("outbox:{id}:b");
@@ -197,10 +191,7 @@ async fn redis_down_keeps_events_pending_until_it_is_back() {
     let id = common::unique("o");
     let key = format!("outbox:{id}:Numbered");
 
-    let proxy = TcpProxy::start("127.0.0.1:6379".parse().unwrap())
-        .await
-        .unwrap();
-    proxy.cut();
+    let proxy = common::cut_proxy("127.0.0.1:6379".parse().unwrap()).await;
     let sink = RedisSink::connect(common::config(serde_json::json!({
         "url": format!("redis://{}", proxy.addr()),
         "stream": format!("outbox:{id}:${{event_type}}"),
@@ -230,13 +221,7 @@ async fn redis_down_keeps_events_pending_until_it_is_back() {
     let order: Vec<(String, u64)> = entries
         .iter()
         .filter(|f| seen.insert(f["id"].clone()))
-        .map(|f| {
-            let v: serde_json::Value = serde_json::from_str(&f["payload"]).unwrap();
-            (
-                v["aggregate"].as_str().unwrap().to_owned(),
-                v["n"].as_u64().unwrap(),
-            )
-        })
+        .map(|f| common::aggregate_and_n(f["payload"].as_bytes()))
         .collect();
     assert!(common::order_violations(&order).is_empty());
     del(&mut con, &[&key]).await;

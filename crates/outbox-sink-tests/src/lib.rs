@@ -1,7 +1,8 @@
 //! What every sink crate's integration tests share, so a new sink's tests start from the same
 //! pieces: a fresh outbox in its own PostgreSQL schema, transactional enqueue (committed or
 //! rolled back), names no other test uses, waiting for the store, an event as a relay hands it
-//! to a sink, a sink's configuration from JSON, and the per-aggregate order check.
+//! to a sink, a sink's configuration from JSON, the per-aggregate order check, the checks of an
+//! outcome's kind and reason, and a cut proxy for outage tests.
 //!
 //! A sink's `tests/common/mod.rs` re-exports this crate and adds what is broker-specific (a
 //! consumer, a topic or queue of the test's own); a sink with nothing broker-specific uses the
@@ -17,7 +18,8 @@ use outbox_engine::{Relay, RelayConfig, RelayCounters, RelayReport};
 use outbox_postgresql::{Enqueued, PgOutbox, PgStore};
 use outbox_testkit::numbered;
 use outbox_types::{
-    Event, EventId, EventRecord, EventState, NewEvent, OutboxStats, RetryPolicy, Sink, Store,
+    Event, EventId, EventRecord, EventState, NewEvent, OutboxStats, Outcome, RetryPolicy, Sink,
+    Store,
 };
 use sqlx::postgres::PgPoolOptions;
 
@@ -310,6 +312,55 @@ pub fn event(aggregate_id: &str, n: u64) -> outbox_types::Event {
     outbox_types::NewEvent::new("agg", aggregate_id, "Numbered", &payload)
         .expect("a JSON value serializes")
         .claimed(n as i64)
+}
+
+/// The aggregate and the number a numbered event ([`event`], `outbox_testkit::numbered`)
+/// carries in its payload, as a message brings it back.
+pub fn aggregate_and_n(payload: &[u8]) -> (String, u64) {
+    let value: serde_json::Value = serde_json::from_slice(payload).unwrap();
+    (
+        value["aggregate"].as_str().unwrap().to_owned(),
+        value["n"].as_u64().unwrap(),
+    )
+}
+
+/// The reason of `outcome`, which must be a rejection (the test fails otherwise).
+#[track_caller]
+pub fn rejection(outcome: &Outcome) -> &str {
+    match outcome {
+        Outcome::Reject { reason } => reason,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+/// `outcome` is a rejection whose reason contains each of `words`; otherwise the test fails,
+/// saying `what`.
+#[track_caller]
+pub fn assert_rejected(outcome: &Outcome, words: &[&str], what: &str) {
+    match outcome {
+        Outcome::Reject { reason } => {
+            assert!(words.iter().all(|w| reason.contains(w)), "{what}: {reason}")
+        }
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
+/// The reason of `outcome`, which must say the destination is unavailable (the test fails
+/// otherwise).
+#[track_caller]
+pub fn unavailability(outcome: &Outcome) -> &str {
+    match outcome {
+        Outcome::Unavailable { reason, .. } => reason,
+        other => panic!("expected unavailable, got {other:?}"),
+    }
+}
+
+/// A proxy to `upstream`, cut from the start: what an outage test puts between a sink and its
+/// destination, which looks down until the test restores the proxy.
+pub async fn cut_proxy(upstream: std::net::SocketAddr) -> outbox_testkit::TcpProxy {
+    let proxy = outbox_testkit::TcpProxy::start(upstream).await.unwrap();
+    proxy.cut();
+    proxy
 }
 
 /// Which aggregates' payload sequence numbers are not increasing in `delivered` (aggregate, n).

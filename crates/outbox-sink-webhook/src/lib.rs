@@ -165,7 +165,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use outbox_sink_common::unique_headers;
+use outbox_sink_common::{Login, login, unique_headers};
 use outbox_types::redact::{redact_in_text, redact_url};
 use outbox_types::routing::{Binding, Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
@@ -369,54 +369,34 @@ fn checked_url(config: &WebhookSinkConfig) -> Result<Template, SinkError> {
 /// both, and never half of Basic.
 fn authorization(config: &WebhookSinkConfig) -> Result<Option<HeaderValue>, SinkError> {
     let password = sink_config::password(config.password.as_ref(), config.password_env.as_deref())?;
-    let bearer = sink_config::secret(
-        "bearer_token",
-        config.bearer_token.as_ref(),
-        "bearer_token_env",
-        config.bearer_token_env.as_deref(),
-    )?;
+    let bearer = outbox_sink_common::secret!(config, bearer_token, bearer_token_env)?;
     let (user, deprecated) =
         sink_config::user("webhook", config.user.as_ref(), config.username.as_ref())?;
     if let Some(warning) = deprecated {
         tracing::warn!("{warning}");
     }
-    let authorization = match (user, password, bearer) {
-        (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
-            return Err(config_error(
-                "both HTTP Basic (`user`/`password`) and `bearer_token` are set: keep one",
-            ));
-        }
-        (None, Some(_), None) => {
-            return Err(config_error(
-                "a password is set but `user` is not: add `user = \"…\"`",
-            ));
-        }
-        (Some(_), None, None) => {
-            return Err(config_error(
-                "`user` is set without a password: add `password_env = \"VAR\"` (or `password`)",
-            ));
-        }
-        (Some(user), Some(password), None) => Some(basic_auth(user, &password)?),
-        (None, None, Some(token)) => {
+    let authorization = match login(
+        user.cloned(),
+        password,
+        bearer,
+        "both HTTP Basic (`user`/`password`) and `bearer_token` are set: keep one",
+    )? {
+        Login::UserPassword { user, password } => Some(basic_auth(&user, &password)?),
+        Login::Token(token) => {
             let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
                 config_error("the bearer token contains characters not allowed in a header")
             })?;
             value.set_sensitive(true);
             Some(value)
         }
-        (None, None, None) => None,
+        Login::Anonymous => None,
     };
     Ok(authorization)
 }
 
 /// How bodies are signed, when a signing secret is set.
 fn signing(config: &WebhookSinkConfig) -> Result<Option<Signing>, SinkError> {
-    let secret = sink_config::secret(
-        "secret",
-        config.secret.as_ref(),
-        "secret_env",
-        config.secret_env.as_deref(),
-    )?;
+    let secret = outbox_sink_common::secret!(config, secret, secret_env)?;
     let signing = match (secret, config.signature_scheme) {
         (None, _) => None,
         (Some(secret), SignatureScheme::OutboxV1) => {

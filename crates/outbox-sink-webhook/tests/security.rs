@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{config, unix_now};
+use common::{config, rejection, unix_now};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,6 +47,20 @@ struct Receiver {
 impl Receiver {
     fn requests(&self) -> Vec<Recorded> {
         self.requests.lock().unwrap().clone()
+    }
+
+    /// The one request received, which went to `uri` with the sink's bearer token.
+    #[track_caller]
+    fn only_request_with_token(&self, uri: &str) -> Recorded {
+        let mut requests = self.requests();
+        assert_eq!(requests.len(), 1);
+        let request = requests.remove(0);
+        assert_eq!(request.uri, uri);
+        assert_eq!(
+            header(&request, "authorization"),
+            Some(format!("Bearer {TOKEN}"))
+        );
+        request
     }
 }
 
@@ -144,13 +158,6 @@ fn with_destination(mut event: Event, destination: &str) -> Event {
     event
 }
 
-fn rejection(outcome: &Outcome) -> &str {
-    match outcome {
-        Outcome::Reject { reason } => reason,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-}
-
 /// Issue 22 item 1, end to end: rows whose destination column names another local listener
 /// (in several spellings) are dead with a reason naming the host and `allowed_hosts`; that
 /// listener sees no connection, so no `Authorization` and no signature; the row without a
@@ -208,14 +215,8 @@ async fn a_row_cannot_send_the_credentials_to_a_host_nobody_configured() {
             "{destination}: {error}"
         );
     }
-    let requests = receiver.requests();
-    assert_eq!(requests.len(), 1);
-    assert_eq!(requests[0].uri, "/hooks/plain");
-    assert_eq!(
-        header(&requests[0], "authorization"),
-        Some(format!("Bearer {TOKEN}"))
-    );
-    assert!(header(&requests[0], "x-outbox-signature").is_some());
+    let request = receiver.only_request_with_token("/hooks/plain");
+    assert!(header(&request, "x-outbox-signature").is_some());
 }
 
 /// A destination column that is a path (with a query) or a URL on the configured origin goes
@@ -297,13 +298,7 @@ async fn an_allowed_host_gets_the_request_and_the_credentials_others_get_nothing
     }
     trap.assert_untouched();
     assert!(configured.requests().is_empty());
-    let requests = partner.requests();
-    assert_eq!(requests.len(), 1);
-    assert_eq!(requests[0].uri, "/partner/in?x=1");
-    assert_eq!(
-        header(&requests[0], "authorization"),
-        Some(format!("Bearer {TOKEN}"))
-    );
+    partner.only_request_with_token("/partner/in?x=1");
 }
 
 /// Issue 22 item 7: an `aggregate_id` of `../../admin?debug=1#` stays one encoded path segment;
@@ -409,14 +404,12 @@ async fn standard_webhooks_requests_verify_independently() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reasons_show_urls_without_their_credentials() {
     let closed = common::closed_addr();
-    let sink = WebhookSink::connect(config(serde_json::json!({
-        "url": format!("http://hook-user:pw-in-url@{closed}/hooks?token=query-token"),
-    })))
-    .unwrap();
-    let outcomes = sink.publish(&[common::event("x", 1)]).await;
-    let Outcome::Unavailable { reason, .. } = &outcomes[0] else {
-        panic!("expected unavailable, got {:?}", outcomes[0]);
-    };
+    let outcome = common::publish_one(
+        format!("http://hook-user:pw-in-url@{closed}/hooks?token=query-token"),
+        common::event("x", 1),
+    )
+    .await;
+    let reason = common::unavailability(&outcome);
     assert!(reason.contains("cannot connect"), "{reason}");
     assert!(reason.contains("hook-user:***@"), "{reason}");
     assert!(
@@ -426,16 +419,12 @@ async fn reasons_show_urls_without_their_credentials() {
 
     // A rejected row destination is shown redacted too.
     let (_receiver, addr) = start_receiver().await;
-    let sink = WebhookSink::connect(config(serde_json::json!({
-        "url": format!("http://{addr}/hooks"),
-    })))
-    .unwrap();
     let event = with_destination(
         common::event("x", 1),
         "http://row-user:row-pw@elsewhere.invalid/x?sig=row-sig",
     );
-    let outcomes = sink.publish(&[event]).await;
-    let reason = rejection(&outcomes[0]);
+    let outcome = common::publish_one(format!("http://{addr}/hooks"), event).await;
+    let reason = rejection(&outcome);
     assert!(
         !reason.contains("row-pw") && !reason.contains("row-sig"),
         "{reason}"

@@ -20,8 +20,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use outbox_engine::RelayConfig;
 use outbox_sink_webhook::WebhookSink;
-use outbox_testkit::{TcpProxy, numbered};
-use outbox_types::{EventState, Outcome, RetryPolicy, Sink, Store};
+use outbox_testkit::numbered;
+use outbox_types::{EventState, RetryPolicy, Store};
 
 const SECRET: &str = "whsec_integration";
 
@@ -317,21 +317,14 @@ async fn statuses_500_429_400_200_are_retried_waited_buried_and_delivered_429_co
 async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
     // A closed port: refused at once, unavailable with a clear reason.
     let closed = common::closed_addr();
-    let sink = WebhookSink::connect(config(serde_json::json!({
-        "url": format!("http://{closed}/hooks"),
-    })))
-    .unwrap();
-    match &sink.publish(&[common::event("x", 1)]).await[0] {
-        Outcome::Unavailable { reason, .. } => {
-            assert!(reason.contains("cannot connect"), "{reason}")
-        }
-        other => panic!("expected unavailable, got {other:?}"),
-    }
+    let outcome =
+        common::publish_one(format!("http://{closed}/hooks"), common::event("x", 1)).await;
+    let reason = common::unavailability(&outcome);
+    assert!(reason.contains("cannot connect"), "{reason}");
 
     // A receiver behind a proxy that is cut at start-up, restored later.
     let (receiver, addr) = start(Box::new(|_, _| (StatusCode::OK, vec![], String::new()))).await;
-    let proxy = TcpProxy::start(addr).await.unwrap();
-    proxy.cut();
+    let proxy = common::cut_proxy(addr).await;
     let store = Arc::new(common::fresh_store().await);
     let events: Vec<_> = (0..30u64)
         .map(|i| numbered(&format!("a{}", i % 5), i / 5))

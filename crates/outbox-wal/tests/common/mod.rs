@@ -310,6 +310,16 @@ impl Running {
     }
 }
 
+/// Run `statements` on `pool` one after the other, each alone (no parameters).
+pub async fn exec_each(pool: &PgPool, statements: impl IntoIterator<Item = String>) {
+    for sql in statements {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
 /// Wait until `check` holds, or panic after `limit`.
 pub async fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     let start = Instant::now();

@@ -1419,11 +1419,8 @@ async fn oversized_payloads_are_dead_lettered_and_the_catch_up_pages_by_bytes() 
         sink.distinct_delivered().contains(&streamed[0].id())
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while fx.status_counts().await != (0, 13, 2) {
-        assert!(Instant::now() < deadline, "{:?}", fx.status_counts().await);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    fx.wait_status_counts((0, 13, 2), Duration::from_secs(20))
+        .await;
     relay.stop().await;
     assert!(check_first_delivery_order(&sink.delivered()).is_empty());
     assert!(
@@ -1458,11 +1455,8 @@ async fn delete_on_ack_leaves_nothing_to_deliver_again_after_a_restart() {
         sink.distinct_delivered().len() == 1000
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while fx.status_counts().await != (0, 0, 0) {
-        assert!(Instant::now() < deadline, "{:?}", fx.status_counts().await);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    fx.wait_status_counts((0, 0, 0), Duration::from_secs(10))
+        .await;
     relay.stop().await;
     // Started again (with the catch-up): nothing is delivered a second time.
     let relay = start(

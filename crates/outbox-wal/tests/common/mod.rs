@@ -220,6 +220,20 @@ impl Fixture {
         row
     }
 
+    /// Wait up to `limit` until [`Fixture::status_counts`] is `expected`; past it, fail with
+    /// the counts last seen.
+    pub async fn wait_status_counts(&self, expected: (i64, i64, i64), limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.status_counts().await != expected {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}",
+                self.status_counts().await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Drop the slot and the schema.
     pub async fn cleanup(self) {
         let _ = outbox_wal::drop_slot_waiting(&self.config, Duration::from_secs(5)).await;

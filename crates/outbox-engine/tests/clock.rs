@@ -71,6 +71,21 @@ fn config(id: &str) -> RelayConfig {
     }
 }
 
+/// A [`Timed`] answer: aggregate `a`'s events in the first call are told to retry after `after`
+/// (a destination's `Retry-After`); every other event is delivered.
+fn busy_once_for_a(after: Duration) -> impl Fn(&Event, usize) -> Outcome + Send + Sync + 'static {
+    move |e, call| {
+        if call == 1 && e.aggregate_id == "a" {
+            Outcome::Retry {
+                reason: "busy".into(),
+                after: Some(after),
+            }
+        } else {
+            Outcome::Delivered
+        }
+    }
+}
+
 /// Run `relay` for `for_` of virtual time, then stop it.
 async fn run_for<K: Sink + ?Sized>(relay: Relay<MemorySource, K>, for_: Duration) {
     let run = tokio::spawn(relay.run(tokio::time::sleep(for_)));
@@ -83,16 +98,10 @@ async fn run_for<K: Sink + ?Sized>(relay: Relay<MemorySource, K>, for_: Duration
 async fn a_retry_waits_for_its_delay_and_no_longer() {
     let source = Arc::new(MemorySource::new());
     source.enqueue(&[numbered("a", 0), numbered("a", 1)]);
-    let sink = Arc::new(Timed::new(Duration::from_millis(5), |e, call| {
-        if call == 1 && e.aggregate_id == "a" {
-            Outcome::Retry {
-                reason: "busy".into(),
-                after: Some(Duration::from_secs(30)),
-            }
-        } else {
-            Outcome::Delivered
-        }
-    }));
+    let sink = Arc::new(Timed::new(
+        Duration::from_millis(5),
+        busy_once_for_a(Duration::from_secs(30)),
+    ));
     let started = Instant::now();
     run_for(
         Relay::new(source.clone(), sink.clone(), config("retry")),
@@ -468,16 +477,10 @@ async fn a_drain_waits_for_a_retry_due_within_its_wait_and_not_longer() {
     for (wait, expect_delivered) in [(Duration::from_secs(10), 2), (Duration::from_secs(1), 1)] {
         let source = Arc::new(MemorySource::new());
         source.enqueue(&[numbered("a", 0), numbered("b", 0)]);
-        let sink = Arc::new(Timed::new(Duration::ZERO, |e, call| {
-            if call == 1 && e.aggregate_id == "a" {
-                Outcome::Retry {
-                    reason: "busy".into(),
-                    after: Some(Duration::from_secs(5)),
-                }
-            } else {
-                Outcome::Delivered
-            }
-        }));
+        let sink = Arc::new(Timed::new(
+            Duration::ZERO,
+            busy_once_for_a(Duration::from_secs(5)),
+        ));
         let config = RelayConfig {
             stop_when_idle: true,
             drain_wait: wait,

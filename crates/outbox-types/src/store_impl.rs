@@ -45,7 +45,8 @@ macro_rules! forward_store {
 }
 
 /// The body of one method of [`__impl_store!`]: `(concern "kind")` calls the concern module's
-/// function with the store first; `(field name)` calls the same trait method on that field.
+/// function of the method's name with the store first; `(field name)` calls the same trait
+/// method on that field.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __store_call {
@@ -55,174 +56,67 @@ macro_rules! __store_call {
     ((field $f:ident), $s:ident, kind) => {
         $crate::Store::kind(&$s.$f)
     };
-    ((concern $kind:literal), $s:ident, $path:path, $method:ident, ($($arg:expr),*)) => {
-        $path($s, $($arg),*).await
+    ((concern $kind:literal), $s:ident, $module:ident, $method:ident, ($($arg:expr),*)) => {
+        $module::$method($s, $($arg),*).await
     };
-    ((field $f:ident), $s:ident, $path:path, $method:ident, ($($arg:expr),*)) => {
+    ((field $f:ident), $s:ident, $module:ident, $method:ident, ($($arg:expr),*)) => {
         $crate::Store::$method(&$s.$f, $($arg),*).await
     };
 }
 
 /// [`impl_store_by_concern!`] and [`forward_store!`]: every method of the trait, each body one
-/// [`__store_call!`] by `$via`.
+/// [`__store_call!`] by `$via`. The methods are one table, a line each (the concern module,
+/// the signature without `&self` and the `Ok` type of its `Result`), so that the signature is
+/// all a method adds here.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __impl_store {
-    ($store:ty, $via:tt) => {
+    (
+        @methods $store:ty, $via:tt;
+        $($module:ident: fn $method:ident($($arg:ident: $type:ty),*) -> $ok:ty;)*
+    ) => {
         #[async_trait::async_trait]
         impl $crate::Store for $store {
             fn kind(&self) -> &'static str {
                 $crate::__store_call!($via, self, kind)
             }
 
-            async fn claim(
-                &self,
-                request: &$crate::ClaimRequest,
-            ) -> Result<$crate::Claim, $crate::StoreError> {
-                $crate::__store_call!($via, self, claim::claim, claim, (request))
-            }
-
-            async fn ack(
-                &self,
-                lease: &$crate::Lease,
-                seqs: &[i64],
-            ) -> Result<u64, $crate::StoreError> {
-                $crate::__store_call!($via, self, settle::ack, ack, (lease, seqs))
-            }
-
-            async fn retry(
-                &self,
-                lease: &$crate::Lease,
-                events: &[$crate::RetryEvent],
-            ) -> Result<u64, $crate::StoreError> {
-                $crate::__store_call!($via, self, settle::retry, retry, (lease, events))
-            }
-
-            async fn bury(
-                &self,
-                lease: &$crate::Lease,
-                events: &[$crate::BuryEvent],
-            ) -> Result<u64, $crate::StoreError> {
-                $crate::__store_call!($via, self, settle::bury, bury, (lease, events))
-            }
-
-            async fn release(
-                &self,
-                lease: &$crate::Lease,
-                seqs: &[i64],
-            ) -> Result<u64, $crate::StoreError> {
-                $crate::__store_call!($via, self, settle::release, release, (lease, seqs))
-            }
-
-            async fn stats(&self) -> Result<$crate::OutboxStats, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::stats, stats, ())
-            }
-
-            async fn get(
-                &self,
-                id: $crate::EventId,
-            ) -> Result<Option<$crate::EventRecord>, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::get, get, (id))
-            }
-
-            async fn list_dead(
-                &self,
-                after_seq: Option<i64>,
-                limit: u32,
-            ) -> Result<Vec<$crate::EventRecord>, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::list_dead, list_dead, (after_seq, limit))
-            }
-
-            async fn requeue_dead(
-                &self,
-                filter: &$crate::DeadFilter,
-            ) -> Result<u64, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::requeue_dead, requeue_dead, (filter))
-            }
-
-            async fn discard_dead(
-                &self,
-                filter: &$crate::DeadFilter,
-            ) -> Result<u64, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::discard_dead, discard_dead, (filter))
-            }
-
-            async fn purge_delivered(
-                &self,
-                older_than: ::std::time::Duration,
-                limit: u32,
-            ) -> Result<u64, $crate::StoreError> {
-                $crate::__store_call!(
-                    $via,
-                    self,
-                    retention::purge_delivered,
-                    purge_delivered,
-                    (older_than, limit)
-                )
-            }
-
-            async fn destination_stats(
-                &self,
-                routes: &$crate::route::RouteTable,
-            ) -> Result<Vec<$crate::DestinationStats>, $crate::StoreError> {
-                $crate::__store_call!(
-                    $via,
-                    self,
-                    admin::destination_stats,
-                    destination_stats,
-                    (routes)
-                )
-            }
-
-            async fn leases(&self) -> Result<Vec<$crate::LeaseHolder>, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::leases, leases, ())
-            }
-
-            async fn pause(&self, destination: &str, by: &str) -> Result<bool, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::pause, pause, (destination, by))
-            }
-
-            async fn resume(&self, destination: &str) -> Result<bool, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::resume, resume, (destination))
-            }
-
-            async fn paused(&self) -> Result<Vec<$crate::PausedDestination>, $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::paused, paused, ())
-            }
-
-            async fn replay(
-                &self,
+            $(
+                async fn $method(&self, $($arg: $type),*) -> Result<$ok, $crate::StoreError> {
+                    $crate::__store_call!($via, self, $module, $method, ($($arg),*))
+                }
+            )*
+        }
+    };
+    ($store:ty, $via:tt) => {
+        $crate::__impl_store! {
+            @methods $store, $via;
+            claim: fn claim(request: &$crate::ClaimRequest) -> $crate::Claim;
+            settle: fn ack(lease: &$crate::Lease, seqs: &[i64]) -> u64;
+            settle: fn retry(lease: &$crate::Lease, events: &[$crate::RetryEvent]) -> u64;
+            settle: fn bury(lease: &$crate::Lease, events: &[$crate::BuryEvent]) -> u64;
+            settle: fn release(lease: &$crate::Lease, seqs: &[i64]) -> u64;
+            admin: fn stats() -> $crate::OutboxStats;
+            admin: fn get(id: $crate::EventId) -> Option<$crate::EventRecord>;
+            admin: fn list_dead(after_seq: Option<i64>, limit: u32) -> Vec<$crate::EventRecord>;
+            admin: fn requeue_dead(filter: &$crate::DeadFilter) -> u64;
+            admin: fn discard_dead(filter: &$crate::DeadFilter) -> u64;
+            retention: fn purge_delivered(older_than: ::std::time::Duration, limit: u32) -> u64;
+            admin: fn destination_stats(
+                routes: &$crate::route::RouteTable
+            ) -> Vec<$crate::DestinationStats>;
+            admin: fn leases() -> Vec<$crate::LeaseHolder>;
+            admin: fn pause(destination: &str, by: &str) -> bool;
+            admin: fn resume(destination: &str) -> bool;
+            admin: fn paused() -> Vec<$crate::PausedDestination>;
+            admin: fn replay(
                 filter: &$crate::ReplayFilter,
                 routes: &$crate::route::RouteTable,
                 after_seq: Option<i64>,
-                limit: u32,
-            ) -> Result<$crate::ReplayStep, $crate::StoreError> {
-                $crate::__store_call!(
-                    $via,
-                    self,
-                    admin::replay,
-                    replay,
-                    (filter, routes, after_seq, limit)
-                )
-            }
-
-            async fn purge_dead(
-                &self,
-                older_than: ::std::time::Duration,
-                limit: u32,
-            ) -> Result<u64, $crate::StoreError> {
-                $crate::__store_call!(
-                    $via,
-                    self,
-                    retention::purge_dead,
-                    purge_dead,
-                    (older_than, limit)
-                )
-            }
-
-            async fn check(&self) -> Result<(), $crate::StoreError> {
-                $crate::__store_call!($via, self, admin::check, check, ())
-            }
+                limit: u32
+            ) -> $crate::ReplayStep;
+            retention: fn purge_dead(older_than: ::std::time::Duration, limit: u32) -> u64;
+            admin: fn check() -> ();
         }
     };
 }

@@ -6,12 +6,17 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use outbox_types::{AggregateKey, DeadLetterPolicy, Event, RetryEvent};
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryScalar;
+use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 use uuid::Uuid;
 
 use crate::config::WalConfig;
 use crate::error::{WalError, map_sqlx};
 use crate::slot::outbox_table;
+
+/// A statement of [`update_visible`] and the parameters bound to it so far.
+type SeqQuery = QueryScalar<'static, Postgres, i64, PgArguments>;
 
 /// Run `update` (an `UPDATE … WHERE seq = ANY(…) … RETURNING seq`) over `seqs` until every row
 /// is either updated or found already `delivered`/`dead`. Returns `(updated, already_done)`.
@@ -22,20 +27,26 @@ use crate::slot::outbox_table;
 /// is still invisible; that UPDATE silently matches nothing. Rows neither updated nor found done
 /// are retried for a little while; a row that stays invisible for seconds is gone (purged or
 /// discarded) and left alone.
-async fn update_visible<F, Fut>(
+///
+/// `bind` binds a round's parameters to the statement: the seqs still missing, and whatever it
+/// derives from them (kept aligned with them).
+async fn update_visible(
     pool: &PgPool,
     cfg: &WalConfig,
+    update: &str,
     seqs: &[i64],
-    update: F,
-) -> Result<(u64, u64), WalError>
-where
-    F: Fn(Vec<i64>) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<i64>, WalError>>,
-{
+    bind: impl Fn(SeqQuery, Vec<i64>) -> SeqQuery,
+) -> Result<(u64, u64), WalError> {
     let mut missing: Vec<i64> = seqs.to_vec();
     let (mut updated, mut already) = (0u64, 0u64);
     for round in 0..200u32 {
-        let done: HashSet<i64> = update(missing.clone()).await?.into_iter().collect();
+        let statement = sqlx::query_scalar(AssertSqlSafe(update.to_owned()));
+        let done: HashSet<i64> = bind(statement, missing.clone())
+            .fetch_all(pool)
+            .await
+            .map_err(map_sqlx)?
+            .into_iter()
+            .collect();
         updated += done.len() as u64;
         missing.retain(|s| !done.contains(s));
         if missing.is_empty() {
@@ -81,15 +92,8 @@ pub(crate) async fn settle_delivered(
             outbox_table(cfg)
         )
     };
-    update_visible(pool, cfg, seqs, |seqs| {
-        let sql = sql.clone();
-        async move {
-            sqlx::query_scalar(AssertSqlSafe(sql))
-                .bind(seqs)
-                .fetch_all(pool)
-                .await
-                .map_err(map_sqlx)
-        }
+    update_visible(pool, cfg, &sql, seqs, |statement, seqs| {
+        statement.bind(seqs)
     })
     .await
 }
@@ -114,8 +118,7 @@ pub(crate) async fn retry_rows(
     let by_seq: std::collections::HashMap<i64, &RetryEvent> =
         retries.iter().map(|r| (r.seq, *r)).collect();
     let seqs: Vec<i64> = by_seq.keys().copied().collect();
-    let (done, _) = update_visible(pool, cfg, &seqs, |seqs| {
-        let sql = sql.clone();
+    let (done, _) = update_visible(pool, cfg, &sql, &seqs, |statement, seqs| {
         // One lookup per row, and the four arrays stay aligned with the seqs bound.
         let mut bound = Vec::with_capacity(seqs.len());
         let mut delays = Vec::with_capacity(seqs.len());
@@ -127,16 +130,7 @@ pub(crate) async fn retry_rows(
             errors.push(r.error.clone());
             costs.push(i32::from(r.counts_attempt));
         }
-        async move {
-            sqlx::query_scalar(AssertSqlSafe(sql))
-                .bind(&bound)
-                .bind(&delays)
-                .bind(&errors)
-                .bind(&costs)
-                .fetch_all(pool)
-                .await
-                .map_err(map_sqlx)
-        }
+        statement.bind(bound).bind(delays).bind(errors).bind(costs)
     })
     .await?;
     Ok(done)
@@ -160,21 +154,13 @@ pub(crate) async fn bury_rows(
     let by_seq: std::collections::HashMap<i64, &String> =
         dead.iter().map(|(seq, _, error)| (*seq, error)).collect();
     let seqs: Vec<i64> = by_seq.keys().copied().collect();
-    let (buried, _) = update_visible(pool, cfg, &seqs, |seqs| {
-        let sql = sql.clone();
+    let (buried, _) = update_visible(pool, cfg, &sql, &seqs, |statement, seqs| {
         let errors: Vec<String> = seqs
             .iter()
             .filter_map(|s| by_seq.get(s))
             .map(|e| (*e).clone())
             .collect();
-        async move {
-            sqlx::query_scalar(AssertSqlSafe(sql))
-                .bind(&seqs)
-                .bind(&errors)
-                .fetch_all(pool)
-                .await
-                .map_err(map_sqlx)
-        }
+        statement.bind(seqs).bind(errors)
     })
     .await?;
     Ok(buried)

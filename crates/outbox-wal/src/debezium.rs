@@ -877,31 +877,24 @@ mod tests {
 
     #[test]
     fn regex_groups_and_non_matching_values() {
-        let t = DebeziumTable {
+        let routed_by = |replacement: &str| DebeziumTable {
             route_topic_regex: "(?<kind>[a-z]+)-(\\d+)".into(),
-            route_topic_replacement: "t.${kind}.$2".into(),
+            route_topic_replacement: replacement.into(),
             ..DebeziumTable::default()
         };
-        let layout = DebeziumLayout::of(&documented(), &t).unwrap();
-        assert_eq!(layout.topic("abc-12"), "t.abc.12");
-        // Whole-value match only (Java's `matches()`); else the value itself.
-        assert_eq!(layout.topic("abc-12x"), "abc-12x");
-        // Java's replacement syntax: `$2_x` is group 2 then `_x`, `\$` a dollar sign, and `$21`
-        // group 2 then `1` when there is no group 21.
-        let t = DebeziumTable {
-            route_topic_regex: "(?<kind>[a-z]+)-(\\d+)".into(),
-            route_topic_replacement: "t.$2_x.\\$.$21".into(),
-            ..DebeziumTable::default()
-        };
-        let layout = DebeziumLayout::of(&documented(), &t).unwrap();
-        assert_eq!(layout.topic("abc-12"), "t.12_x.$.121");
+        for (replacement, value, topic) in [
+            ("t.${kind}.$2", "abc-12", "t.abc.12"),
+            // Whole-value match only (Java's `matches()`); else the value itself.
+            ("t.${kind}.$2", "abc-12x", "abc-12x"),
+            // Java's replacement syntax: `$2_x` is group 2 then `_x`, `\$` a dollar sign, and
+            // `$21` group 2 then `1` when there is no group 21.
+            ("t.$2_x.\\$.$21", "abc-12", "t.12_x.$.121"),
+        ] {
+            let layout = DebeziumLayout::of(&documented(), &routed_by(replacement)).unwrap();
+            assert_eq!(layout.topic(value), topic, "{replacement} on {value}");
+        }
         for bad in ["t.$3", "t.${nope}", "t.$x", "t.\\"] {
-            let t = DebeziumTable {
-                route_topic_regex: "(?<kind>[a-z]+)-(\\d+)".into(),
-                route_topic_replacement: bad.into(),
-                ..DebeziumTable::default()
-            };
-            let err = t.validate().unwrap_err().to_string();
+            let err = routed_by(bad).validate().unwrap_err().to_string();
             assert!(err.contains("route.topic.replacement"), "{bad}: {err}");
         }
     }

@@ -39,22 +39,38 @@ pub(crate) async fn run(
     dead_letter: DeadLetterPolicy,
     mut stop: watch::Receiver<bool>,
 ) {
-    let result = run_inner(&cfg, &from_relay, &shared, &pool, dead_letter, &mut stop).await;
-    shared.set_leading(false);
+    let task = Task {
+        cfg,
+        from_relay,
+        shared,
+        pool,
+        dead_letter,
+    };
+    let result = run_inner(&task, &mut stop).await;
+    task.shared.set_leading(false);
     if let Err(error) = result {
         error!(%error, "WAL stream stopped; the relay stops too.");
-        shared.set_fatal(error);
+        task.shared.set_fatal(error);
     }
 }
 
-async fn run_inner(
-    cfg: &Arc<WalConfig>,
-    from_relay: &FromRelay,
-    shared: &Arc<Shared>,
-    pool: &PgPool,
+/// What every session of the stream task works with, from the task's start to its stop: one
+/// value for [`run_inner`] to hand to each [`lead`].
+struct Task {
+    cfg: Arc<WalConfig>,
+    from_relay: FromRelay,
+    shared: Arc<Shared>,
+    pool: PgPool,
     dead_letter: DeadLetterPolicy,
-    stop: &mut watch::Receiver<bool>,
-) -> Result<(), WalError> {
+}
+
+async fn run_inner(task: &Task, stop: &mut watch::Receiver<bool>) -> Result<(), WalError> {
+    let Task {
+        cfg,
+        from_relay,
+        shared,
+        ..
+    } = task;
     let target = Target::parse(&cfg.database_url)?;
     let mut failures = 0u32;
     loop {
@@ -63,17 +79,7 @@ async fn run_inner(
             return Ok(());
         };
         add(&shared.counters.sessions, 1);
-        let result = lead(
-            cfg,
-            from_relay,
-            shared,
-            pool,
-            dead_letter,
-            &mut lock,
-            &target,
-            stop,
-        )
-        .await;
+        let result = lead(task, &mut lock, &target, stop).await;
         shared.set_leading(false);
         drop(lock);
         match result {
@@ -148,17 +154,21 @@ async fn wait_for_leadership(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One session as the streamer, `lock` held: the slot, the table's snapshot, the stream until
+/// it ends; then confirm what is settled and wait for the server to let go of the slot.
 async fn lead(
-    cfg: &Arc<WalConfig>,
-    from_relay: &FromRelay,
-    shared: &Arc<Shared>,
-    pool: &PgPool,
-    dead_letter: DeadLetterPolicy,
+    task: &Task,
     lock: &mut PgConnection,
     target: &Target,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<(), WalError> {
+    let Task {
+        cfg,
+        from_relay,
+        shared,
+        pool,
+        dead_letter,
+    } = task;
     slot::check_server(pool).await?;
     let heartbeats = check_message_access(cfg, from_relay.stop_when_caught_up, pool).await?;
     slot::ensure_slot(pool, cfg).await?;
@@ -179,7 +189,7 @@ async fn lead(
     // position no longer moves: every row committed before it is in the snapshot.
     let (mut client, start) = start_client(cfg, &from_relay.relay_id, pool, target, stop).await?;
     shared.state().begin_session(start);
-    if let Err(error) = own_open_rows(cfg, shared, pool, dead_letter).await {
+    if let Err(error) = own_open_rows(cfg, shared, pool, *dead_letter).await {
         client.abort();
         return Err(error);
     }

@@ -5,22 +5,13 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use outbox_testkit::RecordingSink;
 use outbox_types::routing::{PayloadFormat, Routing, Template};
 use outbox_wal::{InvalidOp, Source};
 
 const JSONB: &str = r#"{"amount": 42.50, "items": [{"sku": "A-1", "qty": 2}], "note": null}"#;
-
-async fn exec(fx: &Fixture, sql: String) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&fx.pool)
-        .await
-        .unwrap();
-}
 
 /// Rows inserted by plain SQL — one alone, one inserted and deleted in the same transaction,
 /// one with a NULL payload — are delivered as Debezium's router shapes them, in commit order;
@@ -29,19 +20,14 @@ async fn exec(fx: &Fixture, sql: String) {
 async fn a_debezium_table_is_read_as_it_is() {
     let fx = Fixture::new(&[Source::Debezium]).await;
     let t = fx.debezium_table();
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let (sink, relay) = fx.start_recording().await;
 
-    exec(
-        &fx,
-        format!(
+    fx.exec(format!(
             "INSERT INTO {t} VALUES ('00000000-0000-4000-8000-000000000001', 'Order', 'order-1', 'OrderCreated', '{JSONB}')"
         ),
     )
     .await;
-    exec(
-        &fx,
-        format!(
+    fx.exec(format!(
             "BEGIN;
              INSERT INTO {t} VALUES ('00000000-0000-4000-8000-000000000002', 'Order', 'order-1', 'OrderPaid', '{{\"paid\": true}}');
              DELETE FROM {t} WHERE id = '00000000-0000-4000-8000-000000000002';
@@ -49,9 +35,7 @@ async fn a_debezium_table_is_read_as_it_is() {
         ),
     )
     .await;
-    exec(
-        &fx,
-        format!(
+    fx.exec(format!(
             "INSERT INTO {t} VALUES ('00000000-0000-4000-8000-000000000003', 'Customer', 'c-9', 'CustomerDeleted', NULL);
              UPDATE {t} SET type = 'Changed' WHERE id = '00000000-0000-4000-8000-000000000001';"
         ),
@@ -149,13 +133,10 @@ async fn an_existing_publication_is_reused_and_updates_follow_the_invalid_op_opt
     let mut fx = Fixture::bare(&[Source::Debezium]).await;
     let t = fx.debezium_table();
     // As Debezium's connector creates it: every operation published.
-    exec(
-        &fx,
-        format!(
-            "CREATE PUBLICATION \"{}\" FOR TABLE {t}",
-            fx.config.publication
-        ),
-    )
+    fx.exec(format!(
+        "CREATE PUBLICATION \"{}\" FOR TABLE {t}",
+        fx.config.publication
+    ))
     .await;
 
     let mut wrong = fx.config.clone();
@@ -168,11 +149,8 @@ async fn an_existing_publication_is_reused_and_updates_follow_the_invalid_op_opt
 
     fx.config.debezium.op_invalid_behavior = InvalidOp::Fatal;
     outbox_wal::prepare(&fx.config).await.unwrap();
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
-    exec(
-        &fx,
-        format!(
+    let (sink, relay) = fx.start_recording().await;
+    fx.exec(format!(
             "INSERT INTO {t} VALUES ('00000000-0000-4000-8000-000000000011', 'Order', 'o', 'OrderCreated', '{{}}');
              DELETE FROM {t};"
         ),
@@ -182,9 +160,7 @@ async fn an_existing_publication_is_reused_and_updates_follow_the_invalid_op_opt
         sink.delivered().len() == 1
     })
     .await;
-    exec(
-        &fx,
-        format!(
+    fx.exec(format!(
             "INSERT INTO {t} VALUES ('00000000-0000-4000-8000-000000000012', 'Order', 'o', 'OrderPaid', '{{}}');
              UPDATE {t} SET payload = '{{\"x\": 1}}';"
         ),

@@ -114,10 +114,10 @@ async fn stream_table_rows_are_delivered_in_order_with_nothing_written_back() {
     sink.down.store(true, Ordering::SeqCst);
     let during: Vec<_> = (0..10).map(|n| numbered("f", n)).collect();
     fx.enqueue_streamed(&during).await;
-    wait_for(
+    sink.wait_calls_while_down(
         "the outage's events in the table",
         Duration::from_secs(20),
-        || sink.calls_while_down.load(Ordering::Relaxed) > 0,
+        0,
     )
     .await;
     let mut open = 0;
@@ -145,19 +145,15 @@ async fn stream_table_rows_are_delivered_in_order_with_nothing_written_back() {
     // A row whose header is not a string is no event: the table's trigger refuses it now, but
     // a stream table from before that trigger may hold one. Such a row is dead, and the stream
     // moves on to the next row.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    fx.exec(format!(
         "DROP TRIGGER events_stream_header_rules ON {stream}"
-    )))
-    .execute(&fx.pool)
-    .await
-    .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    ))
+    .await;
+    fx.exec(format!(
         "INSERT INTO {stream} (aggregate_type, aggregate_id, event_type, payload, headers)
          VALUES ('order', 'bad', 'OrderPlaced', '{{}}', '{{\"retry\": 3}}')"
-    )))
-    .execute(&fx.pool)
-    .await
-    .unwrap();
+    ))
+    .await;
     let after_bad = numbered("after", 0);
     fx.enqueue_streamed(std::slice::from_ref(&after_bad)).await;
     wait_for("the row after the bad one", Duration::from_secs(20), || {
@@ -299,12 +295,10 @@ async fn the_stream_table_checks_headers_and_a_table_from_before_the_check_still
     drop(tx);
 
     // As a stream table created before the trigger, holding rows it refuses.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    fx.exec(format!(
         "DROP TRIGGER events_stream_header_rules ON {stream}"
-    )))
-    .execute(&fx.pool)
-    .await
-    .unwrap();
+    ))
+    .await;
     let reserved = insert(
         r#"{"outbox-x": "v", "outbox-partition": "2", "tenant": "acme"}"#,
         "reserved",
@@ -322,12 +316,8 @@ async fn the_stream_table_checks_headers_and_a_table_from_before_the_check_still
         err.to_string().contains("is not a string"),
         "new rows are checked: {err}"
     );
-    wait_for(
-        "both rows in the outbox table",
-        Duration::from_secs(20),
-        || sink.calls_while_down.load(Ordering::Relaxed) > 0,
-    )
-    .await;
+    sink.wait_calls_while_down("both rows in the outbox table", Duration::from_secs(20), 0)
+        .await;
     let table = fx.outbox.qualified_table().to_owned();
     let mut rows: Vec<(String, String, serde_json::Value)> = Vec::new();
     for _ in 0..100 {

@@ -19,8 +19,7 @@ const BOTH: &[Source] = &[Source::Table, Source::Messages];
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_events_are_delivered_and_rolled_back_ones_never() {
     let fx = Fixture::new(BOTH).await;
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let (sink, relay) = fx.start_recording().await;
 
     let table_ok: Vec<_> = (0..3).map(|n| numbered("t", n)).collect();
     let msg_ok: Vec<_> = (0..3).map(|n| numbered("m", n)).collect();
@@ -279,12 +278,8 @@ async fn a_sink_outage_moves_waiting_events_to_the_table_and_the_stream_keeps_mo
         .collect();
     fx.enqueue_table(&rows).await;
 
-    wait_for(
-        "publish attempts while down",
-        Duration::from_secs(10),
-        || sink.calls_while_down.load(Ordering::Relaxed) > 20,
-    )
-    .await;
+    sink.wait_calls_while_down("publish attempts while down", Duration::from_secs(10), 20)
+        .await;
     // A ten-second outage: long enough for many retry rounds and status updates.
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(outage.elapsed())).await;
     // Nothing is held in memory for a destination that is down: the first failure of each
@@ -325,10 +320,10 @@ async fn a_sink_outage_moves_waiting_events_to_the_table_and_the_stream_keeps_mo
         .map(|n| numbered(&format!("m{}", n % 50), 100 + n / 50))
         .collect();
     fx.enqueue_messages(&more).await;
-    wait_for(
+    sink.wait_calls_while_down(
         "attempts during the second outage",
         Duration::from_secs(10),
-        || sink.calls_while_down.load(Ordering::Relaxed) > calls + 10,
+        calls + 10,
     )
     .await;
     let stopped = relay.stop().await;
@@ -743,8 +738,7 @@ async fn mode_switch_polling_wal_polling_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_slot_is_reported_and_recover_rescans_the_table() {
     let fx = Fixture::new(BOTH).await;
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let (sink, relay) = fx.start_recording().await;
     let first: Vec<_> = (0..5).map(|n| numbered("a", n)).collect();
     fx.enqueue_table(&first).await;
     wait_for("first events", Duration::from_secs(10), || {
@@ -823,8 +817,7 @@ async fn a_server_without_logical_wal_gets_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_keep_an_idle_slot_confirmed() {
     let fx = Fixture::new(BOTH).await;
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let (_sink, relay) = fx.start_recording().await;
     // Other traffic in the cluster, none of it for this outbox.
     sqlx::query("CREATE TABLE IF NOT EXISTS public.owt_noise (x int)")
         .execute(&fx.pool)
@@ -950,15 +943,13 @@ async fn insert_mix(fx: &Fixture) -> (Vec<outbox_types::EventId>, Vec<(i64, &'st
 
 /// What a hand-altered outbox table allows (the stock one refuses these values outright).
 async fn loosen(fx: &Fixture) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+    fx.exec(format!(
         "ALTER TABLE {t} ALTER COLUMN event_type DROP NOT NULL,
              ALTER COLUMN id TYPE text, ALTER COLUMN payload TYPE text;
          DROP TRIGGER events_header_rules ON {t}",
         t = fx.outbox.qualified_table()
-    )))
-    .execute(&fx.pool)
-    .await
-    .unwrap();
+    ))
+    .await;
 }
 
 /// Issue 22, item 3: a row whose headers are not an object of strings (or any row the decoder
@@ -1052,8 +1043,7 @@ async fn malformed_rows_are_dead_lettered_in_the_catch_up_scan_and_in_the_stream
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_messages_are_dead_lettered_and_the_stream_moves_on() {
     let fx = Fixture::new(BOTH).await;
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let (sink, relay) = fx.start_recording().await;
     let prefix = fx.config.message_prefix.clone();
     let good = [numbered("m", 0), numbered("m", 1)];
     let mut tx = fx.pool.begin().await.unwrap();
@@ -1099,8 +1089,7 @@ async fn malformed_messages_are_dead_lettered_and_the_stream_moves_on() {
     assert!(order.last_error.as_deref().unwrap().contains("headers"));
 
     // After a restart: nothing redelivered, nothing buried twice.
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let (sink, relay) = fx.start_recording().await;
     fx.enqueue_messages(&[numbered("m", 2)]).await;
     wait_for("the new message", Duration::from_secs(20), || {
         sink.distinct_delivered().len() == 1
@@ -1117,8 +1106,7 @@ async fn malformed_messages_are_dead_lettered_and_the_stream_moves_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_message_source_is_off_by_default_and_its_messages_are_passed_over() {
     let fx = Fixture::new(&outbox_wal::WalConfig::default().sources).await;
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let (sink, relay) = fx.start_recording().await;
     let message = numbered("m", 0);
     let row = numbered("t", 0);
     let mut tx = fx.pool.begin().await.unwrap();
@@ -1157,19 +1145,18 @@ async fn the_message_source_is_refused_while_every_role_may_write_messages() {
     let n = std::process::id();
     let db = format!("owt_open_{n}");
     let (nobody, writer) = (format!("owt_nobody_{n}"), format!("owt_writer_{n}"));
-    for sql in [
-        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-        format!("DROP ROLE IF EXISTS {nobody}"),
-        format!("DROP ROLE IF EXISTS {writer}"),
-        format!("CREATE DATABASE {db}"),
-        format!("CREATE ROLE {nobody} LOGIN"),
-        format!("CREATE ROLE {writer} LOGIN"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&admin)
-            .await
-            .unwrap();
-    }
+    exec_each(
+        &admin,
+        [
+            format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {nobody}"),
+            format!("DROP ROLE IF EXISTS {writer}"),
+            format!("CREATE DATABASE {db}"),
+            format!("CREATE ROLE {nobody} LOGIN"),
+            format!("CREATE ROLE {writer} LOGIN"),
+        ],
+    )
+    .await;
     let url = cluster_url_with(None, Some(&db), None);
     let as_role = |role: &str| {
         let mut u = url::Url::parse(&url).unwrap();
@@ -1229,18 +1216,15 @@ async fn the_message_source_is_refused_while_every_role_may_write_messages() {
     }
 
     // Locked down as told: only the writer (and superusers) may write messages.
-    for statement in access.fix.iter().filter(|s| s.starts_with("REVOKE")) {
-        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
-            .execute(&db_pool)
-            .await
-            .unwrap();
-    }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    let revokes = access
+        .fix
+        .iter()
+        .filter(|s| s.starts_with("REVOKE"))
+        .cloned();
+    let grant = format!(
         "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) TO {writer}"
-    )))
-    .execute(&db_pool)
-    .await
-    .unwrap();
+    );
+    exec_each(&db_pool, revokes.chain([grant])).await;
     let err =
         outbox_wal::enqueue_message(&nobody_pool, &config.message_prefix, &numbered("evil", 1))
             .await
@@ -1289,16 +1273,15 @@ async fn the_message_source_is_refused_while_every_role_may_write_messages() {
     nobody_pool.close().await;
     db_pool.close().await;
     let _ = outbox_wal::drop_slot_waiting(&config, Duration::from_secs(5)).await;
-    for sql in [
-        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-        format!("DROP ROLE IF EXISTS {nobody}"),
-        format!("DROP ROLE IF EXISTS {writer}"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&admin)
-            .await
-            .unwrap();
-    }
+    exec_each(
+        &admin,
+        [
+            format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {nobody}"),
+            format!("DROP ROLE IF EXISTS {writer}"),
+        ],
+    )
+    .await;
 }
 
 /// The `ssl` of the replication session of the relay with `relay_id`, per the server.
@@ -1436,11 +1419,8 @@ async fn oversized_payloads_are_dead_lettered_and_the_catch_up_pages_by_bytes() 
         sink.distinct_delivered().contains(&streamed[0].id())
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while fx.status_counts().await != (0, 13, 2) {
-        assert!(Instant::now() < deadline, "{:?}", fx.status_counts().await);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    fx.wait_status_counts((0, 13, 2), Duration::from_secs(20))
+        .await;
     relay.stop().await;
     assert!(check_first_delivery_order(&sink.delivered()).is_empty());
     assert!(
@@ -1466,8 +1446,7 @@ async fn oversized_payloads_are_dead_lettered_and_the_catch_up_pages_by_bytes() 
 async fn delete_on_ack_leaves_nothing_to_deliver_again_after_a_restart() {
     let mut fx = Fixture::new(&[Source::Table]).await;
     fx.config.delete_on_ack = true;
-    let sink = Arc::new(RecordingSink::new());
-    let relay = start(fx.config.clone(), sink.clone()).ready().await;
+    let (sink, relay) = fx.start_recording().await;
     let events: Vec<_> = (0..1000)
         .map(|n| numbered(&format!("a{}", n % 20), n / 20))
         .collect();
@@ -1476,11 +1455,8 @@ async fn delete_on_ack_leaves_nothing_to_deliver_again_after_a_restart() {
         sink.distinct_delivered().len() == 1000
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while fx.status_counts().await != (0, 0, 0) {
-        assert!(Instant::now() < deadline, "{:?}", fx.status_counts().await);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    fx.wait_status_counts((0, 0, 0), Duration::from_secs(10))
+        .await;
     relay.stop().await;
     // Started again (with the catch-up): nothing is delivered a second time.
     let relay = start(

@@ -130,6 +130,21 @@ impl Fixture {
         }
     }
 
+    /// Run `sql` (one statement or several) as it is, no parameters.
+    pub async fn exec(&self, sql: String) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    /// A [`RecordingSink`], and a relay with [`test_relay`]'s settings delivering to it, ready.
+    pub async fn start_recording(&self) -> (Arc<RecordingSink>, Running) {
+        let sink = Arc::new(RecordingSink::new());
+        let relay = start(self.config.clone(), sink.clone()).ready().await;
+        (sink, relay)
+    }
+
     /// Commit `events` into the table in one transaction.
     pub async fn enqueue_table(&self, events: &[NewEvent]) {
         let mut tx = self.pool.begin().await.unwrap();
@@ -203,6 +218,20 @@ impl Fixture {
         .await
         .unwrap();
         row
+    }
+
+    /// Wait up to `limit` until [`Fixture::status_counts`] is `expected`; past it, fail with
+    /// the counts last seen.
+    pub async fn wait_status_counts(&self, expected: (i64, i64, i64), limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.status_counts().await != expected {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}",
+                self.status_counts().await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Drop the slot and the schema.
@@ -295,6 +324,16 @@ impl Running {
     }
 }
 
+/// Run `statements` on `pool` one after the other, each alone (no parameters).
+pub async fn exec_each(pool: &PgPool, statements: impl IntoIterator<Item = String>) {
+    for sql in statements {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
 /// Wait until `check` holds, or panic after `limit`.
 pub async fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -340,6 +379,15 @@ impl SwitchSink {
             calls_while_down: AtomicU64::new(0),
             max_batch_seen: AtomicU64::new(0),
         }
+    }
+
+    /// Wait up to `limit` until more than `calls` publishes were refused while off (`what`
+    /// names what that shows).
+    pub async fn wait_calls_while_down(&self, what: &str, limit: Duration, calls: u64) {
+        wait_for(what, limit, || {
+            self.calls_while_down.load(Ordering::Relaxed) > calls
+        })
+        .await;
     }
 }
 

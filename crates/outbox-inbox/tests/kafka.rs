@@ -1,6 +1,6 @@
 //! The Kafka adapter against the machine's Kafka-protocol broker (`OUTBOX_TEST_KAFKA_BROKERS`,
 //! default `127.0.0.1:19092`, started by `scripts/kafka.sh`); every test uses its own topic and
-//! consumer group.
+//! consumer group. The scenarios every broker passes are in `common`; here: its channel.
 
 #![cfg(all(feature = "kafka", feature = "sqlite"))]
 
@@ -16,9 +16,9 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tokio::task::JoinHandle;
 
-use common::{Fixture, eventually, fixture, unique};
+use common::{Channel, Runner, eventually};
+use outbox_testkit::unique;
 
 fn brokers() -> String {
     std::env::var("OUTBOX_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".into())
@@ -43,23 +43,21 @@ async fn topic() -> String {
     topic
 }
 
-async fn produce(topic: &str, id: EventId, body: &str) {
+async fn produce(topic: &str, id: Option<EventId>, body: &str) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()
         .unwrap();
-    let value = id.to_string();
+    let value = id.map(|id| id.to_string());
+    let mut record = FutureRecord::to(topic).key("order-1").payload(body);
+    if let Some(value) = &value {
+        record = record.headers(OwnedHeaders::new().insert(Header {
+            key: "outbox-event-id",
+            value: Some(value.as_str()),
+        }));
+    }
     producer
-        .send(
-            FutureRecord::to(topic)
-                .key("order-1")
-                .payload(body)
-                .headers(OwnedHeaders::new().insert(Header {
-                    key: "outbox-event-id",
-                    value: Some(value.as_str()),
-                })),
-            Duration::from_secs(10),
-        )
+        .send(record, Duration::from_secs(10))
         .await
         .unwrap();
 }
@@ -94,59 +92,56 @@ async fn committed(consumer: &Arc<StreamConsumer>, topic: &str) -> Option<i64> {
     .unwrap()
 }
 
-/// Run the adapter over `consumer` in the background, until aborted.
-fn spawn_run(
-    consumer: &Arc<StreamConsumer>,
-    handler: impl InboxHandler + 'static,
-    options: AdapterOptions,
-) -> JoinHandle<Result<(), outbox_inbox::Error>> {
-    let consumer = consumer.clone();
-    tokio::spawn(async move { outbox_inbox::kafka::run(&consumer, &handler, &options).await })
+/// A topic of its own, read by a consumer in a consumer group of its own.
+struct Topic {
+    topic: String,
+    consumer: Arc<StreamConsumer>,
+    /// How many messages were produced: the offset the adapter commits once it settled them.
+    produced: i64,
 }
 
-/// Wait up to 30 s for the committed offset of `topic`'s partition 0 to reach `offset`.
-async fn wait_committed(consumer: &Arc<StreamConsumer>, topic: &str, offset: i64) -> bool {
-    let (c, t) = (consumer.clone(), topic.to_owned());
-    eventually(Duration::from_secs(30), move || {
-        let (c, t) = (c.clone(), t.clone());
-        async move { committed(&c, &t).await == Some(offset) }
-    })
-    .await
-}
-
-/// A fixture, a new topic holding `copies` messages of one new event with `body`, that event
-/// and a consumer of the topic: where each test starts.
-async fn produced(body: &str, copies: usize) -> (Fixture, String, EventId, Arc<StreamConsumer>) {
-    let f = fixture().await;
-    let topic = topic().await;
-    let id = EventId::new();
-    for _ in 0..copies {
-        produce(&topic, id, body).await;
+impl Channel for Topic {
+    async fn open() -> Topic {
+        let topic = topic().await;
+        let consumer = consumer(&topic);
+        Topic {
+            topic,
+            consumer,
+            produced: 0,
+        }
     }
-    let consumer = consumer(&topic);
-    (f, topic, id, consumer)
+
+    async fn publish(&mut self, id: Option<EventId>, body: &'static str) {
+        produce(&self.topic, id, body).await;
+        self.produced += 1;
+    }
+
+    fn spawn_run(&self, handler: impl InboxHandler + 'static, options: AdapterOptions) -> Runner {
+        let consumer = self.consumer.clone();
+        tokio::spawn(async move { outbox_inbox::kafka::run(&consumer, &handler, &options).await })
+    }
+
+    /// The committed offset of partition 0 reaches the number of messages produced.
+    async fn wait_settled(&self, timeout: Duration) -> bool {
+        let (c, t, offset) = (self.consumer.clone(), self.topic.clone(), self.produced);
+        eventually(timeout, move || {
+            let (c, t) = (c.clone(), t.clone());
+            async move { committed(&c, &t).await == Some(offset) }
+        })
+        .await
+    }
+
+    /// Topics are left to the broker (the tests' one keeps them in memory).
+    async fn delete(self) {}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_event_twice_applies_once_and_commits() {
-    let (f, topic, _, consumer) = produced(r#"{"n":1}"#, 2).await;
-    let handler = f.handler();
-    let runner = spawn_run(&consumer, handler, AdapterOptions::default());
-    assert!(wait_committed(&consumer, &topic, 2).await);
-    runner.abort();
-    assert_eq!(f.effects().await, 1);
-    assert!(f.parked().await.is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn always_failing_handler_is_parked_after_max_attempts_and_committed() {
-    let (f, topic, id, consumer) = produced(r#"{"n":2}"#, 1).await;
-    let handler = f.failing_handler();
-    let options = AdapterOptions::default()
-        .with_max_attempts(3)
-        .with_retry_delay(Duration::from_millis(100));
-    let runner = spawn_run(&consumer, handler, options);
-    assert!(wait_committed(&consumer, &topic, 1).await);
-    runner.abort();
-    f.assert_parked_after_failures(id, 3, br#"{"n":2}"#).await;
-}
+// On a multi-threaded runtime, as the Kafka tests have always run.
+common::channel_tests!(@on #[tokio::test(flavor = "multi_thread", worker_threads = 2)] Topic;
+    same_event_twice_applies_once_and_commits = same_event_twice_applies_once_and_acks,
+    always_failing_handler_is_parked_after_max_attempts_and_committed =
+        always_failing_handler_is_parked_after_max_attempts_and_acked,
+    failed_first_delivery_is_retried_in_place_and_applied_once =
+        failed_first_delivery_is_delivered_again_and_applied_once,
+    message_without_event_id_is_parked_at_once = message_without_event_id_is_parked_at_once,
+    malformed_payload_is_parked_without_retries = malformed_payload_is_parked_without_retries,
+);

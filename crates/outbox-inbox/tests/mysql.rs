@@ -6,11 +6,9 @@
 
 mod conformance;
 
-use outbox_testkit::unique;
-
 use conformance::{Backend, ClaimRoutine, RefusedCall, run_sql};
 use outbox_inbox::mysql::MySqlInbox;
-use outbox_inbox::{BoxFuture, EventId};
+use outbox_inbox::{BoxFuture, Error, EventId};
 use sqlx::{MySqlConnection, MySqlPool};
 
 struct My;
@@ -22,15 +20,17 @@ impl Backend for My {
     const SCHEMA_VERSION: i64 = 2;
     const COUNT: &'static str = "CAST(count(*) AS SIGNED)";
 
-    async fn open() -> (MySqlPool, MySqlInbox) {
-        let pool = conformance::connect(
+    async fn pool() -> MySqlPool {
+        conformance::connect(
             "OUTBOX_TEST_MYSQL_URL",
             "mysql://root@127.0.0.1:3306/test",
             "MySQL/MariaDB must be running on 127.0.0.1:3306",
         )
-        .await;
-        let inbox = MySqlInbox::with_table(&unique("inbox_t")).unwrap();
-        (pool, inbox)
+        .await
+    }
+
+    fn inbox(table: &str) -> Result<MySqlInbox, Error> {
+        MySqlInbox::with_table(table)
     }
 
     fn beside(inbox: &MySqlInbox, suffix: &str) -> String {
@@ -41,10 +41,6 @@ impl Backend for My {
 
     fn hours_ago(hours: u32) -> String {
         format!("NOW(6) - INTERVAL {hours} HOUR")
-    }
-
-    fn refuses_bad_table_name() -> bool {
-        MySqlInbox::with_table("Bad-Name").is_err()
     }
 
     fn drop_claim_routine(inbox: &MySqlInbox) -> String {

@@ -1,6 +1,6 @@
 //! The JetStream adapter against the machine's NATS (`OUTBOX_TEST_NATS_URL`, default
-//! `127.0.0.1:4222`); every test uses its own stream. The scenarios it shares with Redis are
-//! in `common`; here: its channel and what only NATS tests.
+//! `127.0.0.1:4222`); every test uses its own stream. The scenarios every broker passes are in
+//! `common`; here: its channel.
 
 #![cfg(all(feature = "nats", feature = "sqlite"))]
 
@@ -11,9 +11,9 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull, stream};
 use outbox_inbox::{AdapterOptions, EventId, InboxHandler};
-use tokio::task::JoinHandle;
 
-use common::{Channel, eventually, fixture, unique};
+use common::{Channel, Runner, eventually};
+use outbox_testkit::unique;
 
 /// A stream of its own with the durable pull consumer `billing`.
 struct Nats {
@@ -67,11 +67,7 @@ impl Channel for Nats {
             .unwrap();
     }
 
-    fn spawn_run(
-        &self,
-        handler: impl InboxHandler + 'static,
-        options: AdapterOptions,
-    ) -> JoinHandle<Result<(), outbox_inbox::Error>> {
+    fn spawn_run(&self, handler: impl InboxHandler + 'static, options: AdapterOptions) -> Runner {
         let consumer = self.consumer.clone();
         tokio::spawn(async move { outbox_inbox::nats::run(&consumer, &handler, &options).await })
     }
@@ -97,39 +93,3 @@ async fn settled(consumer: &PullConsumer) -> bool {
 }
 
 common::channel_tests!(Nats; failed_first_delivery_is_redelivered_and_applied_once);
-
-#[tokio::test]
-async fn message_without_event_id_is_parked_at_once() {
-    let f = fixture().await;
-    let mut nats = Nats::open().await;
-    nats.publish(None, "not an event").await;
-    let runner = nats.spawn_run(f.handler(), AdapterOptions::default());
-    assert!(nats.wait_settled(Duration::from_secs(15)).await);
-    runner.abort();
-    let parked = f.parked().await;
-    assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].event_id, None);
-    assert_eq!(parked[0].attempts, 1);
-    nats.delete().await;
-}
-
-#[tokio::test]
-async fn malformed_payload_is_parked_without_retries() {
-    let f = fixture().await;
-    let mut nats = Nats::open().await;
-    nats.publish(Some(EventId::new()), "not json").await;
-    let options = AdapterOptions::default().with_max_attempts(5);
-    let runner = nats.spawn_run(f.json_handler(), options);
-    assert!(f.wait_parked(Duration::from_secs(15)).await);
-    assert!(nats.wait_settled(Duration::from_secs(10)).await);
-    runner.abort();
-    let parked = f.parked().await;
-    assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].attempts, 1);
-    assert!(
-        parked[0].error.contains("not the expected JSON"),
-        "{}",
-        parked[0].error
-    );
-    nats.delete().await;
-}

@@ -11,7 +11,7 @@ use outbox_testkit::unique;
 
 use conformance::{Backend, ClaimRoutine, RefusedCall, run_sql};
 use outbox_inbox::postgres::PgInbox;
-use outbox_inbox::{BoxFuture, EventId};
+use outbox_inbox::{BoxFuture, Error, EventId};
 use sqlx::{PgConnection, PgPool};
 
 struct Pg;
@@ -21,15 +21,17 @@ impl Backend for Pg {
     const EFFECTS_DEFINITION: &'static str = "(event_id UUID NOT NULL, handler TEXT NOT NULL)";
     const SCHEMA_VERSION: i64 = 2;
 
-    async fn open() -> (PgPool, PgInbox) {
-        let pool = conformance::connect(
+    async fn pool() -> PgPool {
+        conformance::connect(
             "OUTBOX_TEST_DATABASE_URL",
             "postgres://postgres@127.0.0.1:5432/test",
             "PostgreSQL must be running on 127.0.0.1:5432",
         )
-        .await;
-        let inbox = PgInbox::with_names(&unique("inbox_t"), "inbox").unwrap();
-        (pool, inbox)
+        .await
+    }
+
+    fn inbox(table: &str) -> Result<PgInbox, Error> {
+        PgInbox::with_names(&unique("inbox_s"), table)
     }
 
     fn beside(inbox: &PgInbox, suffix: &str) -> String {
@@ -40,10 +42,6 @@ impl Backend for Pg {
 
     fn hours_ago(hours: u32) -> String {
         format!("now() - interval '{hours} hours'")
-    }
-
-    fn refuses_bad_table_name() -> bool {
-        PgInbox::with_names("ok", "Bad-Name").is_err()
     }
 
     fn drop_claim_routine(inbox: &PgInbox) -> String {

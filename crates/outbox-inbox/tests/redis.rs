@@ -1,6 +1,6 @@
 //! The Redis Streams adapter against the machine's Redis (`OUTBOX_TEST_REDIS_URL`, default
-//! `redis://127.0.0.1:6379`); every test uses its own stream. The scenarios it shares with NATS
-//! are in `common`; here: its channel and what only Redis tests.
+//! `redis://127.0.0.1:6379`); every test uses its own stream. The scenarios every broker passes
+//! are in `common`; here: its channel and what only Redis tests (`poll`'s answer).
 
 #![cfg(all(feature = "redis", feature = "sqlite"))]
 
@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use outbox_inbox::{AdapterOptions, EventId, InboxHandler};
 use redis::aio::MultiplexedConnection;
-use tokio::task::JoinHandle;
 
-use common::{Channel, eventually, fixture, unique};
+use common::{Channel, Runner, eventually, fixture};
+use outbox_testkit::unique;
 
 async fn connection() -> MultiplexedConnection {
     let url =
@@ -125,11 +125,7 @@ impl Channel for Stream {
         add(&mut self.conn, &self.stream, id, body).await;
     }
 
-    fn spawn_run(
-        &self,
-        handler: impl InboxHandler + 'static,
-        options: AdapterOptions,
-    ) -> JoinHandle<Result<(), outbox_inbox::Error>> {
+    fn spawn_run(&self, handler: impl InboxHandler + 'static, options: AdapterOptions) -> Runner {
         let stream = self.stream.clone();
         tokio::spawn(async move {
             let mut conn = connection().await;

@@ -7,11 +7,9 @@
 mod common;
 mod conformance;
 
-use common::unique;
-
 use conformance::{Backend, ClaimRoutine, Fixture, run_sql};
-use outbox_inbox::BoxFuture;
 use outbox_inbox::sqlite::SqliteInbox;
+use outbox_inbox::{BoxFuture, Error};
 use sqlx::{SqliteConnection, SqlitePool};
 
 struct Lite;
@@ -21,10 +19,12 @@ impl Backend for Lite {
     const EFFECTS_DEFINITION: &'static str = "(event_id TEXT NOT NULL, handler TEXT NOT NULL)";
     const SCHEMA_VERSION: i64 = 1;
 
-    async fn open() -> (SqlitePool, SqliteInbox) {
-        let pool = common::sqlite_pool(12).await;
-        let inbox = SqliteInbox::with_table(&unique("inbox_t")).unwrap();
-        (pool, inbox)
+    async fn pool() -> SqlitePool {
+        common::sqlite_pool(12).await
+    }
+
+    fn inbox(table: &str) -> Result<SqliteInbox, Error> {
+        SqliteInbox::with_table(table)
     }
 
     fn beside(inbox: &SqliteInbox, suffix: &str) -> String {
@@ -36,10 +36,6 @@ impl Backend for Lite {
     /// SQLite's times are the host's microseconds: moved back from the row's own.
     fn hours_ago(hours: u32) -> String {
         format!("processed_at - {hours} * 3600 * 1000000")
-    }
-
-    fn refuses_bad_table_name() -> bool {
-        SqliteInbox::with_table("Bad-Name").is_err()
     }
 }
 

@@ -3,7 +3,6 @@
 
 #![allow(dead_code)]
 
-pub use outbox_testkit::unique;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -183,8 +182,12 @@ where
     false
 }
 
+/// An adapter running in the background until aborted.
+pub type Runner = JoinHandle<Result<(), outbox_inbox::Error>>;
+
 /// A broker's channel of its own for one test — a stream with the consumer group `billing`
-/// (NATS JetStream, Redis Streams) — and the adapter over it: what the scenarios below need.
+/// (NATS JetStream, Redis Streams), a queue (RabbitMQ), a topic with a consumer group of its own
+/// (Kafka) — and the adapter over it: what the scenarios below need.
 pub trait Channel: Sized {
     /// A new channel.
     fn open() -> impl Future<Output = Self>;
@@ -193,72 +196,120 @@ pub trait Channel: Sized {
     fn publish(&mut self, id: Option<EventId>, body: &'static str) -> impl Future<Output = ()>;
 
     /// Run the adapter over the channel in the background, until aborted.
-    fn spawn_run(
-        &self,
-        handler: impl InboxHandler + 'static,
-        options: AdapterOptions,
-    ) -> JoinHandle<Result<(), outbox_inbox::Error>>;
+    fn spawn_run(&self, handler: impl InboxHandler + 'static, options: AdapterOptions) -> Runner;
 
-    /// Wait up to `timeout` for every message to be delivered and acked.
+    /// Wait up to `timeout` for every message to be delivered and acked (Kafka: its offset
+    /// committed). Called once, after what the scenario waits for, and the adapter is stopped
+    /// next: a broker that can only tell by closing the adapter's channel (RabbitMQ) may.
     fn wait_settled(&self, timeout: Duration) -> impl Future<Output = bool>;
 
     /// Delete the channel.
     fn delete(self) -> impl Future<Output = ()>;
 }
 
-/// The same event delivered twice: applied once, both acked, nothing parked.
-pub async fn same_event_twice_applies_once_and_acks<C: Channel>() {
+/// What a scenario waits for before the channel settles.
+#[derive(Clone, Copy, Debug)]
+enum Until {
+    /// The effect applied once.
+    Applied,
+    /// A message parked.
+    Parked,
+}
+
+/// Where every scenario starts: a fixture and a new channel holding `messages` (event id,
+/// body); the adapter run over it with the handler `handler` makes of the fixture and `options`
+/// until `until` holds (within 30 s: the adapter's start, which on Kafka includes joining a new
+/// consumer group) and every message is acked (within 10 s more); then the adapter stopped and
+/// the channel deleted. The fixture, for what the scenario checks.
+async fn run_until<C: Channel, H: InboxHandler + 'static>(
+    messages: &[(Option<EventId>, &'static str)],
+    handler: fn(&Fixture) -> H,
+    options: AdapterOptions,
+    until: Until,
+) -> Fixture {
     let f = fixture().await;
     let mut channel = C::open().await;
-    let id = EventId::new();
-    channel.publish(Some(id), r#"{"n":1}"#).await;
-    channel.publish(Some(id), r#"{"n":1}"#).await;
-
-    let runner = channel.spawn_run(f.handler(), AdapterOptions::default());
-    assert!(channel.wait_settled(Duration::from_secs(15)).await);
+    for &(id, body) in messages {
+        channel.publish(id, body).await;
+    }
+    let runner = channel.spawn_run(handler(&f), options);
+    let first = Duration::from_secs(30);
+    let reached = match until {
+        Until::Applied => eventually(first, || async { f.effects().await == 1 }).await,
+        Until::Parked => f.wait_parked(first).await,
+    };
+    assert!(reached, "{until:?} not reached");
+    let settled = channel.wait_settled(Duration::from_secs(10)).await;
+    assert!(settled, "every message acked");
     runner.abort();
+    channel.delete().await;
+    f
+}
+
+/// The same event delivered twice: applied once, both acked, nothing parked.
+pub async fn same_event_twice_applies_once_and_acks<C: Channel>() {
+    let event = (Some(EventId::new()), r#"{"n":1}"#);
+    let options = AdapterOptions::default();
+    let f = run_until::<C, _>(&[event, event], Fixture::handler, options, Until::Applied).await;
     assert_eq!(f.effects().await, 1);
     assert!(f.parked().await.is_empty());
-    channel.delete().await;
 }
 
 /// A handler that always fails: parked after three attempts, then acked; its effects rolled
 /// back.
 pub async fn always_failing_handler_is_parked_after_max_attempts_and_acked<C: Channel>() {
-    let f = fixture().await;
-    let mut channel = C::open().await;
     let id = EventId::new();
-    channel.publish(Some(id), r#"{"n":2}"#).await;
-
     let options = AdapterOptions::default()
         .with_max_attempts(3)
         .with_retry_delay(Duration::from_millis(100));
-    let runner = channel.spawn_run(f.failing_handler(), options);
-    assert!(f.wait_parked(Duration::from_secs(20)).await);
-    assert!(channel.wait_settled(Duration::from_secs(10)).await);
-    runner.abort();
+    let event = (Some(id), r#"{"n":2}"#);
+    let f = run_until::<C, _>(&[event], Fixture::failing_handler, options, Until::Parked).await;
     f.assert_parked_after_failures(id, 3, br#"{"n":2}"#).await;
-    channel.delete().await;
 }
 
-/// A first delivery that fails comes again (redelivered or reclaimed) and is applied once.
+/// A first delivery that fails comes again (redelivered, reclaimed or retried in place) and is
+/// applied once.
 pub async fn failed_first_delivery_is_delivered_again_and_applied_once<C: Channel>() {
-    let f = fixture().await;
-    let mut channel = C::open().await;
-    channel.publish(Some(EventId::new()), r#"{"n":3}"#).await;
     let options = AdapterOptions::default().with_retry_delay(Duration::from_millis(100));
-    let runner = channel.spawn_run(f.flaky_handler(), options);
-    assert!(eventually(Duration::from_secs(15), || async { f.effects().await == 1 }).await);
-    assert!(channel.wait_settled(Duration::from_secs(10)).await);
-    runner.abort();
+    let event = (Some(EventId::new()), r#"{"n":3}"#);
+    let f = run_until::<C, _>(&[event], Fixture::flaky_handler, options, Until::Applied).await;
     assert_eq!(f.effects().await, 1);
     assert!(f.parked().await.is_empty());
-    channel.delete().await;
+}
+
+/// A message without an event id cannot be deduplicated: parked at its first delivery, with no
+/// event id, and acked.
+pub async fn message_without_event_id_is_parked_at_once<C: Channel>() {
+    let options = AdapterOptions::default();
+    let message = (None, "not an event");
+    let f = run_until::<C, _>(&[message], Fixture::handler, options, Until::Parked).await;
+    let parked = f.parked().await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].event_id, None);
+    assert_eq!(parked[0].attempts, 1);
+}
+
+/// A payload the handler cannot read (not JSON) is a bad message: parked at its first delivery
+/// although attempts are left, and acked.
+pub async fn malformed_payload_is_parked_without_retries<C: Channel>() {
+    let options = AdapterOptions::default().with_max_attempts(5);
+    let event = (Some(EventId::new()), "not json");
+    let f = run_until::<C, _>(&[event], Fixture::json_handler, options, Until::Parked).await;
+    let parked = f.parked().await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].attempts, 1);
+    assert!(
+        parked[0].error.contains("not the expected JSON"),
+        "{}",
+        parked[0].error
+    );
 }
 
 /// The scenarios above as `#[tokio::test]`s over the channel `$channel`, each named as its
 /// scenario but the failed-first-delivery one, named `$failed_first` in the broker's words
-/// (redelivered, reclaimed). (Only the NATS and Redis tests expand it.)
+/// (redelivered, reclaimed, retried). `@as $channel; name = scenario, …` for tests named in the
+/// broker's own words; `@on #[test attribute] $channel; name = scenario, …` for a runtime other
+/// than `#[tokio::test]`'s.
 #[allow(unused_macros)]
 macro_rules! channel_tests {
     ($channel:ty; $failed_first:ident) => {
@@ -267,11 +318,17 @@ macro_rules! channel_tests {
             always_failing_handler_is_parked_after_max_attempts_and_acked =
                 always_failing_handler_is_parked_after_max_attempts_and_acked,
             $failed_first = failed_first_delivery_is_delivered_again_and_applied_once,
+            message_without_event_id_is_parked_at_once = message_without_event_id_is_parked_at_once,
+            malformed_payload_is_parked_without_retries =
+                malformed_payload_is_parked_without_retries,
         );
     };
     (@as $channel:ty; $($name:ident = $scenario:ident),* $(,)?) => {
+        $crate::common::channel_tests!(@on #[tokio::test] $channel; $($name = $scenario),*);
+    };
+    (@on #[$test:meta] $channel:ty; $($name:ident = $scenario:ident),* $(,)?) => {
         $(
-            #[tokio::test]
+            #[$test]
             async fn $name() {
                 $crate::common::$scenario::<$channel>().await;
             }

@@ -43,8 +43,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// What follows `CREATE TABLE <effects>`: the columns `event_id` (the UUID) and `handler`.
     const EFFECTS_DEFINITION: &'static str;
 
-    /// A pool and an unmigrated inbox of its own (unique names).
-    fn open() -> impl Future<Output = (Pool<Db<Self>>, Self::Inbox)> + Send;
+    /// A pool on the database.
+    fn pool() -> impl Future<Output = Pool<Db<Self>>> + Send;
+
+    /// An unmigrated inbox in the table `table` (PostgreSQL: in a new schema of its own), or
+    /// the constructor's refusal of the name.
+    fn inbox(table: &str) -> Result<Self::Inbox, Error>;
 
     /// The quoted name of the table `<table><suffix>` next to `inbox` (in its schema); the
     /// suffix `""` names the inbox table itself.
@@ -78,9 +82,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
     fn migrations_table(inbox: &Self::Inbox) -> String {
         Self::beside(inbox, "_migrations")
     }
-
-    /// Whether the inbox constructor refuses the table name `Bad-Name`.
-    fn refuses_bad_table_name() -> bool;
 
     /// SQL dropping the claim routine (function or procedure) that schema version 2 adds.
     /// Only for databases whose schema has a version 2, which run
@@ -156,9 +157,11 @@ impl<B: Backend> Clone for Fixture<B> {
     }
 }
 
-/// Open and migrate (every version is applied), then create the effects table.
+/// An inbox of its own (a unique table) on the pool, migrated (every version is applied), and
+/// its effects table.
 pub async fn setup<B: Backend>() -> Fixture<B> {
-    let (pool, inbox) = B::open().await;
+    let pool = B::pool().await;
+    let inbox = B::inbox(&outbox_testkit::unique("inbox_t")).unwrap();
     let report = inbox.migrate(&pool).await.unwrap();
     assert_eq!(report.applied, (1..=B::SCHEMA_VERSION).collect::<Vec<_>>());
     let fx = Fixture {
@@ -412,7 +415,7 @@ pub async fn handler_applies_once_and_parks<B: Backend>() {
 }
 
 pub async fn bad_names_are_rejected<B: Backend>() {
-    assert!(B::refuses_bad_table_name());
+    assert!(B::inbox("Bad-Name").is_err());
     let fx = setup::<B>().await;
     let mut tx = fx.pool.begin().await.unwrap();
     let long = "x".repeat(outbox_inbox::MAX_HANDLER_LEN + 1);

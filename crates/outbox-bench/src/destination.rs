@@ -203,18 +203,10 @@ impl Destination {
                 .await??
             }
             State::Rabbitmq { channel, queue, .. } => {
-                let declared = channel
-                    .queue_declare(
-                        queue.as_str().into(),
-                        lapin::options::QueueDeclareOptions {
-                            passive: true,
-                            ..Default::default()
-                        },
-                        lapin::types::FieldTable::default(),
-                    )
+                let ready = outbox_testkit::rabbitmq::ready_messages(channel, queue)
                     .await
                     .with_context(|| format!("RabbitMQ queue {queue}"))?;
-                u64::from(declared.message_count())
+                u64::from(ready)
             }
             State::Redis { connection, key } => {
                 redis::cmd("XLEN")
@@ -432,8 +424,6 @@ fn count_kafka_records(
 }
 
 async fn prepare_rabbitmq(endpoints: &Endpoints, name: &str) -> anyhow::Result<Prepared> {
-    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-    use lapin::types::FieldTable;
     let version = rabbitmq_version(&endpoints.amqp_url)
         .await
         .unwrap_or_else(|e| format!("(version unknown: {e})"));
@@ -446,39 +436,8 @@ async fn prepare_rabbitmq(endpoints: &Endpoints, name: &str) -> anyhow::Result<P
     let channel = connection.create_channel().await?;
     let exchange = name.to_owned();
     let queue = name.to_owned();
-    channel
-        .exchange_declare(
-            exchange.as_str().into(),
-            lapin::ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("declaring exchange {exchange}"))?;
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("declaring queue {queue}"))?;
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            exchange.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("binding queue {queue} to {exchange}"))?;
+    outbox_testkit::rabbitmq::declare_topic_exchange(&channel, &exchange).await?;
+    outbox_testkit::rabbitmq::declare_bound_queue(&channel, &queue, &exchange, "#").await?;
     let detail = format!(
         "RabbitMQ {version} at {}: durable topic exchange {exchange} -> durable classic queue {queue} (binding #); publisher confirms, mandatory, persistent messages",
         redact(&endpoints.amqp_url)

@@ -37,19 +37,9 @@ struct Queue<const QUORUM: bool> {
 impl<const QUORUM: bool> Queue<QUORUM> {
     /// Messages ready in the queue (AMQP does not count those delivered and not yet acked).
     async fn ready(&self) -> u32 {
-        let q = self
-            .publisher
-            .queue_declare(
-                self.queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
+        outbox_testkit::rabbitmq::ready_messages(&self.publisher, &self.queue)
             .await
-            .unwrap();
-        q.message_count()
+            .unwrap()
     }
 }
 

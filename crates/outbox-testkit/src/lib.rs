@@ -12,11 +12,14 @@
 //!   broker going away and coming back.
 //! - [`logical_cluster_url`], [`kafka_brokers`], [`tansu_binary`]: the throwaway servers the repository's scripts
 //!   start.
+//! - [`rabbitmq`]: a durable topic exchange with a durable queue bound to
+//!   it, and the messages ready in a queue.
 
 pub mod concurrent;
 mod memory;
 mod postgres_cpu;
 mod proxy;
+pub mod rabbitmq;
 mod servers;
 
 use std::collections::{HashMap, HashSet};

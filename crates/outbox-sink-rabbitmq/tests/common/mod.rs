@@ -7,12 +7,10 @@
 pub use outbox_sink_tests::*;
 
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
+use lapin::types::AMQPValue;
 use lapin::{Channel, Connection, ConnectionProperties};
+use outbox_testkit::rabbitmq;
 
 /// The machine's RabbitMQ.
 pub const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -37,16 +35,7 @@ impl Rabbit {
 
     /// A durable topic exchange, as the sink's `declare = true` makes it.
     pub async fn declare_exchange(&self, exchange: &str) {
-        self.channel
-            .exchange_declare(
-                exchange.into(),
-                lapin::ExchangeKind::Topic,
-                lapin::options::ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
+        rabbitmq::declare_topic_exchange(&self.channel, exchange)
             .await
             .unwrap();
     }
@@ -54,25 +43,7 @@ impl Rabbit {
     /// A durable queue of the test's own bound to `exchange` with `key`.
     pub async fn queue_bound(&self, exchange: &str, key: &str) -> String {
         let queue = unique("outbox_q");
-        self.channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        self.channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.into(),
-                key.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
+        rabbitmq::declare_bound_queue(&self.channel, &queue, exchange, key)
             .await
             .unwrap();
         queue

@@ -14,8 +14,15 @@ fn event(aggregate: &str, payload: &str, destination: Option<String>) -> Event {
 }
 
 /// A topic of the test's own (named `prefix_…`, one partition), and a sink that sends to it
-/// from the shared test broker with `settings` added.
-async fn sink_on_own_topic(prefix: &str, settings: serde_json::Value) -> (String, KafkaSink) {
+/// from the shared test broker with `settings` added; `None` (the test is skipped) when no test
+/// broker is running.
+async fn sink_on_own_topic(
+    prefix: &str,
+    settings: serde_json::Value,
+) -> Option<(String, KafkaSink)> {
+    if !common::kafka_available() {
+        return None;
+    }
     let topic = common::unique(prefix);
     common::create_topic(common::BROKERS, &topic, 1).await;
     let mut config = serde_json::json!({
@@ -25,15 +32,12 @@ async fn sink_on_own_topic(prefix: &str, settings: serde_json::Value) -> (String
     for (key, value) in settings.as_object().unwrap() {
         config[key] = value.clone();
     }
-    (topic, KafkaSink::connect(common::config(config)).unwrap())
+    Some((topic, KafkaSink::connect(common::config(config)).unwrap()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_bodies_are_structured_envelopes() {
-    if !common::kafka_available() {
-        return;
-    }
-    let (topic, sink) = sink_on_own_topic(
+    let Some((topic, sink)) = sink_on_own_topic(
         "outbox_ce",
         serde_json::json!({
             "format": "cloudevents",
@@ -41,7 +45,10 @@ async fn cloudevents_bodies_are_structured_envelopes() {
             "compression": "zstd",
         }),
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let e = event("42", r#"{"amount": 1999}"#, None);
     assert_eq!(
         sink.publish(std::slice::from_ref(&e)).await,
@@ -62,14 +69,14 @@ async fn cloudevents_bodies_are_structured_envelopes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_too_large_is_rejected_and_the_rest_of_the_batch_is_delivered() {
-    if !common::kafka_available() {
-        return;
-    }
-    let (topic, sink) = sink_on_own_topic(
+    let Some((topic, sink)) = sink_on_own_topic(
         "outbox_big",
         serde_json::json!({ "max_message_bytes": 10000 }),
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(20_000));
     let batch = vec![
         event("1", "{}", None),
@@ -128,18 +135,18 @@ async fn a_missing_topic_is_rejected_when_auto_creation_is_off() {
 /// milliseconds; by default it is the time of publishing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_record_timestamp_is_the_publish_time_or_occurred_at() {
-    if !common::kafka_available() {
-        return;
-    }
     let occurred = chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05.678901Z")
         .unwrap()
         .with_timezone(&chrono::Utc);
     for (setting, expect_occurred) in [("publish_time", false), ("occurred_at", true)] {
-        let (topic, sink) = sink_on_own_topic(
+        let Some((topic, sink)) = sink_on_own_topic(
             "outbox_ts",
             serde_json::json!({ "record_timestamp": setting }),
         )
-        .await;
+        .await
+        else {
+            return;
+        };
         let mut e = event("7", "{}", None);
         e.occurred_at = occurred;
         let before = chrono::Utc::now().timestamp_millis();

@@ -89,6 +89,21 @@ async fn start_receiver() -> (Arc<Receiver>, std::net::SocketAddr) {
     (receiver, addr)
 }
 
+/// A receiver, and a sink whose `url` is `http://{receiver}{path}` with `settings` added: how
+/// most tests here begin.
+async fn sink_to_receiver(
+    path: &str,
+    mut settings: serde_json::Value,
+) -> (Arc<Receiver>, std::net::SocketAddr, WebhookSink) {
+    let (receiver, addr) = start_receiver().await;
+    settings["url"] = format!("http://{addr}{path}").into();
+    (
+        receiver,
+        addr,
+        WebhookSink::connect(config(settings)).unwrap(),
+    )
+}
+
 /// A plain TCP listener standing for an internal service or an attacker's collector: counts
 /// connections and keeps every byte it was sent (it answers `200` so a request that does reach
 /// it completes, and is recorded before the sink's call returns).
@@ -164,7 +179,11 @@ fn with_destination(mut event: Event, destination: &str) -> Event {
 /// destination is delivered to the configured receiver with both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_cannot_send_the_credentials_to_a_host_nobody_configured() {
-    let (receiver, addr) = start_receiver().await;
+    let (receiver, addr, sink) = sink_to_receiver(
+        "/hooks/${aggregate_id}",
+        serde_json::json!({ "bearer_token": TOKEN, "secret": SECRET }),
+    )
+    .await;
     let (trap, trap_addr) = start_trap().await;
     let store = Arc::new(common::fresh_store().await);
     let port = trap_addr.port();
@@ -184,12 +203,6 @@ async fn a_row_cannot_send_the_credentials_to_a_host_nobody_configured() {
         events.push(numbered(&format!("hostile{i}"), 0).with_destination(destination.clone()));
     }
     let ids = common::enqueue_committed(&store, &events).await;
-    let sink = WebhookSink::connect(config(serde_json::json!({
-        "url": format!("http://{addr}/hooks/${{aggregate_id}}"),
-        "bearer_token": TOKEN,
-        "secret": SECRET,
-    })))
-    .unwrap();
     let relay_config = RelayConfig {
         relay_id: "webhook-security".into(),
         poll_interval: Duration::from_millis(20),
@@ -223,14 +236,12 @@ async fn a_row_cannot_send_the_credentials_to_a_host_nobody_configured() {
 /// there, with the credentials; another scheme or a bare name is rejected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_destination_goes_to_the_configured_origin_with_the_credentials() {
-    let (receiver, addr) = start_receiver().await;
+    let (receiver, addr, sink) = sink_to_receiver(
+        "/hooks/${event_type}",
+        serde_json::json!({ "bearer_token": TOKEN, "secret": SECRET }),
+    )
+    .await;
     let (trap, trap_addr) = start_trap().await;
-    let sink = WebhookSink::connect(config(serde_json::json!({
-        "url": format!("http://{addr}/hooks/${{event_type}}"),
-        "bearer_token": TOKEN,
-        "secret": SECRET,
-    })))
-    .unwrap();
     let events = [
         with_destination(common::event("a", 0), "/audit/special?tenant=7"),
         with_destination(
@@ -265,15 +276,16 @@ async fn a_path_destination_goes_to_the_configured_origin_with_the_credentials()
 /// The same host on another port, and any other host, get nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowed_host_gets_the_request_and_the_credentials_others_get_nothing() {
-    let (configured, addr) = start_receiver().await;
     let (partner, partner_addr) = start_receiver().await;
+    let (configured, _, sink) = sink_to_receiver(
+        "/hooks",
+        serde_json::json!({
+            "allowed_hosts": [format!("127.0.0.1:{}", partner_addr.port()), "*.example.invalid"],
+            "bearer_token": TOKEN,
+        }),
+    )
+    .await;
     let (trap, trap_addr) = start_trap().await;
-    let sink = WebhookSink::connect(config(serde_json::json!({
-        "url": format!("http://{addr}/hooks"),
-        "allowed_hosts": [format!("127.0.0.1:{}", partner_addr.port()), "*.example.invalid"],
-        "bearer_token": TOKEN,
-    })))
-    .unwrap();
     let events = [
         with_destination(
             common::event("a", 0),
@@ -305,12 +317,11 @@ async fn an_allowed_host_gets_the_request_and_the_credentials_others_get_nothing
 /// a value that is exactly `..` is rejected; nothing reaches `/admin`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn template_values_are_percent_encoded_and_cannot_leave_their_segment() {
-    let (receiver, addr) = start_receiver().await;
-    let sink = WebhookSink::connect(config(serde_json::json!({
-        "url": format!("http://{addr}/orders/${{aggregate_id}}/events"),
-        "bearer_token": TOKEN,
-    })))
-    .unwrap();
+    let (receiver, _, sink) = sink_to_receiver(
+        "/orders/${aggregate_id}/events",
+        serde_json::json!({ "bearer_token": TOKEN }),
+    )
+    .await;
     let events = [
         common::event("../../admin?debug=1#", 0),
         common::event("..", 0),
@@ -341,13 +352,11 @@ async fn template_values_are_percent_encoded_and_cannot_leave_their_segment() {
 /// computed here from the spec's definition and `verify_standard_webhook` accept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standard_webhooks_requests_verify_independently() {
-    let (receiver, addr) = start_receiver().await;
-    let sink = WebhookSink::connect(config(serde_json::json!({
-        "url": format!("http://{addr}/hooks"),
-        "secret": SECRET,
-        "signature_scheme": "standard-webhooks",
-    })))
-    .unwrap();
+    let (receiver, _, sink) = sink_to_receiver(
+        "/hooks",
+        serde_json::json!({ "secret": SECRET, "signature_scheme": "standard-webhooks" }),
+    )
+    .await;
     let mut event = common::event("a", 1);
     event.headers.insert("webhook-id".into(), "forged".into());
     event

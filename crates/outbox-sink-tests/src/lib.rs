@@ -131,6 +131,19 @@ pub async fn wait_for_record(
     poll_until(limit, what, fetch, done).await
 }
 
+/// Wait (up to 20 s) until the event `id` failed a call and waits to be tried again: pending,
+/// with a `last_error`. `what` names the wait if it times out.
+pub async fn wait_until_failed_and_pending(
+    store: &PgStore,
+    id: EventId,
+    what: &str,
+) -> EventRecord {
+    wait_for_record(store, id, Duration::from_secs(20), what, |r| {
+        r.state == EventState::Pending && r.last_error.is_some()
+    })
+    .await
+}
+
 /// The relay of a sink test that runs one against its broker: batches of 100, a fast poll,
 /// short retries and never dead (1000 attempts), named `relay_id`.
 pub fn relay_config(relay_id: &str, stop_when_idle: bool) -> RelayConfig {
@@ -247,14 +260,7 @@ pub async fn outage_costs_no_attempt<K: Sink>(
         },
     );
 
-    wait_for_record(
-        store,
-        ids[0],
-        Duration::from_secs(20),
-        "pending after failed calls",
-        |r| r.state == EventState::Pending && r.last_error.is_some(),
-    )
-    .await;
+    wait_until_failed_and_pending(store, ids[0], "pending after failed calls").await;
     assert_outage_cost_no_attempt(store, ids[0], &[unreachable]).await;
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.delivered, 0, "{stats:?}");
@@ -403,12 +409,10 @@ pub async fn cut_while_running(store: &PgStore, proxy: &outbox_testkit::TcpProxy
         .flat_map(|n| (0..5).map(move |a| numbered(&format!("a{a}"), n)))
         .collect();
     let later_ids = enqueue_committed(store, &later).await;
-    let record = wait_for_record(
+    let record = wait_until_failed_and_pending(
         store,
         later_ids[0],
-        Duration::from_secs(20),
         "pending after a failed attempt after the cut",
-        |r| r.state == EventState::Pending && r.last_error.is_some(),
     )
     .await;
     assert_eq!(record.state, EventState::Pending);
@@ -416,8 +420,8 @@ pub async fn cut_while_running(store: &PgStore, proxy: &outbox_testkit::TcpProxy
     later_ids
 }
 
-/// The whole outage story of a sink whose destination sits behind the cut `proxy`: an outage
-/// at start-up costs no attempt ([`outage_costs_no_attempt`]), the 30 events go out once `proxy`
+/// The whole outage story of a sink whose destination sits behind the cut `proxy`: its `check`
+/// fails, an outage at start-up costs no attempt ([`outage_costs_no_attempt`]), the 30 events go out once `proxy`
 /// is restored, then the connection is lost while the relay runs ([`cut_while_running`]) and
 /// all 50 go out after the reconnect; the relay stops with no dead event. Returns its report
 /// and the ids of the 50 events, in enqueue order.
@@ -428,6 +432,10 @@ pub async fn outage_then_cut_while_running<K: Sink>(
     relay_id: &str,
     unreachable: &str,
 ) -> (RelayReport, Vec<EventId>) {
+    assert!(
+        sink.check().await.is_err(),
+        "{relay_id}: the sink's check must fail while its destination is cut off"
+    );
     let RunningRelay { ids, stop, run } =
         outage_costs_no_attempt(store, sink, relay_id, unreachable).await;
     restore_until_delivered(store, proxy, 30, "delivery after the outage").await;

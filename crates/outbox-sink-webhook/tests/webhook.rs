@@ -349,14 +349,8 @@ async fn an_unreachable_receiver_keeps_events_pending_until_it_is_back() {
         },
     );
 
-    let record = common::wait_for_record(
-        &store,
-        ids[0],
-        Duration::from_secs(20),
-        "pending after failed calls",
-        |r| r.state == EventState::Pending && r.last_error.is_some(),
-    )
-    .await;
+    let record =
+        common::wait_until_failed_and_pending(&store, ids[0], "pending after failed calls").await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(
         counters.report().unavailable >= 3,

@@ -641,6 +641,12 @@ impl WebhookReceiver {
 /// Build the sink of `kind` from its configuration JSON, the way `outbox relay` builds it
 /// from its config file (`crates/outbox-cli/src/sinks.rs`).
 pub async fn build_sink(kind: SinkKind, config: &str) -> anyhow::Result<Arc<dyn Sink>> {
+    // The sinks whose `connect` is not async share one shape but no trait to be generic over.
+    macro_rules! connect {
+        ($sink:ty) => {
+            Arc::new(<$sink>::connect(serde_json::from_str(config)?).map_err(|e| anyhow!("{e}"))?)
+        };
+    }
     Ok(match kind {
         SinkKind::Channel => bail!("the channel sink is built by the relay child itself"),
         SinkKind::Nats => Arc::new(
@@ -648,22 +654,10 @@ pub async fn build_sink(kind: SinkKind, config: &str) -> anyhow::Result<Arc<dyn 
                 .await
                 .map_err(|e| anyhow!("{e}"))?,
         ),
-        SinkKind::Kafka => Arc::new(
-            outbox_sink_kafka::KafkaSink::connect(serde_json::from_str(config)?)
-                .map_err(|e| anyhow!("{e}"))?,
-        ),
-        SinkKind::Rabbitmq => Arc::new(
-            outbox_sink_rabbitmq::RabbitMqSink::connect(serde_json::from_str(config)?)
-                .map_err(|e| anyhow!("{e}"))?,
-        ),
-        SinkKind::Redis => Arc::new(
-            outbox_sink_redis::RedisSink::connect(serde_json::from_str(config)?)
-                .map_err(|e| anyhow!("{e}"))?,
-        ),
-        SinkKind::Webhook => Arc::new(
-            outbox_sink_webhook::WebhookSink::connect(serde_json::from_str(config)?)
-                .map_err(|e| anyhow!("{e}"))?,
-        ),
+        SinkKind::Kafka => connect!(outbox_sink_kafka::KafkaSink),
+        SinkKind::Rabbitmq => connect!(outbox_sink_rabbitmq::RabbitMqSink),
+        SinkKind::Redis => connect!(outbox_sink_redis::RedisSink),
+        SinkKind::Webhook => connect!(outbox_sink_webhook::WebhookSink),
     })
 }
 

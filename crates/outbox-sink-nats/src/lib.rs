@@ -757,11 +757,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tls_works_whichever_providers_the_build_enabled() {
-        outbox_tls::check_client_config_builds();
-    }
-
-    #[test]
     fn defaults_are_usable() {
         let config: NatsSinkConfig = serde_json::from_str("{}").unwrap();
         assert_eq!(config.subject.as_str(), "events.${event_type}");

@@ -20,7 +20,7 @@ fn relay_config(batch_size: u32) -> RelayConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones_never_do() {
     let rabbit = common::Rabbit::connect().await;
-    let exchange = common::unique("outbox_ex");
+    let exchange = rabbit.exchange("outbox_ex");
     let store = Arc::new(common::fresh_store().await);
 
     let sink = Arc::new(
@@ -98,15 +98,13 @@ async fn committed_events_reach_rabbitmq_in_aggregate_order_and_rolled_back_ones
         Some(audit.id().to_string())
     );
 
-    rabbit.delete_queue(&numbered_queue).await;
-    rabbit.delete_queue(&audit_queue).await;
-    rabbit.delete_exchange(&exchange).await;
+    rabbit.clean_up().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_connection_keeps_events_pending_until_rabbitmq_is_reachable_again() {
     let rabbit = common::Rabbit::connect().await;
-    let exchange = common::unique("outbox_ex_cut");
+    let exchange = rabbit.exchange("outbox_ex_cut");
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap())
         .await
         .unwrap();
@@ -179,14 +177,13 @@ async fn a_cut_connection_keeps_events_pending_until_rabbitmq_is_reachable_again
         got, want,
         "every event arrived (a duplicate is allowed, a loss is not)"
     );
-    rabbit.delete_queue(&queue).await;
-    rabbit.delete_exchange(&exchange).await;
+    rabbit.clean_up().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
     let rabbit = common::Rabbit::connect().await;
-    let exchange = common::unique("outbox_ex_noroute");
+    let exchange = rabbit.exchange("outbox_ex_noroute");
     let sink = Arc::new(
         RabbitMqSink::connect(common::config(serde_json::json!({
             "exchange": exchange,
@@ -256,6 +253,5 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
         matches!(&outcomes[..], [outbox_types::Outcome::Reject { reason }] if reason.contains("NO_ROUTE")),
         "{outcomes:?}"
     );
-    rabbit.delete_queue(&queue).await;
-    rabbit.delete_exchange(&exchange).await;
+    rabbit.clean_up().await;
 }

@@ -12,7 +12,7 @@ fn event(aggregate: &str, aggregate_type: &str, payload: &str) -> Event {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_bodies_are_structured_envelopes() {
     let rabbit = common::Rabbit::connect().await;
-    let exchange = common::unique("outbox_ex_ce");
+    let exchange = rabbit.exchange("outbox_ex_ce");
     rabbit.declare_exchange(&exchange).await;
     let queue = rabbit.queue_bound(&exchange, "#").await;
     let sink = RabbitMqSink::connect(common::config(serde_json::json!({
@@ -41,8 +41,7 @@ async fn cloudevents_bodies_are_structured_envelopes() {
     assert_eq!(body["specversion"], "1.0");
     assert_eq!(body["id"], e.id.to_string());
     assert_eq!(body["data"]["amount"], 1999);
-    rabbit.delete_queue(&queue).await;
-    rabbit.delete_exchange(&exchange).await;
+    rabbit.clean_up().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

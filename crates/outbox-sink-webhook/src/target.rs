@@ -400,39 +400,54 @@ impl Targets {
 mod tests {
     use super::*;
 
-    fn url(s: &str) -> Url {
-        Url::parse(s).unwrap()
-    }
-
     #[test]
     fn host_patterns_match_exact_hosts_subdomains_and_ports() {
-        let p = HostPattern::parse("Hooks.Example.com").unwrap();
-        assert!(p.matches(&url("https://hooks.example.com/x")));
-        assert!(p.matches(&url("http://hooks.example.com:80/x")));
-        assert!(!p.matches(&url("https://hooks.example.com:8443/x")));
-        assert!(!p.matches(&url("https://a.hooks.example.com/x")));
-        assert!(!p.matches(&url("https://hooks.example.com.evil.net/x")));
-
-        let p = HostPattern::parse("*.example.com").unwrap();
-        assert!(p.matches(&url("https://a.example.com/")));
-        assert!(p.matches(&url("https://a.b.example.com/")));
-        assert!(!p.matches(&url("https://example.com/")));
-        assert!(!p.matches(&url("https://badexample.com/")));
-        assert!(!p.matches(&url("https://a.example.com:444/")));
-
-        let p = HostPattern::parse("127.0.0.1:8080").unwrap();
-        assert!(p.matches(&url("http://127.0.0.1:8080/")));
-        assert!(p.matches(&url("http://2130706433:8080/")), "same address");
-        assert!(!p.matches(&url("http://127.0.0.1/")));
-        assert!(!p.matches(&url("http://127.0.0.1:8081/")));
-
-        // A port equal to the default of one scheme only matches that scheme.
-        let p = HostPattern::parse("h.example:443").unwrap();
-        assert!(p.matches(&url("https://h.example/")));
-        assert!(!p.matches(&url("http://h.example/")));
-
-        let p = HostPattern::parse("[::1]:9000").unwrap();
-        assert!(p.matches(&url("http://[::1]:9000/")));
+        // A pattern, the URLs it matches, and the URLs it does not.
+        let cases: &[(&str, &[&str], &[&str])] = &[
+            (
+                "Hooks.Example.com",
+                &[
+                    "https://hooks.example.com/x",
+                    "http://hooks.example.com:80/x",
+                ],
+                &[
+                    "https://hooks.example.com:8443/x",
+                    "https://a.hooks.example.com/x",
+                    "https://hooks.example.com.evil.net/x",
+                ],
+            ),
+            (
+                "*.example.com",
+                &["https://a.example.com/", "https://a.b.example.com/"],
+                &[
+                    "https://example.com/",
+                    "https://badexample.com/",
+                    "https://a.example.com:444/",
+                ],
+            ),
+            // 2130706433 is 127.0.0.1 written as one number: the same address.
+            (
+                "127.0.0.1:8080",
+                &["http://127.0.0.1:8080/", "http://2130706433:8080/"],
+                &["http://127.0.0.1/", "http://127.0.0.1:8081/"],
+            ),
+            // A port equal to the default of one scheme only matches that scheme.
+            (
+                "h.example:443",
+                &["https://h.example/"],
+                &["http://h.example/"],
+            ),
+            ("[::1]:9000", &["http://[::1]:9000/"], &[]),
+        ];
+        for (pattern, matching, others) in cases {
+            let p = HostPattern::parse(pattern).unwrap();
+            for url in *matching {
+                assert!(p.matches(&Url::parse(url).unwrap()), "{pattern} ~ {url}");
+            }
+            for url in *others {
+                assert!(!p.matches(&Url::parse(url).unwrap()), "{pattern} !~ {url}");
+            }
+        }
 
         for bad in [
             "",

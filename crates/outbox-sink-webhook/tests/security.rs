@@ -146,6 +146,27 @@ async fn start_trap() -> (Arc<Trap>, std::net::SocketAddr) {
     (trap, addr)
 }
 
+/// A sink holding both credentials (the bearer token and the signing secret) that sends to a
+/// receiver under `path`, and a trap that must never see them: how the tests of where a row's
+/// destination may send begin.
+async fn signed_sink_and_trap(
+    path: &str,
+) -> (
+    Arc<Receiver>,
+    std::net::SocketAddr,
+    WebhookSink,
+    Arc<Trap>,
+    std::net::SocketAddr,
+) {
+    let (receiver, addr, sink) = sink_to_receiver(
+        path,
+        serde_json::json!({ "bearer_token": TOKEN, "secret": SECRET }),
+    )
+    .await;
+    let (trap, trap_addr) = start_trap().await;
+    (receiver, addr, sink, trap, trap_addr)
+}
+
 impl Trap {
     fn assert_untouched(&self) {
         let bytes = String::from_utf8_lossy(&self.bytes.lock().unwrap()).to_lowercase();
@@ -179,12 +200,8 @@ fn with_destination(mut event: Event, destination: &str) -> Event {
 /// destination is delivered to the configured receiver with both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_cannot_send_the_credentials_to_a_host_nobody_configured() {
-    let (receiver, addr, sink) = sink_to_receiver(
-        "/hooks/${aggregate_id}",
-        serde_json::json!({ "bearer_token": TOKEN, "secret": SECRET }),
-    )
-    .await;
-    let (trap, trap_addr) = start_trap().await;
+    let (receiver, addr, sink, trap, trap_addr) =
+        signed_sink_and_trap("/hooks/${aggregate_id}").await;
     let store = Arc::new(common::fresh_store().await);
     let port = trap_addr.port();
     let hostile = [
@@ -236,12 +253,8 @@ async fn a_row_cannot_send_the_credentials_to_a_host_nobody_configured() {
 /// there, with the credentials; another scheme or a bare name is rejected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_destination_goes_to_the_configured_origin_with_the_credentials() {
-    let (receiver, addr, sink) = sink_to_receiver(
-        "/hooks/${event_type}",
-        serde_json::json!({ "bearer_token": TOKEN, "secret": SECRET }),
-    )
-    .await;
-    let (trap, trap_addr) = start_trap().await;
+    let (receiver, addr, sink, trap, trap_addr) =
+        signed_sink_and_trap("/hooks/${event_type}").await;
     let events = [
         with_destination(common::event("a", 0), "/audit/special?tenant=7"),
         with_destination(

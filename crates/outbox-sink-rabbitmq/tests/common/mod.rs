@@ -11,14 +11,18 @@ use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions}
 use lapin::types::AMQPValue;
 use lapin::{Channel, Connection, ConnectionProperties};
 use outbox_testkit::rabbitmq;
+use std::sync::Mutex;
 
 /// The machine's RabbitMQ.
 pub const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
-/// A test's own connection and channel to RabbitMQ, to set up queues and read them.
+/// A test's own connection and channel to RabbitMQ, to set up queues and read them. It keeps
+/// the names of the exchanges and queues the test made, for [`Rabbit::clean_up`].
 pub struct Rabbit {
     pub connection: Connection,
     pub channel: Channel,
+    exchanges: Mutex<Vec<String>>,
+    queues: Mutex<Vec<String>>,
 }
 
 impl Rabbit {
@@ -30,6 +34,29 @@ impl Rabbit {
         Rabbit {
             connection,
             channel,
+            exchanges: Mutex::default(),
+            queues: Mutex::default(),
+        }
+    }
+
+    /// A name no other test uses for an exchange of this test's own (declared by the test or by
+    /// the sink); [`Rabbit::clean_up`] deletes it.
+    pub fn exchange(&self, prefix: &str) -> String {
+        let exchange = unique(prefix);
+        self.exchanges.lock().unwrap().push(exchange.clone());
+        exchange
+    }
+
+    /// Deletes every queue [`Rabbit::queue_bound`] made and every exchange
+    /// [`Rabbit::exchange`] named.
+    pub async fn clean_up(&self) {
+        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
+        for queue in queues {
+            self.delete_queue(&queue).await;
+        }
+        let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
+        for exchange in exchanges {
+            self.delete_exchange(&exchange).await;
         }
     }
 
@@ -40,12 +67,14 @@ impl Rabbit {
             .unwrap();
     }
 
-    /// A durable queue of the test's own bound to `exchange` with `key`.
+    /// A durable queue of the test's own bound to `exchange` with `key`; [`Rabbit::clean_up`]
+    /// deletes it.
     pub async fn queue_bound(&self, exchange: &str, key: &str) -> String {
         let queue = unique("outbox_q");
         rabbitmq::declare_bound_queue(&self.channel, &queue, exchange, key)
             .await
             .unwrap();
+        self.queues.lock().unwrap().push(queue.clone());
         queue
     }
 

@@ -102,8 +102,9 @@ impl TransportArgs {
 type Adapter = BoxFuture<'static, Result<(), outbox_inbox::Error>>;
 
 /// Consume with `consumer` from the broker `args` name until `shutdown` completes: set up what
-/// the broker needs (reading as [`TransportArgs::durable_for`]), then run `outbox_inbox`'s
-/// adapter for it with [`TransportArgs::options`] until it fails or `shutdown` completes.
+/// the broker needs (reading as `--durable`, else the service's name), then run
+/// `outbox_inbox`'s adapter for it with the attempts and retry delay of `args` until it fails
+/// or `shutdown` completes.
 pub async fn consume(
     consumer: Arc<Consumer>,
     args: &TransportArgs,

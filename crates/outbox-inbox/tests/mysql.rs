@@ -6,9 +6,9 @@
 
 mod conformance;
 
-use conformance::{Backend, ClaimRoutine, RefusedCall, run_sql};
+use conformance::{Backend, ClaimRoutine, RefusedCall, run_sql, table_names};
 use outbox_inbox::mysql::MySqlInbox;
-use outbox_inbox::{BoxFuture, Error, EventId};
+use outbox_inbox::{BoxFuture, EventId};
 use sqlx::{MySqlConnection, MySqlPool};
 
 struct My;
@@ -29,13 +29,7 @@ impl Backend for My {
         .await
     }
 
-    fn inbox(table: &str) -> Result<MySqlInbox, Error> {
-        MySqlInbox::with_table(table)
-    }
-
-    fn beside(inbox: &MySqlInbox, suffix: &str) -> String {
-        format!("`{}{suffix}`", inbox.table())
-    }
+    table_names!(MySqlInbox, "`");
 
     run_sql!(MySqlConnection);
 

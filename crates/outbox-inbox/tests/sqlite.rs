@@ -7,9 +7,9 @@
 mod common;
 mod conformance;
 
-use conformance::{Backend, ClaimRoutine, Fixture, run_sql};
+use conformance::{Backend, ClaimRoutine, Fixture, run_sql, table_names};
+use outbox_inbox::BoxFuture;
 use outbox_inbox::sqlite::SqliteInbox;
-use outbox_inbox::{BoxFuture, Error};
 use sqlx::{SqliteConnection, SqlitePool};
 
 struct Lite;
@@ -23,13 +23,7 @@ impl Backend for Lite {
         common::sqlite_pool(12).await
     }
 
-    fn inbox(table: &str) -> Result<SqliteInbox, Error> {
-        SqliteInbox::with_table(table)
-    }
-
-    fn beside(inbox: &SqliteInbox, suffix: &str) -> String {
-        format!("\"{}{suffix}\"", inbox.table())
-    }
+    table_names!(SqliteInbox, "\"");
 
     run_sql!(SqliteConnection);
 

@@ -15,9 +15,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::sqlite::SqlitePoolOptions;
-use sqlx::{AssertSqlSafe, PgPool, Row, SqlitePool};
+use sqlx::pool::PoolOptions;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{AssertSqlSafe, PgPool, Pool, Row, SqlitePool};
 
 use crate::Error;
 
@@ -66,22 +66,10 @@ impl Db {
                 let _ = sqlx::Connection::close(conn).await;
                 options = options.options([("search_path", schema)]);
             }
-            let pool = PgPoolOptions::new()
-                .max_connections(max_connections.max(1))
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_with(options)
-                .await
-                .map_err(Error::Database)?;
-            Ok(Db::Postgres(pool))
+            Ok(Db::Postgres(pool(options, max_connections).await?))
         } else if url.starts_with("sqlite:") {
             let options = outbox_sqlite::SqliteStore::connect_options(url)?;
-            let pool = SqlitePoolOptions::new()
-                .max_connections(max_connections.max(1))
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_with(options)
-                .await
-                .map_err(Error::Database)?;
-            Ok(Db::Sqlite(pool))
+            Ok(Db::Sqlite(pool(options, max_connections).await?))
         } else {
             Err(Error::Invalid(format!(
                 "unsupported database URL `{}`: use postgres://… or sqlite://path",
@@ -97,6 +85,20 @@ impl Db {
             Db::Sqlite(pool) => pool.close().await,
         }
     }
+}
+
+/// A pool of at most `max_connections` (at least 1) on `options`, waiting up to 10 s for a
+/// connection: the same for either database.
+async fn pool<DB: sqlx::Database>(
+    options: <DB::Connection as sqlx::Connection>::Options,
+    max_connections: u32,
+) -> Result<Pool<DB>, Error> {
+    PoolOptions::<DB>::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(Error::Database)
 }
 
 /// A plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most 63 bytes), safe to quote into SQL.
@@ -141,45 +143,46 @@ pub(crate) async fn migrate(
                 .bind(name)
                 .execute(&mut *tx)
                 .await?;
-            let applied = apply_pending(
-                &mut tx,
-                &book,
-                "BIGINT PRIMARY KEY",
-                "TIMESTAMPTZ NOT NULL DEFAULT now()",
-                "($1, $2)",
-                migrations.iter().map(|m| (m, m.postgres)),
-            )
-            .await?;
-            tx.commit().await?;
-            Ok(applied)
+            apply_pending(tx, &book, &POSTGRES, migrations).await
         }
         Db::Sqlite(pool) => {
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            let applied = apply_pending(
-                &mut tx,
-                &book,
-                "INTEGER PRIMARY KEY",
-                "TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
-                "(?1, ?2)",
-                migrations.iter().map(|m| (m, m.sqlite)),
-            )
-            .await?;
-            tx.commit().await?;
-            Ok(applied)
+            let tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            apply_pending(tx, &book, &SQLITE, migrations).await
         }
     }
 }
 
-/// The body of [`migrate`] both databases share, inside the caller's serialized transaction:
+/// What [`apply_pending`] writes differently per database: the bookkeeping table's column
+/// types, the placeholders of its insert, and which of a [`Migration`]'s scripts to run.
+struct Bookkeeping {
+    version_type: &'static str,
+    applied_at_type: &'static str,
+    placeholders: &'static str,
+    script: fn(&Migration) -> &'static str,
+}
+
+const POSTGRES: Bookkeeping = Bookkeeping {
+    version_type: "BIGINT PRIMARY KEY",
+    applied_at_type: "TIMESTAMPTZ NOT NULL DEFAULT now()",
+    placeholders: "($1, $2)",
+    script: |m| m.postgres,
+};
+
+const SQLITE: Bookkeeping = Bookkeeping {
+    version_type: "INTEGER PRIMARY KEY",
+    applied_at_type: "TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+    placeholders: "(?1, ?2)",
+    script: |m| m.sqlite,
+};
+
+/// The body of [`migrate`] both databases share, in the caller's serialized transaction `tx`:
 /// create the bookkeeping table `book`, then run each migration not recorded there and record
-/// it. The column types and the placeholders are the dialect's.
-async fn apply_pending<'m, DB>(
-    tx: &mut sqlx::Transaction<'static, DB>,
+/// it, and commit. The column types, the placeholders and the scripts are `dialect`'s.
+async fn apply_pending<DB>(
+    mut tx: sqlx::Transaction<'static, DB>,
     book: &str,
-    version_type: &str,
-    applied_at_type: &str,
-    placeholders: &str,
-    migrations: impl Iterator<Item = (&'m Migration, &'static str)>,
+    dialect: &Bookkeeping,
+    migrations: &[Migration],
 ) -> Result<Vec<i64>, Error>
 where
     DB: sqlx::Database,
@@ -192,30 +195,35 @@ where
 {
     sqlx::raw_sql(AssertSqlSafe(format!(
         "CREATE TABLE IF NOT EXISTS {book} (
-             version     {version_type},
+             version     {},
              description TEXT NOT NULL,
-             applied_at  {applied_at_type})"
+             applied_at  {})",
+        dialect.version_type, dialect.applied_at_type
     )))
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     let done: Vec<i64> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {book}")))
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *tx)
         .await?
         .iter()
         .map(|r| r.try_get(0))
         .collect::<Result<_, _>>()?;
     let mut applied = Vec::new();
-    for (m, sql) in migrations.filter(|(m, _)| !done.contains(&m.version)) {
-        sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **tx).await?;
+    for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
+        sqlx::raw_sql(AssertSqlSafe((dialect.script)(m)))
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {book} (version, description) VALUES {placeholders}"
+            "INSERT INTO {book} (version, description) VALUES {}",
+            dialect.placeholders
         )))
         .bind(m.version)
         .bind(m.description)
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
         applied.push(m.version);
     }
+    tx.commit().await?;
     Ok(applied)
 }
 

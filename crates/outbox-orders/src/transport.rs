@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_inbox::AdapterOptions;
+use outbox_inbox::{AdapterOptions, BoxFuture};
 
 use crate::Error;
 use crate::consumers::Consumer;
@@ -83,7 +83,6 @@ pub enum Transport {
 }
 
 impl TransportArgs {
-    #[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(dead_code))]
     fn options(&self) -> AdapterOptions {
         AdapterOptions::default()
             .with_max_attempts(self.max_attempts)
@@ -92,7 +91,6 @@ impl TransportArgs {
 
     /// The durable consumer (NATS) or consumer group (Kafka) `consumer` reads as: `--durable`,
     /// else the service's name.
-    #[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(dead_code))]
     fn durable_for(&self, consumer: &Consumer) -> String {
         self.durable
             .clone()
@@ -100,24 +98,50 @@ impl TransportArgs {
     }
 }
 
-/// Consume with `consumer` from the broker `args` name until `shutdown` completes.
+/// `outbox_inbox`'s adapter for one broker, set up, running until it fails.
+type Adapter = BoxFuture<'static, Result<(), outbox_inbox::Error>>;
+
+/// Consume with `consumer` from the broker `args` name until `shutdown` completes: set up what
+/// the broker needs (reading as `--durable`, else the service's name), then run
+/// `outbox_inbox`'s adapter for it with the attempts and retry delay of `args` until it fails
+/// or `shutdown` completes.
 pub async fn consume(
     consumer: Arc<Consumer>,
     args: &TransportArgs,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
-    match args.transport {
+    let durable = args.durable_for(&consumer);
+    let options = args.options();
+    let adapter: Result<Adapter, Error> = match args.transport {
         #[cfg(feature = "nats")]
-        Transport::Nats => nats::consume(consumer, args, shutdown).await,
+        Transport::Nats => {
+            let pull =
+                nats::pull_consumer(&args.nats_url, &args.stream, &args.subjects, &durable).await?;
+            tracing::info!(service = consumer.service().name(), stream = %args.stream, durable = %durable, "Consuming from NATS JetStream.");
+            Ok(Box::pin(async move {
+                outbox_inbox::nats::run(&pull, &consumer, &options).await
+            }))
+        }
         #[cfg(feature = "kafka")]
-        Transport::Kafka => kafka::consume(consumer, args, shutdown).await,
+        Transport::Kafka => {
+            let kafka = kafka::set_up(args, &durable).await?;
+            tracing::info!(service = consumer.service().name(), topic = %args.topic, group = %durable, assign = args.kafka_assign, "Consuming from Kafka.");
+            Ok(Box::pin(async move {
+                outbox_inbox::kafka::run(&kafka, &consumer, &options).await
+            }))
+        }
         #[allow(unreachable_patterns)]
         other => {
-            let _ = (consumer, shutdown);
+            let _ = (durable, options);
             Err(Error::Invalid(format!(
                 "this build has no {other:?} transport (enable the crate feature)"
             )))
         }
+    };
+    let adapter = adapter?;
+    tokio::select! {
+        done = adapter => Ok(done?),
+        () = shutdown => Ok(()),
     }
 }
 
@@ -162,22 +186,6 @@ pub mod nats {
             )
             .await
             .map_err(|e| Error::Broker(format!("JetStream consumer `{durable}`: {e}")))
-    }
-
-    /// Consume the stream named in `args` with a durable consumer named after the service.
-    pub async fn consume(
-        consumer: Arc<Consumer>,
-        args: &TransportArgs,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), Error> {
-        let durable = args.durable_for(&consumer);
-        let pull = pull_consumer(&args.nats_url, &args.stream, &args.subjects, &durable).await?;
-        tracing::info!(service = consumer.service().name(), stream = %args.stream, durable = %durable, "Consuming from NATS JetStream.");
-        let options = args.options();
-        tokio::select! {
-            done = outbox_inbox::nats::run(&pull, &consumer, &options) => Ok(done?),
-            () = shutdown => Ok(()),
-        }
     }
 }
 
@@ -238,28 +246,17 @@ pub mod kafka {
         Ok(consumer)
     }
 
-    /// Consume the topic named in `args` in a group named after the service.
-    pub async fn consume(
-        consumer: Arc<Consumer>,
-        args: &TransportArgs,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), Error> {
-        let group = args.durable_for(&consumer);
-        let brokers = args.kafka_brokers.clone();
-        let topic = args.topic.clone();
+    /// [`stream_consumer`] of the brokers and topic `args` name, in `group`, off the async
+    /// workers (metadata and assignment calls block).
+    pub(super) async fn set_up(args: &TransportArgs, group: &str) -> Result<StreamConsumer, Error> {
+        let (brokers, topic, group) = (
+            args.kafka_brokers.clone(),
+            args.topic.clone(),
+            group.to_owned(),
+        );
         let assign = args.kafka_assign;
-        let kafka = {
-            let (brokers, topic, group) = (brokers.clone(), topic.clone(), group.clone());
-            // Metadata and assignment calls block; keep them off the async workers.
-            tokio::task::spawn_blocking(move || stream_consumer(&brokers, &topic, &group, assign))
-                .await
-                .map_err(|e| Error::Io(format!("Kafka set-up task: {e}")))??
-        };
-        tracing::info!(service = consumer.service().name(), topic = %topic, group = %group, assign, "Consuming from Kafka.");
-        let options = args.options();
-        tokio::select! {
-            done = outbox_inbox::kafka::run(&kafka, &consumer, &options) => Ok(done?),
-            () = shutdown => Ok(()),
-        }
+        tokio::task::spawn_blocking(move || stream_consumer(&brokers, &topic, &group, assign))
+            .await
+            .map_err(|e| Error::Io(format!("Kafka set-up task: {e}")))?
     }
 }

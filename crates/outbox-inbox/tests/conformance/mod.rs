@@ -129,6 +129,24 @@ macro_rules! run_sql {
 }
 pub(crate) use run_sql;
 
+/// [`Backend::inbox`] and [`Backend::beside`] for `$inbox`, an inbox whose tables need no
+/// schema (MySQL, SQLite): `with_table`, and a name quoted between two `$quote`s. (Unused by
+/// PostgreSQL's tests, whose tables have a schema.)
+#[allow(unused_macros)]
+macro_rules! table_names {
+    ($inbox:ty, $quote:literal) => {
+        fn inbox(table: &str) -> Result<$inbox, outbox_inbox::Error> {
+            <$inbox>::with_table(table)
+        }
+
+        fn beside(inbox: &$inbox, suffix: &str) -> String {
+            format!(concat!($quote, "{}{}", $quote), inbox.table(), suffix)
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use table_names;
+
 /// A pool of 12 connections to the server at the URL in the environment variable `var`
 /// (`default` without it); panics saying `running` when none answers.
 pub async fn connect<DB: Database>(var: &str, default: &str, running: &str) -> Pool<DB> {

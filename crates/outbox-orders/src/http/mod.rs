@@ -22,9 +22,10 @@ use std::future::Future;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use uuid::Uuid;
 
@@ -87,9 +88,8 @@ async fn create_order(
 
 async fn get_order(
     State(store): State<OrderStore>,
-    Path(id): Path<String>,
+    OrderId(id): OrderId,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = parse_id(&id)?;
     match store.get(id).await? {
         Some(order) => Ok(Json(order)),
         None => Err(ApiError::NotFound),
@@ -98,18 +98,28 @@ async fn get_order(
 
 async fn cancel_order(
     State(store): State<OrderStore>,
-    Path(id): Path<String>,
+    OrderId(id): OrderId,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = parse_id(&id)?;
     match store.cancel(id).await? {
         Cancelled::Now(order) | Cancelled::Already(order) => Ok(Json(order)),
         Cancelled::NotFound => Err(ApiError::NotFound),
     }
 }
 
-/// An id that is not a UUID names no order: 404, like any other unknown id.
-fn parse_id(id: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(id).map_err(|_| ApiError::NotFound)
+/// The `{id}` of an order's route. An id that is not a UUID names no order: 404, like any
+/// other unknown id; a path axum cannot read is its own rejection.
+struct OrderId(Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for OrderId {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound.into_response())?;
+        Ok(OrderId(id))
+    }
 }
 
 fn money(cents: i64) -> String {

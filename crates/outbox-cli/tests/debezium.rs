@@ -172,17 +172,13 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
         table: format!("{schema}.outbox"),
         ..Default::default()
     };
-    sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_wal::debezium_table_ddl(&table)))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::pg_execute(&pool, outbox_wal::debezium_table_ddl(&table)).await;
     // A column for a `partition` placement; the rows below leave it to its default.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE \"{schema}\".\"outbox\" ADD COLUMN shard int NOT NULL DEFAULT 1"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    common::pg_execute(
+        &pool,
+        format!("ALTER TABLE \"{schema}\".\"outbox\" ADD COLUMN shard int NOT NULL DEFAULT 1"),
+    )
+    .await;
 
     // Kafka: string payloads, a header placement, tombstones, topics by aggregate type.
     let prefix = format!("dbz{}", std::process::id());
@@ -321,12 +317,11 @@ format = "debezium""#
         let o = outbox(&["wal", "prepare", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
     }
-    sqlx::raw_sql(sqlx::AssertSqlSafe(
+    common::pg_execute(
+        &pool,
         ROWS.replace("{t}", &format!("\"{schema}\".\"outbox\"")),
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    )
+    .await;
     for config in [&kafka, &kexp, &hook, &amqp] {
         let o = outbox(&["relay", "--drain", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
@@ -513,18 +508,16 @@ format = "debezium""#
         let o = outbox(&["wal", "drop-slot", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
     }
-    for name in ["kafka", "kexp", "hook", "amqp"] {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP PUBLICATION IF EXISTS \"{schema}_{name}\""
-        )))
-        .execute(&pool)
-        .await;
-    }
-    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(&pool)
+    let publications: Vec<String> = ["kafka", "kexp", "hook", "amqp"]
+        .iter()
+        .map(|name| format!("\"{schema}_{name}\""))
+        .collect();
+    common::pg_execute(
+        &pool,
+        format!("DROP PUBLICATION IF EXISTS {}", publications.join(", ")),
+    )
     .await;
+    common::drop_pg_schema_if_exists(&pool, &schema).await;
     let _ = admin
         .delete_topics(
             &topics.iter().map(String::as_str).collect::<Vec<_>>(),

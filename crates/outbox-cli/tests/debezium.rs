@@ -21,8 +21,7 @@ use axum::routing::post;
 use outbox_postgresql::PgOutbox;
 use rdkafka::ClientConfig;
 use rdkafka::Message;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::AdminOptions;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::{Offset, TopicPartitionList};
@@ -182,28 +181,18 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
 
     // Kafka: string payloads, a header placement, tombstones, topics by aggregate type.
     let prefix = format!("dbz{}", std::process::id());
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()
-        .unwrap();
     let topics = [
         format!("{prefix}.Order"),
         format!("{prefix}.Customer"),
         format!("{prefix}x.Order"),
         format!("{prefix}x.Customer"),
     ];
-    let new: Vec<_> = topics
+    let new: Vec<(&str, i32)> = topics
         .iter()
         .enumerate()
-        .map(|(i, t)| NewTopic::new(t, if i < 2 { 1 } else { 2 }, TopicReplication::Fixed(1)))
+        .map(|(i, t)| (t.as_str(), if i < 2 { 1 } else { 2 }))
         .collect();
-    for r in admin
-        .create_topics(&new, &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
-    }
+    let admin = common::kafka_topics(&brokers, &new).await;
     let dir = tempfile::tempdir().unwrap();
     let kafka_destination = format!(
         r#"[destinations.kafka]

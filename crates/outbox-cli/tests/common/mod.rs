@@ -199,6 +199,35 @@ pub async fn drop_pg_schema_if_exists(pool: &sqlx::PgPool, schema: &str) {
     pg_execute(pool, format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).await;
 }
 
+/// A Kafka admin client on `brokers`, with `topics` (name, partitions; one replica each)
+/// created: a Kafka scenario's topics, made before the relay publishes into them. The client is
+/// the test's for its other calls (deleting the topics at its end).
+pub async fn kafka_topics(
+    brokers: &str,
+    topics: &[(&str, i32)],
+) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let admin: rdkafka::admin::AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|&(name, partitions)| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let results = admin
+        .create_topics(
+            &new,
+            &AdminOptions::new().operation_timeout(Some(std::time::Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+    admin
+}
+
 /// A request's headers as (name, value) pairs in order (collected into a list or a map), a value
 /// that is not text as "".
 pub fn header_pairs<C: FromIterator<(String, String)>>(headers: &axum::http::HeaderMap) -> C {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{BIN, outbox, pg_url};
+use common::{BIN, exits_2_saying, outbox, pg_url};
 use std::process::{Command, Output};
 
 fn stderr(o: &Output) -> String {
@@ -33,22 +33,13 @@ fn log_line<'a>(lines: &'a [serde_json::Value], text: &str) -> &'a serde_json::V
         .unwrap_or_else(|| panic!("no `{text}` line in {lines:?}"))
 }
 
-/// The command was refused as a usage error (exit 2) and its stderr says `says`.
-fn exits_2_saying(o: &Output, says: &str) {
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
-    common::assert_contains(&stderr(o), says);
-}
-
 #[test]
 fn unknown_config_key_exits_2_naming_the_key() {
-    let dir = tempfile::tempdir().unwrap();
     let o = common::relay_with_config(
-        dir.path(),
         "[database]\nurl = \"sqlite://x.db\"\n[relay]\npoll_intervl = \"1s\"\n",
     );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    exits_2_saying(&o, "unknown key `relay.poll_intervl`");
     let err = stderr(&o);
-    common::assert_contains(&err, "unknown key `relay.poll_intervl`");
     common::assert_contains(&err, "did you mean `poll_interval`?");
     assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
 }
@@ -183,9 +174,7 @@ fn demo_delivers_exactly_the_committed_events_with(threads: &[&str]) {
 
 #[test]
 fn config_check_prints_the_effective_config_with_secrets_masked() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = common::write_config(
-        dir.path(),
+    let (_dir, file) = common::temp_config(
         "[database]\nurl = \"postgres://app:hunter2@db:5432/app\"\n[relay]\nbatch_size = 42\n",
     );
     let o = Command::new(BIN)
@@ -478,11 +467,8 @@ fn config_check_masks_every_secret_and_contacts_no_broker() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
-    let dir = tempfile::tempdir().unwrap();
-    let file = common::write_config(
-        dir.path(),
-        &format!(
-            r#"
+    let (_dir, file) = common::temp_config(&format!(
+        r#"
 [database]
 url = "postgres://app@db:5432/app?sslmode=prefer&password=dbquerypw"
 
@@ -513,8 +499,7 @@ password = "kafkapw"
 [[routes]]
 to = "nats"
 "#
-        ),
-    );
+    ));
     for format in [None, Some("--json")] {
         let mut args = vec!["config", "check", "--config", file.to_str().unwrap()];
         args.extend(format);

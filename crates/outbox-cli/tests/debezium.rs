@@ -21,8 +21,7 @@ use axum::routing::post;
 use outbox_postgresql::PgOutbox;
 use rdkafka::ClientConfig;
 use rdkafka::Message;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::AdminOptions;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::{Offset, TopicPartitionList};
@@ -172,42 +171,28 @@ async fn a_debezium_outbox_reaches_kafka_rabbitmq_and_a_webhook_in_debeziums_sha
         table: format!("{schema}.outbox"),
         ..Default::default()
     };
-    sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_wal::debezium_table_ddl(&table)))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::pg_execute(&pool, outbox_wal::debezium_table_ddl(&table)).await;
     // A column for a `partition` placement; the rows below leave it to its default.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE \"{schema}\".\"outbox\" ADD COLUMN shard int NOT NULL DEFAULT 1"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    common::pg_execute(
+        &pool,
+        format!("ALTER TABLE \"{schema}\".\"outbox\" ADD COLUMN shard int NOT NULL DEFAULT 1"),
+    )
+    .await;
 
     // Kafka: string payloads, a header placement, tombstones, topics by aggregate type.
     let prefix = format!("dbz{}", std::process::id());
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()
-        .unwrap();
     let topics = [
         format!("{prefix}.Order"),
         format!("{prefix}.Customer"),
         format!("{prefix}x.Order"),
         format!("{prefix}x.Customer"),
     ];
-    let new: Vec<_> = topics
+    let new: Vec<(&str, i32)> = topics
         .iter()
         .enumerate()
-        .map(|(i, t)| NewTopic::new(t, if i < 2 { 1 } else { 2 }, TopicReplication::Fixed(1)))
+        .map(|(i, t)| (t.as_str(), if i < 2 { 1 } else { 2 }))
         .collect();
-    for r in admin
-        .create_topics(&new, &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
-    }
+    let admin = common::kafka_topics(&brokers, &new).await;
     let dir = tempfile::tempdir().unwrap();
     let kafka_destination = format!(
         r#"[destinations.kafka]
@@ -321,12 +306,11 @@ format = "debezium""#
         let o = outbox(&["wal", "prepare", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
     }
-    sqlx::raw_sql(sqlx::AssertSqlSafe(
+    common::pg_execute(
+        &pool,
         ROWS.replace("{t}", &format!("\"{schema}\".\"outbox\"")),
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    )
+    .await;
     for config in [&kafka, &kexp, &hook, &amqp] {
         let o = outbox(&["relay", "--drain", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
@@ -513,18 +497,16 @@ format = "debezium""#
         let o = outbox(&["wal", "drop-slot", "--config", config]);
         assert!(o.status.success(), "{}", text(&o));
     }
-    for name in ["kafka", "kexp", "hook", "amqp"] {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP PUBLICATION IF EXISTS \"{schema}_{name}\""
-        )))
-        .execute(&pool)
-        .await;
-    }
-    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(&pool)
+    let publications: Vec<String> = ["kafka", "kexp", "hook", "amqp"]
+        .iter()
+        .map(|name| format!("\"{schema}_{name}\""))
+        .collect();
+    common::pg_execute(
+        &pool,
+        format!("DROP PUBLICATION IF EXISTS {}", publications.join(", ")),
+    )
     .await;
+    common::drop_pg_schema_if_exists(&pool, &schema).await;
     let _ = admin
         .delete_topics(
             &topics.iter().map(String::as_str).collect::<Vec<_>>(),

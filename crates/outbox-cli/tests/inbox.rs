@@ -152,8 +152,7 @@ async fn postgres_inbox_from_the_relay_config_with_its_own_database_url() {
 
     // Not migrated yet: exit 2 naming the fix.
     let before = outbox(&["inbox", "status", "--config", config]);
-    assert_eq!(before.status.code(), Some(2), "{}", text(&before));
-    common::assert_contains(&text(&before), "outbox inbox migrate");
+    common::exits_2_saying(&before, "outbox inbox migrate");
 
     let migrated = json_of(&outbox(&["inbox", "migrate", "--config", config, "--json"]));
     assert_eq!(migrated["applied"], serde_json::json!([1, 2]));
@@ -174,13 +173,14 @@ async fn postgres_inbox_from_the_relay_config_with_its_own_database_url() {
             .unwrap();
         assert!(fresh);
     }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE {} SET processed_at = now() - interval '2 hours' WHERE handler = 'billing'",
-        inbox.qualified_table()
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    common::pg_execute(
+        &pool,
+        format!(
+            "UPDATE {} SET processed_at = now() - interval '2 hours' WHERE handler = 'billing'",
+            inbox.qualified_table()
+        ),
+    )
+    .await;
     let p = ParkedMessage::new(None, "orders", b"{}".to_vec(), 1, "no outbox-event-id");
     inbox.park(&pool, "shipping", &p).await.unwrap();
 
@@ -289,8 +289,7 @@ async fn purge_every_runs_until_sigterm() {
 #[test]
 fn an_inbox_command_without_a_database_says_where_to_set_one() {
     let out = outbox(&["inbox", "status"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    common::assert_contains(&text(&out), "inbox.database_url");
+    common::exits_2_saying(&out, "inbox.database_url");
     let out = outbox(&[
         "inbox",
         "status",
@@ -299,6 +298,5 @@ fn an_inbox_command_without_a_database_says_where_to_set_one() {
         "--table",
         "Bad",
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    common::assert_contains(&text(&out), "invalid `[inbox]`");
+    common::exits_2_saying(&out, "invalid `[inbox]`");
 }

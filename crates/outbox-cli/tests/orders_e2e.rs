@@ -39,7 +39,7 @@ use outbox_orders::order::OrderStore;
 use outbox_orders::transport::{Transport, TransportArgs};
 use outbox_types::Store;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -138,20 +138,7 @@ impl Route {
                 .expect("NATS JetStream must be running on 127.0.0.1:4222");
             }
             Broker::Kafka => {
-                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-                    .set("bootstrap.servers", kafka_brokers())
-                    .create()
-                    .unwrap();
-                let results = admin
-                    .create_topics(
-                        &[NewTopic::new(&self.topic, 3, TopicReplication::Fixed(1))],
-                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-                    )
-                    .await
-                    .unwrap();
-                for r in results {
-                    r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
-                }
+                common::kafka_topics(&kafka_brokers(), &[(&self.topic, 3)]).await;
             }
         }
     }

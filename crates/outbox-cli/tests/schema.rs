@@ -123,14 +123,10 @@ async fn the_postgres_script_includes_the_stream_table_when_wal_mode_reads_it() 
     let pool = sqlx::PgPool::connect(&pg_url()).await.unwrap();
     let schema = format!("outbox_t_script_stream_{}", std::process::id());
     drop_pg_schemas(&pool, &[&schema]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = common::write_config(
-        dir.path(),
-        &format!(
-            "mode = \"wal\"\n{}[wal]\nsources = [\"table\", \"stream_table\"]\n",
-            common::pg_database(&schema)
-        ),
-    );
+    let (_dir, config) = common::temp_config(&format!(
+        "mode = \"wal\"\n{}[wal]\nsources = [\"table\", \"stream_table\"]\n",
+        common::pg_database(&schema)
+    ));
     let script = outbox(&["schema", "print", "--config", config.to_str().unwrap()]);
     common::assert_contains(&script, "events_stream");
     psql(&script);
@@ -172,15 +168,11 @@ async fn the_partitioned_postgres_script_is_current_for_migrate() {
         script.contains("PARTITION BY RANGE (enqueued_at)"),
         "{script}"
     );
-    sqlx::raw_sql(AssertSqlSafe(script))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = common::write_config(
-        dir.path(),
-        &format!("{}layout = \"partitioned\"\n", common::pg_database(&schema)),
-    );
+    common::pg_execute(&pool, script).await;
+    let (_dir, config) = common::temp_config(&format!(
+        "{}layout = \"partitioned\"\n",
+        common::pg_database(&schema)
+    ));
     let said = outbox(&["migrate", "--config", config.to_str().unwrap()]);
     common::assert_contains(&said, "schema is current");
     drop_pg_schemas(&pool, &[&schema]).await;

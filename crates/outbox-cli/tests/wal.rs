@@ -172,8 +172,7 @@ async fn the_relay_streams_table_rows_and_messages_and_recovers_a_lost_slot() {
         .unwrap();
     common::enqueue_order_updates(store, 10..15).await;
     let o = outbox(&["relay", "--config", &config, "--drain"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    common::assert_contains(&text(&o), "outbox wal recover");
+    common::exits_2_saying(&o, "outbox wal recover");
 
     let o = outbox(&["wal", "recover", "--config", &config, "--json"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -204,20 +203,14 @@ async fn an_open_message_source_is_reported_with_the_fix_and_refused() {
         format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
         format!("CREATE DATABASE {db}"),
     ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&admin)
-            .await
-            .unwrap();
+        common::pg_execute(&admin, sql).await;
     }
     let (base, _) = url.rsplit_once('/').unwrap();
     let db_url = format!("{base}/{db}");
     let store = common::migrated_store(&db_url, "outbox").await;
     store.pool().close().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = common::write_config(
-        dir.path(),
-        &format!(
-            r#"
+    let (_dir, config) = common::temp_config(&format!(
+        r#"
 mode = "wal"
 
 [database]
@@ -232,8 +225,7 @@ message_prefix = "{db}"
 [destinations.out]
 type = "stdout"
 "#
-        ),
-    );
+    ));
     let config = config.to_str().unwrap().to_owned();
 
     let o = outbox(&["wal", "prepare", "--config", &config]);
@@ -285,30 +277,18 @@ type = "stdout"
 
     let o = outbox(&["wal", "drop-slot", "--config", &config]);
     assert!(o.status.success(), "{}", text(&o));
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await
-    .unwrap();
+    common::pg_execute(&admin, format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
 }
 
 #[test]
 fn wal_mode_needs_postgresql_and_valid_names() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = common::relay_with_config(
-        dir.path(),
-        "mode = \"wal\"\n[database]\nurl = \"sqlite://x.db\"\n",
-    );
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    common::assert_contains(&text(&o), "needs a PostgreSQL");
-    let config = common::write_config(
-        dir.path(),
+    let o = common::relay_with_config("mode = \"wal\"\n[database]\nurl = \"sqlite://x.db\"\n");
+    common::exits_2_saying(&o, "needs a PostgreSQL");
+    let (_dir, config) = common::temp_config(
         "mode = \"wal\"\n[database]\nurl = \"postgres://x@127.0.0.1:1/y\"\n[wal]\nslot = \"Bad-Name\"\n",
     );
     let o = outbox(&["config", "check", "--config", config.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    common::assert_contains(&text(&o), "slot");
+    common::exits_2_saying(&o, "slot");
 }
 
 /// Two `outbox relay` processes in WAL mode on one slot: one streams, the other stands by; the

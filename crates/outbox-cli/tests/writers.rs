@@ -34,12 +34,9 @@ async fn delivers_exactly_what_a_writer_committed(lang: &str, writer: Command) {
     let pool = sqlx::PgPool::connect(&pg_url()).await.unwrap();
     let outbox = PgOutbox::with_names(&schema, "events").unwrap();
     outbox.migrate(&pool).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    common::pg_execute(&pool, format!(
         "CREATE TABLE \"{schema}\".orders (id UUID PRIMARY KEY, lang TEXT NOT NULL, n INT NOT NULL)"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    )).await;
 
     let mut writer = writer;
     let out = writer.arg(pg_url()).arg(&schema).output().unwrap();

@@ -5,6 +5,28 @@
 //! the run, and after a drain what is still pending and why), read from the store, not from the
 //! engine, so it counts what the engine did not see.
 
+/// How both modes end, in `async fn run` after the engine returned its `report`: what the outbox
+/// holds now, the exit line — the engine's counts, the dead letters counted from the store, then
+/// the mode's own fields and its message (`fields`, as `tracing::info!` takes them) — and after a
+/// drain what is left.
+macro_rules! report_exit {
+    ($started:expr, $report:expr, $($fields:tt)+) => {{
+        let left = $crate::relay::left_behind::left_behind(
+            $started.dyn_store.as_ref(),
+            $started.at_start.as_ref(),
+        )
+        .await;
+        tracing::info!(
+            delivered = $report.delivered,
+            retried = $report.retried,
+            dead = left.dead_this_run.unwrap_or($report.dead),
+            $($fields)+
+        );
+        left.report($started.config.relay.stop_when_idle);
+    }};
+}
+pub(super) use report_exit;
+
 /// What the outbox holds as a relay exits, against what it held at its start.
 pub(super) struct LeftBehind {
     stats: Option<outbox_types::OutboxStats>,

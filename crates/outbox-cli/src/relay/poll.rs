@@ -2,7 +2,7 @@
 //!
 //! Why its own module: the default mode's run and its exit line, beside [`super::wal`]'s.
 
-use super::left_behind::left_behind;
+use super::left_behind::report_exit;
 use super::shutdown::Shutdown;
 use super::start::Started;
 
@@ -11,15 +11,12 @@ pub(super) async fn run(mut started: Started, shutdown: Shutdown) -> anyhow::Res
     let report = started
         .run_engine(started.dyn_store.clone(), shutdown)
         .await;
-    let left = left_behind(started.dyn_store.as_ref(), started.at_start.as_ref()).await;
-    tracing::info!(
-        delivered = report.delivered,
-        retried = report.retried,
-        dead = left.dead_this_run.unwrap_or(report.dead),
+    report_exit!(
+        started,
+        report,
         released = report.released,
         fenced = report.fenced,
         "Relay exited."
     );
-    left.report(started.config.relay.stop_when_idle);
     Ok(())
 }

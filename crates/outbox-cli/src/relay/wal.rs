@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::left_behind::left_behind;
+use super::left_behind::report_exit;
 use super::shutdown::Shutdown;
 use super::start::Started;
 use crate::config::ConfigError;
@@ -34,16 +34,13 @@ pub(super) async fn run(mut started: Started, shutdown: Shutdown) -> anyhow::Res
     );
     let report = started.run_engine(source.clone(), shutdown).await;
     let wal_report = source.shutdown().await.map_err(wal_error)?;
-    let left = left_behind(started.dyn_store.as_ref(), started.at_start.as_ref()).await;
-    tracing::info!(
-        delivered = report.delivered,
-        retried = report.retried,
-        dead = left.dead_this_run.unwrap_or(report.dead),
+    report_exit!(
+        started,
+        report,
         from_table = wal_report.from_table,
         duplicates = wal_report.duplicates,
         last_acked_lsn = %wal_report.last_acked_lsn,
         "WAL relay exited."
     );
-    left.report(started.config.relay.stop_when_idle);
     Ok(())
 }

@@ -178,26 +178,54 @@ where
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// Run `sql` (one or more statements) on PostgreSQL: how a test sets up or alters what the
+/// relay will find. A failing statement fails the test, naming it.
+pub async fn pg_execute(pool: &sqlx::PgPool, sql: String) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
 /// Drop `schema` and everything in it: the clean-up at the end of a PostgreSQL test (which
 /// fails if the schema is not there).
 pub async fn drop_pg_schema(pool: &sqlx::PgPool, schema: &str) {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(pool)
-    .await
-    .unwrap();
+    pg_execute(pool, format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
 }
 
 /// Drop `schema` and everything in it if an earlier run (or this one) left it: the clean slate
 /// before a PostgreSQL test, and its clean-up where the schema may not have been made.
 pub async fn drop_pg_schema_if_exists(pool: &sqlx::PgPool, schema: &str) {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(pool)
-    .await
-    .expect("the old schema goes");
+    pg_execute(pool, format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).await;
+}
+
+/// A Kafka admin client on `brokers`, with `topics` (name, partitions; one replica each)
+/// created: a Kafka scenario's topics, made before the relay publishes into them. The client is
+/// the test's for its other calls (deleting the topics at its end).
+pub async fn kafka_topics(
+    brokers: &str,
+    topics: &[(&str, i32)],
+) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let admin: rdkafka::admin::AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|&(name, partitions)| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let results = admin
+        .create_topics(
+            &new,
+            &AdminOptions::new().operation_timeout(Some(std::time::Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+    admin
 }
 
 /// A request's headers as (name, value) pairs in order (collected into a list or a map), a value
@@ -209,9 +237,17 @@ pub fn header_pairs<C: FromIterator<(String, String)>>(headers: &axum::http::Hea
         .collect()
 }
 
-/// Write `toml` to `outbox.toml` in `dir` and run `outbox relay --config` on it.
-pub fn relay_with_config(dir: &std::path::Path, toml: &str) -> Output {
-    let file = write_config(dir, toml);
+/// `toml` as `outbox.toml` in a fresh temporary directory, which lasts as long as the returned
+/// guard: a scenario's config file when the scenario needs no other files.
+pub fn temp_config(toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(dir.path(), toml);
+    (dir, file)
+}
+
+/// Run `outbox relay --config` on `toml` (written to a temporary `outbox.toml`).
+pub fn relay_with_config(toml: &str) -> Output {
+    let (_dir, file) = temp_config(toml);
     outbox(&["relay", "--config", file.to_str().unwrap()])
 }
 
@@ -252,6 +288,14 @@ macro_rules! enqueue_committed {
 #[track_caller]
 pub fn assert_contains(haystack: &str, needle: &str) {
     assert!(haystack.contains(needle), "{haystack}");
+}
+
+/// The command was refused as a usage error (exit 2) and its stderr says `says`.
+#[track_caller]
+pub fn exits_2_saying(o: &Output, says: &str) {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert_contains(&stderr, says);
 }
 
 /// Fail the test unless the command `what` exited 0, showing its stderr.

@@ -13,18 +13,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_inbox::Delivery;
-use outbox_testkit::TcpProxy;
 use outbox_types::EventId;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Destination, DestinationHandler};
+use super::{Destination, DestinationHandler, Endpoint};
 use crate::Error;
 
 /// A JSON-lines file shared by all relays.
 pub struct FileDestination {
-    name: String,
+    endpoint: Endpoint,
     path: PathBuf,
 }
 
@@ -33,7 +32,7 @@ impl FileDestination {
     pub fn new(name: &str, path: PathBuf) -> Result<Self, Error> {
         std::fs::write(&path, b"").map_err(Error::io(format!("creating {}", path.display())))?;
         Ok(FileDestination {
-            name: name.to_owned(),
+            endpoint: Endpoint::local(name, serde_json::json!({"type": "file", "path": path})),
             path,
         })
     }
@@ -41,16 +40,8 @@ impl FileDestination {
 
 #[async_trait]
 impl Destination for FileDestination {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn sink_table(&self) -> serde_json::Value {
-        serde_json::json!({"type": "file", "path": self.path})
-    }
-
-    fn proxy(&self) -> Option<&TcpProxy> {
-        None
+    fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     async fn start_consumer(

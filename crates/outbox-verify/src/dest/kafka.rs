@@ -36,7 +36,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
-use super::{BrokerReadBack, Destination, DestinationHandler};
+use super::{BrokerReadBack, Destination, DestinationHandler, Endpoint};
 use crate::Error;
 
 /// Partitions of the topic.
@@ -46,12 +46,13 @@ pub const MAX_MESSAGE: usize = 200_000;
 
 /// A private tansu broker.
 pub struct KafkaDestination {
-    name: String,
+    endpoint: Endpoint,
+    /// The proxy's address: where the relays and the harness's own clients reach the broker.
+    addr: SocketAddr,
     /// Where the broker log and the read-back listing go.
     log_dir: PathBuf,
     topic: String,
     broker: Mutex<Option<Child>>,
-    proxy: TcpProxy,
 }
 
 /// Where tansu is: `OUTBOX_VERIFY_TANSU` (or `OUTBOX_TEST_TANSU`), else inside the venv
@@ -277,14 +278,25 @@ impl KafkaDestination {
         }
         let topic = format!("outbox_t_verify_{}", std::process::id());
         let me = KafkaDestination {
-            name: name.to_owned(),
+            addr: proxy.addr(),
+            endpoint: Endpoint::proxied(name, proxy, |addr| {
+                serde_json::json!({
+                    "type": "kafka",
+                    "brokers": addr.to_string(),
+                    "topic": topic,
+                    "max_message_bytes": MAX_MESSAGE,
+                    "delivery_timeout": "2s",
+                    "request_timeout": "1500ms",
+                    "connect_timeout": "1s",
+                    "linger": "1ms",
+                })
+            }),
             log_dir: log_dir.clone(),
             topic,
             broker: Mutex::new(Some(child)),
-            proxy,
         };
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", me.proxy.addr().to_string())
+            .set("bootstrap.servers", me.addr.to_string())
             .create()
             .map_err(|e| Error::Broker(format!("Kafka admin client: {e}")))?;
         let results = admin
@@ -307,30 +319,12 @@ impl KafkaDestination {
 
 #[async_trait]
 impl Destination for KafkaDestination {
-    fn name(&self) -> &str {
-        &self.name
+    fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
-    fn sink_table(&self) -> serde_json::Value {
-        serde_json::json!({
-            "type": "kafka",
-            "brokers": self.proxy.addr().to_string(),
-            "topic": self.topic,
-            "max_message_bytes": MAX_MESSAGE,
-            "delivery_timeout": "2s",
-            "request_timeout": "1500ms",
-            "connect_timeout": "1s",
-            "linger": "1ms",
-        })
-    }
-
-    fn proxy(&self) -> Option<&TcpProxy> {
-        Some(&self.proxy)
-    }
-
-    fn poison(&self, mut payload: serde_json::Value) -> Option<serde_json::Value> {
-        payload["pad"] = serde_json::Value::String("x".repeat(MAX_MESSAGE + 1024));
-        Some(payload)
+    fn poison(&self, payload: serde_json::Value) -> Option<serde_json::Value> {
+        super::oversized(payload, MAX_MESSAGE)
     }
 
     async fn start_consumer(
@@ -339,7 +333,7 @@ impl Destination for KafkaDestination {
         stop: watch::Receiver<bool>,
     ) -> Result<JoinHandle<()>, Error> {
         let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", self.proxy.addr().to_string())
+            .set("bootstrap.servers", self.addr.to_string())
             .set("group.id", format!("{}_consumer", self.topic))
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
@@ -379,7 +373,7 @@ impl Destination for KafkaDestination {
     }
 
     async fn held_by_broker(&self) -> Option<BrokerReadBack> {
-        let brokers = self.proxy.addr().to_string();
+        let brokers = self.addr.to_string();
         let topic = self.topic.clone();
         let listing = self.log_dir.join("kafka-read-back.tsv");
         let relay_logs = self.log_dir.join("relay-logs");

@@ -21,6 +21,7 @@ pub mod nats;
 pub mod webhook;
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,20 +44,62 @@ pub const UNROUTED: &str = "unrouted";
 /// The inbox handler name the harness's consumers use.
 pub const HANDLER: &str = "outbox_verify";
 
+/// What every destination has, whatever its broker: a name, the proxy in front of the broker when
+/// there is a network in between, and the relay's sink table for it (fixed once it is started).
+pub struct Endpoint {
+    name: String,
+    proxy: Option<TcpProxy>,
+    sink_table: serde_json::Value,
+}
+
+impl Endpoint {
+    /// A destination the relays reach through `proxy`; `sink_table` builds the relay's sink
+    /// table from the proxy's address.
+    pub fn proxied(
+        name: &str,
+        proxy: TcpProxy,
+        sink_table: impl FnOnce(SocketAddr) -> serde_json::Value,
+    ) -> Self {
+        Endpoint {
+            name: name.to_owned(),
+            sink_table: sink_table(proxy.addr()),
+            proxy: Some(proxy),
+        }
+    }
+
+    /// A destination with no network in between (a file).
+    pub fn local(name: &str, sink_table: serde_json::Value) -> Self {
+        Endpoint {
+            name: name.to_owned(),
+            proxy: None,
+            sink_table,
+        }
+    }
+}
+
 /// A place events go to and come back from.
 #[async_trait]
 pub trait Destination: Send + Sync {
+    /// Its name and proxy.
+    fn endpoint(&self) -> &Endpoint;
+
     /// The harness's name for it: the `[destinations.<name>]` key, and the aggregate type of
     /// the events routed to it.
-    fn name(&self) -> &str;
+    fn name(&self) -> &str {
+        &self.endpoint().name
+    }
 
     /// The relay's sink table for it (`type` plus that sink's fields), pointing relays at the
     /// proxy in front of the broker.
-    fn sink_table(&self) -> serde_json::Value;
+    fn sink_table(&self) -> serde_json::Value {
+        self.endpoint().sink_table.clone()
+    }
 
     /// The proxy between the relays and the broker, for link faults; `None` when there is no
     /// network in between (a file).
-    fn proxy(&self) -> Option<&TcpProxy>;
+    fn proxy(&self) -> Option<&TcpProxy> {
+        self.endpoint().proxy.as_ref()
+    }
 
     /// Whether the broker can be stopped and started again without losing what it stored.
     fn can_restart(&self) -> bool {
@@ -96,6 +139,12 @@ pub trait Destination: Send + Sync {
 
     /// Release what it started (broker processes, servers).
     async fn shutdown(&self) {}
+}
+
+/// `payload` padded past a sink's `max_message` bytes: the poison of a broker with a size limit.
+pub fn oversized(mut payload: serde_json::Value, max_message: usize) -> Option<serde_json::Value> {
+    payload["pad"] = serde_json::Value::String("x".repeat(max_message + 1024));
+    Some(payload)
 }
 
 /// What a broker's log holds at the end of a run, read back directly.

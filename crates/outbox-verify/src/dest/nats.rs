@@ -24,7 +24,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
-use super::{Destination, DestinationHandler};
+use super::{Destination, DestinationHandler, Endpoint};
 use crate::Error;
 
 /// The stream the relays publish into.
@@ -36,12 +36,11 @@ pub const MAX_MESSAGE: usize = 256 * 1024;
 
 /// A private JetStream server.
 pub struct NatsDestination {
-    name: String,
+    endpoint: Endpoint,
     bin: PathBuf,
     store: PathBuf,
     port: u16,
     server: Mutex<Option<Child>>,
-    proxy: TcpProxy,
 }
 
 impl NatsDestination {
@@ -64,12 +63,20 @@ impl NatsDestination {
             .await
             .map_err(Error::io("starting the NATS proxy"))?;
         let me = NatsDestination {
-            name: name.to_owned(),
+            endpoint: Endpoint::proxied(name, proxy, |addr| {
+                serde_json::json!({
+                    "type": "nats",
+                    "servers": [format!("nats://{addr}")],
+                    "subject": format!("{SUBJECT_PREFIX}.${{event_type}}"),
+                    "connect_timeout": "1s",
+                    "ack_timeout": "2s",
+                    "max_reconnect_delay": "500ms",
+                })
+            }),
             bin,
             store: dir,
             port,
             server: Mutex::new(None),
-            proxy,
         };
         me.start_broker().await?;
         let js = jetstream::new(me.connect().await?);
@@ -101,23 +108,8 @@ impl NatsDestination {
 
 #[async_trait]
 impl Destination for NatsDestination {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn sink_table(&self) -> serde_json::Value {
-        serde_json::json!({
-            "type": "nats",
-            "servers": [format!("nats://{}", self.proxy.addr())],
-            "subject": format!("{SUBJECT_PREFIX}.${{event_type}}"),
-            "connect_timeout": "1s",
-            "ack_timeout": "2s",
-            "max_reconnect_delay": "500ms",
-        })
-    }
-
-    fn proxy(&self) -> Option<&TcpProxy> {
-        Some(&self.proxy)
+    fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     fn can_restart(&self) -> bool {
@@ -187,9 +179,8 @@ impl Destination for NatsDestination {
         Ok(())
     }
 
-    fn poison(&self, mut payload: serde_json::Value) -> Option<serde_json::Value> {
-        payload["pad"] = serde_json::Value::String("x".repeat(MAX_MESSAGE + 1024));
-        Some(payload)
+    fn poison(&self, payload: serde_json::Value) -> Option<serde_json::Value> {
+        super::oversized(payload, MAX_MESSAGE)
     }
 
     async fn start_consumer(

@@ -22,14 +22,13 @@ use outbox_types::EventId;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
-use super::{Destination, DestinationHandler};
+use super::{Destination, DestinationHandler, Endpoint};
 use crate::Error;
 
 /// The receiver and its proxy.
 pub struct WebhookDestination {
-    name: String,
+    endpoint: Endpoint,
     listener: Mutex<Option<tokio::net::TcpListener>>,
-    proxy: TcpProxy,
 }
 
 impl WebhookDestination {
@@ -45,9 +44,16 @@ impl WebhookDestination {
             .await
             .map_err(Error::io("starting the webhook proxy"))?;
         Ok(WebhookDestination {
-            name: name.to_owned(),
+            endpoint: Endpoint::proxied(name, proxy, |addr| {
+                serde_json::json!({
+                    "type": "webhook",
+                    "url": format!("http://{addr}/hooks/${{event_type}}"),
+                    "request_timeout": "2s",
+                    "connect_timeout": "1s",
+                    "max_retry_after": "2s",
+                })
+            }),
             listener: Mutex::new(Some(listener)),
-            proxy,
         })
     }
 }
@@ -85,22 +91,8 @@ async fn receive(
 
 #[async_trait]
 impl Destination for WebhookDestination {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn sink_table(&self) -> serde_json::Value {
-        serde_json::json!({
-            "type": "webhook",
-            "url": format!("http://{}/hooks/${{event_type}}", self.proxy.addr()),
-            "request_timeout": "2s",
-            "connect_timeout": "1s",
-            "max_retry_after": "2s",
-        })
-    }
-
-    fn proxy(&self) -> Option<&TcpProxy> {
-        Some(&self.proxy)
+    fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     fn poison(&self, mut payload: serde_json::Value) -> Option<serde_json::Value> {

@@ -1497,20 +1497,7 @@ where
                         .retry
                         .backoff(event.attempts.max(1), rand::random::<f64>())
                 });
-                add(&self.counters.unavailable, 1);
-                metrics::counter!("outbox_events_unavailable_total", "destination" => label())
-                    .increment(1);
-                event_line!(
-                    debug,
-                    event,
-                    attempts = event.attempts,
-                    destination = sink,
-                    retry_in_ms = delay.as_millis() as u64,
-                    error = %reason,
-                    "Destination unavailable; the event waits (no attempt counted)."
-                );
-                settlement.retry(event.seq, false, delay, &reason);
-                true
+                self.wait(event, sink, false, delay, &reason, settlement)
             }
             Outcome::Delivered => {
                 event_line!(
@@ -1532,19 +1519,7 @@ where
                     let delay = after.unwrap_or_else(|| {
                         self.config.retry.backoff(failed, rand::random::<f64>())
                     });
-                    metrics::counter!("outbox_events_retried_total", "destination" => label())
-                        .increment(1);
-                    event_line!(
-                        warn,
-                        event,
-                        attempts = failed,
-                        destination = sink,
-                        retry_in_ms = delay.as_millis() as u64,
-                        error = %reason,
-                        "Publish failed; will retry."
-                    );
-                    settlement.retry(event.seq, true, delay, &reason);
-                    true
+                    self.wait(event, sink, true, delay, &reason, settlement)
                 }
             }
             Outcome::Reject { reason } => {
@@ -1552,6 +1527,51 @@ where
                 self.bury(event, sink, &error, settlement)
             }
         }
+    }
+
+    /// Put `event`, bound for `destination`, back for another publish after `delay`, logged and
+    /// counted: a failed attempt (`counts_attempt`) as a retry, a warning; an unavailable
+    /// destination (no attempt spent) as such, at debug. The rest of its aggregate waits.
+    fn wait(
+        &self,
+        event: &Event,
+        destination: &str,
+        counts_attempt: bool,
+        delay: Duration,
+        reason: &str,
+        settlement: &mut Settlement,
+    ) -> bool {
+        let attempts = event.attempts + u32::from(counts_attempt);
+        let retry_in_ms = delay.as_millis() as u64;
+        // One line, at the level and with the message of the case.
+        macro_rules! line {
+            ($level:ident, $message:literal) => {
+                event_line!(
+                    $level,
+                    event,
+                    attempts,
+                    destination,
+                    retry_in_ms,
+                    error = %reason,
+                    $message
+                )
+            };
+        }
+        if counts_attempt {
+            metrics::counter!("outbox_events_retried_total", "destination" => destination.to_owned())
+                .increment(1);
+            line!(warn, "Publish failed; will retry.");
+        } else {
+            add(&self.counters.unavailable, 1);
+            metrics::counter!("outbox_events_unavailable_total", "destination" => destination.to_owned())
+                .increment(1);
+            line!(
+                debug,
+                "Destination unavailable; the event waits (no attempt counted)."
+            );
+        }
+        settlement.retry(event.seq, counts_attempt, delay, reason);
+        true
     }
 
     /// Record `event`, bound for `destination`, as dead with `error`; returns whether the rest of

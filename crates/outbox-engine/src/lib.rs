@@ -1819,29 +1819,20 @@ mod tests {
 
     #[test]
     fn the_destination_with_more_than_half_of_a_claim_is_deferred() {
-        use outbox_types::route::{Pattern, RouteRule};
-        let routes = RouteTable::new(
-            ["main", "hooks"],
-            vec![
-                RouteRule::to("hooks").event_type(Pattern::parse("Hook*")),
-                RouteRule::to("main"),
-            ],
-        )
-        .unwrap();
-        let lanes = Lanes::new(Some(Arc::new(routes)), "router");
+        let lanes = Lanes::new(Some(Arc::new(outbox_testkit::hooks_and_kafka())), "router");
         let event = |event_type: &str| {
             outbox_types::NewEvent::from_json("order", "1", event_type, "{}")
                 .unwrap()
                 .claimed(1)
         };
-        let claim = |hooks: usize, main: usize| -> Vec<Event> {
+        let claim = |hooks: usize, kafka: usize| -> Vec<Event> {
             std::iter::repeat_with(|| event("HookSent"))
                 .take(hooks)
-                .chain(std::iter::repeat_with(|| event("Created")).take(main))
+                .chain(std::iter::repeat_with(|| event("Created")).take(kafka))
                 .collect()
         };
         assert_eq!(lanes.dominant(&claim(6, 4)), Some("hooks".to_owned()));
-        assert_eq!(lanes.dominant(&claim(1, 9)), Some("main".to_owned()));
+        assert_eq!(lanes.dominant(&claim(1, 9)), Some("kafka".to_owned()));
         assert_eq!(
             lanes.dominant(&claim(5, 5)),
             None,

@@ -1497,20 +1497,7 @@ where
                         .retry
                         .backoff(event.attempts.max(1), rand::random::<f64>())
                 });
-                add(&self.counters.unavailable, 1);
-                metrics::counter!("outbox_events_unavailable_total", "destination" => label())
-                    .increment(1);
-                event_line!(
-                    debug,
-                    event,
-                    attempts = event.attempts,
-                    destination = sink,
-                    retry_in_ms = delay.as_millis() as u64,
-                    error = %reason,
-                    "Destination unavailable; the event waits (no attempt counted)."
-                );
-                settlement.retry(event.seq, false, delay, &reason);
-                true
+                self.wait(event, sink, false, delay, &reason, settlement)
             }
             Outcome::Delivered => {
                 event_line!(
@@ -1532,19 +1519,7 @@ where
                     let delay = after.unwrap_or_else(|| {
                         self.config.retry.backoff(failed, rand::random::<f64>())
                     });
-                    metrics::counter!("outbox_events_retried_total", "destination" => label())
-                        .increment(1);
-                    event_line!(
-                        warn,
-                        event,
-                        attempts = failed,
-                        destination = sink,
-                        retry_in_ms = delay.as_millis() as u64,
-                        error = %reason,
-                        "Publish failed; will retry."
-                    );
-                    settlement.retry(event.seq, true, delay, &reason);
-                    true
+                    self.wait(event, sink, true, delay, &reason, settlement)
                 }
             }
             Outcome::Reject { reason } => {
@@ -1552,6 +1527,51 @@ where
                 self.bury(event, sink, &error, settlement)
             }
         }
+    }
+
+    /// Put `event`, bound for `destination`, back for another publish after `delay`, logged and
+    /// counted: a failed attempt (`counts_attempt`) as a retry, a warning; an unavailable
+    /// destination (no attempt spent) as such, at debug. The rest of its aggregate waits.
+    fn wait(
+        &self,
+        event: &Event,
+        destination: &str,
+        counts_attempt: bool,
+        delay: Duration,
+        reason: &str,
+        settlement: &mut Settlement,
+    ) -> bool {
+        let attempts = event.attempts + u32::from(counts_attempt);
+        let retry_in_ms = delay.as_millis() as u64;
+        // One line, at the level and with the message of the case.
+        macro_rules! line {
+            ($level:ident, $message:literal) => {
+                event_line!(
+                    $level,
+                    event,
+                    attempts,
+                    destination,
+                    retry_in_ms,
+                    error = %reason,
+                    $message
+                )
+            };
+        }
+        if counts_attempt {
+            metrics::counter!("outbox_events_retried_total", "destination" => destination.to_owned())
+                .increment(1);
+            line!(warn, "Publish failed; will retry.");
+        } else {
+            add(&self.counters.unavailable, 1);
+            metrics::counter!("outbox_events_unavailable_total", "destination" => destination.to_owned())
+                .increment(1);
+            line!(
+                debug,
+                "Destination unavailable; the event waits (no attempt counted)."
+            );
+        }
+        settlement.retry(event.seq, counts_attempt, delay, reason);
+        true
     }
 
     /// Record `event`, bound for `destination`, as dead with `error`; returns whether the rest of
@@ -1799,29 +1819,20 @@ mod tests {
 
     #[test]
     fn the_destination_with_more_than_half_of_a_claim_is_deferred() {
-        use outbox_types::route::{Pattern, RouteRule};
-        let routes = RouteTable::new(
-            ["main", "hooks"],
-            vec![
-                RouteRule::to("hooks").event_type(Pattern::parse("Hook*")),
-                RouteRule::to("main"),
-            ],
-        )
-        .unwrap();
-        let lanes = Lanes::new(Some(Arc::new(routes)), "router");
+        let lanes = Lanes::new(Some(Arc::new(outbox_testkit::hooks_and_kafka())), "router");
         let event = |event_type: &str| {
             outbox_types::NewEvent::from_json("order", "1", event_type, "{}")
                 .unwrap()
                 .claimed(1)
         };
-        let claim = |hooks: usize, main: usize| -> Vec<Event> {
+        let claim = |hooks: usize, kafka: usize| -> Vec<Event> {
             std::iter::repeat_with(|| event("HookSent"))
                 .take(hooks)
-                .chain(std::iter::repeat_with(|| event("Created")).take(main))
+                .chain(std::iter::repeat_with(|| event("Created")).take(kafka))
                 .collect()
         };
         assert_eq!(lanes.dominant(&claim(6, 4)), Some("hooks".to_owned()));
-        assert_eq!(lanes.dominant(&claim(1, 9)), Some("main".to_owned()));
+        assert_eq!(lanes.dominant(&claim(1, 9)), Some("kafka".to_owned()));
         assert_eq!(
             lanes.dominant(&claim(5, 5)),
             None,

@@ -10,7 +10,7 @@ use outbox_engine::router::Router;
 use outbox_engine::{Relay, RelayConfig};
 use outbox_testkit::{MemorySource, MemoryState, numbered};
 use outbox_types::route::{Pattern, RouteRule, RouteTable};
-use outbox_types::{Event, Outcome, RetryPolicy, Sink, StoreError};
+use outbox_types::{Event, NewEvent, Outcome, RetryPolicy, Sink};
 use tokio::time::Instant;
 
 /// A sink that records (virtual) call times and answers with `answer`, after `takes`.
@@ -69,6 +69,23 @@ fn config(id: &str) -> RelayConfig {
         },
         ..RelayConfig::default()
     }
+}
+
+/// Event `n` (type `E`, payload `n`) of `aggregate_type`, spread over `aggregates` aggregates:
+/// `{prefix}0`, `{prefix}1`…
+fn spread(aggregate_type: &str, prefix: &str, aggregates: u32, n: u32) -> NewEvent {
+    NewEvent::new(
+        aggregate_type,
+        format!("{prefix}{}", n % aggregates),
+        "E",
+        &n,
+    )
+    .unwrap()
+}
+
+/// The event of type `Bad` (aggregate `order/poison`) that a test's sink always fails.
+fn poison() -> NewEvent {
+    NewEvent::new("order", "poison", "Bad", &0).unwrap()
 }
 
 /// A [`Timed`] answer: aggregate `a`'s events in the first call are told to retry after `after`
@@ -131,11 +148,9 @@ async fn a_retry_waits_for_its_delay_and_no_longer() {
 #[tokio::test(start_paused = true)]
 async fn a_failing_destination_cools_down_doubling_while_the_other_flows() {
     let source = Arc::new(MemorySource::new());
-    let mut events = Vec::new();
-    for n in 0..20 {
-        events.push(outbox_types::NewEvent::new("down", format!("d{}", n % 4), "E", &n).unwrap());
-        events.push(outbox_types::NewEvent::new("up", format!("u{}", n % 4), "E", &n).unwrap());
-    }
+    let events: Vec<_> = (0..20)
+        .flat_map(|n| [spread("down", "d", 4, n), spread("up", "u", 4, n)])
+        .collect();
     source.enqueue(&events);
     let heal_at = Instant::now() + Duration::from_secs(6);
     let down = Arc::new(Timed::new(Duration::from_millis(5), move |_, _| {
@@ -298,11 +313,8 @@ async fn publishing_stops_before_the_lease_ends() {
 #[tokio::test(start_paused = true)]
 async fn an_outage_costs_time_not_attempts() {
     let source = Arc::new(MemorySource::new());
-    let mut events = Vec::new();
-    for n in 0..12 {
-        events.push(outbox_types::NewEvent::new("order", format!("o{}", n % 3), "E", &n).unwrap());
-    }
-    events.push(outbox_types::NewEvent::new("order", "poison", "Bad", &0).unwrap());
+    let mut events: Vec<_> = (0..12).map(|n| spread("order", "o", 3, n)).collect();
+    events.push(poison());
     source.enqueue(&events);
     let back_at = Instant::now() + Duration::from_secs(120);
     let sink = Arc::new(Timed::new(Duration::from_millis(5), move |e, _| {
@@ -421,7 +433,7 @@ async fn dead_after_unavailable_bounds_an_outage() {
 #[tokio::test(start_paused = true)]
 async fn unavailable_for_one_event_while_others_are_delivered_costs_attempts() {
     let source = Arc::new(MemorySource::new());
-    let mut events = vec![outbox_types::NewEvent::new("order", "poison", "Bad", &0).unwrap()];
+    let mut events = vec![poison()];
     for n in 0..5 {
         events.push(numbered(&format!("ok{n}"), 0));
     }
@@ -516,53 +528,15 @@ async fn a_drain_waits_for_a_retry_due_within_its_wait_and_not_longer() {
     }
 }
 
-/// A source whose acks never reach the database: claims work, every ack fails as unavailable.
-struct AcksFail(MemorySource);
-
-#[async_trait]
-impl outbox_types::Source for AcksFail {
-    async fn claim(
-        &self,
-        request: &outbox_types::ClaimRequest,
-    ) -> Result<outbox_types::Claim, StoreError> {
-        self.0.claim(request).await
-    }
-    async fn ack(&self, _: &outbox_types::Lease, _: &[i64]) -> Result<u64, StoreError> {
-        Err(StoreError::Unavailable("connection reset".into()))
-    }
-    async fn retry(
-        &self,
-        lease: &outbox_types::Lease,
-        events: &[outbox_types::RetryEvent],
-    ) -> Result<u64, StoreError> {
-        self.0.retry(lease, events).await
-    }
-    async fn bury(
-        &self,
-        lease: &outbox_types::Lease,
-        events: &[outbox_types::BuryEvent],
-    ) -> Result<u64, StoreError> {
-        self.0.bury(lease, events).await
-    }
-    async fn release(&self, lease: &outbox_types::Lease, seqs: &[i64]) -> Result<u64, StoreError> {
-        self.0.release(lease, seqs).await
-    }
-    async fn paused(&self) -> Result<Vec<outbox_types::PausedDestination>, StoreError> {
-        self.0.paused().await
-    }
-    fn kind(&self) -> &'static str {
-        "acks-fail"
-    }
-}
-
 /// A batch whose ack cannot be written before its lease runs out says so once, after its last
 /// write was tried, naming its lease and that nothing more is written under it: what
 /// `outbox-verify` reads to tell a relay that gave a batch up from one whose late write went
 /// through.
 #[tokio::test(start_paused = true)]
 async fn a_batch_given_up_says_so_once_with_its_lease_after_its_last_write() {
-    let source = Arc::new(AcksFail(MemorySource::new()));
-    source.0.enqueue(&[numbered("a", 1), numbered("b", 1)]);
+    let source = Arc::new(MemorySource::new());
+    source.fail_acks();
+    source.enqueue(&[numbered("a", 1), numbered("b", 1)]);
     let sink = Arc::new(Timed::new(Duration::ZERO, |_, _| Outcome::Delivered));
     let relay = Relay::new(
         source.clone(),

@@ -8,6 +8,7 @@
 //! true)]`) drives backoff, cooldown and leases without sleeping.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -53,6 +54,8 @@ pub struct MemoryRow {
 #[derive(Default)]
 pub struct MemorySource {
     rows: Mutex<Vec<MemoryRow>>,
+    /// Every ack fails (see [`MemorySource::fail_acks`]).
+    acks_fail: AtomicBool,
 }
 
 impl MemorySource {
@@ -90,6 +93,12 @@ impl MemorySource {
                 last_error: None,
             });
         }
+    }
+
+    /// From now on every ack fails as unavailable (`connection reset`): a database that takes
+    /// claims and the other writes but whose acks never arrive.
+    pub fn fail_acks(&self) {
+        self.acks_fail.store(true, Ordering::Relaxed);
     }
 
     /// A copy of every row.
@@ -170,6 +179,9 @@ impl Source for MemorySource {
     }
 
     async fn ack(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, StoreError> {
+        if self.acks_fail.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable("connection reset".into()));
+        }
         Ok(self.settle(lease, seqs.iter().copied(), |row, _| {
             row.state = MemoryState::Delivered;
         }))

@@ -309,48 +309,6 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// A secret a configuration gives either inline (`inline_key`, e.g. `password`) or through an
-/// environment variable it names (`env_key`, e.g. `password_env`): the value, `None` when
-/// neither is set. The error names the keys and the fix: both set, an empty inline value (an
-/// empty password or signing key protects nothing), a variable that is unset or empty.
-///
-/// ```
-/// use outbox_types::redact::{Secret, resolve_secret};
-/// let inline = Secret::new("s3cret");
-/// assert_eq!(resolve_secret("password", Some(&inline), "password_env", None).unwrap().as_deref(), Some("s3cret"));
-/// assert_eq!(resolve_secret("password", None, "password_env", None).unwrap(), None);
-/// let err = resolve_secret("password", Some(&inline), "password_env", Some("PW")).unwrap_err();
-/// assert!(err.contains("keep one"));
-/// let err = resolve_secret("token", None, "token_env", Some("OUTBOX_DOCTEST_UNSET")).unwrap_err();
-/// assert!(err.contains("export OUTBOX_DOCTEST_UNSET"));
-/// ```
-pub fn resolve_secret(
-    inline_key: &str,
-    inline: Option<&Secret>,
-    env_key: &str,
-    env: Option<&str>,
-) -> Result<Option<String>, String> {
-    match (inline, env) {
-        (Some(_), Some(_)) => Err(format!(
-            "both `{inline_key}` and `{env_key}` are set: keep one (prefer `{env_key}`, so the secret stays out of the file)"
-        )),
-        (Some(secret), None) if secret.is_empty() => Err(format!(
-            "`{inline_key} = \"\"` is empty: set the value (better: `{env_key} = \"VAR\"`), or remove the key"
-        )),
-        (Some(secret), None) => Ok(Some(secret.expose().to_owned())),
-        (None, Some(var)) => match std::env::var(var) {
-            Ok(value) if !value.is_empty() => Ok(Some(value)),
-            Ok(_) => Err(format!(
-                "`{env_key} = \"{var}\"` names an empty environment variable: export {var} with the secret"
-            )),
-            Err(_) => Err(format!(
-                "`{env_key} = \"{var}\"` names an environment variable that is not set: export {var}, or set `{inline_key}`"
-            )),
-        },
-        (None, None) => Ok(None),
-    }
-}
-
 /// `text` with every control character (C0, DEL, C1, and the bidirectional overrides that
 /// reorder what a terminal shows) written as a `\u{…}` escape, and backslashes doubled only
 /// where they would make an escape ambiguous. Text without such characters is borrowed as is.

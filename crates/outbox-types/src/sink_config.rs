@@ -24,7 +24,7 @@
 //! ```
 
 use crate::SinkError;
-use crate::redact::{Secret, resolve_secret};
+use crate::redact::Secret;
 use crate::routing::{BodyFormat, CloudEventsKeys, Routing, Template};
 
 /// A configuration error with `message`, which names the setting and the fix.
@@ -49,15 +49,49 @@ pub fn routing(
     Ok(Routing::new(destination).with_format(format))
 }
 
-/// A secret given inline as `inline_key` or through the environment variable named by
-/// `env_key` ([`resolve_secret`]), as a configuration error when it cannot be read.
+/// A secret a configuration gives either inline (`inline_key`, e.g. `password`) or through an
+/// environment variable it names (`env_key`, e.g. `password_env`): the value, `None` when
+/// neither is set. The configuration error names the keys and the fix: both set, an empty
+/// inline value (an empty password or signing key protects nothing), a variable that is unset
+/// or empty.
+///
+/// ```
+/// use outbox_types::redact::Secret;
+/// use outbox_types::sink_config::secret;
+/// let inline = Secret::new("s3cret");
+/// assert_eq!(secret("password", Some(&inline), "password_env", None).unwrap().as_deref(), Some("s3cret"));
+/// assert_eq!(secret("password", None, "password_env", None).unwrap(), None);
+/// let err = secret("password", Some(&inline), "password_env", Some("PW")).unwrap_err();
+/// assert!(err.to_string().contains("keep one"));
+/// let err = secret("token", None, "token_env", Some("OUTBOX_DOCTEST_UNSET")).unwrap_err();
+/// assert!(err.to_string().contains("export OUTBOX_DOCTEST_UNSET"));
+/// ```
 pub fn secret(
     inline_key: &str,
     inline: Option<&Secret>,
     env_key: &str,
     env: Option<&str>,
 ) -> Result<Option<String>, SinkError> {
-    resolve_secret(inline_key, inline, env_key, env).map_err(config_error)
+    let resolved = match (inline, env) {
+        (Some(_), Some(_)) => Err(format!(
+            "both `{inline_key}` and `{env_key}` are set: keep one (prefer `{env_key}`, so the secret stays out of the file)"
+        )),
+        (Some(secret), None) if secret.is_empty() => Err(format!(
+            "`{inline_key} = \"\"` is empty: set the value (better: `{env_key} = \"VAR\"`), or remove the key"
+        )),
+        (Some(secret), None) => Ok(Some(secret.expose().to_owned())),
+        (None, Some(var)) => match std::env::var(var) {
+            Ok(value) if !value.is_empty() => Ok(Some(value)),
+            Ok(_) => Err(format!(
+                "`{env_key} = \"{var}\"` names an empty environment variable: export {var} with the secret"
+            )),
+            Err(_) => Err(format!(
+                "`{env_key} = \"{var}\"` names an environment variable that is not set: export {var}, or set `{inline_key}`"
+            )),
+        },
+        (None, None) => Ok(None),
+    };
+    resolved.map_err(config_error)
 }
 
 /// The password, from `password` or the variable named by `password_env`.

@@ -129,22 +129,20 @@ macro_rules! __impl_store {
 /// types, a write turn, how the count comes back), so only the body is written per store.
 #[macro_export]
 macro_rules! impl_purge_by_statement {
+    // Each purge function: `purge` with its statement (a field of `sql()`).
+    (@run $store:ty, $($function:ident: $field:ident),*) => {
+        $(
+            pub(crate) async fn $function(
+                store: &$store,
+                older_than: ::std::time::Duration,
+                limit: u32,
+            ) -> Result<u64, $crate::StoreError> {
+                purge(store, &store.sql().$field, older_than, limit).await
+            }
+        )*
+    };
     ($store:ty, |$s:ident, $statement:ident, $older_than:ident, $limit:ident| $body:block) => {
-        pub(crate) async fn purge_delivered(
-            store: &$store,
-            older_than: ::std::time::Duration,
-            limit: u32,
-        ) -> Result<u64, $crate::StoreError> {
-            purge(store, &store.sql().purge, older_than, limit).await
-        }
-
-        pub(crate) async fn purge_dead(
-            store: &$store,
-            older_than: ::std::time::Duration,
-            limit: u32,
-        ) -> Result<u64, $crate::StoreError> {
-            purge(store, &store.sql().purge_dead, older_than, limit).await
-        }
+        $crate::impl_purge_by_statement!(@run $store, purge_delivered: purge, purge_dead: purge_dead);
 
         /// Run one of the purge statements: `older_than` and `limit` are its parameters.
         async fn purge(

@@ -468,17 +468,18 @@ impl WalRelay {
     }
 }
 
-/// Check `config`, open a pool of at most `connections` to its database, run `f` on it and
-/// close the pool, whatever `f` returned: the one-shot calls below hold no connection after.
+/// Check `config`, open a pool of at most `connections` to its database, run `f` on it (and
+/// `config`) and close the pool, whatever `f` returned: the one-shot calls below hold no
+/// connection after.
 async fn with_pool<T>(
     config: &WalConfig,
     connections: u32,
-    f: impl AsyncFnOnce(&PgPool) -> Result<T, WalError>,
+    f: impl AsyncFnOnce(&PgPool, &WalConfig) -> Result<T, WalError>,
 ) -> Result<T, WalError> {
     config.validate()?;
     let target = Target::parse(&config.database_url)?;
     let pool = target.pool(&config.database_url, connections).await?;
-    let result = f(&pool).await;
+    let result = f(&pool, config).await;
     pool.close().await;
     result
 }
@@ -486,25 +487,21 @@ async fn with_pool<T>(
 /// The slot's figures now: lag bytes, retained WAL, confirmed position, whether a session
 /// streams. One query; safe to call while a relay runs.
 pub async fn wal_status(config: &WalConfig) -> Result<WalStatus, WalError> {
-    with_pool(config, 1, async |pool| {
-        slot::read_status(pool, config).await
-    })
-    .await
+    with_pool(config, 1, slot::read_status).await
 }
 
 /// Like [`wal_status`], sampled twice `over` apart to add the decode rate (bytes and
 /// transactions per second, from `pg_stat_replication_slots`, which PostgreSQL updates about
 /// once a second).
 pub async fn wal_status_sampled(config: &WalConfig, over: Duration) -> Result<WalStatus, WalError> {
-    config.validate()?;
-    let target = Target::parse(&config.database_url)?;
-    let pool = target.pool(&config.database_url, 1).await?;
-    let first = slot::read_status(&pool, config).await?;
-    let started = Instant::now();
-    tokio::time::sleep(over).await;
-    let mut second = slot::read_status(&pool, config).await?;
-    pool.close().await;
-    let secs = started.elapsed().as_secs_f64();
+    let (first, mut second, secs) = with_pool(config, 1, async |pool, config| {
+        let first = slot::read_status(pool, config).await?;
+        let started = Instant::now();
+        tokio::time::sleep(over).await;
+        let second = slot::read_status(pool, config).await?;
+        Ok((first, second, started.elapsed().as_secs_f64()))
+    })
+    .await?;
     if secs > 0.0 {
         if let (Some(a), Some(b)) = (first.total_bytes, second.total_bytes) {
             second.decode_bytes_per_sec = Some((b - a).max(0) as f64 / secs);
@@ -520,13 +517,11 @@ pub async fn wal_status_sampled(config: &WalConfig, over: Duration) -> Result<Wa
 /// to WAL mode: from the slot's creation on, every commit is captured). Idempotent. Returns the
 /// slot's confirmed position.
 pub async fn prepare(config: &WalConfig) -> Result<Lsn, WalError> {
-    config.validate()?;
-    let target = Target::parse(&config.database_url)?;
-    let pool = target.pool(&config.database_url, 2).await?;
-    slot::check_server(&pool).await?;
-    let lsn = slot::ensure_slot(&pool, config).await;
-    pool.close().await;
-    lsn
+    with_pool(config, 2, async |pool, config| {
+        slot::check_server(pool).await?;
+        slot::ensure_slot(pool, config).await
+    })
+    .await
 }
 
 /// Who may write events into the message source: which overloads of
@@ -545,10 +540,7 @@ pub async fn prepare(config: &WalConfig) -> Result<Lsn, WalError> {
 /// # Ok(()) }
 /// ```
 pub async fn message_source_access(config: &WalConfig) -> Result<MessageSourceAccess, WalError> {
-    with_pool(config, 1, async |pool| {
-        slot::message_source_access(pool, config).await
-    })
-    .await
+    with_pool(config, 1, slot::message_source_access).await
 }
 
 /// Open a replication connection the way the relay does (same URL, same TLS settings; see the
@@ -576,10 +568,7 @@ pub async fn check_replication_connection(
 /// Drop the slot and its record (leaving WAL mode). Fails while a session streams from it.
 /// Returns whether a slot was dropped.
 pub async fn drop_slot(config: &WalConfig) -> Result<bool, WalError> {
-    with_pool(config, 2, async |pool| {
-        slot::drop_slot_and_marker(pool, config).await
-    })
-    .await
+    with_pool(config, 2, slot::drop_slot_and_marker).await
 }
 
 /// [`drop_slot`], retried for up to `wait` while it fails: a relay that has just stopped (or been

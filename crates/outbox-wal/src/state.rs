@@ -900,25 +900,16 @@ mod tests {
 
     #[test]
     fn a_resumed_destination_leaves_its_aggregates_to_the_table() {
-        use outbox_types::route::{Pattern, RouteRule, RouteTable};
-        let routes = RouteTable::new(
-            ["a", "b"],
-            vec![
-                RouteRule::to("b").event_type(Pattern::parse("B*")),
-                RouteRule::to("a"),
-            ],
-        )
-        .unwrap();
         let hold = Hold {
             deferred: Vec::new(),
-            routes,
-            paused: vec!["b".into()],
+            routes: outbox_testkit::hooks_and_kafka(),
+            paused: vec!["hooks".into()],
         };
         let mut s = state();
         s.set_paused(Some(&hold));
         s.begin(Utc::now());
         let mut paused = event("x", 1);
-        paused.event_type = "Bee".into();
+        paused.event_type = "HookSent".into();
         s.push(paused, Origin::Table, true, None, None);
         s.push(event("x", 2), Origin::Table, true, None, None);
         s.commit(Lsn(100));

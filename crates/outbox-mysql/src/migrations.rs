@@ -32,7 +32,9 @@
 //! over the template, so it is the same on either server.
 
 use outbox_types::StoreError;
-use outbox_types::migration::{Schema, Versioned, checksum, pending};
+use outbox_types::migration::{
+    MigrationReport, Schema, Versioned, checksum, latest_version, pending,
+};
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
 
 use crate::MySqlOutbox;
@@ -374,15 +376,6 @@ DELIMITER ;
 /// The binary no-pad utf8mb4 collations, in order of preference: MariaDB's, then MySQL's.
 const BINARY_COLLATIONS: [&str; 2] = ["utf8mb4_nopad_bin", "utf8mb4_0900_bin"];
 
-/// The newest schema version this build knows.
-pub(crate) fn latest_version() -> i64 {
-    outbox_types::migration::latest_version(MIGRATIONS)
-}
-
-/// What [`MySqlOutbox::migrate`] did (shared by every store:
-/// [`outbox_types::migration::MigrationReport`]).
-pub use outbox_types::migration::MigrationReport;
-
 pub(crate) async fn run(
     outbox: &MySqlOutbox,
     pool: &MySqlPool,
@@ -405,17 +398,11 @@ pub(crate) async fn run(
     match apply(outbox, session.conn()).await {
         Ok(applied) => {
             session.release_lock(&sql.migrate_unlock).await?;
-            if !applied.is_empty() {
-                tracing::info!(
-                    table = outbox.table(),
-                    ?applied,
-                    "Outbox migrations applied."
-                );
-            }
-            Ok(MigrationReport {
+            Ok(outbox_types::migration_report!(
                 applied,
-                current: latest_version(),
-            })
+                MIGRATIONS,
+                table = outbox.table()
+            ))
         }
         Err(error) => {
             session.abandon(&sql.migrate_unlock).await;
@@ -501,7 +488,7 @@ pub(crate) fn script(outbox: &MySqlOutbox, mariadb: bool) -> String {
          -- Apply it whole and unedited (`outbox migrate` checks each migration's checksum).\n\n{};\n",
         outbox.quoted_table(),
         if mariadb { "MariaDB" } else { "MySQL" },
-        latest_version(),
+        latest_version(MIGRATIONS),
         bookkeeping_ddl(&bookkeeping)
     );
     for m in MIGRATIONS {
@@ -622,18 +609,12 @@ pub(crate) async fn current_version(
     outbox: &MySqlOutbox,
     pool: &MySqlPool,
 ) -> Result<i64, StoreError> {
-    let exists: i64 = sqlx::query_scalar(
+    let exists = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TABLES
          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
     )
-    .bind(format!("{}_migrations", outbox.table()))
-    .fetch_one(pool)
-    .await
-    .map_err(map_sqlx)?;
-    if exists == 0 {
-        return Ok(0);
-    }
-    outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
+    .bind(format!("{}_migrations", outbox.table()));
+    outbox_types::recorded_version!(pool, exists, outbox.migrations_table(), map_sqlx)
 }
 
 impl Versioned for Migration {

@@ -278,21 +278,26 @@ macro_rules! applied_migrations {
     };
 }
 
-/// The newest version recorded in the bookkeeping table `$bookkeeping` (its quoted name), `0`
-/// when it holds none, read through `$conn`: what a store's `current_version` reports once it
-/// knows the table exists. The statement is the same in every database; errors go through
+/// The schema version a store's database is at: `0` when `$exists`, a `query_scalar` that
+/// counts the bookkeeping table in the catalog (0 or 1), finds no such table (the outbox was
+/// never migrated there), else the newest version recorded in `$bookkeeping` (its quoted name),
+/// `0` when it holds none; both read through `$pool`. What a store's `current_version` reports;
+/// the statement that reads the versions is the same in every database, errors go through
 /// `$map_err` (the store's `map_sqlx`). A macro for the reason [`applied_migrations!`] is one.
 #[macro_export]
 macro_rules! recorded_version {
-    ($conn:expr, $bookkeeping:expr, $map_err:path) => {
-        ::sqlx::query_scalar::<_, Option<i64>>(::sqlx::AssertSqlSafe(format!(
-            "SELECT max(version) FROM {}",
-            $bookkeeping
-        )))
-        .fetch_one($conn)
-        .await
-        .map(|version| version.unwrap_or(0))
-        .map_err($map_err)
+    ($pool:expr, $exists:expr, $bookkeeping:expr, $map_err:path) => {
+        match $exists.fetch_one($pool).await.map_err($map_err)? {
+            0_i64 => Ok(0),
+            _ => ::sqlx::query_scalar::<_, Option<i64>>(::sqlx::AssertSqlSafe(format!(
+                "SELECT max(version) FROM {}",
+                $bookkeeping
+            )))
+            .fetch_one($pool)
+            .await
+            .map(|version| version.unwrap_or(0))
+            .map_err($map_err),
+        }
     };
 }
 
@@ -311,6 +316,42 @@ macro_rules! record_migration {
             .await
             .map_err($map_err)
     };
+}
+
+/// Apply the migration `$m` through `$conn` in one go: run `$ddl`, its SQL as rendered for the
+/// store's table, as one script, then record it with [`record_migration!`] (`$insert` and any
+/// `$extra` parameters as there). For a store whose DDL is transactional (PostgreSQL, SQLite);
+/// MySQL sends its statements one at a time and checks the table before it records.
+#[macro_export]
+macro_rules! apply_migration {
+    ($conn:expr, $ddl:expr, $insert:expr, $m:ident, $map_err:path $(, $extra:expr)* $(,)?) => {
+        match ::sqlx::raw_sql(::sqlx::AssertSqlSafe($ddl))
+            .execute(&mut *$conn)
+            .await
+            .map_err($map_err)
+        {
+            Ok(_) => $crate::record_migration!(&mut *$conn, $insert, $m, $map_err $(, $extra)*),
+            Err(error) => Err(error),
+        }
+    };
+}
+
+/// The [`MigrationReport`] of a store's `migrate` call that applied `$applied` (a `Vec<i64>`,
+/// oldest first) of the migrations `$known`, logged at info level with the fields `$fields`
+/// (`table = …`, in `tracing`'s syntax) when it applied any. A macro because the log goes
+/// through `tracing`, which the caller depends on (this crate does not log).
+#[macro_export]
+macro_rules! migration_report {
+    ($applied:expr, $known:expr, $($fields:tt)+) => {{
+        let applied: Vec<i64> = $applied;
+        if !applied.is_empty() {
+            ::tracing::info!($($fields)+, ?applied, "Outbox migrations applied.");
+        }
+        $crate::migration::MigrationReport {
+            applied,
+            current: $crate::migration::latest_version($known),
+        }
+    }};
 }
 
 /// The test, in a store's migrations module, that its released migrations keep their text:

@@ -429,7 +429,7 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
     let mut applied = Vec::with_capacity(pending.len());
     for m in pending {
         for (column, definition) in m.add_columns {
-            if !has_column(outbox, conn, column).await? {
+            if !has_column(&columns(outbox, conn).await?, column) {
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "ALTER TABLE {} ADD COLUMN {column} {definition}",
                     outbox.quoted_table()
@@ -537,22 +537,24 @@ async fn binary_collation(conn: &mut MySqlConnection) -> Result<String, StoreErr
         })
 }
 
-/// Whether the outbox table has `column`.
-async fn has_column(
+/// The columns of the outbox table (none while it does not exist).
+async fn columns(
     outbox: &MySqlOutbox,
     conn: &mut MySqlConnection,
-    column: &str,
-) -> Result<bool, StoreError> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.COLUMNS
-         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+) -> Result<Vec<String>, StoreError> {
+    sqlx::query_scalar(
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
     )
     .bind(outbox.table())
-    .bind(column)
-    .fetch_one(&mut *conn)
+    .fetch_all(&mut *conn)
     .await
-    .map_err(map_sqlx)?;
-    Ok(n > 0)
+    .map_err(map_sqlx)
+}
+
+/// Whether `columns` holds `column` (names compare as MySQL compares them: case aside).
+fn has_column(columns: &[String], column: &str) -> bool {
+    columns.iter().any(|have| have.eq_ignore_ascii_case(column))
 }
 
 /// After `m` ran: the table is InnoDB and has every column `m` promises.
@@ -570,19 +572,12 @@ async fn check_table(
     .await
     .map_err(map_sqlx)?
     .flatten();
-    let columns: Vec<String> = sqlx::query_scalar(
-        "SELECT COLUMN_NAME FROM information_schema.COLUMNS
-         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
-    )
-    .bind(outbox.table())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
+    let columns = columns(outbox, conn).await?;
     let missing: Vec<&str> = m
         .columns
         .iter()
         .copied()
-        .filter(|c| !columns.iter().any(|have| have.eq_ignore_ascii_case(c)))
+        .filter(|c| !has_column(&columns, c))
         .collect();
     if !missing.is_empty() {
         return Err(StoreError::Database(format!(

@@ -133,8 +133,7 @@ outbox_store_tests::writer_tests!(MySqlWriter;
 /// and requeues it.
 #[tokio::test]
 async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
-    let pool = common::pool(4).await;
-    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    let (pool, outbox) = common::unmigrated_outbox(4).await;
     outbox.migrate(&pool).await.unwrap();
     let t = outbox.quoted_table();
     let table = outbox.table().to_owned();

@@ -387,7 +387,10 @@ mod tests {
     fn passwords_in_userinfo_and_query_are_masked() {
         let cases = [
             ("postgres://u:p@h/db", "postgres://u:***@h/db"),
-            ("postgres://u:secret@h:5432/db", "postgres://u:***@h:5432/db"),
+            (
+                "postgres://u:secret@h:5432/db",
+                "postgres://u:***@h:5432/db",
+            ),
             ("postgres://u@h/db", "postgres://u@h/db"),
             ("postgres://h/db", "postgres://h/db"),
             (

@@ -168,8 +168,10 @@ mod store;
 pub use claim::CLAIM_LOCK_WAIT_SECONDS;
 pub use connect::MySqlStore;
 pub use enqueue::{EnqueueTarget, MAX_AGGREGATE_TYPE_CHARS, MAX_DESTINATION_CHARS, MAX_KEY_CHARS};
-pub use migrations::MigrationReport;
 pub use outbox::{DEFAULT_TABLE, MySqlOutbox};
+/// What [`MySqlOutbox::migrate`] did (shared by every store:
+/// [`outbox_types::migration::MigrationReport`]).
+pub use outbox_types::migration::MigrationReport;
 pub use sql::MAX_INTERVAL;
 
 /// The result of an enqueue (shared by every store: [`outbox_types::sql_store::Enqueued`]).

@@ -32,7 +32,9 @@
 //! over the template, so it is the same on either server.
 
 use outbox_types::StoreError;
-use outbox_types::migration::{Schema, Versioned, checksum, pending};
+use outbox_types::migration::{
+    Migration as Entry, MigrationReport, Schema, Versioned, checksum, latest_version, pending,
+};
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
 
 use crate::MySqlOutbox;
@@ -45,9 +47,8 @@ const MIGRATE_LOCK_WAIT_SECONDS: u32 = 60;
 /// One schema change. `{t}` (the backquoted table name), `{table}` (the bare name) and `{bin}`
 /// (the binary no-pad utf8mb4 collation) are replaced before it runs.
 pub(crate) struct Migration {
-    pub version: i64,
-    pub description: &'static str,
-    pub sql: &'static str,
+    /// The version, the description and the SQL template.
+    pub entry: Entry,
     /// Columns the table must have once this migration ran.
     pub columns: &'static [&'static str],
     /// Columns this migration adds, as `(name, definition)`: each `ALTER TABLE … ADD COLUMN`
@@ -108,9 +109,10 @@ macro_rules! header_check_declarations {
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
-        version: 1,
-        description: "outbox events table, claim and ordering indexes",
-        sql: r#"
+        entry: Entry {
+            version: 1,
+            description: "outbox events table, claim and ordering indexes",
+            sql: r#"
 -- Lifecycle (see outbox_core::EventState): pending -> in_flight -> delivered | dead.
 -- A pending row with attempts > 0 is one waiting for a retry.
 --
@@ -164,6 +166,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     CONSTRAINT {table}_status CHECK (status IN ('pending', 'in_flight', 'delivered', 'dead'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = {bin} ROW_FORMAT = DYNAMIC
 "#,
+        },
         columns: &[
             "seq",
             "id",
@@ -189,9 +192,10 @@ CREATE TABLE IF NOT EXISTS {t} (
         add_columns: &[],
     },
     Migration {
-        version: 2,
-        description: "claimed_at, paused destinations",
-        sql: r#"
+        entry: Entry {
+            version: 2,
+            description: "claimed_at, paused destinations",
+            sql: r#"
 -- Destinations an operator paused (`outbox pause`). Relays read it every poll and claim around
 -- the paused destinations' events; the events themselves are not touched. Names compare byte
 -- for byte, like every routed field.
@@ -202,6 +206,7 @@ CREATE TABLE IF NOT EXISTS `{table}_paused` (
     PRIMARY KEY (destination)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = {bin}
 "#,
+        },
         columns: &["claimed_at"],
         // When the row was last claimed: `outbox status` shows which relay holds claims since
         // when. It stays set after the row leaves in_flight; only in_flight rows read it. A
@@ -211,9 +216,10 @@ CREATE TABLE IF NOT EXISTS `{table}_paused` (
         add_columns: &[("claimed_at", "DATETIME(6) NULL")],
     },
     Migration {
-        version: 3,
-        description: "enqueue procedure for writers in any language",
-        sql: r#"
+        entry: Entry {
+            version: 3,
+            description: "enqueue procedure for writers in any language",
+            sql: r#"
 -- Any language writes an event with one call inside its own transaction, with the same rules as
 -- the Rust library's enqueue:
 --   CALL `{table}_enqueue`('order', '42', 'OrderPlaced', '{"total": 10}',
@@ -325,14 +331,16 @@ BEGIN
 END //
 DELIMITER ;
 "#,
+        },
         columns: &[],
         add_columns: &[],
     },
     Migration {
-        version: 4,
-        description: "rows checked when written: id default, header trigger",
-        sql: concat!(
-            r#"
+        entry: Entry {
+            version: 4,
+            description: "rows checked when written: id default, header trigger",
+            sql: concat!(
+                r#"
 -- Rows are checked when they are written, not only when the relay claims them.
 --
 -- `id` defaults to UUID(): a writer in any language may leave it out. MySQL's and MariaDB's
@@ -360,12 +368,13 @@ DELIMITER //
 CREATE TRIGGER `{table}_headers_insert` BEFORE INSERT ON {t} FOR EACH ROW
 BEGIN
 "#,
-            header_check_declarations!(),
-            header_check_body!(),
-            r#"END //
+                header_check_declarations!(),
+                header_check_body!(),
+                r#"END //
 DELIMITER ;
 "#
-        ),
+            ),
+        },
         columns: &[],
         add_columns: &[],
     },
@@ -373,15 +382,6 @@ DELIMITER ;
 
 /// The binary no-pad utf8mb4 collations, in order of preference: MariaDB's, then MySQL's.
 const BINARY_COLLATIONS: [&str; 2] = ["utf8mb4_nopad_bin", "utf8mb4_0900_bin"];
-
-/// The newest schema version this build knows.
-pub(crate) fn latest_version() -> i64 {
-    outbox_types::migration::latest_version(MIGRATIONS)
-}
-
-/// What [`MySqlOutbox::migrate`] did (shared by every store:
-/// [`outbox_types::migration::MigrationReport`]).
-pub use outbox_types::migration::MigrationReport;
 
 pub(crate) async fn run(
     outbox: &MySqlOutbox,
@@ -405,17 +405,11 @@ pub(crate) async fn run(
     match apply(outbox, session.conn()).await {
         Ok(applied) => {
             session.release_lock(&sql.migrate_unlock).await?;
-            if !applied.is_empty() {
-                tracing::info!(
-                    table = outbox.table(),
-                    ?applied,
-                    "Outbox migrations applied."
-                );
-            }
-            Ok(MigrationReport {
+            Ok(outbox_types::migration_report!(
                 applied,
-                current: latest_version(),
-            })
+                MIGRATIONS,
+                table = outbox.table()
+            ))
         }
         Err(error) => {
             session.abandon(&sql.migrate_unlock).await;
@@ -442,7 +436,7 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
     let mut applied = Vec::with_capacity(pending.len());
     for m in pending {
         for (column, definition) in m.add_columns {
-            if !has_column(outbox, conn, column).await? {
+            if !has_column(&columns(outbox, conn).await?, column) {
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "ALTER TABLE {} ADD COLUMN {column} {definition}",
                     outbox.quoted_table()
@@ -452,7 +446,7 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
                 .map_err(map_sqlx)?;
             }
         }
-        let ddl = outbox.render(m.sql).replace("{bin}", &collation);
+        let ddl = outbox.render(m.entry.sql).replace("{bin}", &collation);
         for statement in outbox_types::sql_script::statements(&ddl) {
             sqlx::raw_sql(AssertSqlSafe(statement))
                 .execute(&mut *conn)
@@ -465,7 +459,7 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
              VALUES (?, ?, ?, UTC_TIMESTAMP(6))"
         );
         outbox_types::record_migration!(&mut *conn, insert, m, map_sqlx)?;
-        applied.push(m.version);
+        applied.push(m.entry.version);
     }
     Ok(applied)
 }
@@ -501,13 +495,13 @@ pub(crate) fn script(outbox: &MySqlOutbox, mariadb: bool) -> String {
          -- Apply it whole and unedited (`outbox migrate` checks each migration's checksum).\n\n{};\n",
         outbox.quoted_table(),
         if mariadb { "MariaDB" } else { "MySQL" },
-        latest_version(),
+        latest_version(MIGRATIONS),
         bookkeeping_ddl(&bookkeeping)
     );
     for m in MIGRATIONS {
         out.push_str(&format!(
             "\n-- Migration {}: {}\n",
-            m.version, m.description
+            m.entry.version, m.entry.description
         ));
         for (column, definition) in m.add_columns {
             out.push_str(&format!(
@@ -515,7 +509,7 @@ pub(crate) fn script(outbox: &MySqlOutbox, mariadb: bool) -> String {
                 outbox.quoted_table()
             ));
         }
-        let ddl = outbox.render(m.sql).replace("{bin}", collation);
+        let ddl = outbox.render(m.entry.sql).replace("{bin}", collation);
         let ddl = ddl.trim();
         if !ddl.is_empty() {
             out.push_str(ddl);
@@ -523,8 +517,8 @@ pub(crate) fn script(outbox: &MySqlOutbox, mariadb: bool) -> String {
         }
         out.push_str(&format!(
             "INSERT INTO {bookkeeping} (version, description, checksum, applied_at)\n    VALUES ({}, '{}', '{}', UTC_TIMESTAMP(6));\n",
-            m.version,
-            m.description.replace('\\', "\\\\").replace('\'', "''"),
+            m.entry.version,
+            m.entry.description.replace('\\', "\\\\").replace('\'', "''"),
             m.checksum()
         ));
     }
@@ -550,22 +544,24 @@ async fn binary_collation(conn: &mut MySqlConnection) -> Result<String, StoreErr
         })
 }
 
-/// Whether the outbox table has `column`.
-async fn has_column(
+/// The columns of the outbox table (none while it does not exist).
+async fn columns(
     outbox: &MySqlOutbox,
     conn: &mut MySqlConnection,
-    column: &str,
-) -> Result<bool, StoreError> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.COLUMNS
-         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+) -> Result<Vec<String>, StoreError> {
+    sqlx::query_scalar(
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
     )
     .bind(outbox.table())
-    .bind(column)
-    .fetch_one(&mut *conn)
+    .fetch_all(&mut *conn)
     .await
-    .map_err(map_sqlx)?;
-    Ok(n > 0)
+    .map_err(map_sqlx)
+}
+
+/// Whether `columns` holds `column` (names compare as MySQL compares them: case aside).
+fn has_column(columns: &[String], column: &str) -> bool {
+    columns.iter().any(|have| have.eq_ignore_ascii_case(column))
 }
 
 /// After `m` ran: the table is InnoDB and has every column `m` promises.
@@ -583,19 +579,12 @@ async fn check_table(
     .await
     .map_err(map_sqlx)?
     .flatten();
-    let columns: Vec<String> = sqlx::query_scalar(
-        "SELECT COLUMN_NAME FROM information_schema.COLUMNS
-         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
-    )
-    .bind(outbox.table())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
+    let columns = columns(outbox, conn).await?;
     let missing: Vec<&str> = m
         .columns
         .iter()
         .copied()
-        .filter(|c| !columns.iter().any(|have| have.eq_ignore_ascii_case(c)))
+        .filter(|c| !has_column(&columns, c))
         .collect();
     if !missing.is_empty() {
         return Err(StoreError::Database(format!(
@@ -622,33 +611,23 @@ pub(crate) async fn current_version(
     outbox: &MySqlOutbox,
     pool: &MySqlPool,
 ) -> Result<i64, StoreError> {
-    let exists: i64 = sqlx::query_scalar(
+    let exists = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TABLES
          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
     )
-    .bind(format!("{}_migrations", outbox.table()))
-    .fetch_one(pool)
-    .await
-    .map_err(map_sqlx)?;
-    if exists == 0 {
-        return Ok(0);
-    }
-    outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
+    .bind(format!("{}_migrations", outbox.table()));
+    outbox_types::recorded_version!(pool, exists, outbox.migrations_table(), map_sqlx)
 }
 
 impl Versioned for Migration {
-    fn version(&self) -> i64 {
-        self.version
-    }
-
-    fn description(&self) -> &'static str {
-        self.description
+    fn entry(&self) -> &Entry {
+        &self.entry
     }
 
     /// Over the SQL template and, when there are any, the added columns (so version 1's
     /// checksum, recorded before `add_columns` existed, is unchanged).
     fn checksum(&self) -> String {
-        let mut text = self.sql.to_owned();
+        let mut text = self.entry.sql.to_owned();
         for (column, definition) in self.add_columns {
             text.push_str(&format!("\n-- add column {column} {definition}"));
         }
@@ -665,12 +644,12 @@ mod released {
     fn migrations_split_into_their_statements() {
         let counts: Vec<usize> = MIGRATIONS
             .iter()
-            .map(|m| outbox_types::sql_script::statements(m.sql).len())
+            .map(|m| outbox_types::sql_script::statements(m.entry.sql).len())
             .collect();
         assert_eq!(counts, [1, 1, 2, 3]);
-        let trigger = &outbox_types::sql_script::statements(MIGRATIONS[3].sql)[2];
+        let trigger = &outbox_types::sql_script::statements(MIGRATIONS[3].entry.sql)[2];
         assert!(trigger.starts_with("CREATE TRIGGER") && trigger.ends_with("END"));
-        let procedure = &outbox_types::sql_script::statements(MIGRATIONS[2].sql)[1];
+        let procedure = &outbox_types::sql_script::statements(MIGRATIONS[2].entry.sql)[1];
         assert!(procedure.starts_with("CREATE PROCEDURE") && procedure.ends_with("END"));
     }
 
@@ -678,7 +657,7 @@ mod released {
     #[test]
     fn the_procedure_uses_the_libraries_duplicate_flag() {
         let flag = crate::sql::DUPLICATE_FLAG.to_string();
-        assert_eq!(MIGRATIONS[2].sql.matches(flag.as_str()).count(), 4);
+        assert_eq!(MIGRATIONS[2].entry.sql.matches(flag.as_str()).count(), 4);
     }
 
     outbox_types::released_migrations_test! {

@@ -92,8 +92,7 @@ async fn enqueue_futures_are_send() {
 
 #[tokio::test]
 async fn migrate_is_idempotent_and_safe_to_race() {
-    let pool = common::pool(10).await;
-    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    let (pool, outbox) = common::unmigrated_outbox(10).await;
     assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 4));
     let reports = race(6, |_| {
         let (outbox, pool) = (outbox.clone(), pool.clone());
@@ -151,16 +150,13 @@ async fn a_migration_interrupted_after_its_ddl_completes_on_the_next_run() {
     // COLUMN and CREATE TABLE of version 2, the procedure of version 3, the default and triggers of
     // version 4) and the bookkeeping rows by
     // deleting the rows.
-    let pool = common::pool(2).await;
-    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    let (pool, outbox) = common::unmigrated_outbox(2).await;
     outbox.migrate(&pool).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DELETE FROM `{}_migrations`",
-        outbox.table()
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    common::execute(
+        &pool,
+        format!("DELETE FROM `{}_migrations`", outbox.table()),
+    )
+    .await;
     assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 4));
     let report = outbox.migrate(&pool).await.unwrap();
     assert_eq!(report.applied, vec![1, 2, 3, 4]);
@@ -169,15 +165,15 @@ async fn a_migration_interrupted_after_its_ddl_completes_on_the_next_run() {
 
 #[tokio::test]
 async fn a_foreign_table_with_the_outbox_name_is_not_taken_for_an_outbox() {
-    let pool = common::pool(2).await;
-    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {} (id BIGINT PRIMARY KEY, name TEXT) ENGINE = InnoDB",
-        outbox.quoted_table()
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    let (pool, outbox) = common::unmigrated_outbox(2).await;
+    common::execute(
+        &pool,
+        format!(
+            "CREATE TABLE {} (id BIGINT PRIMARY KEY, name TEXT) ENGINE = InnoDB",
+            outbox.quoted_table()
+        ),
+    )
+    .await;
     let err = outbox.migrate(&pool).await.unwrap_err();
     assert!(
         matches!(&err, StoreError::Database(m) if m.contains("not an outbox table")),
@@ -208,8 +204,7 @@ async fn invalid_table_names_are_refused_before_any_sql() {
 
 #[tokio::test]
 async fn a_store_on_an_unmigrated_table_says_to_migrate() {
-    let pool = common::pool(2).await;
-    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    let (pool, outbox) = common::unmigrated_outbox(2).await;
     let store = MySqlStore::new(pool, outbox);
     let err = store.check().await.unwrap_err();
     assert!(matches!(err, StoreError::NotMigrated(_)), "{err}");

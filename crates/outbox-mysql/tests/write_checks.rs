@@ -8,7 +8,7 @@ mod common;
 
 use common::MySqlWriter;
 use outbox_mysql::{MySqlOutbox, MySqlStore};
-use outbox_store_tests::{outbox_rows, state_of, write_checks_claim};
+use outbox_store_tests::{outbox_rows, sqlstate, state_of, write_checks_claim};
 use outbox_types::{DeadFilter, EventId, EventState, NewEvent, Store};
 use sqlx::AssertSqlSafe;
 
@@ -36,14 +36,6 @@ async fn insert(
     .bind(done.last_insert_id())
     .fetch_one(&mut *conn)
     .await
-}
-
-fn sqlstate(error: &sqlx::Error) -> String {
-    error
-        .as_database_error()
-        .and_then(|e| e.code())
-        .map(|c| c.into_owned())
-        .unwrap_or_default()
 }
 
 #[tokio::test]
@@ -141,8 +133,7 @@ outbox_store_tests::writer_tests!(MySqlWriter;
 /// and requeues it.
 #[tokio::test]
 async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
-    let pool = common::pool(4).await;
-    let outbox = MySqlOutbox::with_table(&common::unique_table()).unwrap();
+    let (pool, outbox) = common::unmigrated_outbox(4).await;
     outbox.migrate(&pool).await.unwrap();
     let t = outbox.quoted_table();
     let table = outbox.table().to_owned();

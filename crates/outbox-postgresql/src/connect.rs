@@ -63,18 +63,3 @@ impl PgStore {
         &self.outbox.inner.sql
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::redact_url;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
-    }
-}

@@ -148,8 +148,10 @@ mod store;
 
 pub use connect::PgStore;
 pub use error::map_sqlx as classify_sqlx_error;
-pub use migrations::MigrationReport;
 pub use outbox::PgOutbox;
+/// What [`PgOutbox::migrate`] did (shared by every store:
+/// [`outbox_types::migration::MigrationReport`]).
+pub use outbox_types::migration::MigrationReport;
 pub use partition::{KeepReason, KeptPartition, PartitionInterval, PartitionReport, Partitioning};
 
 /// The result of an enqueue (shared by every store: [`outbox_types::sql_store::Enqueued`]).

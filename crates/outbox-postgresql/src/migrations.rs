@@ -10,7 +10,7 @@
 //! version; an edited or unknown newer migration is an error, not a silent skip).
 
 use outbox_types::StoreError;
-use outbox_types::migration::{Schema, pending};
+use outbox_types::migration::{MigrationReport, Schema, pending};
 use sqlx::PgPool;
 
 use crate::PgOutbox;
@@ -599,10 +599,6 @@ pub(crate) fn latest_version(outbox: &PgOutbox) -> i64 {
     outbox_types::migration::latest_version(migrations_for(outbox))
 }
 
-/// What [`PgOutbox::migrate`] did (shared by every store:
-/// [`outbox_types::migration::MigrationReport`]).
-pub use outbox_types::migration::MigrationReport;
-
 pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationReport, StoreError> {
     let bookkeeping = outbox.migrations_table();
     let mut tx = pool.begin().await.map_err(map_sqlx)?;
@@ -623,29 +619,19 @@ pub(crate) async fn run(outbox: &PgOutbox, pool: &PgPool) -> Result<MigrationRep
 
     let mut applied = Vec::new();
     for m in pending(Schema::OUTBOX, migrations, &applied_before)? {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(outbox.render(m.sql)))
-            .execute(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
         let insert = format!(
             "INSERT INTO {bookkeeping} (version, description, checksum) VALUES ($1, $2, $3)"
         );
-        outbox_types::record_migration!(&mut *tx, insert, m, map_sqlx)?;
+        outbox_types::apply_migration!(tx, outbox.render(m.sql), insert, m, map_sqlx)?;
         applied.push(m.version);
     }
     tx.commit().await.map_err(map_sqlx)?;
-    if !applied.is_empty() {
-        tracing::info!(
-            schema = outbox.schema(),
-            table = outbox.table(),
-            ?applied,
-            "Outbox migrations applied."
-        );
-    }
-    Ok(MigrationReport {
+    Ok(outbox_types::migration_report!(
         applied,
-        current: latest_version(outbox),
-    })
+        migrations,
+        schema = outbox.schema(),
+        table = outbox.table()
+    ))
 }
 
 /// The schema and the table that record which migrations were applied (created when missing).
@@ -737,15 +723,9 @@ async fn check_layout(
 
 /// The schema version the database is at, `0` when the outbox was never migrated there.
 pub(crate) async fn current_version(outbox: &PgOutbox, pool: &PgPool) -> Result<i64, StoreError> {
-    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
-        .bind(outbox.migrations_table())
-        .fetch_one(pool)
-        .await
-        .map_err(map_sqlx)?;
-    if exists.is_none() {
-        return Ok(0);
-    }
-    outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
+    let exists =
+        sqlx::query_scalar("SELECT count(to_regclass($1))").bind(outbox.migrations_table());
+    outbox_types::recorded_version!(pool, exists, outbox.migrations_table(), map_sqlx)
 }
 
 #[cfg(test)]

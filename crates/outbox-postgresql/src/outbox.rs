@@ -1,12 +1,13 @@
 //! [`PgOutbox`]: where the outbox table lives (schema, table, layout) and the statements
 //! rendered for it once. Writers hold one to enqueue; the store holds one to claim.
 
-use crate::migrations::{self, MigrationReport};
+use crate::migrations;
 use crate::names::{check_identifier, fnv1a};
 use crate::partition::{self, PartitionReport, Partitioning};
 use crate::sql::Sql;
 use chrono::{DateTime, Utc};
 use outbox_types::StoreError;
+use outbox_types::migration::MigrationReport;
 use sqlx::PgPool;
 use std::sync::Arc;
 

@@ -8,7 +8,7 @@
 mod common;
 
 use outbox_postgresql::{PgOutbox, PgStore};
-use outbox_store_tests::{seqs_of, state_of, write_checks_claim};
+use outbox_store_tests::{seqs_of, sqlstate, state_of, write_checks_claim};
 use outbox_types::{DeadFilter, EventState, NewEvent, Store};
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -28,47 +28,45 @@ const BAD_HEADERS: [(&str, &str); 6] = [
     ),
 ];
 
-/// A hand-written insert of the event columns, `id` left out, returning the new id.
+/// A hand-written insert, `id` left out, returning the id the row got: the event columns into
+/// `outbox`'s table alone or, `through_keys` (the partitioned layout's contract,
+/// docs/table-contract.md), the keys row first and the event with the id and `enqueued_at` it
+/// got.
 async fn insert_without_id(
     executor: impl sqlx::PgExecutor<'_>,
-    table: &str,
+    outbox: &PgOutbox,
     headers: &str,
+    through_keys: bool,
 ) -> Result<uuid::Uuid, sqlx::Error> {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload, headers)
-         VALUES ('order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb) RETURNING id"
-    )))
-    .bind(headers)
-    .fetch_one(executor)
-    .await
+    let sql = if through_keys {
+        format!(
+            "WITH k AS (INSERT INTO \"{s}\".\"{t}_keys\" DEFAULT VALUES RETURNING id, enqueued_at)
+         INSERT INTO \"{s}\".\"{t}\" (id, aggregate_type, aggregate_id, event_type, payload, headers, enqueued_at)
+         SELECT k.id, 'order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb, k.enqueued_at FROM k
+         RETURNING id",
+            s = outbox.schema(),
+            t = outbox.table()
+        )
+    } else {
+        format!(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb) RETURNING id",
+            outbox.qualified_table()
+        )
+    };
+    sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(headers)
+        .fetch_one(executor)
+        .await
 }
 
-/// The partitioned layout's hand-written insert: the keys row first, `id` left out, and the
-/// event with the id and `enqueued_at` it got (docs/table-contract.md).
-async fn insert_partitioned(
+/// The hand-written insert of `outbox`'s layout.
+async fn insert(
     executor: impl sqlx::PgExecutor<'_>,
     outbox: &PgOutbox,
     headers: &str,
 ) -> Result<uuid::Uuid, sqlx::Error> {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "WITH k AS (INSERT INTO \"{s}\".\"{t}_keys\" DEFAULT VALUES RETURNING id, enqueued_at)
-         INSERT INTO \"{s}\".\"{t}\" (id, aggregate_type, aggregate_id, event_type, payload, headers, enqueued_at)
-         SELECT k.id, 'order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb, k.enqueued_at FROM k
-         RETURNING id",
-        s = outbox.schema(),
-        t = outbox.table()
-    )))
-    .bind(headers)
-    .fetch_one(executor)
-    .await
-}
-
-async fn insert(store: &PgStore, headers: &str) -> Result<uuid::Uuid, sqlx::Error> {
-    if store.outbox().partitioning().is_some() {
-        insert_partitioned(store.pool(), store.outbox(), headers).await
-    } else {
-        insert_without_id(store.pool(), store.outbox().qualified_table(), headers).await
-    }
+    insert_without_id(executor, outbox, headers, outbox.partitioning().is_some()).await
 }
 
 /// The tables of `outbox` that carry its header trigger (the partitions, for the partitioned
@@ -86,16 +84,8 @@ async fn tables_with_trigger(pool: &PgPool, outbox: &PgOutbox) -> Vec<String> {
     .unwrap()
 }
 
-fn sqlstate(error: &sqlx::Error) -> String {
-    error
-        .as_database_error()
-        .and_then(|e| e.code())
-        .map(|c| c.into_owned())
-        .unwrap_or_default()
-}
-
 async fn omitted_id_gets_a_v7_uuid(store: PgStore) {
-    let id = insert(&store, "{}").await.unwrap();
+    let id = insert(store.pool(), store.outbox(), "{}").await.unwrap();
     assert_eq!(id.get_version_num(), 7, "a time-ordered id: {id}");
     let ms = u64::from_be_bytes([
         0,
@@ -113,7 +103,7 @@ async fn omitted_id_gets_a_v7_uuid(store: PgStore) {
         .as_millis() as u64;
     assert!(now.abs_diff(ms) < 60_000, "its time is now: {ms} vs {now}");
     assert_eq!(id.as_bytes()[8] >> 6, 0b10, "RFC 4122 variant: {id}");
-    let other = insert(&store, "{}").await.unwrap();
+    let other = insert(store.pool(), store.outbox(), "{}").await.unwrap();
     assert_ne!(id, other);
     // The relay reads the row like any other.
     let record = store
@@ -122,28 +112,31 @@ async fn omitted_id_gets_a_v7_uuid(store: PgStore) {
         .unwrap()
         .unwrap();
     assert_eq!(record.state, EventState::Pending);
+    if store.outbox().partitioning().is_some() {
+        // The event table has no default of its own: an event's id is its keys row's.
+        let err = insert_without_id(store.pool(), store.outbox(), "{}", false)
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&err), "23502", "NOT NULL: {err}");
+        outbox_testkit::assert_mentions(&err, "\"id\"");
+    }
 }
 
-#[tokio::test]
-async fn an_insert_without_id_gets_a_time_ordered_uuid() {
-    omitted_id_gets_a_v7_uuid(common::fresh_store().await).await;
-}
-
-#[tokio::test]
-async fn a_partitioned_insert_without_id_gets_a_time_ordered_uuid_from_the_keys_table() {
-    let store = common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await;
-    omitted_id_gets_a_v7_uuid(store.clone()).await;
-    // The event table has no default of its own: an event's id is its keys row's.
-    let err = insert_without_id(store.pool(), store.outbox().qualified_table(), "{}")
-        .await
-        .unwrap_err();
-    assert_eq!(sqlstate(&err), "23502", "NOT NULL: {err}");
-    outbox_testkit::assert_mentions(&err, "\"id\"");
+common::both_layouts! {
+    omitted_id_gets_a_v7_uuid:
+        an_insert_without_id_gets_a_time_ordered_uuid,
+        a_partitioned_insert_without_id_gets_a_time_ordered_uuid_from_the_keys_table;
 }
 
 /// Every bad header fails the writer's insert inside its transaction, naming the header, and
 /// takes the business change down with it; `outbox-partition` is stored and read back.
 async fn bad_headers_fail_the_writers_transaction(store: PgStore) {
+    if store.outbox().partitioning().is_some() {
+        // The trigger fires on the default partition and on the dated ones the relay creates.
+        let tables = tables_with_trigger(store.pool(), store.outbox()).await;
+        assert!(tables.len() >= 3, "{tables:?}");
+        assert!(tables.contains(&"events_default".to_owned()), "{tables:?}");
+    }
     let schema = store.outbox().schema().to_owned();
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE \"{schema}\".orders (id INT PRIMARY KEY)"
@@ -160,12 +153,9 @@ async fn bad_headers_fail_the_writers_transaction(store: PgStore) {
         .execute(&mut *tx)
         .await
         .unwrap();
-        let err = if store.outbox().partitioning().is_some() {
-            insert_partitioned(&mut *tx, store.outbox(), headers).await
-        } else {
-            insert_without_id(&mut *tx, store.outbox().qualified_table(), headers).await
-        }
-        .expect_err(headers);
+        let err = insert(&mut *tx, store.outbox(), headers)
+            .await
+            .expect_err(headers);
         assert_eq!(sqlstate(&err), "23514", "{headers}: {err}");
         assert!(err.to_string().contains(what), "{headers}: {err}");
         // The transaction is aborted: the writer cannot commit its business change without
@@ -185,7 +175,8 @@ async fn bad_headers_fail_the_writers_transaction(store: PgStore) {
 
     // The one reserved name the relay stores itself, beside a writer's own header.
     let id = insert(
-        &store,
+        store.pool(),
+        store.outbox(),
         r#"{"outbox-partition": "3", "tenant": "acme", "Outbox-Case": "upper is not reserved"}"#,
     )
     .await
@@ -199,19 +190,10 @@ async fn bad_headers_fail_the_writers_transaction(store: PgStore) {
     store.ack(&claim.lease, &[event.seq]).await.unwrap();
 }
 
-#[tokio::test]
-async fn bad_headers_fail_the_writers_insert_with_the_rule_in_the_message() {
-    bad_headers_fail_the_writers_transaction(common::fresh_store().await).await;
-}
-
-#[tokio::test]
-async fn bad_headers_fail_the_writers_insert_in_the_partitioned_layout() {
-    let store = common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await;
-    // The trigger fires on the default partition and on the dated ones the relay creates.
-    let tables = tables_with_trigger(store.pool(), store.outbox()).await;
-    assert!(tables.len() >= 3, "{tables:?}");
-    assert!(tables.contains(&"events_default".to_owned()), "{tables:?}");
-    bad_headers_fail_the_writers_transaction(store).await;
+common::both_layouts! {
+    bad_headers_fail_the_writers_transaction:
+        bad_headers_fail_the_writers_insert_with_the_rule_in_the_message,
+        bad_headers_fail_the_writers_insert_in_the_partitioned_layout;
 }
 
 /// The enqueue function names the reserved header itself (22023, like its other checks).
@@ -279,8 +261,14 @@ async fn downgrade(pool: &PgPool, outbox: &PgOutbox, version: i64) {
 /// old rows, an operator requeues them, and a writer's duplicate idempotency key still finds
 /// an old row (the trigger looks at inserts and at updates that set headers, nothing else). An
 /// operator's correction of an old row's headers is checked.
-async fn upgrades_with_bad_rows(store: PgStore, version: i64) {
+async fn upgrades_with_bad_rows(store: PgStore) {
     let (pool, outbox) = (store.pool().clone(), store.outbox().clone());
+    // The header check's migration in each layout.
+    let version = if outbox.partitioning().is_some() {
+        5
+    } else {
+        6
+    };
     let t = outbox.qualified_table().to_owned();
     downgrade(&pool, &outbox, version).await;
     assert!(tables_with_trigger(&pool, &outbox).await.is_empty());
@@ -317,9 +305,11 @@ async fn upgrades_with_bad_rows(store: PgStore, version: i64) {
     assert_eq!(report.applied, vec![version]);
     assert!(!tables_with_trigger(&pool, &outbox).await.is_empty());
     // New rows are checked.
-    let err = insert(&store, r#"{"retry": 3}"#).await.unwrap_err();
+    let err = insert(store.pool(), store.outbox(), r#"{"retry": 3}"#)
+        .await
+        .unwrap_err();
     assert_eq!(sqlstate(&err), "23514", "{err}");
-    let id_default = insert(&store, "{}").await.unwrap();
+    let id_default = insert(store.pool(), store.outbox(), "{}").await.unwrap();
     assert_eq!(id_default.get_version_num(), 7);
     // A writer's retry of the old keyed event finds it, as before.
     let again = outbox
@@ -381,15 +371,10 @@ fn reserved_twin(e: &NewEvent) -> NewEvent {
         .with_idempotency_key("old-2")
 }
 
-#[tokio::test]
-async fn an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
-    upgrades_with_bad_rows(common::fresh_store().await, 6).await;
-}
-
-#[tokio::test]
-async fn a_partitioned_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them() {
-    let store = common::fresh_partitioned_store(outbox_postgresql::Partitioning::default()).await;
-    upgrades_with_bad_rows(store, 5).await;
+common::both_layouts! {
+    upgrades_with_bad_rows:
+        an_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them,
+        a_partitioned_outbox_with_bad_rows_upgrades_and_the_relay_still_settles_them;
 }
 
 /// The script for other migration tools gives the trigger too, and migrate finds it current.

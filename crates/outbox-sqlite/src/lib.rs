@@ -103,8 +103,10 @@ mod store;
 mod time;
 
 pub use connect::{BUSY_TIMEOUT, SqliteStore};
-pub use migrations::MigrationReport;
 pub use outbox::{DEFAULT_TABLE, SqliteOutbox};
+/// What [`SqliteOutbox::migrate`] did (shared by every store:
+/// [`outbox_types::migration::MigrationReport`]).
+pub use outbox_types::migration::MigrationReport;
 
 /// The result of an enqueue (shared by every store: [`outbox_types::sql_store::Enqueued`]).
 pub use outbox_types::sql_store::Enqueued;

@@ -17,7 +17,9 @@
 //!   not a silent skip.
 
 use outbox_types::StoreError;
-use outbox_types::migration::{Schema, pending, sqlite_bookkeeping_ddl};
+use outbox_types::migration::{
+    MigrationReport, Schema, latest_version, pending, sqlite_bookkeeping_ddl,
+};
 use sqlx::SqlitePool;
 
 use crate::SqliteOutbox;
@@ -182,15 +184,6 @@ BEGIN
     },
 ];
 
-/// The newest schema version this build knows.
-pub(crate) fn latest_version() -> i64 {
-    outbox_types::migration::latest_version(MIGRATIONS)
-}
-
-/// What [`SqliteOutbox::migrate`] did (shared by every store:
-/// [`outbox_types::migration::MigrationReport`]).
-pub use outbox_types::migration::MigrationReport;
-
 pub(crate) async fn run(
     outbox: &SqliteOutbox,
     pool: &SqlitePool,
@@ -207,28 +200,25 @@ pub(crate) async fn run(
 
     let mut applied = Vec::new();
     for m in pending(Schema::OUTBOX, MIGRATIONS, &applied_before)? {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(outbox.render(m.sql)))
-            .execute(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
         let insert = format!(
             "INSERT INTO {bookkeeping} (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)"
         );
-        outbox_types::record_migration!(&mut *tx, insert, m, map_sqlx, crate::now_micros())?;
+        outbox_types::apply_migration!(
+            tx,
+            outbox.render(m.sql),
+            insert,
+            m,
+            map_sqlx,
+            crate::now_micros()
+        )?;
         applied.push(m.version);
     }
     tx.commit().await.map_err(map_sqlx)?;
-    if !applied.is_empty() {
-        tracing::info!(
-            table = outbox.table(),
-            ?applied,
-            "Outbox migrations applied."
-        );
-    }
-    Ok(MigrationReport {
+    Ok(outbox_types::migration_report!(
         applied,
-        current: latest_version(),
-    })
+        MIGRATIONS,
+        table = outbox.table()
+    ))
 }
 
 /// The schema version the database is at, `0` when the outbox was never migrated there.
@@ -236,16 +226,10 @@ pub(crate) async fn current_version(
     outbox: &SqliteOutbox,
     pool: &SqlitePool,
 ) -> Result<i64, StoreError> {
-    let exists: i64 =
+    let exists =
         sqlx::query_scalar("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1")
-            .bind(format!("{}_migrations", outbox.table()))
-            .fetch_one(pool)
-            .await
-            .map_err(map_sqlx)?;
-    if exists == 0 {
-        return Ok(0);
-    }
-    outbox_types::recorded_version!(pool, outbox.migrations_table(), map_sqlx)
+            .bind(format!("{}_migrations", outbox.table()));
+    outbox_types::recorded_version!(pool, exists, outbox.migrations_table(), map_sqlx)
 }
 
 /// Everything [`run`] applies to a database without this outbox, as one SQL script: the
@@ -260,7 +244,7 @@ pub(crate) fn script(outbox: &SqliteOutbox) -> String {
          -- Apply it whole and unedited (`outbox migrate` checks each migration's checksum).\n\
          BEGIN IMMEDIATE;\n\n{}\n",
         outbox.quoted_table(),
-        latest_version(),
+        latest_version(MIGRATIONS),
         sqlite_bookkeeping_ddl(&bookkeeping)
     );
     for m in MIGRATIONS {

@@ -1,10 +1,11 @@
 //! [`SqliteOutbox`]: where the outbox table lives and the statements rendered for it once.
 //! Writers hold one to enqueue; the store holds one to claim.
 
-use crate::migrations::{self, MigrationReport};
+use crate::migrations;
 use crate::names::check_table_name;
 use crate::sql::Sql;
 use outbox_types::StoreError;
+use outbox_types::migration::MigrationReport;
 use sqlx::SqlitePool;
 
 /// The default outbox table.
@@ -54,7 +55,7 @@ impl SqliteOutbox {
     pub async fn schema_version(&self, pool: &SqlitePool) -> Result<(i64, i64), StoreError> {
         Ok((
             migrations::current_version(self, pool).await?,
-            migrations::latest_version(),
+            outbox_types::migration::latest_version(migrations::MIGRATIONS),
         ))
     }
 }

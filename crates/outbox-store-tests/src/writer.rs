@@ -187,6 +187,16 @@ pub fn write_checks_claim() -> ClaimRequest {
     )
 }
 
+/// The SQLSTATE of `error` (`""` when it is not a database error): what the write-check tests
+/// assert a refused hand-written insert failed with.
+pub fn sqlstate(error: &sqlx::Error) -> String {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+        .unwrap_or_default()
+}
+
 /// (orders, outbox events) as `store`'s pool sees them.
 pub async fn counts<W: Writer>(w: &W, store: &W::Store, orders: &str) -> (i64, i64) {
     (

@@ -50,29 +50,23 @@ impl Migration {
     }
 }
 
-/// What a runner needs to know about a migration to decide whether to apply it. [`Migration`]
-/// implements it; a store whose migrations carry more (MySQL's columns to add) implements it for
-/// its own type, with its own checksum text.
+/// What a runner needs to know about a migration to decide whether to apply it: its list entry
+/// (the version, the description a checksum-mismatch error names, the SQL) and its checksum.
+/// [`Migration`] is its own entry; a store whose migrations carry more (MySQL's columns to add)
+/// keeps a [`Migration`] inside its own type and gives its own checksum text.
 pub trait Versioned {
-    /// The version.
-    fn version(&self) -> i64;
-    /// The description, named in a checksum-mismatch error.
-    fn description(&self) -> &'static str;
-    /// The checksum recorded when it is applied.
-    fn checksum(&self) -> String;
+    /// The version, the description and the SQL template.
+    fn entry(&self) -> &Migration;
+    /// The checksum recorded when it is applied: the entry's [`Migration::checksum`] unless the
+    /// store's migration carries more than its SQL.
+    fn checksum(&self) -> String {
+        self.entry().checksum()
+    }
 }
 
 impl Versioned for Migration {
-    fn version(&self) -> i64 {
-        self.version
-    }
-
-    fn description(&self) -> &'static str {
-        self.description
-    }
-
-    fn checksum(&self) -> String {
-        Migration::checksum(self)
+    fn entry(&self) -> &Migration {
+        self
     }
 }
 
@@ -88,7 +82,7 @@ pub fn checksum(text: &str) -> String {
 
 /// The newest version in `known` (`0` for none).
 pub fn latest_version<M: Versioned>(known: &[M]) -> i64 {
-    known.last().map(Versioned::version).unwrap_or(0)
+    known.last().map(|m| m.entry().version).unwrap_or(0)
 }
 
 /// Whose schema a runner migrates, as its errors name it.
@@ -159,7 +153,7 @@ pub fn pending<'m, M: Versioned>(
     applied: &[(i64, String)],
 ) -> Result<Vec<&'m M>, PlanError> {
     for (version, recorded) in applied {
-        match known.iter().find(|m| m.version() == *version) {
+        match known.iter().find(|m| m.entry().version == *version) {
             None => {
                 return Err(PlanError::Newer {
                     schema: schema.name,
@@ -168,11 +162,11 @@ pub fn pending<'m, M: Versioned>(
                     upgrade: schema.upgrade,
                 });
             }
-            Some(m) if m.checksum() != *recorded => {
+            Some(m) if Versioned::checksum(m) != *recorded => {
                 return Err(PlanError::Edited {
                     schema: schema.name,
                     version: *version,
-                    description: m.description(),
+                    description: m.entry().description,
                 });
             }
             Some(_) => {}
@@ -180,7 +174,7 @@ pub fn pending<'m, M: Versioned>(
     }
     Ok(known
         .iter()
-        .filter(|m| !applied.iter().any(|(v, _)| *v == m.version()))
+        .filter(|m| !applied.iter().any(|(v, _)| *v == m.entry().version))
         .collect())
 }
 
@@ -221,7 +215,10 @@ pub fn check_current(
 /// assert!(check_released(&known, &[(1, "0000000000000000")]).is_err());
 /// ```
 pub fn check_released<M: Versioned>(known: &[M], released: &[(i64, &str)]) -> Result<(), String> {
-    let got: Vec<(i64, String)> = known.iter().map(|m| (m.version(), m.checksum())).collect();
+    let got: Vec<(i64, String)> = known
+        .iter()
+        .map(|m| (m.entry().version, Versioned::checksum(m)))
+        .collect();
     for (i, (version, checksum)) in released.iter().enumerate() {
         if got.get(i) != Some(&(*version, (*checksum).to_owned())) {
             return Err(format!(
@@ -278,39 +275,81 @@ macro_rules! applied_migrations {
     };
 }
 
-/// The newest version recorded in the bookkeeping table `$bookkeeping` (its quoted name), `0`
-/// when it holds none, read through `$conn`: what a store's `current_version` reports once it
-/// knows the table exists. The statement is the same in every database; errors go through
+/// The schema version a store's database is at: `0` when `$exists`, a `query_scalar` that
+/// counts the bookkeeping table in the catalog (0 or 1), finds no such table (the outbox was
+/// never migrated there), else the newest version recorded in `$bookkeeping` (its quoted name),
+/// `0` when it holds none; both read through `$pool`. What a store's `current_version` reports;
+/// the statement that reads the versions is the same in every database, errors go through
 /// `$map_err` (the store's `map_sqlx`). A macro for the reason [`applied_migrations!`] is one.
 #[macro_export]
 macro_rules! recorded_version {
-    ($conn:expr, $bookkeeping:expr, $map_err:path) => {
-        ::sqlx::query_scalar::<_, Option<i64>>(::sqlx::AssertSqlSafe(format!(
-            "SELECT max(version) FROM {}",
-            $bookkeeping
-        )))
-        .fetch_one($conn)
-        .await
-        .map(|version| version.unwrap_or(0))
-        .map_err($map_err)
+    ($pool:expr, $exists:expr, $bookkeeping:expr, $map_err:path) => {
+        match $exists.fetch_one($pool).await.map_err($map_err)? {
+            0_i64 => Ok(0),
+            _ => ::sqlx::query_scalar::<_, Option<i64>>(::sqlx::AssertSqlSafe(format!(
+                "SELECT max(version) FROM {}",
+                $bookkeeping
+            )))
+            .fetch_one($pool)
+            .await
+            .map(|version| version.unwrap_or(0))
+            .map_err($map_err),
+        }
     };
 }
 
-/// Record the migration `$m` applied through `$conn`: `$insert`, the store's `INSERT` into its
-/// bookkeeping table, with the version, the description and the checksum, then any `$extra`
-/// parameters (the time, for a store whose SQL has no clock). The caller depends on `sqlx`.
+/// Record the migration `$m` (a [`Versioned`]) applied through `$conn`: `$insert`, the store's
+/// `INSERT` into its bookkeeping table, with the version, the description and the checksum, then
+/// any `$extra` parameters (the time, for a store whose SQL has no clock). The caller depends on
+/// `sqlx`.
 #[macro_export]
 macro_rules! record_migration {
     ($conn:expr, $insert:expr, $m:ident, $map_err:path $(, $extra:expr)* $(,)?) => {
         ::sqlx::query(::sqlx::AssertSqlSafe($insert))
-            .bind($m.version)
-            .bind($m.description)
-            .bind($m.checksum())
+            .bind($crate::migration::Versioned::entry($m).version)
+            .bind($crate::migration::Versioned::entry($m).description)
+            .bind($crate::migration::Versioned::checksum($m))
             $(.bind($extra))*
             .execute($conn)
             .await
             .map_err($map_err)
     };
+}
+
+/// Apply the migration `$m` through `$conn` in one go: run `$ddl`, its SQL as rendered for the
+/// store's table, as one script, then record it with [`record_migration!`] (`$insert` and any
+/// `$extra` parameters as there). For a store whose DDL is transactional (PostgreSQL, SQLite);
+/// MySQL sends its statements one at a time and checks the table before it records.
+#[macro_export]
+macro_rules! apply_migration {
+    ($conn:expr, $ddl:expr, $insert:expr, $m:ident, $map_err:path $(, $extra:expr)* $(,)?) => {
+        match ::sqlx::raw_sql(::sqlx::AssertSqlSafe($ddl))
+            .execute(&mut *$conn)
+            .await
+            .map_err($map_err)
+        {
+            Ok(_) => $crate::record_migration!(&mut *$conn, $insert, $m, $map_err $(, $extra)*),
+            Err(error) => Err(error),
+        }
+    };
+}
+
+/// The [`MigrationReport`] of a store's `migrate` call that applied `$applied` (a `Vec<i64>`,
+/// oldest first) of the migrations `$known`, logged at info level with the fields `$fields`
+/// (`table = …`, in `tracing`'s syntax) when it applied any. A macro because the log goes
+/// through `tracing`, which the caller depends on (this crate does not log).
+#[macro_export]
+macro_rules! migration_report {
+    ($applied:expr, $known:expr, $($fields:tt)+) => {{
+        let applied: Vec<i64> = $applied;
+        if !applied.is_empty() {
+            ::tracing::info!($($fields)+, ?applied, "Outbox migrations applied.");
+        }
+        $crate::migration::MigrationReport {
+            applied,
+            current: $crate::migration::latest_version($known),
+        }
+    }};
 }
 
 /// The test, in a store's migrations module, that its released migrations keep their text:

@@ -345,7 +345,12 @@ mod tests {
     fn passwords_in_userinfo_and_query_are_masked() {
         let cases = [
             ("postgres://u:p@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://u:secret@h:5432/db",
+                "postgres://u:***@h:5432/db",
+            ),
             ("postgres://u@h/db", "postgres://u@h/db"),
+            ("postgres://h/db", "postgres://h/db"),
             (
                 "postgres://h/db?user=u&password=p",
                 "postgres://h/db?user=u&password=***",
@@ -358,6 +363,9 @@ mod tests {
                 "mysql://root:@127.0.0.1/test",
                 "mysql://root:***@127.0.0.1/test",
             ),
+            ("mysql://u:secret@h:3306/db", "mysql://u:***@h:3306/db"),
+            ("mysql://u@h/db", "mysql://u@h/db"),
+            ("mysql://h/db", "mysql://h/db"),
             ("sqlite://outbox.db?mode=rwc", "sqlite://outbox.db?mode=rwc"),
             ("u:p@host:4222", "u:***@host:4222"),
             ("nats://tok@host:4222", "nats://***@host:4222"),

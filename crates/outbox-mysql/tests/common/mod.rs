@@ -85,10 +85,25 @@ async fn sweep_old_tables() {
 
 /// A fresh migrated outbox and a store over it.
 pub async fn fresh_store() -> MySqlStore {
-    let pool = pool(10).await;
-    let outbox = MySqlOutbox::with_table(&unique_table()).unwrap();
+    let (pool, outbox) = unmigrated_outbox(10).await;
     outbox.migrate(&pool).await.unwrap();
     MySqlStore::new(pool, outbox)
+}
+
+/// A pool of `max` connections and an outbox on a table no other test uses, not migrated yet.
+pub async fn unmigrated_outbox(max: u32) -> (MySqlPool, MySqlOutbox) {
+    (
+        pool(max).await,
+        MySqlOutbox::with_table(&unique_table()).unwrap(),
+    )
+}
+
+/// Run `sql`, a statement the test writes by hand, on `pool`; it must succeed.
+pub async fn execute(pool: &MySqlPool, sql: String) {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
 pub struct MySqlHarness;

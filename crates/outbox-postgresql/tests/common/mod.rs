@@ -52,6 +52,31 @@ pub async fn fresh_partitioned_store(partitioning: Partitioning) -> PgStore {
     PgStore::new(pool, outbox)
 }
 
+/// Two tests of one scenario, an `async fn(PgStore)`: `$plain` runs it on a fresh outbox in the
+/// plain layout, `$partitioned` on one in the partitioned layout (default partitioning, current
+/// partitions created). What only one layout has, the scenario checks by
+/// `store.outbox().partitioning()`.
+#[allow(unused_macros)]
+macro_rules! both_layouts {
+    ($($scenario:ident: $plain:ident, $partitioned:ident;)+) => {$(
+        #[tokio::test]
+        async fn $plain() {
+            $scenario($crate::common::fresh_store().await).await;
+        }
+
+        #[tokio::test]
+        async fn $partitioned() {
+            $scenario(
+                $crate::common::fresh_partitioned_store(::outbox_postgresql::Partitioning::default())
+                    .await,
+            )
+            .await;
+        }
+    )+};
+}
+#[allow(unused_imports)]
+pub(crate) use both_layouts;
+
 /// Enqueue `events` in one committed transaction, the way a writer would; `(id, created)` per
 /// event.
 pub async fn enqueue_committed(store: &PgStore, events: &[NewEvent]) -> Vec<(EventId, bool)> {

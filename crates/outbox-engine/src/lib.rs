@@ -1544,7 +1544,7 @@ where
         let attempts = event.attempts + u32::from(counts_attempt);
         let retry_in_ms = delay.as_millis() as u64;
         // One line, at the level and with the message of the case.
-        macro_rules! line {
+        macro_rules! wait_line {
             ($level:ident, $message:literal) => {
                 event_line!(
                     $level,
@@ -1560,12 +1560,12 @@ where
         if counts_attempt {
             metrics::counter!("outbox_events_retried_total", "destination" => destination.to_owned())
                 .increment(1);
-            line!(warn, "Publish failed; will retry.");
+            wait_line!(warn, "Publish failed; will retry.");
         } else {
             add(&self.counters.unavailable, 1);
             metrics::counter!("outbox_events_unavailable_total", "destination" => destination.to_owned())
                 .increment(1);
-            line!(
+            wait_line!(
                 debug,
                 "Destination unavailable; the event waits (no attempt counted)."
             );

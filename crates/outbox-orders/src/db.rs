@@ -155,9 +155,13 @@ pub(crate) async fn migrate(
 /// What [`apply_pending`] writes differently per database: the bookkeeping table's column
 /// types, the placeholders of its insert, and which of a [`Migration`]'s scripts to run.
 struct Bookkeeping {
+    /// The `version` column's type (the primary key).
     version_type: &'static str,
+    /// The `applied_at` column's type, with its default of now.
     applied_at_type: &'static str,
+    /// The insert's two placeholders, version and description.
     placeholders: &'static str,
+    /// The script of a [`Migration`] this database runs.
     script: fn(&Migration) -> &'static str,
 }
 

@@ -284,9 +284,10 @@ macro_rules! applied_migrations {
 #[macro_export]
 macro_rules! recorded_version {
     ($pool:expr, $exists:expr, $bookkeeping:expr, $map_err:path) => {
-        match $exists.fetch_one($pool).await.map_err($map_err)? {
-            0_i64 => Ok(0),
-            _ => ::sqlx::query_scalar::<_, Option<i64>>(::sqlx::AssertSqlSafe(format!(
+        match $exists.fetch_one($pool).await.map_err($map_err) {
+            Err(error) => Err(error),
+            Ok(0_i64) => Ok(0),
+            Ok(_) => ::sqlx::query_scalar::<_, Option<i64>>(::sqlx::AssertSqlSafe(format!(
                 "SELECT max(version) FROM {}",
                 $bookkeeping
             )))

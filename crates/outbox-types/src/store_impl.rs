@@ -130,7 +130,7 @@ macro_rules! __impl_store {
 #[macro_export]
 macro_rules! impl_purge_by_statement {
     // Each purge function: `purge` with its statement (a field of `sql()`).
-    (@run $store:ty, $($function:ident: $field:ident),*) => {
+    (@functions $store:ty, $($function:ident: $field:ident),*) => {
         $(
             pub(crate) async fn $function(
                 store: &$store,
@@ -142,7 +142,7 @@ macro_rules! impl_purge_by_statement {
         )*
     };
     ($store:ty, |$s:ident, $statement:ident, $older_than:ident, $limit:ident| $body:block) => {
-        $crate::impl_purge_by_statement!(@run $store, purge_delivered: purge, purge_dead: purge_dead);
+        $crate::impl_purge_by_statement!(@functions $store, purge_delivered: purge, purge_dead: purge_dead);
 
         /// Run one of the purge statements: `older_than` and `limit` are its parameters.
         async fn purge(

@@ -80,7 +80,7 @@ impl Endpoint {
 /// A place events go to and come back from.
 #[async_trait]
 pub trait Destination: Send + Sync {
-    /// Its name and proxy.
+    /// Its name, its proxy (if it has one) and the sink table a relay is configured with.
     fn endpoint(&self) -> &Endpoint;
 
     /// The harness's name for it: the `[destinations.<name>]` key, and the aggregate type of

@@ -32,15 +32,6 @@ pub enum SinkKind {
 }
 
 impl SinkKind {
-    pub const ALL: [SinkKind; 6] = [
-        SinkKind::Channel,
-        SinkKind::Nats,
-        SinkKind::Kafka,
-        SinkKind::Rabbitmq,
-        SinkKind::Redis,
-        SinkKind::Webhook,
-    ];
-
     pub fn name(self) -> &'static str {
         match self {
             SinkKind::Channel => "channel",

@@ -104,7 +104,7 @@ struct SinkArg(Option<SinkKind>);
 impl SinkArg {
     fn kinds(self) -> Vec<SinkKind> {
         self.0
-            .map_or_else(|| SinkKind::ALL.to_vec(), |kind| vec![kind])
+            .map_or_else(|| SinkKind::value_variants().to_vec(), |kind| vec![kind])
     }
 }
 
@@ -114,8 +114,9 @@ impl ValueEnum for SinkArg {
     fn value_variants<'a>() -> &'a [Self] {
         static VARIANTS: std::sync::OnceLock<Vec<SinkArg>> = std::sync::OnceLock::new();
         VARIANTS.get_or_init(|| {
-            SinkKind::ALL
-                .into_iter()
+            SinkKind::value_variants()
+                .iter()
+                .copied()
                 .map(Some)
                 .chain([None])
                 .map(SinkArg)

@@ -55,12 +55,6 @@ pub struct KafkaDestination {
     broker: Mutex<Option<Child>>,
 }
 
-/// Where tansu is: `OUTBOX_VERIFY_TANSU` (or `OUTBOX_TEST_TANSU`), else inside the venv
-/// `scripts/kafka.sh` makes, in this checkout or one beside it (`outbox_testkit::tansu_binary`).
-pub fn locate_tansu() -> Result<PathBuf, Error> {
-    outbox_testkit::tansu_binary().map_err(Error::Process)
-}
-
 /// Runs the handler on the harness's main runtime: the consumer's database pool belongs to it,
 /// and connections opened from the consumer thread's runtime would die with that runtime.
 struct OnMainRuntime {
@@ -248,7 +242,9 @@ const ACK_LOGGED: &str = "Kafka record acknowledged.";
 impl KafkaDestination {
     /// Start tansu on a free port behind a proxy and create the topic.
     pub async fn start(name: &str, log_dir: PathBuf) -> Result<Self, Error> {
-        let bin = locate_tansu()?;
+        // `OUTBOX_VERIFY_TANSU` (or `OUTBOX_TEST_TANSU`), else the venv `scripts/kafka.sh`
+        // makes, in this checkout or one beside it.
+        let bin = outbox_testkit::tansu_binary().map_err(Error::Process)?;
         let port = crate::cluster::free_port()?;
         let upstream: SocketAddr = ([127, 0, 0, 1], port).into();
         let proxy = TcpProxy::start(upstream)

@@ -101,8 +101,9 @@ impl PgOutbox {
         self.inner.partitioning.as_ref()
     }
 
-    /// `"schema"."table_keys"`: the partitioned layout's table of ids and idempotency keys.
-    pub(crate) fn keys_table(&self) -> String {
+    /// `"schema"."table_keys"`: the partitioned layout's table of ids and idempotency keys, which
+    /// a hand-written insert goes through (docs/table-contract.md). The plain layout has none.
+    pub fn keys_table(&self) -> String {
         format!("\"{}\".\"{}_keys\"", self.inner.schema, self.inner.table)
     }
 

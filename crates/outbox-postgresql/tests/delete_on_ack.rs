@@ -7,13 +7,10 @@ use std::time::Duration;
 
 use outbox_postgresql::PgStore;
 use outbox_testkit::numbered;
-use outbox_types::{ClaimRequest, RetryEvent, Store};
+use outbox_types::{ClaimRequest, DeadLetterPolicy, RetryEvent, Store};
 
 fn request(owner: &str, lease: Duration) -> ClaimRequest {
-    ClaimRequest {
-        lease,
-        ..outbox_store_tests::claim_as(owner, 100)
-    }
+    ClaimRequest::new(owner, 100, lease, DeadLetterPolicy::Block)
 }
 
 async fn rows(store: &PgStore) -> Vec<(String, String)> {
@@ -84,17 +81,7 @@ async fn check_delete_on_ack(store: PgStore) {
     assert_eq!((stats.pending, stats.delivered), (0, 0));
     if store.outbox().partitioning().is_some() {
         // The ids' entries in the keys table went with the rows.
-        let keys = format!(
-            "\"{}\".\"{}_keys\"",
-            store.outbox().schema(),
-            store.outbox().table()
-        );
-        let left: i64 =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {keys}")))
-                .fetch_one(store.pool())
-                .await
-                .unwrap();
-        assert_eq!(left, 0);
+        assert_eq!(common::keys_rows(&store).await, 0);
     }
 }
 

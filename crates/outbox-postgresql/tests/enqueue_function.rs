@@ -87,14 +87,7 @@ async fn writes_what_the_library_writes(store: PgStore) {
     assert_eq!(record.state, EventState::InFlight);
     assert_eq!(record.event.idempotency_key.as_deref(), Some("pay-42"));
     if store.outbox().partitioning().is_some() {
-        let keys: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM {}_keys\"",
-            store.outbox().qualified_table().trim_end_matches('"')
-        )))
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-        assert_eq!(keys, 3, "one keys row per event");
+        assert_eq!(common::keys_rows(&store).await, 3, "one keys row per event");
     }
 }
 

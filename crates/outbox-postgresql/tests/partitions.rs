@@ -33,7 +33,7 @@ async fn set_enqueued_at(store: &PgStore, ids: &[EventId], at: DateTime<Utc>) {
     let ids: Vec<uuid::Uuid> = ids.iter().map(|id| *id.as_uuid()).collect();
     for table in [
         store.outbox().qualified_table().to_owned(),
-        format!("\"{}\".\"events_keys\"", store.outbox().schema()),
+        store.outbox().keys_table(),
     ] {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {table} SET enqueued_at = $2 WHERE id = ANY($1)"

@@ -28,33 +28,37 @@ const BAD_HEADERS: [(&str, &str); 6] = [
     ),
 ];
 
-/// A hand-written insert, `id` left out, returning the id the row got: the event columns into
-/// `outbox`'s table alone or, `through_keys` (the partitioned layout's contract,
-/// docs/table-contract.md), the keys row first and the event with the id and `enqueued_at` it
-/// got.
-async fn insert_without_id(
-    executor: impl sqlx::PgExecutor<'_>,
-    outbox: &PgOutbox,
-    headers: &str,
-    through_keys: bool,
-) -> Result<uuid::Uuid, sqlx::Error> {
-    let sql = if through_keys {
-        format!(
-            "WITH k AS (INSERT INTO \"{s}\".\"{t}_keys\" DEFAULT VALUES RETURNING id, enqueued_at)
-         INSERT INTO \"{s}\".\"{t}\" (id, aggregate_type, aggregate_id, event_type, payload, headers, enqueued_at)
+/// A hand-written insert into `outbox`'s events table alone, `id` left out, returning the id the
+/// row got: the plain layout's contract.
+fn insert_plain(outbox: &PgOutbox) -> String {
+    format!(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb) RETURNING id",
+        outbox.qualified_table()
+    )
+}
+
+/// A hand-written insert through the keys table, as the partitioned layout's contract says
+/// (docs/table-contract.md): the keys row first, then the event with the id and `enqueued_at`
+/// it got; returns the id.
+fn insert_through_keys(outbox: &PgOutbox) -> String {
+    format!(
+        "WITH k AS (INSERT INTO {} DEFAULT VALUES RETURNING id, enqueued_at)
+         INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, payload, headers, enqueued_at)
          SELECT k.id, 'order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb, k.enqueued_at FROM k
          RETURNING id",
-            s = outbox.schema(),
-            t = outbox.table()
-        )
-    } else {
-        format!(
-            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers)
-         VALUES ('order', '42', 'OrderPlaced', '{{\"total\": 10}}', $1::jsonb) RETURNING id",
-            outbox.qualified_table()
-        )
-    };
-    sqlx::query_scalar(AssertSqlSafe(sql))
+        outbox.keys_table(),
+        outbox.qualified_table()
+    )
+}
+
+/// Run `insert` (one of the two above) with `headers`, returning the id the row got.
+async fn run_insert(
+    executor: impl sqlx::PgExecutor<'_>,
+    insert: String,
+    headers: &str,
+) -> Result<uuid::Uuid, sqlx::Error> {
+    sqlx::query_scalar(AssertSqlSafe(insert))
         .bind(headers)
         .fetch_one(executor)
         .await
@@ -66,7 +70,12 @@ async fn insert(
     outbox: &PgOutbox,
     headers: &str,
 ) -> Result<uuid::Uuid, sqlx::Error> {
-    insert_without_id(executor, outbox, headers, outbox.partitioning().is_some()).await
+    let sql = if outbox.partitioning().is_some() {
+        insert_through_keys(outbox)
+    } else {
+        insert_plain(outbox)
+    };
+    run_insert(executor, sql, headers).await
 }
 
 /// The tables of `outbox` that carry its header trigger (the partitions, for the partitioned
@@ -114,7 +123,7 @@ async fn omitted_id_gets_a_v7_uuid(store: PgStore) {
     assert_eq!(record.state, EventState::Pending);
     if store.outbox().partitioning().is_some() {
         // The event table has no default of its own: an event's id is its keys row's.
-        let err = insert_without_id(store.pool(), store.outbox(), "{}", false)
+        let err = run_insert(store.pool(), insert_plain(store.outbox()), "{}")
             .await
             .unwrap_err();
         assert_eq!(sqlstate(&err), "23502", "NOT NULL: {err}");
@@ -241,7 +250,10 @@ async fn the_library_refuses_a_reserved_header_before_the_database_does() {
 async fn downgrade(pool: &PgPool, outbox: &PgOutbox, version: i64) {
     let (s, t) = (outbox.schema(), outbox.table());
     let id_default = if outbox.partitioning().is_some() {
-        format!("ALTER TABLE \"{s}\".\"{t}_keys\" ALTER COLUMN id DROP DEFAULT;")
+        format!(
+            "ALTER TABLE {} ALTER COLUMN id DROP DEFAULT;",
+            outbox.keys_table()
+        )
     } else {
         format!("ALTER TABLE \"{s}\".\"{t}\" ALTER COLUMN id DROP DEFAULT;")
     };

@@ -105,10 +105,9 @@ impl Harness for PgPartitionedHarness {
         // one); the keys rows follow, as an enqueue at that time would have written them.
         PgHarness.backdate(store, ids, by).await;
         let update = format!(
-            "UPDATE \"{}\".\"{}_keys\" SET enqueued_at = enqueued_at - $2 * interval '1 millisecond'
+            "UPDATE {} SET enqueued_at = enqueued_at - $2 * interval '1 millisecond'
              WHERE id = ANY($1)",
-            store.outbox().schema(),
-            store.outbox().table()
+            store.outbox().keys_table()
         );
         move_back(store, update, ids, by).await;
     }
@@ -232,4 +231,15 @@ impl KillableWriter for PgWriter {
             .unwrap();
         assert!(killed);
     }
+}
+
+/// How many rows the partitioned layout's keys table holds: one per event still stored.
+pub async fn keys_rows(store: &PgStore) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        store.outbox().keys_table()
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
 }

@@ -436,18 +436,8 @@ async fn fifty_thousand_events_over_a_thousand_aggregates_keep_order() {
     })
     .await;
     let elapsed = started.elapsed();
-    let delivered = sink.inner.delivered();
     assert_eq!(sink.inner.distinct_delivered(), expected);
-    let violations = check_first_delivery_order(&delivered);
-    assert!(
-        violations.is_empty(),
-        "{:?}",
-        &violations[..violations.len().min(5)]
-    );
-    assert!(
-        sink.inner.overlaps().is_empty(),
-        "an event was in flight twice"
-    );
+    sink.inner.assert_in_order_without_overlaps();
     assert!(
         sink.max_batch_seen.load(Ordering::Relaxed) > 1,
         "aggregates went in parallel"
@@ -1313,9 +1303,7 @@ async fn the_replication_connection_uses_tls_by_default() {
     }
     let fx = Fixture::new(&[Source::Table]).await;
     assert!(!fx.config.database_url.contains("ssl"));
-    let relay = start(fx.config.clone(), Arc::new(RecordingSink::new()))
-        .ready()
-        .await;
+    let (_, relay) = fx.start_recording().await;
     assert_eq!(replication_ssl(&fx.pool, &fx.config.slot).await, Some(true));
     relay.stop().await;
     let conn = outbox_wal::check_replication_connection(&fx.config)

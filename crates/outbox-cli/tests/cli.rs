@@ -209,8 +209,7 @@ fn the_example_config_passes_config_check() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_relay_and_status_work_on_mysql() {
-    let url = std::env::var("OUTBOX_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let url = common::mysql_url();
     let table = format!("ob_t_cli_{}", std::process::id());
     let o = outbox(&["migrate", "--database-url", &url, "--table", &table]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -257,32 +257,11 @@ format = "debezium""#
     .expect("RabbitMQ on 127.0.0.1:5672 (scripts/services.sh starts it)");
     let channel = rabbit.create_channel().await.unwrap();
     let exchange = format!("dbz_{}", std::process::id());
-    channel
-        .exchange_declare(
-            exchange.as_str().into(),
-            lapin::ExchangeKind::Topic,
-            Default::default(),
-            Default::default(),
-        )
+    outbox_testkit::rabbitmq::declare_topic_exchange(&channel, &exchange)
         .await
         .unwrap();
     let queue = format!("dbz_q_{}", std::process::id());
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            Default::default(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            exchange.as_str().into(),
-            "outbox.event.#".into(),
-            Default::default(),
-            Default::default(),
-        )
+    outbox_testkit::rabbitmq::declare_bound_queue(&channel, &queue, &exchange, "outbox.event.#")
         .await
         .unwrap();
     let amqp = write_config(

@@ -343,12 +343,10 @@ pub fn rejection(outcome: &Outcome) -> &str {
 /// saying `what`.
 #[track_caller]
 pub fn assert_rejected(outcome: &Outcome, words: &[&str], what: &str) {
-    match outcome {
-        Outcome::Reject { reason } => {
-            assert!(words.iter().all(|w| reason.contains(w)), "{what}: {reason}")
-        }
-        other => panic!("{what}: {other:?}"),
-    }
+    let Outcome::Reject { reason } = outcome else {
+        panic!("{what}: expected a rejection, got {outcome:?}");
+    };
+    assert!(words.iter().all(|w| reason.contains(w)), "{what}: {reason}");
 }
 
 /// The reason of `outcome`, which must say the destination is unavailable (the test fails

@@ -53,8 +53,9 @@ fn nats_url() -> String {
     std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
 
+/// The test broker's address, for a test that found [`kafka_available`].
 fn kafka_brokers() -> String {
-    std::env::var("OUTBOX_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".into())
+    outbox_testkit::kafka_brokers().expect("no Kafka test broker: check kafka_available() first")
 }
 
 /// Start the Kafka-protocol test broker (`scripts/kafka.sh`); `false` (after a loud message)

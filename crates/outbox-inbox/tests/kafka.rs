@@ -21,7 +21,7 @@ use common::{Channel, Runner, eventually};
 use outbox_testkit::unique;
 
 fn brokers() -> String {
-    std::env::var("OUTBOX_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".into())
+    outbox_testkit::kafka_brokers().expect("no Kafka test broker: run scripts/kafka.sh")
 }
 
 async fn topic() -> String {

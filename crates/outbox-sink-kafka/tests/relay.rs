@@ -37,8 +37,8 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     // The template renders `<prefix>.Numbered`; one event names its own topic instead.
     let topic = format!("{prefix}.Numbered");
     let own_topic = format!("{prefix}.audit");
-    common::create_topic(common::BROKERS, &topic, 3).await;
-    common::create_topic(common::BROKERS, &own_topic, 1).await;
+    common::create_topic(&common::brokers(), &topic, 3).await;
+    common::create_topic(&common::brokers(), &own_topic, 1).await;
 
     let store = Arc::new(common::fresh_store().await);
     let aggregates = 12u64;
@@ -49,7 +49,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
 
     let sink = Arc::new(
         KafkaSink::connect(sink_config(
-            common::BROKERS,
+            &common::brokers(),
             &format!("{prefix}.${{event_type}}"),
         ))
         .unwrap(),
@@ -68,7 +68,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
 
     let expected = (aggregates * per_aggregate) as usize;
     let messages = common::consume(
-        common::BROKERS,
+        &common::brokers(),
         &topic,
         3,
         expected,
@@ -128,7 +128,7 @@ async fn committed_events_reach_kafka_in_aggregate_order_and_rolled_back_ones_ne
     arrivals.assert_complete(aggregates);
 
     let audits = common::consume(
-        common::BROKERS,
+        &common::brokers(),
         &own_topic,
         1,
         1,

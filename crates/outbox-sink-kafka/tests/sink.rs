@@ -18,21 +18,16 @@ fn event(aggregate: &str, payload: &str, destination: Option<String>) -> Event {
 /// broker is running.
 async fn sink_on_own_topic(
     prefix: &str,
-    settings: serde_json::Value,
+    mut settings: serde_json::Value,
 ) -> Option<(String, KafkaSink)> {
     if !common::kafka_available() {
         return None;
     }
     let topic = common::unique(prefix);
-    common::create_topic(common::BROKERS, &topic, 1).await;
-    let mut config = serde_json::json!({
-        "brokers": [common::BROKERS],
-        "topic": topic,
-    });
-    for (key, value) in settings.as_object().unwrap() {
-        config[key] = value.clone();
-    }
-    Some((topic, KafkaSink::connect(common::config(config)).unwrap()))
+    common::create_topic(&common::brokers(), &topic, 1).await;
+    settings["brokers"] = serde_json::json!([common::brokers()]);
+    settings["topic"] = topic.clone().into();
+    Some((topic, KafkaSink::connect(common::config(settings)).unwrap()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +101,7 @@ async fn a_missing_topic_is_rejected_when_auto_creation_is_off() {
     }
     let topic = common::unique("outbox_nocreate");
     let sink = KafkaSink::connect(common::config(serde_json::json!({
-        "brokers": common::BROKERS,
+        "brokers": common::brokers(),
         "topic": topic,
         "delivery_timeout": "3s",
         "allow_auto_create_topics": false,

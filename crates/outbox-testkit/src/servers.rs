@@ -45,8 +45,14 @@ pub fn logical_cluster_url() -> String {
 /// The bootstrap servers of a Kafka-protocol broker: `OUTBOX_TEST_KAFKA_BROKERS`, or the tansu
 /// broker `scripts/kafka.sh` starts (idempotently) on 127.0.0.1:19092. `None`, after a loud
 /// message, when it cannot start outside CI; under CI (`CI` set) that is a panic, so a suite
-/// never passes by skipping.
+/// never passes by skipping. Decided once per test process: every test of it talks to the
+/// same broker.
 pub fn kafka_brokers() -> Option<String> {
+    static BROKERS: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BROKERS.get_or_init(find_or_start_kafka).clone()
+}
+
+fn find_or_start_kafka() -> Option<String> {
     if let Ok(brokers) = std::env::var("OUTBOX_TEST_KAFKA_BROKERS") {
         return Some(brokers);
     }

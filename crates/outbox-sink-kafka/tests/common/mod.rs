@@ -8,7 +8,6 @@ pub use outbox_sink_tests::*;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -18,15 +17,17 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-/// Where the shared test broker listens.
-pub const BROKERS: &str = "127.0.0.1:19092";
-
 /// Start the test broker with `scripts/kafka.sh` (once per test process). Returns `false` —
 /// after a loud message — when it cannot be started outside CI; under CI (`CI` set) a broker
 /// that cannot be started fails the test instead of skipping it (`outbox_testkit::kafka_brokers`).
 pub fn kafka_available() -> bool {
-    static UP: OnceLock<bool> = OnceLock::new();
-    *UP.get_or_init(|| outbox_testkit::kafka_brokers().is_some())
+    outbox_testkit::kafka_brokers().is_some()
+}
+
+/// Where the shared test broker listens (`OUTBOX_TEST_KAFKA_BROKERS`, else the one
+/// `scripts/kafka.sh` starts); for a test that found [`kafka_available`].
+pub fn brokers() -> String {
+    outbox_testkit::kafka_brokers().expect("no Kafka test broker: check kafka_available() first")
 }
 
 /// The tansu binary `scripts/kafka.sh` installed, to start a broker of a test's own.
@@ -101,11 +102,11 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     }
 }
 
-/// The one record of the one-partition `topic` of [`BROKERS`] (waiting up to 20 s for it and
+/// The one record of the one-partition `topic` of [`brokers`] (waiting up to 20 s for it and
 /// 300 ms more for any other): the test fails unless there is exactly one.
 pub async fn consume_only_record(topic: &str) -> OwnedMessage {
     let mut messages = consume(
-        BROKERS,
+        &brokers(),
         topic,
         1,
         1,

@@ -12,7 +12,7 @@ pub(crate) fn schema_name(tag: &str) -> String {
 }
 
 /// A store on an empty outbox in `schema` (what a previous, interrupted run left there is dropped).
-pub(crate) async fn fresh(url: &str, schema: &str) -> anyhow::Result<PgStore> {
+async fn fresh(url: &str, schema: &str) -> anyhow::Result<PgStore> {
     let store = PgStore::connect(url, PgOutbox::with_names(schema, "events")?).await?;
     drop_schema(&store).await?;
     store.outbox().migrate(store.pool()).await?;
@@ -42,7 +42,7 @@ pub(crate) async fn execute(store: &PgStore, sql: String) -> anyhow::Result<()> 
     Ok(())
 }
 
-pub(crate) async fn drop_schema(store: &PgStore) -> anyhow::Result<()> {
+async fn drop_schema(store: &PgStore) -> anyhow::Result<()> {
     execute(
         store,
         format!(

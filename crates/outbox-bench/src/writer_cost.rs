@@ -179,109 +179,110 @@ pub async fn writer_cost(
         bail!("--variants is empty: name at least one (e.g. --variants pk-only,enqueue)");
     }
     let schema = crate::schema_name("cost");
-    let store = crate::fresh(url, &schema).await?;
-    let pool = store.pool().clone();
-    let postgres = postgres_cpu(&pool).await?;
-    let wal_level: String = sqlx::query_scalar("SHOW wal_level")
-        .fetch_one(&pool)
-        .await?;
-    let relay_modes: Vec<bool> = match args.relay {
-        ConcurrentRelay::None => vec![false],
-        ConcurrentRelay::Wal => vec![true],
-        ConcurrentRelay::Both => vec![false, true],
-    };
-    if relay_modes.contains(&true) && wal_level != "logical" {
-        bail!(
-            "--relay wal needs a server with wal_level = logical (this one has `{wal_level}`): \
-             start the throwaway cluster with `scripts/pg-logical.sh start` and pass \
-             --database-url \"$(scripts/pg-logical.sh url)\""
-        );
-    }
-    setup(&store, &args).await?;
-    let settings = server_settings(&store).await?;
-    println!(
-        "writer-cost: {} writers, one connection each, {} s per variant, {} run(s); a transaction updates one of {ACCOUNTS} account rows and, per variant, writes one {} B event with {} header(s) over {} aggregates; wal_level={wal_level} {settings}",
-        args.writers,
-        args.seconds,
-        args.runs.max(1),
-        args.payload_bytes,
-        args.headers,
-        args.aggregates
-    );
-    // Warm-up: connections, the tables' first pages, the enqueue function's plan.
-    for &variant in &args.variants {
-        truncate(&store, &args).await?;
-        run_writers(&store, &args, variant, Duration::from_secs(2)).await?;
-    }
-    let mut results: Vec<serde_json::Value> = Vec::new();
-    for &with_relay in &relay_modes {
-        let label = if with_relay {
-            "with our WAL relay delivering"
-        } else {
-            "writers alone"
+    crate::in_fresh_schema(url, &schema, async |store| {
+        let pool = store.pool().clone();
+        let postgres = postgres_cpu(&pool).await?;
+        let wal_level: String = sqlx::query_scalar("SHOW wal_level")
+            .fetch_one(&pool)
+            .await?;
+        let relay_modes: Vec<bool> = match args.relay {
+            ConcurrentRelay::None => vec![false],
+            ConcurrentRelay::Wal => vec![true],
+            ConcurrentRelay::Both => vec![false, true],
         };
-        println!("\n{label}:");
-        let n = args.variants.len();
-        let mut runs: Vec<Vec<Option<CostRun>>> = vec![Vec::new(); n];
-        for run in 0..args.runs.max(1) {
-            for k in 0..n {
-                // The order rotates each run, so no variant always goes first.
-                let i = (k + run) % n;
-                let variant = args.variants[i];
-                truncate(&store, &args).await?;
-                sqlx::query("CHECKPOINT").execute(&pool).await?;
-                if with_relay && variant.table().is_none() {
-                    runs[i].push(None);
-                    continue;
-                }
-                let relay = if with_relay {
-                    Some(WalChild::start(url, &schema, variant, run).await?)
-                } else {
-                    None
-                };
-                let cpu0 = postgres.seconds()?;
-                let (commits, seconds) =
-                    run_writers(&store, &args, variant, Duration::from_secs(args.seconds)).await?;
-                let cpu = postgres.seconds()? - cpu0;
-                let relay = match relay {
-                    Some(child) => Some(child.stop().await?),
-                    None => None,
-                };
-                let r = CostRun {
-                    commits_per_second: commits as f64 / seconds,
-                    postgres_cpu_us_per_commit: cpu / commits.max(1) as f64 * 1e6,
-                    relay_delivered: relay.as_ref().map(|r| r.delivered),
-                    relay_cpu_us_per_event: relay
-                        .as_ref()
-                        .map(|r| r.cpu_seconds / r.delivered.max(1) as f64 * 1e6),
-                };
-                println!(
-                    "  run {}: {:<17} {:>7.0} commits/s  PostgreSQL {:>5.0} µs CPU/commit{}",
-                    run + 1,
-                    variant.name(),
-                    r.commits_per_second,
-                    r.postgres_cpu_us_per_commit,
-                    match (r.relay_delivered, r.relay_cpu_us_per_event) {
-                        (Some(d), Some(c)) => format!("  relay delivered {d}, {c:.1} µs CPU/event"),
-                        _ => String::new(),
-                    }
-                );
-                runs[i].push(Some(r));
-            }
+        if relay_modes.contains(&true) && wal_level != "logical" {
+            bail!(
+                "--relay wal needs a server with wal_level = logical (this one has `{wal_level}`): \
+                 start the throwaway cluster with `scripts/pg-logical.sh start` and pass \
+                 --database-url \"$(scripts/pg-logical.sh url)\""
+            );
         }
-        print_summary(&args, label, &runs);
-        results.push(summary_json(&args, with_relay, &runs));
-    }
-    record(
-        json_out,
-        serde_json::json!({
-            "scenario": "writer-cost", "writers": args.writers, "seconds": args.seconds,
-            "runs": args.runs, "payload_bytes": args.payload_bytes, "aggregates": args.aggregates,
-            "headers": args.headers,
-            "database": settings, "wal_level": wal_level, "results": results,
-        }),
-    )?;
-    crate::drop_schema(&store).await
+        setup(store, &args).await?;
+        let settings = server_settings(store).await?;
+        println!(
+            "writer-cost: {} writers, one connection each, {} s per variant, {} run(s); a transaction updates one of {ACCOUNTS} account rows and, per variant, writes one {} B event with {} header(s) over {} aggregates; wal_level={wal_level} {settings}",
+            args.writers,
+            args.seconds,
+            args.runs.max(1),
+            args.payload_bytes,
+            args.headers,
+            args.aggregates
+        );
+        // Warm-up: connections, the tables' first pages, the enqueue function's plan.
+        for &variant in &args.variants {
+            truncate(store, &args).await?;
+            run_writers(store, &args, variant, Duration::from_secs(2)).await?;
+        }
+        let mut results: Vec<serde_json::Value> = Vec::new();
+        for &with_relay in &relay_modes {
+            let label = if with_relay {
+                "with our WAL relay delivering"
+            } else {
+                "writers alone"
+            };
+            println!("\n{label}:");
+            let n = args.variants.len();
+            let mut runs: Vec<Vec<Option<CostRun>>> = vec![Vec::new(); n];
+            for run in 0..args.runs.max(1) {
+                for k in 0..n {
+                    // The order rotates each run, so no variant always goes first.
+                    let i = (k + run) % n;
+                    let variant = args.variants[i];
+                    truncate(store, &args).await?;
+                    sqlx::query("CHECKPOINT").execute(&pool).await?;
+                    if with_relay && variant.table().is_none() {
+                        runs[i].push(None);
+                        continue;
+                    }
+                    let relay = if with_relay {
+                        Some(WalChild::start(url, &schema, variant, run).await?)
+                    } else {
+                        None
+                    };
+                    let cpu0 = postgres.seconds()?;
+                    let (commits, seconds) =
+                        run_writers(store, &args, variant, Duration::from_secs(args.seconds)).await?;
+                    let cpu = postgres.seconds()? - cpu0;
+                    let relay = match relay {
+                        Some(child) => Some(child.stop().await?),
+                        None => None,
+                    };
+                    let r = CostRun {
+                        commits_per_second: commits as f64 / seconds,
+                        postgres_cpu_us_per_commit: cpu / commits.max(1) as f64 * 1e6,
+                        relay_delivered: relay.as_ref().map(|r| r.delivered),
+                        relay_cpu_us_per_event: relay
+                            .as_ref()
+                            .map(|r| r.cpu_seconds / r.delivered.max(1) as f64 * 1e6),
+                    };
+                    println!(
+                        "  run {}: {:<17} {:>7.0} commits/s  PostgreSQL {:>5.0} µs CPU/commit{}",
+                        run + 1,
+                        variant.name(),
+                        r.commits_per_second,
+                        r.postgres_cpu_us_per_commit,
+                        match (r.relay_delivered, r.relay_cpu_us_per_event) {
+                            (Some(d), Some(c)) => format!("  relay delivered {d}, {c:.1} µs CPU/event"),
+                            _ => String::new(),
+                        }
+                    );
+                    runs[i].push(Some(r));
+                }
+            }
+            print_summary(&args, label, &runs);
+            results.push(summary_json(&args, with_relay, &runs));
+        }
+        record(
+            json_out,
+            serde_json::json!({
+                "scenario": "writer-cost", "writers": args.writers, "seconds": args.seconds,
+                "runs": args.runs, "payload_bytes": args.payload_bytes, "aggregates": args.aggregates,
+                "headers": args.headers,
+                "database": settings, "wal_level": wal_level, "results": results,
+            }),
+        )
+    })
+    .await
 }
 
 /// Ratio of `variant` to `pk-only` within each run where both ran.

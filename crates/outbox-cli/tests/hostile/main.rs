@@ -5,7 +5,11 @@
 //! what is wrong; other aggregates go on; the relay keeps running and survives a restart; no
 //! credential reaches a host nobody configured; and no log line or command output of the suite
 //! holds a secret or a raw control character (SECURITY.md, "The proof").
+//!
+//! The rows above are this file's; each further group of cases (SECURITY.md's threat list, one
+//! module per part of the relay it attacks) is a module beside it in `tests/hostile/`.
 
+#[path = "../common/mod.rs"]
 mod common;
 
 use common::{BIN, Killed, pg_url};

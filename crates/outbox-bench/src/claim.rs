@@ -9,16 +9,12 @@ pub(crate) async fn claim_drain(
     store: &PgStore,
     batch_size: u32,
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>, f64)> {
-    let request = outbox_types::ClaimRequest {
-        owner: "bench".into(),
-        limit: batch_size,
-        lease: Duration::from_secs(30),
-        dead_letter: DeadLetterPolicy::Block,
-        hold: None,
-        max_batch_bytes: u64::MAX,
-        max_payload_bytes: u64::MAX,
-        up_to_seq: None,
-    };
+    let request = outbox_types::ClaimRequest::new(
+        "bench",
+        batch_size,
+        Duration::from_secs(30),
+        DeadLetterPolicy::Block,
+    );
     let mut claim_ms = Vec::new();
     let mut cycle_ms = Vec::new();
     let started = Instant::now();

@@ -31,16 +31,12 @@ async fn dead_events_can_be_listed_shown_requeued_and_discarded() {
         .collect();
     enqueue_committed!(store, &events);
     let claim = store
-        .claim(&ClaimRequest {
-            owner: "t".into(),
-            limit: 4,
-            lease: Duration::from_secs(60),
-            dead_letter: DeadLetterPolicy::Block,
-            hold: None,
-            max_batch_bytes: u64::MAX,
-            max_payload_bytes: u64::MAX,
-            up_to_seq: None,
-        })
+        .claim(&ClaimRequest::new(
+            "t",
+            4,
+            Duration::from_secs(60),
+            DeadLetterPolicy::Block,
+        ))
         .await
         .unwrap();
     let buries: Vec<BuryEvent> = claim.events[..2]

@@ -182,6 +182,13 @@ pub struct RelayConfig {
     /// reason that names this limit (raise it and `outbox dead requeue` the event if the
     /// destination accepts such messages).
     pub max_payload_bytes: u64,
+    /// Most bytes all of an event's other columns may take together (aggregate type and id,
+    /// event type, destination, idempotency key, headers, and in WAL mode a copied row's
+    /// fields): a larger event is dead-lettered without being loaded, like one over
+    /// [`RelayConfig::max_payload_bytes`]. These columns are names and routing data, never
+    /// bulk; the bound keeps a writer from making the relay load megabytes through them.
+    /// 64 KiB.
+    pub max_metadata_bytes: u64,
     /// Longest pause between claims: the pause of an idle outbox, which bounds the delivery
     /// latency of its next event. Shorter costs one cheap indexed query per interval while
     /// nothing happens. See [`RelayConfig::min_poll_interval`] for the pause while events trickle
@@ -247,6 +254,7 @@ impl Default for RelayConfig {
             batch_size: 500,
             max_batch_bytes: 32 * 1024 * 1024,
             max_payload_bytes: 16 * 1024 * 1024,
+            max_metadata_bytes: 64 * 1024,
             poll_interval: Duration::from_millis(100),
             min_poll_interval: Duration::from_millis(10),
             lease: Duration::from_secs(30),
@@ -704,6 +712,7 @@ fn claim_request(config: &RelayConfig) -> ClaimRequest {
         config.max_batch_bytes.max(1),
         config.max_payload_bytes.max(1),
     )
+    .with_metadata_limit(config.max_metadata_bytes.max(1))
 }
 
 /// What the delivery loop of [`Relay::run`] does after a claim.

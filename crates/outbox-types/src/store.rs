@@ -59,6 +59,10 @@ pub struct ClaimRequest {
     /// An event whose payload is larger than this is not loaded: the claim buries it at once
     /// with a reason that names the limit ([`bury_oversized`]). `u64::MAX`: no bound.
     pub max_payload_bytes: u64,
+    /// An event whose other columns together (aggregate, event type, destination, idempotency
+    /// key, headers) take more bytes than this is not loaded either: the claim buries it.
+    /// `u64::MAX`: no bound.
+    pub max_metadata_bytes: u64,
     /// Only events with a `seq` up to this. A stream source claims from its table only the rows
     /// its stream has passed, and never one it holds itself. `None`: no bound.
     pub up_to_seq: Option<i64>,
@@ -80,6 +84,7 @@ impl ClaimRequest {
             hold: None,
             max_batch_bytes: u64::MAX,
             max_payload_bytes: u64::MAX,
+            max_metadata_bytes: u64::MAX,
             up_to_seq: None,
         }
     }
@@ -89,6 +94,13 @@ impl ClaimRequest {
     pub fn with_byte_limits(mut self, max_batch_bytes: u64, max_payload_bytes: u64) -> Self {
         self.max_batch_bytes = max_batch_bytes;
         self.max_payload_bytes = max_payload_bytes;
+        self
+    }
+
+    /// Bound the bytes of an event's columns other than the payload (see
+    /// [`ClaimRequest::max_metadata_bytes`]).
+    pub fn with_metadata_limit(mut self, max_metadata_bytes: u64) -> Self {
+        self.max_metadata_bytes = max_metadata_bytes;
         self
     }
 }

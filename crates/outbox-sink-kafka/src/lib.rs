@@ -23,13 +23,16 @@
 //!   the stored bytes).
 //! - **`format = "debezium"`**: what Debezium's Outbox Event Router emits through Kafka
 //!   Connect's JSON converter — key = the aggregate id as a JSON string, value = the payload as
-//!   stored (no value at all, a tombstone, for a `null` payload), headers `id` and the event's
-//!   own as JSON strings, no `content-type`. With the WAL mode's `debezium` source the topic is
-//!   the router's (`outbox.event.<aggregatetype>` by default), and a `partition` placement
-//!   picks the partition. See `docs/from-debezium.md`.
+//!   stored (a `null` payload is the value `null`), headers `id` and the event's own as JSON
+//!   strings, no `content-type`. An event of the WAL mode's `debezium` source is the record the
+//!   router makes of its row, byte for byte: its topic (`outbox.event.<aggregatetype>` by
+//!   default), typed key, headers in the router's order (`null` values included), a tombstone
+//!   where `route.tombstone.on.empty.payload` asks for one, the partition of a `partition`
+//!   placement and the timestamp of `table.field.event.timestamp`. See `docs/from-debezium.md`.
 //! - **Timestamp**: when the relay published the record (`CreateTime`, the producer's clock), or
 //!   with [`record_timestamp`](KafkaSinkConfig::record_timestamp) `= "occurred_at"` the event's
-//!   `occurred_at` in milliseconds.
+//!   `occurred_at` in milliseconds; with `format = "debezium"`, a `debezium` source event's
+//!   `table.field.event.timestamp` column when it has one.
 //!
 //! ## Duplicates
 //!
@@ -339,7 +342,10 @@ impl KafkaSink {
                 }
             }
         }
-        if self.record_timestamp == RecordTimestamp::OccurredAt {
+        if let Some(ms) = self.routing.record_timestamp(event) {
+            // The Debezium shape's own: the router's `table.field.event.timestamp` column.
+            record = record.timestamp(ms);
+        } else if self.record_timestamp == RecordTimestamp::OccurredAt {
             record = record.timestamp(event.occurred_at.timestamp_millis());
         }
         loop {

@@ -260,11 +260,12 @@ pub fn is_binding_attribute(header: &str) -> bool {
 /// assert_eq!(extension_name("Tenant-Id").as_deref(), Some("tenantid"));
 /// assert_eq!(extension_name("traceparent").as_deref(), Some("traceparent"));
 /// assert_eq!(extension_name("outbox-partition"), None);
+/// assert_eq!(extension_name("__outbox.debezium"), None);
 /// assert_eq!(extension_name("Type"), None);
 /// assert_eq!(extension_name("--"), None);
 /// ```
 pub fn extension_name(header: &str) -> Option<String> {
-    if header.starts_with("outbox-") {
+    if crate::routing::header::is_internal(header) {
         return None;
     }
     let name: String = header

@@ -12,8 +12,10 @@
 //!   ([`Routing::cloudevents_headers`]).
 //! - **Debezium shape** ([`PayloadFormat::Debezium`]): what consumers of Debezium's Outbox Event
 //!   Router read with Kafka Connect's JSON converter — the key as a JSON string, the body as
-//!   stored, one `id` header plus the event's own headers as JSON strings, and no body at all
-//!   (a Kafka tombstone) for a `null` payload. For consumers that move over from Debezium.
+//!   stored, one `id` header plus the event's own headers as JSON strings; an event read from a
+//!   Debezium outbox table carries the whole record the router would have made
+//!   ([`DebeziumRecord`]: typed key, headers in order with `null`s, tombstone, timestamp). For
+//!   consumers that move over from Debezium.
 //!
 //! ```
 //! use outbox_types::routing::{Routing, Template};
@@ -48,6 +50,27 @@ pub mod header {
     /// Not sent: the Kafka partition a Debezium table's `partition` placement chose, which the
     /// Kafka sink honours in the Debezium shape ([`PayloadFormat::Debezium`](super::PayloadFormat::Debezium)).
     pub const PARTITION: &str = "outbox-partition";
+    /// Not sent: the parts of the Kafka record Debezium's Outbox Event Router would make of a
+    /// Debezium outbox table's row other than the value ([`DebeziumRecord`](super::DebeziumRecord),
+    /// as JSON), which the Debezium shape sends instead of its generic key and headers. Set by
+    /// the WAL relay's `debezium` source; outside the reserved `outbox-` prefix so that it is
+    /// stored with an event handed to the outbox table (and so keeps the shape across retries).
+    pub const DEBEZIUM_RECORD: &str = "__outbox.debezium";
+
+    /// Whether a header of an event is one of the relay's own that no shape sends as it is:
+    /// a name under the reserved prefix `outbox-` (any case), or [`DEBEZIUM_RECORD`].
+    ///
+    /// ```
+    /// use outbox_types::routing::header::is_internal;
+    /// assert!(is_internal("outbox-partition"));
+    /// assert!(is_internal("__outbox.debezium"));
+    /// assert!(!is_internal("traceparent"));
+    /// ```
+    pub fn is_internal(name: &str) -> bool {
+        name.get(..7)
+            .is_some_and(|p| p.eq_ignore_ascii_case(crate::RESERVED_HEADER_PREFIX))
+            || name == DEBEZIUM_RECORD
+    }
 }
 
 /// A destination template: text with `${field}` placeholders.
@@ -316,17 +339,23 @@ pub enum PayloadFormat {
     /// payload as the body, the attributes as headers): see [`crate::cloudevents`].
     CloudEvents(CloudEvents),
     /// What Debezium's Outbox Event Router emits through Kafka Connect's JSON converter
-    /// (`converter.schemas.enable=false`), so its consumers read our messages unchanged:
+    /// (`converter.schemas.enable=false`), so its consumers read our messages unchanged.
+    ///
+    /// An event read from a Debezium outbox table (the WAL relay's `debezium` source) carries
+    /// the record the router would make of its row ([`DebeziumRecord`], in the
+    /// [`header::DEBEZIUM_RECORD`] header): its key, its headers in order (the connector's
+    /// `__debezium.context.*` ones, `id`, the `header` placements, with JSON values and `null`
+    /// for NULL), whether it is a tombstone and its timestamp; the body is the payload the
+    /// source shaped (a JSON string holding the payload's text, the expanded JSON, an envelope
+    /// with additional fields, or `null`).
+    ///
+    /// Any other event is sent as the router would send a row with text columns:
     ///
     /// - key: the aggregate id as a JSON string (`"order-1"`, quotes included);
-    /// - body: the stored payload as it is — for events read from a Debezium outbox table the
-    ///   WAL source has already shaped it as the router would (a JSON string holding the
-    ///   payload's text, or the expanded JSON, or an envelope with additional fields); a
-    ///   payload of `null` has no body at all (on Kafka a tombstone, the key kept);
-    /// - headers: `id` (the event id as a JSON string), then the event's own headers (for a
-    ///   Debezium table, its `header` placements) as JSON strings; none of the `outbox-*`
-    ///   headers, and not Debezium's `__debezium.context.*` headers (its connector option
-    ///   `extended.headers.enabled=false` shows the same set).
+    /// - body: the stored payload as it is (a `null` payload is the value `null`, not a
+    ///   tombstone: the router's `route.tombstone.on.empty.payload` is off by default);
+    /// - headers: `id` (the event id as a JSON string), then the event's own headers as JSON
+    ///   strings; none of the relay's internal headers ([`header::is_internal`]).
     Debezium,
 }
 
@@ -363,29 +392,55 @@ impl Routing {
         }
     }
 
-    /// The message key: the aggregate id (as a JSON string in the Debezium shape).
+    /// The message key: the aggregate id (as a JSON string in the Debezium shape, or the
+    /// [`DebeziumRecord`]'s key).
     pub fn key<'e>(&self, event: &'e Event) -> Cow<'e, str> {
         match self.format {
-            PayloadFormat::Debezium => Cow::Owned(json_string(&event.aggregate_id)),
+            PayloadFormat::Debezium => match DebeziumRecord::of(event) {
+                Some(record) => Cow::Owned(record.key),
+                None => Cow::Owned(json_string(&event.aggregate_id)),
+            },
             _ => Cow::Borrowed(&event.aggregate_id),
         }
     }
 
-    /// Whether the message carries no body at all: a `null` payload in the Debezium shape (a
-    /// tombstone on Kafka, an empty body elsewhere).
+    /// Whether the message carries no body at all: in the Debezium shape, an event whose
+    /// [`DebeziumRecord`] is a tombstone (a Kafka record without a value; an empty body
+    /// elsewhere). Never in the other shapes, nor for a `null` payload as such.
     pub fn is_tombstone(&self, event: &Event) -> bool {
-        matches!(self.format, PayloadFormat::Debezium) && event.payload.trim() == "null"
+        matches!(self.format, PayloadFormat::Debezium)
+            && DebeziumRecord::of(event).is_some_and(|r| r.tombstone)
+    }
+
+    /// The Kafka record timestamp (milliseconds since the epoch) the shape asks for: in the
+    /// Debezium shape, the [`DebeziumRecord`]'s (the router's `table.field.event.timestamp`
+    /// column); `None` leaves it to the sink.
+    pub fn record_timestamp(&self, event: &Event) -> Option<i64> {
+        match self.format {
+            PayloadFormat::Debezium => DebeziumRecord::of(event).and_then(|r| r.timestamp_ms),
+            _ => None,
+        }
     }
 
     /// Headers to put on the message: the event's fields under [`header`] names, then its own
-    /// headers (an own header never replaces one of ours). In the Debezium shape: `id`, then the
-    /// own headers, every value as a JSON string.
+    /// headers (an own header never replaces one of ours, and internal ones are never sent). In
+    /// the Debezium shape: the [`DebeziumRecord`]'s headers with `id` among them, else `id`
+    /// then the own headers, every value as a JSON string.
     pub fn headers(&self, event: &Event) -> Vec<(String, String)> {
         if matches!(self.format, PayloadFormat::Debezium) {
+            let id = ("id".to_owned(), json_string(&event.id.to_string()));
+            if let Some(record) = DebeziumRecord::of(event) {
+                let mut out = Vec::with_capacity(1 + record.context.len() + record.headers.len());
+                out.extend(record.context);
+                out.push(id);
+                // The id consumers deduplicate on is the event's, never a second one.
+                out.extend(record.headers.into_iter().filter(|(name, _)| name != "id"));
+                return out;
+            }
             let mut out = Vec::with_capacity(1 + event.headers.len());
-            out.push(("id".to_owned(), json_string(&event.id.to_string())));
+            out.push(id);
             for (name, value) in &event.headers {
-                if !name.starts_with("outbox-") && name != "id" {
+                if !header::is_internal(name) && name != "id" {
                     out.push((name.clone(), json_string(value)));
                 }
             }
@@ -408,7 +463,7 @@ impl Routing {
         }
         let binary = matches!(&self.format, PayloadFormat::CloudEvents(ce) if ce.mode == CloudEventsMode::Binary);
         for (name, value) in &event.headers {
-            if name.starts_with("outbox-")
+            if header::is_internal(name)
                 || (binary && crate::cloudevents::is_binding_attribute(name))
             {
                 continue;
@@ -450,15 +505,135 @@ impl Routing {
     }
 }
 
-/// `value` as a JSON string, quotes included, written as Debezium's JSON converter writes it
-/// (see [`escape_non_bmp`]).
+/// The Kafka record Debezium's Outbox Event Router makes of a Debezium outbox table's row,
+/// but for its value (the event's payload) and topic (its destination): what the WAL relay's
+/// `debezium` source stores with such an event under [`header::DEBEZIUM_RECORD`], so that the
+/// Debezium shape ([`PayloadFormat::Debezium`]) sends it byte for byte, also when the event is
+/// retried from the outbox table. Every value is the exact text Kafka Connect's JSON converter
+/// writes (a JSON string with its quotes, a number, `null`).
 ///
 /// ```
-/// assert_eq!(outbox_types::routing::json_string("a\"😀"), r#""a\"\uD83D\uDE00""#);
+/// use outbox_types::routing::DebeziumRecord;
+/// let record = DebeziumRecord {
+///     key: r#""order-1""#.into(),
+///     headers: vec![("tracingspancontext".into(), "null".into())],
+///     ..DebeziumRecord::default()
+/// };
+/// let text = record.to_header();
+/// assert_eq!(DebeziumRecord::parse(&text), Some(record));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebeziumRecord {
+    /// The key's bytes: the key column as JSON (`"order-1"`, or `42` for an integer column).
+    #[serde(rename = "k")]
+    pub key: String,
+    /// Headers before `id`: the connector's `__debezium.context.*` headers (unless
+    /// `extended.headers.enabled = false`).
+    #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
+    pub context: Vec<(String, String)>,
+    /// Headers after `id`: the `header` placements in the option's order, a NULL column as
+    /// `null`.
+    #[serde(rename = "h", default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+    /// A record without a value (`route.tombstone.on.empty.payload` and an empty payload).
+    #[serde(rename = "t", default, skip_serializing_if = "std::ops::Not::not")]
+    pub tombstone: bool,
+    /// The record timestamp in milliseconds since the epoch, from the
+    /// `table.field.event.timestamp` column; `None` leaves it to the sink (its publish time,
+    /// as Debezium's processing time).
+    #[serde(rename = "ts", default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_ms: Option<i64>,
+}
+
+impl DebeziumRecord {
+    /// The record as the [`header::DEBEZIUM_RECORD`] header's value (compact JSON).
+    pub fn to_header(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// A header value written by [`DebeziumRecord::to_header`]; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        serde_json::from_str(text).ok()
+    }
+
+    /// The record `event` carries, if any (a header that does not parse counts as none: the
+    /// event is then sent in the generic Debezium shape).
+    pub fn of(event: &Event) -> Option<Self> {
+        event
+            .headers
+            .get(header::DEBEZIUM_RECORD)
+            .and_then(|text| Self::parse(text))
+    }
+}
+
+/// `value` as a JSON string, quotes included, written as Debezium's JSON converter (Jackson)
+/// writes it: `"` and `\` escaped, backspace, tab, newline, form feed and carriage return as
+/// `\b \t \n \f \r`, other control characters as `\u00XX` with upper-case hex (`\u001F`),
+/// characters beyond the Basic Multilingual Plane as a `\uXXXX\uXXXX` surrogate pair (see
+/// [`escape_non_bmp`]), everything else as it is.
+///
+/// ```
+/// use outbox_types::routing::json_string;
+/// assert_eq!(json_string("a\"😀"), r#""a\"\uD83D\uDE00""#);
+/// assert_eq!(json_string("\u{1f}\n\u{7f}é"), "\"\\u001F\\n\u{7f}é\"");
 /// ```
 pub fn json_string(value: &str) -> String {
-    let quoted = serde_json::to_string(value).unwrap_or_else(|_| "\"\"".to_owned());
-    escape_non_bmp(&quoted).into_owned()
+    let mut out = String::with_capacity(json_string_len(value));
+    push_json_string(&mut out, value);
+    out
+}
+
+/// The length in bytes of [`json_string`]`(value)`, counted without building it: what a caller
+/// checks against a size limit before it encodes a large value.
+///
+/// ```
+/// use outbox_types::routing::{json_string, json_string_len};
+/// for s in ["", "plain", "\u{1}\"\\ü😀\t"] {
+///     assert_eq!(json_string_len(s), json_string(s).len());
+/// }
+/// ```
+pub fn json_string_len(value: &str) -> usize {
+    2 + value
+        .chars()
+        .map(|c| match c {
+            '"' | '\\' | '\u{8}' | '\t' | '\n' | '\u{c}' | '\r' => 2,
+            c if u32::from(c) < 0x20 => 6,
+            c if u32::from(c) > 0xFFFF => 12,
+            c => c.len_utf8(),
+        })
+        .sum::<usize>()
+}
+
+/// Append [`json_string`]`(value)` to `out`.
+pub fn push_json_string(out: &mut String, value: &str) {
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\u{c}' => out.push_str("\\f"),
+            '\r' => out.push_str("\\r"),
+            c if u32::from(c) < 0x20 || u32::from(c) > 0xFFFF => push_utf16_escapes(out, c),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `c` as `\uXXXX` escapes of its UTF-16 code units, upper-case hex.
+fn push_utf16_escapes(out: &mut String, c: char) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut units = [0u16; 2];
+    for unit in c.encode_utf16(&mut units) {
+        out.push_str("\\u");
+        for shift in [12, 8, 4, 0] {
+            out.push(char::from(HEX[usize::from((*unit >> shift) & 0xF)]));
+        }
+    }
 }
 
 /// JSON text with every character outside the Basic Multilingual Plane written as a
@@ -477,10 +652,7 @@ pub fn escape_non_bmp(json: &str) -> Cow<'_, str> {
     let mut out = String::with_capacity(json.len() + 8);
     for c in json.chars() {
         if u32::from(c) > 0xFFFF {
-            let mut units = [0u16; 2];
-            for unit in c.encode_utf16(&mut units) {
-                out.push_str(&format!("\\u{unit:04X}"));
-            }
+            push_utf16_escapes(&mut out, c);
         } else {
             out.push(c);
         }
@@ -613,7 +785,7 @@ mod tests {
     }
 
     #[test]
-    fn debezium_shape_quotes_key_and_headers_and_turns_null_into_a_tombstone() {
+    fn debezium_shape_quotes_key_and_headers_and_sends_a_null_payload_as_null() {
         let mut e = event();
         e.headers.insert("eventType".into(), "OrderCreated".into());
         let routing = Routing::new(Template::fixed("t")).with_format(PayloadFormat::Debezium);
@@ -625,11 +797,70 @@ mod tests {
         assert!(!h.iter().any(|(k, _)| k.starts_with("outbox-")), "{h:?}");
         assert_eq!(routing.body(&e), br#"{"amount": 1999}"#);
         assert!(!routing.is_tombstone(&e));
+        // A `null` payload is the value `null`, as the router sends it by default.
         e.payload = "null".into();
+        assert!(!routing.is_tombstone(&e));
+        assert_eq!(routing.body(&e), b"null");
+        assert_eq!(Routing::new(Template::fixed("t")).body(&e), b"null");
+    }
+
+    #[test]
+    fn a_debezium_record_decides_key_headers_tombstone_and_timestamp() {
+        let mut e = event();
+        let record = DebeziumRecord {
+            key: "42".into(),
+            context: vec![("__debezium.context.taskId".into(), "\"0\"".into())],
+            headers: vec![
+                ("span".into(), "null".into()),
+                ("id".into(), "\"forged\"".into()),
+                ("n".into(), "7".into()),
+            ],
+            tombstone: true,
+            timestamp_ms: Some(1_714_558_830_123),
+        };
+        e.payload = "null".into();
+        e.headers
+            .insert(header::DEBEZIUM_RECORD.into(), record.to_header());
+        let routing = Routing::new(Template::fixed("t")).with_format(PayloadFormat::Debezium);
+        assert_eq!(routing.key(&e), "42");
+        let names: Vec<(String, String)> = routing.headers(&e);
+        assert_eq!(
+            names,
+            vec![
+                ("__debezium.context.taskId".to_owned(), "\"0\"".to_owned()),
+                ("id".to_owned(), format!("\"{}\"", e.id)),
+                ("span".to_owned(), "null".to_owned()),
+                ("n".to_owned(), "7".to_owned()),
+            ]
+        );
         assert!(routing.is_tombstone(&e));
         assert!(routing.body(&e).is_empty());
-        // Raw keeps a `null` payload as the four bytes.
-        assert_eq!(Routing::new(Template::fixed("t")).body(&e), b"null");
+        assert_eq!(routing.record_timestamp(&e), Some(1_714_558_830_123));
+        // The other shapes never send the record, nor treat anything as a tombstone.
+        let raw = Routing::new(Template::fixed("t"));
+        assert!(!raw.is_tombstone(&e));
+        assert_eq!(raw.record_timestamp(&e), None);
+        assert!(
+            !raw.headers(&e)
+                .iter()
+                .any(|(k, _)| k == header::DEBEZIUM_RECORD)
+        );
+        // A record that does not parse counts as none.
+        e.headers
+            .insert(header::DEBEZIUM_RECORD.into(), "{\"k\":".into());
+        assert_eq!(routing.key(&e), "\"42\"");
+        assert!(!routing.is_tombstone(&e));
+    }
+
+    #[test]
+    fn json_strings_escape_as_jackson_does() {
+        let all: String = (0u32..0x20).filter_map(char::from_u32).collect();
+        assert_eq!(
+            json_string(&all),
+            "\"\\u0000\\u0001\\u0002\\u0003\\u0004\\u0005\\u0006\\u0007\\b\\t\\n\\u000B\\f\\r\\u000E\\u000F\\u0010\\u0011\\u0012\\u0013\\u0014\\u0015\\u0016\\u0017\\u0018\\u0019\\u001A\\u001B\\u001C\\u001D\\u001E\\u001F\""
+        );
+        assert_eq!(json_string("/\u{7f}\u{2028}"), "\"/\u{7f}\u{2028}\"");
+        assert_eq!(json_string_len(&all), json_string(&all).len());
     }
 
     #[test]

@@ -20,11 +20,16 @@
 //!
 //! [`Source::Debezium`]: crate::Source::Debezium
 
+mod expand;
+
 use chrono::{DateTime, NaiveDateTime, Utc};
-use outbox_types::routing::{escape_non_bmp, header, json_string};
+use outbox_types::routing::{
+    DebeziumRecord, header, json_string, json_string_len, push_json_string,
+};
 use outbox_types::{Event, EventId, Headers};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 use uuid::Uuid;
 
 use crate::error::WalError;
@@ -96,10 +101,12 @@ pub struct DebeziumTable {
     pub field_event_timestamp: Option<String>,
     /// Extra columns put on the message (`table.fields.additional.placement`):
     /// `column:header[:alias]`, `column:envelope[:alias]` or `column:partition`,
-    /// comma-separated. A header carries the column's text; an envelope placement wraps the
-    /// payload as `{"payload": …, "alias": value}`; a partition placement (an integer column, at
-    /// most one) picks the Kafka partition with `format = "debezium"` instead of the key's hash
-    /// (events of one key then keep their order only if they name one partition).
+    /// comma-separated. A header carries the column's value as JSON (`"text"`, `7`, `null` for
+    /// NULL), after `id`, in the option's order; an envelope placement wraps the payload as
+    /// `{"payload": …, "alias": value}`; a partition placement (an integer column, at most one)
+    /// picks the Kafka partition with `format = "debezium"` instead of the key's hash (events of
+    /// one key then keep their order only if they name one partition). A header may not be
+    /// called `id`: that is the event id's, which consumers deduplicate on.
     #[serde(rename = "table.fields.additional.placement")]
     pub additional_placement: String,
     /// Column whose value routes the event (`route.by.field`, default `aggregatetype`); it is
@@ -117,21 +124,40 @@ pub struct DebeziumTable {
     /// subject, the Redis stream; a webhook sink with `format = "debezium"` posts to its `url`.
     #[serde(rename = "route.topic.replacement")]
     pub route_topic_replacement: String,
-    /// A NULL payload becomes a message without a body, a Kafka tombstone
-    /// (`route.tombstone.on.empty.payload`, default `false`; without envelope placements a NULL
-    /// payload has no body either way, as with Debezium's JSON converter).
+    /// A NULL payload (or, in a text column, one of blanks only) becomes a message without a
+    /// body, a Kafka tombstone (`route.tombstone.on.empty.payload`, default `false`). Without
+    /// it such a payload is the value `null` (or `{"payload":null,…}` with envelope
+    /// placements), as Debezium sends it.
     #[serde(rename = "route.tombstone.on.empty.payload")]
     pub tombstone_on_empty_payload: bool,
     /// Put the payload on the message as JSON rather than as a string holding its text
-    /// (`table.expand.json.payload`, default `false`). Expanded payloads are compact, keep the
-    /// key order, and drop top-level `null` fields, as Debezium's do.
+    /// (`table.expand.json.payload`, default `false`), as Debezium infers a schema for it and
+    /// writes it: objects compact, in key order, without `null` and empty-array fields; the
+    /// objects of an array with every field of the array's schema; a payload that is not an
+    /// object (a JSON string, number, array, `null`) or that Debezium cannot expand stays the
+    /// string, with a warning. Bounded by `relay.max_payload_bytes`: see docs/from-debezium.md.
     #[serde(rename = "table.expand.json.payload")]
     pub expand_json_payload: bool,
     /// What an update of a row does (`table.op.invalid.behavior`): `warn` (default), `error`
     /// or `fatal`. Only seen when the publication publishes updates (a reused Debezium
-    /// publication does; the one the relay creates publishes inserts only).
+    /// publication does); with the relay's own publication, which publishes inserts only, it
+    /// never fires.
     #[serde(rename = "table.op.invalid.behavior")]
     pub op_invalid_behavior: InvalidOp,
+    /// Send the four `__debezium.context.*` headers Debezium's connector adds before `id`
+    /// (`extended.headers.enabled`, a connector option): `connectorLogicalName` (from
+    /// `topic.prefix`), `taskId` (`"0"`), `connectorName` (`"postgresql"`) and `runId` (new at
+    /// each start of the relay). Debezium's default is `true`; the relay's is `false`, because
+    /// the headers' values come from the connector's `topic.prefix`, which the relay cannot
+    /// know, and a configuration written before this option keeps its messages as they were.
+    /// `outbox config import-debezium` writes it, with `topic.prefix`, explicitly.
+    #[serde(rename = "extended.headers.enabled")]
+    pub extended_headers_enabled: bool,
+    /// The connector's `topic.prefix` (its logical name): the
+    /// `__debezium.context.connectorLogicalName` header. Needed with
+    /// `extended.headers.enabled`.
+    #[serde(rename = "topic.prefix", skip_serializing_if = "Option::is_none")]
+    pub topic_prefix: Option<String>,
 }
 
 impl Default for DebeziumTable {
@@ -150,6 +176,8 @@ impl Default for DebeziumTable {
             tombstone_on_empty_payload: false,
             expand_json_payload: false,
             op_invalid_behavior: InvalidOp::Warn,
+            extended_headers_enabled: false,
+            topic_prefix: None,
         }
     }
 }
@@ -214,6 +242,16 @@ impl DebeziumTable {
         }
         self.replacement(&self.regex()?)?;
         self.additional()?;
+        if self.extended_headers_enabled
+            && self
+                .topic_prefix
+                .as_deref()
+                .is_none_or(|p| p.trim().is_empty())
+        {
+            return Err(WalError::Config(
+                "[wal.debezium] `extended.headers.enabled = true` needs `topic.prefix`, the connector's logical name (the `__debezium.context.connectorLogicalName` header): copy it from the connector's configuration, or set `extended.headers.enabled = false`".to_owned(),
+            ));
+        }
         Ok(())
     }
 
@@ -311,6 +349,11 @@ impl DebeziumTable {
                 other => return Err(bad(&format!("unknown placement `{other}`"))),
             };
             let alias = parts.get(2).filter(|a| !a.is_empty()).unwrap_or(&parts[0]);
+            if placement == Placement::Header && *alias == "id" {
+                return Err(bad(
+                    "the header `id` is the event id's (consumers deduplicate on it); give the column another alias",
+                ));
+            }
             if placement == Placement::Envelope && *alias == "payload" {
                 return Err(bad(
                     "the envelope already has a field `payload`; give the column another alias",
@@ -415,34 +458,56 @@ pub(crate) async fn check_table(
     Ok(())
 }
 
-/// Column types Debezium's JSON converter writes as JSON numbers: `int2`, `int4`, `int8`,
-/// `float4`, `float8`. (`numeric` is a base64 decimal with its default
-/// `decimal.handling.mode`, and timestamps are epoch numbers with its default
-/// `time.precision.mode`: both are sent as PostgreSQL's text here, see docs/from-debezium.md.)
-const NUMBER_TYPES: [u32; 5] = [20, 21, 23, 700, 701];
+/// Column types Debezium's JSON converter writes as JSON numbers: `int2`, `int4`, `int8`
+/// (as they are), `float4`, `float8` (as Java prints a float or double). (`numeric` is a
+/// base64 decimal with its default `decimal.handling.mode`, and timestamps are epoch numbers
+/// with its default `time.precision.mode`: both are sent as PostgreSQL's text here, see
+/// docs/from-debezium.md.)
+const INTEGER_TYPES: [u32; 3] = [20, 21, 23];
+const FLOAT4_TYPE: u32 = 700;
+const FLOAT8_TYPE: u32 = 701;
 const BOOL_TYPE: u32 = 16;
 const TIMESTAMP_TYPE: u32 = 1114;
+
+/// The run id of this process in the `__debezium.context.runId` header: Debezium's changes at
+/// each start of its connector task, the relay's at each start of the relay (a UUIDv7, as
+/// Debezium's).
+fn run_id() -> &'static str {
+    static RUN_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN_ID.get_or_init(|| Uuid::now_v7().to_string())
+}
 
 /// Where each mapped column sits in the table's relation, and the compiled options.
 #[derive(Clone, Debug)]
 pub(crate) struct DebeziumLayout {
     id: usize,
-    key: usize,
+    key: (usize, u32),
     event_type: Option<usize>,
     payload: usize,
     timestamp: Option<(usize, bool)>,
     route_by: usize,
+    /// `route.topic.regex` anchored at both ends (Java's `matches()`), and as written (for
+    /// `replaceFirst`, which replaces the first match it finds).
+    anchored: Regex,
     regex: Regex,
     replacement: String,
     /// `(index, type oid, placement, alias)`.
     additional: Vec<(usize, u32, Placement, String)>,
     tombstone_on_empty_payload: bool,
     expand_json_payload: bool,
+    /// The `__debezium.context.*` headers, when `extended.headers.enabled`.
+    context: Vec<(String, String)>,
+    limits: expand::Limits,
 }
 
 impl DebeziumLayout {
     /// Map the columns the options name; the error names a missing column and its option.
-    pub fn of(relation: &Relation, table: &DebeziumTable) -> Result<Self, WalError> {
+    /// `max_payload_bytes` bounds the value a row's payload becomes (see [`expand`]).
+    pub fn of(
+        relation: &Relation,
+        table: &DebeziumTable,
+        max_payload_bytes: u64,
+    ) -> Result<Self, WalError> {
         let index = relation.column_index();
         let need = |column: &str, option: &str| {
             index.get(column).copied().ok_or_else(|| {
@@ -467,23 +532,51 @@ impl DebeziumLayout {
             additional.push((i, type_of(i), a.placement, a.alias));
         }
         let regex = table.regex()?;
+        let key = need(&table.field_event_key, "table.field.event.key")?;
+        let context = match (&table.topic_prefix, table.extended_headers_enabled) {
+            (Some(prefix), true) => vec![
+                (
+                    "__debezium.context.connectorLogicalName".to_owned(),
+                    json_string(prefix),
+                ),
+                ("__debezium.context.taskId".to_owned(), json_string("0")),
+                (
+                    "__debezium.context.connectorName".to_owned(),
+                    json_string("postgresql"),
+                ),
+                ("__debezium.context.runId".to_owned(), json_string(run_id())),
+            ],
+            _ => Vec::new(),
+        };
         Ok(DebeziumLayout {
             id: need(&table.field_event_id, "table.field.event.id")?,
-            key: need(&table.field_event_key, "table.field.event.key")?,
+            key: (key, type_of(key)),
             event_type: index.get(table.field_event_type.as_str()).copied(),
             payload,
             timestamp,
             route_by: need(&table.route_by_field, "route.by.field")?,
             replacement: table.replacement(&regex)?,
-            regex,
+            anchored: table.regex()?,
+            regex: Regex::new(&table.route_topic_regex).map_err(|e| {
+                WalError::Config(format!(
+                    "[wal.debezium] `route.topic.regex` = `{}` is not a valid regular expression: {e}",
+                    table.route_topic_regex
+                ))
+            })?,
             additional,
             tombstone_on_empty_payload: table.tombstone_on_empty_payload,
             expand_json_payload: table.expand_json_payload,
+            context,
+            limits: expand::Limits::for_max_payload_bytes(max_payload_bytes),
         })
     }
 
     /// Turn an inserted row into an event as the Outbox Event Router shapes it; `seq` is its
-    /// position in the WAL, `committed` its commit time. The error names the column.
+    /// position in the WAL, `committed` its commit time. The error names the column (the row
+    /// is then dead-lettered, the payload left in the table).
+    ///
+    /// The payload is measured before it is encoded or expanded: a row whose value would be
+    /// larger than `relay.max_payload_bytes` is refused without building it.
     pub fn event(
         &self,
         values: &[Option<&[u8]>],
@@ -505,35 +598,66 @@ impl DebeziumLayout {
         let id = Uuid::parse_str(id).map_err(|e| {
             format!("the id column (`table.field.event.id`) is not a UUID ({e}): the relay needs UUID event ids")
         })?;
-        let key = required(self.key, "key (`table.field.event.key`)")?;
+        let key = required(self.key.0, "key (`table.field.event.key`)")?;
         let routed_by = required(self.route_by, "routed-by (`route.by.field`)")?;
+        let topic = self.topic(routed_by)?;
         let event_type = match self.event_type {
             Some(i) => text(i, "type (`table.field.event.type`)")?,
             None => None,
         }
         .unwrap_or(routed_by);
-        let occurred_at = match self.timestamp {
+        let (occurred_at, timestamp_ms) = match self.timestamp {
             Some((i, naive)) => match text(i, "timestamp (`table.field.event.timestamp`)")? {
-                Some(t) if naive => parse_timestamp(t)?,
-                Some(t) => parse_timestamptz(t).map_err(|e| {
-                    format!("the timestamp column (`table.field.event.timestamp`): {e}")
-                })?,
-                None => committed,
+                Some(t) => {
+                    let at = if naive {
+                        parse_timestamp(t)?
+                    } else {
+                        parse_timestamptz(t).map_err(|e| {
+                            format!("the timestamp column (`table.field.event.timestamp`): {e}")
+                        })?
+                    };
+                    // Debezium's `MicroTimestamp` divided by 1,000 as Java divides (towards
+                    // zero), not floored.
+                    (at, Some(at.timestamp_micros() / 1000))
+                }
+                None => (committed, None),
             },
-            None => committed,
+            None => (committed, None),
         };
         let payload = text(self.payload, "payload (`table.field.event.payload`)")?;
+        let too_large = |bytes: String| {
+            format!(
+                "the payload is {bytes} bytes as Debezium shapes it, above relay.max_payload_bytes = {}: the relay does not deliver it; raise relay.max_payload_bytes (if the destination accepts such messages) or make the event smaller",
+                self.limits.max_bytes
+            )
+        };
+        if let Some(p) = payload
+            && p.len() > self.limits.max_bytes
+        {
+            return Err(too_large(format!("at least {}", p.len())));
+        }
         let mut value = match payload {
             None => "null".to_owned(),
-            Some(p) if self.expand_json_payload => expand(p).unwrap_or_else(|| json_string(p)),
-            Some(p) => json_string(p),
+            Some(p) if self.expand_json_payload => match expand::expand(p, self.limits) {
+                expand::Expanded::Json(json) => json,
+                expand::Expanded::TooLarge => {
+                    return Err(too_large(format!("more than {}", self.limits.max_bytes)));
+                }
+                expand::Expanded::Text(why) => {
+                    warn!(event_id = %id, reason = %why, "JSON expansion failed: the payload is sent as a string holding its text, as Debezium does (`table.expand.json.payload`).");
+                    self.quoted(p).map_err(too_large)?
+                }
+            },
+            Some(p) => self.quoted(p).map_err(too_large)?,
         };
         let mut headers = Headers::new();
+        let mut record_headers = Vec::new();
         let mut envelope = Vec::new();
         for (i, type_oid, placement, alias) in &self.additional {
             let v = text(*i, "additional placement")?;
             match placement {
                 Placement::Header => {
+                    record_headers.push((alias.clone(), typed_json(*type_oid, v)));
                     if let Some(v) = v {
                         headers.insert(alias.clone(), v.to_owned());
                     }
@@ -551,21 +675,42 @@ impl DebeziumLayout {
                 }
             }
         }
+        // Debezium: `payload == null || payload.toString().trim().isEmpty()`; Java's `trim`
+        // strips every character up to U+0020.
         let tombstone =
-            payload.is_none() && (self.tombstone_on_empty_payload || envelope.is_empty());
-        if !envelope.is_empty() && !tombstone {
-            let mut out = String::with_capacity(value.len() + 32 * envelope.len());
+            self.tombstone_on_empty_payload && payload.is_none_or(|p| p.chars().all(|c| c <= ' '));
+        if tombstone {
+            value = "null".to_owned();
+        } else if !envelope.is_empty() {
+            let size = envelope
+                .iter()
+                .map(|(alias, v)| json_string_len(alias) + v.len() + 2)
+                .sum::<usize>()
+                + value.len()
+                + 12;
+            if size > self.limits.max_bytes {
+                return Err(too_large(size.to_string()));
+            }
+            let mut out = String::with_capacity(size);
             out.push_str("{\"payload\":");
             out.push_str(&value);
             for (alias, v) in envelope {
                 out.push(',');
-                out.push_str(&json_string(alias));
+                push_json_string(&mut out, alias);
                 out.push(':');
                 out.push_str(&v);
             }
             out.push('}');
             value = out;
         }
+        let record = DebeziumRecord {
+            key: typed_json(self.key.1, Some(key)),
+            context: self.context.clone(),
+            headers: record_headers,
+            tombstone,
+            timestamp_ms,
+        };
+        headers.insert(header::DEBEZIUM_RECORD.to_owned(), record.to_header());
         Ok(Event {
             seq,
             id: EventId::from_uuid(id),
@@ -573,7 +718,7 @@ impl DebeziumLayout {
             aggregate_id: key.to_owned(),
             event_type: event_type.to_owned(),
             payload: value,
-            destination: Some(self.topic(routed_by)),
+            destination: Some(topic),
             headers,
             idempotency_key: None,
             occurred_at,
@@ -582,34 +727,115 @@ impl DebeziumLayout {
         })
     }
 
-    /// The topic for a routed-by value: the replacement when the regex matches the whole value,
-    /// else the value itself.
-    fn topic(&self, routed_by: &str) -> String {
-        match self.regex.captures(routed_by) {
-            Some(caps) => {
-                let mut out = String::new();
-                caps.expand(&self.replacement, &mut out);
-                out
-            }
-            None => routed_by.to_owned(),
+    /// The payload's text as a JSON string, measured before it is built; the error is its size.
+    fn quoted(&self, text: &str) -> Result<String, String> {
+        let size = json_string_len(text);
+        if size > self.limits.max_bytes {
+            return Err(size.to_string());
         }
+        Ok(json_string(text))
+    }
+
+    /// The topic for a routed-by value, as Kafka Connect's `RegexRouter` makes it: when the
+    /// regex matches the whole value (`matches()`), the value with its first match replaced
+    /// (`replaceFirst`); else the value itself.
+    ///
+    /// A value with a control character or a line break is refused: Java's `.` stops at
+    /// `\r`, `\u0085`, `\u2028` and `\u2029` as well as `\n` (the regex crate's only at `\n`),
+    /// so the default regex would not match it in Debezium and the raw value would be the
+    /// topic, without its `outbox.event.` prefix — a name no broker should get.
+    fn topic(&self, routed_by: &str) -> Result<String, String> {
+        if let Some(c) = routed_by
+            .chars()
+            .find(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'))
+        {
+            return Err(format!(
+                "the routed-by column (`route.by.field`) holds the control character or line break U+{:04X}: Debezium's `route.topic.regex` does not match such a value and would use it as the topic as it is; fix the writer",
+                u32::from(c)
+            ));
+        }
+        if !self.anchored.is_match(routed_by) {
+            return Ok(routed_by.to_owned());
+        }
+        Ok(self
+            .regex
+            .replacen(routed_by, 1, self.replacement.as_str())
+            .into_owned())
     }
 }
 
-/// A column's text as the JSON value Debezium's envelope holds: integers, floats and booleans
-/// as JSON numbers and booleans, everything else (also `json`/`jsonb`, which Debezium sends as
-/// a string) as a string; NULL as `null`.
+/// A column's text as the JSON value Debezium's converter writes for it: integers as they
+/// are, floats as Java prints them, booleans as `true`/`false`, everything else (also
+/// `json`/`jsonb`, which Debezium sends as a string) as a JSON string; NULL as `null`.
 fn typed_json(type_oid: u32, text: Option<&str>) -> String {
-    match text {
-        None => "null".to_owned(),
-        Some(t)
-            if NUMBER_TYPES.contains(&type_oid) && t.parse::<f64>().is_ok_and(f64::is_finite) =>
-        {
-            t.to_owned()
-        }
-        Some(t) if type_oid == BOOL_TYPE => (if t == "t" { "true" } else { "false" }).to_owned(),
-        Some(t) => json_string(t),
+    let Some(t) = text else {
+        return "null".to_owned();
+    };
+    if INTEGER_TYPES.contains(&type_oid) && t.parse::<i64>().is_ok() {
+        return t.to_owned();
     }
+    if type_oid == FLOAT8_TYPE
+        && let Ok(x) = t.parse::<f64>()
+        && x.is_finite()
+    {
+        return java_double(x);
+    }
+    if type_oid == FLOAT4_TYPE
+        && let Ok(x) = t.parse::<f32>()
+        && x.is_finite()
+    {
+        return java_format(
+            x == 0.0 || (1e-3..1e7).contains(&x.abs()),
+            format!("{x}"),
+            format!("{x:e}"),
+        );
+    }
+    if type_oid == BOOL_TYPE {
+        return (if t == "t" { "true" } else { "false" }).to_owned();
+    }
+    json_string(t)
+}
+
+/// A `double` as Jackson writes it: Java's `Double.toString` (plain between 10⁻³ and 10⁷,
+/// `42.5`, `2.0`; else in scientific notation, `1.0E-4`, `1.23456785E7`; the shortest digits
+/// that read back the same), and infinities as the strings `"Infinity"` / `"-Infinity"`.
+pub(crate) fn java_double(x: f64) -> String {
+    if x.is_nan() {
+        return "\"NaN\"".to_owned();
+    }
+    if x.is_infinite() {
+        return (if x > 0.0 {
+            "\"Infinity\""
+        } else {
+            "\"-Infinity\""
+        })
+        .to_owned();
+    }
+    java_format(
+        x == 0.0 || (1e-3..1e7).contains(&x.abs()),
+        format!("{x}"),
+        format!("{x:e}"),
+    )
+}
+
+/// Java's `toString` layout of a float or double from Rust's shortest `{}` and `{:e}` forms.
+fn java_format(plain_range: bool, plain: String, sci: String) -> String {
+    if plain_range {
+        return if plain.contains('.') {
+            plain
+        } else {
+            plain + ".0"
+        };
+    }
+    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let mut out = String::with_capacity(sci.len() + 3);
+    out.push_str(mantissa);
+    if !mantissa.contains('.') {
+        out.push_str(".0");
+    }
+    out.push('E');
+    out.push_str(exponent);
+    out
 }
 
 /// A `timestamp without time zone` read as UTC.
@@ -622,141 +848,6 @@ fn parse_timestamp(text: &str) -> Result<DateTime<Utc>, String> {
                 "the timestamp column (`table.field.event.timestamp`): invalid timestamp `{text}`"
             )
         })
-}
-
-/// JSON text expanded as Debezium's `table.expand.json.payload` does: compact, key order kept,
-/// top-level `null` fields dropped, numbers as doubles print (`42.50` → `42.5`). `None` when
-/// the text is not JSON (Debezium then sends it as a string).
-pub(crate) fn expand(text: &str) -> Option<String> {
-    let value: Json = serde_json::from_str(text).ok()?;
-    let value = match value {
-        Json::Object(fields) => Json::Object(
-            fields
-                .into_iter()
-                .filter(|(_, v)| !matches!(v, Json::Null))
-                .collect(),
-        ),
-        other => other,
-    };
-    let mut out = String::with_capacity(text.len());
-    value.write(&mut out);
-    Some(escape_non_bmp(&out).into_owned())
-}
-
-/// A number as Jackson writes the value it parsed: integers as they are, fractions as Java's
-/// `Double.toString` — plain between 10⁻³ and 10⁷ (`42.5`, `42.0`), else in scientific
-/// notation (`1.0E-4`, `1.23456785E7`), with the shortest digits that read back the same.
-fn java_number(n: &serde_json::Number, out: &mut String) {
-    let Some(x) = n.as_f64().filter(|_| n.is_f64()) else {
-        out.push_str(&n.to_string());
-        return;
-    };
-    let magnitude = x.abs();
-    if x == 0.0 || (1e-3..1e7).contains(&magnitude) {
-        out.push_str(&n.to_string());
-        return;
-    }
-    let sci = format!("{x:e}");
-    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
-    out.push_str(mantissa);
-    if !mantissa.contains('.') {
-        out.push_str(".0");
-    }
-    out.push('E');
-    out.push_str(exponent);
-}
-
-/// A JSON value that keeps its objects' key order (serde_json's `Value` sorts them here).
-enum Json {
-    Null,
-    Bool(bool),
-    Number(serde_json::Number),
-    String(String),
-    Array(Vec<Json>),
-    Object(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn write(&self, out: &mut String) {
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Number(n) => java_number(n, out),
-            Json::String(s) => out.push_str(&json_string(s)),
-            Json::Array(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    item.write(out);
-                }
-                out.push(']');
-            }
-            Json::Object(fields) => {
-                out.push('{');
-                for (i, (k, v)) in fields.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&json_string(k));
-                    out.push(':');
-                    v.write(out);
-                }
-                out.push('}');
-            }
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Json {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Json;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("JSON")
-            }
-            fn visit_unit<E>(self) -> Result<Json, E> {
-                Ok(Json::Null)
-            }
-            fn visit_bool<E>(self, b: bool) -> Result<Json, E> {
-                Ok(Json::Bool(b))
-            }
-            fn visit_i64<E>(self, n: i64) -> Result<Json, E> {
-                Ok(Json::Number(n.into()))
-            }
-            fn visit_u64<E>(self, n: u64) -> Result<Json, E> {
-                Ok(Json::Number(n.into()))
-            }
-            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Json, E> {
-                serde_json::Number::from_f64(n)
-                    .map(Json::Number)
-                    .ok_or_else(|| E::custom("a number that is not finite"))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<Json, E> {
-                Ok(Json::String(s.to_owned()))
-            }
-            fn visit_string<E>(self, s: String) -> Result<Json, E> {
-                Ok(Json::String(s))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element()? {
-                    items.push(item);
-                }
-                Ok(Json::Array(items))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
-                let mut fields = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, Json>()? {
-                    fields.push((k, v));
-                }
-                Ok(Json::Object(fields))
-            }
-        }
-        d.deserialize_any(V)
-    }
 }
 
 #[cfg(test)]
@@ -786,6 +877,7 @@ mod tests {
 
     const ID: &str = "00000000-0000-4000-8000-000000000001";
     const JSONB: &str = r#"{"items": [{"qty": 2, "sku": "A-1"}], "amount": 42}"#;
+    const LIMIT: u64 = 1 << 20;
 
     fn row(payload: Option<&str>) -> Vec<Option<&[u8]>> {
         vec![
@@ -797,11 +889,16 @@ mod tests {
         ]
     }
 
+    fn layout(table: &DebeziumTable) -> DebeziumLayout {
+        DebeziumLayout::of(&documented(), table, LIMIT).unwrap()
+    }
+
     fn event(table: &DebeziumTable, payload: Option<&str>) -> Event {
-        DebeziumLayout::of(&documented(), table)
-            .unwrap()
-            .event(&row(payload), 7, Utc::now())
-            .unwrap()
+        layout(table).event(&row(payload), 7, Utc::now()).unwrap()
+    }
+
+    fn record(e: &Event) -> DebeziumRecord {
+        DebeziumRecord::of(e).expect("a Debezium record")
     }
 
     #[test]
@@ -817,11 +914,18 @@ mod tests {
             e.payload,
             r#""{\"items\": [{\"qty\": 2, \"sku\": \"A-1\"}], \"amount\": 42}""#
         );
-        assert!(e.headers.is_empty());
+        assert_eq!(
+            record(&e),
+            DebeziumRecord {
+                key: "\"order-1\"".into(),
+                ..DebeziumRecord::default()
+            }
+        );
+        assert_eq!(e.headers.len(), 1);
     }
 
     #[test]
-    fn expanded_payload_is_compact_ordered_and_drops_top_level_nulls() {
+    fn expanded_payloads_follow_debeziums_schema_and_fall_back_to_text() {
         let t = DebeziumTable {
             expand_json_payload: true,
             ..DebeziumTable::default()
@@ -831,23 +935,48 @@ mod tests {
             e.payload,
             r#"{"items":[{"qty":2,"sku":"A-1"}],"amount":42}"#
         );
-        assert_eq!(
-            expand(r#"{"b": 42.50, "a": null, "c": {"z": null}, "s": "😀"}"#).unwrap(),
-            r#"{"b":42.5,"c":{"z":null},"s":"\uD83D\uDE00"}"#
-        );
-        // Not JSON: sent as a string, as Debezium does.
-        assert_eq!(expand("not json"), None);
-        // Doubles as Java prints them.
-        assert_eq!(
-            expand(r#"[0.0001, 12345678.5, 1e21, -0.5, 2.0, 7]"#).unwrap(),
-            "[1.0E-4,1.23456785E7,1.0E21,-0.5,2.0,7]"
-        );
+        // The JSON literal null, a string, a number: not expanded, sent as the string holding
+        // the text (`"null"`), never a tombstone or the value null.
+        for (payload, value) in [
+            ("null", r#""null""#),
+            (r#""text""#, r#""\"text\"""#),
+            ("42", r#""42""#),
+            ("[1, \"a\"]", r#""[1, \"a\"]""#),
+        ] {
+            let e = event(&t, Some(payload));
+            assert_eq!(e.payload, value, "{payload}");
+            assert!(!record(&e).tombstone);
+        }
+        // Even with tombstones asked for: the text `null` is not empty.
+        let tombstones = DebeziumTable {
+            tombstone_on_empty_payload: true,
+            ..t.clone()
+        };
+        assert!(!record(&event(&tombstones, Some("null"))).tombstone);
+    }
+
+    #[test]
+    fn null_payloads_are_the_value_null_unless_tombstones_are_asked_for() {
+        let plain = event(&DebeziumTable::default(), None);
+        assert_eq!(plain.payload, "null");
+        assert!(!record(&plain).tombstone);
+        let t = DebeziumTable {
+            tombstone_on_empty_payload: true,
+            ..DebeziumTable::default()
+        };
+        let e = event(&t, None);
+        assert_eq!(e.payload, "null");
+        assert!(record(&e).tombstone);
+        // Java's trim(): blanks and control characters only count as empty.
+        assert!(record(&event(&t, Some(" \t\u{1}"))).tombstone);
+        assert!(!record(&event(&t, Some(" x"))).tombstone);
     }
 
     #[test]
     fn placements_routing_and_tombstones() {
         let t = DebeziumTable {
-            additional_placement: "type:header:eventType,aggregatetype:envelope:aggType".into(),
+            additional_placement:
+                "type:header:eventType,aggregatetype:envelope:aggType,payload:header:raw".into(),
             route_by_field: "type".into(),
             route_topic_replacement: "events.${routedByValue}".into(),
             ..DebeziumTable::default()
@@ -859,20 +988,59 @@ mod tests {
             Some("OrderCreated")
         );
         assert_eq!(
+            record(&e).headers,
+            vec![
+                ("eventType".to_owned(), "\"OrderCreated\"".to_owned()),
+                ("raw".to_owned(), json_string(JSONB)),
+            ]
+        );
+        assert_eq!(
             e.payload,
             r#"{"payload":"{\"items\": [{\"qty\": 2, \"sku\": \"A-1\"}], \"amount\": 42}","aggType":"Order"}"#
         );
-        // NULL payload with envelope fields: the envelope, unless tombstones are asked for.
-        assert_eq!(
-            event(&t, None).payload,
-            r#"{"payload":null,"aggType":"Order"}"#
-        );
+        // NULL payload with envelope fields: the envelope, unless tombstones are asked for;
+        // a NULL header placement is the header with the value `null`.
+        let e = event(&t, None);
+        assert_eq!(e.payload, r#"{"payload":null,"aggType":"Order"}"#);
+        assert_eq!(record(&e).headers[1], ("raw".to_owned(), "null".to_owned()));
+        assert!(!e.headers.contains_key("raw"));
         let t = DebeziumTable {
             tombstone_on_empty_payload: true,
             ..t
         };
-        assert_eq!(event(&t, None).payload, "null");
-        assert_eq!(event(&DebeziumTable::default(), None).payload, "null");
+        let e = event(&t, None);
+        assert_eq!(e.payload, "null");
+        assert!(record(&e).tombstone);
+    }
+
+    #[test]
+    fn context_headers_come_with_the_topic_prefix() {
+        let t = DebeziumTable {
+            extended_headers_enabled: true,
+            ..DebeziumTable::default()
+        };
+        let err = t.validate().unwrap_err().to_string();
+        assert!(err.contains("topic.prefix"), "{err}");
+        let t = DebeziumTable {
+            topic_prefix: Some("dbserver1".into()),
+            ..t
+        };
+        t.validate().unwrap();
+        let context = record(&event(&t, Some("{}"))).context;
+        let names: Vec<&str> = context.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "__debezium.context.connectorLogicalName",
+                "__debezium.context.taskId",
+                "__debezium.context.connectorName",
+                "__debezium.context.runId"
+            ]
+        );
+        assert_eq!(context[0].1, "\"dbserver1\"");
+        assert_eq!(context[1].1, "\"0\"");
+        assert_eq!(context[2].1, "\"postgresql\"");
+        assert_eq!(context[3].1, format!("\"{}\"", run_id()));
     }
 
     #[test]
@@ -890,13 +1058,61 @@ mod tests {
             // `$21` group 2 then `1` when there is no group 21.
             ("t.$2_x.\\$.$21", "abc-12", "t.12_x.$.121"),
         ] {
-            let layout = DebeziumLayout::of(&documented(), &routed_by(replacement)).unwrap();
-            assert_eq!(layout.topic(value), topic, "{replacement} on {value}");
+            let layout = DebeziumLayout::of(&documented(), &routed_by(replacement), LIMIT).unwrap();
+            assert_eq!(
+                layout.topic(value).unwrap(),
+                topic,
+                "{replacement} on {value}"
+            );
         }
+        // `replaceFirst` replaces the first match `find()` sees, which can be shorter than the
+        // whole value `matches()` accepted.
+        let alternation = DebeziumTable {
+            route_topic_regex: "a|ab".into(),
+            route_topic_replacement: "X".into(),
+            ..DebeziumTable::default()
+        };
+        let layout = DebeziumLayout::of(&documented(), &alternation, LIMIT).unwrap();
+        assert_eq!(layout.topic("ab").unwrap(), "Xb");
         for bad in ["t.$3", "t.${nope}", "t.$x", "t.\\"] {
             let err = routed_by(bad).validate().unwrap_err().to_string();
             assert!(err.contains("route.topic.replacement"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_line_break_in_the_routed_by_value_is_refused() {
+        let layout = layout(&DebeziumTable::default());
+        for value in [
+            "Order\n",
+            "Or\rder",
+            "Order\u{85}",
+            "Order\u{2028}",
+            "\u{1b}[2J",
+        ] {
+            let err = layout.topic(value).unwrap_err();
+            assert!(err.contains("route.by.field"), "{value:?}: {err}");
+        }
+        let mut values = row(Some("{}"));
+        values[1] = Some(b"Order\nadmin");
+        let err = layout.event(&values, 1, Utc::now()).unwrap_err();
+        assert!(err.contains("U+000A"), "{err}");
+    }
+
+    #[test]
+    fn payloads_are_measured_before_they_are_encoded() {
+        let small = DebeziumLayout::of(&documented(), &DebeziumTable::default(), 64).unwrap();
+        // 40 control characters: 40 bytes of text, 242 as a JSON string.
+        let text = "\u{1}".repeat(40);
+        let err = small.event(&row(Some(&text)), 1, Utc::now()).unwrap_err();
+        assert!(
+            err.contains("242 bytes") && err.contains("max_payload_bytes = 64"),
+            "{err}"
+        );
+        let err = small
+            .event(&row(Some(&"x".repeat(65))), 1, Utc::now())
+            .unwrap_err();
+        assert!(err.contains("at least 65 bytes"), "{err}");
     }
 
     #[test]
@@ -913,6 +1129,11 @@ mod tests {
         });
         assert!(err.contains("unknown placement `somewhere`"), "{err}");
         let err = bad(DebeziumTable {
+            additional_placement: "type:header:id".into(),
+            ..DebeziumTable::default()
+        });
+        assert!(err.contains("header `id`"), "{err}");
+        let err = bad(DebeziumTable {
             route_topic_regex: "(".into(),
             ..DebeziumTable::default()
         });
@@ -923,6 +1144,7 @@ mod tests {
                 field_event_key: "aggregate_id".into(),
                 ..DebeziumTable::default()
             },
+            LIMIT,
         )
         .unwrap_err()
         .to_string();
@@ -930,7 +1152,7 @@ mod tests {
             err.contains("`aggregate_id`") && err.contains("table.field.event.key"),
             "{err}"
         );
-        let layout = DebeziumLayout::of(&documented(), &DebeziumTable::default()).unwrap();
+        let layout = layout(&DebeziumTable::default());
         let mut values = row(Some("{}"));
         values[0] = Some(b"42");
         let err = layout.event(&values, 1, Utc::now()).unwrap_err();
@@ -942,33 +1164,41 @@ mod tests {
     }
 
     #[test]
-    fn timestamps_and_typed_envelope_fields() {
+    fn timestamps_and_typed_fields() {
         let rel = relation(&[
             ("id", 2950),
             ("aggregatetype", 25),
-            ("aggregateid", 25),
+            ("aggregateid", 23),
             ("payload", 25),
             ("ts", TIMESTAMP_TYPE),
             ("n", 23),
             ("ok", BOOL_TYPE),
+            ("f", FLOAT8_TYPE),
+            ("g", FLOAT4_TYPE),
         ]);
         let t = DebeziumTable {
             field_event_timestamp: Some("ts".into()),
-            additional_placement: "n:envelope,ok:envelope:flag,n:partition".into(),
+            additional_placement:
+                "n:envelope,ok:envelope:flag,n:partition,f:header,g:header,n:header".into(),
             ..DebeziumTable::default()
         };
-        let layout = DebeziumLayout::of(&rel, &t).unwrap();
+        let layout = DebeziumLayout::of(&rel, &t, LIMIT).unwrap();
         let values: Vec<Option<&[u8]>> = vec![
             Some(ID.as_bytes()),
             Some(b"Order"),
-            Some(b"o-1"),
+            Some(b"42"),
             Some(b"plain text"),
-            Some(b"2024-05-01 10:20:30.123"),
+            Some(b"2024-05-01 10:20:30.123456"),
             Some(b"7"),
             Some(b"t"),
+            Some(b"1e+20"),
+            Some(b"0.1"),
         ];
         let e = layout.event(&values, 1, Utc::now()).unwrap();
-        assert_eq!(e.occurred_at.to_rfc3339(), "2024-05-01T10:20:30.123+00:00");
+        assert_eq!(
+            e.occurred_at.to_rfc3339(),
+            "2024-05-01T10:20:30.123456+00:00"
+        );
         // No type column: the routed-by value is the event type.
         assert_eq!(e.event_type, "Order");
         assert_eq!(e.payload, r#"{"payload":"plain text","n":7,"flag":true}"#);
@@ -976,9 +1206,53 @@ mod tests {
             e.headers.get(header::PARTITION).map(String::as_str),
             Some("7")
         );
+        let r = record(&e);
+        // An integer key column is a JSON number; microseconds cut to milliseconds.
+        assert_eq!(r.key, "42");
+        assert_eq!(r.timestamp_ms, Some(1_714_558_830_123));
+        assert_eq!(
+            r.headers,
+            vec![
+                ("f".to_owned(), "1.0E20".to_owned()),
+                ("g".to_owned(), "0.1".to_owned()),
+                ("n".to_owned(), "7".to_owned()),
+            ]
+        );
+        // Before 1970, Java's division goes towards zero.
+        let mut early = values.clone();
+        early[4] = Some(b"1969-12-31 23:59:59.9985");
+        assert_eq!(
+            record(&layout.event(&early, 1, Utc::now()).unwrap()).timestamp_ms,
+            Some(-1)
+        );
         let mut values = values;
         values[5] = Some(b"-1");
         let err = layout.event(&values, 1, Utc::now()).unwrap_err();
         assert!(err.contains("not a partition number"), "{err}");
+    }
+
+    #[test]
+    fn doubles_and_floats_print_as_java_does() {
+        for (x, java) in [
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (42.5, "42.5"),
+            (100.0, "100.0"),
+            (0.001, "0.001"),
+            (0.0001, "1.0E-4"),
+            (1e7, "1.0E7"),
+            (12345678.5, "1.23456785E7"),
+            (f64::INFINITY, "\"Infinity\""),
+        ] {
+            assert_eq!(java_double(x), java, "{x}");
+        }
+        assert_eq!(
+            typed_json(FLOAT4_TYPE, Some("3.4028235e+38")),
+            "3.4028235E38"
+        );
+        assert_eq!(typed_json(FLOAT4_TYPE, Some("1.5")), "1.5");
+        assert_eq!(typed_json(FLOAT8_TYPE, Some("NaN")), "\"NaN\"");
+        assert_eq!(typed_json(21, Some("-3")), "-3");
+        assert_eq!(typed_json(1043, None), "null");
     }
 }

@@ -721,7 +721,11 @@ impl Decoder {
             .as_ref()
             .is_some_and(|(schema, name)| relation.namespace == *schema && relation.name == *name)
         {
-            self.debezium_layout = Some(DebeziumLayout::of(relation, &self.cfg.debezium)?);
+            self.debezium_layout = Some(DebeziumLayout::of(
+                relation,
+                &self.cfg.debezium,
+                self.max_payload_bytes,
+            )?);
             self.debezium_relid = Some(relation.relid);
         }
         Ok(())

@@ -88,7 +88,8 @@ async fn a_debezium_table_is_read_as_it_is() {
         Some("outbox.event.Customer")
     );
 
-    // On the wire (`format = "debezium"`): key and `id` as JSON strings, a tombstone for NULL.
+    // On the wire (`format = "debezium"`): key and `id` as JSON strings; a NULL payload is the
+    // value `null`, not a tombstone (`route.tombstone.on.empty.payload` is off by default).
     let routing = Routing::new(Template::fixed("unused")).with_format(PayloadFormat::Debezium);
     assert_eq!(routing.key(created), "\"order-1\"");
     assert_eq!(
@@ -98,7 +99,8 @@ async fn a_debezium_table_is_read_as_it_is() {
             "\"00000000-0000-4000-8000-000000000001\"".to_owned()
         )]
     );
-    assert!(routing.is_tombstone(deleted));
+    assert!(!routing.is_tombstone(deleted));
+    assert_eq!(routing.body(deleted), b"null");
 
     // Nothing written back: the outbox table is empty, the Debezium table as its writers left it.
     assert_eq!(fx.status_counts().await, (0, 0, 0));

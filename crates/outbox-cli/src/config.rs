@@ -414,13 +414,12 @@ impl Default for DatabaseConfig {
 
 /// `[destinations.NAME]`: one destination, `type` naming the sink; the other keys are that
 /// sink's own settings.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[allow(clippy::large_enum_variant)]
 pub enum SinkConfig {
     /// JSON lines on standard output.
-    #[default]
-    Stdout,
+    Stdout(StdoutConfig),
     /// JSON lines appended to a file.
     File(FileSinkConfig),
     /// Apache Kafka (or a Kafka-protocol broker).
@@ -465,7 +464,7 @@ impl SinkConfig {
     /// The `type` as written in the file.
     pub fn kind(&self) -> &'static str {
         match self {
-            SinkConfig::Stdout => "stdout",
+            SinkConfig::Stdout(_) => "stdout",
             SinkConfig::File(_) => "file",
             SinkConfig::Kafka(_) => "kafka",
             SinkConfig::Rabbitmq(_) => "rabbitmq",
@@ -481,6 +480,26 @@ impl SinkConfig {
     }
 }
 
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig::Stdout(StdoutConfig::default())
+    }
+}
+
+/// `type = "stdout"`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutConfig {
+    /// `raw` (default, the event as stored) or `debezium` (the Kafka record a `format =
+    /// "debezium"` destination sends: topic, key, headers, value).
+    #[serde(default)]
+    pub format: outbox_types::routing::BodyFormat,
+    /// With `format = "debezium"`: the topic of an event without a destination of its own
+    /// (default `outbox.event.${aggregate_type}`).
+    #[serde(default)]
+    pub topic: Option<outbox_types::routing::Template>,
+}
+
 /// `type = "file"`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -490,6 +509,24 @@ pub struct FileSinkConfig {
     /// Force each batch to disk before it counts as delivered.
     #[serde(default)]
     pub sync: bool,
+    /// `raw` (default) or `debezium`, as for `stdout`.
+    #[serde(default)]
+    pub format: outbox_types::routing::BodyFormat,
+    /// With `format = "debezium"`: the topic of an event without a destination of its own.
+    #[serde(default)]
+    pub topic: Option<outbox_types::routing::Template>,
+}
+
+impl FileSinkConfig {
+    /// The file `path`, raw lines, not synced: the `--sink file:PATH` flag.
+    pub fn at(path: impl Into<PathBuf>) -> Self {
+        FileSinkConfig {
+            path: path.into(),
+            sync: false,
+            format: Default::default(),
+            topic: None,
+        }
+    }
 }
 
 /// `[[routes]]`: events matching `when` go to `to`.
@@ -519,7 +556,7 @@ impl Config {
     /// The destinations in effect: those configured, or one `stdout` when none is.
     pub fn effective_destinations(&self) -> BTreeMap<String, SinkConfig> {
         if self.destinations.is_empty() {
-            BTreeMap::from([("stdout".to_owned(), SinkConfig::Stdout)])
+            BTreeMap::from([("stdout".to_owned(), SinkConfig::default())])
         } else {
             self.destinations.clone()
         }
@@ -1019,7 +1056,7 @@ to = "orders"
             config.route_table().unwrap().resolve("X", "y", None),
             Some("stdout")
         );
-        config.override_sink("file", SinkConfig::Stdout);
+        config.override_sink("file", SinkConfig::default());
         assert_eq!(config.route_table().unwrap().destinations(), ["file"]);
     }
 

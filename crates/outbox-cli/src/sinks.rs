@@ -68,10 +68,15 @@ async fn build_one(sink: &SinkConfig) -> Result<Arc<dyn Sink>, String> {
     sink.built().map_err(|e| e.to_string())?;
     #[allow(unreachable_patterns)] // every arm is reachable only in a build with every sink
     Ok(match sink {
-        SinkConfig::Stdout => Arc::new(outbox_sink_stdout::StdoutSink::stdout()),
-        SinkConfig::File(file) => {
-            connected(outbox_sink_stdout::StdoutSink::file(&file.path, file.sync).await)?
-        }
+        SinkConfig::Stdout(c) => connected(
+            outbox_sink_stdout::StdoutSink::stdout().with_format(c.format, c.topic.clone()),
+        )?,
+        SinkConfig::File(file) => connected(
+            match outbox_sink_stdout::StdoutSink::file(&file.path, file.sync).await {
+                Ok(sink) => sink.with_format(file.format, file.topic.clone()),
+                Err(e) => Err(e),
+            },
+        )?,
         #[cfg(feature = "kafka")]
         SinkConfig::Kafka(c) => connected(outbox_sink_kafka::KafkaSink::connect(c.clone()))?,
         #[cfg(feature = "rabbitmq")]

@@ -11,6 +11,21 @@
 //!  "destination":null,"headers":{},"idempotency_key":null,"occurred_at":"2026-…Z","attempt":1,"payload":{"amount":1999}}
 //! ```
 //!
+//! With `format = "debezium"` each line is instead the Kafka record a `format = "debezium"`
+//! destination would send (Debezium's Outbox Event Router through the JSON converter): the
+//! topic, the partition and timestamp when the event names them, the key's and every header's
+//! exact bytes as strings, the value (`null` with `"tombstone":true` for a record without one):
+//!
+//! ```text
+//! {"topic":"outbox.event.Order","partition":null,"timestamp":null,"key":"\"order-1\"",
+//!  "headers":[["id","\"0190…\""],["eventType","\"OrderCreated\""]],"value":"{\"amount\": 42}","tombstone":false}
+//! ```
+//!
+//! The value is the body's bytes as a JSON string too, so that what a consumer receives can be
+//! read off exactly (here, the payload's text as Debezium sends it by default: a JSON string).
+//! The topic of an event without a destination of its own comes from `topic` (default
+//! `outbox.event.${aggregate_type}`, the router's default).
+//!
 //! A batch counts as delivered once its lines were written and flushed (and, for a file with
 //! `sync` set, forced to disk). A write error (disk full, closed pipe) is `Unavailable`: the
 //! events wait, costing no attempt.
@@ -19,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use outbox_types::routing::{BodyFormat, CloudEventsKeys, PayloadFormat, Routing, Template, header};
 use outbox_types::{Event, EventId, Headers, Outcome, Sink, SinkError};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -41,6 +57,18 @@ struct Line<'a> {
     payload: &'a RawValue,
 }
 
+/// The line written for each event with `format = "debezium"`: the Kafka record.
+#[derive(Serialize)]
+struct RecordLine<'a> {
+    topic: String,
+    partition: Option<i32>,
+    timestamp: Option<i64>,
+    key: &'a str,
+    headers: Vec<(String, String)>,
+    value: Option<String>,
+    tombstone: bool,
+}
+
 enum Target {
     Stdout(tokio::io::Stdout),
     File { file: tokio::fs::File, sync: bool },
@@ -60,28 +88,81 @@ pub struct StdoutSinkConfig {
     pub path: Option<PathBuf>,
     /// With `path`: force every batch to disk before it counts as delivered.
     pub sync: bool,
+    /// `raw` (default): the envelope line above; `debezium`: the Kafka record a `format =
+    /// "debezium"` destination sends. (`cloudevents` is refused: a broker destination shows it.)
+    pub format: BodyFormat,
+    /// With `format = "debezium"`: the topic of an event that names no destination itself.
+    /// Default `outbox.event.${aggregate_type}`.
+    pub topic: Option<Template>,
 }
+
+/// The default topic template of the Debezium lines: the Outbox Event Router's default route.
+pub const DEFAULT_DEBEZIUM_TOPIC: &str = "outbox.event.${aggregate_type}";
 
 /// Writes events as JSON lines.
 pub struct StdoutSink {
     name: &'static str,
     path: Option<PathBuf>,
     target: Mutex<Target>,
+    /// The Debezium shape's routing, with `format = "debezium"`.
+    debezium: Option<Routing>,
 }
 
 impl StdoutSink {
     /// The sink `config` describes: standard output, or the file at `path`. The constructor
     /// every sink has; the only error is a file that cannot be opened for appending.
     pub async fn connect(config: StdoutSinkConfig) -> Result<Self, SinkError> {
-        match config.path {
-            None => Ok(Self::stdout()),
-            Some(path) => Self::file(path, config.sync).await,
-        }
+        Self::check_config(&config)?;
+        let sink = match &config.path {
+            None => Self::stdout(),
+            Some(path) => Self::file(path, config.sync).await?,
+        };
+        sink.with_format(config.format, config.topic)
     }
 
-    /// Check `config` without opening anything: every combination of settings is valid.
-    pub fn check_config(_config: &StdoutSinkConfig) -> Result<(), SinkError> {
-        Ok(())
+    /// Check `config` without opening anything: `format` is `raw` or `debezium`.
+    pub fn check_config(config: &StdoutSinkConfig) -> Result<(), SinkError> {
+        Self::stdout()
+            .with_format(config.format, config.topic.clone())
+            .map(|_| ())
+    }
+
+    /// Write lines in `format` (`raw` or `debezium`, see the [crate docs](crate)); `topic` is
+    /// the Debezium lines' topic template for events without a destination.
+    pub fn with_format(
+        mut self,
+        format: BodyFormat,
+        topic: Option<Template>,
+    ) -> Result<Self, SinkError> {
+        match format.payload_format(CloudEventsKeys::default()) {
+            Ok(PayloadFormat::Raw) => {
+                if topic.is_some() {
+                    return Err(SinkError::Config(
+                        "`topic` applies only with `format = \"debezium\"`: set that format, or remove `topic`".to_owned(),
+                    ));
+                }
+                self.debezium = None;
+            }
+            Ok(PayloadFormat::Debezium) => {
+                let topic = match topic {
+                    Some(t) => t,
+                    None => Template::parse(DEFAULT_DEBEZIUM_TOPIC)
+                        .map_err(|e| SinkError::Config(e.to_string()))?,
+                };
+                self.debezium = Some(Routing::new(topic).with_format(PayloadFormat::Debezium));
+            }
+            Ok(PayloadFormat::CloudEvents(_)) | Err(_) => {
+                return Err(SinkError::Config(format!(
+                    "`format = \"{}\"` is not a line format of the {} sink: use `raw` (the event as stored) or `debezium` (the Kafka record Debezium's shape sends)",
+                    serde_json::to_value(format)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    self.name
+                )));
+            }
+        }
+        Ok(self)
     }
 
     /// Write to standard output.
@@ -90,6 +171,7 @@ impl StdoutSink {
             name: "stdout",
             path: None,
             target: Mutex::new(Target::Stdout(tokio::io::stdout())),
+            debezium: None,
         }
     }
 
@@ -112,7 +194,35 @@ impl StdoutSink {
             name: "file",
             path: Some(path),
             target: Mutex::new(Target::File { file, sync }),
+            debezium: None,
         })
+    }
+
+    /// Render one event as the Kafka record the Debezium shape sends (without the newline).
+    pub fn render_record(routing: &Routing, event: &Event) -> Result<String, String> {
+        let tombstone = routing.is_tombstone(event);
+        let partition = match event.headers.get(header::PARTITION) {
+            Some(p) => Some(p.parse::<i32>().ok().filter(|p| *p >= 0).ok_or_else(|| {
+                format!("partition `{p}` is not a partition number: fix the Debezium `partition` placement's column")
+            })?),
+            None => None,
+        };
+        let body = routing.body(event);
+        let value = if tombstone {
+            None
+        } else {
+            Some(String::from_utf8(body).map_err(|e| format!("the value is not UTF-8: {e}"))?)
+        };
+        let line = RecordLine {
+            topic: routing.destination(event),
+            partition,
+            timestamp: routing.record_timestamp(event),
+            key: &routing.key(event),
+            headers: routing.headers(event),
+            value,
+            tombstone,
+        };
+        serde_json::to_string(&line).map_err(|e| e.to_string())
     }
 
     /// Render one event as its JSON line (without the newline).
@@ -152,7 +262,11 @@ impl Sink for StdoutSink {
         let mut buffer = String::with_capacity(events.len() * 256);
         let mut written = Vec::with_capacity(events.len());
         for (i, event) in events.iter().enumerate() {
-            match Self::render(event) {
+            let line = match &self.debezium {
+                Some(routing) => Self::render_record(routing, event),
+                None => Self::render(event),
+            };
+            match line {
                 Ok(line) => {
                     buffer.push_str(&line);
                     buffer.push('\n');
@@ -212,6 +326,7 @@ mod tests {
         let sink = StdoutSink::connect(StdoutSinkConfig {
             path: Some(path.clone()),
             sync: true,
+            ..StdoutSinkConfig::default()
         })
         .await
         .unwrap();
@@ -253,5 +368,58 @@ mod tests {
             err.to_string().contains("/nonexistent-dir/x.jsonl"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn debezium_lines_show_topic_key_headers_and_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.jsonl");
+        let sink = StdoutSink::connect(StdoutSinkConfig {
+            path: Some(path.clone()),
+            format: BodyFormat::Debezium,
+            ..StdoutSinkConfig::default()
+        })
+        .await
+        .unwrap();
+        let mut plain = event(1, "null");
+        plain.headers.insert("tenant".into(), "a\u{1f}".into());
+        let mut tombstone = event(2, "null");
+        tombstone.destination = Some("outbox.event.Customer".into());
+        tombstone.headers.insert(
+            header::DEBEZIUM_RECORD.into(),
+            outbox_types::routing::DebeziumRecord {
+                key: "\"c-9\"".into(),
+                headers: vec![("span".into(), "null".into())],
+                tombstone: true,
+                timestamp_ms: Some(5),
+                ..Default::default()
+            }
+            .to_header(),
+        );
+        tombstone.headers.insert(header::PARTITION.into(), "3".into());
+        let outcomes = sink.publish(&[plain.clone(), tombstone.clone()]).await;
+        assert_eq!(outcomes, vec![Outcome::Delivered, Outcome::Delivered]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            format!(
+                r#"{{"topic":"outbox.event.order","partition":null,"timestamp":null,"key":"\"1\"","headers":[["id","\"{}\""],["tenant","\"a\\u001F\""]],"value":"null","tombstone":false}}"#,
+                plain.id
+            )
+        );
+        assert_eq!(
+            lines[1],
+            format!(
+                r#"{{"topic":"outbox.event.Customer","partition":3,"timestamp":5,"key":"\"c-9\"","headers":[["id","\"{}\""],["span","null"]],"value":null,"tombstone":true}}"#,
+                tombstone.id
+            )
+        );
+        let err = StdoutSink::check_config(&StdoutSinkConfig {
+            format: BodyFormat::Cloudevents,
+            ..StdoutSinkConfig::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("`raw`"), "{err}");
     }
 }

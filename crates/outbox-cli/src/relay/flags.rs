@@ -51,14 +51,11 @@ fn mode_flag(value: &Option<String>) -> Result<Option<serde_json::Value>, Config
 fn sink_flag(value: &Option<String>) -> Result<Option<(String, SinkConfig)>, ConfigError> {
     match value.as_deref() {
         None => Ok(None),
-        Some("stdout") => Ok(Some(("stdout".into(), SinkConfig::Stdout))),
+        Some("stdout") => Ok(Some(("stdout".into(), SinkConfig::default()))),
         Some(other) => match other.strip_prefix("file:") {
             Some(path) if !path.is_empty() => Ok(Some((
                 "file".into(),
-                SinkConfig::File(config::FileSinkConfig {
-                    path: path.into(),
-                    sync: false,
-                }),
+                SinkConfig::File(config::FileSinkConfig::at(path)),
             ))),
             _ => Err(ConfigError(format!(
                 "unknown --sink `{other}`: use `stdout` or `file:PATH` (brokers and webhooks are configured as [destinations.NAME] in the config file)"

@@ -630,8 +630,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 reuse_slot,
                 table,
             };
-            let imported = import_debezium::import(&text, &options)
-                .with_context(|| format!("importing {}", file.display()))?;
+            // The input's values may hold secrets and terminal escapes: what is printed of
+            // them is masked and escaped (the notes are already).
+            let imported = import_debezium::import(&text, &options).map_err(|e| {
+                anyhow::anyhow!(import_debezium::printable(
+                    "",
+                    &format!("importing {}: {e:#}", file.display())
+                ))
+            })?;
             for note in &imported.notes {
                 eprintln!("not carried over: {note}");
             }

@@ -34,7 +34,9 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use outbox_types::routing::{BodyFormat, CloudEventsKeys, PayloadFormat, Routing, Template, header};
+use outbox_types::routing::{
+    BodyFormat, CloudEventsKeys, PayloadFormat, Routing, Template, header,
+};
 use outbox_types::{Event, EventId, Headers, Outcome, Sink, SinkError};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -396,7 +398,9 @@ mod tests {
             }
             .to_header(),
         );
-        tombstone.headers.insert(header::PARTITION.into(), "3".into());
+        tombstone
+            .headers
+            .insert(header::PARTITION.into(), "3".into());
         let outcomes = sink.publish(&[plain.clone(), tombstone.clone()]).await;
         assert_eq!(outcomes, vec![Outcome::Delivered, Outcome::Delivered]);
         let text = std::fs::read_to_string(&path).unwrap();

@@ -464,14 +464,20 @@ pub(crate) async fn ensure_slot(pool: &PgPool, config: &WalConfig) -> Result<Lsn
         Some(info) => {
             if info.plugin.as_deref() != Some("pgoutput") {
                 return Err(WalError::Config(format!(
-                    "replication slot `{}` exists but is not a logical pgoutput slot (plugin {:?}); choose another slot name",
-                    config.slot, info.plugin
+                    "replication slot `{}` exists but is not a logical pgoutput slot (its plugin is {}); set `[wal] slot` to another name",
+                    config.slot,
+                    info.plugin
+                        .as_deref()
+                        .map_or("unknown".to_owned(), |p| format!("`{p}`"))
                 )));
             }
             if info.database.as_deref() != Some(database.as_str()) {
                 return Err(WalError::Config(format!(
-                    "replication slot `{}` belongs to database {:?}, not `{database}`; choose another slot name",
-                    config.slot, info.database
+                    "replication slot `{}` belongs to {}, not to `{database}` (slot names are shared by every database of the server, and each database needs its own slot): set `[wal] slot` to another name",
+                    config.slot,
+                    info.database
+                        .as_deref()
+                        .map_or("no database".to_owned(), |d| format!("database `{d}`"))
                 )));
             }
             if info.wal_status.as_deref() == Some("lost") {

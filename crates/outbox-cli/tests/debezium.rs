@@ -455,8 +455,8 @@ format = "debezium""#
         "{seen:?}"
     );
     assert!(
-        seen.contains(&("outbox.event.Customer".to_owned(), String::new(), id(3))),
-        "a NULL payload is an empty body: {seen:?}"
+        seen.contains(&("outbox.event.Customer".to_owned(), "null".to_owned(), id(3))),
+        "a NULL payload is the value null (no tombstone option): {seen:?}"
     );
     let _ = channel
         .queue_delete(queue.as_str().into(), Default::default())

@@ -37,6 +37,9 @@ scripts/install-check.sh
 # The inbox from Python and Node consumers (psycopg, pika, confluent-kafka; pg, amqplib) of the
 # relay's RabbitMQ and Kafka output, duplicates injected; fails when an effect is applied twice.
 scripts/inbox-polyglot.sh
+# docs/from-debezium.md followed word for word on fresh databases with a running writer, for both
+# cut-overs (side by side, --reuse-slot): every row arrives once, in order per key.
+scripts/debezium-guide.sh
 # The correctness harness (crates/outbox-verify/README.md), in both relay modes: the same engine
 # over table claims and over the replication stream.
 cargo run -q -p outbox-verify -- --profile short

@@ -54,7 +54,11 @@ fn read(brokers: &str, topic: &str, partitions: i32, expected: usize) -> Vec<Rec
         };
         let headers = m
             .headers()
-            .map(|h| h.iter().map(|h| (h.key.to_owned(), bytes(h.value))).collect())
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_owned(), bytes(h.value)))
+                    .collect()
+            })
             .unwrap_or_default();
         out.push(Record {
             topic: m.topic().to_owned(),
@@ -78,7 +82,11 @@ async fn debeziums_records_byte_for_byte_through_kafka() {
     };
     let file: Value = serde_json::from_str(include_str!("debezium/records.json")).unwrap();
     let url = outbox_testkit::logical_cluster_url();
-    let run = format!("r{}x{}", std::process::id(), chrono::Utc::now().timestamp() % 100_000);
+    let run = format!(
+        "r{}x{}",
+        std::process::id(),
+        chrono::Utc::now().timestamp() % 100_000
+    );
     let schema = format!("dbzrec_{run}");
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     PgOutbox::with_names(&schema, "events")
@@ -150,7 +158,11 @@ async fn debeziums_records_byte_for_byte_through_kafka() {
         for (n, (want, got)) in records.iter().zip(&got).enumerate() {
             let at = format!("{name}, record {n}");
             assert_eq!(got.topic, fill(want["topic"].as_str().unwrap()), "{at}");
-            assert_eq!(got.partition, want["partition"].as_i64().unwrap() as i32, "{at}");
+            assert_eq!(
+                got.partition,
+                want["partition"].as_i64().unwrap() as i32,
+                "{at}"
+            );
             assert_eq!(got.key.as_deref(), want["key"].as_str(), "{at}");
             let tombstone = want["tombstone"].as_bool().unwrap();
             assert_eq!(got.value.is_none(), tombstone, "{at}: tombstone");

@@ -18,11 +18,12 @@
 //!
 //! ```text
 //! {"topic":"outbox.event.Order","partition":null,"timestamp":null,"key":"\"order-1\"",
-//!  "headers":[["id","\"0190…\""],["eventType","\"OrderCreated\""]],"value":"{\"amount\": 42}","tombstone":false}
+//!  "headers":[["id","\"0190…\""],["eventType","\"OrderCreated\""]],"value":"{\"amount\":42}","tombstone":false}
 //! ```
 //!
 //! The value is the body's bytes as a JSON string too, so that what a consumer receives can be
-//! read off exactly (here, the payload's text as Debezium sends it by default: a JSON string).
+//! read off exactly (here an expanded payload, `{"amount":42}`; by default Debezium sends the
+//! payload's text as a JSON string, which the line then shows quoted twice).
 //! The topic of an event without a destination of its own comes from `topic` (default
 //! `outbox.event.${aggregate_type}`, the router's default).
 //!

@@ -89,8 +89,11 @@
 //!   services that ran Debezium's Outbox Event Router write it (default `public.outbox`:
 //!   `id`, `aggregatetype`, `aggregateid`, `type`, `payload`), read with the router's own
 //!   options in [`DebeziumTable`] (`[wal.debezium]`) and shaped as the router shapes them —
-//!   topic, key, payload as a string or expanded, `header`/`envelope` placements. Handled like
-//!   the stream table (nothing written back; failures copied into the outbox table); deletes
+//!   topic, typed key, payload as a string or expanded (bounded by `relay.max_payload_bytes`,
+//!   measured before it is built), `header`/`envelope`/`partition` placements, tombstones, the
+//!   context headers and the timestamp, carried in the `__outbox.debezium` header
+//!   (`outbox_types::routing::DebeziumRecord`). Handled like the stream table (nothing written
+//!   back; failures copied into the outbox table, the record with them); deletes
 //!   are ignored (insert + delete in one transaction works), updates follow
 //!   `table.op.invalid.behavior`. Pair it with `format = "debezium"` on the destinations for
 //!   consumers that read Debezium's messages; `docs/from-debezium.md` is the migration guide.

@@ -2,10 +2,12 @@
 //! that `table.expand.json.payload` would blow up, written by anyone with INSERT on that table.
 //! No payload is quoted or expanded before it is measured; expanding is bounded by
 //! `relay.max_payload_bytes` (docs/from-debezium.md states the bound); the relay's peak RSS is
-//! printed, and the stream moves past every such row to the next one.
+//! printed, and the stream moves past every such row to the next one. A routed-by value with a
+//! line break (item 13) is dead-lettered; `import-debezium` prints no secret and no raw escape
+//! of its input (item 14).
 
-use super::Outputs;
 use super::common::{self, BIN};
+use super::{DB_PASSWORD, Outputs};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -134,6 +136,18 @@ format = "debezium"
         ),
     )
     .await;
+    // A routed-by value with a line break and a terminal escape (issue 41, item 13): Java's `.`
+    // stops at the line break, so Debezium's default regex would not match and the raw value
+    // would be the topic, without its prefix. Dead-lettered, the column named, nothing raw
+    // printed.
+    common::pg_execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} VALUES ('{}', E'Acct\\n\\x1b[2Jadmin', 'nl', 'Nl', '{{}}')",
+            id(5)
+        ),
+    )
+    .await;
     // A plain row after them: delivered, expanded; the stream moved past the others.
     common::pg_execute(
         &pool,
@@ -160,12 +174,16 @@ format = "debezium"
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert_eq!(dead.len(), 3, "{dead:?}");
     assert!(
         dead[0].contains("at least 100000") && dead[0].contains("max_payload_bytes = 33554432"),
         "{dead:?}"
     );
     assert!(dead[1].contains("more than 33554432"), "{dead:?}");
+    assert!(
+        dead[2].contains("route.by.field") && dead[2].contains("U+000A"),
+        "{dead:?}"
+    );
     let lines = std::fs::read_to_string(&out).unwrap();
     let records: Vec<serde_json::Value> = lines
         .lines()
@@ -197,4 +215,51 @@ format = "debezium"
     .execute(&pool)
     .await;
     common::drop_pg_schema_if_exists(&pool, &schema).await;
+}
+
+/// `outbox config import-debezium` (issue 41, item 14): a connector configuration whose
+/// `${VAR:default}` expressions carry secrets as defaults, and whose keys and values hold
+/// terminal escapes, prints none of either — not on standard error, not in the file, not in its
+/// error for a configuration it refuses.
+#[test]
+fn import_debezium_prints_no_secret_default_and_no_raw_escape() {
+    let dir = tempfile::tempdir().unwrap();
+    let properties = format!(
+        "debezium.source.connector.class=io.debezium.connector.postgresql.PostgresConnector
+debezium.source.database.hostname=db.internal
+debezium.source.database.user=dbz
+debezium.source.database.password=${{PG_PASSWORD:{DB_PASSWORD}}}
+debezium.source.database.dbname=orders
+debezium.source.topic.prefix=app
+debezium.source.plugin.name=pgoutput
+debezium.source.slot.name=orders_slot
+debezium.source.evil\\u001b]0;pwned\\u0007=1
+debezium.transforms=outbox
+debezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+debezium.transforms.outbox.table.op.invalid.behavior=\\u001b[2Jwarn
+debezium.sink.type=kafka
+debezium.sink.kafka.producer.bootstrap.servers=127.0.0.1:19092
+debezium.sink.kafka.producer.sasl.jaas.config=${{JAAS:password=\"{DB_PASSWORD}\"}}
+"
+    );
+    let good = common::write_file(dir.path(), "application.properties", &properties);
+    let refused = common::write_file(
+        dir.path(),
+        "refused.properties",
+        &properties.replace(
+            "io.debezium.connector.postgresql.PostgresConnector",
+            "io.debezium.connector.mysql.MySqlConnector\\u001b[2J",
+        ),
+    );
+    let mut outputs = Outputs::default();
+    outputs.run(
+        "import-debezium",
+        &["config", "import-debezium", good.to_str().unwrap()],
+    );
+    let o = outputs.run(
+        "import-debezium, refused",
+        &["config", "import-debezium", refused.to_str().unwrap()],
+    );
+    assert!(!o.status.success());
+    outputs.check();
 }

@@ -179,3 +179,76 @@ async fn an_existing_publication_is_reused_and_updates_follow_the_invalid_op_opt
     );
     fx.cleanup().await;
 }
+
+/// An event a destination fails waits in the outbox table and is retried from there in the same
+/// Debezium shape: its record (context headers, a NULL header placement as `null`, the
+/// tombstone, the typed key) is stored with it under `__outbox.debezium` and comes back
+/// unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_events_keep_their_debezium_record() {
+    let mut fx = Fixture::new(&[Source::Debezium]).await;
+    let t = fx.debezium_table();
+    fx.exec(format!("ALTER TABLE {t} ADD COLUMN span text"))
+        .await;
+    fx.config.debezium.additional_placement = "span:header:tracingspancontext".into();
+    fx.config.debezium.tombstone_on_empty_payload = true;
+    fx.config.debezium.extended_headers_enabled = true;
+    fx.config.debezium.topic_prefix = Some("dbserver1".into());
+    let sink = std::sync::Arc::new(outbox_testkit::RecordingSink::with_faults(
+        outbox_testkit::Faults {
+            retry_rate: 0.5,
+            seed: 7,
+            ..Default::default()
+        },
+    ));
+    let mut engine = test_relay(&fx.config);
+    engine.retry.max_attempts = 1000;
+    let relay = start_relay(fx.config.clone(), engine, sink.clone())
+        .ready()
+        .await;
+    for n in 1..=20 {
+        let payload = if n % 5 == 0 { "NULL" } else { "'{}'" };
+        fx.exec(format!(
+            "INSERT INTO {t} VALUES ('00000000-0000-4000-8000-0000000001{n:02}', 'Order', 'o-{}', 'T', {payload}, NULL)",
+            n % 3
+        ))
+        .await;
+    }
+    wait_for("20 events", Duration::from_secs(60), || {
+        sink.distinct_delivered().len() >= 20
+    })
+    .await;
+    let report = relay.stop().await;
+    assert_eq!(report.dead, 0, "{report:?}");
+    let delivered = sink.delivered();
+    assert!(
+        delivered.iter().any(|e| e.attempts > 0),
+        "some events were retried from the outbox table"
+    );
+    let routing = Routing::new(Template::fixed("unused")).with_format(PayloadFormat::Debezium);
+    for e in &delivered {
+        let headers = routing.headers(e);
+        let names: Vec<&str> = headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "__debezium.context.connectorLogicalName",
+                "__debezium.context.taskId",
+                "__debezium.context.connectorName",
+                "__debezium.context.runId",
+                "id",
+                "tracingspancontext"
+            ],
+            "attempt {}: {headers:?}",
+            e.attempts
+        );
+        assert_eq!(headers[5].1, "null");
+        assert_eq!(routing.key(e), format!("\"{}\"", e.aggregate_id));
+        let null_payload = e.id.to_string().ends_with("05")
+            || e.id.to_string().ends_with("10")
+            || e.id.to_string().ends_with("15")
+            || e.id.to_string().ends_with("20");
+        assert_eq!(routing.is_tombstone(e), null_payload, "{e:?}");
+    }
+    fx.cleanup().await;
+}

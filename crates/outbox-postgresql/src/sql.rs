@@ -273,12 +273,29 @@ pub(crate) struct HoldSql {
 /// under statistics taken while nothing was open. The sorts it must still do then carry the
 /// disable cost, which swamps every other difference: the claim's `UPDATE` went to a
 /// sequential scan of the whole table. The `_heads` predicate, below, does it instead.)
+/// A claimed row's sizes, measured on the row `l` as the claim would send it (every column as
+/// text): `payload_bytes`, `metadata_bytes` (every other column the claim reads, added up: see
+/// `outbox_types::RowBytes`) and `key_bytes` (the aggregate key alone). `bigint` sums: seven
+/// columns of up to 1 GB each overflow `integer`. A column a hand-altered table leaves NULL
+/// counts as 0.
+const ROW_BYTES: &str = "coalesce(octet_length(l.payload::text), 0)::bigint AS payload_bytes,
+                        coalesce(octet_length(l.id::text), 0)::bigint
+                          + coalesce(octet_length(l.aggregate_type), 0)
+                          + coalesce(octet_length(l.aggregate_id), 0)
+                          + coalesce(octet_length(l.event_type), 0)
+                          + coalesce(octet_length(l.destination), 0)
+                          + coalesce(octet_length(l.headers::text), 0)
+                          + coalesce(octet_length(l.idempotency_key), 0) AS metadata_bytes,
+                        coalesce(octet_length(l.aggregate_type), 0)::bigint
+                          + coalesce(octet_length(l.aggregate_id), 0) AS key_bytes";
+
 pub(crate) const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// The claim statement. `$1` limit, `$2` owner, `$3` token, `$4` dead blocks, `$5` lease ms, `$6`
-/// most payload bytes in the batch, `$7` most payload bytes of one event, `$8` the highest seq
-/// to claim; with a hold, `$9` the paused destination names (`text[]`) and `$10…` the route
-/// table's values.
+/// most bytes in the batch (whole rows), `$7` most payload bytes of one event, `$8` the highest
+/// seq to claim, `$9` most bytes of one event's other columns together; with a hold, `$10` the
+/// paused destination names (`text[]`), `$11` the deferred ones and `$12…` the route table's
+/// values.
 ///
 /// A row is due when pending and its time has come, or in flight under an expired lease (its
 /// relay died). It is held back by any earlier row of its aggregate that is in flight under a
@@ -333,7 +350,7 @@ pub(crate) const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 /// row is that this claim leaves its aggregate alone, and the next claim picks it up. The claim
 /// stays serialized across relays by the advisory lock taken just before it.
 pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
-    // `$9` the paused destinations, `$10` the deferred ones (for this claim only). Neither's
+    // `$10` the paused destinations, `$11` the deferred ones (for this claim only). Neither's
     // rows are candidates; a paused destination's rows hold nothing back (its events wait
     // apart), a deferred one's hold back their aggregate's later events as usual, and so does a
     // deferred row that is merely due (`deferred_probe`): skipping a destination for one turn
@@ -341,10 +358,10 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
     let (hold_e, hold_b) = match hold {
         Some(h) => (
             format!(
-                "AND NOT (COALESCE({}, '') = ANY($9::text[] || $10::text[]))",
+                "AND NOT (COALESCE({}, '') = ANY($10::text[] || $11::text[]))",
                 h.route_e
             ),
-            format!("AND NOT (COALESCE({}, '') = ANY($9::text[]))", h.route_b),
+            format!("AND NOT (COALESCE({}, '') = ANY($10::text[]))", h.route_b),
         ),
         None => (String::new(), String::new()),
     };
@@ -358,7 +375,7 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                    AND d.aggregate_id = e.aggregate_id
                    AND d.seq < e.seq
                    AND d.status NOT IN ('delivered', 'dead')
-                   AND COALESCE({route_d}, '') = ANY($10::text[]))"
+                   AND COALESCE({route_d}, '') = ANY($11::text[]))"
         ),
         None => String::new(),
     };
@@ -486,26 +503,30 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
              LIMIT $1
          ),
          locked AS MATERIALIZED (
-             SELECT l.seq, l.bytes FROM due d
+             SELECT l.seq, l.payload_bytes, l.metadata_bytes, l.key_bytes FROM due d
              CROSS JOIN LATERAL (
-                 SELECT l.seq, octet_length(l.payload::text) AS bytes FROM {t} l
+                 SELECT l.seq, {ROW_BYTES} FROM {t} l
                  WHERE l.seq = d.seq
                    AND l.status IN ('pending', 'in_flight')
                    AND {due_on_latest}
                  FOR UPDATE OF l SKIP LOCKED
              ) l
          ),
-         -- The byte budget: locked rows in seq order while the payloads before them stay under
-         -- $6 (the first always). What it leaves out comes after everything it keeps, so no
-         -- aggregate's later event is claimed without its earlier one. A payload above $7 counts
-         -- as nothing: it is returned without its payload and buried.
+         -- The byte budget: locked rows in seq order while the rows before them (payload and
+         -- every other column) stay under $6 (the first always). What it leaves out comes after
+         -- everything it keeps, so no aggregate's later event is claimed without its earlier
+         -- one. A row whose payload is above $7, or whose other columns together are above $9,
+         -- counts as nothing: it is returned without them (its aggregate key only when the key
+         -- alone is within $9) and buried.
          budget AS (
-             SELECT x.seq FROM (
-                 SELECT k.seq, k.b,
-                        sum(k.b) OVER (ORDER BY k.seq ROWS UNBOUNDED PRECEDING) AS running
-                 FROM (SELECT seq, CASE WHEN bytes > $7 THEN 0 ELSE bytes END AS b FROM locked) k
+             SELECT x.seq, x.payload_bytes, x.metadata_bytes, x.key_bytes, x.fits FROM (
+                 SELECT k.*,
+                        sum(CASE WHEN k.fits THEN k.payload_bytes + k.metadata_bytes ELSE 0 END)
+                            OVER (ORDER BY k.seq ROWS UNBOUNDED PRECEDING) AS running
+                 FROM (SELECT l.*, l.payload_bytes <= $7 AND l.metadata_bytes <= $9 AS fits
+                       FROM locked l) k
              ) x
-             WHERE x.running - x.b < $6
+             WHERE x.running - CASE WHEN x.fits THEN x.payload_bytes + x.metadata_bytes ELSE 0 END < $6
          ),
          skipped AS (
              SELECT d.aggregate_type, d.aggregate_id, min(d.seq) AS seq FROM due d
@@ -522,11 +543,17 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                SELECT 1 FROM skipped s
                WHERE s.aggregate_type = o.aggregate_type AND s.aggregate_id = o.aggregate_id
                  AND s.seq < o.seq)
-         RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-                   CASE WHEN octet_length(o.payload::text) > $7 THEN NULL ELSE o.payload::text END AS payload,
-                   octet_length(o.payload::text) AS payload_bytes,
+         RETURNING o.seq, k.payload_bytes, k.metadata_bytes,
+                   CASE WHEN k.key_bytes <= $9 THEN o.aggregate_type END AS aggregate_type,
+                   CASE WHEN k.key_bytes <= $9 THEN o.aggregate_id END AS aggregate_id,
+                   CASE WHEN k.fits THEN o.id END AS id,
+                   CASE WHEN k.fits THEN o.event_type END AS event_type,
+                   CASE WHEN k.fits THEN o.payload::text END AS payload,
                    pg_typeof(o.payload) IN ('json'::regtype, 'jsonb'::regtype) AS payload_typed,
-                   o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
+                   CASE WHEN k.fits THEN o.destination END AS destination,
+                   CASE WHEN k.fits THEN o.headers::text END AS headers,
+                   CASE WHEN k.fits THEN o.idempotency_key END AS idempotency_key,
+                   o.occurred_at, o.enqueued_at, o.attempts"
     )
 }
 
@@ -699,9 +726,10 @@ mod tests {
                 PlanArg::Int(i64::MAX),
                 PlanArg::Int(i64::MAX),
                 PlanArg::Int(i64::MAX),
+                PlanArg::Int(i64::MAX),
             ]
         };
-        let dialect = SqlDialect::Postgres { first_param: 11 };
+        let dialect = SqlDialect::Postgres { first_param: 12 };
         let (route_e, route_b, route_d) = (
             routes.sql_case(dialect, Some("e")),
             routes.sql_case(dialect, Some("b")),
@@ -811,6 +839,7 @@ mod tests {
             .bind(Uuid::now_v7())
             .bind(true)
             .bind(30_000_i64)
+            .bind(i64::MAX)
             .bind(i64::MAX)
             .bind(i64::MAX)
             .bind(i64::MAX)

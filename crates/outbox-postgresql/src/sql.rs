@@ -6,11 +6,14 @@
 /// Statements rendered once per outbox (they embed the table name).
 #[derive(Debug)]
 pub(crate) struct Sql {
-    pub(crate) enqueue: String,
+    /// Events through the batch enqueue function (`<table>_enqueue_batch`, which runs as its
+    /// owner): every event with an idempotency key, and every event in the partitioned layout,
+    /// so a writer needs EXECUTE on it and no right on the table's rows (a key's upsert needs
+    /// SELECT and UPDATE there, enough to lock and rewrite other services' events).
     pub(crate) enqueue_batch: String,
-    /// Plain layout only: the same rows when no event carries an idempotency key, as a plain
-    /// `INSERT` (an `ON CONFLICT` insert goes through PostgreSQL's speculative-insertion path,
-    /// which costs a writer's transaction measurably more; see `outbox-bench write-overhead`).
+    /// Plain layout only: events without an idempotency key, as a plain `INSERT`: nothing to
+    /// conflict on, and what a writer needs is INSERT (also the cheapest path for a writer's
+    /// transaction; see `outbox-bench write-overhead`).
     pub(crate) enqueue_unkeyed: Option<String>,
     pub(crate) enqueue_batch_unkeyed: Option<String>,
     pub(crate) claim: String,
@@ -39,8 +42,9 @@ pub(crate) const RECORD_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, 
 
 impl Sql {
     /// `t` is the quoted outbox table, `p` the quoted paused-destinations table, `keys` the
-    /// quoted keys table of the partitioned layout.
-    pub(crate) fn render(t: &str, p: &str, keys: Option<&str>) -> Self {
+    /// quoted keys table of the partitioned layout, `enqueue_batch` the quoted batch enqueue
+    /// function.
+    pub(crate) fn render(t: &str, p: &str, keys: Option<&str>, enqueue_batch: &str) -> Self {
         // Deletes report how many events they removed; in the partitioned layout they remove
         // the events' ids and keys from the keys table in the same statement.
         let counted_delete = |delete: String| match keys {
@@ -51,12 +55,8 @@ impl Sql {
                  SELECT count(*) AS n FROM d"
             ),
         };
-        let (enqueue, enqueue_batch) = match keys {
-            None => (plain_enqueue(t), plain_enqueue_batch(t)),
-            Some(k) => (keyed_enqueue(t, k), keyed_enqueue_batch(t, k)),
-        };
         // The partitioned layout needs the keys table even without a key: it is what keeps ids
-        // unique across partitions.
+        // unique across partitions, and the function writes it.
         let (enqueue_unkeyed, enqueue_batch_unkeyed) = match keys {
             None => (
                 Some(plain_enqueue_unkeyed(t)),
@@ -65,8 +65,7 @@ impl Sql {
             Some(_) => (None, None),
         };
         Sql {
-            enqueue,
-            enqueue_batch,
+            enqueue_batch: enqueue_batch_call(enqueue_batch),
             enqueue_unkeyed,
             enqueue_batch_unkeyed,
             claim: claim_sql(t, None),
@@ -159,21 +158,19 @@ fn purge_sql(t: &str, status: &str, at: &str) -> String {
     )
 }
 
-/// Enqueue into the plain layout. `$1` id … `$9` occurred_at. A duplicate idempotency key
-/// updates nothing but locks and returns the existing row (`xmax <> 0`: not created).
-pub(crate) fn plain_enqueue(t: &str) -> String {
+/// A batch through the batch enqueue function `f`: `$1` ids … `$9` occurred_at, as arrays in
+/// batch order; one row back per event with an idempotency key (the id of the event holding
+/// that key, the key, and whether this call wrote it).
+pub(crate) fn enqueue_batch_call(f: &str) -> String {
     format!(
-        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
-         VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9)
-         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-         DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-         RETURNING id, (xmax = 0) AS created"
+        "SELECT b.id, b.idempotency_key, b.created
+         FROM {f}($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[]) AS b"
     )
 }
 
-/// [`plain_enqueue`] for an event without an idempotency key: nothing to conflict on, so a plain
-/// `INSERT` (a duplicate id still fails on the unique constraint, as it does there). Same
-/// parameters, `$8` being NULL.
+/// Enqueue an event without an idempotency key into the plain layout: a plain `INSERT` (a
+/// duplicate id fails on the unique constraint). `$1` id … `$9` occurred_at, `$8` (the key)
+/// being NULL.
 pub(crate) fn plain_enqueue_unkeyed(t: &str) -> String {
     format!(
         "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
@@ -181,7 +178,8 @@ pub(crate) fn plain_enqueue_unkeyed(t: &str) -> String {
     )
 }
 
-/// [`plain_enqueue_batch`] for a batch in which no event has an idempotency key; same parameters.
+/// A batch in which no event has an idempotency key into the plain layout: the columns as
+/// arrays (the function's parameters), inserted in array order.
 pub(crate) fn plain_enqueue_batch_unkeyed(t: &str) -> String {
     format!(
         "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
@@ -194,65 +192,6 @@ pub(crate) fn plain_enqueue_batch_unkeyed(t: &str) -> String {
 /// The events of a batch as rows, in array order (`u.ord`).
 const BATCH_UNNEST: &str = "unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
               WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, ord)";
-
-/// A batch into the plain layout: the same columns as arrays, inserted in array order.
-pub(crate) fn plain_enqueue_batch(t: &str) -> String {
-    format!(
-        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
-         SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at
-         FROM {BATCH_UNNEST}
-         ORDER BY u.ord
-         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-         DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-         RETURNING id, idempotency_key, (xmax = 0) AS created"
-    )
-}
-
-/// Enqueue into the partitioned layout, one statement: the id and key go into the keys table
-/// first (its primary key and unique index are what make them unique across partitions), and
-/// the event row is written only when that insert created a keys row. Same parameters and
-/// result as [`plain_enqueue`]. The event takes the keys row's `enqueued_at`, so both agree on
-/// the partition the event lives in (retention removes a dropped partition's keys by range).
-/// A duplicate locks the keys row, never the event row.
-pub(crate) fn keyed_enqueue(t: &str, k: &str) -> String {
-    format!(
-        "WITH k AS (
-             INSERT INTO {k} (id, idempotency_key) VALUES ($1, $8)
-             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-             DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-             RETURNING id, enqueued_at, (xmax = 0) AS created
-         ),
-         e AS (
-             INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, enqueued_at)
-             SELECT $1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9, k.enqueued_at FROM k WHERE k.created
-             RETURNING seq
-         )
-         SELECT id, created FROM k"
-    )
-}
-
-/// A batch into the partitioned layout: keys first, then, in array order, the events whose
-/// keys row was created.
-pub(crate) fn keyed_enqueue_batch(t: &str, k: &str) -> String {
-    format!(
-        "WITH u AS MATERIALIZED (SELECT * FROM {BATCH_UNNEST}),
-         k AS (
-             INSERT INTO {k} (id, idempotency_key)
-             SELECT u.id, u.idempotency_key FROM u ORDER BY u.ord
-             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-             DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-             RETURNING id, idempotency_key, enqueued_at, (xmax = 0) AS created
-         ),
-         e AS (
-             INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, enqueued_at)
-             SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at, k.enqueued_at
-             FROM u JOIN k ON k.id = u.id AND k.created
-             ORDER BY u.ord
-             RETURNING seq
-         )
-         SELECT id, idempotency_key, created FROM k"
-    )
-}
 
 /// The route expressions a claim with destinations on hold compares against the paused names:
 /// the table's `CASE` over the candidate (`e`) and over the blocker probe's row (`b`), both bound

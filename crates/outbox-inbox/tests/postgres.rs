@@ -19,7 +19,7 @@ struct Pg;
 impl Backend for Pg {
     type Inbox = PgInbox;
     const EFFECTS_DEFINITION: &'static str = "(event_id UUID NOT NULL, handler TEXT NOT NULL)";
-    const SCHEMA_VERSION: i64 = 2;
+    const SCHEMA_VERSION: i64 = 3;
 
     async fn pool() -> PgPool {
         conformance::connect(
@@ -92,4 +92,57 @@ conformance::conformance_tests!(@as Pg;
         a_racing_claim_routine_call_waits_for_the_first_transaction,
     the_claim_function_refuses_a_null_event_id_and_a_bad_handler =
         the_claim_routine_refuses_bad_arguments,
+);
+
+impl conformance::SharedInbox for Pg {
+    /// A login role with `USAGE` on the schema and `INSERT` on the inbox (the claim function is
+    /// `PUBLIC`'s to call); the test server trusts local logins.
+    async fn consumer(inbox: &PgInbox, name: &str) -> PgPool {
+        let admin = Pg::pool().await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE ROLE {name} LOGIN;
+             GRANT USAGE ON SCHEMA \"{schema}\" TO {name};
+             GRANT INSERT ON {table} TO {name};",
+            schema = inbox.schema(),
+            table = inbox.qualified_table()
+        )))
+        .execute(&admin)
+        .await
+        .unwrap();
+        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+            .replacen("postgres@", &format!("{name}@"), 1);
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .unwrap()
+    }
+
+    fn drop_consumer(name: &str) -> String {
+        format!("DROP OWNED BY {name}; DROP ROLE {name}")
+    }
+
+    fn downgrade_to_version_2(inbox: &PgInbox) -> String {
+        let table = inbox.table();
+        format!(
+            "DROP TRIGGER \"{table}_claimed_by\" ON {t};
+             DROP FUNCTION {claimed_by}();
+             DROP FUNCTION {claimed_before}(UUID, TEXT);
+             ALTER TABLE {t} DROP CONSTRAINT \"{table}_pkey\", DROP COLUMN claimed_by,
+                 ADD PRIMARY KEY (event_id, handler);
+             DELETE FROM {m} WHERE version = 3",
+            t = inbox.qualified_table(),
+            claimed_by = Pg::beside(inbox, "_claimed_by"),
+            claimed_before = Pg::beside(inbox, "_claimed_before"),
+            m = Pg::migrations_table(inbox)
+        )
+    }
+}
+
+conformance::conformance_tests!(@as Pg;
+    a_role_cannot_claim_an_event_for_another_roles_handler =
+        a_consumer_cannot_claim_an_event_for_another_consumers_handler,
+    claims_from_before_the_upgrade_count_for_every_role =
+        claims_from_before_the_upgrade_count_for_every_consumer,
 );

@@ -146,3 +146,29 @@ conformance::conformance_tests!(@as Pg;
     claims_from_before_the_upgrade_count_for_every_role =
         claims_from_before_the_upgrade_count_for_every_consumer,
 );
+
+/// Every function the inbox migrations install (the claim function, the claim rows' trigger
+/// function and its helper), read from the catalog, pins `search_path`: none runs with the
+/// caller's, so none can be made to call a function someone planted in a schema on it.
+#[tokio::test]
+async fn every_installed_function_pins_search_path() {
+    let fx = conformance::setup::<Pg>().await;
+    let functions: Vec<(String, Option<Vec<String>>)> = sqlx::query_as(
+        "SELECT p.oid::regprocedure::text, p.proconfig FROM pg_proc p
+         WHERE p.pronamespace = $1::regnamespace ORDER BY 1",
+    )
+    .bind(format!("\"{}\"", fx.inbox.schema()))
+    .fetch_all(&fx.pool)
+    .await
+    .unwrap();
+    assert_eq!(functions.len(), 3, "{functions:?}");
+    for (function, config) in &functions {
+        assert!(
+            config
+                .iter()
+                .flatten()
+                .any(|c| c == "search_path=pg_catalog, pg_temp"),
+            "{function} does not pin search_path: {config:?}"
+        );
+    }
+}

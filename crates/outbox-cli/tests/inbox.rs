@@ -155,7 +155,7 @@ async fn postgres_inbox_from_the_relay_config_with_its_own_database_url() {
     common::exits_2_saying(&before, "outbox inbox migrate");
 
     let migrated = json_of(&outbox(&["inbox", "migrate", "--config", config, "--json"]));
-    assert_eq!(migrated["applied"], serde_json::json!([1, 2]));
+    assert_eq!(migrated["applied"], serde_json::json!([1, 2, 3]));
     assert_eq!(
         migrated["claim"].as_str().unwrap().split("  --").next(),
         Some(format!("SELECT \"{schema}\".\"inbox_claim\"(event_id, handler)").as_str())
@@ -185,7 +185,7 @@ async fn postgres_inbox_from_the_relay_config_with_its_own_database_url() {
     inbox.park(&pool, "shipping", &p).await.unwrap();
 
     let status = json_of(&outbox(&["inbox", "status", "--config", config, "--json"]));
-    assert_eq!(status["schema_version"], 2, "{status}");
+    assert_eq!(status["schema_version"], 3, "{status}");
     assert_eq!(status["retention"], "1h", "{status}");
     assert_eq!(status["rows"], 5, "{status}");
     assert_eq!(status["past_retention"], 4, "{status}");
@@ -217,7 +217,7 @@ async fn mysql_inbox_is_migrated_and_its_claim_procedure_counted() {
     let migrated = json_of(&outbox(
         &[&["inbox", "migrate", "--json"], &db[..]].concat(),
     ));
-    assert_eq!(migrated["applied"], serde_json::json!([1, 2]));
+    assert_eq!(migrated["applied"], serde_json::json!([1, 2, 3]));
     let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
     let inbox = MySqlInbox::with_table(&table).unwrap();
     let id = uuid::Uuid::now_v7().to_string();

@@ -171,9 +171,9 @@ pub struct RelayConfig {
     pub relay_id: String,
     /// Most events claimed at once.
     pub batch_size: u32,
-    /// Most payload bytes claimed at once: a claim stops adding events once their payloads
-    /// reach this (the first event always comes back), so memory is bounded by bytes, not
-    /// only by `batch_size`. Expect the relay to hold up to about six times the larger of this
+    /// Most bytes claimed at once, counting whole rows (the payload and every other column): a
+    /// claim stops adding events once their rows reach this (the first event always comes
+    /// back), so memory is bounded by bytes, not only by `batch_size`. Expect the relay to hold up to about six times the larger of this
     /// and `max_payload_bytes` per batch alive: the stored payload, the message the sink
     /// builds, the sink client's buffer (measured: one 50 MB event to the file sink peaked at
     /// 292 MB RSS).
@@ -182,10 +182,11 @@ pub struct RelayConfig {
     /// reason that names this limit (raise it and `outbox dead requeue` the event if the
     /// destination accepts such messages).
     pub max_payload_bytes: u64,
-    /// Most bytes all of an event's other columns may take together (aggregate type and id,
-    /// event type, destination, idempotency key, headers, and in WAL mode a copied row's
+    /// Most bytes all of an event's other columns may take together (id, aggregate type and
+    /// id, event type, destination, idempotency key, headers, and in WAL mode a copied row's
     /// fields): a larger event is dead-lettered without being loaded, like one over
-    /// [`RelayConfig::max_payload_bytes`]. These columns are names and routing data, never
+    /// [`RelayConfig::max_payload_bytes`], with a reason naming this limit and the size. The
+    /// stores measure the columns in the database and send none of them for such a row. These columns are names and routing data, never
     /// bulk; the bound keeps a writer from making the relay load megabytes through them.
     /// 64 KiB.
     pub max_metadata_bytes: u64,

@@ -77,6 +77,15 @@
 //! between "not seen yet" and "mark seen". Claim first, before the effect: the effect then runs
 //! while this consumer holds the key, and a concurrent duplicate waits instead of running it too.
 //!
+//! ## A shared inbox
+//!
+//! Handlers may share one inbox table under different database users. On PostgreSQL and MySQL
+//! a claim row also records the user that wrote it (`claimed_by`, set by a trigger whatever the
+//! writer puts there) and the key is `(event_id, handler, claimed_by)`, so a user with `INSERT`
+//! on the inbox cannot claim an event for another user's handler: its row is its own. A handler
+//! is deduplicated per user; claims written before that (schema version 3) count for every user.
+//! `docs/inbox.md` ("Privileges: a shared inbox") lists the grants a consumer needs.
+//!
 //! ## One claim for every language
 //!
 //! Consumers written in other languages use the same tables and the same claim: the migrations

@@ -1,7 +1,8 @@
 //! The inbox in MySQL 8 / MariaDB 10.6+ (InnoDB).
 //!
 //! Tables live in the connection's database: `<table>` (the inbox, primary key
-//! `(event_id, handler)`, `event_id` as the UUID's 36-character lowercase text), `<table>_parked`
+//! `(event_id, handler, claimed_by)`, `event_id` as the UUID's 36-character lowercase text,
+//! `claimed_by` the writing user set by the trigger `<table>_claimed_by`), `<table>_parked`
 //! (poison messages), `<table>_migrations` (bookkeeping of the embedded migrations, separate from
 //! the application's own) and the procedure `<table>_claim(event_id, handler)`, which every
 //! consumer — Rust's [`MySqlInbox::claim`] and any other language — calls. Inside it the claim
@@ -90,12 +91,65 @@ END //
 DELIMITER ;
 "#,
     },
+    Migration {
+        version: 3,
+        description: "claims keyed by the account that wrote them",
+        sql: r#"
+-- Handlers share an inbox table, and any account with INSERT on it could write another
+-- handler's row (event_id, 'billing') first: billing's claim then answered "already processed"
+-- and its effect never ran. Now each claim row records the user that wrote it, `claimed_by`
+-- (the user name of USER(), the login; the procedure's caller when it writes), set by a
+-- trigger whatever the writer puts there, and the key is (event_id, handler, claimed_by): a row
+-- another user writes under your handler's name is a row of its own, and your claim is fresh.
+-- A handler is deduplicated per database user: run each handler under one user
+-- (docs/inbox.md, "Privileges").
+--
+-- Rows written before this migration have no writer: they get claimed_by '' and count for every
+-- user (the trigger files a new claim of such an event and handler under '', which then
+-- conflicts), so nothing processed before the upgrade is processed again; they go with
+-- retention like any row. The primary key is rebuilt once (InnoDB copies the table, holding
+-- consumers back meanwhile), by a procedure of the migration's own so that a second run, after
+-- an interruption, skips it.
+DROP PROCEDURE IF EXISTS `{table}_add_claimed_by`;
+DELIMITER //
+CREATE PROCEDURE `{table}_add_claimed_by`()
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.COLUMNS
+                   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'
+                     AND COLUMN_NAME = 'claimed_by') THEN
+        ALTER TABLE {t}
+            ADD COLUMN claimed_by VARCHAR(128) NOT NULL DEFAULT '',
+            DROP PRIMARY KEY,
+            ADD PRIMARY KEY (event_id, handler, claimed_by);
+    END IF;
+END //
+DELIMITER ;
+CALL `{table}_add_claimed_by`();
+DROP PROCEDURE `{table}_add_claimed_by`;
+
+-- A trigger runs as its definer, so it reads the pre-upgrade claims whatever the writer may
+-- read; USER() is the session's own user whatever routine is running.
+DROP TRIGGER IF EXISTS {claimed_by};
+DELIMITER //
+CREATE TRIGGER {claimed_by} BEFORE INSERT ON {t} FOR EACH ROW
+BEGIN
+    IF EXISTS (SELECT 1 FROM {t} AS i
+               WHERE i.event_id = NEW.event_id AND i.handler = NEW.handler AND i.claimed_by = '') THEN
+        SET NEW.claimed_by = '';
+    ELSE
+        SET NEW.claimed_by = SUBSTRING_INDEX(USER(), '@', 1);
+    END IF;
+END //
+DELIMITER ;
+"#,
+    },
 ];
 
 /// The inbox's statements in MySQL (`?` parameters; ages are microseconds before `NOW(6)`).
 const SQL: sql::Statements<&str> = sql::Statements {
     claim: "CALL {f}(?, ?)",
-    contains: "SELECT 1 FROM {t} WHERE event_id = ? AND handler = ?",
+    contains: "SELECT 1 FROM {t} WHERE event_id = ? AND handler = ? \
+               AND claimed_by IN (SUBSTRING_INDEX(USER(), '@', 1), '')",
     purge: "DELETE FROM {t} WHERE processed_at < NOW(6) - INTERVAL ? MICROSECOND \
             ORDER BY processed_at LIMIT ?",
     park: "INSERT INTO {p} (event_id, handler, source, attempts, error, payload, headers) \
@@ -142,7 +196,7 @@ impl MySqlInbox {
     /// ```no_run
     /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), outbox_inbox::Error> {
     /// let report = outbox_inbox::mysql::MySqlInbox::new().migrate(&pool).await?;
-    /// assert_eq!(report.current, 2);
+    /// assert_eq!(report.current, 3);
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self, pool: &MySqlPool) -> Result<MigrationReport, Error> {
@@ -261,7 +315,11 @@ mod tests {
     fn a_database_migrated_by_earlier_releases_is_current() {
         crate::tests::assert_current(
             MIGRATIONS,
-            &[(1, "70741bdf3f13599d"), (2, "9d7883dc22077ca3")],
+            &[
+                (1, "70741bdf3f13599d"),
+                (2, "9d7883dc22077ca3"),
+                (3, "9d5734ed518e63e0"),
+            ],
         );
     }
 }

@@ -1,7 +1,8 @@
 //! The inbox in PostgreSQL.
 //!
 //! Tables live in a schema of your choice (default `public`): `<table>` (the inbox, primary key
-//! `(event_id, handler)`), `<table>_parked` (poison messages), `<table>_migrations`
+//! `(event_id, handler, claimed_by)`, the last set to `current_user` by the trigger
+//! `<table>_claimed_by`), `<table>_parked` (poison messages), `<table>_migrations`
 //! (bookkeeping of the embedded migrations, separate from the application's own) and the
 //! function `<table>_claim(event_id uuid, handler text) returns boolean`. The claim is that
 //! function — `INSERT … ON CONFLICT DO NOTHING` inside — for Rust and every other language alike,
@@ -80,12 +81,86 @@ COMMENT ON FUNCTION {f}(UUID, TEXT) IS
     'outbox inbox claim: call it first in the transaction of the effect; true = apply the effect and commit, false = already processed: skip and ack. Contract: docs/inbox.md of the outbox project.';
 "#,
     },
+    Migration {
+        version: 3,
+        description: "claims keyed by the role that wrote them; functions pin search_path",
+        sql: r#"
+-- Handlers share an inbox table, and any role with INSERT on it could write another handler's
+-- row (event_id, 'billing') first: billing's claim then answered "already processed" and its
+-- effect never ran. Now each claim row records the role that wrote it, `claimed_by`, set by a
+-- trigger to current_user whatever the writer puts there, and the key is (event_id, handler,
+-- claimed_by): a row another role writes under your handler's name is a row of its own, and
+-- your claim is fresh. A handler is deduplicated per database role: run each handler under one
+-- role (docs/inbox.md, "Privileges").
+--
+-- Rows written before this migration have no writer: they get claimed_by '' and count for
+-- every role (the trigger files a new claim of such an event and handler under '', which then
+-- conflicts), so nothing processed before the upgrade is processed again; they go with
+-- retention like any row. Rebuilding the primary key reads the table once under a lock that
+-- holds consumers back meanwhile.
+ALTER TABLE {t} ADD COLUMN claimed_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE {t} DROP CONSTRAINT "{table}_pkey", ADD PRIMARY KEY (event_id, handler, claimed_by);
+
+-- Whether `handler` claimed `event_id` before claims recorded their writer. It runs as its
+-- owner, so the trigger (which runs as the consumer) can ask without the consumer holding
+-- SELECT on the inbox; it answers nothing about rows written since.
+CREATE OR REPLACE FUNCTION {claimed_before}(event_id UUID, handler TEXT) RETURNS BOOLEAN
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $before$
+    SELECT EXISTS (
+        SELECT 1 FROM {t} i
+        WHERE i.event_id = $1 AND i.handler = $2 AND i.claimed_by = ''
+    )
+$before$;
+
+CREATE OR REPLACE FUNCTION {claimed_by}() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $by$
+BEGIN
+    IF {claimed_before}(NEW.event_id, NEW.handler) THEN
+        NEW.claimed_by := '';
+    ELSE
+        NEW.claimed_by := current_user;
+    END IF;
+    RETURN NEW;
+END
+$by$;
+DROP TRIGGER IF EXISTS "{table}_claimed_by" ON {t};
+CREATE TRIGGER "{table}_claimed_by" BEFORE INSERT ON {t}
+    FOR EACH ROW EXECUTE FUNCTION {claimed_by}();
+
+-- The claim function again, with its search_path pinned (a function it calls can no longer be
+-- one a consumer, or anyone with CREATE on a schema in the caller's search_path, planted).
+CREATE OR REPLACE FUNCTION {f}(event_id UUID, handler TEXT) RETURNS BOOLEAN
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $claim$
+BEGIN
+    IF $1 IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004',
+            MESSAGE = '{f}: event_id is null',
+            HINT = 'pass the message''s outbox-event-id header; a message without one cannot be deduplicated: park it';
+    END IF;
+    IF $2 IS NULL OR pg_catalog.char_length($2) NOT BETWEEN 1 AND 191 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('{f}: handler must be 1 to 191 characters, got %s', coalesce(pg_catalog.char_length($2)::text, 'null')),
+            HINT = 'name the consuming handler, e.g. ''billing''';
+    END IF;
+    INSERT INTO {t} (event_id, handler) VALUES ($1, $2) ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$claim$;
+"#,
+    },
 ];
 
 /// The inbox's statements in PostgreSQL (`$n` parameters; ages are microseconds before `now()`).
 const SQL: sql::Statements<&str> = sql::Statements {
     claim: "SELECT {f}($1, $2)",
-    contains: "SELECT 1 FROM {t} WHERE event_id = $1 AND handler = $2",
+    contains: "SELECT 1 FROM {t} WHERE event_id = $1 AND handler = $2 AND claimed_by IN (current_user, '')",
     purge: "DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} \
             WHERE processed_at < now() - $1 * interval '1 microsecond' \
             ORDER BY processed_at LIMIT $2))",
@@ -165,7 +240,7 @@ impl PgInbox {
     /// ```no_run
     /// # async fn demo(pool: sqlx::PgPool) -> Result<(), outbox_inbox::Error> {
     /// let report = outbox_inbox::postgres::PgInbox::new().migrate(&pool).await?;
-    /// assert_eq!(report.current, 2);
+    /// assert_eq!(report.current, 3);
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self, pool: &PgPool) -> Result<MigrationReport, Error> {
@@ -250,7 +325,11 @@ mod tests {
     fn a_database_migrated_by_earlier_releases_is_current() {
         crate::tests::assert_current(
             MIGRATIONS,
-            &[(1, "565c31f1a5e8b62c"), (2, "8de3191b24ffdf2c")],
+            &[
+                (1, "565c31f1a5e8b62c"),
+                (2, "8de3191b24ffdf2c"),
+                (3, "b0b7c89c5b1774a6"),
+            ],
         );
     }
 }

@@ -770,6 +770,12 @@ pub(crate) struct Names {
     pub(crate) migrations: String,
     /// The claim routine, quoted (`{f}`; SQLite has none and never names it).
     pub(crate) routine: String,
+    /// The trigger (and, on PostgreSQL, its function) that records who wrote a claim row,
+    /// quoted (`{claimed_by}`; PostgreSQL and MySQL).
+    pub(crate) claimed_by: String,
+    /// PostgreSQL's function telling whether a claim was written before claims recorded who
+    /// wrote them, quoted (`{claimed_before}`).
+    pub(crate) claimed_before: String,
     /// The statements, names substituted.
     pub(crate) sql: Statements<String>,
 }
@@ -788,6 +794,8 @@ impl Names {
             parked: quote(&format!("{table}_parked")),
             migrations: quote(&format!("{table}_migrations")),
             routine: quote(&format!("{table}_claim")),
+            claimed_by: quote(&format!("{table}_claimed_by")),
+            claimed_before: quote(&format!("{table}_claimed_before")),
             sql: Statements::default(),
         };
         let s = |template: &str| names.substitute(template);
@@ -820,12 +828,14 @@ impl Names {
     }
 
     /// `sql` (a statement template or a migration's script) with the names put in: `{t}`,
-    /// `{p}`, `{m}`, `{f}` as quoted, `{table}` as is.
+    /// `{p}`, `{m}`, `{f}`, `{claimed_by}`, `{claimed_before}` as quoted, `{table}` as is.
     pub(crate) fn substitute(&self, sql: &str) -> String {
         sql.replace("{t}", &self.qualified)
             .replace("{p}", &self.parked)
             .replace("{m}", &self.migrations)
             .replace("{f}", &self.routine)
+            .replace("{claimed_by}", &self.claimed_by)
+            .replace("{claimed_before}", &self.claimed_before)
             .replace("{table}", &self.table)
     }
 }

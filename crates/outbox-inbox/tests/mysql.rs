@@ -17,7 +17,7 @@ impl Backend for My {
     type Inbox = MySqlInbox;
     const EFFECTS_DEFINITION: &'static str =
         "(event_id CHAR(36) NOT NULL, handler VARCHAR(50) NOT NULL) ENGINE = InnoDB";
-    const SCHEMA_VERSION: i64 = 2;
+    const SCHEMA_VERSION: i64 = 3;
     const COUNT: &'static str = "CAST(count(*) AS SIGNED)";
 
     async fn pool() -> MySqlPool {
@@ -96,4 +96,57 @@ conformance::conformance_tests!(@as My;
         a_racing_claim_routine_call_waits_for_the_first_transaction,
     the_claim_procedure_refuses_a_bad_event_id_and_a_bad_handler =
         the_claim_routine_refuses_bad_arguments,
+);
+
+impl conformance::SharedInbox for My {
+    /// A user with `INSERT` on the inbox and `EXECUTE` on the claim procedure.
+    async fn consumer(inbox: &MySqlInbox, name: &str) -> MySqlPool {
+        let admin = My::pool().await;
+        for grant in [
+            format!("CREATE USER '{name}'@'%' IDENTIFIED BY 'consumer-pw'"),
+            format!(
+                "GRANT INSERT ON {} TO '{name}'@'%'",
+                inbox.qualified_table()
+            ),
+            format!(
+                "GRANT EXECUTE ON PROCEDURE {} TO '{name}'@'%'",
+                inbox.claim_procedure()
+            ),
+        ] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(grant))
+                .execute(&admin)
+                .await
+                .unwrap();
+        }
+        let url = std::env::var("OUTBOX_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+            .replacen("root@", &format!("{name}:consumer-pw@"), 1);
+        sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .unwrap()
+    }
+
+    fn drop_consumer(name: &str) -> String {
+        format!("DROP USER '{name}'@'%'")
+    }
+
+    fn downgrade_to_version_2(inbox: &MySqlInbox) -> String {
+        format!(
+            "DROP TRIGGER {claimed_by};
+             ALTER TABLE {t} DROP PRIMARY KEY, DROP COLUMN claimed_by, ADD PRIMARY KEY (event_id, handler);
+             DELETE FROM {m} WHERE version = 3",
+            claimed_by = My::beside(inbox, "_claimed_by"),
+            t = inbox.qualified_table(),
+            m = My::migrations_table(inbox)
+        )
+    }
+}
+
+conformance::conformance_tests!(@as My;
+    a_user_cannot_claim_an_event_for_another_users_handler =
+        a_consumer_cannot_claim_an_event_for_another_consumers_handler,
+    claims_from_before_the_upgrade_count_for_every_user =
+        claims_from_before_the_upgrade_count_for_every_consumer,
 );

@@ -7,9 +7,12 @@ use crate::decode::decode_event;
 use crate::error::map_sqlx;
 use crate::session::Session;
 use crate::sql::{json_text, micros};
+use outbox_types::sql_store::{bytes, count};
 use outbox_types::{
-    AggregateKey, Claim, ClaimRequest, ClaimSort, DeadLetterPolicy, Lease, SortedClaim, StoreError,
+    AggregateKey, Claim, ClaimRequest, ClaimSort, DeadLetterPolicy, Lease, RowBytes, SortedClaim,
+    StoreError,
 };
+use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Row};
 use std::collections::HashSet;
 use uuid::Uuid;
@@ -83,6 +86,7 @@ impl MySqlStore {
         let candidates = match hold {
             None => {
                 sqlx::query(AssertSqlSafe(sql.claim_candidates.as_str()))
+                    .bind(bytes(request.max_metadata_bytes))
                     .bind(block)
                     .bind(limit)
                     .bind(block)
@@ -98,6 +102,7 @@ impl MySqlStore {
                     &hold.deferred,
                     block,
                     limit,
+                    bytes(request.max_metadata_bytes),
                 );
                 built.query().fetch_all(session.conn()).await
             }
@@ -107,35 +112,32 @@ impl MySqlStore {
             return Ok(SortedClaim::default());
         }
         let mut wanted = Vec::with_capacity(candidates.len());
-        // The byte budget: candidates in seq order while the payloads before them add up to
-        // less than `max_batch_bytes` (the first always). What it leaves out comes after
-        // everything it keeps. A payload above `max_payload_bytes` counts as nothing: it is
-        // locked without its payload and buried.
+        // The byte budget: candidates in seq order while the rows before them (payload and
+        // every other column) add up to less than `max_batch_bytes` (the first always). What it
+        // leaves out comes after everything it keeps. A row over `max_payload_bytes` or
+        // `max_metadata_bytes` counts as nothing: it is locked without its columns and buried.
         let mut running: u64 = 0;
         for row in &candidates {
-            let size: Option<i64> = row.try_get("bytes").map_err(map_sqlx)?;
-            let size = u64::try_from(size.unwrap_or(0)).unwrap_or(0);
-            let size = if size > request.max_payload_bytes {
-                0
-            } else {
-                size
-            };
+            let payload: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+            let metadata: Option<i64> = row.try_get("metadata_bytes").map_err(map_sqlx)?;
+            let size = RowBytes {
+                payload: count(payload.unwrap_or(0)),
+                metadata: count(metadata.unwrap_or(0)),
+            }
+            .batch_bytes(request);
             if !wanted.is_empty() && running >= request.max_batch_bytes {
                 break;
             }
             running = running.saturating_add(size);
             let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
-            let aggregate = AggregateKey {
-                aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
-                aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
-            };
-            wanted.push((seq, aggregate));
+            wanted.push((seq, aggregate_of(row)?));
         }
         let seqs: Vec<i64> = wanted.iter().map(|(seq, _)| *seq).collect();
 
         session.begin().await?;
         let locked = sqlx::query(AssertSqlSafe(sql.claim_lock_rows.as_str()))
-            .bind(i64::try_from(request.max_payload_bytes).unwrap_or(i64::MAX))
+            .bind(bytes(request.max_payload_bytes))
+            .bind(bytes(request.max_metadata_bytes))
             .bind(json_text(&seqs)?)
             .fetch_all(session.conn())
             .await
@@ -159,17 +161,17 @@ impl MySqlStore {
                 continue;
             }
             kept.push(seq);
-            let size: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
-            let aggregate = || {
-                wanted
-                    .iter()
-                    .find(|(s, _)| *s == seq)
-                    .map(|(_, key)| key.clone())
-                    .ok_or_else(|| {
-                        StoreError::Database(format!("claimed row {seq} was no candidate"))
-                    })
-            };
-            outbox_types::sort_claimed_row!(sort, seq, aggregate, size, || decode_event(row));
+            let payload_bytes: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+            let metadata_bytes: Option<i64> = row.try_get("metadata_bytes").map_err(map_sqlx)?;
+            let aggregate = || aggregate_of(row);
+            outbox_types::sort_claimed_row!(
+                sort,
+                seq,
+                payload_bytes,
+                metadata_bytes,
+                aggregate,
+                || decode_event(row)
+            );
         }
         let owner: String = request.owner.chars().take(MAX_OWNER_CHARS).collect();
         let done = sqlx::query(AssertSqlSafe(sql.claim_update.as_str()))
@@ -192,11 +194,26 @@ impl MySqlStore {
     }
 }
 
+/// The aggregate key of a claim row, `None` when the statement left out a key over the
+/// metadata limit.
+fn aggregate_of(row: &MySqlRow) -> Result<Option<AggregateKey>, StoreError> {
+    let aggregate_type: Option<String> = row.try_get("aggregate_type").map_err(map_sqlx)?;
+    let aggregate_id: Option<String> = row.try_get("aggregate_id").map_err(map_sqlx)?;
+    Ok(aggregate_type
+        .zip(aggregate_id)
+        .map(|(aggregate_type, aggregate_id)| AggregateKey {
+            aggregate_type,
+            aggregate_id,
+        }))
+}
+
 /// Which of the `wanted` candidates (in seq order) a claim may take, given the seqs it could lock
 /// and found still due: a candidate it could not take holds back every later candidate of its
-/// aggregate, which must not overtake it.
-fn keep_in_order(wanted: &[(i64, AggregateKey)], locked: HashSet<i64>) -> HashSet<i64> {
-    let mut held_back: HashSet<&AggregateKey> = HashSet::new();
+/// aggregate, which must not overtake it. Candidates whose key was too large to send (`None`)
+/// count as one aggregate: each of them is buried unread, and one held back holds back the
+/// others until the next claim.
+fn keep_in_order(wanted: &[(i64, Option<AggregateKey>)], locked: HashSet<i64>) -> HashSet<i64> {
+    let mut held_back: HashSet<&Option<AggregateKey>> = HashSet::new();
     let mut keep = HashSet::with_capacity(locked.len());
     for (seq, aggregate) in wanted {
         if held_back.contains(aggregate) {
@@ -220,11 +237,11 @@ mod tests {
     use outbox_types::{BuryEvent, DeadFilter, Store};
     use std::time::Duration;
 
-    fn agg(id: &str) -> AggregateKey {
-        AggregateKey {
+    fn agg(id: &str) -> Option<AggregateKey> {
+        Some(AggregateKey {
             aggregate_type: "t".into(),
             aggregate_id: id.into(),
-        }
+        })
     }
 
     #[test]

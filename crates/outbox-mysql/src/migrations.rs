@@ -378,7 +378,157 @@ DELIMITER ;
         columns: &[],
         add_columns: &[],
     },
+    Migration {
+        entry: Entry {
+            version: 5,
+            description: "least privilege: the enqueue procedure runs as its definer and locks no other event",
+            sql: r#"
+-- Writers need EXECUTE on the enqueue procedure (and INSERT on the table for a plain INSERT),
+-- nothing more. The procedure used to run with the caller's rights, and its duplicate-key
+-- upsert (ON DUPLICATE KEY UPDATE) and locking read (SELECT ... FOR UPDATE) made every writer
+-- hold INSERT, SELECT and UPDATE on the table (MariaDB checks UPDATE on every inserted
+-- column): enough to read any event, hold another service's pending events, and change their
+-- payload and destination. Now it is SQL SECURITY DEFINER: it runs with the rights of the
+-- account that runs this migration (keep that account: a procedure whose definer is dropped
+-- cannot run). A duplicate is no upsert either: the plain INSERT fails on the unique key
+-- (which leaves the existing event's row unlocked), and the event holding the key is read
+-- without a lock on its row, so the relay can claim it while the writer's transaction is
+-- open. A writer learns that event's id, as before, and can read, lock or change nothing.
+--
+-- MySQL and MariaDB have no search_path: names in a routine resolve in the routine's own
+-- database whatever the caller's current one, and a stored function cannot take a built-in
+-- function's name, so there is nothing to pin here.
+--
+-- MariaDB replaces the procedure in place (CREATE OR REPLACE keeps the EXECUTE grants writers
+-- hold). MySQL 8 has no CREATE OR REPLACE PROCEDURE: it is dropped and created, and EXECUTE
+-- granted on the procedure itself goes with it (EXECUTE granted on the database stays): grant
+-- it again after this migration (docs/table-contract.md, "Privileges").
+{drop_enqueue_procedure_on_mysql}
+DELIMITER //
+{create_or_replace} PROCEDURE `{table}_enqueue`(
+    IN p_aggregate_type  VARCHAR(100)  CHARACTER SET utf8mb4,
+    IN p_aggregate_id    VARCHAR(255)  CHARACTER SET utf8mb4,
+    IN p_event_type      VARCHAR(255)  CHARACTER SET utf8mb4,
+    IN p_payload         LONGTEXT      CHARACTER SET utf8mb4,
+    IN p_headers         LONGTEXT      CHARACTER SET utf8mb4,
+    IN p_destination     VARCHAR(1024) CHARACTER SET utf8mb4,
+    IN p_idempotency_key VARCHAR(255)  CHARACTER SET utf8mb4,
+    IN p_occurred_at     DATETIME(6),
+    IN p_id              VARCHAR(36)   CHARACTER SET ascii
+)
+    MODIFIES SQL DATA
+    SQL SECURITY DEFINER
+    COMMENT 'outbox enqueue: call it inside the transaction that changes the business rows; returns the event id'
+BEGIN
+    DECLARE v_id        CHAR(36) CHARACTER SET ascii;
+    DECLARE v_hex       CHAR(32) CHARACTER SET ascii;
+    DECLARE v_headers   LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_values    LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_i         INT DEFAULT 0;
+    DECLARE v_seq       BIGINT;
+    DECLARE v_row_id    CHAR(36) CHARACTER SET ascii;
+    DECLARE v_message   VARCHAR(128) CHARACTER SET utf8mb4;
+    DECLARE v_duplicate BOOLEAN DEFAULT FALSE;
+    -- ER_DUP_ENTRY: the id or the idempotency key is taken (sorted out below).
+    DECLARE CONTINUE HANDLER FOR 1062 SET v_duplicate = TRUE;
+    IF COALESCE(p_aggregate_type, '') = '' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: aggregate_type must not be empty';
+    END IF;
+    IF COALESCE(p_aggregate_id, '') = '' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: aggregate_id must not be empty';
+    END IF;
+    IF COALESCE(p_event_type, '') = '' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: event_type must not be empty';
+    END IF;
+    IF p_payload IS NULL OR NOT JSON_VALID(p_payload) THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: payload must be JSON text (write ''null'' for a JSON null)';
+    END IF;
+    SET v_headers = COALESCE(p_headers, '{}');
+    IF NOT JSON_VALID(v_headers) OR JSON_TYPE(v_headers) <> 'OBJECT' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}';
+    END IF;
+    -- Every member's value, in the order JSON_KEYS lists the names (NULL for {}).
+    SET v_values = JSON_EXTRACT(v_headers, '$.*');
+    WHILE v_values IS NOT NULL AND v_i < JSON_LENGTH(v_values) DO
+        IF JSON_TYPE(JSON_EXTRACT(v_values, CONCAT('$[', v_i, ']'))) <> 'STRING' THEN
+            SET v_message = CONCAT('outbox: header "',
+                LEFT(JSON_UNQUOTE(JSON_EXTRACT(JSON_KEYS(v_headers), CONCAT('$[', v_i, ']'))), 40),
+                '" is not a string; header values are strings ("3", not 3)');
+            SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+        END IF;
+        SET v_i = v_i + 1;
+    END WHILE;
+    IF p_id IS NULL THEN
+        -- A version 7 UUID: 48 bits of Unix milliseconds (UTC, so no time zone or DST can
+        -- shift it), 74 random bits, the version 7 and RFC 4122's variant.
+        SET v_hex = LOWER(CONCAT(
+            LPAD(HEX(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000), 12, '0'),
+            HEX(RANDOM_BYTES(10))));
+        SET v_hex = CONCAT(LEFT(v_hex, 12), '7', SUBSTRING(v_hex, 14, 3),
+            SUBSTRING('89ab', (CONV(SUBSTRING(v_hex, 17, 1), 16, 10) & 3) + 1, 1),
+            SUBSTRING(v_hex, 18));
+        SET v_id = CONCAT_WS('-', LEFT(v_hex, 8), SUBSTRING(v_hex, 9, 4), SUBSTRING(v_hex, 13, 4),
+            SUBSTRING(v_hex, 17, 4), SUBSTRING(v_hex, 21));
+    ELSEIF LOWER(p_id) REGEXP '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        SET v_id = LOWER(p_id);
+    ELSE
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: id must be a UUID (8-4-4-4-12 hex digits), or NULL for a new one';
+    END IF;
+    -- A concurrent writer of the same key waits here for the first one's transaction, then
+    -- finds its row or none.
+    INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                     idempotency_key, occurred_at, enqueued_at, next_attempt_at)
+    VALUES (v_id, p_aggregate_type, p_aggregate_id, p_event_type, p_payload, p_destination,
+            v_headers, p_idempotency_key, COALESCE(p_occurred_at, UTC_TIMESTAMP(6)),
+            UTC_TIMESTAMP(6), UTC_TIMESTAMP(6));
+    IF NOT v_duplicate THEN
+        SELECT v_id AS id;
+    ELSE
+        -- Which event holds the key, as last committed: a shared lock on the key's index entry
+        -- only (the failed insert holds one already), never on the event's row.
+        IF p_idempotency_key IS NOT NULL THEN
+            SELECT e.seq INTO v_seq FROM {t} AS e FORCE INDEX (idempotency_key)
+            WHERE e.idempotency_key = p_idempotency_key LOCK IN SHARE MODE;
+        END IF;
+        IF v_seq IS NULL THEN
+            SET v_message = CONCAT('outbox: event id ', v_id, ' is already in the outbox; give each event a new id');
+            SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = v_message;
+        END IF;
+        -- A plain read: under REPEATABLE READ a row committed after this transaction's first
+        -- read is not visible to it.
+        SELECT e.id INTO v_row_id FROM {t} AS e WHERE e.seq = v_seq;
+        IF v_row_id IS NULL THEN
+            SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = 'outbox: the event holding this idempotency key was written after this transaction began reading; retry the transaction';
+        END IF;
+        SELECT v_row_id AS id;
+    END IF;
+END //
+DELIMITER ;
+"#,
+        },
+        columns: &[],
+        add_columns: &[],
+    },
 ];
+
+/// A migration's template as this server runs it: `{bin}`, the binary collation, and how the
+/// enqueue procedure is replaced (`{create_or_replace}`, `{drop_enqueue_procedure_on_mysql}`):
+/// in place on MariaDB (which keeps the grants on it), dropped and created on MySQL 8 (which
+/// has no `CREATE OR REPLACE PROCEDURE`). `collation` tells the servers apart.
+fn for_server(outbox: &MySqlOutbox, template: &str, collation: &str) -> String {
+    let (drop, create) = if collation == BINARY_COLLATIONS[0] {
+        ("", "CREATE OR REPLACE")
+    } else {
+        ("DROP PROCEDURE IF EXISTS `{table}_enqueue`;", "CREATE")
+    };
+    outbox
+        .render(
+            &template
+                .replace("{drop_enqueue_procedure_on_mysql}", drop)
+                .replace("{create_or_replace}", create),
+        )
+        .replace("{bin}", collation)
+}
 
 /// The binary no-pad utf8mb4 collations, in order of preference: MariaDB's, then MySQL's.
 const BINARY_COLLATIONS: [&str; 2] = ["utf8mb4_nopad_bin", "utf8mb4_0900_bin"];
@@ -446,7 +596,7 @@ async fn apply(outbox: &MySqlOutbox, conn: &mut MySqlConnection) -> Result<Vec<i
                 .map_err(map_sqlx)?;
             }
         }
-        let ddl = outbox.render(m.entry.sql).replace("{bin}", &collation);
+        let ddl = for_server(outbox, m.entry.sql, &collation);
         for statement in outbox_types::sql_script::statements(&ddl) {
             sqlx::raw_sql(AssertSqlSafe(statement))
                 .execute(&mut *conn)
@@ -509,7 +659,7 @@ pub(crate) fn script(outbox: &MySqlOutbox, mariadb: bool) -> String {
                 outbox.quoted_table()
             ));
         }
-        let ddl = outbox.render(m.entry.sql).replace("{bin}", collation);
+        let ddl = for_server(outbox, m.entry.sql, collation);
         let ddl = ddl.trim();
         if !ddl.is_empty() {
             out.push_str(ddl);
@@ -639,18 +789,40 @@ impl Versioned for Migration {
 mod released {
     use super::*;
 
-    /// The migration runner sends one statement at a time; a routine's body stays whole.
+    /// The migration runner sends one statement at a time; a routine's body stays whole, on
+    /// either server.
     #[test]
     fn migrations_split_into_their_statements() {
-        let counts: Vec<usize> = MIGRATIONS
-            .iter()
-            .map(|m| outbox_types::sql_script::statements(m.entry.sql).len())
-            .collect();
-        assert_eq!(counts, [1, 1, 2, 3]);
-        let trigger = &outbox_types::sql_script::statements(MIGRATIONS[3].entry.sql)[2];
+        let outbox = MySqlOutbox::new();
+        let rendered = |collation: &str| -> Vec<Vec<String>> {
+            MIGRATIONS
+                .iter()
+                .map(|m| {
+                    outbox_types::sql_script::statements(&for_server(
+                        &outbox,
+                        m.entry.sql,
+                        collation,
+                    ))
+                })
+                .collect()
+        };
+        let mariadb = rendered(BINARY_COLLATIONS[0]);
+        let mysql = rendered(BINARY_COLLATIONS[1]);
+        let counts = |all: &[Vec<String>]| all.iter().map(Vec::len).collect::<Vec<_>>();
+        assert_eq!(counts(&mariadb), [1, 1, 2, 3, 1]);
+        assert_eq!(counts(&mysql), [1, 1, 2, 3, 2]);
+        let trigger = &mariadb[3][2];
         assert!(trigger.starts_with("CREATE TRIGGER") && trigger.ends_with("END"));
-        let procedure = &outbox_types::sql_script::statements(MIGRATIONS[2].entry.sql)[1];
+        let procedure = &mariadb[2][1];
         assert!(procedure.starts_with("CREATE PROCEDURE") && procedure.ends_with("END"));
+        let replaced = &mariadb[4][0];
+        assert!(replaced.starts_with("CREATE OR REPLACE PROCEDURE `outbox_events_enqueue`"));
+        assert!(replaced.contains("SQL SECURITY DEFINER") && replaced.ends_with("END"));
+        assert_eq!(
+            mysql[4][0],
+            "DROP PROCEDURE IF EXISTS `outbox_events_enqueue`"
+        );
+        assert!(mysql[4][1].starts_with("CREATE PROCEDURE `outbox_events_enqueue`"));
     }
 
     /// The enqueue procedure flags a duplicate the way the library's enqueue does.

@@ -40,6 +40,36 @@ const RECORD_COLUMNS: &str = "e.seq, e.id, e.aggregate_type, e.aggregate_id, e.e
 /// as 1, like an insert).
 pub(crate) const DUPLICATE_FLAG: u64 = 1 << 62;
 
+/// Every column of the row `e` a claim reads but the payload, added up in bytes (see
+/// `outbox_types::RowBytes`): what `relay.max_metadata_bytes` bounds. A NULL counts as 0.
+const METADATA_BYTES: &str = "(LENGTH(e.id) + LENGTH(e.aggregate_type) + LENGTH(e.aggregate_id) \
+     + LENGTH(e.event_type) + COALESCE(LENGTH(e.destination), 0) + LENGTH(e.headers) \
+     + COALESCE(LENGTH(e.idempotency_key), 0))";
+
+/// The aggregate key of the row `e`, in bytes.
+const KEY_BYTES: &str = "(LENGTH(e.aggregate_type) + LENGTH(e.aggregate_id))";
+
+/// Whether the row `e` is within both limits of the one-row table `lim`, so its columns are
+/// sent.
+const FITS: &str = "(LENGTH(e.payload) <= lim.payload AND (LENGTH(e.id) + LENGTH(e.aggregate_type) \
+     + LENGTH(e.aggregate_id) + LENGTH(e.event_type) + COALESCE(LENGTH(e.destination), 0) \
+     + LENGTH(e.headers) + COALESCE(LENGTH(e.idempotency_key), 0)) <= lim.metadata)";
+
+/// A claim candidate of either branch: its seq, its aggregate key (for the server's own use:
+/// the outer select sends it only when small enough), and its sizes in bytes.
+const CANDIDATE_COLUMNS: &str = "e.seq, e.aggregate_type, e.aggregate_id, \
+     LENGTH(e.payload) AS payload_bytes, \
+     (LENGTH(e.id) + LENGTH(e.aggregate_type) + LENGTH(e.aggregate_id) + LENGTH(e.event_type) \
+      + COALESCE(LENGTH(e.destination), 0) + LENGTH(e.headers) \
+      + COALESCE(LENGTH(e.idempotency_key), 0)) AS metadata_bytes, \
+     (LENGTH(e.aggregate_type) + LENGTH(e.aggregate_id)) AS key_bytes";
+
+/// What the candidates read sends: seq, sizes, and the aggregate key when the key alone is
+/// within `lim.metadata` (NULL otherwise: see `outbox_types::ClaimSort`).
+const CANDIDATES_SELECT: &str = "d.seq, d.payload_bytes, d.metadata_bytes, \
+     CASE WHEN d.key_bytes <= lim.metadata THEN d.aggregate_type END AS aggregate_type, \
+     CASE WHEN d.key_bytes <= lim.metadata THEN d.aggregate_id END AS aggregate_id";
+
 /// Statements rendered once per outbox.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -174,15 +204,17 @@ impl Sql {
             // order. A row is due when pending and its time has come, or in flight under an
             // expired lease (its relay died). One branch per status, so each is an ordered scan
             // of the `(status, seq)` index that stops after `limit` rows, instead of a sort of
-            // every open row. ? = dead blocks, limit, dead blocks, limit, limit.
+            // every open row. Each comes with its sizes (see `CANDIDATE_COLUMNS`) and its
+            // aggregate key only when the key alone is within the metadata limit. ? = most
+            // bytes of one event's other columns, dead blocks, limit, dead blocks, limit, limit.
             claim_candidates: format!(
-                "SELECT d.seq, d.aggregate_type, d.aggregate_id, d.bytes FROM (
-                     (SELECT e.seq, e.aggregate_type, e.aggregate_id, LENGTH(e.payload) AS bytes FROM {t} AS e
+                "SELECT {CANDIDATES_SELECT} FROM (SELECT CAST(? AS SIGNED) AS metadata) AS lim, (
+                     (SELECT {CANDIDATE_COLUMNS} FROM {t} AS e
                       WHERE e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6)
                         AND {unblocked}
                       ORDER BY e.seq LIMIT ?)
                      UNION ALL
-                     (SELECT e.seq, e.aggregate_type, e.aggregate_id, LENGTH(e.payload) AS bytes FROM {t} AS e
+                     (SELECT {CANDIDATE_COLUMNS} FROM {t} AS e
                       WHERE e.status = 'in_flight' AND e.lease_expires_at <= UTC_TIMESTAMP(6)
                         AND {unblocked}
                       ORDER BY e.seq LIMIT ?)
@@ -191,14 +223,23 @@ impl Sql {
             ),
             // Phase 2: lock the candidates that are still due, skipping rows someone else holds.
             // A locking read sees the latest committed version of each row, whatever the
-            // transaction's snapshot. A payload above the per-event limit is left out (buried by
-            // the store unread). ? = most payload bytes of one event, JSON array of seqs.
+            // transaction's snapshot. The sizes are measured again on that version; a row over
+            // either limit comes back as its sizes and NULLs (its key only when the key alone is
+            // within the metadata limit), and is buried by the store unread. ? = most payload
+            // bytes of one event, most bytes of its other columns, JSON array of seqs.
             claim_lock_rows: format!(
-                "SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type,
-                        CASE WHEN LENGTH(e.payload) > ? THEN NULL ELSE e.payload END AS payload,
-                        LENGTH(e.payload) AS payload_bytes,
-                        e.destination, e.headers, e.idempotency_key, e.occurred_at, e.enqueued_at, e.attempts
-                 FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS c
+                "SELECT e.seq, LENGTH(e.payload) AS payload_bytes, {METADATA_BYTES} AS metadata_bytes,
+                        CASE WHEN {KEY_BYTES} <= lim.metadata THEN e.aggregate_type END AS aggregate_type,
+                        CASE WHEN {KEY_BYTES} <= lim.metadata THEN e.aggregate_id END AS aggregate_id,
+                        CASE WHEN {FITS} THEN e.id END AS id,
+                        CASE WHEN {FITS} THEN e.event_type END AS event_type,
+                        CASE WHEN {FITS} THEN e.payload END AS payload,
+                        CASE WHEN {FITS} THEN e.destination END AS destination,
+                        CASE WHEN {FITS} THEN e.headers END AS headers,
+                        CASE WHEN {FITS} THEN e.idempotency_key END AS idempotency_key,
+                        e.occurred_at, e.enqueued_at, e.attempts
+                 FROM (SELECT CAST(? AS SIGNED) AS payload, CAST(? AS SIGNED) AS metadata) AS lim
+                 STRAIGHT_JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS c
                  STRAIGHT_JOIN {t} AS e FORCE INDEX (PRIMARY) ON e.seq = c.seq
                  WHERE (e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6))
                     OR (e.status = 'in_flight' AND e.lease_expires_at <= UTC_TIMESTAMP(6))
@@ -420,6 +461,7 @@ impl Sql {
         deferred: &[String],
         block: bool,
         limit: i64,
+        max_metadata_bytes: i64,
     ) -> Built {
         let skipped: Vec<String> = paused
             .iter()
@@ -439,7 +481,7 @@ impl Sql {
         };
         let branch = |b: &mut Built, due: &str| {
             b.push(&format!(
-                "(SELECT e.seq, e.aggregate_type, e.aggregate_id, LENGTH(e.payload) AS bytes FROM {t} AS e WHERE {due}"
+                "(SELECT {CANDIDATE_COLUMNS} FROM {t} AS e WHERE {due}"
             ));
             b.not_held(routes, "e", &skipped);
             if !deferred.is_empty() {
@@ -466,7 +508,12 @@ impl Sql {
             probe(b, "dead", "");
             b.bind(") ORDER BY e.seq LIMIT ?)", Arg::Int(limit));
         };
-        b.push("SELECT d.seq, d.aggregate_type, d.aggregate_id, d.bytes FROM (");
+        b.bind(
+            &format!(
+                "SELECT {CANDIDATES_SELECT} FROM (SELECT CAST(? AS SIGNED) AS metadata) AS lim, ("
+            ),
+            Arg::Int(max_metadata_bytes),
+        );
         branch(
             &mut b,
             "e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6)",
@@ -682,19 +729,40 @@ mod tests {
             };
             let plain = (
                 sql.claim_candidates.clone(),
-                vec![true.into(), 200.into(), true.into(), 200.into(), 200.into()],
+                vec![
+                    i64::MAX.into(),
+                    true.into(),
+                    200.into(),
+                    true.into(),
+                    200.into(),
+                    200.into(),
+                ],
             );
             for (name, (statement, binds), probe_tables, probe_count) in [
                 ("claim candidates", plain, &["b"][..], 6),
                 (
                     "held claim candidates",
-                    built(sql.held_claim_candidates(&routes, &["hooks".into()], &[], true, 200)),
+                    built(sql.held_claim_candidates(
+                        &routes,
+                        &["hooks".into()],
+                        &[],
+                        true,
+                        200,
+                        i64::MAX,
+                    )),
                     &["b"][..],
                     6,
                 ),
                 (
                     "deferred claim candidates",
-                    built(sql.held_claim_candidates(&routes, &[], &["hooks".into()], true, 200)),
+                    built(sql.held_claim_candidates(
+                        &routes,
+                        &[],
+                        &["hooks".into()],
+                        true,
+                        200,
+                        i64::MAX,
+                    )),
                     &["b", "d"][..],
                     8,
                 ),
@@ -750,7 +818,7 @@ mod tests {
                 (
                     "lock rows",
                     &sql.claim_lock_rows,
-                    vec![i64::MAX.into(), seqs.clone()],
+                    vec![i64::MAX.into(), i64::MAX.into(), seqs.clone()],
                 ),
                 (
                     "claim update",

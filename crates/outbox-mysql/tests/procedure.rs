@@ -9,7 +9,7 @@ mod common;
 use outbox_mysql::MySqlStore;
 use outbox_store_tests::claim_up_to;
 use outbox_types::{NewEvent, Store};
-use sqlx::{Acquire, MySqlConnection, Row};
+use sqlx::{Acquire, Connection, MySqlConnection, Row};
 
 /// `CALL` with every argument given (NULL = the default); the id it returns.
 async fn call(
@@ -196,4 +196,130 @@ async fn bad_arguments_fail_the_call_naming_the_argument() {
     ok[4] = Some("{}");
     call(&mut conn, &store, ok).await.unwrap();
     assert_eq!(claim_all(&store).await.len(), 1);
+}
+
+/// `sql` as run by `conn`; its SQLSTATE when it fails.
+async fn sqlstate_of(conn: &mut MySqlConnection, sql: &str) -> Option<String> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut *conn)
+        .await
+        .err()
+        .map(|e| {
+            e.as_database_error()
+                .and_then(|d| d.code())
+                .map(|c| c.into_owned())
+                .unwrap_or_default()
+        })
+}
+
+/// A writer account with EXECUTE on the procedure and INSERT on the table (the grants of
+/// docs/table-contract.md, "Privileges") enqueues through the procedure, with its idempotency
+/// key working as documented, and with a plain INSERT; it cannot read, lock, change or delete
+/// any row. Before, the procedure ran with the caller's rights and needed SELECT and UPDATE on
+/// the table, which let a writer change another service's pending payload and destination.
+#[tokio::test]
+async fn a_writer_with_execute_and_insert_only_enqueues_and_cannot_touch_other_rows() {
+    let store = common::fresh_store().await;
+    let table = store.outbox().table().to_owned();
+    let database: String = sqlx::query_scalar("SELECT DATABASE()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let user = outbox_testkit::unique("ob_w");
+    for grant in [
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'writer-pw'"),
+        format!("GRANT EXECUTE ON PROCEDURE `{database}`.`{table}_enqueue` TO '{user}'@'%'"),
+        format!("GRANT INSERT ON `{database}`.`{table}` TO '{user}'@'%'"),
+    ] {
+        common::execute(store.pool(), grant).await;
+    }
+    let other = NewEvent::new("other", "1", "Placed", &serde_json::json!({}))
+        .unwrap()
+        .with_idempotency_key("other-1");
+    store.outbox().enqueue(store.pool(), &other).await.unwrap();
+
+    let url = common::database_url().replacen("root@", &format!("{user}:writer-pw@"), 1);
+    let mut writer = MySqlConnection::connect(&url).await.unwrap();
+    let mut mine = event("1", "Placed", "{}");
+    mine[6] = Some("mine-1");
+    let first = call(&mut writer, &store, mine).await.unwrap();
+    let again = call(&mut writer, &store, mine).await.unwrap();
+    assert_eq!(first, again, "a key already there: the first event's id");
+    let mut theirs = event("2", "Placed", "{}");
+    theirs[6] = Some("other-1");
+    let found = call(&mut writer, &store, theirs).await.unwrap();
+    assert_eq!(found, other.id().to_string(), "documented: the holder's id");
+    let plain = format!(
+        "INSERT INTO `{table}` (aggregate_type, aggregate_id, event_type, payload, headers,
+                                occurred_at, enqueued_at, next_attempt_at)
+         VALUES ('order', '3', 'Placed', '{{}}', '{{}}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+    );
+    assert_eq!(sqlstate_of(&mut writer, &plain).await, None);
+    let taken = format!(
+        "INSERT INTO `{table}` (aggregate_type, aggregate_id, event_type, payload, headers,
+                                idempotency_key, occurred_at, enqueued_at, next_attempt_at)
+         VALUES ('order', '4', 'Placed', '{{}}', '{{}}', 'other-1', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+    );
+    assert_eq!(
+        sqlstate_of(&mut writer, &taken).await.as_deref(),
+        Some("23000")
+    );
+    for sql in [
+        format!("SELECT id, payload FROM `{table}`"),
+        format!("SELECT seq FROM `{table}` WHERE idempotency_key = 'other-1' FOR UPDATE"),
+        format!("UPDATE `{table}` SET payload = '{{}}', destination = 'evil'"),
+        format!(
+            "UPDATE `{table}` SET idempotency_key = 'stolen' WHERE idempotency_key = 'other-1'"
+        ),
+        format!("DELETE FROM `{table}`"),
+        format!("{taken} ON DUPLICATE KEY UPDATE seq = seq"),
+    ] {
+        assert_eq!(
+            sqlstate_of(&mut writer, &sql).await.as_deref(),
+            Some("42000"),
+            "{sql}"
+        );
+    }
+    writer.close().await.unwrap();
+    let record = store.get(other.id()).await.unwrap().unwrap();
+    assert_eq!(record.event.idempotency_key.as_deref(), Some("other-1"));
+    assert_eq!(record.event.destination, None);
+    assert_eq!(
+        claim_all(&store).await.len(),
+        3,
+        "other, mine and the plain one"
+    );
+    common::execute(store.pool(), format!("DROP USER '{user}'@'%'")).await;
+}
+
+/// A call whose idempotency key another event holds learns that event's id without locking its
+/// row: with the caller's transaction still open, a claim takes the event and its aggregate.
+/// (The upsert the procedure used before locked the row until the caller's transaction ended.)
+#[tokio::test]
+async fn a_duplicate_key_call_holds_no_lock_on_the_existing_event() {
+    let store = common::fresh_store().await;
+    let a1 = NewEvent::new("order", "a", "Placed", &1)
+        .unwrap()
+        .with_idempotency_key("a-1");
+    let a2 = NewEvent::new("order", "a", "Placed", &2).unwrap();
+    let b1 = NewEvent::new("order", "b", "Placed", &1).unwrap();
+    store
+        .outbox()
+        .enqueue_batch(store.pool(), &[a1.clone(), a2, b1])
+        .await
+        .unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let mut again = event("a", "Placed", "1");
+    again[6] = Some("a-1");
+    assert_eq!(
+        call(&mut tx, &store, again).await.unwrap(),
+        a1.id().to_string()
+    );
+    assert_eq!(
+        claim_all(&store).await.len(),
+        3,
+        "nothing waits for the caller's transaction"
+    );
+    tx.commit().await.unwrap();
 }

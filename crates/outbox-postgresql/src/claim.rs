@@ -30,7 +30,7 @@ pub(crate) async fn claim(store: &PgStore, request: &ClaimRequest) -> Result<Cla
     let (sql, route_binds, held) = match hold {
         None => (store.sql().claim.as_str(), Vec::new(), None),
         Some(hold) => {
-            let dialect = SqlDialect::Postgres { first_param: 11 };
+            let dialect = SqlDialect::Postgres { first_param: 12 };
             let route_e = hold.routes.sql_case(dialect, Some("e"));
             let route_b = hold.routes.sql_case(dialect, Some("b"));
             let route_d =
@@ -54,7 +54,8 @@ pub(crate) async fn claim(store: &PgStore, request: &ClaimRequest) -> Result<Cla
         .bind(millis(request.lease))
         .bind(bytes(request.max_batch_bytes))
         .bind(bytes(request.max_payload_bytes))
-        .bind(request.up_to_seq.unwrap_or(i64::MAX));
+        .bind(request.up_to_seq.unwrap_or(i64::MAX))
+        .bind(bytes(request.max_metadata_bytes));
     if let Some(hold) = held {
         query = query.bind(&hold.paused).bind(&hold.deferred);
         for value in route_binds {
@@ -66,14 +67,27 @@ pub(crate) async fn claim(store: &PgStore, request: &ClaimRequest) -> Result<Cla
     let mut sort = ClaimSort::new(request);
     for row in &rows {
         let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
-        let size: Option<i32> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+        let payload_bytes: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+        let metadata_bytes: Option<i64> = row.try_get("metadata_bytes").map_err(map_sqlx)?;
+        // NULL when the statement left out a key over the metadata limit.
         let aggregate = || {
-            Ok(AggregateKey {
-                aggregate_type: row.try_get("aggregate_type").map_err(map_sqlx)?,
-                aggregate_id: row.try_get("aggregate_id").map_err(map_sqlx)?,
-            })
+            let aggregate_type: Option<String> = row.try_get("aggregate_type").map_err(map_sqlx)?;
+            let aggregate_id: Option<String> = row.try_get("aggregate_id").map_err(map_sqlx)?;
+            Ok(aggregate_type
+                .zip(aggregate_id)
+                .map(|(aggregate_type, aggregate_id)| AggregateKey {
+                    aggregate_type,
+                    aggregate_id,
+                }))
         };
-        outbox_types::sort_claimed_row!(sort, seq, aggregate, size, || decode_event(row));
+        outbox_types::sort_claimed_row!(
+            sort,
+            seq,
+            payload_bytes,
+            metadata_bytes,
+            aggregate,
+            || decode_event(row)
+        );
     }
     let lease = Lease {
         owner: request.owner.clone(),

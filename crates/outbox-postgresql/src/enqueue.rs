@@ -17,40 +17,44 @@ impl PgOutbox {
     /// With an idempotency key that is already in the table, nothing is written and the existing
     /// event's id comes back with `created: false`. A header name the table refuses (under the
     /// reserved prefix `outbox-`) is [`StoreError::Encode`] before anything is sent.
+    ///
+    /// What the writer's role needs (docs/table-contract.md, "Privileges"): in the plain
+    /// layout, `INSERT` on the table for an event without a key and `EXECUTE` on
+    /// `<table>_enqueue_batch` for one with a key; in the partitioned layout, `EXECUTE` on
+    /// `<table>_enqueue_batch`. Never a right to read or change rows.
     pub async fn enqueue<'e, E: PgExecutor<'e>>(
         &self,
         executor: E,
         event: &NewEvent,
     ) -> Result<Enqueued, StoreError> {
         event.check_headers()?;
-        // Both statements take the same parameters; only the keyed one reports back.
         let unkeyed = match event.idempotency_key() {
             None => self.inner.sql.enqueue_unkeyed.as_ref(),
             Some(_) => None,
         };
-        let query = sqlx::query(AssertSqlSafe(
-            unkeyed.unwrap_or(&self.inner.sql.enqueue).as_str(),
-        ))
-        .bind(event.id().as_uuid());
-        let query = outbox_types::bind_event_columns!(query, event).bind(event.occurred_at());
-        if unkeyed.is_some() {
-            query.execute(executor).await.map_err(map_sqlx)?;
-            return Ok(Enqueued {
-                id: event.id(),
-                created: true,
+        let Some(sql) = unkeyed else {
+            let done = self
+                .enqueue_batch(executor, std::slice::from_ref(event))
+                .await?;
+            return done.into_iter().next().ok_or_else(|| {
+                StoreError::Database(format!("enqueue of event {} returned nothing", event.id()))
             });
-        }
-        let row = query.fetch_one(executor).await.map_err(map_sqlx)?;
-        let id: Uuid = row.try_get("id").map_err(map_sqlx)?;
-        let created: bool = row.try_get("created").map_err(map_sqlx)?;
+        };
+        let query = sqlx::query(AssertSqlSafe(sql.as_str())).bind(event.id().as_uuid());
+        outbox_types::bind_event_columns!(query, event)
+            .bind(event.occurred_at())
+            .execute(executor)
+            .await
+            .map_err(map_sqlx)?;
         Ok(Enqueued {
-            id: EventId::from_uuid(id),
-            created,
+            id: event.id(),
+            created: true,
         })
     }
 
-    /// Add several events in one statement, in order. Same rules as [`PgOutbox::enqueue`]; a key
-    /// repeated inside the batch counts once (the first event wins).
+    /// Add several events in one statement, in order. Same rules (and privileges) as
+    /// [`PgOutbox::enqueue`]; a key repeated inside the batch counts once (the first event
+    /// wins).
     pub async fn enqueue_batch<'e, E: PgExecutor<'e>>(
         &self,
         executor: E,
@@ -109,7 +113,17 @@ impl PgOutbox {
                 })
                 .collect());
         }
-        let rows = query.fetch_all(executor).await.map_err(map_sqlx)?;
+        let rows = query.fetch_all(executor).await.map_err(|e| match &e {
+            // The function comes with migration 7 (plain), 6 (partitioned).
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("42883") => {
+                StoreError::NotMigrated(format!(
+                    "{}: the outbox schema is older than this library (no function {}_enqueue_batch): run `outbox migrate` (or PgOutbox::migrate)",
+                    self.qualified_table(),
+                    self.table()
+                ))
+            }
+            _ => map_sqlx(e),
+        })?;
         let mut by_key: HashMap<String, Enqueued> = HashMap::new();
         for row in rows {
             let key: Option<String> = row.try_get("idempotency_key").map_err(map_sqlx)?;
@@ -134,9 +148,12 @@ impl PgOutbox {
                     created: true,
                 }),
                 Some(key) => {
+                    // Read after the insert, without a lock: the event holding the key may have
+                    // been deleted (purged, discarded) in between.
                     let found = by_key.get(key).copied().ok_or_else(|| {
-                        StoreError::Database(format!(
-                            "enqueue returned no row for idempotency key `{key}`"
+                        StoreError::Unavailable(format!(
+                            "event {}: the event holding idempotency key `{key}` was deleted while it was enqueued; try again",
+                            e.id()
                         ))
                     })?;
                     let first = batch.first_with_key.get(key).copied() == Some(i);

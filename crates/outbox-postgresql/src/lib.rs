@@ -57,6 +57,20 @@
 //! rows written before it upgrades without a validation scan, and the relay settles those rows
 //! as before.
 //!
+//! ## Privileges
+//!
+//! A writer's role needs `INSERT` on the table and `EXECUTE` on the enqueue functions, never a
+//! right to read or change rows (docs/table-contract.md, "Privileges", has the statements).
+//! [`PgOutbox::enqueue`] writes an event without an idempotency key with a plain `INSERT`, and
+//! goes through the function `<table>_enqueue_batch` for one with a key (and for every event in
+//! the partitioned layout): the function runs as its owner (`SECURITY DEFINER`) and inserts with
+//! `ON CONFLICT DO NOTHING`, then reads the event holding a taken key without locking it, so the
+//! relay can claim that event while the writer's transaction is open. (An upsert run with the
+//! writer's rights needs `SELECT` and `UPDATE` on the table, enough to lock and rewrite other
+//! services' events.) Every function the migrations install pins `search_path = pg_catalog,
+//! pg_temp` and names what it calls with its schema (migration 7 of the plain layout, 6 of the
+//! partitioned one; `tests/privileges.rs` lists them from the catalog).
+//!
 //! ## Autovacuum
 //!
 //! The outbox is a queue table: every event is inserted, updated at least twice (claim, ack;
@@ -98,8 +112,8 @@
 //!
 //! - PostgreSQL requires a partitioned table's unique constraints to include the partition key,
 //!   so the event `id` and the idempotency key are kept unique across partitions by a small,
-//!   unpartitioned `<table>_keys` table (id, key, enqueued_at). The enqueue statement writes it
-//!   first and the event only if that created a row, in one statement inside the caller's
+//!   unpartitioned `<table>_keys` table (id, key, enqueued_at). The enqueue (the batch function)
+//!   writes it first and the event only if that created a row, in one call inside the caller's
 //!   transaction, with the same results as the plain layout. Its rows go with their events
 //!   (same statement for purge and discard; by `enqueued_at` range right after a partition is
 //!   dropped).

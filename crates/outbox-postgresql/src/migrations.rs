@@ -355,6 +355,380 @@ macro_rules! header_trigger_and_enqueue_v2 {
     };
 }
 
+/// A new version 7 UUID as [`uuid_v7_sql!`] builds it, every function named with its schema
+/// (the SQL-syntax forms `overlay`, `substring` and `extract` name `pg_catalog`'s by
+/// themselves): for the functions of migration 7 (plain) and 6 (partitioned) on, which pin
+/// `search_path` and qualify what they call.
+macro_rules! uuid_v7_sql_qualified {
+    () => {
+        r#"pg_catalog.encode(pg_catalog.set_bit(pg_catalog.set_bit(overlay(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+        placing substring(pg_catalog.int8send(pg_catalog.floor(extract(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint) FROM 3)
+        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid"#
+    };
+}
+
+/// What every function the migrations install from migration 7 (plain) and 6 (partitioned) on
+/// declares: it looks names up in `pg_catalog` only (then `pg_temp`, where PostgreSQL never
+/// looks a function up), whatever the caller's `search_path`.
+macro_rules! pinned_search_path {
+    () => {
+        "SET search_path = pg_catalog, pg_temp"
+    };
+}
+
+/// The header trigger's function again (migration 7 plain, 6 partitioned): the rules of
+/// [`check_headers_function!`], with `search_path` pinned and every function named with its
+/// schema. `CREATE OR REPLACE` keeps the function's identity, so the trigger on the outbox
+/// table (and WAL mode's on the stream table) runs the new body at once.
+macro_rules! check_headers_function_pinned {
+    () => {
+        concat!(
+            r#"CREATE OR REPLACE FUNCTION "{schema}"."{table}_check_headers"() RETURNS trigger
+LANGUAGE plpgsql
+"#,
+            pinned_search_path!(),
+            r#"
+AS $fn$
+DECLARE
+    f_bad TEXT;
+BEGIN
+    IF pg_catalog.jsonb_typeof(NEW.headers) = 'object' AND NOT pg_catalog.jsonb_path_exists(NEW.headers, 'strict $.keyvalue() ? (@.value.type() != "string" || (@.key starts with "outbox-" && @.key != "outbox-partition"))'::jsonpath) THEN
+        RETURN NEW;
+    END IF;
+    IF pg_catalog.jsonb_typeof(NEW.headers) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}'
+            USING ERRCODE = '23514', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = 'headers';
+    END IF;
+    SELECT h.key INTO f_bad FROM pg_catalog.jsonb_each(NEW.headers) h
+    WHERE pg_catalog.jsonb_typeof(h.value) <> 'string' ORDER BY h.key LIMIT 1;
+    IF f_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: header "%" is not a string; header values are strings (e.g. "3", not 3)', f_bad
+            USING ERRCODE = '23514', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = 'headers';
+    END IF;
+    SELECT h.key INTO f_bad FROM pg_catalog.jsonb_each(NEW.headers) h
+    WHERE h.key LIKE 'outbox-%' AND h.key <> 'outbox-partition' ORDER BY h.key LIMIT 1;
+    RAISE EXCEPTION 'outbox: header "%" uses the prefix outbox-, which is reserved for the relay''s own message headers (only outbox-partition may be stored)', f_bad
+        USING ERRCODE = '23514', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = 'headers';
+END;
+$fn$;
+"#
+        )
+    };
+}
+
+/// The enqueue function's third version (migration 7 plain, 6 partitioned), up to the layout's
+/// insert: the same signature, checks and results, now `SECURITY DEFINER` with a pinned
+/// `search_path`, every function named with its schema. `CREATE OR REPLACE` keeps its owner,
+/// its comment and the grants writers hold.
+macro_rules! enqueue_function_v3_head {
+    () => {
+        concat!(
+            r#"CREATE OR REPLACE FUNCTION "{schema}"."{table}_enqueue"(
+    aggregate_type  TEXT,
+    aggregate_id    TEXT,
+    event_type      TEXT,
+    payload         JSON,
+    headers         JSONB       DEFAULT '{}',
+    destination     TEXT        DEFAULT NULL,
+    idempotency_key TEXT        DEFAULT NULL,
+    occurred_at     TIMESTAMPTZ DEFAULT now(),
+    id              UUID        DEFAULT NULL
+) RETURNS UUID
+LANGUAGE plpgsql
+SECURITY DEFINER
+"#,
+            pinned_search_path!(),
+            r#"
+AS $fn$
+-- Parameters are always written qualified ({table}_enqueue.name): a bare name is the column.
+#variable_conflict use_column
+DECLARE
+    f_id       UUID;
+    f_existing UUID;
+    f_enqueued TIMESTAMPTZ;
+    f_bad      TEXT;
+BEGIN
+    IF coalesce({table}_enqueue.aggregate_type, '') = '' THEN
+        RAISE EXCEPTION 'outbox: aggregate_type must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF coalesce({table}_enqueue.aggregate_id, '') = '' THEN
+        RAISE EXCEPTION 'outbox: aggregate_id must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF coalesce({table}_enqueue.event_type, '') = '' THEN
+        RAISE EXCEPTION 'outbox: event_type must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF {table}_enqueue.payload IS NULL THEN
+        RAISE EXCEPTION 'outbox: payload must not be NULL (write ''null'' for a JSON null)' USING ERRCODE = '22023';
+    END IF;
+    IF pg_catalog.jsonb_typeof(coalesce({table}_enqueue.headers, '{}')) <> 'object' THEN
+        RAISE EXCEPTION 'outbox: headers must be a JSON object of strings, e.g. {"trace-id": "abc"}' USING ERRCODE = '22023';
+    END IF;
+    SELECT h.key INTO f_bad FROM pg_catalog.jsonb_each(coalesce({table}_enqueue.headers, '{}')) h
+    WHERE pg_catalog.jsonb_typeof(h.value) <> 'string' LIMIT 1;
+    IF f_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: header "%" is not a string; header values are strings (e.g. "3", not 3)', f_bad
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT h.key INTO f_bad FROM pg_catalog.jsonb_each(coalesce({table}_enqueue.headers, '{}')) h
+    WHERE h.key LIKE 'outbox-%' AND h.key <> 'outbox-partition' LIMIT 1;
+    IF f_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: header "%" uses the prefix outbox-, which is reserved for the relay''s own message headers (only outbox-partition may be stored)', f_bad
+            USING ERRCODE = '22023';
+    END IF;
+    -- A version 7 UUID: 48 bits of Unix milliseconds, then a random one's bits with the
+    -- version set to 7 (the variant stays RFC 4122's).
+    f_id := coalesce({table}_enqueue.id, "#,
+            uuid_v7_sql_qualified!(),
+            r#");
+    -- A key already taken is no conflict to wait on or to lock: DO NOTHING, then the event
+    -- holding it is read (on a new snapshot, under READ COMMITTED; under REPEATABLE READ a key
+    -- committed after the snapshot fails the insert with SQLSTATE 40001 instead). A writer
+    -- learns that event's id, as before, and holds no lock on it. A row deleted in between
+    -- (purged, discarded) frees its key: the insert is tried again.
+    FOR f_try IN 1..3 LOOP
+"#
+        )
+    };
+}
+
+/// The plain layout's end of the enqueue function's third version.
+macro_rules! plain_enqueue_v3_tail {
+    () => {
+        r#"        INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                         idempotency_key, occurred_at)
+        VALUES (f_id, {table}_enqueue.aggregate_type, {table}_enqueue.aggregate_id, {table}_enqueue.event_type,
+                {table}_enqueue.payload, {table}_enqueue.destination, coalesce({table}_enqueue.headers, '{}'),
+                {table}_enqueue.idempotency_key, coalesce({table}_enqueue.occurred_at, now()))
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+        IF FOUND THEN
+            RETURN f_id;
+        END IF;
+        SELECT e.id INTO f_existing FROM {t} e WHERE e.idempotency_key = {table}_enqueue.idempotency_key;
+        IF f_existing IS NOT NULL THEN
+            RETURN f_existing;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'outbox: the event holding idempotency key "%" was deleted while this event was enqueued, three times; try again', {table}_enqueue.idempotency_key
+        USING ERRCODE = '40001';
+END;
+$fn$;
+"#
+    };
+}
+
+/// The partitioned layout's end of the enqueue function's third version: the keys row, then the
+/// event.
+macro_rules! partitioned_enqueue_v3_tail {
+    () => {
+        r#"        -- The keys table first: its primary key and unique index make id and key unique
+        -- across partitions; the event takes its enqueued_at, so both agree on the partition.
+        INSERT INTO "{schema}"."{table}_keys" AS k (id, idempotency_key)
+        VALUES (f_id, {table}_enqueue.idempotency_key)
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING k.enqueued_at INTO f_enqueued;
+        IF FOUND THEN
+            INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                             idempotency_key, occurred_at, enqueued_at)
+            VALUES (f_id, {table}_enqueue.aggregate_type, {table}_enqueue.aggregate_id, {table}_enqueue.event_type,
+                    {table}_enqueue.payload, {table}_enqueue.destination, coalesce({table}_enqueue.headers, '{}'),
+                    {table}_enqueue.idempotency_key, coalesce({table}_enqueue.occurred_at, now()), f_enqueued);
+            RETURN f_id;
+        END IF;
+        SELECT k.id INTO f_existing FROM "{schema}"."{table}_keys" k
+        WHERE k.idempotency_key = {table}_enqueue.idempotency_key;
+        IF f_existing IS NOT NULL THEN
+            RETURN f_existing;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'outbox: the event holding idempotency key "%" was deleted while this event was enqueued, three times; try again', {table}_enqueue.idempotency_key
+        USING ERRCODE = '40001';
+END;
+$fn$;
+"#
+    };
+}
+
+/// The batch enqueue function (migration 7 plain, 6 partitioned) up to the layout's inserts:
+/// what the Rust library's enqueue calls for events with an idempotency key (and, in the
+/// partitioned layout, for every event), so that a writer needs EXECUTE on it and no right on
+/// the table's rows. The events as arrays, inserted in array order; one row back per event
+/// with a key: the id of the event holding that key and whether this call wrote it.
+macro_rules! enqueue_batch_function_head {
+    () => {
+        concat!(
+            r#"CREATE OR REPLACE FUNCTION "{schema}"."{table}_enqueue_batch"(
+    ids              UUID[],
+    aggregate_types  TEXT[],
+    aggregate_ids    TEXT[],
+    event_types      TEXT[],
+    payloads         TEXT[],
+    destinations     TEXT[],
+    headers          TEXT[],
+    idempotency_keys TEXT[],
+    occurred_ats     TIMESTAMPTZ[]
+) RETURNS TABLE (id UUID, idempotency_key TEXT, created BOOLEAN)
+LANGUAGE plpgsql
+SECURITY DEFINER
+"#,
+            pinned_search_path!(),
+            r#"
+AS $fn$
+-- Parameters are always written qualified ({table}_enqueue_batch.name): a bare name is the
+-- column.
+#variable_conflict use_column
+DECLARE
+    f_created UUID[];
+BEGIN
+    -- Keys already taken are left alone (DO NOTHING: no lock on another writer's event); the
+    -- events holding the batch's keys are read afterwards, on a new snapshot.
+    WITH u AS MATERIALIZED (
+        SELECT * FROM ROWS FROM (
+            pg_catalog.unnest({table}_enqueue_batch.ids),
+            pg_catalog.unnest({table}_enqueue_batch.aggregate_types),
+            pg_catalog.unnest({table}_enqueue_batch.aggregate_ids),
+            pg_catalog.unnest({table}_enqueue_batch.event_types),
+            pg_catalog.unnest({table}_enqueue_batch.payloads),
+            pg_catalog.unnest({table}_enqueue_batch.destinations),
+            pg_catalog.unnest({table}_enqueue_batch.headers),
+            pg_catalog.unnest({table}_enqueue_batch.idempotency_keys),
+            pg_catalog.unnest({table}_enqueue_batch.occurred_ats)
+        ) WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                               idempotency_key, occurred_at, ord)
+    ),
+"#
+        )
+    };
+}
+
+/// The plain layout's inserts of the batch enqueue function.
+macro_rules! plain_enqueue_batch_tail {
+    () => {
+        r#"    written AS (
+        INSERT INTO {t} AS o (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                              idempotency_key, occurred_at)
+        SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination,
+               u.headers::jsonb, u.idempotency_key, u.occurred_at
+        FROM u ORDER BY u.ord
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING o.id
+    )
+    SELECT pg_catalog.array_agg(w.id) INTO f_created FROM written w;
+    RETURN QUERY
+    SELECT e.id, e.idempotency_key, e.id = ANY (coalesce(f_created, '{}'))
+    FROM {t} e
+    WHERE e.idempotency_key = ANY ({table}_enqueue_batch.idempotency_keys);
+END;
+$fn$;
+"#
+    };
+}
+
+/// The partitioned layout's inserts of the batch enqueue function: the keys rows, then the
+/// events whose keys row was written, each with its keys row's `enqueued_at`.
+macro_rules! partitioned_enqueue_batch_tail {
+    () => {
+        r#"    kept AS (
+        INSERT INTO "{schema}"."{table}_keys" AS k (id, idempotency_key)
+        SELECT u.id, u.idempotency_key FROM u ORDER BY u.ord
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING k.id, k.enqueued_at
+    ),
+    written AS (
+        INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
+                         idempotency_key, occurred_at, enqueued_at)
+        SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination,
+               u.headers::jsonb, u.idempotency_key, u.occurred_at, kept.enqueued_at
+        FROM u JOIN kept ON kept.id = u.id
+        ORDER BY u.ord
+        RETURNING 1
+    )
+    SELECT pg_catalog.array_agg(kept.id) INTO f_created FROM kept;
+    RETURN QUERY
+    SELECT k.id, k.idempotency_key, k.id = ANY (coalesce(f_created, '{}'))
+    FROM "{schema}"."{table}_keys" k
+    WHERE k.idempotency_key = ANY ({table}_enqueue_batch.idempotency_keys);
+END;
+$fn$;
+"#
+    };
+}
+
+/// The migration that leaves writers needing INSERT and EXECUTE only (7 plain, 6 partitioned):
+/// the header trigger's function and the enqueue function again with a pinned `search_path`,
+/// the enqueue function and the new batch function running as their owner, and EXECUTE on
+/// both taken from PUBLIC and given to the roles that can insert into the outbox table now.
+/// `$enqueue_tail` and `$batch_tail` name the layout's inserts.
+macro_rules! least_privilege_migration {
+    ($version:literal, $enqueue_tail:ident, $batch_tail:ident) => {
+        Migration {
+            version: $version,
+            description: "least privilege: routines run as their owner with a pinned search_path; writers need INSERT and EXECUTE only",
+            sql: concat!(
+                r#"
+-- Writers need INSERT on the outbox table (for a plain INSERT) and EXECUTE on the enqueue
+-- functions, nothing more. The enqueue function used to run with the caller's rights, and its
+-- duplicate-key upsert (ON CONFLICT ... DO UPDATE ... RETURNING) made every writer hold
+-- SELECT (id, idempotency_key) and UPDATE (idempotency_key) on the table: enough to lock other
+-- services' pending events (SELECT ... FOR UPDATE) and to rewrite their idempotency keys. Now:
+--
+-- - `{table}_enqueue`, and `{table}_enqueue_batch` (new: the Rust library's enqueue of events
+--   with an idempotency key, and of every event in the partitioned layout), are SECURITY
+--   DEFINER: they run as their owner, the role that runs these migrations. They insert with
+--   ON CONFLICT DO NOTHING and then read the event holding a key that was taken, without
+--   locking it: a caller learns that event's id, as before, and can neither lock nor change a
+--   row.
+-- - Every function the migrations install pins its search_path to pg_catalog (then pg_temp,
+--   where PostgreSQL never looks a function up) and names what it calls with its schema, so
+--   neither the caller's search_path nor a function someone created in `public` (such as a
+--   `jsonb_path_exists(jsonb, text)`, which the header trigger's unqualified call preferred to
+--   the built-in one) runs in their place, with the rights of whoever writes the row, the
+--   relay's role included.
+-- - EXECUTE on the two enqueue functions is taken from PUBLIC (a SECURITY DEFINER function any
+--   role may call would let every role with USAGE on the schema write events) and given to
+--   each role that holds INSERT on the outbox table now, so writers that could enqueue before
+--   still can. Give it to new writers yourself (docs/table-contract.md, "Privileges").
+--
+-- Creating or replacing a function is a catalog change: no row is read or written, and
+-- writers wait only for the migration's transaction.
+"#,
+                check_headers_function_pinned!(),
+                "\n",
+                enqueue_function_v3_head!(),
+                $enqueue_tail!(),
+                "\n",
+                enqueue_batch_function_head!(),
+                $batch_tail!(),
+                r#"COMMENT ON FUNCTION "{schema}"."{table}_enqueue_batch"(UUID[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TIMESTAMPTZ[]) IS
+    'outbox: the Rust library''s enqueue of a batch (events as arrays, written in array order): one row per event with an idempotency key, its event''s id and whether this call wrote it. Runs as its owner; callers need EXECUTE only.';
+
+REVOKE ALL ON FUNCTION "{schema}"."{table}_enqueue"(TEXT, TEXT, TEXT, JSON, JSONB, TEXT, TEXT, TIMESTAMPTZ, UUID) FROM PUBLIC;
+REVOKE ALL ON FUNCTION "{schema}"."{table}_enqueue_batch"(UUID[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TIMESTAMPTZ[]) FROM PUBLIC;
+DO $grant$
+DECLARE
+    f_grantee TEXT;
+BEGIN
+    FOR f_grantee IN
+        SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(r.rolname) END
+        FROM pg_catalog.pg_class c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+        LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+        WHERE c.oid = '{t}'::pg_catalog.regclass
+          AND a.privilege_type = 'INSERT'
+          AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION "{schema}"."{table}_enqueue"(TEXT, TEXT, TEXT, JSON, JSONB, TEXT, TEXT, TIMESTAMPTZ, UUID), '
+            '"{schema}"."{table}_enqueue_batch"(UUID[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TIMESTAMPTZ[]) TO %s',
+            f_grantee);
+    END LOOP;
+END
+$grant$;
+"#
+            ),
+        }
+    };
+}
+
 /// The outbox schema, oldest first. Never edit a released entry: add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -477,6 +851,7 @@ ALTER TABLE {t} ALTER COLUMN id SET DEFAULT "#,
             header_trigger_and_enqueue_v2!(plain_enqueue_tail)
         ),
     },
+    least_privilege_migration!(7, plain_enqueue_v3_tail, plain_enqueue_batch_tail),
 ];
 
 /// The partitioned layout (see [`crate::Partitioning`]), oldest first. A separate list: the
@@ -583,6 +958,11 @@ ALTER TABLE "{schema}"."{table}_keys" ALTER COLUMN id SET DEFAULT "#,
             header_trigger_and_enqueue_v2!(partitioned_enqueue_tail)
         ),
     },
+    least_privilege_migration!(
+        6,
+        partitioned_enqueue_v3_tail,
+        partitioned_enqueue_batch_tail
+    ),
 ];
 
 /// The migrations of `outbox`'s layout.

@@ -80,10 +80,12 @@ impl PgOutbox {
         let qualified = format!("\"{schema}\".\"{table}\"");
         let paused = format!("\"{schema}\".\"{table}_paused\"");
         let keys = format!("\"{schema}\".\"{table}_keys\"");
+        let enqueue_batch = format!("\"{schema}\".\"{table}_enqueue_batch\"");
         let sql = Sql::render(
             &qualified,
             &paused,
             partitioning.as_ref().map(|_| keys.as_str()),
+            &enqueue_batch,
         );
         Ok(PgOutbox {
             inner: Arc::new(Names {

@@ -6,11 +6,14 @@
 /// Statements rendered once per outbox (they embed the table name).
 #[derive(Debug)]
 pub(crate) struct Sql {
-    pub(crate) enqueue: String,
+    /// Events through the batch enqueue function (`<table>_enqueue_batch`, which runs as its
+    /// owner): every event with an idempotency key, and every event in the partitioned layout,
+    /// so a writer needs EXECUTE on it and no right on the table's rows (a key's upsert needs
+    /// SELECT and UPDATE there, enough to lock and rewrite other services' events).
     pub(crate) enqueue_batch: String,
-    /// Plain layout only: the same rows when no event carries an idempotency key, as a plain
-    /// `INSERT` (an `ON CONFLICT` insert goes through PostgreSQL's speculative-insertion path,
-    /// which costs a writer's transaction measurably more; see `outbox-bench write-overhead`).
+    /// Plain layout only: events without an idempotency key, as a plain `INSERT`: nothing to
+    /// conflict on, and what a writer needs is INSERT (also the cheapest path for a writer's
+    /// transaction; see `outbox-bench write-overhead`).
     pub(crate) enqueue_unkeyed: Option<String>,
     pub(crate) enqueue_batch_unkeyed: Option<String>,
     pub(crate) claim: String,
@@ -39,8 +42,9 @@ pub(crate) const RECORD_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, 
 
 impl Sql {
     /// `t` is the quoted outbox table, `p` the quoted paused-destinations table, `keys` the
-    /// quoted keys table of the partitioned layout.
-    pub(crate) fn render(t: &str, p: &str, keys: Option<&str>) -> Self {
+    /// quoted keys table of the partitioned layout, `enqueue_batch` the quoted batch enqueue
+    /// function.
+    pub(crate) fn render(t: &str, p: &str, keys: Option<&str>, enqueue_batch: &str) -> Self {
         // Deletes report how many events they removed; in the partitioned layout they remove
         // the events' ids and keys from the keys table in the same statement.
         let counted_delete = |delete: String| match keys {
@@ -51,12 +55,8 @@ impl Sql {
                  SELECT count(*) AS n FROM d"
             ),
         };
-        let (enqueue, enqueue_batch) = match keys {
-            None => (plain_enqueue(t), plain_enqueue_batch(t)),
-            Some(k) => (keyed_enqueue(t, k), keyed_enqueue_batch(t, k)),
-        };
         // The partitioned layout needs the keys table even without a key: it is what keeps ids
-        // unique across partitions.
+        // unique across partitions, and the function writes it.
         let (enqueue_unkeyed, enqueue_batch_unkeyed) = match keys {
             None => (
                 Some(plain_enqueue_unkeyed(t)),
@@ -65,8 +65,7 @@ impl Sql {
             Some(_) => (None, None),
         };
         Sql {
-            enqueue,
-            enqueue_batch,
+            enqueue_batch: enqueue_batch_call(enqueue_batch),
             enqueue_unkeyed,
             enqueue_batch_unkeyed,
             claim: claim_sql(t, None),
@@ -159,21 +158,19 @@ fn purge_sql(t: &str, status: &str, at: &str) -> String {
     )
 }
 
-/// Enqueue into the plain layout. `$1` id … `$9` occurred_at. A duplicate idempotency key
-/// updates nothing but locks and returns the existing row (`xmax <> 0`: not created).
-pub(crate) fn plain_enqueue(t: &str) -> String {
+/// A batch through the batch enqueue function `f`: `$1` ids … `$9` occurred_at, as arrays in
+/// batch order; one row back per event with an idempotency key (the id of the event holding
+/// that key, the key, and whether this call wrote it).
+pub(crate) fn enqueue_batch_call(f: &str) -> String {
     format!(
-        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
-         VALUES ($1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9)
-         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-         DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-         RETURNING id, (xmax = 0) AS created"
+        "SELECT b.id, b.idempotency_key, b.created
+         FROM {f}($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[]) AS b"
     )
 }
 
-/// [`plain_enqueue`] for an event without an idempotency key: nothing to conflict on, so a plain
-/// `INSERT` (a duplicate id still fails on the unique constraint, as it does there). Same
-/// parameters, `$8` being NULL.
+/// Enqueue an event without an idempotency key into the plain layout: a plain `INSERT` (a
+/// duplicate id fails on the unique constraint). `$1` id … `$9` occurred_at, `$8` (the key)
+/// being NULL.
 pub(crate) fn plain_enqueue_unkeyed(t: &str) -> String {
     format!(
         "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
@@ -181,7 +178,8 @@ pub(crate) fn plain_enqueue_unkeyed(t: &str) -> String {
     )
 }
 
-/// [`plain_enqueue_batch`] for a batch in which no event has an idempotency key; same parameters.
+/// A batch in which no event has an idempotency key into the plain layout: the columns as
+/// arrays (the function's parameters), inserted in array order.
 pub(crate) fn plain_enqueue_batch_unkeyed(t: &str) -> String {
     format!(
         "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
@@ -194,65 +192,6 @@ pub(crate) fn plain_enqueue_batch_unkeyed(t: &str) -> String {
 /// The events of a batch as rows, in array order (`u.ord`).
 const BATCH_UNNEST: &str = "unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
               WITH ORDINALITY AS u(id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, ord)";
-
-/// A batch into the plain layout: the same columns as arrays, inserted in array order.
-pub(crate) fn plain_enqueue_batch(t: &str) -> String {
-    format!(
-        "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at)
-         SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at
-         FROM {BATCH_UNNEST}
-         ORDER BY u.ord
-         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-         DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-         RETURNING id, idempotency_key, (xmax = 0) AS created"
-    )
-}
-
-/// Enqueue into the partitioned layout, one statement: the id and key go into the keys table
-/// first (its primary key and unique index are what make them unique across partitions), and
-/// the event row is written only when that insert created a keys row. Same parameters and
-/// result as [`plain_enqueue`]. The event takes the keys row's `enqueued_at`, so both agree on
-/// the partition the event lives in (retention removes a dropped partition's keys by range).
-/// A duplicate locks the keys row, never the event row.
-pub(crate) fn keyed_enqueue(t: &str, k: &str) -> String {
-    format!(
-        "WITH k AS (
-             INSERT INTO {k} (id, idempotency_key) VALUES ($1, $8)
-             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-             DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-             RETURNING id, enqueued_at, (xmax = 0) AS created
-         ),
-         e AS (
-             INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, enqueued_at)
-             SELECT $1, $2, $3, $4, $5::json, $6, $7::jsonb, $8, $9, k.enqueued_at FROM k WHERE k.created
-             RETURNING seq
-         )
-         SELECT id, created FROM k"
-    )
-}
-
-/// A batch into the partitioned layout: keys first, then, in array order, the events whose
-/// keys row was created.
-pub(crate) fn keyed_enqueue_batch(t: &str, k: &str) -> String {
-    format!(
-        "WITH u AS MATERIALIZED (SELECT * FROM {BATCH_UNNEST}),
-         k AS (
-             INSERT INTO {k} (id, idempotency_key)
-             SELECT u.id, u.idempotency_key FROM u ORDER BY u.ord
-             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL
-             DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
-             RETURNING id, idempotency_key, enqueued_at, (xmax = 0) AS created
-         ),
-         e AS (
-             INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers, idempotency_key, occurred_at, enqueued_at)
-             SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::json, u.destination, u.headers::jsonb, u.idempotency_key, u.occurred_at, k.enqueued_at
-             FROM u JOIN k ON k.id = u.id AND k.created
-             ORDER BY u.ord
-             RETURNING seq
-         )
-         SELECT id, idempotency_key, created FROM k"
-    )
-}
 
 /// The route expressions a claim with destinations on hold compares against the paused names:
 /// the table's `CASE` over the candidate (`e`) and over the blocker probe's row (`b`), both bound
@@ -273,12 +212,29 @@ pub(crate) struct HoldSql {
 /// under statistics taken while nothing was open. The sorts it must still do then carry the
 /// disable cost, which swamps every other difference: the claim's `UPDATE` went to a
 /// sequential scan of the whole table. The `_heads` predicate, below, does it instead.)
+/// A claimed row's sizes, measured on the row `l` as the claim would send it (every column as
+/// text): `payload_bytes`, `metadata_bytes` (every other column the claim reads, added up: see
+/// `outbox_types::RowBytes`) and `key_bytes` (the aggregate key alone). `bigint` sums: seven
+/// columns of up to 1 GB each overflow `integer`. A column a hand-altered table leaves NULL
+/// counts as 0.
+const ROW_BYTES: &str = "coalesce(octet_length(l.payload::text), 0)::bigint AS payload_bytes,
+                        coalesce(octet_length(l.id::text), 0)::bigint
+                          + coalesce(octet_length(l.aggregate_type), 0)
+                          + coalesce(octet_length(l.aggregate_id), 0)
+                          + coalesce(octet_length(l.event_type), 0)
+                          + coalesce(octet_length(l.destination), 0)
+                          + coalesce(octet_length(l.headers::text), 0)
+                          + coalesce(octet_length(l.idempotency_key), 0) AS metadata_bytes,
+                        coalesce(octet_length(l.aggregate_type), 0)::bigint
+                          + coalesce(octet_length(l.aggregate_id), 0) AS key_bytes";
+
 pub(crate) const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// The claim statement. `$1` limit, `$2` owner, `$3` token, `$4` dead blocks, `$5` lease ms, `$6`
-/// most payload bytes in the batch, `$7` most payload bytes of one event, `$8` the highest seq
-/// to claim; with a hold, `$9` the paused destination names (`text[]`) and `$10…` the route
-/// table's values.
+/// most bytes in the batch (whole rows), `$7` most payload bytes of one event, `$8` the highest
+/// seq to claim, `$9` most bytes of one event's other columns together; with a hold, `$10` the
+/// paused destination names (`text[]`), `$11` the deferred ones and `$12…` the route table's
+/// values.
 ///
 /// A row is due when pending and its time has come, or in flight under an expired lease (its
 /// relay died). It is held back by any earlier row of its aggregate that is in flight under a
@@ -333,7 +289,7 @@ pub(crate) const CLAIM_SETUP: &str = "SELECT pg_advisory_xact_lock($1)";
 /// row is that this claim leaves its aggregate alone, and the next claim picks it up. The claim
 /// stays serialized across relays by the advisory lock taken just before it.
 pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
-    // `$9` the paused destinations, `$10` the deferred ones (for this claim only). Neither's
+    // `$10` the paused destinations, `$11` the deferred ones (for this claim only). Neither's
     // rows are candidates; a paused destination's rows hold nothing back (its events wait
     // apart), a deferred one's hold back their aggregate's later events as usual, and so does a
     // deferred row that is merely due (`deferred_probe`): skipping a destination for one turn
@@ -341,10 +297,10 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
     let (hold_e, hold_b) = match hold {
         Some(h) => (
             format!(
-                "AND NOT (COALESCE({}, '') = ANY($9::text[] || $10::text[]))",
+                "AND NOT (COALESCE({}, '') = ANY($10::text[] || $11::text[]))",
                 h.route_e
             ),
-            format!("AND NOT (COALESCE({}, '') = ANY($9::text[]))", h.route_b),
+            format!("AND NOT (COALESCE({}, '') = ANY($10::text[]))", h.route_b),
         ),
         None => (String::new(), String::new()),
     };
@@ -358,7 +314,7 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                    AND d.aggregate_id = e.aggregate_id
                    AND d.seq < e.seq
                    AND d.status NOT IN ('delivered', 'dead')
-                   AND COALESCE({route_d}, '') = ANY($10::text[]))"
+                   AND COALESCE({route_d}, '') = ANY($11::text[]))"
         ),
         None => String::new(),
     };
@@ -486,26 +442,30 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
              LIMIT $1
          ),
          locked AS MATERIALIZED (
-             SELECT l.seq, l.bytes FROM due d
+             SELECT l.seq, l.payload_bytes, l.metadata_bytes, l.key_bytes FROM due d
              CROSS JOIN LATERAL (
-                 SELECT l.seq, octet_length(l.payload::text) AS bytes FROM {t} l
+                 SELECT l.seq, {ROW_BYTES} FROM {t} l
                  WHERE l.seq = d.seq
                    AND l.status IN ('pending', 'in_flight')
                    AND {due_on_latest}
                  FOR UPDATE OF l SKIP LOCKED
              ) l
          ),
-         -- The byte budget: locked rows in seq order while the payloads before them stay under
-         -- $6 (the first always). What it leaves out comes after everything it keeps, so no
-         -- aggregate's later event is claimed without its earlier one. A payload above $7 counts
-         -- as nothing: it is returned without its payload and buried.
+         -- The byte budget: locked rows in seq order while the rows before them (payload and
+         -- every other column) stay under $6 (the first always). What it leaves out comes after
+         -- everything it keeps, so no aggregate's later event is claimed without its earlier
+         -- one. A row whose payload is above $7, or whose other columns together are above $9,
+         -- counts as nothing: it is returned without them (its aggregate key only when the key
+         -- alone is within $9) and buried.
          budget AS (
-             SELECT x.seq FROM (
-                 SELECT k.seq, k.b,
-                        sum(k.b) OVER (ORDER BY k.seq ROWS UNBOUNDED PRECEDING) AS running
-                 FROM (SELECT seq, CASE WHEN bytes > $7 THEN 0 ELSE bytes END AS b FROM locked) k
+             SELECT x.seq, x.payload_bytes, x.metadata_bytes, x.key_bytes, x.fits FROM (
+                 SELECT k.*,
+                        sum(CASE WHEN k.fits THEN k.payload_bytes + k.metadata_bytes ELSE 0 END)
+                            OVER (ORDER BY k.seq ROWS UNBOUNDED PRECEDING) AS running
+                 FROM (SELECT l.*, l.payload_bytes <= $7 AND l.metadata_bytes <= $9 AS fits
+                       FROM locked l) k
              ) x
-             WHERE x.running - x.b < $6
+             WHERE x.running - CASE WHEN x.fits THEN x.payload_bytes + x.metadata_bytes ELSE 0 END < $6
          ),
          skipped AS (
              SELECT d.aggregate_type, d.aggregate_id, min(d.seq) AS seq FROM due d
@@ -522,11 +482,17 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
                SELECT 1 FROM skipped s
                WHERE s.aggregate_type = o.aggregate_type AND s.aggregate_id = o.aggregate_id
                  AND s.seq < o.seq)
-         RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-                   CASE WHEN octet_length(o.payload::text) > $7 THEN NULL ELSE o.payload::text END AS payload,
-                   octet_length(o.payload::text) AS payload_bytes,
+         RETURNING o.seq, k.payload_bytes, k.metadata_bytes,
+                   CASE WHEN k.key_bytes <= $9 THEN o.aggregate_type END AS aggregate_type,
+                   CASE WHEN k.key_bytes <= $9 THEN o.aggregate_id END AS aggregate_id,
+                   CASE WHEN k.fits THEN o.id END AS id,
+                   CASE WHEN k.fits THEN o.event_type END AS event_type,
+                   CASE WHEN k.fits THEN o.payload::text END AS payload,
                    pg_typeof(o.payload) IN ('json'::regtype, 'jsonb'::regtype) AS payload_typed,
-                   o.destination, o.headers::text AS headers, o.idempotency_key, o.occurred_at, o.enqueued_at, o.attempts"
+                   CASE WHEN k.fits THEN o.destination END AS destination,
+                   CASE WHEN k.fits THEN o.headers::text END AS headers,
+                   CASE WHEN k.fits THEN o.idempotency_key END AS idempotency_key,
+                   o.occurred_at, o.enqueued_at, o.attempts"
     )
 }
 
@@ -699,9 +665,10 @@ mod tests {
                 PlanArg::Int(i64::MAX),
                 PlanArg::Int(i64::MAX),
                 PlanArg::Int(i64::MAX),
+                PlanArg::Int(i64::MAX),
             ]
         };
-        let dialect = SqlDialect::Postgres { first_param: 11 };
+        let dialect = SqlDialect::Postgres { first_param: 12 };
         let (route_e, route_b, route_d) = (
             routes.sql_case(dialect, Some("e")),
             routes.sql_case(dialect, Some("b")),
@@ -811,6 +778,7 @@ mod tests {
             .bind(Uuid::now_v7())
             .bind(true)
             .bind(30_000_i64)
+            .bind(i64::MAX)
             .bind(i64::MAX)
             .bind(i64::MAX)
             .bind(i64::MAX)

@@ -3,12 +3,12 @@
 //! the core's [`ClaimSort`] into deliverable and buried rows.
 
 use crate::SqliteStore;
-use crate::decode::{decode_event, text_as};
+use crate::decode::{decode_event, opt_text_as};
 use crate::error::map_sqlx;
 use crate::sql::{HoldSql, claim_sql, number_placeholders};
 use crate::time::{after, now_micros};
 use outbox_types::route::SqlDialect;
-use outbox_types::sql_store::json_text;
+use outbox_types::sql_store::{bytes, json_text};
 use outbox_types::{
     AggregateKey, Claim, ClaimRequest, ClaimSort, DeadLetterPolicy, Lease, Reading, StoreError,
 };
@@ -33,8 +33,8 @@ pub(crate) async fn claim(
             let sql = claim_sql(
                 store.outbox.quoted_table(),
                 Some(&HoldSql {
-                    route_e: number_placeholders(&route_e.sql, 10),
-                    route_b: number_placeholders(&route_b.sql, 10),
+                    route_e: number_placeholders(&route_e.sql, 11),
+                    route_b: number_placeholders(&route_b.sql, 11),
                 }),
             );
             let paused = json_text(&hold.paused)?;
@@ -51,8 +51,9 @@ pub(crate) async fn claim(
             .bind(after(now, request.lease))
             .bind(now)
             .bind(request.dead_letter == DeadLetterPolicy::Block)
-            .bind(i64::try_from(request.max_batch_bytes).unwrap_or(i64::MAX))
-            .bind(i64::try_from(request.max_payload_bytes).unwrap_or(i64::MAX));
+            .bind(bytes(request.max_batch_bytes))
+            .bind(bytes(request.max_payload_bytes))
+            .bind(bytes(request.max_metadata_bytes));
         if let Some((paused, binds)) = &held {
             query = query.bind(paused.as_str());
             for value in binds {
@@ -64,16 +65,29 @@ pub(crate) async fn claim(
     let mut sort = ClaimSort::new(request);
     for row in &rows {
         let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
-        let size: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+        let payload_bytes: Option<i64> = row.try_get("payload_bytes").map_err(map_sqlx)?;
+        let metadata_bytes: Option<i64> = row.try_get("metadata_bytes").map_err(map_sqlx)?;
         // Read as an operator would see it: the row may be buried for bytes that are not
-        // UTF-8 in exactly these columns.
+        // UTF-8 in exactly these columns. NULL when the statement left out a key over the
+        // metadata limit.
         let aggregate = || {
-            Ok(AggregateKey {
-                aggregate_type: text_as(row, "aggregate_type", Reading::Display)?,
-                aggregate_id: text_as(row, "aggregate_id", Reading::Display)?,
-            })
+            let aggregate_type = opt_text_as(row, "aggregate_type", Reading::Display)?;
+            let aggregate_id = opt_text_as(row, "aggregate_id", Reading::Display)?;
+            Ok(aggregate_type
+                .zip(aggregate_id)
+                .map(|(aggregate_type, aggregate_id)| AggregateKey {
+                    aggregate_type,
+                    aggregate_id,
+                }))
         };
-        outbox_types::sort_claimed_row!(sort, seq, aggregate, size, || decode_event(row));
+        outbox_types::sort_claimed_row!(
+            sort,
+            seq,
+            payload_bytes,
+            metadata_bytes,
+            aggregate,
+            || decode_event(row)
+        );
     }
     let lease = Lease {
         owner: request.owner.clone(),

@@ -27,12 +27,57 @@ pub(crate) struct Sql {
     pub(crate) purge_dead: String,
 }
 
-/// What a claim returns: the event's columns, with the payload left out (NULL) when it is above
-/// the claim's `?8` bytes, and its size.
-pub(crate) const CLAIMED_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, \
-     CASE WHEN length(CAST(payload AS BLOB)) > ?8 THEN NULL ELSE payload END AS payload, \
-     length(CAST(payload AS BLOB)) AS payload_bytes, \
-     destination, headers, idempotency_key, occurred_at, enqueued_at, attempts";
+/// A row's sizes in bytes, as SQL over the row `alias` (`"e."`, or `""` for the claimed table
+/// in `RETURNING`, which takes no alias): its payload, and every other column the claim reads
+/// added up (see `outbox_types::RowBytes`). `octet_length` takes a value's size from its record
+/// header and reads none of its content.
+fn row_bytes(alias: &str) -> (String, String) {
+    let size = |column: &str| format!("coalesce(octet_length({alias}{column}), 0)");
+    let metadata = [
+        "id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "destination",
+        "headers",
+        "idempotency_key",
+    ]
+    .map(size)
+    .join(" + ");
+    (size("payload"), format!("({metadata})"))
+}
+
+/// What a claim returns: its sizes, its aggregate key when the key alone is within `?9`, and
+/// the event's other columns only when the row is within `?8` payload bytes and `?9` bytes of
+/// other columns; an oversized row comes back as its sizes and NULLs, and is buried unread.
+fn claimed_columns() -> String {
+    let (payload, metadata) = row_bytes("");
+    let key_fits =
+        "coalesce(octet_length(aggregate_type), 0) + coalesce(octet_length(aggregate_id), 0) <= ?9";
+    let fits = format!("{payload} <= ?8 AND {metadata} <= ?9");
+    let mut columns = vec![
+        "seq".to_owned(),
+        format!("{payload} AS payload_bytes"),
+        format!("{metadata} AS metadata_bytes"),
+    ];
+    for column in ["aggregate_type", "aggregate_id"] {
+        columns.push(format!(
+            "CASE WHEN {key_fits} THEN {column} END AS {column}"
+        ));
+    }
+    for column in [
+        "id",
+        "event_type",
+        "payload",
+        "destination",
+        "headers",
+        "idempotency_key",
+    ] {
+        columns.push(format!("CASE WHEN {fits} THEN {column} END AS {column}"));
+    }
+    columns.extend(["occurred_at", "enqueued_at", "attempts"].map(str::to_owned));
+    columns.join(",\n                   ")
+}
 
 pub(crate) const RECORD_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, payload, \
      destination, headers, idempotency_key, occurred_at, enqueued_at, attempts, \
@@ -165,7 +210,7 @@ impl Sql {
 
 /// The route expressions a claim with destinations on hold compares against the paused names:
 /// the table's `CASE` over the candidate (`e`) and over the blocker probe's row (`b`), both
-/// numbered from `?8` so they share their values.
+/// numbered from `?11` so they share their values.
 pub(crate) struct HoldSql {
     pub(crate) route_e: String,
     pub(crate) route_b: String,
@@ -190,7 +235,9 @@ pub(crate) fn number_placeholders(sql: &str, first: usize) -> String {
 }
 
 /// The claim statement. ?1 limit, ?2 owner, ?3 token, ?4 lease expiry, ?5 now, ?6 dead blocks
-/// (0/1); with a hold, ?7 the paused names (a JSON array) and ?8… the route table's values.
+/// (0/1), ?7 most bytes in the batch (whole rows), ?8 most payload bytes of one event, ?9 most
+/// bytes of one event's other columns together; with a hold, ?10 the paused names (a JSON
+/// array) and ?11… the route table's values.
 ///
 /// A row is due when pending and its time has come, or in flight under an expired lease (its
 /// relay died). It is held back by any earlier row of its aggregate that is in flight under a
@@ -204,14 +251,16 @@ pub(crate) fn number_placeholders(sql: &str, first: usize) -> String {
 /// here: a writer holding any row holds the whole database, and the claim waits for its commit
 /// (busy timeout) and then sees every row as it is.
 pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
+    let (payload, metadata) = row_bytes("e.");
+    let claimed = claimed_columns();
     let (hold_e, hold_b) = match hold {
         Some(h) => (
             format!(
-                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?9))",
+                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?10))",
                 h.route_e
             ),
             format!(
-                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?9))",
+                "AND COALESCE({}, '') NOT IN (SELECT value FROM json_each(?10))",
                 h.route_b
             ),
         ),
@@ -222,16 +271,18 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
          SET status = 'in_flight', lease_owner = ?2, lease_token = ?3, lease_expires_at = ?4,
              claimed_at = ?5
          WHERE seq IN (
-           -- The byte budget (?7 per batch, ?8 per event; see `ClaimRequest`): the due rows in
-           -- seq order while the payloads before them add up to less than ?7, the first always.
-           -- What it leaves out comes after everything it keeps. A payload above ?8 counts as
-           -- nothing: it comes back without its payload and is buried.
+           -- The byte budget (?7 per batch, ?8 per payload, ?9 per event's other columns; see
+           -- `ClaimRequest`): the due rows in seq order while the rows before them (payload and
+           -- every other column) add up to less than ?7, the first always. What it leaves out
+           -- comes after everything it keeps. A row over ?8 or ?9 counts as nothing: it comes
+           -- back without its columns and is buried. Sizes come from the record headers
+           -- (`octet_length`), not from reading the columns.
            SELECT c.seq FROM (
              SELECT c.seq, c.b, sum(c.b) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS running
              FROM (
              SELECT e.seq,
-                    CASE WHEN length(CAST(e.payload AS BLOB)) > ?8 THEN 0
-                         ELSE length(CAST(e.payload AS BLOB)) END AS b
+                    CASE WHEN {payload} > ?8 OR {metadata} > ?9 THEN 0
+                         ELSE {payload} + {metadata} END AS b
              FROM {t} AS e
              WHERE e.status IN ('pending', 'in_flight')
                AND CASE WHEN e.status = 'pending' THEN e.next_attempt_at <= ?5
@@ -252,7 +303,7 @@ pub(crate) fn claim_sql(t: &str, hold: Option<&HoldSql>) -> String {
              LIMIT ?1) AS c
            ) AS c
            WHERE c.running - c.b < ?7)
-         RETURNING {CLAIMED_COLUMNS}"
+         RETURNING {claimed}"
     )
 }
 
@@ -366,7 +417,7 @@ mod tests {
         sqlx::query("ANALYZE").execute(store.pool()).await.unwrap();
 
         let sql = store.sql();
-        let claim_plan = plan(store.pool(), &sql.claim, 8).await;
+        let claim_plan = plan(store.pool(), &sql.claim, 9).await;
         assert!(
             claim_plan.contains("SCAN e USING INDEX outbox_events_open"),
             "{claim_plan}"
@@ -396,11 +447,11 @@ mod tests {
         let held = claim_sql(
             store.outbox().quoted_table(),
             Some(&HoldSql {
-                route_e: number_placeholders(&route_e.sql, 10),
-                route_b: number_placeholders(&route_b.sql, 10),
+                route_e: number_placeholders(&route_e.sql, 11),
+                route_b: number_placeholders(&route_b.sql, 11),
             }),
         );
-        let held_plan = plan(store.pool(), &held, 9 + route_e.binds.len()).await;
+        let held_plan = plan(store.pool(), &held, 10 + route_e.binds.len()).await;
         assert!(
             held_plan.contains("SCAN e USING INDEX outbox_events_open"),
             "{held_plan}"

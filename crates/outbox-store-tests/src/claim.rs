@@ -363,3 +363,125 @@ pub async fn oversized_payloads_are_buried_unread_and_hold_their_aggregate<H: Ha
         }
     }
 }
+
+/// An event of aggregate `aggregate_id` whose headers take about `bytes` bytes (one header of
+/// `bytes` characters) and whose payload is tiny: what `max_metadata_bytes` measures.
+fn with_header_bytes(aggregate_id: &str, bytes: usize) -> NewEvent {
+    numbered(aggregate_id, 0).with_header("big", "h".repeat(bytes))
+}
+
+/// `max_batch_bytes` counts whole rows, not only payloads: events with tiny payloads and large
+/// headers stop a claim as large payloads would (20 rows of 50 MB headers once took a relay to
+/// 3.2 GB).
+pub async fn claims_are_bounded_by_whole_rows<H: Harness>(h: &H) {
+    let store = h.fresh().await;
+    let events: Vec<NewEvent> = (0..10)
+        .map(|n| with_header_bytes(&format!("a{n}"), 1000))
+        .collect();
+    h.enqueue(&store, &events).await;
+    // About 1070 bytes a row (1000 of headers, the id, names and the payload): 0, ~1070 and
+    // ~2140 before the first three, ~3210 before the fourth.
+    let request = claim_up_to(100).with_byte_limits(2500, 1_000_000);
+    let first = store.claim(&request).await.unwrap();
+    assert_eq!(
+        first.events.len(),
+        3,
+        "headers count toward max_batch_bytes: {:?}",
+        seqs_of(&first.events)
+    );
+    store
+        .ack(&first.lease, &seqs_of(&first.events))
+        .await
+        .unwrap();
+    let second = store.claim(&request).await.unwrap();
+    assert_eq!(
+        second.events.len(),
+        3,
+        "the next claim goes on in seq order"
+    );
+    assert!(second.events[0].seq > first.events[2].seq);
+}
+
+/// An event whose columns other than the payload (here: its headers, its event type, its
+/// aggregate key) are above `max_metadata_bytes` together is never handed out: the claim buries
+/// it without loading them, with a reason that names the limit and the size; under `Block` the
+/// later events of its aggregate wait behind it, under `Skip` they go on; other aggregates go
+/// on either way. An aggregate key over the limit by itself is not even sent to the relay: the
+/// rows of that aggregate are buried all the same, and no other aggregate is held.
+pub async fn oversized_metadata_is_buried_unread_and_holds_its_aggregate<H: Harness>(h: &H) {
+    // 255 characters of 4 bytes: 1020 bytes, over the limit alone (and within what every
+    // store's aggregate_id column holds).
+    let huge_key = "\u{1F980}".repeat(255);
+    for policy in [DeadLetterPolicy::Block, DeadLetterPolicy::Skip] {
+        let store = h.fresh().await;
+        let ids = ids_of(
+            h.enqueue(
+                &store,
+                &[
+                    numbered("a", 1),
+                    with_header_bytes("a", 5000),
+                    numbered("a", 3),
+                    numbered("b", 1),
+                    // Within MySQL's column sizes, over the limit together.
+                    NewEvent::from_json("agg", "c", "E".repeat(255), "{}")
+                        .unwrap()
+                        .with_destination("d".repeat(900)),
+                    numbered(&huge_key, 1),
+                    numbered(&huge_key, 2),
+                    numbered("d", 1),
+                ],
+            )
+            .await,
+        );
+        let request = ClaimRequest {
+            dead_letter: policy,
+            ..claim_up_to(100)
+                .with_byte_limits(1_000_000, 1_000_000)
+                .with_metadata_limit(1000)
+        };
+        let claim = store.claim(&request).await.unwrap();
+        assert_eq!(claim.buried, 4, "{policy:?}: the relay counts them as dead");
+        let got: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
+        for (i, what) in [
+            (1, "headers"),
+            (4, "event type and destination"),
+            (5, "key"),
+            (6, "key"),
+        ] {
+            let record = store.get(ids[i]).await.unwrap().unwrap();
+            assert_eq!(record.state, EventState::Dead, "{policy:?}: {what}");
+            let error = record.last_error.unwrap_or_default();
+            assert!(
+                error.contains("bytes together, above relay.max_metadata_bytes = 1000")
+                    && !error.contains("max_payload_bytes"),
+                "{policy:?}: {what}: {error}"
+            );
+        }
+        let headers_error = store.get(ids[1]).await.unwrap().unwrap().last_error;
+        let size: u64 = headers_error
+            .as_deref()
+            .and_then(|e| e.split(" are ").nth(1))
+            .and_then(|e| e.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            (5000..5200).contains(&size),
+            "the reason gives the size measured: {headers_error:?}"
+        );
+        match policy {
+            DeadLetterPolicy::Block => {
+                assert_eq!(
+                    got,
+                    vec![ids[0], ids[3], ids[7]],
+                    "a's third event waits behind the dead one"
+                );
+                let behind = store.get(ids[2]).await.unwrap().unwrap();
+                assert_eq!(behind.state, EventState::Pending);
+                assert_eq!(behind.event.attempts, 0);
+            }
+            DeadLetterPolicy::Skip => {
+                assert_eq!(got, vec![ids[0], ids[2], ids[3], ids[7]]);
+            }
+        }
+    }
+}

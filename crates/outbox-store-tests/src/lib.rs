@@ -44,6 +44,8 @@ macro_rules! conformance {
             aggregates_behind_a_long_held_run_are_still_claimed,
             claims_are_bounded_by_payload_bytes,
             oversized_payloads_are_buried_unread_and_hold_their_aggregate,
+            claims_are_bounded_by_whole_rows,
+            oversized_metadata_is_buried_unread_and_holds_its_aggregate,
             a_backlog_of_one_destination_does_not_starve_the_others,
         );
     };

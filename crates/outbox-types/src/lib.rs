@@ -63,5 +63,6 @@ pub use source::Source;
 pub use store::{
     BuryEvent, Claim, ClaimRequest, ClaimSort, DeadFilter, DestinationStats, Hold, Lease,
     LeaseHolder, OutboxStats, PausedDestination, Reading, ReplayFilter, ReplayStep, RetryEvent,
-    SortedClaim, Store, bury_malformed, bury_oversized, check_payload, held_behind_buried,
+    RowBytes, SortedClaim, Store, bury_malformed, bury_oversized, bury_oversized_metadata,
+    check_payload, held_behind_buried,
 };

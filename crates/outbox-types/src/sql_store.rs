@@ -80,16 +80,21 @@ macro_rules! bind_event_columns {
 }
 
 /// Sort one claimed row into the [`ClaimSort`](crate::ClaimSort) `$sort` (see
-/// [`ClaimSort::row`](crate::ClaimSort::row)): its `$seq`, its aggregate (a closure), its payload
-/// size as the database reported it (`$size`, a signed integer or NULL, which counts as 0) and
-/// its decoding (a closure); a row that cannot be delivered is logged, once, with the same words
-/// in every store, and dead-lettered with the claim. `?` passes a failure to read the row on. A
-/// macro because the log is the store's (`tracing`, which this crate does not use).
+/// [`ClaimSort::row`](crate::ClaimSort::row)): its `$seq`, its payload's and its other columns'
+/// sizes as the database reported them (`$payload_bytes`, `$metadata_bytes`: each a signed
+/// integer or NULL, which counts as 0), its aggregate (a closure giving `None` for a key the
+/// statement did not send) and its decoding (a closure); a row that cannot be delivered is
+/// logged, once, with the same words in every store, and dead-lettered with the claim. `?`
+/// passes a failure to read the row on. A macro because the log is the store's (`tracing`,
+/// which this crate does not use).
 #[macro_export]
 macro_rules! sort_claimed_row {
-    ($sort:ident, $seq:ident, $aggregate:expr, $size:expr, $decode:expr) => {
-        let size = u64::try_from($size.unwrap_or(0)).unwrap_or(0);
-        if let Some(error) = $sort.row($seq, $aggregate, size, $decode)? {
+    ($sort:ident, $seq:ident, $payload_bytes:expr, $metadata_bytes:expr, $aggregate:expr, $decode:expr) => {
+        let bytes = $crate::RowBytes {
+            payload: u64::try_from($payload_bytes.unwrap_or(0)).unwrap_or(0),
+            metadata: u64::try_from($metadata_bytes.unwrap_or(0)).unwrap_or(0),
+        };
+        if let Some(error) = $sort.row($seq, bytes, $aggregate, $decode)? {
             ::tracing::warn!(
                 seq = $seq,
                 error,

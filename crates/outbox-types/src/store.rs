@@ -52,15 +52,21 @@ pub struct ClaimRequest {
     /// Destinations whose events are not claimed now (paused by an operator, or deferred for
     /// one claim so that a backlog of one destination does not fill every batch).
     pub hold: Option<Arc<Hold>>,
-    /// Most payload bytes one claim returns: events are taken in `seq` order while the payloads
-    /// before them add up to less than this (the first one always), so a relay's memory is
-    /// bounded by bytes and not only by `limit`. `u64::MAX`: no bound.
+    /// Most bytes one claim returns, counting whole rows (the payload and every other column
+    /// the claim reads, as [`RowBytes`] measures them): events are taken in `seq` order while
+    /// the rows before them add up to less than this (the first one always), so a relay's
+    /// memory is bounded by bytes and not only by `limit`. A row buried unread (over
+    /// [`ClaimRequest::max_payload_bytes`] or [`ClaimRequest::max_metadata_bytes`]) counts as
+    /// nothing. `u64::MAX`: no bound.
     pub max_batch_bytes: u64,
     /// An event whose payload is larger than this is not loaded: the claim buries it at once
     /// with a reason that names the limit ([`bury_oversized`]). `u64::MAX`: no bound.
     pub max_payload_bytes: u64,
-    /// An event whose other columns together (aggregate, event type, destination, idempotency
-    /// key, headers) take more bytes than this is not loaded either: the claim buries it.
+    /// An event whose other columns together ([`RowBytes::metadata`]: id, aggregate type and
+    /// id, event type, destination, headers, idempotency key) take more bytes than this is not
+    /// loaded either: the claim buries it with a reason that names this limit
+    /// ([`bury_oversized_metadata`]). The database measures the columns; none of them, not
+    /// even the aggregate key, reaches the relay when the row is over a limit.
     /// `u64::MAX`: no bound.
     pub max_metadata_bytes: u64,
     /// Only events with a `seq` up to this. A stream source claims from its table only the rows
@@ -89,7 +95,7 @@ impl ClaimRequest {
         }
     }
 
-    /// Bound the claim by payload bytes (see [`ClaimRequest::max_batch_bytes`] and
+    /// Bound the claim by bytes (see [`ClaimRequest::max_batch_bytes`] and
     /// [`ClaimRequest::max_payload_bytes`]).
     pub fn with_byte_limits(mut self, max_batch_bytes: u64, max_payload_bytes: u64) -> Self {
         self.max_batch_bytes = max_batch_bytes;
@@ -140,8 +146,9 @@ pub struct Claim {
     pub lease: Lease,
     /// Claimed events, in enqueue (`seq`) order.
     pub events: Vec<Event>,
-    /// Rows this claim took and buried at once instead of handing them out (malformed, or a
-    /// payload above [`ClaimRequest::max_payload_bytes`]): the relay counts them as dead.
+    /// Rows this claim took and buried at once instead of handing them out (malformed, or over
+    /// [`ClaimRequest::max_payload_bytes`] or [`ClaimRequest::max_metadata_bytes`]): the relay
+    /// counts them as dead.
     pub buried: u64,
 }
 
@@ -178,13 +185,125 @@ pub fn bury_malformed(seq: i64, error: &StoreError) -> BuryEvent {
 /// it without loading the payload, so one huge row cannot exhaust the relay's memory, and its
 /// aggregate waits behind it like behind any dead event.
 pub fn bury_oversized(seq: i64, bytes: u64, limit: u64) -> BuryEvent {
+    bury_over_limits(
+        seq,
+        &[OverLimit {
+            what: "the payload is",
+            bytes,
+            setting: "relay.max_payload_bytes",
+            limit,
+        }],
+    )
+}
+
+/// A claimed event whose columns other than the payload ([`RowBytes::metadata`]) are above
+/// [`ClaimRequest::max_metadata_bytes`] together: buried without loading any of them, as
+/// [`bury_oversized`] does for a payload.
+///
+/// ```
+/// let bury = outbox_types::bury_oversized_metadata(7, 52_428_900, 65_536);
+/// assert!(bury.error.contains("52428900 bytes together, above relay.max_metadata_bytes = 65536"));
+/// ```
+pub fn bury_oversized_metadata(seq: i64, bytes: u64, limit: u64) -> BuryEvent {
+    bury_over_limits(seq, &[metadata_over(bytes, limit)])
+}
+
+/// One limit a row is over, for the reason [`bury_over_limits`] writes.
+struct OverLimit {
+    what: &'static str,
+    bytes: u64,
+    setting: &'static str,
+    limit: u64,
+}
+
+fn metadata_over(bytes: u64, limit: u64) -> OverLimit {
+    OverLimit {
+        what: "the other columns (id, aggregate type and id, event type, destination, headers, idempotency key) are",
+        bytes,
+        setting: "relay.max_metadata_bytes",
+        limit,
+    }
+}
+
+/// The reason for a row over one or more byte limits: each size and the setting it is above,
+/// then what an operator can do.
+fn bury_over_limits(seq: i64, over: &[OverLimit]) -> BuryEvent {
+    let sizes: Vec<String> = over
+        .iter()
+        .map(|o| {
+            let together = if o.setting == "relay.max_metadata_bytes" {
+                " together"
+            } else {
+                ""
+            };
+            format!(
+                "{} {} bytes{together}, above {} = {}",
+                o.what, o.bytes, o.setting, o.limit
+            )
+        })
+        .collect();
+    let settings: Vec<&str> = over.iter().map(|o| o.setting).collect();
     BuryEvent {
         seq,
         error: format!(
-            "the payload is {bytes} bytes, above relay.max_payload_bytes = {limit}: the relay does not deliver it; \
-             raise relay.max_payload_bytes (if the destination accepts such messages) and run `outbox dead requeue`, \
-             or `outbox dead purge` it"
+            "{}: the relay does not deliver it; raise {} (if the destination accepts such messages) and run `outbox dead requeue`, \
+             or `outbox dead purge` it",
+            sizes.join(", and "),
+            settings.join(" and ")
         ),
+    }
+}
+
+/// The sizes of a claimed row, in bytes, as the database measured them before sending any of
+/// it: what [`ClaimSort`] decides on without loading an oversized column.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowBytes {
+    /// The payload's text.
+    pub payload: u64,
+    /// Every other column the claim reads, as text, added up: id, aggregate type, aggregate
+    /// id, event type, destination, headers and idempotency key. (Times and counts are
+    /// fixed-size numbers in every store, and not counted.)
+    pub metadata: u64,
+}
+
+impl RowBytes {
+    /// The reason to bury a row of these sizes under `request`'s limits, or `None` when it may
+    /// be loaded.
+    ///
+    /// ```
+    /// use outbox_types::{ClaimRequest, DeadLetterPolicy, RowBytes};
+    /// let request = ClaimRequest::new("r", 10, std::time::Duration::from_secs(30), DeadLetterPolicy::Block)
+    ///     .with_byte_limits(1_000_000, 100)
+    ///     .with_metadata_limit(50);
+    /// assert!(RowBytes { payload: 100, metadata: 50 }.over_limits(7, &request).is_none());
+    /// let both = RowBytes { payload: 101, metadata: 51 }.over_limits(7, &request).unwrap();
+    /// assert!(both.error.contains("101 bytes, above relay.max_payload_bytes = 100"));
+    /// assert!(both.error.contains("51 bytes together, above relay.max_metadata_bytes = 50"));
+    /// ```
+    pub fn over_limits(self, seq: i64, request: &ClaimRequest) -> Option<BuryEvent> {
+        let mut over = Vec::new();
+        if self.payload > request.max_payload_bytes {
+            over.push(OverLimit {
+                what: "the payload is",
+                bytes: self.payload,
+                setting: "relay.max_payload_bytes",
+                limit: request.max_payload_bytes,
+            });
+        }
+        if self.metadata > request.max_metadata_bytes {
+            over.push(metadata_over(self.metadata, request.max_metadata_bytes));
+        }
+        (!over.is_empty()).then(|| bury_over_limits(seq, &over))
+    }
+
+    /// What the row counts toward [`ClaimRequest::max_batch_bytes`]: the whole row, or nothing
+    /// for a row over a limit (it is buried, not loaded).
+    pub fn batch_bytes(self, request: &ClaimRequest) -> u64 {
+        if self.payload > request.max_payload_bytes || self.metadata > request.max_metadata_bytes {
+            0
+        } else {
+            self.payload.saturating_add(self.metadata)
+        }
     }
 }
 
@@ -214,33 +333,46 @@ pub fn check_payload(seq: i64, payload: String, reading: Reading) -> Result<Stri
 }
 
 /// Sorts the rows a claim statement returned into events to hand out and rows to bury, the same
-/// way in every store: a payload above [`ClaimRequest::max_payload_bytes`] is buried unread
-/// ([`bury_oversized`]), a row that cannot be decoded is buried with the reason
-/// ([`bury_malformed`]), and under [`DeadLetterPolicy::Block`] the later events of their
-/// aggregates in the same claim are released ([`held_behind_buried`]).
+/// way in every store: a row over [`ClaimRequest::max_payload_bytes`] or
+/// [`ClaimRequest::max_metadata_bytes`] is buried unread ([`RowBytes::over_limits`]), a row that
+/// cannot be decoded is buried with the reason ([`bury_malformed`]), and under
+/// [`DeadLetterPolicy::Block`] the later events of their aggregates in the same claim are
+/// released ([`held_behind_buried`]).
+///
+/// The store's statement measures each row's columns and sends none of an oversized row's but
+/// its aggregate key, and that only when the key itself is within
+/// [`ClaimRequest::max_metadata_bytes`]: a key over it is `None` here. No event the claim hands
+/// out can belong to such an aggregate (its own columns would be over the limit too), so
+/// nothing waits behind it in this claim; the database's own ordering holds the aggregate from
+/// the next claim on.
 ///
 /// ```
-/// use outbox_types::{AggregateKey, ClaimRequest, ClaimSort, DeadLetterPolicy, StoreError};
+/// use outbox_types::{AggregateKey, ClaimRequest, ClaimSort, DeadLetterPolicy, RowBytes, StoreError};
 /// # fn ev(seq: i64, agg: &str) -> outbox_types::Event {
 /// #   outbox_types::NewEvent::from_json("t", agg, "E", "{}").unwrap().claimed(seq) }
 /// let request = ClaimRequest::new("r", 10, std::time::Duration::from_secs(30), DeadLetterPolicy::Block)
-///     .with_byte_limits(1_000_000, 100);
-/// let key = |a: &str| Ok(AggregateKey { aggregate_type: "t".into(), aggregate_id: a.into() });
+///     .with_byte_limits(1_000_000, 100)
+///     .with_metadata_limit(1_000);
+/// let key = |a: &str| Ok(Some(AggregateKey { aggregate_type: "t".into(), aggregate_id: a.into() }));
+/// let small = RowBytes { payload: 2, metadata: 60 };
 /// let mut sort = ClaimSort::new(&request);
-/// sort.row(1, || key("a"), 2, || Ok(ev(1, "a")))?;
-/// let buried = sort.row(2, || key("a"), 5_000, || unreachable!("never loaded"))?;
+/// sort.row(1, small, || key("a"), || Ok(ev(1, "a")))?;
+/// let big = RowBytes { payload: 5_000, metadata: 60 };
+/// let buried = sort.row(2, big, || key("a"), || unreachable!("never loaded"))?;
 /// assert!(buried.unwrap().contains("5000 bytes"));
-/// sort.row(3, || key("a"), 2, || Ok(ev(3, "a")))?;
-/// sort.row(4, || key("b"), 2, || Err(StoreError::Corrupt { seq: 4, reason: "bad".into() }))?;
+/// sort.row(3, small, || key("a"), || Ok(ev(3, "a")))?;
+/// sort.row(4, small, || key("b"), || Err(StoreError::Corrupt { seq: 4, reason: "bad".into() }))?;
+/// // An aggregate key of 50 MB: over the limit by itself, so the store does not send it.
+/// let huge = RowBytes { payload: 2, metadata: 50_000_000 };
+/// sort.row(5, huge, || Ok(None), || unreachable!("never loaded"))?;
 /// let sorted = sort.finish();
 /// assert_eq!(sorted.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1]);
-/// assert_eq!(sorted.bury.len(), 2);
+/// assert_eq!(sorted.bury.len(), 3);
 /// assert_eq!(sorted.release, vec![3]);
 /// # Ok::<(), StoreError>(())
 /// ```
-pub struct ClaimSort {
-    policy: DeadLetterPolicy,
-    max_payload_bytes: u64,
+pub struct ClaimSort<'r> {
+    request: &'r ClaimRequest,
     events: Vec<Event>,
     bury: Vec<BuryEvent>,
     buried: Vec<(i64, AggregateKey)>,
@@ -278,40 +410,41 @@ impl SortedClaim {
     }
 }
 
-impl ClaimSort {
+impl<'r> ClaimSort<'r> {
     /// Sorting for `request`'s limits and dead-letter policy.
-    pub fn new(request: &ClaimRequest) -> Self {
+    pub fn new(request: &'r ClaimRequest) -> Self {
         ClaimSort {
-            policy: request.dead_letter,
-            max_payload_bytes: request.max_payload_bytes,
+            request,
             events: Vec::new(),
             bury: Vec::new(),
             buried: Vec::new(),
         }
     }
 
-    /// One claimed row: its `seq`, its aggregate, the size of its payload, and how to decode it
-    /// (not called when the payload is above the limit). Returns the reason when the row is to
-    /// be buried, for the store's log.
+    /// One claimed row: its `seq`, its sizes as the database measured them, its aggregate
+    /// (`None` when the store did not send a key over [`ClaimRequest::max_metadata_bytes`]),
+    /// and how to decode it (not called when the row is over a limit). Returns the reason when
+    /// the row is to be buried, for the store's log.
     pub fn row(
         &mut self,
         seq: i64,
-        aggregate: impl FnOnce() -> Result<AggregateKey, StoreError>,
-        payload_bytes: u64,
+        bytes: RowBytes,
+        aggregate: impl FnOnce() -> Result<Option<AggregateKey>, StoreError>,
         decode: impl FnOnce() -> Result<Event, StoreError>,
     ) -> Result<Option<&str>, StoreError> {
-        let bury = if payload_bytes > self.max_payload_bytes {
-            bury_oversized(seq, payload_bytes, self.max_payload_bytes)
-        } else {
-            match decode() {
+        let bury = match bytes.over_limits(seq, self.request) {
+            Some(bury) => bury,
+            None => match decode() {
                 Ok(event) => {
                     self.events.push(event);
                     return Ok(None);
                 }
                 Err(error) => bury_malformed(seq, &error),
-            }
+            },
         };
-        self.buried.push((seq, aggregate()?));
+        if let Some(key) = aggregate()? {
+            self.buried.push((seq, key));
+        }
         self.bury.push(bury);
         Ok(self.bury.last().map(|b| b.error.as_str()))
     }
@@ -319,7 +452,7 @@ impl ClaimSort {
     /// The events to hand out, the rows to bury and the events to release.
     pub fn finish(mut self) -> SortedClaim {
         self.events.sort_unstable_by_key(|e| e.seq);
-        let release = held_behind_buried(&mut self.events, &self.buried, self.policy);
+        let release = held_behind_buried(&mut self.events, &self.buried, self.request.dead_letter);
         SortedClaim {
             events: self.events,
             bury: self.bury,

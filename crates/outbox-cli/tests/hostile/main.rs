@@ -12,6 +12,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod debezium;
+mod limits;
 
 use common::{BIN, Killed, pg_url};
 use std::collections::HashMap;

@@ -10,8 +10,11 @@
 
 #![allow(dead_code)]
 
+mod roles;
 mod routine;
 
+#[allow(unused_imports)]
+pub use roles::*;
 pub use routine::*;
 
 use std::future::Future;

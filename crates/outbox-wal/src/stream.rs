@@ -702,7 +702,8 @@ impl Decoder {
                 prefix,
                 content,
             } => self.on_message(state, transactional, Lsn::from(lsn), &prefix, &content),
-            ReplicationEvent::StoppedAt { .. } => {}
+            // Only with `oversized_prefix`, which this session does not set yet.
+            ReplicationEvent::Oversized { .. } | ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())
     }

@@ -456,7 +456,9 @@ pub struct ReplicationConfig {
     /// limit is refused before any of it is buffered and ends the stream with
     /// [`PgWireError::MessageTooLarge`](crate::error::PgWireError::MessageTooLarge).
     /// The refused payload is never consumed, so the connection cannot be
-    /// resumed past it — the reader and connection must be discarded. The
+    /// resumed past it — the reader and connection must be discarded (unless
+    /// [`oversized_prefix`](Self::oversized_prefix) is set: then a CopyData
+    /// message over the limit is read past instead). The
     /// same limit bounds each row of a gated session's
     /// [`simple_query`](crate::ReplicationClient::simple_query).
     ///
@@ -474,6 +476,46 @@ pub struct ReplicationConfig {
     ///
     /// Default: [`MAX_MESSAGE_SIZE`](crate::protocol::framing::MAX_MESSAGE_SIZE) (1 GiB)
     pub max_message_size: usize,
+
+    /// Read past a `CopyData` message over
+    /// [`max_message_size`](Self::max_message_size) instead of ending the
+    /// stream, keeping its first this many bytes (capped to
+    /// `max_message_size`).
+    ///
+    /// An XLogData message read past becomes
+    /// [`ReplicationEvent::Oversized`](crate::ReplicationEvent::Oversized),
+    /// with the WAL position and the first bytes of its `pgoutput` data (enough
+    /// to tell a row's relation and leading columns, or a logical message's
+    /// prefix), and its full size. Its bytes cost no more memory than this
+    /// prefix and a 64 KiB read buffer. The consumer decides what the change
+    /// it cannot hold means; the stream goes on with the next message. Other
+    /// messages over the limit end the stream as before.
+    ///
+    /// Default: `None` (an oversized message ends the stream with
+    /// [`PgWireError::MessageTooLarge`](crate::error::PgWireError::MessageTooLarge)).
+    pub oversized_prefix: Option<usize>,
+
+    /// Ask `pgoutput` for logical decoding messages
+    /// (`pg_logical_emit_message`): the `messages` option of
+    /// `START_REPLICATION`.
+    ///
+    /// Without it the server never sends them, so a consumer that does not
+    /// use them costs nothing for them, and nobody who may call
+    /// `pg_logical_emit_message` (every role, by default) reaches it that way.
+    ///
+    /// Default: `true`.
+    pub messages: bool,
+
+    /// Most bytes of change data (XLogData payloads, message contents, kept
+    /// prefixes) waiting in the event channel for the consumer; past it the
+    /// worker stops reading the socket, as when the channel is full (standby
+    /// status updates go on). One event larger than this still passes alone.
+    ///
+    /// With [`buffer_events`](Self::buffer_events) alone, the channel holds up
+    /// to `buffer_events` events of up to `max_message_size` bytes each.
+    ///
+    /// Default: `None` (only `buffer_events` bounds the channel).
+    pub buffer_bytes: Option<usize>,
 
     /// `application_name` sent in the startup message, shown in
     /// `pg_stat_activity` and `pg_stat_replication`. A consumer that must
@@ -510,6 +552,9 @@ impl Default for ReplicationConfig {
             binary: false,
             options: None,
             max_message_size: crate::protocol::framing::MAX_MESSAGE_SIZE,
+            oversized_prefix: None,
+            messages: true,
+            buffer_bytes: None,
             application_name: None,
             feedback_observer: None,
         }
@@ -714,6 +759,37 @@ impl ReplicationConfig {
     /// ```
     pub fn with_max_message_size(mut self, bytes: usize) -> Self {
         self.max_message_size = bytes.min(crate::protocol::framing::MAX_MESSAGE_SIZE);
+        self
+    }
+
+    /// Read past oversized CopyData messages, keeping their first `keep`
+    /// bytes (see [`oversized_prefix`](Self::oversized_prefix)).
+    ///
+    /// # Example
+    /// ```
+    /// use pgwire_replication::config::ReplicationConfig;
+    ///
+    /// let config = ReplicationConfig::new("localhost", "u", "p", "db", "slot", "pub")
+    ///     .with_max_message_size(16 * 1024 * 1024)
+    ///     .with_oversized_prefix(64 * 1024);
+    /// assert_eq!(config.oversized_prefix, Some(64 * 1024));
+    /// ```
+    pub fn with_oversized_prefix(mut self, keep: usize) -> Self {
+        self.oversized_prefix = Some(keep);
+        self
+    }
+
+    /// Whether to ask for logical decoding messages (see
+    /// [`messages`](Self::messages)).
+    pub fn with_messages(mut self, messages: bool) -> Self {
+        self.messages = messages;
+        self
+    }
+
+    /// Bound the event channel by bytes (see
+    /// [`buffer_bytes`](Self::buffer_bytes)).
+    pub fn with_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.buffer_bytes = Some(bytes);
         self
     }
 

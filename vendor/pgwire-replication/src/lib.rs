@@ -38,6 +38,9 @@
 //!         ReplicationEvent::Message { prefix, content, .. } => println!(
 //!             "Logical message: prefix={}, {} bytes", prefix, content.len()
 //!         ),
+//!         ReplicationEvent::Oversized { wal_start, size, .. } => {
+//!             println!("Read past {size} bytes at {wal_start}");
+//!         }
 //!         ReplicationEvent::StoppedAt {reached: _} => break,
 //!         ReplicationEvent::Begin { .. } => println!(
 //!             "Transaction start, probably want to flush in-flight events to the sinks."
@@ -59,7 +62,6 @@
 
 #![warn(
     clippy::all,
-    clippy::cargo,
     clippy::perf,
     clippy::style,
     clippy::correctness,

@@ -179,7 +179,7 @@ impl ScramClient {
         let stored_key = Sha256::digest(&client_key);
 
         // Compute proof
-        let client_sig = hmac_sha256(stored_key.as_slice(), auth_message.as_bytes());
+        let client_sig = hmac_sha256(&stored_key[..], auth_message.as_bytes());
         let proof = xor_bytes(&client_key, &client_sig);
         let proof_b64 = B64.encode(proof);
 

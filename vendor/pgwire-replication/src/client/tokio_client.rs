@@ -16,7 +16,8 @@ use crate::config::SslMode;
 
 use super::metrics::ReplicationMetrics;
 use super::worker::{
-    GateCommand, QueryRow, ReplicationEvent, ReplicationEventReceiver, SharedProgress, WorkerState,
+    ChannelBytes, GateCommand, QueryRow, ReplicationEvent, ReplicationEventReceiver,
+    SharedProgress, WorkerState,
 };
 
 /// The IDENTIFY_SYSTEM answer of a replication session.
@@ -98,6 +99,9 @@ pub struct ReplicationClient {
     /// Commands to a gated session before START_REPLICATION. `None`: not
     /// gated, or already started.
     gate: Option<mpsc::Sender<GateCommand>>,
+    /// The event channel's bound in bytes ([`ReplicationConfig::buffer_bytes`]):
+    /// what a received event held is released here.
+    channel_bytes: Option<Arc<ChannelBytes>>,
 }
 
 impl ReplicationClient {
@@ -152,6 +156,8 @@ impl ReplicationClient {
         let progress_for_worker = Arc::clone(&progress);
         let metrics_for_worker = Arc::clone(&metrics);
         let cfg_for_worker = cfg.clone();
+        let channel_bytes = cfg.buffer_bytes.map(|b| Arc::new(ChannelBytes::new(b)));
+        let channel_bytes_for_worker = channel_bytes.clone();
 
         let join = tokio::spawn(async move {
             let mut worker = WorkerState::new(
@@ -162,6 +168,9 @@ impl ReplicationClient {
                 metrics_for_worker,
             );
             worker.notify_started(started_tx);
+            if let Some(bytes) = channel_bytes_for_worker {
+                worker.bound_channel_bytes(bytes);
+            }
             if let Some(gate) = gate {
                 worker.gate_before_start(gate);
             }
@@ -180,6 +189,7 @@ impl ReplicationClient {
             join: Some(join),
             started: started_rx,
             gate: None,
+            channel_bytes,
         })
     }
 
@@ -292,7 +302,12 @@ impl ReplicationClient {
     /// - `Err(e)`          => replication ended abnormally
     pub async fn recv(&mut self) -> Result<Option<ReplicationEvent>> {
         match self.rx.recv().await {
-            Some(Ok(ev)) => Ok(Some(ev)),
+            Some(Ok(ev)) => {
+                if let Some(bytes) = &self.channel_bytes {
+                    bytes.release(ev.data_len());
+                }
+                Ok(Some(ev))
+            }
             Some(Err(e)) => Err(e),
             None => self.handle_worker_shutdown().await,
         }

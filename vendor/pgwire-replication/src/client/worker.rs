@@ -1,7 +1,8 @@
 use bytes::Bytes;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 use super::metrics::ReplicationMetrics;
@@ -11,7 +12,7 @@ use crate::error::{PgWireError, Result};
 use crate::lsn::Lsn;
 use crate::protocol::framing::{
     read_backend_message, write_copy_data, write_copy_done, write_password_message, write_query,
-    write_startup_message, MessageReader,
+    write_startup_message, Frame, MessageReader,
 };
 use crate::protocol::messages::{parse_auth_request, parse_error_response};
 use crate::protocol::replication::{
@@ -107,6 +108,45 @@ impl SharedProgress {
     }
 }
 
+/// The event channel's bound in bytes ([`ReplicationConfig::buffer_bytes`]):
+/// the worker adds an event's change data before it sends it, the consumer
+/// takes it off when it receives it.
+pub(crate) struct ChannelBytes {
+    used: AtomicUsize,
+    limit: usize,
+    freed: Notify,
+}
+
+impl ChannelBytes {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            used: AtomicUsize::new(0),
+            limit,
+            freed: Notify::new(),
+        }
+    }
+
+    /// Count `bytes` in if they fit, or if the channel holds no change data at
+    /// all (an event larger than the bound passes alone). Only the worker
+    /// adds, so a check and an add cannot race another add.
+    fn admit(&self, bytes: usize) -> bool {
+        let used = self.used.load(Ordering::Acquire);
+        if used != 0 && used.saturating_add(bytes) > self.limit {
+            return false;
+        }
+        self.used.fetch_add(bytes, Ordering::AcqRel);
+        true
+    }
+
+    /// The consumer received an event of `bytes`.
+    pub(crate) fn release(&self, bytes: usize) {
+        if bytes > 0 {
+            self.used.fetch_sub(bytes, Ordering::AcqRel);
+            self.freed.notify_one();
+        }
+    }
+}
+
 /// Events emitted by the replication worker.
 #[derive(Debug, Clone)]
 pub enum ReplicationEvent {
@@ -162,6 +202,30 @@ pub enum ReplicationEvent {
         content: Bytes,
     },
 
+    /// A change too large for
+    /// [`max_message_size`](crate::ReplicationConfig::max_message_size),
+    /// read past without being held (only with
+    /// [`oversized_prefix`](crate::ReplicationConfig::oversized_prefix) set).
+    ///
+    /// The server sent it as one XLogData message: a row change, a logical
+    /// decoding message, anything `pgoutput` writes. `prefix` is the start of
+    /// its `pgoutput` data (the first byte says what it is: `I` an insert, `M`
+    /// a message, …); the rest is gone. What it means is the consumer's call:
+    /// the stream has moved past it, and confirming a later position
+    /// confirms it too.
+    Oversized {
+        /// WAL position where this data starts
+        wal_start: Lsn,
+        /// WAL end position (may be 0 for mid-transaction messages)
+        wal_end: Lsn,
+        /// Server timestamp (microseconds since 2000-01-01)
+        server_time_micros: i64,
+        /// The full size of its `pgoutput` data, in bytes.
+        size: usize,
+        /// The first bytes of its `pgoutput` data.
+        prefix: Bytes,
+    },
+
     /// Emitted when `stop_at_lsn` has been reached.
     ///
     /// After this event, no more events will be emitted and the
@@ -170,6 +234,21 @@ pub enum ReplicationEvent {
         /// The LSN that triggered the stop condition
         reached: Lsn,
     },
+}
+
+impl ReplicationEvent {
+    /// The change data this event holds, in bytes: what
+    /// [`buffer_bytes`](crate::ReplicationConfig::buffer_bytes) counts.
+    pub fn data_len(&self) -> usize {
+        match self {
+            ReplicationEvent::XLogData { data, .. } => data.len(),
+            ReplicationEvent::Message {
+                prefix, content, ..
+            } => prefix.len() + content.len(),
+            ReplicationEvent::Oversized { prefix, .. } => prefix.len(),
+            _ => 0,
+        }
+    }
 }
 
 /// Channel receiver type for replication events.
@@ -207,6 +286,8 @@ pub struct WorkerState {
     gate: Option<mpsc::Receiver<GateCommand>>,
     /// The applied LSN in the last status update written to the server, if any.
     last_sent: Option<Lsn>,
+    /// The event channel's bound in bytes, when configured.
+    channel_bytes: Option<Arc<ChannelBytes>>,
 }
 
 impl WorkerState {
@@ -226,7 +307,13 @@ impl WorkerState {
             started: None,
             gate: None,
             last_sent: None,
+            channel_bytes: None,
         }
+    }
+
+    /// Bound the event channel by bytes ([`ReplicationConfig::buffer_bytes`]).
+    pub(crate) fn bound_channel_bytes(&mut self, bytes: Arc<ChannelBytes>) {
+        self.channel_bytes = Some(bytes);
     }
 
     /// Notify `started` once the server accepts START_REPLICATION.
@@ -329,12 +416,19 @@ impl WorkerState {
         } else {
             ""
         };
+        // pgoutput sends logical decoding messages only when asked to.
+        let messages_opt = if self.cfg.messages {
+            ", messages 'true'"
+        } else {
+            ""
+        };
         let sql = format!(
             "START_REPLICATION SLOT {} LOGICAL {} \
-            (proto_version '1', publication_names '{}', messages 'true'{})",
+            (proto_version '1', publication_names '{}'{}{})",
             self.cfg.slot,
             self.cfg.start_lsn,
             self.cfg.publication.to_option_value(),
+            messages_opt,
             binary_opt,
         );
         write_query(stream, &sql).await?;
@@ -371,6 +465,9 @@ impl WorkerState {
         let mut applied_rx = self.progress.subscribe();
         // Cancellation-safe message reader, partial reads survive dropped futures.
         let mut reader = MessageReader::new().with_max_message_size(self.cfg.max_message_size);
+        if let Some(keep) = self.cfg.oversized_prefix {
+            reader = reader.skip_oversized_copy_data(keep);
+        }
         // How many messages to process in the tight loop before checking
         // stop signal and sending periodic status feedback.
         const DRAIN_BATCH: usize = 256;
@@ -394,7 +491,19 @@ impl WorkerState {
             // Read them in a tight loop to avoid select!/timeout overhead per message.
             let mut drained = 0usize;
             while stream.buffer().len() >= 5 && drained < DRAIN_BATCH {
-                let msg = reader.read(stream).await?;
+                let msg = match reader.read_frame(stream).await? {
+                    Frame::Whole(msg) => msg,
+                    Frame::Truncated(cut) => {
+                        drained += 1;
+                        if self
+                            .handle_oversized(stream, cut, &mut last_status_sent)
+                            .await?
+                        {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                };
                 drained += 1;
                 if msg.tag == b'E' {
                     return Err(PgWireError::Server(parse_error_response(&msg.payload)));
@@ -464,10 +573,18 @@ impl WorkerState {
 
                 msg_result = tokio::time::timeout(
                     self.cfg.idle_wakeup_interval,
-                    reader.read(stream),
+                    reader.read_frame(stream),
                 ) => {
                     match msg_result {
-                        Ok(res) => res?,
+                        Ok(res) => match res? {
+                            Frame::Whole(msg) => msg,
+                            Frame::Truncated(cut) => {
+                                if self.handle_oversized(stream, cut, &mut last_status_sent).await? {
+                                    return Ok(());
+                                }
+                                continue;
+                            }
+                        },
                         Err(_) => {
                             let applied = self.progress.load_applied();
                             last_applied = applied;
@@ -495,6 +612,67 @@ impl WorkerState {
                 return Ok(());
             }
         }
+    }
+
+    /// Hand over a CopyData message read past for its size
+    /// ([`ReplicationConfig::oversized_prefix`]) as
+    /// [`ReplicationEvent::Oversized`]. Returns true if we should stop.
+    async fn handle_oversized<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        stream: &mut BufReader<S>,
+        cut: crate::protocol::framing::TruncatedMessage,
+        last_status_sent: &mut Instant,
+    ) -> Result<bool> {
+        // XLogData: kind 'w', then wal_start, wal_end and the server time
+        // (8 bytes each), then the pgoutput data. A keepalive is never this
+        // large; anything else is not a replication message we know.
+        const HEADER: usize = 1 + 24;
+        let head = &cut.prefix[..];
+        if head.len() < HEADER || head[0] != b'w' {
+            return Err(PgWireError::Protocol(format!(
+                "an oversized CopyData message of {} bytes is not XLogData",
+                cut.len
+            )));
+        }
+        let word = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&head[at..at + 8]);
+            i64::from_be_bytes(b)
+        };
+        let wal_start = Lsn::from_u64(word(1) as u64);
+        let wal_end = Lsn::from_u64(word(9) as u64);
+        let server_time_micros = word(17);
+        self.metrics.set_last_wal_end(wal_end);
+        let event = ReplicationEvent::Oversized {
+            wal_start,
+            wal_end,
+            server_time_micros,
+            size: cut.len - HEADER,
+            prefix: cut.prefix.slice(HEADER..),
+        };
+        if self
+            .send_event_backpressured(stream, Ok(event), last_status_sent)
+            .await?
+        {
+            return Ok(true);
+        }
+        if let Some(stop_lsn) = self.cfg.stop_at_lsn {
+            if wal_end >= stop_lsn {
+                if self
+                    .send_event_backpressured(
+                        stream,
+                        Ok(ReplicationEvent::StoppedAt { reached: wal_end }),
+                        last_status_sent,
+                    )
+                    .await?
+                {
+                    return Ok(true);
+                }
+                let _ = write_copy_done(stream).await;
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Handle a CopyData message. Returns true if we should stop.
@@ -666,6 +844,13 @@ impl WorkerState {
         event: std::result::Result<ReplicationEvent, PgWireError>,
         last_status_sent: &mut Instant,
     ) -> Result<bool> {
+        let bytes = event.as_ref().map_or(0, ReplicationEvent::data_len);
+        if self
+            .wait_for_channel_bytes(stream, bytes, last_status_sent)
+            .await?
+        {
+            return Ok(true);
+        }
         // Fast path: capacity available.
         match self.out.try_reserve() {
             Ok(permit) => {
@@ -675,6 +860,9 @@ impl WorkerState {
             }
             Err(mpsc::error::TrySendError::Closed(())) => {
                 tracing::debug!("event channel closed, client may have disconnected");
+                if let Some(budget) = &self.channel_bytes {
+                    budget.release(bytes);
+                }
                 return Ok(false);
             }
             // Channel full: fall through to the backpressure wait loop. `event`
@@ -709,6 +897,9 @@ impl WorkerState {
                         }
                         Err(_closed) => {
                             tracing::debug!("event channel closed while backpressured");
+                            if let Some(budget) = &self.channel_bytes {
+                                budget.release(bytes);
+                            }
                         }
                     }
                     return Ok(false);
@@ -717,6 +908,58 @@ impl WorkerState {
                 _ = tokio::time::sleep_until(deadline) => {}
             }
             // The status interval elapsed while parked.
+            let applied = self.progress.load_applied();
+            self.send_feedback(stream, applied, false).await?;
+            *last_status_sent = Instant::now();
+        }
+    }
+
+    /// Wait until an event of `bytes` fits the channel's byte bound (if one
+    /// is set), sending standby status updates meanwhile as
+    /// [`send_event_backpressured`](Self::send_event_backpressured) does for
+    /// a full channel, then count it in. Returns `Ok(true)` if a stop was
+    /// requested while waiting.
+    async fn wait_for_channel_bytes<S: AsyncWrite + Unpin>(
+        &mut self,
+        stream: &mut S,
+        bytes: usize,
+        last_status_sent: &mut Instant,
+    ) -> Result<bool> {
+        let Some(budget) = self.channel_bytes.clone() else {
+            return Ok(false);
+        };
+        if bytes == 0 || budget.admit(bytes) {
+            return Ok(false);
+        }
+        self.metrics.record_stall_begin();
+        let stall_start = Instant::now();
+        loop {
+            let freed = budget.freed.notified();
+            tokio::pin!(freed);
+            // Registered before the check: a release between the check and
+            // the wait still wakes it.
+            freed.as_mut().enable();
+            if budget.admit(bytes) {
+                self.metrics
+                    .record_stall_end(stall_start.elapsed().as_micros() as u64);
+                return Ok(false);
+            }
+            let deadline = *last_status_sent + self.cfg.status_interval;
+            tokio::select! {
+                biased;
+
+                _ = self.stop_rx.changed() => {
+                    if *self.stop_rx.borrow() {
+                        let _ = write_copy_done(stream).await;
+                        return Ok(true);
+                    }
+                    continue;
+                }
+
+                _ = &mut freed => continue,
+
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
             let applied = self.progress.load_applied();
             self.send_feedback(stream, applied, false).await?;
             *last_status_sent = Instant::now();
@@ -1033,7 +1276,10 @@ fn parse_pgoutput_boundary(data: &Bytes) -> Result<Option<ReplicationEvent>> {
                     p.len()
                 )));
             }
-            let content = Bytes::copy_from_slice(&p[..content_len]);
+            // A view into the XLogData payload, not a copy: a large message
+            // would otherwise be held twice.
+            let start = data.len() - p.len();
+            let content = data.slice(start..start + content_len);
 
             Ok(Some(ReplicationEvent::Message {
                 transactional,
@@ -1309,6 +1555,150 @@ mod tests {
         );
         // And nothing was acknowledged.
         assert_eq!(metrics.last_applied_lsn(), Lsn(0));
+    }
+
+    /// With `oversized_prefix`, a frame over the limit is read past: the
+    /// consumer gets its position, size and first bytes as `Oversized`, and
+    /// the frame behind it as usual.
+    #[tokio::test]
+    async fn stream_loop_reads_past_a_frame_over_the_limit_with_oversized_prefix() {
+        use tokio::io::AsyncWriteExt;
+
+        let cfg = ReplicationConfig {
+            max_message_size: 64,
+            ..Default::default()
+        }
+        .with_oversized_prefix(40);
+        let (mut worker, _stop_tx, mut rx) = test_worker(cfg);
+        let (worker_end, mut test_end) = tokio::io::duplex(64 * 1024);
+        let worker_task = tokio::spawn(async move {
+            let mut buf = BufReader::with_capacity(1024, worker_end);
+            worker.stream_loop(&mut buf).await
+        });
+
+        let mut big = b"Ihead".to_vec();
+        big.extend_from_slice(&[b'x'; 5000]);
+        test_end.write_all(&xlog_frame(7, &big)).await.unwrap();
+        test_end.write_all(&xlog_frame(9, b"Ismall")).await.unwrap();
+        test_end.flush().await.unwrap();
+
+        let first = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            .await
+            .expect("an event")
+            .unwrap()
+            .unwrap();
+        match first {
+            ReplicationEvent::Oversized {
+                wal_start,
+                wal_end,
+                size,
+                prefix,
+                ..
+            } => {
+                assert_eq!((wal_start, wal_end), (Lsn(7), Lsn(7)));
+                assert_eq!(size, big.len());
+                // 40 bytes kept: the 25-byte XLogData header and 15 of data.
+                assert_eq!(&prefix[..], &big[..15]);
+            }
+            other => panic!("expected Oversized, got {other:?}"),
+        }
+        let second = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the next event")
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&second, ReplicationEvent::XLogData { wal_start, data, .. } if *wal_start == Lsn(9) && &data[..] == b"Ismall"),
+            "{second:?}"
+        );
+        worker_task.abort();
+    }
+
+    /// `messages` decides whether START_REPLICATION asks pgoutput for logical
+    /// decoding messages.
+    #[tokio::test]
+    async fn start_replication_asks_for_messages_only_when_configured() {
+        use tokio::io::AsyncWriteExt;
+
+        for (messages, expected) in [(true, true), (false, false)] {
+            let cfg = ReplicationConfig::default().with_messages(messages);
+            let (worker, _stop_tx, _rx) = test_worker(cfg);
+            let (mut worker_end, mut server) = tokio::io::duplex(64 * 1024);
+            server.write_all(&[b'W', 0, 0, 0, 4]).await.unwrap();
+            worker.start_replication(&mut worker_end).await.unwrap();
+            let (tag, payload) = read_frontend(&mut server).await;
+            assert_eq!(tag, b'Q');
+            let sql = String::from_utf8_lossy(&payload).into_owned();
+            assert!(sql.starts_with("START_REPLICATION SLOT"), "{sql}");
+            assert_eq!(sql.contains("messages 'true'"), expected, "{sql}");
+        }
+    }
+
+    /// With `buffer_bytes`, the worker stops forwarding change data once the
+    /// channel holds that many bytes, and goes on as the consumer takes it.
+    #[tokio::test]
+    async fn the_event_channel_is_bounded_by_bytes() {
+        use tokio::io::AsyncWriteExt;
+
+        let cfg = ReplicationConfig::default().with_buffer_bytes(150);
+        let (mut worker, _stop_tx, mut rx) = test_worker(cfg);
+        let bytes = Arc::new(ChannelBytes::new(150));
+        worker.bound_channel_bytes(Arc::clone(&bytes));
+        let (worker_end, mut test_end) = tokio::io::duplex(64 * 1024);
+        let worker_task = tokio::spawn(async move {
+            let mut buf = BufReader::with_capacity(1024, worker_end);
+            worker.stream_loop(&mut buf).await
+        });
+        for lsn in 1..=3u64 {
+            test_end
+                .write_all(&xlog_frame(lsn, &[b'I'; 100]))
+                .await
+                .unwrap();
+        }
+        test_end.flush().await.unwrap();
+
+        let recv = |rx: &mut mpsc::Receiver<_>| {
+            let ev: Option<std::result::Result<ReplicationEvent, PgWireError>> = rx.try_recv().ok();
+            ev.map(|e| e.unwrap())
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let first = recv(&mut rx).expect("the first event passes");
+        assert_eq!(first.data_len(), 100);
+        assert!(
+            recv(&mut rx).is_none(),
+            "a second 100 bytes would exceed 150 while the first is held"
+        );
+        bytes.release(first.data_len());
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let second = recv(&mut rx).expect("room again: the second event");
+        assert!(recv(&mut rx).is_none());
+        bytes.release(second.data_len());
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(recv(&mut rx).is_some(), "and the third");
+        worker_task.abort();
+    }
+
+    /// A logical message's content is a view into the XLogData payload, not
+    /// a copy.
+    #[test]
+    fn a_logical_message_shares_the_payload() {
+        let mut data = vec![b'M', 1];
+        data.extend_from_slice(&42i64.to_be_bytes());
+        data.extend_from_slice(b"pfx\0");
+        data.extend_from_slice(&5i32.to_be_bytes());
+        data.extend_from_slice(b"hello");
+        let data = Bytes::from(data);
+        match parse_pgoutput_boundary(&data).unwrap() {
+            Some(ReplicationEvent::Message {
+                prefix, content, ..
+            }) => {
+                assert_eq!(prefix, "pfx");
+                assert_eq!(&content[..], b"hello");
+                let range = data.as_ptr() as usize..data.as_ptr() as usize + data.len();
+                assert!(range.contains(&(content.as_ptr() as usize)));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A backend frame: tag, length, payload.

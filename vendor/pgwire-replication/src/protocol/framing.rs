@@ -49,6 +49,27 @@ impl BackendMessage {
     }
 }
 
+/// A backend message as [`MessageReader::read_frame`] returns it: whole, or read past.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A message within the reader's limit, whole.
+    Whole(BackendMessage),
+    /// A `CopyData` message over the reader's limit that was read past (see
+    /// [`MessageReader::skip_oversized_copy_data`]): only its first bytes were kept.
+    Truncated(TruncatedMessage),
+}
+
+/// The kept beginning of a `CopyData` message read past for its size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TruncatedMessage {
+    /// The message's tag (always `b'd'`, CopyData).
+    pub tag: u8,
+    /// The first bytes of its payload (at most the configured prefix).
+    pub prefix: Bytes,
+    /// The payload's full length, as the server announced it.
+    pub len: usize,
+}
+
 pub async fn read_backend_message<R: AsyncRead + Unpin>(rd: &mut R) -> Result<BackendMessage> {
     let mut reader = MessageReader::new();
     reader.read(rd).await
@@ -83,7 +104,19 @@ pub struct MessageReader {
     /// The refused payload is still on the wire and is never consumed, so
     /// the reader cannot resynchronize: every later read fails the same way.
     refused: Option<(usize, usize)>,
+    /// With [`skip_oversized_copy_data`](Self::skip_oversized_copy_data): how
+    /// many leading bytes of an oversized CopyData message to keep.
+    skip_keep: Option<usize>,
+    /// Bytes of the current oversized message still to read and drop; `Some`
+    /// while one is being read past.
+    skip_remaining: Option<usize>,
+    /// Where dropped bytes are read into (allocated on the first skip).
+    scratch: Vec<u8>,
 }
+
+/// How many bytes one read of a skipped payload takes at most: a copy
+/// through this buffer is all a skipped message costs.
+const SKIP_CHUNK: usize = 64 * 1024;
 
 impl MessageReader {
     pub fn new() -> Self {
@@ -100,6 +133,9 @@ impl MessageReader {
             tag: 0,
             max_payload: MAX_MESSAGE_SIZE,
             refused: None,
+            skip_keep: None,
+            skip_remaining: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -120,11 +156,47 @@ impl MessageReader {
         self
     }
 
-    /// Read the next complete backend message.
+    /// Read past a `CopyData` message over the limit instead of refusing it:
+    /// keep its first `keep` bytes (capped to the limit), read the rest off the
+    /// wire and drop it, then go on with the next message.
+    /// [`read_frame`](Self::read_frame) returns such a message as
+    /// [`Frame::Truncated`]; [`read`](Self::read) still fails on it, with
+    /// [`PgWireError::MessageTooLarge`] (but the reader stays usable).
+    ///
+    /// So one huge row or logical message costs at most `keep` bytes and a
+    /// 64 KiB read buffer, however large it is, and the stream moves past it:
+    /// the caller decides what the change it cannot hold means (it knows the
+    /// WAL position from the kept XLogData header). Other messages over the
+    /// limit (an `ErrorResponse`, say) are refused as without this setting.
+    pub fn skip_oversized_copy_data(mut self, keep: usize) -> Self {
+        self.skip_keep = Some(keep);
+        self
+    }
+
+    /// Read the next complete backend message. With
+    /// [`skip_oversized_copy_data`](Self::skip_oversized_copy_data), an
+    /// oversized CopyData message read past is an error here; use
+    /// [`read_frame`](Self::read_frame) to get its kept bytes.
     ///
     /// Cancellation-safe: dropping the returned future preserves all progress
     /// so far on `self`. Re-call to resume.
     pub async fn read<R: AsyncRead + Unpin>(&mut self, rd: &mut R) -> Result<BackendMessage> {
+        match self.read_frame(rd).await? {
+            Frame::Whole(message) => Ok(message),
+            Frame::Truncated(truncated) => Err(PgWireError::MessageTooLarge {
+                payload_bytes: truncated.len,
+                limit_bytes: self.max_payload,
+            }),
+        }
+    }
+
+    /// Read the next backend message, whole or (an oversized CopyData message,
+    /// with [`skip_oversized_copy_data`](Self::skip_oversized_copy_data)) read
+    /// past with its first bytes kept.
+    ///
+    /// Cancellation-safe like [`read`](Self::read), also while a message is
+    /// being read past.
+    pub async fn read_frame<R: AsyncRead + Unpin>(&mut self, rd: &mut R) -> Result<Frame> {
         // Phase 0: a refused message is terminal. Its payload is still on the
         // wire and carries WAL data we must not skip past, so there is nothing
         // to resynchronize to — fail the same way until the caller discards
@@ -163,26 +235,37 @@ impl MessageReader {
 
             let payload_len = (len - 4) as usize;
 
+            let mut kept = payload_len;
             if payload_len > self.max_payload {
-                self.hdr_filled = 0;
-                self.refused = Some((payload_len, self.max_payload));
-                return Err(PgWireError::MessageTooLarge {
-                    payload_bytes: payload_len,
-                    limit_bytes: self.max_payload,
-                });
+                match self.skip_keep {
+                    // Read past it: keep its head, drop the rest as it arrives.
+                    Some(keep) if self.hdr[0] == b'd' => {
+                        kept = keep.min(self.max_payload);
+                        self.skip_remaining = Some(payload_len - kept);
+                    }
+                    _ => {
+                        self.hdr_filled = 0;
+                        self.refused = Some((payload_len, self.max_payload));
+                        return Err(PgWireError::MessageTooLarge {
+                            payload_bytes: payload_len,
+                            limit_bytes: self.max_payload,
+                        });
+                    }
+                }
             }
 
             self.tag = self.hdr[0];
             self.payload.clear();
-            self.payload.resize(payload_len, 0);
+            self.payload.resize(kept, 0);
             self.payload_filled = 0;
             self.payload_len = Some(payload_len);
         }
 
         let payload_len = self.payload_len.unwrap();
+        let kept = self.payload.len();
 
-        // Phase 3: fill the payload
-        while self.payload_filled < payload_len {
+        // Phase 3: fill the payload (the kept head of one read past)
+        while self.payload_filled < kept {
             let n = rd.read(&mut self.payload[self.payload_filled..]).await?;
             if n == 0 {
                 return Err(PgWireError::Io(std::sync::Arc::new(io::Error::new(
@@ -193,6 +276,25 @@ impl MessageReader {
             self.payload_filled += n;
         }
 
+        // Phase 3b: drop the rest of a message read past
+        if let Some(mut remaining) = self.skip_remaining {
+            if self.scratch.is_empty() {
+                self.scratch = vec![0u8; SKIP_CHUNK];
+            }
+            while remaining > 0 {
+                let want = remaining.min(SKIP_CHUNK);
+                let n = rd.read(&mut self.scratch[..want]).await?;
+                if n == 0 {
+                    return Err(PgWireError::Io(std::sync::Arc::new(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "EOF while reading past an oversized backend message",
+                    ))));
+                }
+                remaining -= n;
+                self.skip_remaining = Some(remaining);
+            }
+        }
+
         // Phase 4: take payload, reset state for next message
         let payload = self.payload.split().freeze();
         let tag = self.tag;
@@ -200,7 +302,14 @@ impl MessageReader {
         self.payload_len = None;
         self.payload_filled = 0;
 
-        Ok(BackendMessage { tag, payload })
+        if self.skip_remaining.take().is_some() {
+            return Ok(Frame::Truncated(TruncatedMessage {
+                tag,
+                prefix: payload,
+                len: payload_len,
+            }));
+        }
+        Ok(Frame::Whole(BackendMessage { tag, payload }))
     }
 }
 
@@ -601,6 +710,139 @@ mod tests {
                 limit_bytes: 8
             }
         ));
+    }
+
+    /// A CopyData frame of `len` payload bytes, each byte its offset mod 251.
+    fn copy_data(len: usize) -> (Vec<u8>, Vec<u8>) {
+        let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut frame = vec![b'd'];
+        frame.extend_from_slice(&((len + 4) as i32).to_be_bytes());
+        frame.extend_from_slice(&payload);
+        (frame, payload)
+    }
+
+    #[tokio::test]
+    async fn an_oversized_copy_data_message_is_read_past_keeping_its_head() {
+        let (mut data, payload) = copy_data(300_000);
+        data.extend_from_slice(&[b'd', 0, 0, 0, 7]);
+        data.extend_from_slice(b"abc");
+        let mut cursor = Cursor::new(&data[..]);
+
+        let mut reader = MessageReader::new()
+            .with_max_message_size(1000)
+            .skip_oversized_copy_data(16);
+        match reader.read_frame(&mut cursor).await.unwrap() {
+            Frame::Truncated(cut) => {
+                assert_eq!(cut.tag, b'd');
+                assert_eq!(cut.len, 300_000);
+                assert_eq!(&cut.prefix[..], &payload[..16]);
+            }
+            other => panic!("expected a truncated frame, got {other:?}"),
+        }
+        // The stream goes on with the next message, whole.
+        let next = reader.read(&mut cursor).await.unwrap();
+        assert_eq!((next.tag, &next.payload[..]), (b'd', &b"abc"[..]));
+    }
+
+    #[tokio::test]
+    async fn the_kept_head_is_capped_to_the_limit() {
+        let (data, payload) = copy_data(500);
+        let mut cursor = Cursor::new(&data[..]);
+        let mut reader = MessageReader::new()
+            .with_max_message_size(100)
+            .skip_oversized_copy_data(10_000);
+        match reader.read_frame(&mut cursor).await.unwrap() {
+            Frame::Truncated(cut) => assert_eq!(&cut.prefix[..], &payload[..100]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn read_refuses_a_message_read_past_but_stays_usable() {
+        let (mut data, _) = copy_data(200);
+        data.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'I']);
+        let mut cursor = Cursor::new(&data[..]);
+        let mut reader = MessageReader::new()
+            .with_max_message_size(100)
+            .skip_oversized_copy_data(8);
+        let err = reader.read(&mut cursor).await.unwrap_err();
+        assert!(matches!(
+            err,
+            PgWireError::MessageTooLarge {
+                payload_bytes: 200,
+                limit_bytes: 100
+            }
+        ));
+        let next = reader.read(&mut cursor).await.unwrap();
+        assert!(next.is_ready_for_query());
+    }
+
+    #[tokio::test]
+    async fn other_oversized_messages_are_still_refused_for_good() {
+        // An ErrorResponse over the limit: not CopyData, so nothing to skip to.
+        let mut data = vec![b'E', 0, 0, 0, 104];
+        data.extend_from_slice(&[b'x'; 100]);
+        let mut cursor = Cursor::new(&data[..]);
+        let mut reader = MessageReader::new()
+            .with_max_message_size(10)
+            .skip_oversized_copy_data(8);
+        for _ in 0..2 {
+            assert!(matches!(
+                reader.read_frame(&mut cursor).await,
+                Err(PgWireError::MessageTooLarge {
+                    payload_bytes: 100,
+                    ..
+                })
+            ));
+        }
+        assert_eq!(cursor.position(), 5);
+    }
+
+    /// Reading past is cancellation-safe: the bytes arrive in pieces, and each
+    /// read in between is cancelled while it waits.
+    #[tokio::test]
+    async fn reading_past_resumes_after_cancellation() {
+        use tokio::io::AsyncWriteExt;
+
+        let (frame, payload) = copy_data(200_000);
+        let (mut writer, mut rd) = tokio::io::duplex(4096);
+        let mut reader = MessageReader::new()
+            .with_max_message_size(1000)
+            .skip_oversized_copy_data(300);
+        let feeder = tokio::spawn(async move {
+            for piece in frame.chunks(7_777) {
+                writer.write_all(piece).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            writer
+                .write_all(&[b'd', 0, 0, 0, 6, b'o', b'k'])
+                .await
+                .unwrap();
+            writer
+        });
+        let mut cancelled = 0;
+        let cut = loop {
+            match tokio::time::timeout(
+                std::time::Duration::from_micros(300),
+                reader.read_frame(&mut rd),
+            )
+            .await
+            {
+                Ok(frame) => break frame.unwrap(),
+                Err(_) => cancelled += 1,
+            }
+        };
+        assert!(cancelled > 0, "the read was never cancelled mid-message");
+        match cut {
+            Frame::Truncated(cut) => {
+                assert_eq!(cut.len, 200_000);
+                assert_eq!(&cut.prefix[..], &payload[..300]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let next = reader.read(&mut rd).await.unwrap();
+        assert_eq!(&next.payload[..], b"ok");
+        drop(feeder.await.unwrap());
     }
 
     #[tokio::test]

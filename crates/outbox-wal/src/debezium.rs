@@ -441,6 +441,12 @@ pub(crate) struct DebeziumLayout {
 }
 
 impl DebeziumLayout {
+    /// The position of the payload column (`table.field.event.payload`): what the record
+    /// limits check apart from the others (the `limits` module).
+    pub fn payload_index(&self) -> usize {
+        self.payload
+    }
+
     /// Map the columns the options name; the error names a missing column and its option.
     pub fn of(relation: &Relation, table: &DebeziumTable) -> Result<Self, WalError> {
         let index = relation.column_index();

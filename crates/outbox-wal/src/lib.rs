@@ -350,6 +350,7 @@ mod counters;
 mod db;
 mod debezium;
 mod error;
+mod limits;
 mod lsn;
 mod message;
 mod pgoutput;

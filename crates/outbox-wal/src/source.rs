@@ -368,7 +368,11 @@ impl WalSource {
         let from_relay = crate::config::FromRelay {
             relay_id: relay.relay_id.clone(),
             stop_when_caught_up: relay.stop_when_idle,
-            max_payload_bytes: relay.max_payload_bytes,
+            limits: crate::limits::Limits {
+                max_payload_bytes: relay.max_payload_bytes,
+                max_metadata_bytes: relay.max_metadata_bytes,
+                messages: config.captures(Capture::Messages),
+            },
         };
         let cfg = Arc::new(config);
         let _ = counters.started.set(Instant::now());

@@ -11,6 +11,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod wal_records;
 
 use common::{BIN, Killed, pg_url};
 use std::collections::HashMap;

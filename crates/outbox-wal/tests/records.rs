@@ -142,8 +142,9 @@ impl OpenDatabase {
     async fn new(tag: &str) -> OpenDatabase {
         let admin = pool(2).await;
         let n = std::process::id();
-        let db = format!("owt_{tag}_{n}");
-        let nobody = format!("owt_{tag}_nobody_{n}");
+        // `owt_<pid>_…` (the slot's name too): `drop_stale_slots` drops only dead processes' slots.
+        let db = format!("owt_{n}_{tag}");
+        let nobody = format!("owt_{n}_{tag}_nobody");
         exec_each(
             &admin,
             [

@@ -52,7 +52,8 @@ impl Scene {
             .await
             .unwrap();
         let id = std::process::id();
-        let slot = format!("owt_rec_{tag}_{id}");
+        // `owt_<pid>_…`: the tests' clean-up of stale slots drops only those of dead processes.
+        let slot = format!("owt_{id}_rec_{tag}");
         let (url, own_db) = if own_db {
             let db = slot.clone();
             common::pg_execute(&admin, format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
@@ -734,4 +735,40 @@ async fn wal_records_of_the_issues_size() {
     assert!(peak < bound, "peak {peak} KiB over the bound {bound} KiB");
     nobody.close().await;
     scene.cleanup().await;
+}
+
+/// Issue 41, items 3 and 16: `deploy/kubernetes/relay.yaml`'s memory limit is above the relay's
+/// documented memory bound for the default settings, in either mode (its one destination).
+#[test]
+fn the_shipped_manifests_memory_limit_is_above_the_bound_of_the_defaults() {
+    let manifest =
+        std::fs::read_to_string(common::repo().join("deploy/kubernetes/relay.yaml")).unwrap();
+    let limit = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("limits: { memory: "))
+        .and_then(|v| v.strip_suffix("Mi }"))
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("a `limits: { memory: <n>Mi }` line")
+        * MIB;
+    let relay = outbox_engine::RelayConfig::default();
+    let polling = outbox_engine::memory::bound(&relay, 1);
+    let wal = |sources: Vec<outbox_wal::Source>| {
+        let config = outbox_wal::WalConfig {
+            sources,
+            ..outbox_wal::WalConfig::new("postgres://unused")
+        };
+        outbox_wal::memory_bound(&relay, &config, 1).total()
+    };
+    let highest = polling
+        .max(wal(vec![outbox_wal::Source::Table]))
+        .max(wal(vec![
+            outbox_wal::Source::Table,
+            outbox_wal::Source::Messages,
+        ]));
+    assert!(
+        limit > highest,
+        "the manifest's limit of {} MiB is below the bound of {:.1} MiB",
+        limit / MIB,
+        highest as f64 / MIB as f64
+    );
 }

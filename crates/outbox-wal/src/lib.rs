@@ -192,11 +192,14 @@
 //!
 //! The terms are worst cases that do not all happen at once (a batch's events are also the
 //! stream's), so the bound is loose; `deploy/kubernetes/relay.yaml` sets its memory limit above
-//! it. Measured with the records of issue 41 (release binary, `VmHWM`; the hostile suite's
-//! `wal_records` cases print it): a 4 MB logical message, 3 MB and 1.2 MiB outbox and stream
-//! table rows and a 96 KB aggregate id with 1 MiB limits: MEASURED_SMALL; a 300 MB logical
-//! message and a 300 MB outbox row with the defaults: MEASURED_LARGE (before this, 533 MB RSS
-//! for a 250 MB message, and the slot never moved).
+//! it. Measured on 2026-11-28 with the records of issue 41 (the `outbox` binary's `VmHWM`, as
+//! the hostile suite's `wal_records` cases print it): a 4 MB logical message, 3 MB and
+//! 1.2 MiB outbox and stream table rows and a 96 KB aggregate id, with 1 MiB limits: 37–41 MiB
+//! (the relay before: 48–55 MiB, each record read whole); a 300 MB outbox row, and a 300 MB
+//! logical message under the message source, with the defaults: 37 MiB each, the slot past them
+//! within a second of the server sending them (before: 533 MB for a 250 MB message, and the
+//! slot never moved: 628 MB of WAL retained two minutes after a 300 MB message and row). Under
+//! `sources = ["table"]` the server does not send such a message at all.
 //!
 //! ## Malformed rows and messages
 //!

@@ -29,6 +29,9 @@ use outbox_types::{Event, Headers};
 /// envelope's keys.
 pub(crate) const FRAMING: u64 = 64 * 1024;
 
+/// The replication client's cap on one message.
+const MAX_WIRE: u64 = pgwire_replication::protocol::framing::MAX_MESSAGE_SIZE as u64;
+
 /// How much of a text field a dead row written in storable form keeps. Small enough that a
 /// row of such fields fits every index of the outbox table (a btree entry must stay under
 /// about 2,700 bytes: `aggregate_type` and `aggregate_id` share one).
@@ -113,7 +116,7 @@ impl Oversize {
 impl Limits {
     /// Most bytes one record may take on the wire and still be read (the replication
     /// client's `max_message_size`): the two limits, doubled with the message source on,
-    /// plus [`FRAMING`].
+    /// plus [`FRAMING`]; at most 1 GiB, the client's cap (and PostgreSQL's for one message).
     pub fn wire(&self) -> u64 {
         let columns = self
             .max_payload_bytes
@@ -123,7 +126,7 @@ impl Limits {
         } else {
             columns
         };
-        columns.saturating_add(FRAMING)
+        columns.saturating_add(FRAMING).min(MAX_WIRE)
     }
 
     /// How much of a record read past is kept to tell what it was.
@@ -264,7 +267,7 @@ mod tests {
             max_metadata_bytes: u64::MAX,
             messages: true,
         };
-        assert_eq!(tiny.wire(), u64::MAX);
+        assert_eq!(tiny.wire(), MAX_WIRE);
     }
 
     #[test]

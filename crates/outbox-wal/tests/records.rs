@@ -270,35 +270,50 @@ async fn an_unprivileged_roles_big_message_never_reaches_a_table_relay() {
 /// one record: it is read past, counted, and not dead-lettered (nothing of it was kept); a
 /// message of 1.2 MiB (within the wire bound, its payload over the 1 MiB limit) is dead in cut
 /// form (no payload, the reason naming the limit and the size); a message whose headers are
-/// over `max_metadata_bytes` too. The others go out exactly once, across a restart.
+/// over `max_metadata_bytes` too. The others go out exactly once, across a restart. In a
+/// database of its own, locked down as the message source requires (a grant left behind by a
+/// failed run stays there, not in the suite's database).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writers_big_messages_are_read_past_or_dead_lettered_in_cut_form() {
-    let fx = Fixture::new(&[Source::Table, Source::Messages]).await;
-    let writer = format!("{}_writer", fx.config.slot);
+    let mut open = OpenDatabase::new("msgsrc").await;
+    open.config.sources = vec![Source::Table, Source::Messages];
+    let writer = open.nobody.clone();
     exec_each(
-        &fx.pool,
+        &open.pool,
         [
-            format!("DROP ROLE IF EXISTS {writer}"),
-            format!("CREATE ROLE {writer} LOGIN"),
+            "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC"
+                .to_owned(),
+            "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC"
+                .to_owned(),
             format!(
                 "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {writer}"
             ),
         ],
     )
     .await;
-    let mut url = url::Url::parse(&cluster_url()).unwrap();
-    url.set_username(&writer).unwrap();
-    let writer_pool = sqlx::PgPool::connect(url.as_str()).await.unwrap();
+    let writer_pool = open.nobody_pool.clone();
+    let config = open.config.clone();
     let sink = Arc::new(RecordingSink::new());
-    let relay = start_relay(fx.config.clone(), limited(&fx.config), sink.clone())
+    let relay = start_relay(config.clone(), limited(&config), sink.clone())
         .ready()
         .await;
+    let enqueue = |events: Vec<NewEvent>| {
+        let pool = open.pool.clone();
+        let prefix = config.message_prefix.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            outbox_wal::enqueue_messages(&mut *tx, &prefix, &events)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
 
     let before = others(0, 6);
-    fx.enqueue_messages(&before).await;
+    enqueue(before.clone()).await;
     let emit = |content: String| {
         let pool = writer_pool.clone();
-        let prefix = fx.config.message_prefix.clone();
+        let prefix = config.message_prefix.clone();
         async move {
             let lsn: String =
                 sqlx::query_scalar("SELECT pg_logical_emit_message(true, $1, $2)::text")
@@ -330,26 +345,20 @@ async fn a_writers_big_messages_are_read_past_or_dead_lettered_in_cut_form() {
         .unwrap()
         .with_header("x-pad", "z".repeat(200_000));
     emit(outbox_wal::encode_envelope(&wide).unwrap()).await;
-    let end = wal_now(&fx.pool).await;
+    let end = wal_now(&open.pool).await;
     let after = others(6, 6);
-    fx.enqueue_messages(&after).await;
+    enqueue(after.clone()).await;
 
     let expected: HashSet<EventId> = before.iter().chain(&after).map(|e| e.id()).collect();
     wait_for("the other events", Duration::from_secs(30), || {
         sink.distinct_delivered().len() >= expected.len()
     })
     .await;
-    wait_slot_past(
-        &fx.pool,
-        &fx.config.slot,
-        end,
-        "messages of 4 MB and 1.2 MiB",
-    )
-    .await;
+    wait_slot_past(&open.admin, &open.db, end, "messages of 4 MB and 1.2 MiB").await;
     let report = relay.stop().await;
     exactly_once(&sink, &expected, "before the restart");
     assert_eq!(report.messages_unreadable, 1, "{report:?}");
-    let dead = dead_rows(&fx.pool, &fx.config.schema).await;
+    let dead = dead_rows(&open.pool, "outbox").await;
     assert_eq!(dead.len(), 2, "{dead:?}");
     let (aggregate, _, payload, error) = &dead[0];
     assert_eq!(aggregate, "big");
@@ -369,11 +378,11 @@ async fn a_writers_big_messages_are_read_past_or_dead_lettered_in_cut_form() {
     );
 
     let sink = Arc::new(RecordingSink::new());
-    let relay = start_relay(fx.config.clone(), limited(&fx.config), sink.clone())
+    let relay = start_relay(config.clone(), limited(&config), sink.clone())
         .ready()
         .await;
     let later = others(12, 3);
-    fx.enqueue_messages(&later).await;
+    enqueue(later.clone()).await;
     wait_for(
         "the events after the restart",
         Duration::from_secs(30),
@@ -384,20 +393,9 @@ async fn a_writers_big_messages_are_read_past_or_dead_lettered_in_cut_form() {
     let report = relay.stop().await;
     exactly_once(&sink, &later.iter().map(|e| e.id()).collect(), "after it");
     assert_eq!(report.messages_unreadable, 0, "read once: {report:?}");
-    assert_eq!(dead_rows(&fx.pool, &fx.config.schema).await.len(), 2);
+    assert_eq!(dead_rows(&open.pool, "outbox").await.len(), 2);
     println!("peak RSS of the test process: {} KiB", peak_rss_kib());
-    writer_pool.close().await;
-    exec_each(
-        &fx.pool,
-        [
-            format!(
-                "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM {writer}"
-            ),
-            format!("DROP ROLE IF EXISTS {writer}"),
-        ],
-    )
-    .await;
-    fx.cleanup().await;
+    open.cleanup().await;
 }
 
 /// Item 1, outbox table rows: one of 3 MB (over what the relay reads of one record: read past,

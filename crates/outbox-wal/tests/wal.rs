@@ -1133,7 +1133,7 @@ async fn the_message_source_is_off_by_default_and_its_messages_never_reach_the_r
 async fn the_message_source_is_refused_while_every_role_may_write_messages() {
     let admin = pool(2).await;
     let n = std::process::id();
-    let db = format!("owt_open_{n}");
+    let db = format!("owt_{n}_open"); // the slot's name too: `owt_<pid>_…` (see drop_stale_slots)
     let (nobody, writer) = (format!("owt_nobody_{n}"), format!("owt_writer_{n}"));
     exec_each(
         &admin,

@@ -379,8 +379,8 @@ pub async fn refresh_wal_gauges(config: outbox_wal::WalConfig, every: Duration) 
         "Bytes decoded through the slot per second."
     );
     metrics::describe_counter!(
-        "outbox_wal_messages_ignored_total",
-        "Logical messages with the outbox prefix skipped because the message source is off."
+        "outbox_wal_messages_unreadable_total",
+        "Logical messages with the outbox prefix too large to read (over the record limits): read past, not delivered."
     );
     let mut ticker = tokio::time::interval(every.max(Duration::from_secs(1)));
     let mut last: Option<(std::time::Instant, i64)> = None;

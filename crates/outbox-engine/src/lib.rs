@@ -132,6 +132,7 @@ use std::time::Duration;
 // behaviour (backoff, cooldown, the lease's end) is tested without sleeping (tests/clock.rs).
 use tokio::time::Instant;
 
+pub mod memory;
 pub mod router;
 
 use futures::FutureExt;

@@ -107,8 +107,9 @@ pub(crate) struct FromRelay {
     /// Return once every event committed before the start is delivered and confirmed (the
     /// relay's `stop_when_idle`, `outbox relay --drain`).
     pub stop_when_caught_up: bool,
-    /// A larger stream event is dead-lettered with the limit named.
-    pub max_payload_bytes: u64,
+    /// `relay.max_payload_bytes` and `relay.max_metadata_bytes`: what one record may take
+    /// (the `limits` module).
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for WalConfig {

@@ -228,8 +228,22 @@ impl Target {
 
     /// The replication session's settings for `config`, starting at the slot's confirmed
     /// position and reporting `ack` until the relay confirms more.
-    pub fn replication(&self, config: &WalConfig, ack: crate::Lsn, who: &str) -> ReplicationConfig {
+    ///
+    /// What the server sends is what the sources use: logical messages only with the message
+    /// source on (the publication names only the tables they read: `slot::ensure_publication`).
+    /// A record over `limits.wire()` is read past keeping its first `limits.prefix()` bytes
+    /// (the `limits` module), and the client's event channel holds at most
+    /// [`channel_bytes`]`(config)` bytes of change data besides one such record.
+    pub fn replication(
+        &self,
+        config: &WalConfig,
+        ack: crate::Lsn,
+        who: &str,
+        limits: &crate::limits::Limits,
+    ) -> ReplicationConfig {
         let buffer = config.max_buffered_events.clamp(256, 8192);
+        let wire = usize::try_from(limits.wire()).unwrap_or(usize::MAX);
+        let prefix = usize::try_from(limits.prefix()).unwrap_or(usize::MAX);
         ReplicationConfig::new(
             self.host.clone(),
             self.user.clone(),
@@ -246,7 +260,10 @@ impl Target {
         .with_status_interval(config.status_interval)
         .with_wakeup_interval(config.status_interval.max(Duration::from_secs(1)))
         .with_buffer_size(buffer)
-        .with_max_message_size(256 * 1024 * 1024)
+        .with_max_message_size(wire)
+        .with_oversized_prefix(prefix)
+        .with_messages(config.captures(crate::config::Source::Messages))
+        .with_buffer_bytes(channel_bytes(config))
         .with_application_name(format!("outbox-wal {who}"))
         .with_options("-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3")
     }
@@ -267,6 +284,14 @@ impl Target {
             .await
             .map_err(|e| connect_error(e, url, &self.tls))
     }
+}
+
+/// Most bytes of change data the replication client's event channel holds for the stream
+/// task: a quarter of `max_buffered_bytes`, between 1 MiB and 8 MiB. The stream task stops
+/// taking events while its own buffer is full; without this bound the client would read on
+/// into the channel (up to 8,192 records of any size).
+pub(crate) fn channel_bytes(config: &WalConfig) -> usize {
+    (config.max_buffered_bytes / 4).clamp(1024 * 1024, 8 * 1024 * 1024)
 }
 
 impl Tls {
@@ -364,10 +389,14 @@ pub(crate) async fn check_replication(
     target: &Target,
     config: &WalConfig,
 ) -> Result<ReplicationConnection, WalError> {
-    let mut client =
-        ReplicationClient::connect_gated(target.replication(config, crate::Lsn::ZERO, "check"))
-            .await
-            .map_err(|e| wire_error(e, &target.tls))?;
+    let mut client = ReplicationClient::connect_gated(target.replication(
+        config,
+        crate::Lsn::ZERO,
+        "check",
+        &crate::limits::Limits::default(),
+    ))
+    .await
+    .map_err(|e| wire_error(e, &target.tls))?;
     let rows = client
         .simple_query(
             "SELECT ssl::text, coalesce(version, '') FROM pg_stat_ssl WHERE pid = pg_backend_pid()",

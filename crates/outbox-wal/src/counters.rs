@@ -23,7 +23,7 @@ pub struct WalCounters {
     pub(crate) already_delivered: AtomicU64,
     pub(crate) marked_delivered: AtomicU64,
     pub(crate) undecodable: AtomicU64,
-    pub(crate) messages_ignored: AtomicU64,
+    pub(crate) messages_unreadable: AtomicU64,
     pub(crate) heartbeats: AtomicU64,
     pub(crate) sessions: AtomicU64,
     pub(crate) errors: AtomicU64,
@@ -67,9 +67,10 @@ pub struct WalReport {
     /// dead-lettered with the reason (or, when even its `seq` is unreadable, logged with its
     /// position).
     pub undecodable: u64,
-    /// Logical messages with the outbox prefix that were ignored because the message source is
-    /// off (see the crate docs, "Capture sources").
-    pub messages_ignored: u64,
+    /// Logical messages with the outbox prefix too large to read (over what the relay reads of
+    /// one record): read past, not delivered, not dead-lettered (nothing of them was kept).
+    /// The metric `outbox_wal_messages_unreadable_total`.
+    pub messages_unreadable: u64,
     /// Heartbeat messages seen.
     pub heartbeats: u64,
     /// Transactions seen.
@@ -117,7 +118,7 @@ impl WalCounters {
             duplicates: load(&self.already_delivered),
             marked_delivered: load(&self.marked_delivered),
             undecodable: load(&self.undecodable),
-            messages_ignored: load(&self.messages_ignored),
+            messages_unreadable: load(&self.messages_unreadable),
             heartbeats: load(&self.heartbeats),
             transactions: load(&self.transactions),
             sessions: load(&self.sessions),

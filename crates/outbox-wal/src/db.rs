@@ -208,6 +208,89 @@ impl MessageRow {
     pub fn is_dead(&self) -> bool {
         self.status == "dead"
     }
+
+    /// This row as a dead row in a form the outbox table can hold, after `refusal` (the
+    /// database's error) refused it as it was: text fields cut with a marker, headers and
+    /// idempotency key left out when long (`limits::storable`), and with `drop_payload` the
+    /// payload too; what was cut and the original sizes go into `last_error`, after the
+    /// event's own last error.
+    fn cut(&self, refusal: &str, drop_payload: bool) -> MessageRow {
+        let (mut event, note) = crate::limits::storable(self.event.clone(), drop_payload);
+        if drop_payload {
+            event.headers = outbox_types::Headers::new();
+        }
+        // The table refuses empty names; a Debezium row may have had them.
+        for field in [
+            &mut event.aggregate_type,
+            &mut event.aggregate_id,
+            &mut event.event_type,
+        ] {
+            if field.is_empty() {
+                *field = "(empty)".to_owned();
+            }
+        }
+        let before = self
+            .error
+            .as_deref()
+            .map(|e| format!(" Its last error before: {e}"))
+            .unwrap_or_default();
+        let error = outbox_types::truncate_error(&format!(
+            "the outbox table refused this event as it was ({refusal}), so it is dead instead of {}.{note}{before}",
+            if self.is_dead() {
+                "dead as it was"
+            } else {
+                "waiting for its delivery"
+            }
+        ));
+        MessageRow {
+            attempts: self.attempts,
+            event,
+            status: "dead",
+            delay: Duration::ZERO,
+            error: Some(error),
+        }
+    }
+}
+
+/// What [`insert_messages`] made of one row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Inserted {
+    /// The seq of the row written (`None`: a row with its id was there already, or the row
+    /// could not be written in any form).
+    pub seq: Option<i64>,
+    /// The table refused it as it was: it was written as a dead row in cut form.
+    pub cut: bool,
+}
+
+/// Whether a failed statement would fail the same way however often it is tried: the data is
+/// what the table cannot hold (SQLSTATE class 22 data exception, 23 integrity constraint, 54
+/// program limit, e.g. "index row size exceeds maximum", and P0001, a trigger's refusal).
+/// Everything else (a lost connection, a serialization failure, a lock timeout, a missing
+/// privilege) may pass.
+pub(crate) fn is_permanent(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("22")
+                || code.starts_with("23")
+                || code.starts_with("54")
+                || code == "P0001"
+        }),
+        _ => false,
+    }
+}
+
+/// The database's refusal, for `last_error`: its SQLSTATE and message (never a row value:
+/// PostgreSQL's messages name columns, types and indexes; the DETAIL that may quote a value
+/// is left out).
+fn refusal(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(db) => format!(
+            "SQLSTATE {}: {}",
+            db.code().as_deref().unwrap_or("?"),
+            outbox_types::truncate_error(db.message())
+        ),
+        other => other.to_string(),
+    }
 }
 
 /// `event`'s headers as the outbox table stores them: without names under the reserved prefix
@@ -227,15 +310,78 @@ fn storable_headers(event: &Event) -> String {
 }
 
 /// Insert message events as rows of the outbox table, so table claims (and `outbox dead …`)
-/// find them. Returns each row's seq in input order (`None` where a row with that id existed
-/// already: written by an earlier attempt, or the same message re-sent). An idempotency key
-/// already taken by another row is dropped from the new row (it stays in its last error)
-/// rather than losing the event.
+/// find them. Returns what became of each row, in input order ([`Inserted`]; its seq is
+/// `None` where a row with that id existed already: written by an earlier attempt, or the
+/// same message re-sent). An idempotency key already taken by another row is dropped from the
+/// new row (it stays in its last error) rather than losing the event.
+///
+/// Never retried forever for its data: when the batch fails for what a row holds (see
+/// [`is_permanent`]: a 96 KB `aggregate_id` over the btree's row size, a value the column's
+/// type refuses), the rows go one by one, and each the table refuses is written as a dead row
+/// in cut form ([`MessageRow::cut`]: fields cut, original sizes and the refusal in
+/// `last_error`), then with its payload and headers left out too; a row refused even so is
+/// logged as an error and given up, so the position moves past it. A transient failure
+/// (connection, serialization, lock) is returned for the caller to retry.
 pub(crate) async fn insert_messages(
     pool: &PgPool,
     cfg: &WalConfig,
     rows: &[MessageRow],
-) -> Result<Vec<Option<i64>>, WalError> {
+) -> Result<Vec<Inserted>, WalError> {
+    let whole = |seq: Option<i64>| Inserted { seq, cut: false };
+    match insert_rows(pool, cfg, rows).await {
+        Ok(seqs) => return Ok(seqs.into_iter().map(whole).collect()),
+        Err(error) if !is_permanent(&error) => {
+            return Err(map_sqlx(error));
+        }
+        Err(_) => {}
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let refused = match insert_rows(pool, cfg, std::slice::from_ref(row)).await {
+            Ok(seqs) => {
+                out.push(whole(seqs.first().copied().flatten()));
+                continue;
+            }
+            Err(error) if is_permanent(&error) => refusal(&error),
+            Err(error) => return Err(map_sqlx(error)),
+        };
+        let mut written = None;
+        for drop_payload in [false, true] {
+            let cut = row.cut(&refused, drop_payload);
+            match insert_rows(pool, cfg, std::slice::from_ref(&cut)).await {
+                Ok(seqs) => {
+                    written = Some(seqs.first().copied().flatten());
+                    break;
+                }
+                Err(error) if is_permanent(&error) => {
+                    tracing::debug!(error = %refusal(&error), drop_payload, "The outbox table refused a cut copy too.");
+                }
+                Err(error) => return Err(map_sqlx(error)),
+            }
+        }
+        match written {
+            Some(seq) => {
+                tracing::warn!(id = %row.event.id, seq, refusal = %refused, "The outbox table cannot hold an event handed to it from the stream; it is dead in cut form (`outbox dead show` says what was cut), and the stream moves on.");
+                out.push(Inserted { seq, cut: true });
+            }
+            None => {
+                tracing::error!(id = %row.event.id, refusal = %refused, "The outbox table refuses an event handed to it from the stream in every form; it is given up (not delivered, not dead-lettered) so the slot can move on.");
+                out.push(Inserted {
+                    seq: None,
+                    cut: true,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The statement(s) of [`insert_messages`] for `rows`, with the database's own errors.
+async fn insert_rows(
+    pool: &PgPool,
+    cfg: &WalConfig,
+    rows: &[MessageRow],
+) -> Result<Vec<Option<i64>>, sqlx::Error> {
     let mut seqs: std::collections::HashMap<Uuid, i64> = std::collections::HashMap::new();
     let mut rest: Vec<&MessageRow> = rows.iter().collect();
     for keep_keys in [true, false] {
@@ -321,12 +467,11 @@ pub(crate) async fn insert_messages(
         .bind(&delays)
         .bind(&errors)
         .fetch_all(pool)
-        .await
-        .map_err(map_sqlx)?;
+        .await?;
         let mut written: HashSet<Uuid> = HashSet::new();
         for row in &inserted {
-            let id: Uuid = row.try_get("id").map_err(map_sqlx)?;
-            let seq: i64 = row.try_get("seq").map_err(map_sqlx)?;
+            let id: Uuid = row.try_get("id")?;
+            let seq: i64 = row.try_get("seq")?;
             seqs.insert(id, seq);
             written.insert(id);
         }
@@ -344,8 +489,7 @@ pub(crate) async fn insert_messages(
             )))
             .bind(&missing)
             .fetch_all(pool)
-            .await
-            .map_err(map_sqlx)?
+            .await?
             .into_iter()
             .collect()
         } else {

@@ -501,6 +501,12 @@ pub(crate) struct DebeziumLayout {
 }
 
 impl DebeziumLayout {
+    /// The position of the payload column (`table.field.event.payload`): what the record
+    /// limits check apart from the others (the `limits` module).
+    pub fn payload_index(&self) -> usize {
+        self.payload
+    }
+
     /// Map the columns the options name; the error names a missing column and its option.
     /// `max_payload_bytes` bounds the value a row's payload becomes (see [`expand`]).
     pub fn of(

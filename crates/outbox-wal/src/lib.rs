@@ -121,16 +121,88 @@
 //!   (`stop_when_caught_up`) refuses to start. A signed envelope was the alternative; it was
 //!   not taken because its key would have to live in every writer's configuration, while the
 //!   privilege check needs nothing new and treats both sources alike.
-//! - **with the source off**, a message with the outbox prefix is never delivered. It is
-//!   counted ([`WalReport::messages_ignored`], the metric `outbox_wal_messages_ignored_total`)
-//!   and logged as a warning at most once a minute that says how to turn the source on safely
-//!   (for upgrades from versions that captured messages by default). The confirmed position
-//!   moves past it like past any other transaction: holding it would let whoever can write such
-//!   messages hold the slot, and with it the server's WAL.
+//! - **with the source off**, the relay does not ask the server for messages at all (the
+//!   replication session starts without `pgoutput`'s `messages` option), so a message never
+//!   reaches it, whoever wrote it and however large it is: the transaction that carries only a
+//!   message is not even sent, and the confirmed position moves past it with the next
+//!   keepalive. Turn the source on before writers switch to [`enqueue_message`]; what they write
+//!   before is not delivered.
 //! - they are database-wide: every slot in the database sees every message. Outboxes sharing a
 //!   database need distinct `message_prefix`es (the relay ignores other prefixes). And a
 //!   message is captured only if the slot already existed when it was written: create the slot
 //!   ([`prepare`], or one start of the relay) before writers switch to [`enqueue_message`].
+//!
+//! ## Records too large
+//!
+//! Whoever may insert into a captured table (or, with the message source on, call
+//! `pg_logical_emit_message`) decides how large a record of the WAL is; the relay's
+//! `relay.max_payload_bytes` (16 MiB) and `relay.max_metadata_bytes` (64 KiB: every column but
+//! the payload together) decide what it reads. Every record is checked against them before it
+//! is buffered or decoded:
+//!
+//! - **On the wire.** A record larger than `max_payload_bytes + max_metadata_bytes` (twice that
+//!   with the message source on: a message's payload travels as an escaped JSON string) plus
+//!   64 KiB of framing is read past by the replication client: it keeps the first
+//!   `max_metadata_bytes + 64 KiB` (the XLogData header, the `pgoutput` message kind, the
+//!   relation, the leading columns and the payload's length) and drops the rest as it arrives,
+//!   64 KiB at a time. So one record of any size costs that much memory, and the slot moves past
+//!   it. (The client is `pgwire-replication` 0.5 with a small patch kept in
+//!   `vendor/pgwire-replication`, see its `PATCHES.md`: 0.5 refuses such a record for good and
+//!   leaves it on the wire, so every reconnect read the same record and the slot never moved.)
+//! - **Per column.** A row within that whose payload column is over `max_payload_bytes`, or
+//!   whose other columns (in text form) take more than `max_metadata_bytes` together, is
+//!   dead-lettered without being decoded; so is a message whose decoded payload or other fields
+//!   are. One check, on the `pgoutput` tuple, for the outbox table, the stream table and a
+//!   Debezium table alike.
+//!
+//! What becomes of such a record: an outbox table row is marked `dead` by the `seq` its first
+//! bytes hold, with a reason that names the limit and the size (`outbox dead requeue` after
+//! raising the limit delivers it: the row keeps it). A row of the stream table or a Debezium
+//! table, which no outbox row holds, is copied into the outbox table as a `dead` row in a form
+//! that table can hold: its id and aggregate when they could be read, `null` as its payload,
+//! long fields cut with a marker, and the original sizes in `last_error` (the row itself stays
+//! in its table; requeueing the copy would deliver the cut fields, and its reason says so). A
+//! message within the wire bound is dead the same way; a message too large to read at all is
+//! counted ([`WalReport::messages_unreadable`], the metric
+//! `outbox_wal_messages_unreadable_total`) and logged with its position and size, never its
+//! content: nothing of it was kept. An outbox row whose `seq` is not among the bytes kept
+//! (possible only with a table whose first columns are large) is logged and left pending: the
+//! table claim of the next session's catch-up dead-letters it without loading it.
+//!
+//! A copy into the outbox table (a failed, waiting or dead event of a message, the stream table
+//! or a Debezium table) is never retried forever for its data: when the table refuses a row
+//! (SQLSTATE class 22, 23 or 54, such as a btree index row over its size limit, or a trigger's
+//! refusal) it is written as a dead row in cut form (fields cut, then also without payload and
+//! headers), the refusal and the original sizes in `last_error`, and the position moves past
+//! it. Connection losses, serialization failures and lock timeouts are retried as before.
+//!
+//! ## Memory
+//!
+//! [`memory_bound`] gives an upper bound of a WAL-mode relay's memory from its settings, the
+//! polling relay's being `outbox_engine::memory::bound`. Write `W` for the wire bound above
+//! (`k × (max_payload_bytes + max_metadata_bytes) + 64 KiB`, `k` = 2 with the message source
+//! on, else 1), `E = max_payload_bytes + max_metadata_bytes` for one event, and
+//! `batch = max(max_batch_bytes, max_payload_bytes) + batch_size × max_metadata_bytes` for one
+//! batch:
+//!
+//! | part | bound | defaults (`sources = ["table"]`) |
+//! |---|---|---|
+//! | base: binary, runtime, pools, TLS (measured 10–58 MB) | 64 MiB | 64 MiB |
+//! | replication: the record being read, the client's channel (a quarter of `max_buffered_bytes`, 1–8 MiB, or one record), the record being decoded and its event, buffers | `3 W + max(W, channel) + 1 MiB` | 65.5 MiB |
+//! | stream: events decoded and not settled, and the copy a message or insert-only table's event keeps for the table | `2 × (max_buffered_bytes + E)` | 96.1 MiB |
+//! | publishing: the batches alive (`max_batches_in_flight`, four times that with several destinations), each held about six times over by the sink | `6 × batch × batches` | 379.5 MiB |
+//! | **total** | | **605.1 MiB** (669.4 MiB with messages) |
+//!
+//! The terms are worst cases that do not all happen at once (a batch's events are also the
+//! stream's), so the bound is loose; `deploy/kubernetes/relay.yaml` sets its memory limit above
+//! it. Measured on 2026-11-28 with the records of issue 41 (the `outbox` binary's `VmHWM`, as
+//! the hostile suite's `wal_records` cases print it): a 4 MB logical message, 3 MB and
+//! 1.2 MiB outbox and stream table rows and a 96 KB aggregate id, with 1 MiB limits: 37–41 MiB
+//! (the relay before: 48–55 MiB, each record read whole); a 300 MB outbox row, and a 300 MB
+//! logical message under the message source, with the defaults: 37 MiB each, the slot past them
+//! within a second of the server sending them (before: 533 MB for a 250 MB message, and the
+//! slot never moved: 628 MB of WAL retained two minutes after a 300 MB message and row). Under
+//! `sources = ["table"]` the server does not send such a message at all.
 //!
 //! ## Malformed rows and messages
 //!
@@ -167,9 +239,11 @@
 //!   table claim takes it (within one poll interval); an event of that aggregate the stream
 //!   delivers in that interval goes first.
 //! - **Bounded memory.** Past `max_buffered_events` / `max_buffered_bytes` the stream stops
-//!   reading; the replication client's bounded buffer and TCP carry the backpressure to the
-//!   walsender (which keeps getting status updates, so it does not time out). A destination
-//!   that is down does not fill memory: its events go to the table.
+//!   reading; the replication client's buffer (bounded by events and by bytes) and TCP carry
+//!   the backpressure to the walsender (which keeps getting status updates, so it does not time
+//!   out). A destination that is down does not fill memory: its events go to the table. No
+//!   record is held larger than the record limits allow (see "Records too large" below), and
+//!   [`memory_bound`] gives the bound of the whole relay (see "Memory").
 //! - **Dead letters.** A rejected event, or one out of attempts per
 //!   [`RetryPolicy`](outbox_types::RetryPolicy), is dead in the table (a message is inserted as a
 //!   `dead` row). Under `dead_letter = "block"` (the default, as in polling mode) the later
@@ -329,7 +403,12 @@
 //!
 //! ## Why pgwire-replication
 //!
-//! Two Rust clients were considered. `pgwire-replication` (0.5) speaks the wire protocol
+//! The workspace builds a patched copy of it (`vendor/pgwire-replication`, through
+//! `[patch.crates-io]`; its `PATCHES.md` lists the changes, each opt-in and written to be
+//! offered upstream): reading past a record over its size limit instead of ending the stream,
+//! the `messages` option, an event channel bounded by bytes. No release has them yet (0.5.0
+//! is the newest), and a client of our own would be far more code to own than a patch of four
+//! small changes. Two Rust clients were considered. `pgwire-replication` (0.5) speaks the wire protocol
 //! directly on tokio, with rustls (ring) and SCRAM, and was designed for exactly this: explicit
 //! start and ack LSNs, a bounded event channel with real backpressure while still sending
 //! standby status updates, `pg_logical_emit_message` support, `wait_started` to know when the
@@ -353,7 +432,9 @@ mod counters;
 mod db;
 mod debezium;
 mod error;
+mod limits;
 mod lsn;
+mod memory;
 mod message;
 mod pgoutput;
 mod slot;
@@ -379,6 +460,7 @@ pub use counters::{WalCounters, WalReport};
 pub use debezium::{DebeziumTable, InvalidOp, debezium_table_ddl};
 pub use error::WalError;
 pub use lsn::Lsn;
+pub use memory::{MemoryBound, memory_bound};
 pub use message::{
     DEFAULT_PREFIX, EnqueuedMessage, encode_envelope, enqueue_message, enqueue_messages,
 };

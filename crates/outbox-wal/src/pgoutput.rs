@@ -156,6 +156,168 @@ pub(crate) fn decode(data: &[u8]) -> Result<Decoded<'_>, String> {
     }
 }
 
+/// A column of a record read past for its size (see [`decode_head`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Column<'a> {
+    /// SQL NULL, or a TOASTed value left unchanged (never in an insert).
+    Null,
+    /// The whole value, in text form.
+    Whole(&'a [u8]),
+    /// A value whose length is known but whose bytes were not kept.
+    Cut { len: usize },
+}
+
+impl Column<'_> {
+    /// Its length in bytes (0 for NULL).
+    pub fn len(&self) -> usize {
+        match self {
+            Column::Null => 0,
+            Column::Whole(v) => v.len(),
+            Column::Cut { len } => *len,
+        }
+    }
+
+    /// Its text, when it was kept whole and is UTF-8.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Column::Whole(v) => std::str::from_utf8(v).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// What the kept beginning of a record read past for its size tells about it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Head<'a> {
+    /// A new row of relation `relid`: its leading columns, as far as the kept bytes reach
+    /// (fewer than the table has when they end early).
+    Insert {
+        relid: u32,
+        columns: Vec<Column<'a>>,
+    },
+    /// A logical decoding message: its prefix (when the kept bytes hold all of it) and LSN.
+    Message {
+        transactional: bool,
+        lsn: u64,
+        prefix: Option<String>,
+    },
+    /// An update of a row of `relid`.
+    Update { relid: u32 },
+    /// A relation description (a table of some thousand columns).
+    Relation {
+        relid: u32,
+        namespace: Option<String>,
+        name: Option<String>,
+    },
+    /// Anything else, or too little kept to tell.
+    Other,
+}
+
+/// Read what can be read of the first bytes of a `pgoutput` message that was too large to be
+/// held: never fails, says less when less was kept.
+pub(crate) fn decode_head(data: &[u8]) -> Head<'_> {
+    let mut r = Reader { data };
+    let Ok(tag) = r.u8() else {
+        return Head::Other;
+    };
+    match tag {
+        b'I' => {
+            let (Ok(relid), Ok(b'N'), Ok(ncols)) = (r.i32(), r.u8(), r.i16()) else {
+                return Head::Other;
+            };
+            let mut columns = Vec::new();
+            for _ in 0..ncols.max(0) {
+                match r.u8() {
+                    Ok(b'n' | b'u') => columns.push(Column::Null),
+                    Ok(b't' | b'b') => {
+                        let Ok(len) = r.i32() else { break };
+                        let len = len.max(0) as usize;
+                        if r.data.len() >= len {
+                            columns.push(Column::Whole(r.take(len).unwrap_or_default()));
+                        } else {
+                            columns.push(Column::Cut { len });
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            Head::Insert {
+                relid: relid as u32,
+                columns,
+            }
+        }
+        b'M' => {
+            let (Ok(flags), Ok(hi), Ok(lo)) = (r.u8(), r.i32(), r.i32()) else {
+                return Head::Other;
+            };
+            let lsn = (u64::from(hi as u32) << 32) | u64::from(lo as u32);
+            Head::Message {
+                transactional: flags & 1 != 0,
+                lsn,
+                prefix: r.cstr().ok(),
+            }
+        }
+        b'U' => match r.i32() {
+            Ok(relid) => Head::Update {
+                relid: relid as u32,
+            },
+            Err(_) => Head::Other,
+        },
+        b'R' => match r.i32() {
+            Ok(relid) => Head::Relation {
+                relid: relid as u32,
+                namespace: r.cstr().ok(),
+                name: r.cstr().ok(),
+            },
+            Err(_) => Head::Other,
+        },
+        _ => Head::Other,
+    }
+}
+
+/// The sizes the record limits are checked against: the payload column's (when `payload` is
+/// one of `columns`) and the sum of every other column's.
+pub(crate) fn column_sizes<'a>(
+    columns: impl IntoIterator<Item = Column<'a>>,
+    payload: usize,
+) -> (Option<u64>, u64) {
+    let mut payload_len = None;
+    let mut others = 0u64;
+    for (i, column) in columns.into_iter().enumerate() {
+        if i == payload {
+            payload_len = Some(column.len() as u64);
+        } else {
+            others += column.len() as u64;
+        }
+    }
+    (payload_len, others)
+}
+
+/// The columns of a whole row, as [`Column`]s.
+pub(crate) fn whole<'a>(values: &[Option<&'a [u8]>]) -> Vec<Column<'a>> {
+    values
+        .iter()
+        .map(|v| match v {
+            Some(v) => Column::Whole(v),
+            None => Column::Null,
+        })
+        .collect()
+}
+
+/// What identifies a row that is not delivered for its size, read from its leading columns
+/// (each `None` when it was not kept whole).
+#[derive(Debug, Default)]
+pub(crate) struct Identity {
+    pub seq: Option<i64>,
+    pub id: Option<Uuid>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+    /// The row's `status`, when kept: only `pending` rows are events.
+    pub status: Option<String>,
+}
+
 /// Where each outbox column sits in the table's relation.
 #[derive(Clone, Debug)]
 pub(crate) struct OutboxLayout {
@@ -238,6 +400,33 @@ pub(crate) fn parse_headers(json: &str) -> Result<Headers, String> {
 }
 
 impl OutboxLayout {
+    /// The position of the `payload` column.
+    pub fn payload_index(&self) -> usize {
+        self.payload
+    }
+
+    /// Whether an inserted row is `pending` (a row without a `status` column is): only those
+    /// are events; the relay inserts dead copies itself.
+    pub fn is_pending(&self, values: &[Option<&[u8]>]) -> bool {
+        match self.status.map(|i| values.get(i).copied().flatten()) {
+            Some(Some(status)) => status == b"pending",
+            _ => true,
+        }
+    }
+
+    /// What `columns` (a row's leading columns) tell of the row.
+    pub fn identity(&self, columns: &[Column<'_>]) -> Identity {
+        let text = |i: Option<usize>| i.and_then(|i| columns.get(i)).and_then(Column::text);
+        Identity {
+            seq: text(self.seq).and_then(|s| s.parse().ok()),
+            id: text(Some(self.id)).and_then(|s| Uuid::parse_str(s).ok()),
+            aggregate_type: text(Some(self.aggregate_type)).map(str::to_owned),
+            aggregate_id: text(Some(self.aggregate_id)).map(str::to_owned),
+            event_type: text(Some(self.event_type)).map(str::to_owned),
+            status: text(self.status).map(str::to_owned),
+        }
+    }
+
     /// Map the columns of `relation`; fails when a required column is missing.
     pub fn of(relation: &Relation) -> Result<Self, String> {
         Self::map(relation, true)
@@ -437,6 +626,85 @@ pub(crate) fn pg_epoch_micros(micros: i64) -> DateTime<Utc> {
     const PG_EPOCH_UNIX_SECS: i64 = 946_684_800;
     DateTime::from_timestamp_micros(micros.saturating_add(PG_EPOCH_UNIX_SECS * 1_000_000))
         .unwrap_or_else(Utc::now)
+}
+
+#[cfg(test)]
+mod head_tests {
+    use super::*;
+
+    fn insert(columns: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut m = vec![b'I'];
+        m.extend_from_slice(&16384i32.to_be_bytes());
+        m.push(b'N');
+        m.extend_from_slice(&(columns.len() as i16).to_be_bytes());
+        for c in columns {
+            match c {
+                None => m.push(b'n'),
+                Some(v) => {
+                    m.push(b't');
+                    m.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                    m.extend_from_slice(v);
+                }
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn the_head_of_a_big_row_names_its_leading_columns_and_the_cut_ones_length() {
+        let payload = vec![b'x'; 10_000];
+        let full = insert(&[
+            Some(b"42"),
+            None,
+            Some(b"order"),
+            Some(&payload),
+            Some(b"end"),
+        ]);
+        let head = decode_head(&full[..40]);
+        assert_eq!(
+            head,
+            Head::Insert {
+                relid: 16384,
+                columns: vec![
+                    Column::Whole(b"42"),
+                    Column::Null,
+                    Column::Whole(b"order"),
+                    Column::Cut { len: 10_000 },
+                ],
+            }
+        );
+        // Cut inside a length field: the columns before it.
+        assert!(
+            matches!(decode_head(&full[..25]), Head::Insert { columns, .. } if columns.len() == 3)
+        );
+        let Head::Insert { columns, .. } = decode_head(&full) else {
+            panic!()
+        };
+        assert_eq!(column_sizes(columns, 3), (Some(10_000), 10));
+        assert_eq!(decode_head(b""), Head::Other);
+        assert_eq!(decode_head(b"I\0"), Head::Other);
+    }
+
+    #[test]
+    fn the_head_of_a_big_message_names_its_prefix_and_lsn() {
+        let mut m = vec![b'M', 1];
+        m.extend_from_slice(&0x0000_0001_0000_0002u64.to_be_bytes());
+        m.extend_from_slice(b"outbox\0");
+        m.extend_from_slice(&5_000_000i32.to_be_bytes());
+        m.extend_from_slice(b"{\"v\":1");
+        assert_eq!(
+            decode_head(&m),
+            Head::Message {
+                transactional: true,
+                lsn: 0x0000_0001_0000_0002,
+                prefix: Some("outbox".into()),
+            }
+        );
+        assert!(matches!(
+            decode_head(&m[..13]),
+            Head::Message { prefix: None, .. }
+        ));
+    }
 }
 
 #[cfg(test)]

@@ -449,7 +449,54 @@ pub(crate) async fn ensure_publication(pool: &PgPool, config: &WalConfig) -> Res
                     )));
                 }
             }
+            warn_about_other_tables(pool, config, &tables).await?;
         }
+    }
+    Ok(())
+}
+
+/// An existing publication that publishes more than the sources read (`FOR ALL TABLES`, a
+/// table added by hand, the stream table after its source was turned off): the server then
+/// decodes and sends those tables' changes too, and the relay reads past them. Not refused
+/// (a Debezium publication reused on a cut-over publishes every table), but said, with the
+/// statement that narrows it.
+async fn warn_about_other_tables(
+    pool: &PgPool,
+    config: &WalConfig,
+    tables: &[(String, String, String)],
+) -> Result<(), WalError> {
+    let all_tables: bool =
+        sqlx::query_scalar("SELECT puballtables FROM pg_publication WHERE pubname = $1")
+            .bind(&config.publication)
+            .fetch_optional(pool)
+            .await
+            .map_err(map_sqlx)?
+            .unwrap_or(false);
+    let published: Vec<(String, String)> = sqlx::query_as(
+        "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+    )
+    .bind(&config.publication)
+    .fetch_all(pool)
+    .await
+    .map_err(map_sqlx)?;
+    let others: Vec<String> = published
+        .iter()
+        .filter(|(schema, name)| !tables.iter().any(|(s, n, _)| s == schema && n == name))
+        .map(|(schema, name)| format!("\"{schema}\".\"{name}\""))
+        .collect();
+    if all_tables {
+        tracing::warn!(
+            publication = %config.publication,
+            "The publication is FOR ALL TABLES: the server sends the relay every table's changes, which it reads past. Give the relay a publication of its own (a name the relay creates), or narrow this one."
+        );
+    } else if !others.is_empty() {
+        tracing::warn!(
+            publication = %config.publication,
+            tables = %others.join(", "),
+            "The publication also publishes tables no source reads: the server sends the relay their changes, which it reads past. Run `ALTER PUBLICATION \"{}\" DROP TABLE {}` unless another consumer needs them.",
+            config.publication,
+            others.join(", ")
+        );
     }
     Ok(())
 }

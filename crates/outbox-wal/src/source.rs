@@ -368,7 +368,11 @@ impl WalSource {
         let from_relay = crate::config::FromRelay {
             relay_id: relay.relay_id.clone(),
             stop_when_caught_up: relay.stop_when_idle,
-            max_payload_bytes: relay.max_payload_bytes,
+            limits: crate::limits::Limits {
+                max_payload_bytes: relay.max_payload_bytes,
+                max_metadata_bytes: relay.max_metadata_bytes,
+                messages: config.captures(Capture::Messages),
+            },
         };
         let cfg = Arc::new(config);
         let _ = counters.started.set(Instant::now());
@@ -1021,9 +1025,9 @@ async fn write_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Perform one batch of writes; returns the seqs of the rows inserted for messages, in order
-/// (`None` where a row with that id existed already).
-async fn write(inner: &Inner, batch: &Writes) -> Result<Vec<Option<i64>>, WalError> {
+/// Perform one batch of writes; returns what became of the rows inserted for messages, in
+/// order (see [`db::insert_messages`]).
+async fn write(inner: &Inner, batch: &Writes) -> Result<Vec<db::Inserted>, WalError> {
     let cfg = &inner.cfg;
     let pool = &inner.pool;
     if !batch.delivered.is_empty() {
@@ -1058,14 +1062,18 @@ async fn write(inner: &Inner, batch: &Writes) -> Result<Vec<Option<i64>>, WalErr
     } else {
         db::insert_messages(pool, cfg, &rows).await?
     };
-    let dead_messages = rows.iter().filter(|r| r.is_dead()).count() as u64;
+    let dead_messages = rows
+        .iter()
+        .zip(&inserted)
+        .filter(|(r, i)| r.is_dead() || i.cut)
+        .count() as u64;
     add(&inner.shared.counters.dead, dead_messages);
     Ok(inserted)
 }
 
 /// The writes of `batch` are durable: let their positions go, and tell the state the seqs of
 /// the rows inserted for messages.
-fn finish(inner: &Inner, batch: Writes, inserted: Vec<Option<i64>>) {
+fn finish(inner: &Inner, batch: Writes, inserted: Vec<db::Inserted>) {
     let mut state = inner.shared.state();
     for (seq, out) in batch.delivered.iter() {
         state.finish_out(*seq, out);
@@ -1076,11 +1084,14 @@ fn finish(inner: &Inner, batch: Writes, inserted: Vec<Option<i64>>) {
     for (bury, out) in batch.buried.iter() {
         state.finish_out(bury.seq, out);
     }
-    let owned_by_table =
-        |row: &MessageRow| !row.is_dead() || inner.dead_letter == DeadLetterPolicy::Block;
+    // A row the table refused as it was is dead (in cut form), whatever it was to be.
+    let owned_by_table = |row: &MessageRow, written: db::Inserted| {
+        !(row.is_dead() || written.cut) || inner.dead_letter == DeadLetterPolicy::Block
+    };
     for (i, (row, out)) in batch.messages.iter().enumerate() {
-        let seq = inserted.get(i).copied().flatten();
-        if owned_by_table(row) {
+        let written = inserted.get(i).copied().unwrap_or_default();
+        let seq = written.seq;
+        if owned_by_table(row, written) {
             state.inserted(&out.aggregate, seq);
         }
         state.written(out);
@@ -1089,7 +1100,9 @@ fn finish(inner: &Inner, batch: Writes, inserted: Vec<Option<i64>>) {
     let mut message_dead = 0usize;
     for item in batch.dead_items.iter() {
         if item.origin == Origin::Message {
-            let seq = inserted.get(offset + message_dead).copied().flatten();
+            let seq = inserted
+                .get(offset + message_dead)
+                .and_then(|written| written.seq);
             message_dead += 1;
             if inner.dead_letter == DeadLetterPolicy::Block {
                 state.inserted(&item.aggregate(), seq);

@@ -321,7 +321,7 @@ impl State {
         dead: Option<String>,
     ) {
         let tx = self.join_tx(in_tx, standalone_end);
-        let bytes = event.payload.len() + 64;
+        let bytes = crate::limits::event_bytes(&event) + 64;
         let check = origin == Origin::Table && event.seq <= self.check_up_to;
         if origin == Origin::Table {
             self.seen_max = self.seen_max.max(event.seq);

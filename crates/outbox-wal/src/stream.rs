@@ -19,9 +19,13 @@ use crate::counters::{WalCounters, add};
 use crate::db;
 use crate::debezium::{DebeziumLayout, InvalidOp};
 use crate::error::{WalError, map_wire};
+use crate::limits::{Limits, Oversize, storable};
 use crate::lsn::Lsn;
 use crate::message::{HEARTBEAT_SUFFIX, decode_envelope, malformed_message};
-use crate::pgoutput::{self, BadRow, Decoded, OutboxLayout, Relation, pg_epoch_micros};
+use crate::pgoutput::{
+    self, BadRow, Column, Decoded, Head, Identity, OutboxLayout, Relation, pg_epoch_micros,
+    placeholder,
+};
 use crate::slot;
 use crate::source::Shared;
 use crate::state::{Origin, State};
@@ -187,7 +191,7 @@ async fn lead(
     // stream, starting past them, would deliver their aggregates' later events first (found by
     // outbox-verify: a takeover after `terminate_relay_connections`). Once the slot is ours its
     // position no longer moves: every row committed before it is in the snapshot.
-    let (mut client, start) = start_client(cfg, &from_relay.relay_id, pool, target, stop).await?;
+    let (mut client, start) = start_client(cfg, from_relay, pool, target, stop).await?;
     shared.state().begin_session(start);
     if let Err(error) = own_open_rows(cfg, shared, pool, *dead_letter).await {
         client.abort();
@@ -196,7 +200,7 @@ async fn lead(
     shared.set_leading(true);
     let result = stream_loop(
         cfg,
-        from_relay.max_payload_bytes,
+        from_relay.limits,
         shared,
         pool,
         heartbeats,
@@ -322,7 +326,7 @@ async fn own_open_rows(
 /// and the position it starts from.
 async fn start_client(
     cfg: &WalConfig,
-    who: &str,
+    from_relay: &FromRelay,
     pool: &PgPool,
     target: &Target,
     stop: &watch::Receiver<bool>,
@@ -340,7 +344,8 @@ async fn start_client(
                 });
             }
         };
-        let mut client = ReplicationClient::connect(target.replication(cfg, confirmed, who))
+        let session = target.replication(cfg, confirmed, &from_relay.relay_id, &from_relay.limits);
+        let mut client = ReplicationClient::connect(session)
             .await
             .map_err(|e| wire_error(e, &target.tls))?;
         match client.wait_started().await {
@@ -383,7 +388,7 @@ fn confirm(shared: &Shared, client: &ReplicationClient, ack: Lsn) {
 #[allow(clippy::too_many_arguments)]
 async fn stream_loop(
     cfg: &Arc<WalConfig>,
-    max_payload_bytes: u64,
+    limits: Limits,
     shared: &Arc<Shared>,
     pool: &PgPool,
     heartbeats: bool,
@@ -391,7 +396,7 @@ async fn stream_loop(
     lock: &mut PgConnection,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<(), WalError> {
-    let mut decoder = Decoder::new(cfg.clone(), max_payload_bytes, shared.counters.clone());
+    let mut decoder = Decoder::new(cfg.clone(), limits, shared.counters.clone());
     let mut heartbeat = tokio::time::interval(if heartbeats {
         cfg.heartbeat_interval
     } else {
@@ -507,7 +512,7 @@ pub(crate) fn with_slot(error: WalError, slot_name: &str) -> WalError {
 /// Turns replication events into state changes.
 struct Decoder {
     cfg: Arc<WalConfig>,
-    max_payload_bytes: u64,
+    limits: Limits,
     counters: Arc<WalCounters>,
     relid: Option<u32>,
     layout: Option<OutboxLayout>,
@@ -523,19 +528,25 @@ struct Decoder {
     tables: bool,
     streams: bool,
     messages: bool,
-    ignored: metrics::Counter,
-    /// When the last warning about ignored messages was logged, and how many came since.
-    ignored_warned: Option<Instant>,
-    ignored_since_warning: u64,
+    /// Logical messages with the outbox prefix read past for their size.
+    unreadable: metrics::Counter,
 }
 
-/// At most one warning about ignored messages per this long.
-const IGNORED_WARNING_EVERY: Duration = Duration::from_secs(60);
+/// Which captured table a row belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Captured {
+    /// The outbox table: the row keeps the event (dead-lettered in place).
+    Outbox,
+    /// The stream table: the row stays there; a dead event is copied into the outbox table.
+    Stream,
+    /// The Debezium outbox table: as the stream table.
+    Debezium,
+}
 
 impl Decoder {
-    fn new(cfg: Arc<WalConfig>, max_payload_bytes: u64, counters: Arc<WalCounters>) -> Self {
+    fn new(cfg: Arc<WalConfig>, limits: Limits, counters: Arc<WalCounters>) -> Self {
         Decoder {
-            max_payload_bytes,
+            limits,
             heartbeat_prefix: format!("{}{HEARTBEAT_SUFFIX}", cfg.message_prefix),
             tables: cfg.captures(Source::Table),
             streams: cfg.captures(Source::StreamTable),
@@ -552,39 +563,61 @@ impl Decoder {
             layout: None,
             stream_relid: None,
             stream_layout: None,
-            ignored: metrics::counter!("outbox_wal_messages_ignored_total"),
-            ignored_warned: None,
-            ignored_since_warning: 0,
+            unreadable: metrics::counter!("outbox_wal_messages_unreadable_total"),
         }
     }
 
-    /// A message with the outbox prefix while the message source is off: never delivered.
-    /// Nothing of it is held, so the confirmed position moves past it like past any other
-    /// transaction; holding it would let whoever can write such messages hold the slot and
-    /// with it the server's WAL.
-    fn ignore_message(&mut self, lsn: Lsn) {
-        add(&self.counters.messages_ignored, 1);
-        self.ignored.increment(1);
-        self.ignored_since_warning += 1;
-        let now = Instant::now();
-        if self
-            .ignored_warned
-            .is_some_and(|at| now.duration_since(at) < IGNORED_WARNING_EVERY)
-        {
-            return;
+    /// The captured table `relid` is, if any.
+    fn captured(&self, relid: u32) -> Option<Captured> {
+        if Some(relid) == self.debezium_relid {
+            Some(Captured::Debezium)
+        } else if self.streams && Some(relid) == self.stream_relid {
+            Some(Captured::Stream)
+        } else if self.tables && Some(relid) == self.relid {
+            Some(Captured::Outbox)
+        } else {
+            None
         }
+    }
+
+    /// Where the payload column of `table` sits (once its relation is known).
+    fn payload_index(&self, table: Captured) -> Option<usize> {
+        match table {
+            Captured::Outbox => self.layout.as_ref().map(OutboxLayout::payload_index),
+            Captured::Stream => self.stream_layout.as_ref().map(OutboxLayout::payload_index),
+            Captured::Debezium => self
+                .debezium_layout
+                .as_ref()
+                .map(DebeziumLayout::payload_index),
+        }
+    }
+
+    /// `table` quoted, for reasons and logs.
+    fn table_name(&self, table: Captured) -> String {
+        match table {
+            Captured::Outbox => format!("\"{}\".\"{}\"", self.cfg.schema, self.cfg.table),
+            Captured::Stream => format!("\"{}\".\"{}\"", self.cfg.schema, self.stream_table),
+            Captured::Debezium => self.cfg.debezium.quoted(),
+        }
+    }
+
+    /// A logical message with the outbox prefix too large to be read (the client read past
+    /// it): nothing of it is kept, so it cannot even be dead-lettered. Counted and logged with
+    /// its position and size, never its content.
+    fn unreadable_message(&mut self, lsn: Lsn, bytes: usize) {
+        add(&self.counters.messages_unreadable, 1);
+        self.unreadable.increment(1);
         warn!(
             %lsn,
-            prefix = %self.cfg.message_prefix,
-            ignored = self.ignored_since_warning,
-            "Ignored a logical message with the outbox prefix: the message source is off (`[wal] sources` defaults to [\"table\"]). If your writers use enqueue_message, revoke EXECUTE on pg_logical_emit_message from PUBLIC, grant it to the writers and the relay (`outbox wal status` prints the statements), then add \"messages\" to `sources`. Messages written meanwhile are not delivered."
+            bytes,
+            limit = self.limits.wire(),
+            "A logical message with the outbox prefix is larger than the relay reads of one record (relay.max_payload_bytes and relay.max_metadata_bytes, doubled for messages, plus framing): it was read past unread, is not delivered and cannot be dead-lettered. Roles that may call pg_logical_emit_message can write such messages: `outbox wal status` lists them."
         );
-        self.ignored_warned = Some(now);
-        self.ignored_since_warning = 0;
     }
 
-    /// A decoded event, dead-lettered instead when its payload is above the limit (a table
-    /// row keeps its payload in the table; a message's dead row needs it).
+    /// A decoded event, dead-lettered instead when its payload is above the limit (a last
+    /// guard for events shaped after the column checks, as a Debezium table's are: a table
+    /// row keeps its payload in the table; a copy is written without it).
     fn push(
         &self,
         state: &mut State,
@@ -595,12 +628,23 @@ impl Decoder {
     ) {
         add(&self.counters.decoded, 1);
         let size = event.payload.len() as u64;
-        let dead = (size > self.max_payload_bytes).then(|| {
+        let dead = (size > self.limits.max_payload_bytes).then(|| {
             add(&self.counters.undecodable, 1);
+            let over = Oversize::Payload {
+                bytes: size,
+                limit: self.limits.max_payload_bytes,
+            };
             if origin == Origin::Table {
                 event.payload = String::new();
+                over.for_row()
+            } else {
+                let (cut, note) = storable(std::mem::replace(&mut event, placeholder(0, 0)), true);
+                event = cut;
+                format!(
+                    "{}{note}",
+                    over.for_copy("Its source keeps it (a stream or Debezium table's row).")
+                )
             }
-            outbox_types::bury_oversized(event.seq, size, self.max_payload_bytes).error
         });
         state.push(event, origin, in_tx, standalone_end, dead);
     }
@@ -625,21 +669,100 @@ impl Decoder {
         state.push(event, origin, in_tx, standalone_end, Some(error));
     }
 
-    /// A row of an insert-only table (the stream table, a Debezium outbox table) that cannot
-    /// be read as an event: dead-lettered under its LSN, the row left where it is.
-    fn push_malformed_row(&self, state: &mut State, lsn: Lsn, table: &str, reason: &str) {
+    /// A dead event for the row of an insert-only table (the stream table, a Debezium outbox
+    /// table) at `lsn`, to copy into the outbox table: its id derived from the slot and the
+    /// position (one row however often the row is sent again), `null` as its payload, and what
+    /// `identity` could read of the row (cut to fit the outbox table).
+    fn copy_of_row(
+        &self,
+        state: &State,
+        lsn: Lsn,
+        event_type: &str,
+        identity: Identity,
+    ) -> (Event, String) {
         let (mut event, _) = malformed_message(
             &self.cfg.slot,
             lsn,
             b"null",
-            reason,
+            "",
             state.commit_time.unwrap_or_else(chrono::Utc::now),
         );
-        event.event_type = "outbox.malformed_row".to_owned();
+        event.event_type = identity.event_type.unwrap_or_else(|| event_type.to_owned());
+        if let Some(id) = identity.id {
+            event.id = outbox_types::EventId::from_uuid(id);
+        }
+        if let (Some(aggregate_type), Some(aggregate_id)) =
+            (identity.aggregate_type, identity.aggregate_id)
+        {
+            event.aggregate_type = aggregate_type;
+            event.aggregate_id = aggregate_id;
+        }
+        storable(event, false)
+    }
+
+    /// A row of an insert-only table (the stream table, a Debezium outbox table) that cannot
+    /// be read as an event: dead-lettered under its LSN, the row left where it is.
+    fn push_malformed_row(&self, state: &mut State, lsn: Lsn, table: &str, reason: &str) {
+        let (event, _) = self.copy_of_row(state, lsn, "outbox.malformed_row", Identity::default());
         let error = format!(
             "the row of {table} at {lsn} cannot be read as an event: {reason}. The row stays in that table; fix the writer, then `outbox dead purge` this event"
         );
         self.push_dead(state, event, Origin::Message, true, None, error);
+    }
+
+    /// A row of `table` over the record limits (`over`), with what could be read of it
+    /// (`columns`: all of them, or the leading ones of a record read past): dead-lettered
+    /// without being decoded. An outbox table row is marked dead by its `seq`, its payload
+    /// left in the row; a row of another table is copied in cut form ([`storable`]).
+    fn oversized_row(
+        &self,
+        state: &mut State,
+        table: Captured,
+        columns: &[Column<'_>],
+        lsn: Lsn,
+        over: Oversize,
+    ) {
+        let name = self.table_name(table);
+        match table {
+            Captured::Outbox => {
+                let Some(layout) = &self.layout else {
+                    return;
+                };
+                let identity = layout.identity(columns);
+                // The relay's own rows (dead copies) are not events.
+                if identity.status.as_deref().is_some_and(|s| s != "pending") {
+                    return;
+                }
+                match identity.seq {
+                    Some(seq) => {
+                        let mut event = placeholder(seq, 0);
+                        if let (Some(aggregate_type), Some(aggregate_id)) =
+                            (identity.aggregate_type, identity.aggregate_id)
+                        {
+                            event.aggregate_type = aggregate_type;
+                            event.aggregate_id = aggregate_id;
+                        }
+                        self.push_dead(state, event, Origin::Table, true, None, over.for_row());
+                    }
+                    None => {
+                        add(&self.counters.undecodable, 1);
+                        error!(%lsn, table = %name, reason = %over.what(), "An outbox row too large to read has no readable seq; it stays pending in the table, where a table claim dead-letters it without loading it (at the next session's catch-up).");
+                    }
+                }
+            }
+            Captured::Stream | Captured::Debezium => {
+                let identity = match (table, &self.stream_layout) {
+                    (Captured::Stream, Some(layout)) => layout.identity(columns),
+                    _ => Identity::default(),
+                };
+                let (event, note) = self.copy_of_row(state, lsn, "outbox.oversized_row", identity);
+                let error = format!(
+                    "the row of {name} at {lsn} is not delivered: {}{note}",
+                    over.for_copy("The row stays in that table.")
+                );
+                self.push_dead(state, event, Origin::Message, true, None, error);
+            }
+        }
     }
 
     /// An update of a Debezium outbox table row: never an event; `table.op.invalid.behavior`
@@ -677,25 +800,20 @@ impl Decoder {
                 let lsn = Lsn::from(wal_start);
                 match pgoutput::decode(&data).map_err(WalError::Decode)? {
                     Decoded::Relation(relation) => self.on_relation(&relation)?,
-                    Decoded::Insert { relid, values } if Some(relid) == self.debezium_relid => {
-                        self.on_debezium_insert(state, &values, lsn);
-                    }
+                    Decoded::Insert { relid, values } => self.on_insert(state, relid, &values, lsn),
                     Decoded::Update { relid } if Some(relid) == self.debezium_relid => {
                         self.invalid_op(lsn)?;
                     }
                     // Deletes of a Debezium outbox table are how writers keep it empty.
-                    Decoded::Update { .. } | Decoded::Delete => {}
-                    Decoded::Insert { relid, values }
-                        if self.streams && Some(relid) == self.stream_relid =>
-                    {
-                        self.on_stream_insert(state, &values, lsn);
-                    }
-                    Decoded::Insert { relid, values } => {
-                        self.on_table_insert(state, relid, &values, lsn);
-                    }
-                    Decoded::Other => {}
+                    Decoded::Update { .. } | Decoded::Delete | Decoded::Other => {}
                 }
             }
+            ReplicationEvent::Oversized {
+                wal_start,
+                size,
+                prefix,
+                ..
+            } => self.on_oversized(state, Lsn::from(wal_start), size, &prefix)?,
             ReplicationEvent::Message {
                 transactional,
                 lsn,
@@ -703,6 +821,109 @@ impl Decoder {
                 content,
             } => self.on_message(state, transactional, Lsn::from(lsn), &prefix, &content),
             ReplicationEvent::StoppedAt { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// A new row: of a captured table, checked against the record limits (the payload column
+    /// and the others together) before it is decoded, then read as its table's rows are.
+    fn on_insert(&mut self, state: &mut State, relid: u32, values: &Columns, lsn: Lsn) {
+        let Some(table) = self.captured(relid) else {
+            return;
+        };
+        if table == Captured::Outbox
+            && self
+                .layout
+                .as_ref()
+                .is_some_and(|layout| !layout.is_pending(values))
+        {
+            // The relay's own rows (dead copies of failed events), not events.
+            return;
+        }
+        if let Some(payload) = self.payload_index(table) {
+            let columns = values.iter().map(|v| v.map_or(Column::Null, Column::Whole));
+            let (payload_bytes, others) = pgoutput::column_sizes(columns, payload);
+            if let Err(over) = self.limits.check_row(payload_bytes, others) {
+                let columns = pgoutput::whole(values);
+                self.oversized_row(state, table, &columns, lsn, over);
+                return;
+            }
+        }
+        match table {
+            Captured::Debezium => self.on_debezium_insert(state, values, lsn),
+            Captured::Stream => self.on_stream_insert(state, values, lsn),
+            Captured::Outbox => self.on_table_insert(state, values, lsn),
+        }
+    }
+
+    /// A record the replication client read past for its size (over `limits.wire()`): what
+    /// its first bytes tell decides what becomes of it. A row of a captured table is
+    /// dead-lettered ([`Decoder::oversized_row`]); a logical message with the outbox prefix
+    /// is counted ([`Decoder::unreadable_message`]); anything else was nothing to the relay.
+    /// Either way the stream moves on, and the position past it is confirmed like any other.
+    fn on_oversized(
+        &mut self,
+        state: &mut State,
+        lsn: Lsn,
+        size: usize,
+        head: &[u8],
+    ) -> Result<(), WalError> {
+        match pgoutput::decode_head(head) {
+            Head::Insert { relid, columns } => {
+                let Some(table) = self.captured(relid) else {
+                    debug!(%lsn, bytes = size, "Read past a large row of a table no source reads.");
+                    return Ok(());
+                };
+                let payload = self
+                    .payload_index(table)
+                    .and_then(|i| columns.get(i))
+                    .map(|c| c.len() as u64);
+                let over = match payload {
+                    Some(bytes) if bytes > self.limits.max_payload_bytes => Oversize::Payload {
+                        bytes,
+                        limit: self.limits.max_payload_bytes,
+                    },
+                    _ => Oversize::Record {
+                        bytes: size as u64,
+                        limit: self.limits.wire(),
+                    },
+                };
+                self.oversized_row(state, table, &columns, lsn, over);
+            }
+            Head::Message {
+                lsn: at, prefix, ..
+            } => {
+                let prefix = prefix.as_deref();
+                if prefix == Some(self.heartbeat_prefix.as_str()) {
+                    add(&self.counters.heartbeats, 1);
+                } else if self.messages && prefix.is_none_or(|p| p == self.cfg.message_prefix) {
+                    self.unreadable_message(Lsn(at), size);
+                } else {
+                    debug!(lsn = %Lsn(at), bytes = size, "Read past a large logical message with another prefix.");
+                }
+            }
+            Head::Update { relid } if Some(relid) == self.debezium_relid => self.invalid_op(lsn)?,
+            Head::Relation {
+                namespace, name, ..
+            } => {
+                let ours = |schema: &str, table: &str| {
+                    namespace.as_deref() == Some(schema) && name.as_deref() == Some(table)
+                };
+                let captured = ours(&self.cfg.schema, &self.cfg.table)
+                    || ours(&self.cfg.schema, &self.stream_table)
+                    || self
+                        .debezium
+                        .as_ref()
+                        .is_some_and(|(schema, table)| ours(schema, table));
+                if captured {
+                    return Err(WalError::Decode(format!(
+                        "the description of a captured table ({} bytes) is larger than the relay reads of one record ({} bytes): raise relay.max_metadata_bytes",
+                        size,
+                        self.limits.wire()
+                    )));
+                }
+            }
+            _ => debug!(%lsn, bytes = size, "Read past a large change no source reads."),
         }
         Ok(())
     }
@@ -757,7 +978,7 @@ impl Decoder {
             Ok(Some(event)) => self.push(state, event, Origin::Message, true, None),
             Ok(None) => {}
             Err(BadRow { reason, .. }) => {
-                let table = format!("\"{}\".\"{}\"", self.cfg.schema, self.stream_table);
+                let table = self.table_name(Captured::Stream);
                 self.push_malformed_row(state, lsn, &table, &reason);
             }
         }
@@ -765,39 +986,38 @@ impl Decoder {
 
     /// A row of the outbox table (when the stream serves it): its event, or a dead placeholder
     /// for a row that does not decode.
-    fn on_table_insert(&mut self, state: &mut State, relid: u32, values: &Columns, lsn: Lsn) {
-        if self.tables
-            && Some(relid) == self.relid
-            && let Some(layout) = &self.layout
-        {
-            match layout.event(values, 0) {
-                Ok(Some(event)) => self.push(state, event, Origin::Table, true, None),
-                Ok(None) => {}
-                // Dead-lettered like the polling relay does, so one bad row
-                // neither stops the stream nor waits for a table claim.
-                Err(BadRow {
-                    seq: Some(seq),
-                    attempts,
-                    reason,
-                }) => self.push_dead(
-                    state,
-                    pgoutput::placeholder(seq, attempts),
-                    Origin::Table,
-                    true,
-                    None,
-                    pgoutput::malformed_error(seq, &reason),
-                ),
-                Err(BadRow {
-                    seq: None, reason, ..
-                }) => {
-                    add(&self.counters.undecodable, 1);
-                    error!(%lsn, %reason, "Outbox row cannot be decoded and has no readable seq; it stays in the table.");
-                }
+    fn on_table_insert(&mut self, state: &mut State, values: &Columns, lsn: Lsn) {
+        let Some(layout) = &self.layout else {
+            return;
+        };
+        match layout.event(values, 0) {
+            Ok(Some(event)) => self.push(state, event, Origin::Table, true, None),
+            Ok(None) => {}
+            // Dead-lettered like the polling relay does, so one bad row
+            // neither stops the stream nor waits for a table claim.
+            Err(BadRow {
+                seq: Some(seq),
+                attempts,
+                reason,
+            }) => self.push_dead(
+                state,
+                placeholder(seq, attempts),
+                Origin::Table,
+                true,
+                None,
+                pgoutput::malformed_error(seq, &reason),
+            ),
+            Err(BadRow {
+                seq: None, reason, ..
+            }) => {
+                add(&self.counters.undecodable, 1);
+                error!(%lsn, %reason, "Outbox row cannot be decoded and has no readable seq; it stays in the table.");
             }
         }
     }
 
-    /// A logical message: a heartbeat, or (with the prefix) an event in an envelope.
+    /// A logical message: a heartbeat, or (with the prefix) an event in an envelope, checked
+    /// against the record limits before it becomes one.
     fn on_message(
         &mut self,
         state: &mut State,
@@ -809,7 +1029,9 @@ impl Decoder {
         if prefix == self.heartbeat_prefix {
             add(&self.counters.heartbeats, 1);
         } else if prefix == self.cfg.message_prefix && !self.messages {
-            self.ignore_message(lsn);
+            // Not asked for (the session starts without `messages`); a server that sends one
+            // anyway gets it passed over.
+            debug!(%lsn, "Passed over a logical message: the message source is off.");
         } else if prefix == self.cfg.message_prefix {
             let standalone_end = (!transactional).then_some(Lsn(lsn.0 + 1));
             let enqueued_at = state.commit_time.unwrap_or_else(chrono::Utc::now);
@@ -829,18 +1051,41 @@ impl Decoder {
                         enqueued_at,
                         attempts: 0,
                     };
-                    self.push(state, event, Origin::Message, transactional, standalone_end);
+                    match self.limits.check_event(&event) {
+                        Ok(()) => {
+                            self.push(state, event, Origin::Message, transactional, standalone_end);
+                        }
+                        Err(over) => {
+                            let drop_payload = matches!(over, Oversize::Payload { .. });
+                            let (event, note) = storable(event, drop_payload);
+                            let error = format!(
+                                "the logical message at {lsn} is not delivered: {}{note}",
+                                over.for_copy("It existed only in the WAL: nothing else keeps it.")
+                            );
+                            self.push_dead(
+                                state,
+                                event,
+                                Origin::Message,
+                                transactional,
+                                standalone_end,
+                                error,
+                            );
+                        }
+                    }
                 }
                 Err(reason) => {
                     let (event, error) =
                         malformed_message(&self.cfg.slot, lsn, content, &reason, enqueued_at);
+                    // Its content becomes the dead row's payload unless that is over the limit.
+                    let too_large = content.len() as u64 > self.limits.max_payload_bytes;
+                    let (event, note) = storable(event, too_large);
                     self.push_dead(
                         state,
                         event,
                         Origin::Message,
                         transactional,
                         standalone_end,
-                        error,
+                        format!("{error}{note}"),
                     );
                 }
             }

@@ -13,6 +13,7 @@
 mod common;
 mod debezium;
 mod limits;
+mod wal_records;
 
 use common::{BIN, Killed, pg_url};
 use std::collections::HashMap;

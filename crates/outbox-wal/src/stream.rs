@@ -945,7 +945,7 @@ impl Decoder {
             self.debezium_layout = Some(DebeziumLayout::of(
                 relation,
                 &self.cfg.debezium,
-                self.max_payload_bytes,
+                self.limits.max_payload_bytes,
             )?);
             self.debezium_relid = Some(relation.relid);
         }

@@ -2,9 +2,10 @@
 //! sizes its limit by, and what WAL mode adds to (`outbox_wal::memory_bound`).
 //!
 //! What the relay holds beyond a fixed base is the events of the batches it publishes. A claim
-//! stops adding events once their payloads reach `max_batch_bytes` (the first event always
-//! comes back, up to `max_payload_bytes`), and no event's other columns take more than
-//! `max_metadata_bytes`, so one batch holds at most [`batch_bytes`]. While a batch is published
+//! (from the table or from the WAL stream) adds events while the whole events before them
+//! (payload and every other column) add up to less than `max_batch_bytes`, and no event is
+//! larger than `max_payload_bytes + max_metadata_bytes`, so one batch holds at most
+//! [`batch_bytes`]. While a batch is published
 //! the relay holds it about [`SINK_COPIES`] times over (the stored event, the message the sink
 //! builds, the sink client's buffers; measured: one 50 MB event to the file sink peaked at
 //! 292 MB RSS). At most `max_batches_in_flight` batches are alive, four times as many with
@@ -24,14 +25,13 @@ pub const SINK_COPIES: u64 = 6;
 /// destinations (`MAX_ALIVE_PER_SLOT` of the engine).
 const ALIVE_PER_SLOT: u64 = 4;
 
-/// The most one batch holds: its payloads (`max_batch_bytes`, or one event of
-/// `max_payload_bytes` when that is larger) and every event's other columns
-/// (`batch_size × max_metadata_bytes`).
+/// The most one batch holds: events up to `max_batch_bytes`, and the one that crosses it, of at
+/// most `max_payload_bytes + max_metadata_bytes`.
 pub fn batch_bytes(config: &RelayConfig) -> u64 {
     config
         .max_batch_bytes
-        .max(config.max_payload_bytes)
-        .saturating_add(u64::from(config.batch_size).saturating_mul(config.max_metadata_bytes))
+        .saturating_add(config.max_payload_bytes)
+        .saturating_add(config.max_metadata_bytes)
 }
 
 /// What the batches being published hold at most, with `destinations` destinations.
@@ -48,12 +48,12 @@ pub fn publishing_bytes(config: &RelayConfig, destinations: usize) -> u64 {
 }
 
 /// An upper bound of a polling relay's memory, in bytes: [`BASE_BYTES`] and
-/// [`publishing_bytes`]. With the defaults and one destination: 64 MiB + 6 × (32 MiB +
-/// 500 × 64 KiB) = 443.5 MiB.
+/// [`publishing_bytes`]. With the defaults and one destination: 64 MiB + 6 × (32 MiB + 16 MiB
+/// + 64 KiB) = 352.4 MiB.
 ///
 /// ```
 /// let bound = outbox_engine::memory::bound(&outbox_engine::RelayConfig::default(), 1);
-/// assert_eq!(bound, (64 + 6 * 32) * 1024 * 1024 + 6 * 500 * 64 * 1024);
+/// assert_eq!(bound, (64 + 6 * (32 + 16)) * 1024 * 1024 + 6 * 64 * 1024);
 /// ```
 pub fn bound(config: &RelayConfig, destinations: usize) -> u64 {
     BASE_BYTES.saturating_add(publishing_bytes(config, destinations))
@@ -74,7 +74,7 @@ mod tests {
         };
         assert_eq!(
             bound(&larger, 1) - one,
-            SINK_COPIES * (100 - 32) * 1024 * 1024
+            SINK_COPIES * (100 - 16) * 1024 * 1024
         );
         let pipelined = RelayConfig {
             max_batches_in_flight: 2,

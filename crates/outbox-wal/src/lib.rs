@@ -182,16 +182,16 @@
 //! polling relay's being `outbox_engine::memory::bound`. Write `W` for the wire bound above
 //! (`k × (max_payload_bytes + max_metadata_bytes) + 64 KiB`, `k` = 2 with the message source
 //! on, else 1), `E = max_payload_bytes + max_metadata_bytes` for one event, and
-//! `batch = max(max_batch_bytes, max_payload_bytes) + batch_size × max_metadata_bytes` for one
-//! batch:
+//! `batch = max_batch_bytes + E` for one batch (events are added while the whole events before
+//! them add up to less than `max_batch_bytes`):
 //!
 //! | part | bound | defaults (`sources = ["table"]`) |
 //! |---|---|---|
 //! | base: binary, runtime, pools, TLS (measured 10–58 MB) | 64 MiB | 64 MiB |
 //! | replication: the record being read, the client's channel (a quarter of `max_buffered_bytes`, 1–8 MiB, or one record), the record being decoded and its event, buffers | `3 W + max(W, channel) + 1 MiB` | 65.5 MiB |
 //! | stream: events decoded and not settled, and the copy a message or insert-only table's event keeps for the table | `2 × (max_buffered_bytes + E)` | 96.1 MiB |
-//! | publishing: the batches alive (`max_batches_in_flight`, four times that with several destinations), each held about six times over by the sink | `6 × batch × batches` | 379.5 MiB |
-//! | **total** | | **605.1 MiB** (669.4 MiB with messages) |
+//! | publishing: the batches alive (`max_batches_in_flight`, four times that with several destinations), each held about six times over by the sink | `6 × batch × batches` | 288.4 MiB |
+//! | **total** | | **514.0 MiB** (578.3 MiB with messages) |
 //!
 //! The terms are worst cases that do not all happen at once (a batch's events are also the
 //! stream's), so the bound is loose; `deploy/kubernetes/relay.yaml` sets its memory limit above

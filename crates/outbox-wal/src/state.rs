@@ -511,7 +511,7 @@ impl State {
     }
 
     /// Take what may be claimed from the stream now: up to `limit` events (and, past the first,
-    /// `max_bytes` of payload) of aggregates that have nothing out and that the table does not
+    /// `max_bytes` of whole events: payload and every other column, as a table claim counts) of aggregates that have nothing out and that the table does not
     /// own, in stream order. Events of aggregates the table owns, or of a destination on
     /// `hold`, are handed back; items that cannot be delivered are returned to be buried.
     pub fn take(
@@ -569,7 +569,7 @@ impl State {
                     break;
                 }
                 self.waiting_count -= 1;
-                bytes = bytes.saturating_add(item.event.payload.len() as u64);
+                bytes = bytes.saturating_add(crate::limits::event_bytes(&item.event) as u64);
                 if item.check {
                     taken.check.push(item.event.seq);
                 }
@@ -831,6 +831,26 @@ mod tests {
         }
         assert_eq!(s.ack(), Lsn(200));
         assert!(s.is_idle());
+    }
+
+    #[test]
+    fn a_stream_claim_is_bounded_by_whole_events_not_payloads() {
+        // Small payloads, large headers: a bound on payloads alone would take all four.
+        let mut s = state();
+        s.begin(Utc::now());
+        for (agg, seq) in [("w", 1), ("x", 2), ("y", 3), ("z", 4)] {
+            let mut e = event(agg, seq);
+            e.headers.insert("h".into(), "v".repeat(1000));
+            s.push(e, Origin::Table, true, None, None);
+        }
+        s.commit(Lsn(100));
+        let token = Uuid::now_v7();
+        let taken = s.take(100, 1500, None, token);
+        assert_eq!(
+            taken.batch.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [1, 2],
+            "the second event crosses 1,500 bytes and is the last one taken"
+        );
     }
 
     #[test]

@@ -742,7 +742,12 @@ pub fn validate_for(config: &Config, need: Need) -> Result<(), ConfigError> {
         _ => {}
     }
     if !url.is_empty() {
-        database_of("database.url", url)?;
+        if need == Need::Outbox {
+            // The names of the outbox, checked by the validator of the commands that use them.
+            crate::store::check_outbox(config)?;
+        } else {
+            database_of("database.url", url)?;
+        }
     }
     if let Some(inbox_url) = &config.inbox.database_url {
         database_of("inbox.database_url", inbox_url.trim())?;

@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 #
-# The relay as a container image: `docker build -t outbox .` then, for example,
+# The relay as a container image: `docker build -t outbox:0.1.0 .` (the tag is the workspace
+# version, which deploy/kubernetes/relay.yaml pins) then, for example,
 #   docker run --rm -e OUTBOX_DATABASE__URL=postgres://outbox@db:5432/app \
 #     -e OUTBOX_DESTINATIONS__EVENTS__TYPE=kafka -e OUTBOX_DESTINATIONS__EVENTS__BROKERS=kafka:9092 \
 #     -e OUTBOX_DESTINATIONS__EVENTS__TOPIC='events.${event_type}' outbox

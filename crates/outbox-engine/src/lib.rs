@@ -929,6 +929,32 @@ impl Pacer {
     }
 }
 
+/// `outcome` with its reason through [`outbox_types::redact::redact_in_text`].
+fn redacted(outcome: Outcome) -> Outcome {
+    use outbox_types::redact::redact_in_text;
+    let clean = |reason: String| {
+        if reason.contains("://") || reason.contains('@') {
+            redact_in_text(&reason)
+        } else {
+            reason
+        }
+    };
+    match outcome {
+        Outcome::Delivered => Outcome::Delivered,
+        Outcome::Unavailable { reason, after } => Outcome::Unavailable {
+            reason: clean(reason),
+            after,
+        },
+        Outcome::Retry { reason, after } => Outcome::Retry {
+            reason: clean(reason),
+            after,
+        },
+        Outcome::Reject { reason } => Outcome::Reject {
+            reason: clean(reason),
+        },
+    }
+}
+
 /// Exponential pause between attempts to reach the database: 100 ms, 200 ms, … up to `max`.
 fn store_backoff(failures: u32, max: Duration) -> Duration {
     let exponent = failures.saturating_sub(1).min(20);
@@ -1452,6 +1478,9 @@ where
         } else {
             outcomes
         };
+        // Every reason goes to logs and `last_error`: through the one redactor, whatever the
+        // sink did, so a URL a sink or its client quoted never shows its credentials.
+        let outcomes: Vec<Outcome> = outcomes.into_iter().map(redacted).collect();
         // With routes, the router records this per destination.
         if self.lanes.routes.is_none() {
             metrics::histogram!("outbox_publish_duration_seconds", "destination" => self.sink.name().to_owned())

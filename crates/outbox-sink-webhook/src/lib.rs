@@ -166,7 +166,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use outbox_sink_common::{Login, login, unique_headers};
-use outbox_types::redact::{redact_in_text, redact_url};
+use outbox_types::redact::{redact_in_text, redact_url, scrub};
 use outbox_types::routing::{Binding, Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use reqwest::StatusCode;
@@ -335,6 +335,10 @@ pub struct WebhookSink {
     signing: Option<Signing>,
     request_timeout: Duration,
     max_retry_after: Duration,
+    /// What the redactor masks in the `url` template (a path token, a query key's value), kept
+    /// to scrub from reasons: a receiver's error page may quote the request's path, where no
+    /// redactor could recognise it without knowing the URL.
+    secrets: Vec<String>,
 }
 
 /// The `url` template, required, with a scheme `tls` allows.
@@ -528,6 +532,7 @@ impl WebhookSink {
             signing,
             request_timeout: config.request_timeout,
             max_retry_after: config.max_retry_after,
+            secrets: outbox_types::redact::url_secrets(&text),
         })
     }
 
@@ -651,11 +656,11 @@ impl WebhookSink {
                         self.request_timeout.as_millis()
                     )
                 } else if e.is_connect() {
-                    format!("cannot connect to {shown}: {}", redact_in_text(&chain(&e)))
+                    format!("cannot connect to {shown}: {}", chain(&e))
                 } else {
-                    format!("request to {shown} failed: {}", redact_in_text(&chain(&e)))
+                    format!("request to {shown} failed: {}", chain(&e))
                 };
-                return Outcome::unavailable(truncate_error(&why));
+                return Outcome::unavailable(truncate_error(&scrub(&why, &self.secrets)));
             }
         };
         let status = response.status();
@@ -673,7 +678,13 @@ impl WebhookSink {
         if status.is_success() {
             return Outcome::Delivered;
         }
-        classify(status, &shown, &body, retry_after, location.as_deref())
+        classify(
+            status,
+            &shown,
+            &scrub(&body, &self.secrets),
+            retry_after,
+            location.as_deref(),
+        )
     }
 }
 

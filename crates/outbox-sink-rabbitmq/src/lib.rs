@@ -460,6 +460,11 @@ impl RabbitMqSink {
         let mut routing_headers = self.routing.headers(event);
         routing_headers.extend(self.routing.cloudevents_headers(event, Binding::RabbitMq));
         for (name, value) in routing_headers {
+            // Ours, set below; a row's header of that name (in any case) does not travel
+            // beside it.
+            if name.eq_ignore_ascii_case(TIMESTAMP_IN_MS) {
+                continue;
+            }
             if name.len() > SHORT_STRING_MAX {
                 return Err(Outcome::reject(truncate_error(&format!(
                     "header name `{name}` is longer than 255 bytes, which AMQP cannot carry: shorten it"

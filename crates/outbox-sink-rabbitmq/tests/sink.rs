@@ -98,3 +98,45 @@ async fn a_missing_exchange_rejects_its_events_and_the_rest_of_the_batch_is_deli
         "{last:?}"
     );
 }
+
+/// A row's headers that pose as the relay's own in another case (`Outbox-Event-Id`), or as its
+/// `timestamp_in_ms`, never reach the queue: AMQP header names are case-sensitive, so they would
+/// travel beside the real ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_relay_headers_in_any_case_do_not_travel() {
+    let rabbit = common::Rabbit::connect().await;
+    let exchange = rabbit.exchange("outbox_ex_forged");
+    rabbit.declare_exchange(&exchange).await;
+    let queue = rabbit.queue_bound(&exchange, "#").await;
+    let sink =
+        RabbitMqSink::connect(common::config(serde_json::json!({ "exchange": exchange }))).unwrap();
+    let mut e = common::with_forged_relay_headers(event("42", "order", "{}"));
+    e.headers.insert("TIMESTAMP_IN_MS".into(), "forged".into());
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Delivered]
+    );
+    let messages = rabbit.drain_expecting(&queue, 1).await;
+    assert_eq!(messages.len(), 1);
+    let headers: Vec<(String, String)> = messages[0]
+        .properties
+        .headers()
+        .as_ref()
+        .unwrap()
+        .inner()
+        .keys()
+        .map(|k| {
+            let name = k.as_str().to_owned();
+            let value = common::header(&messages[0], &name).unwrap_or_default();
+            (name, value)
+        })
+        .collect();
+    common::assert_no_forged_relay_headers(&e, &headers);
+    assert!(
+        !headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("timestamp_in_ms") && n != "timestamp_in_ms"),
+        "{headers:?}"
+    );
+    rabbit.clean_up().await;
+}

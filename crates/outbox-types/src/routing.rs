@@ -378,14 +378,15 @@ impl Routing {
     }
 
     /// Headers to put on the message: the event's fields under [`header`] names, then its own
-    /// headers (an own header never replaces one of ours). In the Debezium shape: `id`, then the
-    /// own headers, every value as a JSON string.
+    /// headers (an own header never replaces one of ours, and none whose name starts with
+    /// `outbox-` in any case is sent: [`crate::is_relay_header`]). In the Debezium shape: `id`,
+    /// then the own headers (none named `id` in any case), every value as a JSON string.
     pub fn headers(&self, event: &Event) -> Vec<(String, String)> {
         if matches!(self.format, PayloadFormat::Debezium) {
             let mut out = Vec::with_capacity(1 + event.headers.len());
             out.push(("id".to_owned(), json_string(&event.id.to_string())));
             for (name, value) in &event.headers {
-                if !name.starts_with("outbox-") && name != "id" {
+                if !crate::is_relay_header(name) && !name.eq_ignore_ascii_case("id") {
                     out.push((name.clone(), json_string(value)));
                 }
             }
@@ -408,7 +409,7 @@ impl Routing {
         }
         let binary = matches!(&self.format, PayloadFormat::CloudEvents(ce) if ce.mode == CloudEventsMode::Binary);
         for (name, value) in &event.headers {
-            if name.starts_with("outbox-")
+            if crate::is_relay_header(name)
                 || (binary && crate::cloudevents::is_binding_attribute(name))
             {
                 continue;
@@ -609,6 +610,37 @@ mod tests {
             structured
                 .cloudevents_headers(&e, Binding::Kafka)
                 .is_empty()
+        );
+    }
+
+    /// A row header in the reserved prefix is never sent, in any case: a forged
+    /// `Outbox-Event-Id` does not travel beside the real one (nor an `ID` beside Debezium's
+    /// `id`).
+    #[test]
+    fn reserved_headers_are_dropped_in_any_case() {
+        let mut e = event();
+        for name in ["Outbox-Event-Id", "OUTBOX-TENANT", "outbox-Aggregate-Id"] {
+            e.headers.insert(name.into(), "forged".into());
+        }
+        e.headers.insert("ID".into(), "forged-id".into());
+        e.headers.insert("Outboxed".into(), "kept".into());
+        for format in [PayloadFormat::Raw, PayloadFormat::Debezium] {
+            let h = Routing::new(Template::fixed("t"))
+                .with_format(format.clone())
+                .headers(&e);
+            assert!(
+                !h.iter()
+                    .any(|(_, v)| v.contains("forged\"") || v == "forged"),
+                "{format:?}: {h:?}"
+            );
+            assert!(h.iter().any(|(k, _)| k == "Outboxed"), "{format:?}: {h:?}");
+        }
+        let debezium = Routing::new(Template::fixed("t"))
+            .with_format(PayloadFormat::Debezium)
+            .headers(&e);
+        assert!(
+            !debezium.iter().any(|(_, v)| v.contains("forged-id")),
+            "{debezium:?}"
         );
     }
 

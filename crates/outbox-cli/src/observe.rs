@@ -232,6 +232,10 @@ fn describe() {
         "Events buried: rejected, or out of attempts."
     );
     describe_counter!(
+        "outbox_webhook_headers_dropped_total",
+        "Event headers a webhook destination did not forward (never forwarded, denied by default, or not in allowed_headers)."
+    );
+    describe_counter!(
         "outbox_events_fenced_total",
         "Writes refused because the claim's lease had moved on."
     );

@@ -236,6 +236,10 @@ fn describe() {
         "Event headers a webhook destination did not forward (never forwarded, denied by default, or not in allowed_headers)."
     );
     describe_counter!(
+        "outbox_events_poisoned_total",
+        "Events buried as suspected poison: they caused relay.max_outages_per_event outages of their destination (also counted in outbox_events_dead_total)."
+    );
+    describe_counter!(
         "outbox_events_fenced_total",
         "Writes refused because the claim's lease had moved on."
     );

@@ -122,4 +122,9 @@ fn the_manifest_runs_a_pinned_image_without_a_token_and_under_seccomp() {
         repo_file("Dockerfile").contains(&format!("docker build -t outbox:{version} .")),
         "the Dockerfile's build line tags the same version"
     );
+    // The metrics port listens on every interface (for the probes); a NetworkPolicy admits only
+    // the scraper's namespace to it (the node's probes always pass).
+    let policy = &yaml[yaml.find("kind: NetworkPolicy").expect("a NetworkPolicy")..];
+    assert_eq!(yaml_value(policy, "policyTypes"), Some("[Ingress]"));
+    assert!(policy.contains("- { port: metrics, protocol: TCP }"), "{policy}");
 }

@@ -11,6 +11,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod metrics_port;
 mod secrets;
 
 use common::{BIN, Killed, pg_url};

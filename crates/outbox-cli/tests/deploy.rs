@@ -126,5 +126,8 @@ fn the_manifest_runs_a_pinned_image_without_a_token_and_under_seccomp() {
     // the scraper's namespace to it (the node's probes always pass).
     let policy = &yaml[yaml.find("kind: NetworkPolicy").expect("a NetworkPolicy")..];
     assert_eq!(yaml_value(policy, "policyTypes"), Some("[Ingress]"));
-    assert!(policy.contains("- { port: metrics, protocol: TCP }"), "{policy}");
+    assert!(
+        policy.contains("- { port: metrics, protocol: TCP }"),
+        "{policy}"
+    );
 }

@@ -1296,9 +1296,7 @@ impl Lanes {
         let now = Instant::now();
         let (tripped, failed) = {
             let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(h) = health.get_mut(lane) else {
-                return None;
-            };
+            let h = health.get_mut(lane)?;
             if answered || outcomes.is_empty() {
                 if let Some(s) = self
                     .suspects

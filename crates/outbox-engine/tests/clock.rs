@@ -707,8 +707,11 @@ async fn max_outages_per_event_zero_turns_the_poison_check_off() {
 /// message does to every message of the call.
 struct CallWide {
     inner: Arc<Timed>,
-    fails_the_call: Box<dyn Fn(&[Event]) -> bool + Send + Sync>,
+    fails_the_call: Box<FailsTheCall>,
 }
+
+/// Whether a [`CallWide`] call with these events fails as a whole.
+type FailsTheCall = dyn Fn(&[Event]) -> bool + Send + Sync;
 
 #[async_trait]
 impl Sink for CallWide {

@@ -704,7 +704,7 @@ impl WebhookSink {
         // The event's own headers are those routing did not make itself (`outbox-*`, Debezium's
         // `id`); the CloudEvents attributes come after them, never from the row.
         let from_row =
-            |name: &str| !outbox_types::is_relay_header(name) && !(debezium && name == "id");
+            |name: &str| !(outbox_types::is_relay_header(name) || (debezium && name == "id"));
         let mut routing_headers: Vec<(String, String, bool)> = self
             .routing
             .headers(event)

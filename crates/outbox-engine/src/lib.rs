@@ -81,7 +81,11 @@
 //! once in between is dead as a suspected poison (`suspected poison: present at 5 outages of
 //! destination …`, with the last reason). A real outage counts once for the events of its first
 //! call and not at all for the others, however long it lasts; an answer for the event (delivered,
-//! retry, rejected) starts its count again. What the relay remembers for this is per relay
+//! retry, rejected) starts its count again. Its limits: an event alone on its destination (nothing
+//! else delivered between its tries) looks exactly like an outage and waits as one; and an
+//! innocent event of a destination that goes down and up again and again may meet five of its
+//! outages in a row and be buried with it (raise the limit for such a destination, or set 0 and
+//! bound outages with `dead_after_unavailable`). What the relay remembers for this is per relay
 //! process (a restart starts every count again), and bounded (at most
 //! 10,000 events per destination; past that, new ones are not counted until old ones are
 //! answered). `max_outages_per_event = 0` turns it off.

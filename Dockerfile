@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 #
-# The relay as a container image: `docker build -t outbox .` then, for example,
+# The relay as a container image: `docker build -t outbox:0.1.0 .` (the tag is the workspace
+# version, which deploy/kubernetes/relay.yaml pins) then, for example,
 #   docker run --rm -e OUTBOX_DATABASE__URL=postgres://outbox@db:5432/app \
 #     -e OUTBOX_DESTINATIONS__EVENTS__TYPE=kafka -e OUTBOX_DESTINATIONS__EVENTS__BROKERS=kafka:9092 \
 #     -e OUTBOX_DESTINATIONS__EVENTS__TOPIC='events.${event_type}' outbox
@@ -34,7 +35,13 @@ RUN apt-get update \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin outbox
 COPY --from=build /src/target/release/outbox /usr/local/bin/outbox
 USER 10001:10001
-# /metrics, /healthz and /readyz; JSON logs for the platform's log collector.
+# /metrics, /healthz and /readyz; JSON logs for the platform's log collector. On every
+# interface: the orchestrator's probes and the scraper come from outside the container. What
+# anyone else who reaches the port can do is bounded by the relay (metrics.header_timeout, 5 s,
+# for a request's headers or an idle connection; metrics.max_connections, 64, a quarter per
+# address, beyond which a connection is refused at once: the port never takes the descriptors
+# the relay's own connections need); keep the port on a network only those reach
+# (deploy/kubernetes/relay.yaml has a NetworkPolicy for it).
 ENV OUTBOX_METRICS__LISTEN=0.0.0.0:9464 \
     OUTBOX_LOG_FORMAT=json
 EXPOSE 9464

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use outbox_types::redact::escape_control;
+use outbox_types::redact::{escape_control, redact_in_text, redact_url};
 use outbox_types::{DeadFilter, EventId, EventRecord, Store, humantime_duration};
 use serde_json::json;
 
@@ -40,6 +40,15 @@ pub(crate) fn listed_without_a_table<T: serde::Serialize>(
     Ok(false)
 }
 
+/// `record` as the admin commands print it: its `last_error` and its `destination` through
+/// the redactor. The relay redacts a reason before it stores it; this also covers rows an
+/// earlier release wrote, and a writer's own URL in the destination column.
+fn redacted(mut record: EventRecord) -> EventRecord {
+    record.last_error = record.last_error.as_deref().map(redact_in_text);
+    record.event.destination = record.event.destination.as_deref().map(redact_url);
+    record
+}
+
 pub(crate) fn one_line(text: &str, max: usize) -> String {
     let flat: String = text
         .chars()
@@ -61,10 +70,13 @@ pub async fn list(
     after: Option<i64>,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    let dead = store
+    let dead: Vec<EventRecord> = store
         .list_dead(after, limit)
         .await
-        .context("listing dead events failed")?;
+        .context("listing dead events failed")?
+        .into_iter()
+        .map(redacted)
+        .collect();
     if listed_without_a_table(as_json, || &dead, dead.is_empty(), "no dead events")? {
         return Ok(());
     }
@@ -98,6 +110,7 @@ pub async fn show(store: &dyn Store, id: EventId, as_json: bool) -> anyhow::Resu
         .get(id)
         .await
         .context("reading the event failed")?
+        .map(redacted)
         .ok_or_else(|| {
             anyhow::anyhow!("no event with id {id} in the outbox (it may have been purged)")
         })?;

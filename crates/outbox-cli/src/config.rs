@@ -258,7 +258,8 @@ impl Config {
 }
 
 /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served (off unless `listen` is
-/// set).
+/// set), and the bounds that keep anyone who can reach the port from holding the relay's
+/// sockets (see `observe`'s module docs).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
@@ -267,6 +268,15 @@ pub struct MetricsConfig {
     /// How often the backlog gauges are read from the database.
     #[serde(with = "outbox_types::humantime_duration")]
     pub refresh: std::time::Duration,
+    /// A request's headers must have arrived this long after the connection (or the previous
+    /// response) is ready for them, or the connection is closed: bounds a half-sent request and
+    /// an idle keep-alive connection alike.
+    #[serde(with = "outbox_types::humantime_duration")]
+    pub header_timeout: std::time::Duration,
+    /// Most connections open at once; a quarter of them (at least one) from one address. One
+    /// more is answered `503` and closed at once, so the port never holds more sockets than
+    /// this, whatever arrives.
+    pub max_connections: usize,
 }
 
 impl Default for MetricsConfig {
@@ -274,6 +284,8 @@ impl Default for MetricsConfig {
         MetricsConfig {
             listen: None,
             refresh: std::time::Duration::from_secs(10),
+            header_timeout: std::time::Duration::from_secs(5),
+            max_connections: 64,
         }
     }
 }
@@ -779,10 +791,25 @@ pub fn validate_for(config: &Config, need: Need) -> Result<(), ConfigError> {
         _ => {}
     }
     if !url.is_empty() {
-        database_of("database.url", url)?;
+        if need == Need::Outbox {
+            // The names of the outbox, checked by the validator of the commands that use them.
+            crate::store::check_outbox(config)?;
+        } else {
+            database_of("database.url", url)?;
+        }
     }
     if let Some(inbox_url) = &config.inbox.database_url {
         database_of("inbox.database_url", inbox_url.trim())?;
+    }
+    if config.metrics.max_connections == 0 {
+        return Err(ConfigError(
+            "`metrics.max_connections = 0` would refuse every probe and scrape: use at least 1 (default 64)".into(),
+        ));
+    }
+    if config.metrics.header_timeout.is_zero() {
+        return Err(ConfigError(
+            "`metrics.header_timeout` must be above zero, e.g. \"5s\"".into(),
+        ));
     }
     if config.inbox.batch_size == 0 {
         return Err(ConfigError("`inbox.batch_size` must be at least 1".into()));

@@ -12,6 +12,31 @@
 //! Counters and histograms are recorded by the relay engine through the `metrics` facade as it
 //! works; the backlog gauges (pending, in flight, dead, oldest pending age) are refreshed from
 //! the store on a timer, so a scrape never runs a query.
+//!
+//! ## Who can hold the port's sockets, and for how long
+//!
+//! The port is often bound to every interface (a container's probes come from outside it), so
+//! anyone who reaches it may open connections and send nothing, or half a request. Each open
+//! connection is a file descriptor of the relay, the same budget its database, broker and
+//! webhook sockets come from (19,995 half-sent requests once took them all: `/healthz` stopped
+//! answering and webhook deliveries failed with "Too many open files"). So the connections are
+//! served with these bounds ([`HttpLimits`], from `[metrics]`):
+//!
+//! - **header timeout** (`metrics.header_timeout`, 5 s): a request's headers must be complete
+//!   this long after the connection, or the previous response, is ready for them; otherwise the
+//!   connection is closed. This bounds a slow or half-sent request and an idle keep-alive
+//!   connection alike;
+//! - **connection cap** (`metrics.max_connections`, 64) and a **per-address cap** (a quarter of
+//!   it, at least one): a connection beyond either is answered `503` and closed at once, so the
+//!   port never holds more than the cap in sockets, and one client (one address) cannot take the
+//!   slots of the kubelet's probes or of the scraper;
+//! - **lifetime** ([`MAX_CONNECTION_AGE`]): a connection is closed after a minute whatever it
+//!   does (a client that never reads its response);
+//! - **header size**: at most [`MAX_HEADER_BYTES`] of request headers are buffered.
+//!
+//! Many clients from many addresses can still fill the cap and make probes wait or fail; keep
+//! the port on a network only the orchestrator and the scraper reach (a `NetworkPolicy`, see
+//! `deploy/kubernetes/relay.yaml`), or on localhost.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -141,10 +166,131 @@ impl Readiness {
 /// did it (the exporter's own default for its upkeep task).
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
+/// The bounds of the endpoint's HTTP server (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    /// `metrics.header_timeout`.
+    pub header_timeout: Duration,
+    /// `metrics.max_connections`.
+    pub max_connections: usize,
+}
+
+impl HttpLimits {
+    /// Connections one address may hold: a quarter of the cap, at least one.
+    fn per_address(&self) -> usize {
+        (self.max_connections / 4).max(1)
+    }
+}
+
+impl From<&crate::config::MetricsConfig> for HttpLimits {
+    fn from(config: &crate::config::MetricsConfig) -> Self {
+        HttpLimits {
+            header_timeout: config.header_timeout,
+            max_connections: config.max_connections,
+        }
+    }
+}
+
+/// Longest a connection stays open, whatever it does.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
+
+/// Most bytes of request headers buffered for one connection (hyper's least is 8 KiB).
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// What a connection beyond the caps is told before it is closed.
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+/// Connections open per peer address; a slot is given back when its [`AddressSlot`] goes.
+#[derive(Clone, Default)]
+struct PerAddress(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+
+/// One connection's place in [`PerAddress`].
+struct AddressSlot {
+    table: PerAddress,
+    address: std::net::IpAddr,
+}
+
+impl PerAddress {
+    /// A slot for `address`, unless it holds `max` already.
+    fn take(&self, address: std::net::IpAddr, max: usize) -> Option<AddressSlot> {
+        let mut table = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let open = table.entry(address).or_insert(0);
+        if *open >= max {
+            return None;
+        }
+        *open += 1;
+        Some(AddressSlot {
+            table: self.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut table = self.table.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(open) = table.get_mut(&self.address) {
+            *open -= 1;
+            if *open == 0 {
+                table.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Accept connections on `listener` and serve `app` on each, within `limits` (see the module
+/// docs). Runs until the task is dropped.
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: HttpLimits) {
+    let open = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let per_address = PerAddress::default();
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors, most likely (another part of the relay holds them): the
+                // waiting connections stay in the kernel's queue; try again shortly.
+                tracing::warn!(%error, "The metrics endpoint could not accept a connection.");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let slots = open
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .zip(per_address.take(peer.ip(), limits.per_address()));
+        let Some((permit, slot)) = slots else {
+            // Beyond a cap: told so and closed now, never queued.
+            tracing::debug!(%peer, "Metrics endpoint busy: connection refused.");
+            let _ = stream.try_write(BUSY);
+            continue;
+        };
+        let app = app.clone();
+        tokio::spawn(async move {
+            let _held = (permit, slot);
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .max_buf_size(MAX_HEADER_BYTES);
+            let connection = http.serve_connection(
+                hyper_util::rt::TokioIo::new(stream),
+                hyper_util::service::TowerToHyperService::new(app),
+            );
+            match tokio::time::timeout(MAX_CONNECTION_AGE, connection).await {
+                Ok(Err(error)) => tracing::debug!(%peer, %error, "Metrics connection ended."),
+                Err(_) => tracing::debug!(%peer, "Metrics connection closed after its lifetime."),
+                Ok(Ok(())) => {}
+            }
+        });
+    }
+}
+
 /// Install the Prometheus recorder, start refreshing backlog gauges every `refresh`, and serve
-/// the endpoints on `listen`. Returns the bound address.
+/// the endpoints on `listen` within `limits`. Returns the bound address.
 pub async fn serve(
     listen: SocketAddr,
+    limits: HttpLimits,
     refresh: Duration,
     store: Arc<dyn Store>,
     sink: Arc<dyn Sink>,
@@ -188,12 +334,13 @@ pub async fn serve(
             readiness: Arc::new(Readiness::new(store, sink)),
             destinations,
         });
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::error!(%error, "The metrics endpoint stopped.");
-        }
-    });
-    tracing::info!(%bound, "Serving /metrics, /healthz, /readyz and /destinations.");
+    tokio::spawn(accept_loop(listener, app, limits));
+    tracing::info!(
+        %bound,
+        header_timeout_ms = limits.header_timeout.as_millis() as u64,
+        max_connections = limits.max_connections,
+        "Serving /metrics, /healthz, /readyz and /destinations."
+    );
     Ok(bound)
 }
 
@@ -230,6 +377,14 @@ fn describe() {
     describe_counter!(
         "outbox_events_dead_total",
         "Events buried: rejected, or out of attempts."
+    );
+    describe_counter!(
+        "outbox_webhook_headers_dropped_total",
+        "Event headers a webhook destination did not forward (never forwarded, denied by default, or not in allowed_headers)."
+    );
+    describe_counter!(
+        "outbox_events_poisoned_total",
+        "Events buried as suspected poison: they caused relay.max_outages_per_event outages of their destination (also counted in outbox_events_dead_total)."
     );
     describe_counter!(
         "outbox_events_fenced_total",

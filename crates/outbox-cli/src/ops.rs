@@ -217,9 +217,13 @@ pub async fn status(
     );
     print_destinations(per_destination.as_deref(), paused.as_deref(), relay, now);
     match relay.map(|r| (&r.url, &r.answer)) {
-        Some((url, Ok(_))) => println!("\nup/down as the relay at {url} sees them"),
+        Some((url, Ok(_))) => println!(
+            "\nup/down as the relay at {} sees them",
+            outbox_types::redact::redact_url(url)
+        ),
         Some((url, Err(e))) => println!(
-            "\nup/down unknown: no answer from the relay at {url} ({e}); pass --relay http://HOST:PORT (its metrics.listen) or --relay none"
+            "\nup/down unknown: no answer from the relay at {} ({e}); pass --relay http://HOST:PORT (its metrics.listen) or --relay none",
+            outbox_types::redact::redact_url(url)
         ),
         None => {}
     }
@@ -284,7 +288,7 @@ fn status_json(
                     "lag_seconds": d.oldest_pending_enqueued_at
                         .map(|t| ((now - t).num_milliseconds().max(0) as f64) / 1000.0),
                     "paused": paused.as_ref().is_some_and(|p| p.iter().any(|p| Some(&p.destination) == d.destination.as_ref())),
-                    "last_error": d.last_error,
+                    "last_error": d.last_error.as_deref().map(outbox_types::redact::redact_in_text),
                 }))
                 .collect::<Vec<_>>()
         );
@@ -359,7 +363,10 @@ fn print_destinations(
             if !errors.is_empty() {
                 println!();
                 for (name, error) in errors {
-                    println!("last error  {name}: {}", crate::admin::one_line(error, 160));
+                    println!(
+                        "last error  {name}: {}",
+                        crate::admin::one_line(&outbox_types::redact::redact_in_text(error), 160)
+                    );
                 }
             }
         }

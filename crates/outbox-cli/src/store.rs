@@ -76,18 +76,37 @@ fn named_table<O>(
     .map_err(|e| ConfigError(format!("invalid `database.table`: {e}")))
 }
 
+/// Check the `[database]` settings that name the outbox (database, layout, schema and table)
+/// as [`AnyStore::open`] uses them, without connecting: the one validator of `outbox config
+/// check`, `migrate`, the relay and every other outbox command, so a name one accepts the
+/// others never refuse. Returns the database the URL names.
+pub fn check_outbox(full: &Config) -> Result<Database, ConfigError> {
+    let config = &full.database;
+    let database = database_of("database.url", config.url.trim())?;
+    if config.layout == Layout::Partitioned && database != Database::Postgres {
+        return Err(ConfigError(
+            "`database.layout = \"partitioned\"` is a PostgreSQL layout; use `plain` with other databases".into(),
+        ));
+    }
+    #[allow(unreachable_patterns)] // reachable in a build without some database
+    match database {
+        Database::Postgres => pg_outbox(full).map(drop),
+        #[cfg(feature = "sqlite")]
+        Database::Sqlite => sqlite_outbox(full).map(drop),
+        #[cfg(feature = "mysql")]
+        Database::MySql => mysql_outbox(full).map(drop),
+        // Not reached: `database_of` refused a database this build lacks.
+        other => Err(ConfigError(format!("{other:?} is not in this build"))),
+    }?;
+    Ok(database)
+}
+
 impl AnyStore {
     /// Connect (without migrating). A malformed URL or an unreachable database is a
     /// [`ConfigError`] naming the URL.
     pub async fn open(full: &Config) -> Result<Self, ConfigError> {
-        let config = &full.database;
-        let url = config.url.trim();
-        let database = database_of("database.url", url)?;
-        if config.layout == Layout::Partitioned && database != Database::Postgres {
-            return Err(ConfigError(
-                "`database.layout = \"partitioned\"` is a PostgreSQL layout; use `plain` with other databases".into(),
-            ));
-        }
+        let url = full.database.url.trim();
+        let database = check_outbox(full)?;
         #[allow(unreachable_patterns)] // reachable in a build without some database
         match database {
             Database::Postgres => {

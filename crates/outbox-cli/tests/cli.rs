@@ -200,6 +200,68 @@ fn config_check_prints_the_effective_config_with_secrets_masked() {
     exits_2_saying(&o, "pth");
 }
 
+/// `config check` refuses exactly what `migrate` refuses about the outbox's names and layout,
+/// with the same message, on every database: one validator for both. A valid name passes both.
+#[test]
+fn config_check_and_migrate_refuse_the_same_outbox_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("names.db").display()
+    );
+    let mysql = common::mysql_url();
+    let pg = pg_url();
+    let long = "t".repeat(70);
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            pg.as_str(),
+            "table = \"Bad-Name\"".into(),
+            "table `Bad-Name`",
+        ),
+        (pg.as_str(), format!("table = \"{long}\""), "at most 48"),
+        (
+            pg.as_str(),
+            "schema = \"x; drop\"".into(),
+            "schema `x; drop`",
+        ),
+        (
+            sqlite.as_str(),
+            "table = \"Bad-Name\"".into(),
+            "table `Bad-Name`",
+        ),
+        (
+            mysql.as_str(),
+            "table = \"bad name\"".into(),
+            "table `bad name`",
+        ),
+        (
+            sqlite.as_str(),
+            "layout = \"partitioned\"".into(),
+            "PostgreSQL layout",
+        ),
+    ];
+    for (url, line, says) in cases {
+        let (_dir, file) = common::temp_config(&format!("[database]\nurl = \"{url}\"\n{line}\n"));
+        let file = file.to_str().unwrap();
+        let check = outbox(&["config", "check", "--config", file]);
+        exits_2_saying(&check, says);
+        let migrate = outbox(&["migrate", "--config", file]);
+        exits_2_saying(&migrate, says);
+        let first = |o: &Output| stderr(o).lines().last().unwrap_or_default().to_owned();
+        assert_eq!(
+            first(&check),
+            first(&migrate),
+            "{line}: one validator, one message"
+        );
+    }
+    let (_dir, file) = common::temp_config(&format!(
+        "[database]\nurl = \"{sqlite}\"\ntable = \"fine_name_2\"\n"
+    ));
+    let file = file.to_str().unwrap();
+    common::assert_succeeded(&outbox(&["config", "check", "--config", file]), "check");
+    common::assert_succeeded(&outbox(&["migrate", "--config", file]), "migrate");
+}
+
 #[test]
 fn the_example_config_passes_config_check() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../outbox.example.toml");

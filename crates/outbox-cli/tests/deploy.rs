@@ -76,3 +76,58 @@ fn the_deployment_environment_is_a_valid_relay_configuration() {
         "events.${event_type}"
     );
 }
+
+/// The value of the first line of `yaml` that reads `key: value` (trimmed, any indentation).
+fn yaml_value<'a>(yaml: &'a str, key: &str) -> Option<&'a str> {
+    yaml.lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .find_map(|line| line.trim().strip_prefix(&format!("{key}: ")))
+        .map(str::trim)
+}
+
+/// The pod runs without what it does not need: no service account token (the relay never calls
+/// the Kubernetes API), the runtime's default seccomp filter, no privilege escalation, no
+/// capability, a read-only root; and it runs a pinned image, the one of this version, never
+/// `latest` (a release that bumps the workspace version fails here until the tag follows).
+#[test]
+fn the_manifest_runs_a_pinned_image_without_a_token_and_under_seccomp() {
+    let yaml = repo_file("deploy/kubernetes/relay.yaml");
+    assert_eq!(
+        yaml_value(&yaml, "automountServiceAccountToken"),
+        Some("false")
+    );
+    assert_eq!(
+        yaml_value(&yaml, "seccompProfile"),
+        Some("{ type: RuntimeDefault }")
+    );
+    assert_eq!(yaml_value(&yaml, "runAsNonRoot"), Some("true"));
+    assert_eq!(yaml_value(&yaml, "allowPrivilegeEscalation"), Some("false"));
+    assert_eq!(yaml_value(&yaml, "readOnlyRootFilesystem"), Some("true"));
+    assert_eq!(
+        yaml_value(&yaml, "capabilities"),
+        Some(r#"{ drop: ["ALL"] }"#)
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    let images: Vec<&str> = yaml
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .filter_map(|line| line.trim().strip_prefix("image: "))
+        .collect();
+    assert_eq!(
+        images,
+        [format!("outbox:{version}")],
+        "one relay image, pinned"
+    );
+    assert!(
+        repo_file("Dockerfile").contains(&format!("docker build -t outbox:{version} .")),
+        "the Dockerfile's build line tags the same version"
+    );
+    // The metrics port listens on every interface (for the probes); a NetworkPolicy admits only
+    // the scraper's namespace to it (the node's probes always pass).
+    let policy = &yaml[yaml.find("kind: NetworkPolicy").expect("a NetworkPolicy")..];
+    assert_eq!(yaml_value(policy, "policyTypes"), Some("[Ingress]"));
+    assert!(
+        policy.contains("- { port: metrics, protocol: TCP }"),
+        "{policy}"
+    );
+}

@@ -67,6 +67,29 @@
 //! not each event's. The clock runs from the first failed call of the outage as this relay saw
 //! it, so it restarts with the relay.
 //!
+//! ## An event that looks like an outage
+//!
+//! Some events make their destination fail as a whole: a message the broker answers by closing
+//! the connection (RabbitMQ's `FRAME_ERROR` for headers over its frame size), a request that
+//! crashes the receiver's proxy or hangs it. The sink can only report what it saw, an outage,
+//! so such an event would cost no attempt, never be dead-lettered, and bring the destination
+//! down again at every retry, delaying every other aggregate. The relay recognises it by what
+//! distinguishes it from a real outage: the destination works for the others. An event *causes*
+//! an outage when it was in the call that began it, or when it was in a failed call after the
+//! destination had answered other calls since this event's previous failed call; an event that
+//! causes [`RelayConfig::max_outages_per_event`] outages (5 by default) without being answered
+//! once in between is dead as a suspected poison (`suspected poison: present at 5 outages of
+//! destination …`, with the last reason). A real outage counts once for the events of its first
+//! call and not at all for the others, however long it lasts; an answer for the event (delivered,
+//! retry, rejected) starts its count again. Its limits: an event alone on its destination (nothing
+//! else delivered between its tries) looks exactly like an outage and waits as one; and an
+//! innocent event of a destination that goes down and up again and again may meet five of its
+//! outages in a row and be buried with it (raise the limit for such a destination, or set 0 and
+//! bound outages with `dead_after_unavailable`). What the relay remembers for this is per relay
+//! process (a restart starts every count again), and bounded (at most
+//! 10,000 events per destination; past that, new ones are not counted until old ones are
+//! answered). `max_outages_per_event = 0` turns it off.
+//!
 //! One log line marks the start of an outage (`Destination is failing`) and one its end
 //! (`Destination answers again`, with how long it lasted); the events in between are logged at
 //! debug level only. Gauges: `outbox_destination_failing{destination}` (1 while failing) and
@@ -238,6 +261,10 @@ pub struct RelayConfig {
     /// that one).
     #[serde(with = "duration_map")]
     pub dead_after_unavailable_for: BTreeMap<String, Duration>,
+    /// An event that causes this many outages of its destination, which answers other events in
+    /// between, is dead as a suspected poison (see "An event that looks like an outage" in the
+    /// crate docs). 5 by default; `0` turns the check off.
+    pub max_outages_per_event: u32,
     /// Return once a claim finds nothing due and no batch is in flight (`outbox relay --drain`).
     pub stop_when_idle: bool,
     /// With `stop_when_idle`: once nothing is due, keep claiming for events this relay set to
@@ -268,6 +295,7 @@ impl Default for RelayConfig {
             destination_cooldown: Duration::from_secs(10),
             dead_after_unavailable: Duration::ZERO,
             dead_after_unavailable_for: BTreeMap::new(),
+            max_outages_per_event: 5,
             stop_when_idle: false,
             // The default retry cap: a drain waits out one full backoff.
             drain_wait: RetryPolicy::default().cap,
@@ -931,6 +959,32 @@ impl Pacer {
     }
 }
 
+/// `outcome` with its reason through [`outbox_types::redact::redact_in_text`].
+fn redacted(outcome: Outcome) -> Outcome {
+    use outbox_types::redact::redact_in_text;
+    let clean = |reason: String| {
+        if reason.contains("://") || reason.contains('@') {
+            redact_in_text(&reason)
+        } else {
+            reason
+        }
+    };
+    match outcome {
+        Outcome::Delivered => Outcome::Delivered,
+        Outcome::Unavailable { reason, after } => Outcome::Unavailable {
+            reason: clean(reason),
+            after,
+        },
+        Outcome::Retry { reason, after } => Outcome::Retry {
+            reason: clean(reason),
+            after,
+        },
+        Outcome::Reject { reason } => Outcome::Reject {
+            reason: clean(reason),
+        },
+    }
+}
+
 /// Exponential pause between attempts to reach the database: 100 ms, 200 ms, … up to `max`.
 fn store_backoff(failures: u32, max: Duration) -> Duration {
     let exponent = failures.saturating_sub(1).min(20);
@@ -957,6 +1011,44 @@ struct Lanes {
     names: Vec<String>,
     routes: Option<Arc<RouteTable>>,
     health: std::sync::Mutex<Vec<Health>>,
+    /// Per destination, the events suspected of causing its outages.
+    suspects: std::sync::Mutex<Vec<Suspects>>,
+}
+
+/// What a destination's outages say about its events (see "An event that looks like an outage"
+/// in the crate docs).
+#[derive(Default)]
+struct Suspects {
+    /// Outages begun so far (numbers them; never reset, unlike [`Health`]).
+    outages: u64,
+    /// Calls it answered so far.
+    answers: u64,
+    /// Events present at a failed call and not answered since.
+    events: HashMap<outbox_types::EventId, Suspect>,
+    /// Events whose count reached the limit, for `settle` to bury.
+    poisoned: std::collections::HashSet<outbox_types::EventId>,
+}
+
+/// One event's record of the outages it met.
+struct Suspect {
+    /// The outage of its latest failed call.
+    outage: u64,
+    /// [`Suspects::answers`] at its latest failed call.
+    answers: u64,
+    /// Outages it caused.
+    caused: u32,
+}
+
+/// Most events a destination's [`Suspects`] remembers.
+const MAX_SUSPECTS: usize = 10_000;
+
+/// How a failed call stood in its destination's outage.
+#[derive(Clone, Copy)]
+struct FailedCall {
+    /// The outage's number.
+    outage: u64,
+    /// The call began it (the destination had answered, or nothing was failing, before).
+    began: bool,
 }
 
 /// How a destination has been answering lately.
@@ -1031,10 +1123,13 @@ impl Lanes {
             None => vec![sink_name.to_owned()],
         };
         let health = std::sync::Mutex::new(vec![Health::default(); names.len()]);
+        let suspects =
+            std::sync::Mutex::new((0..names.len()).map(|_| Suspects::default()).collect());
         Lanes {
             names,
             routes,
             health,
+            suspects,
         }
     }
 
@@ -1124,8 +1219,79 @@ impl Lanes {
         Some((reason, remaining))
     }
 
-    /// Record how a call to `lane` went.
-    fn record(&self, lane: usize, outcomes: &[Outcome], timed_out: bool, max_cooldown: Duration) {
+    /// Count `events`, all of a failed `call` to `lane`, toward the outages they caused; returns
+    /// how many of them reached `limit` (they are then marked for [`Lanes::take_poisoned`]).
+    fn suspect(&self, lane: usize, events: &[Event], call: FailedCall, limit: u32) -> usize {
+        let mut all = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(suspects) = all.get_mut(lane) else {
+            return 0;
+        };
+        let answers = suspects.answers;
+        let mut reached = 0;
+        for event in events {
+            if !suspects.events.contains_key(&event.id) && suspects.events.len() >= MAX_SUSPECTS {
+                // Forget events whose latest failure was in an earlier outage; if none, this one
+                // goes uncounted (the bound keeps a long outage from growing the map).
+                let current = call.outage;
+                suspects.events.retain(|_, s| s.outage >= current);
+                if suspects.events.len() >= MAX_SUSPECTS {
+                    continue;
+                }
+            }
+            let entry = suspects.events.entry(event.id).or_insert(Suspect {
+                outage: 0,
+                answers,
+                caused: 0,
+            });
+            if entry.outage == call.outage {
+                continue;
+            }
+            // It caused this outage: it began it, or the destination answered others since this
+            // event last failed.
+            let caused = call.began || (entry.outage != 0 && answers > entry.answers);
+            entry.outage = call.outage;
+            entry.answers = answers;
+            if caused {
+                entry.caused += 1;
+                if entry.caused >= limit {
+                    suspects.poisoned.insert(event.id);
+                    reached += 1;
+                }
+            }
+        }
+        reached
+    }
+
+    /// Whether `event` was marked a suspected poison of `lane`, with the outages it caused; the
+    /// mark and the record go (it is buried).
+    fn take_poisoned(&self, lane: usize, event: &Event) -> Option<u32> {
+        let mut all = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        let suspects = all.get_mut(lane)?;
+        if !suspects.poisoned.remove(&event.id) {
+            return None;
+        }
+        Some(suspects.events.remove(&event.id).map_or(0, |r| r.caused))
+    }
+
+    /// Forget what `lane`'s outages said about `event`: the destination answered about it.
+    fn forget_suspect(&self, lane: usize, event: &Event) {
+        let mut all = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(suspects) = all.get_mut(lane)
+            && !suspects.events.is_empty()
+        {
+            suspects.events.remove(&event.id);
+            suspects.poisoned.remove(&event.id);
+        }
+    }
+
+    /// Record how a call to `lane` went; for a failed call, where it stands in the outage.
+    fn record(
+        &self,
+        lane: usize,
+        outcomes: &[Outcome],
+        timed_out: bool,
+        max_cooldown: Duration,
+    ) -> Option<FailedCall> {
         let name = self.name(lane);
         // Any outcome but `Unavailable` is the destination answering about an event (a per-event
         // `Retry` included: an unroutable message, a 500 for one payload); only a call it did
@@ -1134,12 +1300,18 @@ impl Lanes {
             .iter()
             .any(|o| !matches!(o, Outcome::Unavailable { .. }));
         let now = Instant::now();
-        let tripped = {
+        let (tripped, failed) = {
             let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(h) = health.get_mut(lane) else {
-                return;
-            };
+            let h = health.get_mut(lane)?;
             if answered || outcomes.is_empty() {
+                if let Some(s) = self
+                    .suspects
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(lane)
+                {
+                    s.answers += 1;
+                }
                 let was_failing = h.trips > 0;
                 let down_for = h
                     .down_since
@@ -1159,7 +1331,7 @@ impl Lanes {
                     metrics::gauge!("outbox_destination_down_since_seconds", "destination" => name.to_owned())
                         .set(0.0);
                 }
-                return;
+                return None;
             }
             if let Some(reason) = outcomes.first().and_then(Outcome::reason) {
                 h.last_error = truncate_error(reason);
@@ -1170,15 +1342,28 @@ impl Lanes {
                 h.down_since = None;
             }
             h.last_failed = Some(now);
-            if h.down_since.is_none() {
+            let began = h.down_since.is_none();
+            if began {
                 let wall = std::time::SystemTime::now();
                 h.down_since = Some((now, wall));
                 metrics::gauge!("outbox_destination_down_since_seconds", "destination" => name.to_owned())
                     .set(unix_seconds(wall));
             }
+            let failed = {
+                let mut all = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+                all.get_mut(lane).map(|s| {
+                    if began {
+                        s.outages += 1;
+                    }
+                    FailedCall {
+                        outage: s.outages,
+                        began,
+                    }
+                })
+            };
             // Calls that were out while it tripped come back failed too: one trip, not one each.
             if h.open_until.is_some_and(|t| t > now) {
-                return;
+                return failed;
             }
             h.failed_calls += 1;
             // A failed trial call (the one call after a cooldown) starts the next cooldown at
@@ -1191,10 +1376,10 @@ impl Lanes {
                 h.open_until = Some(now + cooldown);
                 h.trying = false;
                 h.failed_calls = 0;
-                Some((cooldown, h.last_error.clone()))
+                (Some((cooldown, h.last_error.clone())), failed)
             } else {
                 h.trying = false;
-                None
+                (None, failed)
             }
         };
         if let Some((cooldown, error)) = tripped {
@@ -1207,6 +1392,7 @@ impl Lanes {
                 "Destination is failing: its events wait, costing no attempt, without calling it until the cooldown ends; other destinations keep flowing."
             );
         }
+        failed
     }
 }
 
@@ -1454,14 +1640,22 @@ where
         } else {
             outcomes
         };
+        // Every reason goes to logs and `last_error`: through the one redactor, whatever the
+        // sink did, so a URL a sink or its client quoted never shows its credentials.
+        let outcomes: Vec<Outcome> = outcomes.into_iter().map(redacted).collect();
         // With routes, the router records this per destination.
         if self.lanes.routes.is_none() {
             metrics::histogram!("outbox_publish_duration_seconds", "destination" => self.sink.name().to_owned())
                 .record(started.elapsed().as_secs_f64());
         }
-        if !self.lanes.is_unroutable(lane) {
+        if !self.lanes.is_unroutable(lane)
+            && let Some(call) =
+                self.lanes
+                    .record(lane, &outcomes, timed_out, self.config.destination_cooldown)
+            && self.config.max_outages_per_event > 0
+        {
             self.lanes
-                .record(lane, &outcomes, timed_out, self.config.destination_cooldown);
+                .suspect(lane, &wave, call, self.config.max_outages_per_event);
         }
         (lane, members, wave, outcomes)
     }
@@ -1485,7 +1679,25 @@ where
                     .increment(1);
             }
         }
+        // An answer about the event ends what its destination's outages said about it; an event
+        // that caused too many of them is buried here.
+        let poisoned = match &outcome {
+            Outcome::Unavailable { .. } => self.lanes.take_poisoned(lane, event),
+            _ => {
+                self.lanes.forget_suspect(lane, event);
+                None
+            }
+        };
         match outcome {
+            Outcome::Unavailable { reason, .. } if let Some(caused) = poisoned => {
+                let error = format!(
+                    "suspected poison: present at {caused} outages of destination `{sink}`, each begun by a call with this event or met again after the destination had delivered others (relay.max_outages_per_event = {}); `outbox dead requeue` it once the cause is fixed: {reason}",
+                    self.config.max_outages_per_event
+                );
+                metrics::counter!("outbox_events_poisoned_total", "destination" => label())
+                    .increment(1);
+                self.bury(event, sink, &error, settlement)
+            }
             Outcome::Unavailable { reason, after } => {
                 // The outage's length is looked up only where a limit applies.
                 if let Some(limit) = self.config.unavailable_limit(sink)

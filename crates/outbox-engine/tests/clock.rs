@@ -580,3 +580,150 @@ async fn a_batch_given_up_says_so_once_with_its_lease_after_its_last_write() {
 fn uuid_like(s: &str) -> bool {
     s.len() == 36 && s.chars().filter(|c| *c == '-').count() == 4
 }
+
+/// An event that brings its whole destination down at every try (a broker that closes the
+/// connection on it: every event of the call comes back unavailable), while the destination
+/// delivers the others in between, is dead as a suspected poison after
+/// `max_outages_per_event` outages, with the reason; the others are delivered, none dead.
+/// Without the cap it would wait forever, costing no attempt, and take the destination down
+/// again at every retry.
+#[tokio::test(start_paused = true)]
+async fn an_event_that_causes_every_outage_is_dead_as_a_suspected_poison() {
+    let source = Arc::new(MemorySource::new());
+    let mut events = vec![poison()];
+    for n in 0..5 {
+        events.push(numbered(&format!("ok{n}"), 0));
+    }
+    source.enqueue(&events);
+    // A call with the poison event fails as a whole, as a closed connection does.
+    let sink = Arc::new(Timed::new(Duration::from_millis(5), |_, _| {
+        Outcome::Delivered
+    }));
+    let poisoned_calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = poisoned_calls.clone();
+    let sink_calls = sink.clone();
+    let closing = Arc::new(CallWide {
+        inner: sink_calls,
+        fails_the_call: Box::new(move |events: &[Event]| {
+            let poisoned = events.iter().any(|e| e.event_type == "Bad");
+            if poisoned {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            poisoned
+        }),
+    });
+    let more = source.clone();
+    let feeder = tokio::spawn(async move {
+        for n in 0..60 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            more.enqueue(&[numbered(&format!("late{n}"), 0)]);
+        }
+    });
+    let relay = Relay::new(
+        source.clone(),
+        closing,
+        RelayConfig {
+            retry: RetryPolicy {
+                base: Duration::from_millis(200),
+                cap: Duration::from_millis(400),
+                max_attempts: 3,
+            },
+            ..config("poison-outages")
+        },
+    );
+    run_for(relay, Duration::from_secs(20)).await;
+    feeder.await.unwrap();
+    let rows = source.snapshot();
+    let poison = rows.iter().find(|r| r.event.event_type == "Bad").unwrap();
+    assert_eq!(poison.state, MemoryState::Dead, "{poison:?}");
+    let error = poison.last_error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("suspected poison: present at 5 outages")
+            && error.contains("relay.max_outages_per_event = 5")
+            && error.contains("connection closed"),
+        "{error}"
+    );
+    assert_eq!(
+        poison.event.attempts, 1,
+        "outages cost no attempt: the one counted is the burial's"
+    );
+    // Five outages caused; a try that met the destination still down from its previous one
+    // (nothing delivered in between) is the same outage and counts no more.
+    let tries = poisoned_calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((5..=15).contains(&tries), "{tries} tries");
+    assert!(
+        rows.iter()
+            .filter(|r| r.event.event_type != "Bad")
+            .all(|r| r.state == MemoryState::Delivered),
+        "{rows:?}"
+    );
+}
+
+/// With `max_outages_per_event = 0` the same event is never dead: it waits, costing no
+/// attempt, as every outage does.
+#[tokio::test(start_paused = true)]
+async fn max_outages_per_event_zero_turns_the_poison_check_off() {
+    let source = Arc::new(MemorySource::new());
+    source.enqueue(&[poison(), numbered("ok", 0)]);
+    let sink = Arc::new(Timed::new(Duration::from_millis(5), |_, _| {
+        Outcome::Delivered
+    }));
+    let closing = Arc::new(CallWide {
+        inner: sink,
+        fails_the_call: Box::new(|events: &[Event]| events.iter().any(|e| e.event_type == "Bad")),
+    });
+    let more = source.clone();
+    let feeder = tokio::spawn(async move {
+        for n in 0..60 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            more.enqueue(&[numbered(&format!("late{n}"), 0)]);
+        }
+    });
+    let relay = Relay::new(
+        source.clone(),
+        closing,
+        RelayConfig {
+            max_outages_per_event: 0,
+            retry: RetryPolicy {
+                base: Duration::from_millis(200),
+                cap: Duration::from_millis(400),
+                max_attempts: 3,
+            },
+            ..config("poison-off")
+        },
+    );
+    run_for(relay, Duration::from_secs(20)).await;
+    feeder.await.unwrap();
+    let rows = source.snapshot();
+    let poison = rows.iter().find(|r| r.event.event_type == "Bad").unwrap();
+    assert!(
+        matches!(poison.state, MemoryState::Pending { .. }),
+        "{poison:?}"
+    );
+}
+
+/// A sink over [`Timed`] whose whole call fails as unavailable (`connection closed`) when
+/// `fails_the_call` says so of its events: what a broker that closes the connection on one
+/// message does to every message of the call.
+struct CallWide {
+    inner: Arc<Timed>,
+    fails_the_call: Box<FailsTheCall>,
+}
+
+/// Whether a [`CallWide`] call with these events fails as a whole.
+type FailsTheCall = dyn Fn(&[Event]) -> bool + Send + Sync;
+
+#[async_trait]
+impl Sink for CallWide {
+    fn name(&self) -> &str {
+        "call-wide"
+    }
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let outcomes = self.inner.publish(events).await;
+        if (self.fails_the_call)(events) {
+            vec![Outcome::unavailable("connection closed (FRAME_ERROR)"); events.len()]
+        } else {
+            outcomes
+        }
+    }
+}

@@ -165,3 +165,34 @@ async fn the_record_timestamp_is_the_publish_time_or_occurred_at() {
         }
     }
 }
+
+/// A row's headers that pose as the relay's own in another case (`Outbox-Event-Id`) never reach
+/// the topic: Kafka header names are case-sensitive, so they would travel beside the real ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_relay_headers_in_any_case_do_not_travel() {
+    let Some((topic, sink)) = sink_on_own_topic("outbox_forged", serde_json::json!({})).await
+    else {
+        return;
+    };
+    let e = common::with_forged_relay_headers(event("42", "{}", None));
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Delivered]
+    );
+    let m = common::consume_only_record(&topic).await;
+    use rdkafka::message::Headers;
+    let headers: Vec<(String, String)> = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| {
+                    (
+                        h.key.to_owned(),
+                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    common::assert_no_forged_relay_headers(&e, &headers);
+}

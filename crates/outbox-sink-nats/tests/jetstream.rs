@@ -194,6 +194,31 @@ async fn a_redelivered_event_is_stored_once() {
     js.delete_stream(&stream).await.unwrap();
 }
 
+/// A row's headers in the reserved prefix, in any case, never reach the stream (NATS keeps
+/// header names' case, so `Outbox-Tenant` would travel as the writer wrote it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_relay_headers_in_any_case_do_not_travel() {
+    let (sink, stream) = sink_with_own_stream("f", serde_json::json!({})).await;
+    let e = common::with_forged_relay_headers(common::event("x", 1));
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Delivered]
+    );
+    let js = jetstream_context().await;
+    let messages = read_stream(&js, &stream).await;
+    let headers: Vec<(String, String)> = messages[0]
+        .headers
+        .iter()
+        .flat_map(|(name, values)| {
+            values
+                .iter()
+                .map(move |v| (name.to_string(), v.as_str().to_owned()))
+        })
+        .collect();
+    common::assert_no_forged_relay_headers(&e, &headers);
+    js.delete_stream(&stream).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_headers_send_content_type_as_earlier_releases_did() {
     let (sink, stream) =

@@ -255,3 +255,50 @@ async fn an_unroutable_message_is_not_delivered_until_a_queue_is_bound() {
     );
     rabbit.clean_up().await;
 }
+
+/// End to end through the relay: an event whose headers cannot fit one frame of the connection
+/// (here `frame_max=8192`, negotiated from the URL) is dead with a reason naming both sizes,
+/// without a single outage; the other aggregates are delivered on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_too_large_for_a_frame_is_dead_and_causes_no_outage() {
+    let rabbit = common::Rabbit::connect().await;
+    let exchange = rabbit.exchange("outbox_ex_frame_relay");
+    rabbit.declare_exchange(&exchange).await;
+    let queue = rabbit.queue_bound(&exchange, "#").await;
+    let sink = Arc::new(
+        RabbitMqSink::connect(common::config(serde_json::json!({
+            "url": "amqp://guest:guest@127.0.0.1:5672/%2f?frame_max=8192",
+            "exchange": exchange,
+        })))
+        .unwrap(),
+    );
+    let store = Arc::new(common::fresh_store().await);
+    let mut events: Vec<NewEvent> = (0..10)
+        .map(|i| numbered(&format!("g{}", i % 5), i / 5))
+        .collect();
+    let big = numbered("big", 0).with_header("x-big", "h".repeat(10_000));
+    events.insert(3, big.clone());
+    common::enqueue_committed(&store, &events).await;
+    let report = Relay::new(
+        store.clone(),
+        sink,
+        RelayConfig {
+            // The store's bound on headers and the other small columns stays out of the way:
+            // this is about the broker's frame.
+            max_metadata_bytes: 1 << 20,
+            ..relay_config(20)
+        },
+    )
+    .run(std::future::pending())
+    .await;
+    assert_eq!((report.delivered, report.dead), (10, 1), "{report:?}");
+    assert_eq!(report.unavailable, 0, "no outage: {report:?}");
+    let record = store.get(big.id()).await.unwrap().unwrap();
+    let error = record.last_error.unwrap_or_default();
+    assert!(
+        error.contains("frame_max") && error.contains("8192 bytes"),
+        "{error}"
+    );
+    assert_eq!(rabbit.drain_expecting(&queue, 10).await.len(), 10);
+    rabbit.clean_up().await;
+}

@@ -153,6 +153,33 @@ async fn a_key_of_another_type_is_rejected_without_failing_the_rest() {
     del(&mut con, &[&a, &b, &string_key]).await;
 }
 
+/// A row's headers in the reserved prefix, in any case, never reach the entry's `headers`
+/// field (a JSON object, whose keys are case-sensitive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_relay_headers_in_any_case_do_not_travel() {
+    let key = format!("outbox:{}:forged", common::unique("f"));
+    let sink = RedisSink::connect(common::config(serde_json::json!({
+        "url": REDIS,
+        "stream": key,
+    })))
+    .unwrap();
+    let e = common::with_forged_relay_headers(common::event("x", 1));
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Delivered]
+    );
+    let mut con = redis().await;
+    let entries = xrange(&mut con, &key).await;
+    let headers: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&entries[0]["headers"]).unwrap();
+    let headers: Vec<(String, String)> = headers
+        .into_iter()
+        .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned()))
+        .collect();
+    common::assert_no_forged_relay_headers(&e, &headers);
+    del(&mut con, &[&key]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maxlen_trims_the_stream() {
     let id = common::unique("m");

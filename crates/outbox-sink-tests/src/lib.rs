@@ -468,6 +468,61 @@ pub fn special_event(destination: impl Into<String>) -> NewEvent {
         .with_idempotency_key("special-0")
 }
 
+/// Row header names that pose as the relay's own in another case (and one more in the
+/// reserved prefix): no consumer may receive any of them, whatever the broker's rule for case.
+pub const FORGED_RELAY_HEADERS: [&str; 4] = [
+    "Outbox-Event-Id",
+    "OUTBOX-IDEMPOTENCY-KEY",
+    "outbox-Aggregate-Id",
+    "Outbox-Tenant",
+];
+
+/// `event` with every name of [`FORGED_RELAY_HEADERS`] set to `forged`, and an ordinary
+/// `tenant` header: what a writer who wants to forge a relay header stores.
+pub fn with_forged_relay_headers(mut event: Event) -> Event {
+    for name in FORGED_RELAY_HEADERS {
+        event.headers.insert(name.to_owned(), "forged".to_owned());
+    }
+    event.headers.insert("tenant".to_owned(), "acme".to_owned());
+    event
+}
+
+/// Check the headers a consumer received for a [`with_forged_relay_headers`] event: every
+/// header whose name starts with `outbox-` in any case is one of the relay's own, in lower case,
+/// once, never `forged`; the event's id and key are the real ones; `tenant` arrived.
+#[track_caller]
+pub fn assert_no_forged_relay_headers(event: &Event, headers: &[(String, String)]) {
+    let ours: Vec<&(String, String)> = headers
+        .iter()
+        .filter(|(name, _)| name.to_ascii_lowercase().starts_with("outbox-"))
+        .collect();
+    for (name, value) in &ours {
+        assert_eq!(
+            name,
+            &name.to_ascii_lowercase(),
+            "a forged name travels: {headers:?}"
+        );
+        assert_ne!(value, "forged", "a forged value travels: {headers:?}");
+    }
+    let mut names: Vec<&str> = ours.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    let count = names.len();
+    names.dedup();
+    assert_eq!(count, names.len(), "each relay header once: {headers:?}");
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("outbox-event-id"), Some(event.id.to_string().as_str()));
+    assert_eq!(
+        get("outbox-aggregate-id"),
+        Some(event.aggregate_id.as_str())
+    );
+    assert_eq!(get("tenant"), Some("acme"), "{headers:?}");
+}
+
 /// Check that a message carried `event`'s trace context and idempotency key, as the headers
 /// `traceparent` and `outbox-idempotency-key`; `header` reads one of the message's headers.
 #[track_caller]

@@ -39,11 +39,31 @@
 //!   receiver deduplicates on it), the routing headers
 //!   (`outbox-event-id`, `outbox-aggregate-id` — the key —, …, and the event's own headers such
 //!   as `traceparent`), `Authorization` when configured, and the signature headers when a secret
-//!   is configured. An event header that would change how the request is framed or routed
-//!   (`Host`, `Content-Length`, `Transfer-Encoding`, `Connection`, …) or that would replace one
-//!   of the sink's own (including `webhook-id`, `webhook-timestamp`, `webhook-signature`) is not
-//!   forwarded. `X-Event-Id` and `X-Event-Type`, which earlier releases sent, come back with
+//!   is configured. `X-Event-Id` and `X-Event-Type`, which earlier releases sent, come back with
 //!   `legacy_headers = true`.
+//! - **Which event headers ride along**: the request carries the sink's credentials, so an
+//!   event's own header must not change what the receiver makes of it. Never forwarded (and
+//!   refused in `allowed_headers`): headers that frame or route the request (`Host`,
+//!   `Content-Length`, `Content-Type`, `Transfer-Encoding`, `Connection`, `Keep-Alive`,
+//!   `Upgrade`, `TE`, `Trailer`, `Expect`, `User-Agent`), credentials (`Authorization`,
+//!   `Proxy-Authorization`) and the sink's own headers (`Idempotency-Key`, `webhook-id`,
+//!   `webhook-timestamp`, `webhook-signature`, the `signature_header`, `X-Event-Id`,
+//!   `X-Event-Type`). Not forwarded by default (the [`DENIED_HEADERS`] list): the other
+//!   hop-by-hop and `Proxy-*` headers; `Cookie`; what proxies add about the client
+//!   (`Forwarded`, `Via`, `X-Forwarded-*`, `X-Real-IP`, `True-Client-IP`, …) or the original
+//!   request (`X-Original-URL`, `X-Rewrite-URL`); method overrides (`X-HTTP-Method-Override`,
+//!   `X-HTTP-Method`, `X-Method-Override`); other `Content-*`, `Range`, `If-*`, `Origin`,
+//!   `Referer`; other `webhook-*` and signature headers (`X-Hub-Signature*`,
+//!   `X-Outbox-Signature`); and any name that looks like a credential (`X-Api-Key`,
+//!   `X-Auth-Token`, `X-CSRF-Token`, `Session-Id`: names ending in `token`, `secret`,
+//!   `password`, `apikey`, `auth`, `signature`, `cookie`, `session`…). Such a header is
+//!   **dropped**, not the event: the event is valid and other destinations carry the header,
+//!   and burying events for a header copied from an inbound request would let any writer hold
+//!   up its aggregates; each drop is logged at debug level and counted in
+//!   `outbox_webhook_headers_dropped_total`. [`allowed_headers`](WebhookSinkConfig::allowed_headers)
+//!   makes it a list: only the event headers it names are forwarded (the relay's own
+//!   `outbox-*` and CloudEvents headers always are), and it may name a default-denied header
+//!   the receiver needs (`X-Forwarded-For` for an audit log), never a never-forwarded one.
 //! - **Body**: the stored JSON bytes, or a CloudEvents 1.0 structured envelope; in CloudEvents
 //!   binary mode the stored bytes, with the attributes as `ce-` headers (percent-encoded as the
 //!   HTTP binding says).
@@ -165,8 +185,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use outbox_sink_common::{Login, login, unique_headers};
-use outbox_types::redact::{redact_in_text, redact_url};
+use outbox_sink_common::{Login, login};
+use outbox_types::redact::{redact_in_text, redact_url, scrub};
 use outbox_types::routing::{Binding, Routing, Template};
 use outbox_types::{Event, Outcome, Sink, SinkError, humantime_duration, truncate_error};
 use reqwest::StatusCode;
@@ -223,6 +243,12 @@ outbox_sink_common::config_struct! {
         /// Also send the headers of earlier releases, `x-event-id` and `x-event-type` (the
         /// same values as `outbox-event-id` and `outbox-event-type`); default `false`.
         pub legacy_headers: bool = false,
+        /// The event headers forwarded (names, any case), e.g. `["traceparent", "tracestate",
+        /// "x-tenant"]`; every other event header is dropped. Unset (default): every event header
+        /// but the denied ones (see the [crate docs](crate#the-request)). May name a
+        /// default-denied header the receiver needs; naming one that is never forwarded
+        /// (`Host`, `Authorization`, the signature headers, …) is a configuration error.
+        pub allowed_headers: Option<Vec<String>> = None,
         /// Only send to `https://` URLs (a plain `http://` URL is then rejected).
         pub tls: bool = false,
         /// HTTP Basic user name, with `password` or `password_env` (`user`, as in every sink).
@@ -298,8 +324,9 @@ pub fn parse_retry_after(value: &str, now: SystemTime, max: Duration) -> Option<
     Some(delay.min(max))
 }
 
-/// Event header names that are not forwarded: they would change how the request is framed or
-/// routed, or replace a header the sink sets itself.
+/// Event header names that are never forwarded, whatever `allowed_headers` says: they would
+/// change how the request is framed or routed, carry credentials, or replace a header the sink
+/// sets itself.
 const RESERVED: &[&str] = &[
     "host",
     "content-length",
@@ -320,13 +347,133 @@ const RESERVED: &[&str] = &[
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
+    "user-agent",
 ];
+
+/// Event header names not forwarded unless `allowed_headers` names them: hop-by-hop and proxy
+/// headers, cookies, what proxies add about the client or the original request, method
+/// overrides, headers that make the request conditional or partial, and signature headers.
+/// Names ending in `-` are prefixes. Names that look like a credential are denied as well (see
+/// [`credential_like`]).
+pub const DENIED_HEADERS: &[&str] = &[
+    "proxy-",
+    "cookie",
+    "cookie2",
+    "forwarded",
+    "via",
+    "x-forwarded-",
+    "x-real-ip",
+    "x-client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "x-cluster-client-ip",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-original-host",
+    "x-original-method",
+    "x-host",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "content-",
+    "range",
+    "if-",
+    "origin",
+    "referer",
+    "webhook-",
+    "x-outbox-signature",
+    "x-hub-signature",
+    "x-hub-signature-",
+];
+
+/// Whether an event header's name looks like a credential (`X-Api-Key`, `X-Auth-Token`,
+/// `Session-Id`): its letters and digits, in lower case, end with one of these words. A writer
+/// who sets one could make the receiver read the request as someone else's.
+fn credential_like(lower: &str) -> bool {
+    let squashed: String = lower.chars().filter(char::is_ascii_alphanumeric).collect();
+    [
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "auth",
+        "authorization",
+        "credential",
+        "credentials",
+        "signature",
+        "cookie",
+        "session",
+        "sessionid",
+        "jwt",
+    ]
+    .iter()
+    .any(|word| squashed.ends_with(word))
+}
+
+/// Whether `lower` (a header name in lower case) is on [`DENIED_HEADERS`] or looks like a
+/// credential.
+fn denied_by_default(lower: &str) -> bool {
+    DENIED_HEADERS
+        .iter()
+        .any(|denied| match denied.strip_suffix('-') {
+            Some(_) => lower.starts_with(denied),
+            None => lower == *denied,
+        })
+        || credential_like(lower)
+}
+
+/// Which event headers a request carries (see the crate docs' "Which event headers ride
+/// along").
+#[derive(Debug)]
+enum HeaderPolicy {
+    /// Every event header but the reserved and the denied ones.
+    Default,
+    /// Only these (lower case), never a reserved one.
+    Allow(std::collections::HashSet<String>),
+}
+
+impl HeaderPolicy {
+    fn from_config(config: &WebhookSinkConfig) -> Result<Self, SinkError> {
+        let Some(list) = &config.allowed_headers else {
+            return Ok(HeaderPolicy::Default);
+        };
+        let mut allowed = std::collections::HashSet::with_capacity(list.len());
+        for name in list {
+            let lower = name.trim().to_ascii_lowercase();
+            if HeaderName::from_bytes(lower.as_bytes()).is_err() {
+                return Err(config_error(format!(
+                    "`allowed_headers` entry `{name}` is not a valid HTTP header name"
+                )));
+            }
+            if RESERVED.contains(&lower.as_str())
+                || lower.eq_ignore_ascii_case(&config.signature_header)
+            {
+                return Err(config_error(format!(
+                    "`allowed_headers` names `{name}`, which an event may never set on the request (it frames or routes the request, carries credentials, or is one of the sink's own headers): remove it"
+                )));
+            }
+            allowed.insert(lower);
+        }
+        Ok(HeaderPolicy::Allow(allowed))
+    }
+
+    /// Whether an event's header named `lower` (lower case, not reserved) is forwarded.
+    fn forwards(&self, lower: &str) -> bool {
+        match self {
+            HeaderPolicy::Default => !denied_by_default(lower),
+            HeaderPolicy::Allow(allowed) => allowed.contains(lower),
+        }
+    }
+}
 
 /// Posts events to a webhook. See the [crate docs](crate).
 pub struct WebhookSink {
     routing: Routing,
     /// See the configuration's `legacy_headers`.
     legacy_headers: bool,
+    /// Which of an event's own headers ride along (`allowed_headers`).
+    header_policy: HeaderPolicy,
     /// Decides each event's URL; the only way to get a URL credentials may go to.
     targets: Targets,
     client: reqwest::Client,
@@ -335,6 +482,10 @@ pub struct WebhookSink {
     signing: Option<Signing>,
     request_timeout: Duration,
     max_retry_after: Duration,
+    /// What the redactor masks in the `url` template (a path token, a query key's value), kept
+    /// to scrub from reasons: a receiver's error page may quote the request's path, where no
+    /// redactor could recognise it without knowing the URL.
+    secrets: Vec<String>,
 }
 
 /// The `url` template, required, with a scheme `tls` allows.
@@ -521,6 +672,7 @@ impl WebhookSink {
         Ok(WebhookSink {
             routing,
             legacy_headers: config.legacy_headers,
+            header_policy: HeaderPolicy::from_config(&config)?,
             targets,
             client,
             limit: Arc::new(Semaphore::new(config.concurrency)),
@@ -528,6 +680,7 @@ impl WebhookSink {
             signing,
             request_timeout: config.request_timeout,
             max_retry_after: config.max_retry_after,
+            secrets: outbox_types::redact::url_secrets(&text),
         })
     }
 
@@ -547,12 +700,43 @@ impl WebhookSink {
             Some(Signing::OutboxV1 { header, .. }) => Some(header.as_str()),
             _ => None,
         };
-        let mut routing_headers = self.routing.headers(event);
-        routing_headers.extend(self.routing.cloudevents_headers(event, Binding::Http));
-        for (name, value) in unique_headers(routing_headers) {
+        let debezium = self.routing.format == outbox_types::routing::PayloadFormat::Debezium;
+        // The event's own headers are those routing did not make itself (`outbox-*`, Debezium's
+        // `id`); the CloudEvents attributes come after them, never from the row.
+        let from_row =
+            |name: &str| !(outbox_types::is_relay_header(name) || (debezium && name == "id"));
+        let mut routing_headers: Vec<(String, String, bool)> = self
+            .routing
+            .headers(event)
+            .into_iter()
+            .map(|(name, value)| {
+                let own = from_row(&name);
+                (name, value, own)
+            })
+            .collect();
+        routing_headers.extend(
+            self.routing
+                .cloudevents_headers(event, Binding::Http)
+                .into_iter()
+                .map(|(name, value)| (name, value, false)),
+        );
+        let mut seen = std::collections::HashSet::with_capacity(routing_headers.len());
+        for (name, value, own) in routing_headers {
             let lower = name.to_ascii_lowercase();
-            if RESERVED.contains(&lower.as_str()) || signature_header == Some(lower.as_str()) {
-                debug!(event_id = %event.id, header = %name, "event header not forwarded");
+            // Each name once, the first (the relay's own come first) winning.
+            if !seen.insert(lower.clone()) {
+                continue;
+            }
+            if RESERVED.contains(&lower.as_str())
+                || signature_header == Some(lower.as_str())
+                || (own && !self.header_policy.forwards(&lower))
+            {
+                debug!(
+                    event_id = %event.id,
+                    header = %outbox_types::redact::escape_control(&name),
+                    "Event header not forwarded to the webhook (see `allowed_headers`)."
+                );
+                metrics::counter!("outbox_webhook_headers_dropped_total").increment(1);
                 continue;
             }
             let header_name = HeaderName::from_bytes(name.as_bytes())
@@ -651,11 +835,11 @@ impl WebhookSink {
                         self.request_timeout.as_millis()
                     )
                 } else if e.is_connect() {
-                    format!("cannot connect to {shown}: {}", redact_in_text(&chain(&e)))
+                    format!("cannot connect to {shown}: {}", chain(&e))
                 } else {
-                    format!("request to {shown} failed: {}", redact_in_text(&chain(&e)))
+                    format!("request to {shown} failed: {}", chain(&e))
                 };
-                return Outcome::unavailable(truncate_error(&why));
+                return Outcome::unavailable(truncate_error(&scrub(&why, &self.secrets)));
             }
         };
         let status = response.status();
@@ -673,7 +857,13 @@ impl WebhookSink {
         if status.is_success() {
             return Outcome::Delivered;
         }
-        classify(status, &shown, &body, retry_after, location.as_deref())
+        classify(
+            status,
+            &shown,
+            &scrub(&body, &self.secrets),
+            retry_after,
+            location.as_deref(),
+        )
     }
 }
 

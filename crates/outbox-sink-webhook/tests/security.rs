@@ -452,3 +452,155 @@ async fn reasons_show_urls_without_their_credentials() {
         "{reason}"
     );
 }
+
+/// Every header name of a recorded request, with its values, in the receiver's (lower) case.
+fn header_pairs(r: &Recorded) -> Vec<(String, String)> {
+    r.headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect()
+}
+
+/// An event whose own headers try to ride on the authenticated request: a cookie, client
+/// addresses, a method override, a credential of their own, headers that make it conditional or
+/// encoded, a signature header; beside two ordinary ones.
+fn event_with_hostile_headers() -> Event {
+    let mut event = common::event("a", 1);
+    for (name, value) in [
+        ("Cookie", "session=attacker"),
+        ("X-Forwarded-For", "10.0.0.1"),
+        ("X-Forwarded-Host", "admin.internal"),
+        ("Forwarded", "for=10.0.0.1;host=admin.internal"),
+        ("X-Real-IP", "10.0.0.1"),
+        ("X-HTTP-Method-Override", "DELETE"),
+        ("X-Method-Override", "DELETE"),
+        ("Proxy-Authorization", "Basic eDp5"),
+        ("Proxy-Foo", "x"),
+        ("X-Api-Key", "attackers-key"),
+        ("X-Auth-Token", "attackers-token"),
+        ("Content-Encoding", "gzip"),
+        ("If-Match", "\"x\""),
+        ("Range", "bytes=0-1"),
+        ("Webhook-Version", "2"),
+        ("X-Hub-Signature-256", "sha256=forged"),
+        ("User-Agent", "forged"),
+        ("x-tenant", "acme"),
+    ] {
+        event.headers.insert(name.into(), value.into());
+    }
+    event
+}
+
+/// Row headers such as `Cookie`, `X-Forwarded-For` or `X-HTTP-Method-Override` never ride on
+/// the authenticated request; ordinary ones (`traceparent`, `x-tenant`) do, and the event is
+/// delivered (a denied header is dropped, not the event), with a debug line per drop.
+#[tokio::test]
+async fn denied_event_headers_are_dropped_and_the_event_is_delivered() {
+    let (receiver, _, sink) =
+        sink_to_receiver("/hooks", serde_json::json!({ "bearer_token": TOKEN })).await;
+    let event = event_with_hostile_headers();
+    let logs = outbox_testkit::LogBuffer::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    let outcomes = sink.publish(std::slice::from_ref(&event)).await;
+    drop(guard);
+    assert_eq!(outcomes, [Outcome::Delivered]);
+    let r = receiver.only_request_with_token("/hooks");
+    let names: Vec<String> = header_pairs(&r).into_iter().map(|(n, _)| n).collect();
+    for denied in [
+        "cookie",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "forwarded",
+        "x-real-ip",
+        "x-http-method-override",
+        "x-method-override",
+        "proxy-authorization",
+        "proxy-foo",
+        "x-api-key",
+        "x-auth-token",
+        "content-encoding",
+        "if-match",
+        "range",
+        "webhook-version",
+        "x-hub-signature-256",
+    ] {
+        assert!(!names.iter().any(|n| n == denied), "{denied}: {names:?}");
+    }
+    assert_ne!(header(&r, "user-agent").as_deref(), Some("forged"));
+    assert_eq!(header(&r, "x-tenant").as_deref(), Some("acme"));
+    assert_eq!(
+        header(&r, "traceparent"),
+        event.headers.get("traceparent").cloned()
+    );
+    let text = logs.text();
+    assert!(
+        text.contains("Event header not forwarded") && text.contains("X-HTTP-Method-Override"),
+        "{text}"
+    );
+}
+
+/// `allowed_headers` forwards only the event headers it names (any case), may let a
+/// default-denied one through for a receiver that needs it, never a reserved one; the relay's
+/// own `outbox-*` headers always travel.
+#[tokio::test]
+async fn allowed_headers_is_the_list_of_event_headers_forwarded() {
+    let (receiver, _, sink) = sink_to_receiver(
+        "/hooks",
+        serde_json::json!({ "allowed_headers": ["X-Tenant", "x-forwarded-for"] }),
+    )
+    .await;
+    let event = event_with_hostile_headers();
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&event)).await,
+        [Outcome::Delivered]
+    );
+    let requests = receiver.requests();
+    let r = &requests[0];
+    assert_eq!(header(r, "x-tenant").as_deref(), Some("acme"));
+    assert_eq!(header(r, "x-forwarded-for").as_deref(), Some("10.0.0.1"));
+    assert!(header(r, "traceparent").is_none(), "not listed");
+    assert!(header(r, "cookie").is_none());
+    assert_eq!(
+        header(r, "outbox-event-id"),
+        Some(event.id.to_string()),
+        "the relay's own headers always travel"
+    );
+    for reserved in [
+        "Host",
+        "authorization",
+        "Content-Length",
+        "webhook-signature",
+        "X-Outbox-Signature",
+    ] {
+        let err = WebhookSink::connect(config(serde_json::json!({
+            "url": "http://127.0.0.1:1/x",
+            "allowed_headers": [reserved],
+        })))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("allowed_headers") && err.contains(reserved),
+            "{reserved}: {err}"
+        );
+    }
+}
+
+/// A row's headers in the reserved prefix, in any case, never reach the receiver
+/// (`Outbox-Tenant` would arrive as `outbox-tenant`, posing as one of the relay's).
+#[tokio::test]
+async fn forged_relay_headers_in_any_case_do_not_travel() {
+    let (receiver, _, sink) = sink_to_receiver("/hooks", serde_json::json!({})).await;
+    let event = common::with_forged_relay_headers(common::event("a", 1));
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&event)).await,
+        [Outcome::Delivered]
+    );
+    common::assert_no_forged_relay_headers(&event, &header_pairs(&receiver.requests()[0]));
+}

@@ -22,7 +22,7 @@
 //! | `partitionkey` | the aggregate id ([Partitioning extension]) |
 //! | `aggregatetype` | the aggregate type |
 //! | `idempotencykey` | the writer's idempotency key, when set |
-//! | extensions | each writer header, its name lower-cased with everything but `a-z 0-9` removed (`Tenant-Id` → `tenantid`, `traceparent` stays); a header whose name becomes empty, names one of the attributes above or `data`/`data_base64`/`dataschema`, starts with `outbox-`, or maps to a name an earlier header (in name order) took, is not made an extension — it still travels as a message header |
+//! | extensions | each writer header, its name lower-cased with everything but `a-z 0-9` removed (`Tenant-Id` → `tenantid`, `traceparent` stays); a header whose name becomes empty, names one of the attributes above or `data`/`data_base64`/`dataschema`, starts with `outbox-` (in any case), or maps to a name an earlier header (in name order) took, is not made an extension — it still travels as a message header |
 //!
 //! [Partitioning extension]: https://github.com/cloudevents/spec/blob/main/cloudevents/extensions/partitioning.md
 //!
@@ -261,6 +261,7 @@ pub fn is_binding_attribute(header: &str) -> bool {
 /// assert_eq!(extension_name("traceparent").as_deref(), Some("traceparent"));
 /// assert_eq!(extension_name("outbox-partition"), None);
 /// assert_eq!(extension_name("__outbox.debezium"), None);
+/// assert_eq!(extension_name("Outbox-Event-Id"), None);
 /// assert_eq!(extension_name("Type"), None);
 /// assert_eq!(extension_name("--"), None);
 /// ```

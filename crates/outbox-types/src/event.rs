@@ -52,6 +52,26 @@ pub fn headers_for_display(text: &str) -> Headers {
 /// itself (the Kafka partition a Debezium table chose) when it hands an event to the table.
 pub const RESERVED_HEADER_PREFIX: &str = "outbox-";
 
+/// Whether a header named `name`, from an event's row, would pass for one of the relay's own
+/// message headers: it starts with [`RESERVED_HEADER_PREFIX`] in **any** case (`Outbox-Event-Id`,
+/// `OUTBOX-TENANT`, `outbox-partition` too). Every sink leaves such a header off the message
+/// ([`Routing::headers`](crate::routing::Routing::headers)): on a broker whose header names are
+/// case-sensitive (Kafka, RabbitMQ) a forged `Outbox-Event-Id` would otherwise travel beside the
+/// real `outbox-event-id`, and a consumer that reads names without case could take it.
+///
+/// ```
+/// use outbox_types::is_relay_header;
+/// assert!(is_relay_header("outbox-event-id"));
+/// assert!(is_relay_header("Outbox-Event-Id"));
+/// assert!(is_relay_header("OUTBOX-TENANT"));
+/// assert!(!is_relay_header("outboxed"));
+/// assert!(!is_relay_header("tenant"));
+/// ```
+pub fn is_relay_header(name: &str) -> bool {
+    name.get(..RESERVED_HEADER_PREFIX.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(RESERVED_HEADER_PREFIX))
+}
+
 /// Whether a header named `name` may not be stored with an event: it starts with
 /// [`RESERVED_HEADER_PREFIX`] (lower case, as written) and is not `outbox-partition`.
 ///

@@ -55,7 +55,7 @@ pub use error::{EncodeError, StoreError};
 pub use event::{
     AggregateKey, Event, EventId, EventRecord, EventState, Headers, MAX_LAST_ERROR_LEN, NewEvent,
     ParseStateError, RESERVED_HEADER_PREFIX, check_first_delivery_order, headers_for_display,
-    is_reserved_header, is_valid_traceparent, truncate_error,
+    is_relay_header, is_reserved_header, is_valid_traceparent, truncate_error,
 };
 pub use retry::{DeadLetterPolicy, RetryPolicy, humantime_duration};
 pub use sink::{Outcome, Sink, SinkError};

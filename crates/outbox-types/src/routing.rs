@@ -67,9 +67,7 @@ pub mod header {
     /// assert!(!is_internal("traceparent"));
     /// ```
     pub fn is_internal(name: &str) -> bool {
-        name.get(..7)
-            .is_some_and(|p| p.eq_ignore_ascii_case(crate::RESERVED_HEADER_PREFIX))
-            || name == DEBEZIUM_RECORD
+        crate::is_relay_header(name) || name == DEBEZIUM_RECORD
     }
 }
 
@@ -423,9 +421,11 @@ impl Routing {
     }
 
     /// Headers to put on the message: the event's fields under [`header`] names, then its own
-    /// headers (an own header never replaces one of ours, and internal ones are never sent). In
-    /// the Debezium shape: the [`DebeziumRecord`]'s headers with `id` among them, else `id`
-    /// then the own headers, every value as a JSON string.
+    /// headers (an own header never replaces one of ours, and internal ones are never sent: none
+    /// whose name starts with `outbox-` in any case, [`crate::is_relay_header`], nor
+    /// [`header::DEBEZIUM_RECORD`]). In the Debezium shape: the [`DebeziumRecord`]'s headers with
+    /// `id` among them, else `id` then the own headers (none named `id` in any case), every value
+    /// as a JSON string.
     pub fn headers(&self, event: &Event) -> Vec<(String, String)> {
         if matches!(self.format, PayloadFormat::Debezium) {
             let id = ("id".to_owned(), json_string(&event.id.to_string()));
@@ -434,13 +434,13 @@ impl Routing {
                 out.extend(record.context);
                 out.push(id);
                 // The id consumers deduplicate on is the event's, never a second one.
-                out.extend(record.headers.into_iter().filter(|(name, _)| name != "id"));
+                out.extend(record.headers.into_iter().filter(|(name, _)| !name.eq_ignore_ascii_case("id")));
                 return out;
             }
             let mut out = Vec::with_capacity(1 + event.headers.len());
             out.push(id);
             for (name, value) in &event.headers {
-                if !header::is_internal(name) && name != "id" {
+                if !header::is_internal(name) && !name.eq_ignore_ascii_case("id") {
                     out.push((name.clone(), json_string(value)));
                 }
             }
@@ -781,6 +781,37 @@ mod tests {
             structured
                 .cloudevents_headers(&e, Binding::Kafka)
                 .is_empty()
+        );
+    }
+
+    /// A row header in the reserved prefix is never sent, in any case: a forged
+    /// `Outbox-Event-Id` does not travel beside the real one (nor an `ID` beside Debezium's
+    /// `id`).
+    #[test]
+    fn reserved_headers_are_dropped_in_any_case() {
+        let mut e = event();
+        for name in ["Outbox-Event-Id", "OUTBOX-TENANT", "outbox-Aggregate-Id"] {
+            e.headers.insert(name.into(), "forged".into());
+        }
+        e.headers.insert("ID".into(), "forged-id".into());
+        e.headers.insert("Outboxed".into(), "kept".into());
+        for format in [PayloadFormat::Raw, PayloadFormat::Debezium] {
+            let h = Routing::new(Template::fixed("t"))
+                .with_format(format.clone())
+                .headers(&e);
+            assert!(
+                !h.iter()
+                    .any(|(_, v)| v.contains("forged\"") || v == "forged"),
+                "{format:?}: {h:?}"
+            );
+            assert!(h.iter().any(|(k, _)| k == "Outboxed"), "{format:?}: {h:?}");
+        }
+        let debezium = Routing::new(Template::fixed("t"))
+            .with_format(PayloadFormat::Debezium)
+            .headers(&e);
+        assert!(
+            !debezium.iter().any(|(_, v)| v.contains("forged-id")),
+            "{debezium:?}"
         );
     }
 

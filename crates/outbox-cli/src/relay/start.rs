@@ -76,6 +76,7 @@ pub(super) async fn start(args: &RelayArgs) -> anyhow::Result<Started> {
     if let Some(listen) = config.metrics.listen {
         observe::serve(
             listen,
+            observe::HttpLimits::from(&config.metrics),
             config.metrics.refresh,
             dyn_store.clone(),
             sink.clone(),

@@ -13,6 +13,8 @@
 mod common;
 mod debezium;
 mod limits;
+mod metrics_port;
+mod secrets;
 mod wal_records;
 
 use common::{BIN, Killed, pg_url};
@@ -140,8 +142,13 @@ impl Outputs {
     /// No secret anywhere; no raw control character in anything meant for a person (JSON
     /// output included: JSON escapes them).
     fn check(&self) {
+        self.check_for(&SECRETS);
+    }
+
+    /// [`Outputs::check`] with a module's own `secrets`.
+    fn check_for(&self, secrets: &[&str]) {
         for (what, text) in &self.0 {
-            for secret in SECRETS {
+            for secret in secrets {
                 assert!(!text.contains(secret), "{what} printed {secret}:\n{text}");
             }
             let bad: Vec<char> = text

@@ -434,7 +434,12 @@ impl Routing {
                 out.extend(record.context);
                 out.push(id);
                 // The id consumers deduplicate on is the event's, never a second one.
-                out.extend(record.headers.into_iter().filter(|(name, _)| !name.eq_ignore_ascii_case("id")));
+                out.extend(
+                    record
+                        .headers
+                        .into_iter()
+                        .filter(|(name, _)| !name.eq_ignore_ascii_case("id")),
+                );
                 return out;
             }
             let mut out = Vec::with_capacity(1 + event.headers.len());

@@ -57,7 +57,8 @@ async fn debezium_payloads_are_measured_before_they_are_encoded_or_expanded() {
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let tag = std::process::id();
     let schema = format!("outbox_t_hostile_dbz_{tag}");
-    let slot = format!("owt_hostile_dbz_{tag}");
+    // `owt_<pid>_…`: the tests' clean-up of stale slots drops only those of dead processes.
+    let slot = format!("owt_{tag}_hostile_dbz");
     common::drop_pg_schema_if_exists(&pool, &schema).await;
     common::pg_execute(&pool, format!("CREATE SCHEMA \"{schema}\"")).await;
     let table = outbox_wal::DebeziumTable {

@@ -258,7 +258,12 @@ async fn hostile_rows_on_postgres(mode: Mode) {
         std::process::id()
     );
     let schema = format!("outbox_t_hostile_{tag}");
-    let slot = format!("owt_hostile_{tag}");
+    // `owt_<pid>_…`: the tests' clean-up of stale slots drops only those of dead processes.
+    let slot = format!(
+        "owt_{}_hostile_{}",
+        std::process::id(),
+        if mode == Mode::Poll { "poll" } else { "wal" }
+    );
     common::drop_pg_schema_if_exists(&pool, &schema).await;
     let table = format!("\"{schema}\".\"events\"");
 

@@ -53,9 +53,13 @@ pub async fn drop_stale_slots(pool: &PgPool) {
     .fetch_all(pool)
     .await
     .unwrap_or_default();
+    // Only names that carry a pid: another test binary's slot named otherwise (`owt_cli_…`)
+    // is not this clean-up's to judge (scripts/test.sh drops inactive ones before a run).
     let stale = inactive.into_iter().filter(|slot| {
-        let pid = slot.split('_').nth(1).unwrap_or("");
-        !std::path::Path::new("/proc").join(pid).exists() || pid.is_empty()
+        slot.split('_')
+            .nth(1)
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| !std::path::Path::new("/proc").join(pid.to_string()).exists())
     });
     for slot in stale {
         let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")

@@ -59,9 +59,11 @@ pub struct WalConfig {
     /// Create the publication and the slot when they are missing (first start). When `false`,
     /// a missing slot is an error.
     pub create_slot: bool,
-    /// When a session starts, every row still undelivered in the table (left by the polling
-    /// relay or a stopped relay, requeued, committed before the slot existed) is the table's:
-    /// table claims deliver it, and newer events of its aggregate wait behind it. Without it,
+    /// When a session starts, every row still undelivered in the table that the stream will not
+    /// send again (left by the polling relay, requeued, committed before the slot existed,
+    /// handed to the table by a predecessor: at or below the slot's table watermark, see the
+    /// crate docs) is the table's: table claims deliver it, and newer events of its aggregate
+    /// wait behind it; the stream delivers the rest. Without it,
     /// only rows that hold their aggregate back (retries, dead events under `block`, live
     /// claims) are; other undelivered rows are left to the stream, and rows it never sends
     /// (committed before the slot existed) are delivered by table claims later, possibly

@@ -558,22 +558,22 @@ pub(crate) async fn gone(
 }
 
 /// The rows the table owns as a session starts, with their aggregates: every undelivered row
-/// (`all`), or only those that hold their aggregate back (in flight, waiting for a retry, dead
-/// under `block`).
+/// with a `seq` up to `all_up_to` (`Some(i64::MAX)`: every one), and those that hold their
+/// aggregate back (in flight, waiting for a retry, dead under `block`) wherever they are.
 pub(crate) async fn open_rows(
     pool: &PgPool,
     cfg: &WalConfig,
-    all: bool,
+    all_up_to: Option<i64>,
     dead_letter: DeadLetterPolicy,
 ) -> Result<Vec<(i64, AggregateKey)>, WalError> {
     let rows = sqlx::query(AssertSqlSafe(format!(
         "SELECT seq, aggregate_type, aggregate_id FROM {} e
          WHERE (e.status IN ('pending', 'in_flight')
-                AND ($1 OR e.status = 'in_flight' OR e.attempts > 0 OR e.last_error IS NOT NULL))
+                AND (e.seq <= $1 OR e.status = 'in_flight' OR e.attempts > 0 OR e.last_error IS NOT NULL))
             OR (e.status = 'dead' AND $2)",
         outbox_table(cfg)
     )))
-    .bind(all)
+    .bind(all_up_to.unwrap_or(i64::MIN))
     .bind(dead_letter == DeadLetterPolicy::Block)
     .fetch_all(pool)
     .await

@@ -34,7 +34,8 @@
 //!   failed event (its retry is written to its row, or a message is inserted as a row) and
 //!   every later event of its aggregate, a dead event under `block` and what follows it, events
 //!   of a paused destination, rows requeued (`outbox dead requeue`) or replayed, and rows left
-//!   undelivered when a session starts (`catch_up`). Table claims never take a row the stream
+//!   undelivered when a session starts that the stream will not send again (`catch_up`; see
+//!   "The catch-up"). Table claims never take a row the stream
 //!   holds, and a row the table claimed is checked before the stream would publish it again.
 //!
 //! So a destination that is down costs neither memory nor WAL: its events go to the table and
@@ -296,12 +297,25 @@
 //!
 //! ## The catch-up
 //!
-//! With `catch_up` (default), when a session starts (start, reconnect, takeover) every row
-//! still undelivered in the table is the table's: table claims deliver it, in `seq` order per
-//! aggregate, with every check a polling claim makes (paused destinations, dead events under
-//! `block`, payload limits), and newer events of its aggregate wait behind it. Rows the stream
-//! sends again that a table claim settled are skipped. A backlog present at start therefore
-//! drains at the speed of table claims; what is committed afterwards streams.
+//! With `catch_up` (default), when a session starts (start, reconnect, takeover) the rows still
+//! undelivered in the table that the stream will not send again are the table's: table claims
+//! deliver them, in `seq` order per aggregate, with every check a polling claim makes (paused
+//! destinations, dead events under `block`, payload limits), and newer events of their
+//! aggregates wait behind them. Every other undelivered row committed after the slot's
+//! confirmed position, and the stream, which sends it again, delivers it: a backlog left by a
+//! relay that stopped (a deploy, an outage, a crash) drains at stream speed, not at the speed
+//! of table claims.
+//!
+//! Which is which the slot's **table watermark** says, kept beside the slot in
+//! `<table>_wal_slots`: every table row committed before the confirmed position has a `seq` at
+//! or below it. It is set when the slot is created (the highest `seq` then) and raised by the
+//! streaming relay, over every table row it decoded, before it confirms a position past them
+//! (one `UPDATE` per confirmation, at most every `status_interval / 4`). So an undelivered row
+//! at or below it is one the stream passed (handed to the table: a retry, a paused destination,
+//! behind a failure) or one from before the slot (a switch from polling, `outbox wal recover`),
+//! and one above it committed after the confirmed position. A slot the relay did not create
+//! has no watermark: every undelivered row at start is the table's, as before. Rows the stream
+//! sends again that a table claim settled are skipped.
 //!
 //! While streaming, the table is claimed from every poll interval as long as it owns an
 //! aggregate (a retry waiting for its backoff, a dead event under `block`, events behind them);

@@ -7,6 +7,15 @@
 //! events, so it must not be papered over by silently creating a new slot. WAL mode keeps a small
 //! bookkeeping table next to the outbox (`<schema>.<table>_wal_slots`) with one row per slot it
 //! created; a missing slot that has a row there is reported as [`WalError::SlotLost`].
+//!
+//! The same row holds the slot's **table watermark** (`table_seq`): every outbox row committed
+//! before the slot's confirmed position has a `seq` at or below it. So when a session starts,
+//! an undelivered row above it is one the stream is about to send again (it committed after
+//! the confirmed position), and the stream delivers it; only the rows at or below it that are
+//! still undelivered are the table's (they predate the slot, or a predecessor handed them to the
+//! table). It is set when the slot is created (the highest `seq` then: a row above it was not
+//! visible yet, so it commits after the slot's start) and raised by the streaming relay before
+//! it confirms a position past table rows it decoded ([`raise_table_watermark`]).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -323,13 +332,14 @@ pub(crate) async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotIn
 async fn ensure_marker_table(pool: &PgPool, config: &WalConfig) -> Result<(), WalError> {
     sqlx::raw_sql(AssertSqlSafe(format!(
         "CREATE SCHEMA IF NOT EXISTS \"{}\";
-         CREATE TABLE IF NOT EXISTS {} (
+         CREATE TABLE IF NOT EXISTS {t} (
              slot_name   TEXT PRIMARY KEY,
              created_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
              created_lsn TEXT NOT NULL
-         )",
+         );
+         ALTER TABLE {t} ADD COLUMN IF NOT EXISTS table_seq BIGINT",
         config.schema,
-        marker_table(config)
+        t = marker_table(config)
     )))
     .execute(pool)
     .await
@@ -568,10 +578,15 @@ pub(crate) async fn create_slot(pool: &PgPool, config: &WalConfig) -> Result<Lsn
     .fetch_one(pool)
     .await
     .map_err(map_sqlx)?;
+    // The watermark is read after the slot exists: a row above it was not committed then, so
+    // the slot sends it.
     sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {} (slot_name, created_lsn) VALUES ($1, $2)
-         ON CONFLICT (slot_name) DO UPDATE SET created_at = now(), created_lsn = EXCLUDED.created_lsn",
-        marker_table(config)
+        "INSERT INTO {} (slot_name, created_lsn, table_seq)
+         VALUES ($1, $2, (SELECT coalesce(max(seq), 0)::bigint FROM {}))
+         ON CONFLICT (slot_name) DO UPDATE
+             SET created_at = now(), created_lsn = EXCLUDED.created_lsn, table_seq = EXCLUDED.table_seq",
+        marker_table(config),
+        outbox_table(config)
     )))
     .bind(&config.slot)
     .bind(&lsn)
@@ -580,6 +595,54 @@ pub(crate) async fn create_slot(pool: &PgPool, config: &WalConfig) -> Result<Lsn
     .map_err(map_sqlx)?;
     tracing::info!(slot = %config.slot, %lsn, "Replication slot created.");
     Lsn::parse(&lsn).map_err(WalError::Decode)
+}
+
+/// The slot's table watermark (see the module docs), once its row has the column: `None` when
+/// the slot has no row here (created by hand, or by Debezium) or the row predates the column.
+/// Adds the column to a bookkeeping table from before it.
+pub(crate) async fn table_watermark(
+    pool: &PgPool,
+    config: &WalConfig,
+) -> Result<Option<i64>, WalError> {
+    if !marker_exists(pool, config).await? {
+        return Ok(None);
+    }
+    sqlx::query(AssertSqlSafe(format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS table_seq BIGINT",
+        marker_table(config)
+    )))
+    .execute(pool)
+    .await
+    .map_err(map_sqlx)?;
+    let seq: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT table_seq FROM {} WHERE slot_name = $1",
+        marker_table(config)
+    )))
+    .bind(&config.slot)
+    .fetch_optional(pool)
+    .await
+    .map_err(map_sqlx)?
+    .flatten();
+    Ok(seq)
+}
+
+/// Raise the slot's table watermark to at least `seq` (it never goes down). Returns whether
+/// the slot has a row to hold it.
+pub(crate) async fn raise_table_watermark(
+    pool: &PgPool,
+    config: &WalConfig,
+    seq: i64,
+) -> Result<bool, WalError> {
+    let updated = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET table_seq = greatest(coalesce(table_seq, 0), $2) WHERE slot_name = $1",
+        marker_table(config)
+    )))
+    .bind(&config.slot)
+    .bind(seq)
+    .execute(pool)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(updated.rows_affected() > 0)
 }
 
 /// Drop the slot (if it exists and no session uses it) and forget it.

@@ -9,7 +9,7 @@
 //! - An aggregate is *owned by the table* while the table holds an open event of it that comes
 //!   first: a retry waiting for its backoff, a dead event under the `block` policy, events given
 //!   back because an earlier one failed, events of a paused destination after it was resumed,
-//!   rows left undelivered when the session started. Every newer event of such an aggregate the
+//!   rows left undelivered when the session started that the stream will not send again. Every newer event of such an aggregate the
 //!   stream decodes is *handed back* to the table too (a table row is already there; a logical
 //!   message is inserted as a row), so it goes out after the older ones, by table claims, in
 //!   order.
@@ -144,6 +144,8 @@ pub(crate) struct State {
     held: BTreeMap<i64, u32>,
     /// The highest table seq the stream has decoded.
     pub seen_max: i64,
+    /// The end of the last transaction decoded.
+    pub decoded_end: Lsn,
     /// Table rows up to this seq may have been settled by the table: check them.
     pub check_up_to: i64,
     /// Aggregates the table owns.
@@ -175,6 +177,7 @@ impl State {
             leases: HashMap::new(),
             held: BTreeMap::new(),
             seen_max: 0,
+            decoded_end: Lsn::ZERO,
             check_up_to: 0,
             owned: HashMap::new(),
             paused: HashMap::new(),
@@ -244,6 +247,7 @@ impl State {
         {
             tx.end = Some(end);
         }
+        self.decoded_end = self.decoded_end.max(end);
         self.commit_time = None;
         self.advance();
     }

@@ -193,10 +193,13 @@ async fn lead(
     // position no longer moves: every row committed before it is in the snapshot.
     let (mut client, start) = start_client(cfg, from_relay, pool, target, stop).await?;
     shared.state().begin_session(start);
-    if let Err(error) = own_open_rows(cfg, shared, pool, *dead_letter).await {
-        client.abort();
-        return Err(error);
-    }
+    let mut watermark = match own_open_rows(cfg, shared, pool, *dead_letter).await {
+        Ok(watermark) => watermark.map(Watermark::new),
+        Err(error) => {
+            client.abort();
+            return Err(error);
+        }
+    };
     shared.set_leading(true);
     let result = stream_loop(
         cfg,
@@ -207,6 +210,7 @@ async fn lead(
         &mut client,
         lock,
         stop,
+        &mut watermark,
     )
     .await;
     shared.set_leading(false);
@@ -218,7 +222,14 @@ async fn lead(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let ack = shared.state().ack();
+    let (ack, seen_max) = {
+        let state = shared.state();
+        (state.ack(), state.seen_max)
+    };
+    let ack = match &mut watermark {
+        Some(mark) => mark.settle(ack, seen_max, pool, cfg).await,
+        None => ack,
+    };
     confirm(shared, &client, ack);
     if result.is_ok() {
         let deadline = Instant::now() + cfg.status_interval * 2 + Duration::from_secs(1);
@@ -295,31 +306,149 @@ pub(crate) async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bo
 }
 
 /// What the table owns as the session starts: its aggregates' newer events must not overtake
-/// it. With `catch_up`, every undelivered row (rows left by the polling relay or by a stopped
-/// relay, requeued ones, rows committed before the slot existed, rows a predecessor left to its
-/// table); without it, only rows that hold their aggregate back (retries, dead under `block`,
-/// live claims).
+/// it. With `catch_up`, every undelivered row the stream will not send again: those at or
+/// below the slot's table watermark (rows left by the polling relay, requeued ones, rows
+/// committed before the slot existed, rows a predecessor left to its table; see the `slot`
+/// module), or every undelivered row when the slot has no watermark (created by hand); the rows
+/// above it committed after the confirmed position, so the stream is about to deliver them, at
+/// stream speed. Without `catch_up`, only rows that hold their aggregate back (retries, dead
+/// under `block`, live claims).
+///
+/// Returns the watermark the stream must keep raising before it confirms past table rows it
+/// decodes, when the outbox table is captured and the slot has a row to hold it.
 async fn own_open_rows(
     cfg: &WalConfig,
     shared: &Shared,
     pool: &PgPool,
     dead_letter: DeadLetterPolicy,
-) -> Result<(), WalError> {
-    let owned = db::open_rows(pool, cfg, cfg.catch_up, dead_letter).await?;
+) -> Result<Option<i64>, WalError> {
+    let streams_table = cfg.captures(Source::Table);
     let high_water = db::max_seq(pool, cfg).await?;
+    let mut watermark = if streams_table {
+        slot::table_watermark(pool, cfg).await?
+    } else {
+        None
+    };
+    if streams_table
+        && watermark.is_none()
+        && slot::raise_table_watermark(pool, cfg, high_water).await?
+    {
+        // A slot from before the watermark: this session owns every undelivered row, as
+        // before, and from now on the watermark covers them.
+        info!(
+            high_water,
+            "The slot's table watermark starts at the highest seq."
+        );
+        watermark = Some(high_water);
+    }
+    let all_up_to = match (cfg.catch_up, watermark) {
+        (false, _) => None,
+        (true, Some(mark)) => Some(mark),
+        (true, None) => Some(i64::MAX),
+    };
+    let owned = db::open_rows(pool, cfg, all_up_to, dead_letter).await?;
     let mut state = shared.state();
     for (seq, aggregate) in owned {
         state.own(aggregate, seq);
     }
     if cfg.catch_up {
         // The table may deliver any row up to here: the stream checks those it sees again.
-        state.check_up_to = state.check_up_to.max(high_water);
+        state.check_up_to = state
+            .check_up_to
+            .max(all_up_to.map_or(high_water, |up_to| up_to.min(high_water)));
     }
     info!(
         owned = state.owned_count(),
-        high_water, "Session started; the table delivers what it owns, the stream the rest."
+        high_water,
+        table_watermark = watermark,
+        "Session started; the table delivers what it owns, the stream the rest."
     );
-    Ok(())
+    Ok(watermark.filter(|_| streams_table))
+}
+
+/// The slot's table watermark as the stream keeps it: what the bookkeeping table holds, and up
+/// to which position that covers every table row decoded (see the `slot` module).
+struct Watermark {
+    /// The value stored.
+    stored: i64,
+    /// Positions up to this were decoded when `stored` was written: confirming them is safe.
+    covers: Lsn,
+    /// A write under way: the value and the position it will cover.
+    writing: Option<tokio::task::JoinHandle<Result<(i64, Lsn), WalError>>>,
+}
+
+impl Watermark {
+    fn new(stored: i64) -> Self {
+        Watermark {
+            stored,
+            covers: Lsn::ZERO,
+            writing: None,
+        }
+    }
+
+    /// The newest position that may be confirmed when `ack` is settled: all of it once every
+    /// table row decoded (`seen_max`) is at or below the stored watermark, else what the last
+    /// write covered. When it lags, starts a write of `seen_max`, which covers `decoded` (the
+    /// end of the last transaction decoded): at most one at a time, so at most one per
+    /// confirmation.
+    async fn confirmable(
+        &mut self,
+        ack: Lsn,
+        seen_max: i64,
+        decoded: Lsn,
+        pool: &PgPool,
+        cfg: &Arc<WalConfig>,
+    ) -> Result<Lsn, WalError> {
+        if self.writing.as_ref().is_some_and(|w| w.is_finished())
+            && let Some(writing) = self.writing.take()
+        {
+            match writing.await {
+                Ok(Ok((stored, covers))) => {
+                    self.stored = self.stored.max(stored);
+                    self.covers = self.covers.max(covers);
+                }
+                Ok(Err(error)) => {
+                    warn!(%error, "Could not raise the slot's table watermark; the confirmed position waits for it.");
+                }
+                Err(error) => warn!(%error, "The table watermark's write failed."),
+            }
+        }
+        if seen_max <= self.stored {
+            return Ok(ack);
+        }
+        if self.writing.is_none() {
+            let (pool, cfg) = (pool.clone(), cfg.clone());
+            self.writing = Some(tokio::spawn(async move {
+                slot::raise_table_watermark(&pool, &cfg, seen_max).await?;
+                Ok((seen_max, decoded))
+            }));
+        }
+        Ok(ack.min(self.covers))
+    }
+
+    /// Raise the stored watermark over every table row decoded, waiting for it: before the
+    /// last confirmation of a session. Returns what may be confirmed.
+    async fn settle(&mut self, ack: Lsn, seen_max: i64, pool: &PgPool, cfg: &WalConfig) -> Lsn {
+        if let Some(writing) = self.writing.take()
+            && let Ok(Ok((stored, covers))) = writing.await
+        {
+            self.stored = self.stored.max(stored);
+            self.covers = self.covers.max(covers);
+        }
+        if seen_max <= self.stored {
+            return ack;
+        }
+        match slot::raise_table_watermark(pool, cfg, seen_max).await {
+            Ok(_) => {
+                self.stored = seen_max;
+                ack
+            }
+            Err(error) => {
+                warn!(%error, "Could not raise the slot's table watermark; the position stays where it covers.");
+                ack.min(self.covers)
+            }
+        }
+    }
 }
 
 /// Start streaming from the slot, waiting for a predecessor to let go of it; returns the client
@@ -395,6 +524,7 @@ async fn stream_loop(
     client: &mut ReplicationClient,
     lock: &mut PgConnection,
     stop: &mut watch::Receiver<bool>,
+    watermark: &mut Option<Watermark>,
 ) -> Result<(), WalError> {
     let mut decoder = Decoder::new(cfg.clone(), limits, shared.counters.clone());
     let mut heartbeat = tokio::time::interval(if heartbeats {
@@ -415,12 +545,14 @@ async fn stream_loop(
         // Settlements from here on wake the loop, until it knows it need not be woken: the
         // position they move is then confirmed by the armed timer.
         shared.want_settlements(true);
-        let (ack, room) = {
+        let (ack, room, seen_max, decoded) = {
             let state = shared.state();
             (
                 state.ack(),
                 state.buffered_events < cfg.max_buffered_events
                     && state.buffered_bytes < cfg.max_buffered_bytes,
+                state.seen_max,
+                state.decoded_end,
             )
         };
         let confirmed = Lsn(shared
@@ -429,6 +561,12 @@ async fn stream_loop(
             .load(std::sync::atomic::Ordering::Relaxed));
         let confirm_at = (ack > confirmed).then(|| last_confirm + confirm_every);
         if confirm_at.is_some_and(|at| Instant::now() >= at) {
+            // Past table rows only once the slot's table watermark covers them (see the `slot`
+            // module): the next session tells the stream's rows from the table's by it.
+            let ack = match watermark {
+                Some(mark) => mark.confirmable(ack, seen_max, decoded, pool, cfg).await?,
+                None => ack,
+            };
             confirm(shared, client, ack);
             last_confirm = Instant::now();
             continue;

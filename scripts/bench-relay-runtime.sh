@@ -7,15 +7,19 @@
 # blocking pool, one hand-off per batch), or with OUTBOX_BENCH_SINK=redis a Redis stream on
 # 127.0.0.1:6379 (XADD over one connection, no hand-off).
 #
-#   scripts/bench-relay-runtime.sh drain  EVENTS             RUNTIMES...
+#   scripts/bench-relay-runtime.sh drain  [poll|wal] EVENTS   RUNTIMES...
 #   scripts/bench-relay-runtime.sh steady poll|wal RATE SECS RUNTIMES...
 #
-#   drain:  a backlog of EVENTS rows drained by `outbox relay --drain` (polling mode).
+#   drain:  a backlog of EVENTS rows drained by `outbox relay --drain` (polling mode), or, in WAL
+#           mode, by a relay whose slot (`outbox wal prepare`) is older than the backlog: a relay
+#           restarted after an outage or a deploy. The WAL relay runs until the sink holds every
+#           event; its CPU and wall time are counted from its start to then.
 #   steady: pgbench writers (8 connections, one INSERT per transaction, paced at RATE/s for SECS)
 #           beside a running relay, in polling mode (127.0.0.1:5432) or WAL mode (the logical
 #           cluster of scripts/pg-logical.sh); the relay is stopped once it wrote every event.
 #
 #   scripts/bench-relay-runtime.sh drain 100000 1 default
+#   scripts/bench-relay-runtime.sh drain wal 100000 1
 #   scripts/bench-relay-runtime.sh steady wal 2000 20 1 default 1 default
 #
 # Needs a release build (`cargo build --release -p outbox-cli`; OUTBOX_BIN overrides the binary),
@@ -26,12 +30,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-  sed -n 7,8p "$0" >&2
+  sed -n 10,11p "$0" >&2
   exit 2
 }
 scenario="${1:-}"
 case "$scenario" in
-  drain) [ $# -ge 3 ] || usage; events="$2"; shift 2 ;;
+  drain) mode=poll
+    case "${2:-}" in poll | wal) mode="$2"; shift ;; esac
+    [ $# -ge 3 ] || usage; events="$2"; shift 2 ;;
   steady) [ $# -ge 5 ] || usage; mode="$2"; rate="$3"; seconds="$4"; shift 4
     case "$mode" in poll | wal) ;; *) usage ;; esac ;;
   *) usage ;;
@@ -43,7 +49,7 @@ bin="${OUTBOX_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/outbox-target}/release/outbo
 [ -x "$bin" ] || { echo "no release binary at $bin: run cargo build --release -p outbox-cli" >&2; exit 2; }
 [ -x /usr/bin/time ] || { echo "needs /usr/bin/time (Debian package time)" >&2; exit 2; }
 db="postgres://postgres@127.0.0.1:5432/test"
-if [ "$scenario" = steady ] && [ "$mode" = wal ]; then
+if [ "$mode" = wal ]; then
   scripts/pg-logical.sh status >/dev/null 2>&1 || scripts/pg-logical.sh start >/dev/null
   db="$(scripts/pg-logical.sh url)"
 fi
@@ -70,7 +76,7 @@ for runtime in "${runtimes[@]}"; do
   name="outbox_bench_rt_$$_${RANDOM}"
   : >"$work/events.jsonl"
   {
-    if [ "$scenario" = steady ] && [ "$mode" = wal ]; then
+    if [ "$mode" = wal ]; then
       printf 'mode = "wal"\n\n[wal]\nslot = "%s"\npublication = "%s"\n\n' "$name" "$name"
     fi
     printf '[database]\nurl = "%s"\nschema = "%s"\n\n' "$db" "$name"
@@ -85,12 +91,38 @@ for runtime in "${runtimes[@]}"; do
   [ "$runtime" = default ] || flags=(--worker-threads "$runtime")
 
   if [ "$scenario" = drain ]; then
+    # In WAL mode the slot exists before the backlog is written, as for a relay that was down.
+    [ "$mode" != wal ] || "$bin" wal prepare --config "$work/outbox.toml" >/dev/null 2>"$work/log" \
+      || { cat "$work/log" >&2; exit 1; }
     # shellcheck disable=SC2059
     psql "$db" -qAt -v ON_ERROR_STOP=1 -c "$(printf "$insert_row" "\"$name\"")
       SELECT 'agg', 'a' || (n % 1000), 'BenchEvent',
              json_build_object('n', n, 'pad', repeat('x', 370))::jsonb
       FROM generate_series(1, $events) AS n" >/dev/null
     psql "$db" -qAt -c "VACUUM ANALYZE \"$name\".events" >/dev/null
+  fi
+  if [ "$scenario" = drain ] && [ "$mode" = wal ]; then
+    start="$(date +%s.%N)"
+    /usr/bin/time -f '%e %U %S %M' -o "$work/time" \
+      "$bin" "${flags[@]}" relay --config "$work/outbox.toml" >/dev/null 2>"$work/log" &
+    relay_pid=$!
+    for _ in $(seq 1 6000); do
+      [ "$(written)" -lt "$events" ] || break
+      sleep 0.05
+    done
+    end="$(date +%s.%N)"
+    outbox_pid="$(pgrep -P "$relay_pid")"
+    cpu="$(cpu_ticks "$outbox_pid")"
+    pkill -TERM -P "$relay_pid"
+    wait "$relay_pid" || { cat "$work/log" >&2; exit 1; }
+    relay_pid=""
+    read -r _ _ _ rss_kb <"$work/time"
+    wall="$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')"
+    user="$(awk -v c="$cpu" -v hz="$(getconf CLK_TCK)" 'BEGIN { print c / hz }')"
+    sys=0
+    label="drain wal, $events events in ${wall} s"
+    rate_out="$(awk -v n="$events" -v w="$wall" 'BEGIN { printf "%.0f", n / w }')"
+  elif [ "$scenario" = drain ]; then
     /usr/bin/time -f '%e %U %S %M' -o "$work/time" \
       "$bin" "${flags[@]}" relay --config "$work/outbox.toml" --drain >/dev/null 2>"$work/log" \
       || { cat "$work/log" >&2; exit 1; }
@@ -130,7 +162,7 @@ for runtime in "${runtimes[@]}"; do
   fi
   written="$(written)"
   [ "$sink" != redis ] || redis-cli -h 127.0.0.1 DEL "$name" >/dev/null
-  if [ "$scenario" = steady ] && [ "$mode" = wal ]; then
+  if [ "$mode" = wal ]; then
     psql "$db" -qAt -c "SELECT pg_drop_replication_slot('$name')" >/dev/null || true
     psql "$db" -qAt -c "DROP PUBLICATION IF EXISTS \"$name\"" >/dev/null
   fi

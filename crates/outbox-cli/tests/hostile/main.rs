@@ -8,6 +8,24 @@
 //!
 //! The rows above are this file's; each further group of cases (SECURITY.md's threat list, one
 //! module per part of the relay it attacks) is a module beside it in `tests/hostile/`.
+//!
+//! Where each finding of the second review (issue 41) is tested, here and elsewhere:
+//!
+//! | finding | tests |
+//! |---|---|
+//! | 1. a huge WAL record stalls the slot; memory | `wal_records` (with the 300 MB case, `--ignored`), outbox-wal `tests/records.rs`, `outbox_wal::memory` |
+//! | 2. a copy the outbox table refuses blocks confirmations | `wal_records`, outbox-wal `tests/records.rs`, `tests/wal.rs` |
+//! | 3. byte limits over every column | `limits`, the stores' conformance suites (`outbox-store-tests`) |
+//! | 4, 13, 14. Debezium payloads, routed-by values, import-debezium output | `debezium`, `tests/debezium_records.rs` |
+//! | 5, 6, 10. writer grants, definer routines, search_path | outbox-postgresql `tests/privileges.rs`, outbox-mysql `tests/procedure.rs`, outbox-inbox `tests/postgres.rs` |
+//! | 7. metrics port flood | `metrics_port` |
+//! | 8. secrets in paths and camelCase keys | `secrets`, outbox-types' redactor tests |
+//! | 9. RabbitMQ frame size, poison outages | outbox-sink-rabbitmq `tests/sink.rs`, outbox-engine `tests/clock.rs` |
+//! | 11. reserved headers in any case | each sink's tests through `outbox_sink_tests` |
+//! | 12. webhook header deny list | outbox-sink-webhook `tests/security.rs` |
+//! | 15. shared inbox claims | outbox-inbox `tests/conformance/roles.rs` |
+//! | 16. manifest | `tests/deploy.rs` |
+//! | 17. one table-name validator | `tests/cli.rs` |
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -330,7 +330,8 @@ table = "inbox"
 """)
     outbox(args.outbox, "migrate", "--config", str(config))
     migrated = json.loads(outbox(args.outbox, "inbox", "migrate", "--config", str(config), "--json"))
-    check(migrated["schema_version"] == 2, f"outbox inbox migrate: {migrated['claim']}")
+    check(migrated["schema_version"] == 3,
+          f"outbox inbox migrate: schema version {migrated['schema_version']} (3 expected); claim: {migrated['claim']}")
     claim = f'SELECT "{schema}"."inbox_claim"(%s, %s)'
     with psycopg.connect(args.dsn, autocommit=True) as db:
         db.execute(f'CREATE TABLE "{schema}".effects (event_id UUID NOT NULL, handler TEXT NOT NULL, '

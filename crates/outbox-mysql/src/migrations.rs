@@ -522,7 +522,7 @@ DELIMITER ;
 -- another service's pending events and rewrite them.
 --
 --   CALL `{table}_enqueue_batch`('[{"aggregate_type": "order", "aggregate_id": "42",
---       "event_type": "OrderPlaced", "payload": "{\"total\": 10}"}]');
+--       "event_type": "OrderPlaced", "payload": "{\\"total\\": 10}"}]');
 --
 -- One JSON array of event objects, written in array order (their seqs increase in that order).
 -- Each object has aggregate_type, aggregate_id, event_type, payload (a JSON string holding the

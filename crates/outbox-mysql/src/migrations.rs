@@ -597,11 +597,11 @@ BEGIN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: the events must be a JSON array of event objects';
     END IF;
     OPEN c_events;
-    events: LOOP
+    next_event: LOOP
         FETCH c_events INTO v_ord, v_given_id, v_aggregate_type, v_aggregate_id, v_event_type,
             v_payload, v_headers, v_destination, v_key, v_occurred_at;
         IF v_done THEN
-            LEAVE events;
+            LEAVE next_event;
         END IF;
         IF COALESCE(v_aggregate_type, '') = '' THEN
             SET v_message = CONCAT('outbox: event ', v_ord, ': aggregate_type must not be empty');
@@ -639,7 +639,7 @@ BEGIN
             SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
         END IF;
         SET v_attempts = 0;
-        attempt: LOOP
+        try_insert: LOOP
             SET v_attempts = v_attempts + 1;
             SET v_duplicate = FALSE;
             BEGIN
@@ -655,7 +655,7 @@ BEGIN
                 IF v_given_id IS NULL THEN
                     SET v_outcomes = CONCAT(v_outcomes, ',', JSON_OBJECT('ord', v_ord, 'id', v_id, 'created', 1));
                 END IF;
-                LEAVE attempt;
+                LEAVE try_insert;
             END IF;
             -- Which events hold the id and the key, as last committed: shared locks on their
             -- index entries only (covering reads of the unique indexes), never on a row.
@@ -675,7 +675,7 @@ BEGIN
                 SET v_outcomes = CONCAT(v_outcomes, ',', IF(v_id_seq = v_key_seq,
                     JSON_OBJECT('ord', v_ord, 'id', v_id, 'created', 0),
                     JSON_OBJECT('ord', v_ord, 'id', v_id, 'created', 0, 'taken_by_seq', v_id_seq)));
-                LEAVE attempt;
+                LEAVE try_insert;
             END IF;
             IF v_key_seq IS NOT NULL THEN
                 -- A plain read: under REPEATABLE READ a row committed after this transaction's
@@ -689,7 +689,7 @@ BEGIN
                     SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = 'outbox: the event holding this idempotency key was written after this transaction began reading; retry the transaction';
                 END IF;
                 SET v_outcomes = CONCAT(v_outcomes, ',', JSON_OBJECT('ord', v_ord, 'id', v_row_id, 'created', 0));
-                LEAVE attempt;
+                LEAVE try_insert;
             END IF;
             -- The event that held the id or the key is gone (deleted after the failed insert,
             -- outside a transaction): write this one after all.
@@ -697,8 +697,8 @@ BEGIN
                 SET v_message = CONCAT('outbox: event ', v_ord, ': the event holding its id or idempotency key kept disappearing; try again');
                 SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = v_message;
             END IF;
-        END LOOP attempt;
-    END LOOP events;
+        END LOOP try_insert;
+    END LOOP next_event;
     CLOSE c_events;
     SELECT CAST(j.ord AS SIGNED) AS ord, COALESCE(o.id, LOWER(j.id)) AS id,
            CAST(COALESCE(o.created, 1) AS SIGNED) AS created, o.taken_by_seq

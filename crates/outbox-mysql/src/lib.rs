@@ -48,30 +48,31 @@
 //!   (`SQL SECURITY DEFINER`), so a writer needs `EXECUTE` on it and no privilege on the table:
 //!   not `SELECT` or `UPDATE`, with which it could read every event and lock and rewrite other
 //!   services' (`docs/table-contract.md`, "Privileges", has the grants). An outbox migrated
-//!   before the procedure existed is [`StoreError::NotMigrated`]: run `outbox migrate`.
+//!   before the procedure existed is
+//!   [`StoreError::NotMigrated`](outbox_types::StoreError::NotMigrated): run `outbox migrate`.
 //! - Inside, each event is a plain `INSERT`, in array order (so `seq`s follow it). One that
 //!   fails on a unique key is sorted out with shared locks on the id's and the key's index
 //!   entries only, never on the row of the event that holds them, so a relay can claim that
 //!   event while the writer's transaction is open; its id comes from a plain read. In a
 //!   `REPEATABLE READ` transaction whose snapshot predates the commit of that event, the read
 //!   cannot see it: the procedure raises SQLSTATE 40001 and the enqueue returns
-//!   [`StoreError::Unavailable`]: retry the transaction (as after PostgreSQL's serialization
-//!   failures). Under `READ COMMITTED` every read sees it.
+//!   [`StoreError::Unavailable`](outbox_types::StoreError::Unavailable): retry the transaction
+//!   (as after PostgreSQL's serialization failures). Under `READ COMMITTED` every read sees it.
 //! - A key already in the table: nothing is written, the event holding it is reported with
 //!   `created: false`. A key repeated inside one batch counts once: the first event wins, the
 //!   later ones report its id with `created: false`.
 //! - The id is unique too: an event whose id another event (with another or no idempotency
-//!   key) already has is not written, and the enqueue returns [`StoreError::Database`] naming
-//!   that event's `seq`. Enqueueing the very same event (same id and key) again is the
+//!   key) already has is not written, and the enqueue returns
+//!   [`StoreError::Database`](outbox_types::StoreError::Database) naming that event's `seq`. Enqueueing the very same event (same id and key) again is the
 //!   ordinary duplicate case.
 //! - A batch is sent in calls of at most 4 MiB and 1000 events, in order, on one connection.
 //!
 //! Header names under the prefix reserved for the relay's own message headers (`outbox-…`,
-//! except `outbox-partition`) are refused before anything is sent ([`StoreError::Encode`]); the
+//! except `outbox-partition`) are refused before anything is sent ([`StoreError::Encode`](outbox_types::StoreError::Encode)); the
 //! table's triggers refuse them too, for writers that insert by hand (see "Rows are checked
 //! when written" below).
 //!
-//! Field lengths are checked before anything is sent ([`StoreError::Invalid`]), so a server in
+//! Field lengths are checked before anything is sent ([`StoreError::Invalid`](outbox_types::StoreError::Invalid)), so a server in
 //! non-strict SQL mode can never silently truncate an aggregate id or an idempotency key:
 //! `aggregate_type` up to [`MAX_AGGREGATE_TYPE_CHARS`] characters, `aggregate_id`, `event_type`
 //! and the idempotency key up to [`MAX_KEY_CHARS`], the destination up to

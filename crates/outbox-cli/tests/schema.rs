@@ -258,12 +258,14 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
                     .await
                     .unwrap();
             }
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "DROP PROCEDURE IF EXISTS `{name}_enqueue`"
-            )))
-            .execute(&pool)
-            .await
-            .unwrap();
+            for procedure in ["_enqueue", "_enqueue_batch"] {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "DROP PROCEDURE IF EXISTS `{name}{procedure}`"
+                )))
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
         }
     };
     drop(scripted.clone()).await;
@@ -329,6 +331,13 @@ async fn the_mariadb_script_gives_what_migrate_gives() {
         show_create("PROCEDURE", "_enqueue", migrated.clone()).await,
     );
     common::assert_contains(&a, "CREATE DEFINER");
+    assert_eq!(a, b);
+    // The library's batch procedure (migration 6).
+    let (a, b) = (
+        show_create("PROCEDURE", "_enqueue_batch", scripted.clone()).await,
+        show_create("PROCEDURE", "_enqueue_batch", migrated.clone()).await,
+    );
+    common::assert_contains(&a, "PROCEDURE `<name>_enqueue_batch`");
     assert_eq!(a, b);
     // The insert trigger that checks headers (migration 4).
     let (a, b) = (

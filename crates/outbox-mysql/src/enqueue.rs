@@ -3,12 +3,9 @@
 //! impose checked before anything is sent.
 
 use crate::MySqlOutbox;
-use crate::decode::decode_id;
-use crate::error::map_sqlx;
-use crate::sql::{DUPLICATE_FLAG, json_text};
+use crate::error::{NO_SUCH_PROCEDURE, error_number, map_sqlx};
 use outbox_types::sql_store::Enqueued;
 use outbox_types::{EventId, NewEvent, StoreError};
-use sqlx::mysql::MySqlQueryResult;
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row, Transaction};
 use std::collections::{HashMap, HashSet};
@@ -23,10 +20,15 @@ pub const MAX_KEY_CHARS: usize = 255;
 /// The longest explicit destination, in characters.
 pub const MAX_DESTINATION_CHARS: usize = 1024;
 
-/// How many bytes of events one batch `INSERT` carries at most; larger batches are split into
-/// several statements, in order, on the same connection (well under the 16 MiB default
-/// `max_allowed_packet` of MariaDB; MySQL 8's is 64 MiB).
+/// How many bytes of events one `CALL` of the enqueue procedure carries at most; larger
+/// batches are split into several calls, in order, on the same connection (well under the
+/// 16 MiB default `max_allowed_packet` of MariaDB; MySQL 8's is 64 MiB).
 const BATCH_BYTES: usize = 4 << 20;
+
+/// How many events one `CALL` carries at most: the procedure collects what it reports about
+/// events it did not simply write (duplicates) in one string, which costs time in the square of
+/// their number.
+const BATCH_EVENTS: usize = 1000;
 
 /// What an enqueue runs on. Built implicitly from `&mut MySqlConnection` (so `&mut *tx`),
 /// `&mut Transaction`, `&mut PoolConnection` or `&MySqlPool`.
@@ -89,7 +91,7 @@ impl<'a> EnqueueTarget<'a> {
 impl MySqlOutbox {
     /// Add `event` to the outbox through `target` — normally `&mut *tx` of the caller's own
     /// transaction, so the event commits or rolls back with the business change. Never commits
-    /// by itself. One statement for a new event, two for a duplicate (see the crate docs).
+    /// by itself. One `CALL` of the enqueue procedure (see the crate docs).
     ///
     /// With an idempotency key that is already in the table, nothing is written and the existing
     /// event's id comes back with `created: false`.
@@ -103,63 +105,16 @@ impl MySqlOutbox {
             validate(event)?;
             let mut pooled = None;
             let conn = target.connection(&mut pooled).await?;
-            // Through a pool, each statement autocommits: the row a duplicate key pointed at may
-            // be deleted (discarded, purged) before it is read back, and then the event can
-            // simply be written. Inside a transaction the upsert keeps that row locked, so this
-            // never loops.
-            for _ in 0..3 {
-                if let Some(done) = self.enqueue_once(conn, event).await? {
-                    return Ok(done);
-                }
-            }
-            Err(StoreError::Unavailable(format!(
-                "event {}: the event holding its idempotency key kept disappearing while it was enqueued; try again",
-                event.id()
-            )))
+            self.call(conn, &[event]).await?.pop().ok_or_else(|| {
+                StoreError::Database(format!(
+                    "event {} was not resolved after enqueue",
+                    event.id()
+                ))
+            })
         }
     }
 
-    /// One attempt; `None` when the duplicate row vanished before it could be read.
-    async fn enqueue_once(
-        &self,
-        conn: &mut MySqlConnection,
-        event: &NewEvent,
-    ) -> Result<Option<Enqueued>, StoreError> {
-        let id = event.id().to_string();
-        let query = sqlx::query(AssertSqlSafe(self.sql().enqueue.as_str())).bind(&id);
-        let done: MySqlQueryResult = outbox_types::bind_event_columns!(query, event)
-            .bind(event.occurred_at())
-            .execute(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-        let last = done.last_insert_id();
-        if last < DUPLICATE_FLAG {
-            return Ok(Some(Enqueued {
-                id: event.id(),
-                created: true,
-            }));
-        }
-        let seq = i64::try_from(last - DUPLICATE_FLAG).unwrap_or(i64::MAX);
-        let row = sqlx::query(AssertSqlSafe(self.sql().duplicate_row.as_str()))
-            .bind(seq)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let existing = decode_id(&row, "id", seq)?;
-        let key: Option<String> = row.try_get("idempotency_key").map_err(map_sqlx)?;
-        match event.idempotency_key() {
-            Some(mine) if key.as_deref() == Some(mine) => Ok(Some(Enqueued {
-                id: existing,
-                created: false,
-            })),
-            _ => Err(id_taken(event.id(), seq)),
-        }
-    }
-
-    /// Add several events, in order, in as few statements as possible (see the crate docs). Same
+    /// Add several events, in order, in as few calls as possible (see the crate docs). Same
     /// rules as [`MySqlOutbox::enqueue`]; a key repeated inside the batch counts once (the first
     /// event wins).
     pub fn enqueue_batch<'a>(
@@ -196,7 +151,8 @@ impl MySqlOutbox {
             let conn = target.connection(&mut pooled).await?;
             let mut written: HashMap<EventId, Enqueued> = HashMap::with_capacity(to_write.len());
             for chunk in chunks(&to_write) {
-                self.write_chunk(conn, chunk, &mut written).await?;
+                let done = self.call(conn, chunk).await?;
+                written.extend(chunk.iter().map(|e| e.id()).zip(done));
             }
             events
                 .iter()
@@ -221,123 +177,72 @@ impl MySqlOutbox {
         }
     }
 
-    /// Insert one chunk (one statement) and find out, per event, what happened.
-    async fn write_chunk(
+    /// One `CALL` of the enqueue procedure (migration 6) with `chunk` as its JSON array: what
+    /// happened to each event, in order. An event that was not written because another event
+    /// has its id is an error.
+    async fn call(
         &self,
         conn: &mut MySqlConnection,
         chunk: &[&NewEvent],
-        written: &mut HashMap<EventId, Enqueued>,
-    ) -> Result<(), StoreError> {
-        let rows: Vec<serde_json::Value> = chunk.iter().map(|e| batch_row(e)).collect();
-        let done = sqlx::query(AssertSqlSafe(self.sql().enqueue_batch.as_str()))
-            .bind(serde_json::Value::Array(rows).to_string())
-            .execute(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-        // The first seq this statement generated (0 when it inserted nothing): every row it
-        // inserted has a seq at least this large, every row that existed before a smaller one.
-        let first_new = i64::try_from(done.last_insert_id())
-            .ok()
-            .filter(|seq| *seq > 0);
-
-        let ids: Vec<String> = chunk.iter().map(|e| e.id().to_string()).collect();
-        let by_id: HashMap<String, Resolved> = self
-            .resolve(conn, &self.sql().resolve_ids, &ids)
-            .await?
-            .into_iter()
-            .map(|r| (r.id.clone(), r))
-            .collect();
-        let mut duplicate_keys = Vec::new();
-        for (event, id) in chunk.iter().zip(&ids) {
-            let key = event.idempotency_key();
-            match by_id.get(id) {
-                Some(row) if row.key.as_deref() == key => {
-                    let new = first_new.is_some_and(|first| row.seq >= first);
-                    if !new && key.is_none() {
-                        // Not written by this statement, and not an idempotent repeat either.
-                        return Err(id_taken(event.id(), row.seq));
-                    }
-                    // Without `new`: the very same event (id and key) enqueued again.
-                    written.insert(
-                        event.id(),
-                        Enqueued {
-                            id: event.id(),
-                            created: new,
-                        },
-                    );
-                }
-                Some(row) => return Err(id_taken(event.id(), row.seq)),
-                None => match key {
-                    Some(key) => duplicate_keys.push((event.id(), key)),
-                    None => {
-                        return Err(StoreError::Database(format!(
-                            "event {} was not written and no event holds its id any more; enqueue it again",
-                            event.id()
-                        )));
-                    }
-                },
-            }
-        }
-        if duplicate_keys.is_empty() {
-            return Ok(());
-        }
-        let keys: Vec<String> = duplicate_keys
-            .iter()
-            .map(|(_, k)| (*k).to_owned())
-            .collect();
-        let by_key: HashMap<String, Resolved> = self
-            .resolve(conn, &self.sql().resolve_keys, &keys)
-            .await?
-            .into_iter()
-            .filter_map(|r| Some((r.key.clone()?, r)))
-            .collect();
-        for (id, key) in duplicate_keys {
-            let row = by_key.get(key).ok_or_else(|| {
-                    StoreError::Unavailable(format!(
-                        "event {id}: the event holding idempotency key `{key}` was deleted while this batch was enqueued; try again"
-                    ))
-                })?;
-            let existing = outbox_types::sql_store::parse_event_id(row.seq, "id", &row.id)?;
-            written.insert(
-                id,
-                Enqueued {
-                    id: existing,
-                    created: false,
-                },
-            );
-        }
-        Ok(())
-    }
-
-    /// Rows whose id (or key, depending on `statement`) is in `values`.
-    async fn resolve(
-        &self,
-        conn: &mut MySqlConnection,
-        statement: &str,
-        values: &[String],
-    ) -> Result<Vec<Resolved>, StoreError> {
-        let rows = sqlx::query(AssertSqlSafe(statement))
-            .bind(json_text(values)?)
+    ) -> Result<Vec<Enqueued>, StoreError> {
+        let events: Vec<serde_json::Value> = chunk.iter().map(|e| batch_row(e)).collect();
+        let rows = sqlx::query(AssertSqlSafe(self.sql().enqueue_batch.as_str()))
+            .bind(serde_json::Value::Array(events).to_string())
             .fetch_all(&mut *conn)
             .await
-            .map_err(map_sqlx)?;
-        rows.iter()
-            .map(|row| {
-                Ok(Resolved {
-                    seq: row.try_get("seq").map_err(map_sqlx)?,
-                    id: row.try_get("id").map_err(map_sqlx)?,
-                    key: row.try_get("idempotency_key").map_err(map_sqlx)?,
+            .map_err(|e| self.call_error(e))?;
+        if rows.len() != chunk.len() {
+            return Err(StoreError::Database(format!(
+                "the enqueue procedure `{}_enqueue_batch` answered {} rows for {} events",
+                self.table(),
+                rows.len(),
+                chunk.len()
+            )));
+        }
+        chunk
+            .iter()
+            .zip(&rows)
+            .map(|(event, row)| {
+                let taken: Option<i64> = row.try_get("taken_by_seq").map_err(map_sqlx)?;
+                if let Some(seq) = taken {
+                    return Err(id_taken(event.id(), seq));
+                }
+                let id: String = row.try_get("id").map_err(map_sqlx)?;
+                let id = id.parse::<EventId>().map_err(|e| {
+                    StoreError::Database(format!(
+                        "event {}: the enqueue procedure answered `{id}`, not an event id: {e}",
+                        event.id()
+                    ))
+                })?;
+                let created: i64 = row.try_get("created").map_err(map_sqlx)?;
+                Ok(Enqueued {
+                    id,
+                    created: created != 0,
                 })
             })
             .collect()
     }
-}
 
-/// A row found after a batch insert.
-struct Resolved {
-    seq: i64,
-    id: String,
-    key: Option<String>,
+    /// A failed `CALL`: an outbox migrated before the procedure existed is
+    /// [`StoreError::NotMigrated`]; the procedure's "retry the transaction" (SQLSTATE 40001: the
+    /// event holding a key was committed after the caller's transaction began reading, or kept
+    /// disappearing) is [`StoreError::Unavailable`]; the rest as every statement's.
+    fn call_error(&self, error: sqlx::Error) -> StoreError {
+        match &error {
+            sqlx::Error::Database(db) if error_number(&error) == Some(NO_SUCH_PROCEDURE) => {
+                StoreError::NotMigrated(format!(
+                    "{}: the outbox schema is older than this library (no procedure {}_enqueue_batch): run `outbox migrate` (or MySqlOutbox::migrate): {}",
+                    self.table(),
+                    self.table(),
+                    db.message()
+                ))
+            }
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("40001") => {
+                StoreError::Unavailable(db.message().to_owned())
+            }
+            _ => map_sqlx(error),
+        }
+    }
 }
 
 pub(crate) fn id_taken(id: EventId, seq: i64) -> StoreError {
@@ -346,14 +251,15 @@ pub(crate) fn id_taken(id: EventId, seq: i64) -> StoreError {
     ))
 }
 
-/// Split `events` into chunks of at most [`BATCH_BYTES`] of text (and at least one event).
+/// Split `events` into chunks of at most [`BATCH_BYTES`] of text and [`BATCH_EVENTS`] events
+/// (and at least one event).
 pub(crate) fn chunks<'a, 'e>(events: &'a [&'e NewEvent]) -> Vec<&'a [&'e NewEvent]> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut bytes = 0;
     for (i, e) in events.iter().enumerate() {
         let size = e.payload().len() + e.headers().len() * 32 + 256;
-        if i > start && bytes + size > BATCH_BYTES {
+        if i > start && (bytes + size > BATCH_BYTES || i - start >= BATCH_EVENTS) {
             out.push(&events[start..i]);
             start = i;
             bytes = 0;
@@ -366,7 +272,7 @@ pub(crate) fn chunks<'a, 'e>(events: &'a [&'e NewEvent]) -> Vec<&'a [&'e NewEven
     out
 }
 
-/// One event of a batch as a JSON object for `JSON_TABLE`. The payload and headers travel as JSON
+/// One event of a batch as a JSON object for the enqueue procedure's `JSON_TABLE`. The payload and headers travel as JSON
 /// strings holding their exact text, so the stored bytes are the writer's bytes; absent optional
 /// fields are left out (a missing path is SQL `NULL`).
 pub(crate) fn batch_row(e: &NewEvent) -> serde_json::Value {
@@ -470,5 +376,11 @@ mod tests {
             .collect();
         assert_eq!(flat, events.iter().map(NewEvent::id).collect::<Vec<_>>());
         assert_eq!(chunks(&refs[..1]).len(), 1);
+        let small: Vec<NewEvent> = (0..2500)
+            .map(|i| NewEvent::new("a", i.to_string(), "T", &1).unwrap())
+            .collect();
+        let refs: Vec<&NewEvent> = small.iter().collect();
+        let sizes: Vec<usize> = chunks(&refs).iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, [1000, 1000, 500]);
     }
 }

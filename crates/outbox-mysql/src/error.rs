@@ -40,6 +40,8 @@ const MYSQL_QUERY_TIMEOUT: u16 = 3024;
 const CLIENT_INTERACTION_TIMEOUT: u16 = 4031;
 /// `ER_NO_SUCH_TABLE`.
 pub(crate) const NO_SUCH_TABLE: u16 = 1146;
+/// `ER_SP_DOES_NOT_EXIST`: no such stored procedure.
+pub(crate) const NO_SUCH_PROCEDURE: u16 = 1305;
 
 /// The MySQL error number of `error`, when the server sent one.
 pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {

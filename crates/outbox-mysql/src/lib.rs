@@ -36,44 +36,43 @@
 //! change; through a pool each statement autocommits.
 //!
 //! They take an [`EnqueueTarget`] (anything that converts into one: a connection, a transaction,
-//! a pool connection or a pool) rather than an `Executor`, unlike the PostgreSQL store, because of
-//! the idempotency key. MySQL has no `RETURNING`, so the id of the event that already holds a key
-//! cannot come back from the `INSERT`; it takes a second statement on the **same** connection, and
-//! an `Executor` can run only one. (A generic `impl sqlx::Acquire` would do that too, but futures
-//! holding one trip over a rustc limitation — "implementation of `Acquire` is not general
-//! enough" — as soon as they must be `Send`, as in a web handler or `tokio::spawn`.) Call sites
-//! read the same: `outbox.enqueue(&mut *tx, &event)`.
+//! a pool connection or a pool) rather than an `Executor`, unlike the PostgreSQL store: a batch
+//! larger than a few MiB takes several calls, which must run on the **same** connection, and an
+//! `Executor` can run only one statement. (A generic `impl sqlx::Acquire` would do that too, but
+//! futures holding one trip over a rustc limitation — "implementation of `Acquire` is not
+//! general enough" — as soon as they must be `Send`, as in a web handler or `tokio::spawn`.)
+//! Call sites read the same: `outbox.enqueue(&mut *tx, &event)`.
 //!
-//! - **Single event**: one `INSERT … ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(seq + 2^62) - 2^62`.
-//!   It inserts, or leaves the existing row exactly as it was and reports that row's `seq`
-//!   (offset by 2^62, so the client can tell the two apart; `LAST_INSERT_ID(expr)` is the
-//!   documented way to learn the row an upsert hit, and works because `seq` is the
-//!   `AUTO_INCREMENT` column). A new event therefore costs one statement; only a duplicate costs
-//!   a second, `SELECT id … WHERE seq = ? FOR UPDATE`. That read is a *locking* read on purpose:
-//!   in a `REPEATABLE READ` transaction a plain read uses the snapshot taken at the transaction's
-//!   first read, which may predate the commit of the row the key collided with.
-//! - **Batch**: one `INSERT … SELECT … FROM JSON_TABLE(?)` in array order (the events travel as
-//!   one JSON array), whose upsert leaves every duplicate untouched, then one locking read of the
-//!   rows holding the batch's ids, and — only when some key was a duplicate — one of the rows
-//!   holding those keys. An event was written by this call when the row with its id has a `seq`
-//!   at or after the first one the `INSERT` generated. (The one case this cannot tell apart: the
-//!   *same* event id enqueued by two transactions at the same moment under
-//!   `innodb_autoinc_lock_mode = 2`, where both may report `created: true` for the one row.)
-//!   A batch larger than a few MiB is split into several such rounds, in order.
-//! - A key repeated inside one batch counts once: the first event wins, the later ones report its
-//!   id with `created: false`.
-//! - The id is unique too. PostgreSQL rejects an event whose id is already taken; MySQL's upsert
-//!   fires on *any* unique key, so this store checks afterwards and returns
-//!   [`StoreError::Database`] when an event was not written because another event (with another
-//!   or no idempotency key) has its id. Enqueueing the very same event (same id and key) again is
-//!   the ordinary duplicate case.
+//! - **One procedure call**: both write through `CALL <table>_enqueue_batch(?)` (migration 6),
+//!   one JSON array of events in, one row per event out. The procedure runs as its definer
+//!   (`SQL SECURITY DEFINER`), so a writer needs `EXECUTE` on it and no privilege on the table:
+//!   not `SELECT` or `UPDATE`, with which it could read every event and lock and rewrite other
+//!   services' (`docs/table-contract.md`, "Privileges", has the grants). An outbox migrated
+//!   before the procedure existed is
+//!   [`StoreError::NotMigrated`](outbox_types::StoreError::NotMigrated): run `outbox migrate`.
+//! - Inside, each event is a plain `INSERT`, in array order (so `seq`s follow it). One that
+//!   fails on a unique key is sorted out with shared locks on the id's and the key's index
+//!   entries only, never on the row of the event that holds them, so a relay can claim that
+//!   event while the writer's transaction is open; its id comes from a plain read. In a
+//!   `REPEATABLE READ` transaction whose snapshot predates the commit of that event, the read
+//!   cannot see it: the procedure raises SQLSTATE 40001 and the enqueue returns
+//!   [`StoreError::Unavailable`](outbox_types::StoreError::Unavailable): retry the transaction
+//!   (as after PostgreSQL's serialization failures). Under `READ COMMITTED` every read sees it.
+//! - A key already in the table: nothing is written, the event holding it is reported with
+//!   `created: false`. A key repeated inside one batch counts once: the first event wins, the
+//!   later ones report its id with `created: false`.
+//! - The id is unique too: an event whose id another event (with another or no idempotency
+//!   key) already has is not written, and the enqueue returns
+//!   [`StoreError::Database`](outbox_types::StoreError::Database) naming that event's `seq`. Enqueueing the very same event (same id and key) again is the
+//!   ordinary duplicate case.
+//! - A batch is sent in calls of at most 4 MiB and 1000 events, in order, on one connection.
 //!
 //! Header names under the prefix reserved for the relay's own message headers (`outbox-…`,
-//! except `outbox-partition`) are refused before anything is sent ([`StoreError::Encode`]); the
+//! except `outbox-partition`) are refused before anything is sent ([`StoreError::Encode`](outbox_types::StoreError::Encode)); the
 //! table's triggers refuse them too, for writers that insert by hand (see "Rows are checked
 //! when written" below).
 //!
-//! Field lengths are checked before anything is sent ([`StoreError::Invalid`]), so a server in
+//! Field lengths are checked before anything is sent ([`StoreError::Invalid`](outbox_types::StoreError::Invalid)), so a server in
 //! non-strict SQL mode can never silently truncate an aggregate id or an idempotency key:
 //! `aggregate_type` up to [`MAX_AGGREGATE_TYPE_CHARS`] characters, `aggregate_id`, `event_type`
 //! and the idempotency key up to [`MAX_KEY_CHARS`], the destination up to
@@ -94,10 +93,7 @@
 //!   writer's statement with SQLSTATE `45000` and a message naming the header. A trigger,
 //!   because a CHECK constraint cannot loop over a JSON object's members. Inserts only: rows
 //!   written before the trigger existed are claimed, dead-lettered and requeued as before, so
-//!   there is nothing to validate on upgrade; and a `BEFORE UPDATE` trigger (any, even an
-//!   empty one, on MariaDB 10.11) makes the server report no insert id for an upsert that hit
-//!   a duplicate key, which is how [`MySqlOutbox::enqueue`] finds the event an idempotency key
-//!   belongs to (see "Writers" above).
+//!   there is nothing to validate on upgrade.
 //!
 //! ## Claims
 //!
@@ -113,8 +109,8 @@
 //!    token in one `UPDATE`, `COMMIT`, and `RELEASE_LOCK()`.
 //!
 //! Step 4 is what keeps per-aggregate order airtight where `SKIP LOCKED` alone would not: a due
-//! event whose row someone else has locked at that moment (a writer whose duplicate enqueue hit
-//! it, a stalled relay's late retry) is skipped, and its successors must then wait too rather
+//! event whose row someone else has locked at that moment (an operator's statement, a stalled
+//! relay's late retry) is skipped, and its successors must then wait too rather
 //! than go first. It also makes the claim correct without the lock, so the lock is an efficiency
 //! measure (each claim sees the previous one's result instead of tripping over its locked rows)
 //! and not a single point of failure: a claim waits at most [`CLAIM_LOCK_WAIT_SECONDS`] for it,

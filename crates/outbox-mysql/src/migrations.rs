@@ -509,22 +509,239 @@ DELIMITER ;
         columns: &[],
         add_columns: &[],
     },
+    Migration {
+        entry: Entry {
+            version: 6,
+            description: "least privilege: the library enqueues through a batch procedure that runs as its definer",
+            sql: r#"
+-- The Rust library's enqueue, as a procedure that runs as its definer like `{table}_enqueue`
+-- (migration 5): writers that enqueue through the library need EXECUTE on it and nothing on
+-- the table. Before, the library wrote with its own statements, an upsert (ON DUPLICATE KEY
+-- UPDATE) and locking reads (SELECT ... FOR UPDATE) of the rows holding its ids and keys, so
+-- its writers needed INSERT, SELECT and UPDATE on the table: enough to read any event, hold
+-- another service's pending events and rewrite them.
+--
+--   CALL `{table}_enqueue_batch`('[{"aggregate_type": "order", "aggregate_id": "42",
+--       "event_type": "OrderPlaced", "payload": "{\\"total\\": 10}"}]');
+--
+-- One JSON array of event objects, written in array order (their seqs increase in that order).
+-- Each object has aggregate_type, aggregate_id, event_type, payload (a JSON string holding the
+-- payload's JSON text, stored byte for byte) and, optionally, headers (a string holding a JSON
+-- object of strings; absent: {}), destination, idempotency_key, occurred_at
+-- ('YYYY-MM-DD hh:mm:ss.ffffff' in UTC; absent: now) and id (a UUID; absent: a new version 7
+-- one). It returns one row per event, in array order: `ord` (its position, from 1), `id` (the
+-- event's id, or for an idempotency key another event already holds, that event's id: nothing
+-- was written), `created` (1 when this call wrote the event) and `taken_by_seq` (not NULL when
+-- the event was not written because another event, with another idempotency key or none, has
+-- its id: an error for the caller; enqueueing the same event, id and key, again is not). A bad
+-- event (a field missing or empty, an id that is no UUID) raises SQLSTATE 22023 naming its
+-- position; the header trigger checks the headers. It never commits.
+--
+-- Each event is a plain INSERT; one that fails on a unique key (a taken id or idempotency key)
+-- is sorted out as in `{table}_enqueue`: shared locks on the id's and the key's index entries
+-- only, never on another event's row, and the holder's id by a plain read. Under REPEATABLE
+-- READ, a holder committed after the caller's transaction began reading is not visible to that
+-- read: SQLSTATE 40001, retry the transaction. A holder deleted in between is retried (three
+-- times, then 40001). Only such events are collected into the result as the loop goes; the
+-- other rows come from the input itself.
+--
+-- MariaDB creates the procedure in place (CREATE OR REPLACE keeps EXECUTE grants when the
+-- migration runs again); MySQL 8 drops and creates it.
+{drop_enqueue_batch_procedure_on_mysql}
+DELIMITER //
+{create_or_replace} PROCEDURE `{table}_enqueue_batch`(
+    IN p_events LONGTEXT CHARACTER SET utf8mb4
+)
+    MODIFIES SQL DATA
+    SQL SECURITY DEFINER
+    COMMENT 'outbox enqueue of a JSON array of events: call it inside the transaction that changes the business rows'
+BEGIN
+    DECLARE v_done           BOOLEAN DEFAULT FALSE;
+    DECLARE v_ord            INT;
+    DECLARE v_given_id       LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_aggregate_type LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_aggregate_id   LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_event_type     LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_payload        LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_headers        LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_destination    LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_key            LONGTEXT CHARACTER SET utf8mb4 COLLATE {bin};
+    DECLARE v_occurred_at    LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_id             CHAR(36) CHARACTER SET ascii COLLATE ascii_bin;
+    DECLARE v_hex            CHAR(32) CHARACTER SET ascii;
+    DECLARE v_duplicate      BOOLEAN;
+    DECLARE v_attempts       INT;
+    DECLARE v_id_seq         BIGINT;
+    DECLARE v_key_seq        BIGINT;
+    DECLARE v_row_id         CHAR(36) CHARACTER SET ascii;
+    DECLARE v_outcomes       LONGTEXT CHARACTER SET utf8mb4 DEFAULT '';
+    DECLARE v_message        VARCHAR(128) CHARACTER SET utf8mb4;
+    DECLARE c_events CURSOR FOR
+        SELECT j.ord, j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.payload,
+               j.headers, j.destination, j.idempotency_key, j.occurred_at
+        FROM JSON_TABLE(p_events, '$[*]' COLUMNS (
+            ord             FOR ORDINALITY,
+            id              LONGTEXT CHARACTER SET utf8mb4 PATH '$.id',
+            aggregate_type  LONGTEXT CHARACTER SET utf8mb4 PATH '$.aggregate_type',
+            aggregate_id    LONGTEXT CHARACTER SET utf8mb4 PATH '$.aggregate_id',
+            event_type      LONGTEXT CHARACTER SET utf8mb4 PATH '$.event_type',
+            payload         LONGTEXT CHARACTER SET utf8mb4 PATH '$.payload',
+            headers         LONGTEXT CHARACTER SET utf8mb4 PATH '$.headers',
+            destination     LONGTEXT CHARACTER SET utf8mb4 PATH '$.destination',
+            idempotency_key LONGTEXT CHARACTER SET utf8mb4 PATH '$.idempotency_key',
+            occurred_at     LONGTEXT CHARACTER SET utf8mb4 PATH '$.occurred_at'
+        )) AS j
+        ORDER BY j.ord;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    IF p_events IS NULL OR NOT JSON_VALID(p_events) OR JSON_TYPE(p_events) <> 'ARRAY' THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'outbox: the events must be a JSON array of event objects';
+    END IF;
+    OPEN c_events;
+    next_event: LOOP
+        FETCH c_events INTO v_ord, v_given_id, v_aggregate_type, v_aggregate_id, v_event_type,
+            v_payload, v_headers, v_destination, v_key, v_occurred_at;
+        IF v_done THEN
+            LEAVE next_event;
+        END IF;
+        IF COALESCE(v_aggregate_type, '') = '' THEN
+            SET v_message = CONCAT('outbox: event ', v_ord, ': aggregate_type must not be empty');
+            SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+        END IF;
+        IF COALESCE(v_aggregate_id, '') = '' THEN
+            SET v_message = CONCAT('outbox: event ', v_ord, ': aggregate_id must not be empty');
+            SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+        END IF;
+        IF COALESCE(v_event_type, '') = '' THEN
+            SET v_message = CONCAT('outbox: event ', v_ord, ': event_type must not be empty');
+            SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+        END IF;
+        -- Not parsed here: MariaDB's JSON functions refuse documents nested deeper than 32
+        -- levels, which are valid JSON (the library has checked its payloads; the relay
+        -- dead-letters a payload that is not JSON).
+        IF v_payload IS NULL THEN
+            SET v_message = CONCAT('outbox: event ', v_ord, ': payload must be a string of JSON text');
+            SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+        END IF;
+        IF v_given_id IS NULL THEN
+            -- A version 7 UUID, as in `{table}_enqueue`.
+            SET v_hex = LOWER(CONCAT(
+                LPAD(HEX(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000), 12, '0'),
+                HEX(RANDOM_BYTES(10))));
+            SET v_hex = CONCAT(LEFT(v_hex, 12), '7', SUBSTRING(v_hex, 14, 3),
+                SUBSTRING('89ab', (CONV(SUBSTRING(v_hex, 17, 1), 16, 10) & 3) + 1, 1),
+                SUBSTRING(v_hex, 18));
+            SET v_id = CONCAT_WS('-', LEFT(v_hex, 8), SUBSTRING(v_hex, 9, 4), SUBSTRING(v_hex, 13, 4),
+                SUBSTRING(v_hex, 17, 4), SUBSTRING(v_hex, 21));
+        ELSEIF LOWER(v_given_id) REGEXP '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+            SET v_id = LOWER(v_given_id);
+        ELSE
+            SET v_message = CONCAT('outbox: event ', v_ord, ': id must be a UUID (8-4-4-4-12 hex digits), or absent for a new one');
+            SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+        END IF;
+        SET v_attempts = 0;
+        try_insert: LOOP
+            SET v_attempts = v_attempts + 1;
+            SET v_duplicate = FALSE;
+            BEGIN
+                -- ER_DUP_ENTRY: the id or the idempotency key is taken (sorted out below).
+                DECLARE CONTINUE HANDLER FOR 1062 SET v_duplicate = TRUE;
+                INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination,
+                                 headers, idempotency_key, occurred_at, enqueued_at, next_attempt_at)
+                VALUES (v_id, v_aggregate_type, v_aggregate_id, v_event_type, v_payload, v_destination,
+                        COALESCE(v_headers, '{}'), v_key, COALESCE(v_occurred_at, UTC_TIMESTAMP(6)),
+                        UTC_TIMESTAMP(6), UTC_TIMESTAMP(6));
+            END;
+            IF NOT v_duplicate THEN
+                IF v_given_id IS NULL THEN
+                    SET v_outcomes = CONCAT(v_outcomes, ',', JSON_OBJECT('ord', v_ord, 'id', v_id, 'created', 1));
+                END IF;
+                LEAVE try_insert;
+            END IF;
+            -- Which events hold the id and the key, as last committed: shared locks on their
+            -- index entries only (covering reads of the unique indexes), never on a row.
+            SET v_id_seq = NULL;
+            SET v_key_seq = NULL;
+            BEGIN
+                DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+                SELECT e.seq INTO v_id_seq FROM {t} AS e FORCE INDEX (id_key)
+                WHERE e.id = v_id LOCK IN SHARE MODE;
+                IF v_key IS NOT NULL THEN
+                    SELECT e.seq INTO v_key_seq FROM {t} AS e FORCE INDEX (idempotency_key)
+                    WHERE e.idempotency_key = v_key LOCK IN SHARE MODE;
+                END IF;
+            END;
+            IF v_id_seq IS NOT NULL THEN
+                -- The same event (id and key) again is a duplicate; another event's id is not.
+                SET v_outcomes = CONCAT(v_outcomes, ',', IF(v_id_seq = v_key_seq,
+                    JSON_OBJECT('ord', v_ord, 'id', v_id, 'created', 0),
+                    JSON_OBJECT('ord', v_ord, 'id', v_id, 'created', 0, 'taken_by_seq', v_id_seq)));
+                LEAVE try_insert;
+            END IF;
+            IF v_key_seq IS NOT NULL THEN
+                -- A plain read: under REPEATABLE READ a row committed after this transaction's
+                -- first read is not visible to it.
+                SET v_row_id = NULL;
+                BEGIN
+                    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+                    SELECT e.id INTO v_row_id FROM {t} AS e WHERE e.seq = v_key_seq;
+                END;
+                IF v_row_id IS NULL THEN
+                    SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = 'outbox: the event holding this idempotency key was written after this transaction began reading; retry the transaction';
+                END IF;
+                SET v_outcomes = CONCAT(v_outcomes, ',', JSON_OBJECT('ord', v_ord, 'id', v_row_id, 'created', 0));
+                LEAVE try_insert;
+            END IF;
+            -- The event that held the id or the key is gone (deleted after the failed insert,
+            -- outside a transaction): write this one after all.
+            IF v_attempts >= 3 THEN
+                SET v_message = CONCAT('outbox: event ', v_ord, ': the event holding its id or idempotency key kept disappearing; try again');
+                SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = v_message;
+            END IF;
+        END LOOP try_insert;
+    END LOOP next_event;
+    CLOSE c_events;
+    SELECT CAST(j.ord AS SIGNED) AS ord, COALESCE(o.id, LOWER(j.id)) AS id,
+           CAST(COALESCE(o.created, 1) AS SIGNED) AS created, o.taken_by_seq
+    FROM JSON_TABLE(p_events, '$[*]' COLUMNS (
+        ord FOR ORDINALITY,
+        id  VARCHAR(36) CHARACTER SET ascii PATH '$.id'
+    )) AS j
+    LEFT JOIN JSON_TABLE(CONCAT('[', SUBSTRING(v_outcomes, 2), ']'), '$[*]' COLUMNS (
+        ord          INT PATH '$.ord',
+        id           CHAR(36) CHARACTER SET ascii PATH '$.id',
+        created      INT PATH '$.created',
+        taken_by_seq BIGINT PATH '$.taken_by_seq'
+    )) AS o ON o.ord = j.ord
+    ORDER BY j.ord;
+END //
+DELIMITER ;
+"#,
+        },
+        columns: &[],
+        add_columns: &[],
+    },
 ];
 
 /// A migration's template as this server runs it: `{bin}`, the binary collation, and how the
-/// enqueue procedure is replaced (`{create_or_replace}`, `{drop_enqueue_procedure_on_mysql}`):
-/// in place on MariaDB (which keeps the grants on it), dropped and created on MySQL 8 (which
-/// has no `CREATE OR REPLACE PROCEDURE`). `collation` tells the servers apart.
+/// enqueue procedures are replaced (`{create_or_replace}`, `{drop_enqueue_procedure_on_mysql}`,
+/// `{drop_enqueue_batch_procedure_on_mysql}`): in place on MariaDB (which keeps the grants on
+/// them), dropped and created on MySQL 8 (which has no `CREATE OR REPLACE PROCEDURE`).
+/// `collation` tells the servers apart.
 fn for_server(outbox: &MySqlOutbox, template: &str, collation: &str) -> String {
-    let (drop, create) = if collation == BINARY_COLLATIONS[0] {
-        ("", "CREATE OR REPLACE")
+    let (drop, drop_batch, create) = if collation == BINARY_COLLATIONS[0] {
+        ("", "", "CREATE OR REPLACE")
     } else {
-        ("DROP PROCEDURE IF EXISTS `{table}_enqueue`;", "CREATE")
+        (
+            "DROP PROCEDURE IF EXISTS `{table}_enqueue`;",
+            "DROP PROCEDURE IF EXISTS `{table}_enqueue_batch`;",
+            "CREATE",
+        )
     };
     outbox
         .render(
             &template
                 .replace("{drop_enqueue_procedure_on_mysql}", drop)
+                .replace("{drop_enqueue_batch_procedure_on_mysql}", drop_batch)
                 .replace("{create_or_replace}", create),
         )
         .replace("{bin}", collation)
@@ -809,8 +1026,8 @@ mod released {
         let mariadb = rendered(BINARY_COLLATIONS[0]);
         let mysql = rendered(BINARY_COLLATIONS[1]);
         let counts = |all: &[Vec<String>]| all.iter().map(Vec::len).collect::<Vec<_>>();
-        assert_eq!(counts(&mariadb), [1, 1, 2, 3, 1]);
-        assert_eq!(counts(&mysql), [1, 1, 2, 3, 2]);
+        assert_eq!(counts(&mariadb), [1, 1, 2, 3, 1, 1]);
+        assert_eq!(counts(&mysql), [1, 1, 2, 3, 2, 2]);
         let trigger = &mariadb[3][2];
         assert!(trigger.starts_with("CREATE TRIGGER") && trigger.ends_with("END"));
         let procedure = &mariadb[2][1];
@@ -823,13 +1040,14 @@ mod released {
             "DROP PROCEDURE IF EXISTS `outbox_events_enqueue`"
         );
         assert!(mysql[4][1].starts_with("CREATE PROCEDURE `outbox_events_enqueue`"));
-    }
-
-    /// The enqueue procedure flags a duplicate the way the library's enqueue does.
-    #[test]
-    fn the_procedure_uses_the_libraries_duplicate_flag() {
-        let flag = crate::sql::DUPLICATE_FLAG.to_string();
-        assert_eq!(MIGRATIONS[2].entry.sql.matches(flag.as_str()).count(), 4);
+        let batch = &mariadb[5][0];
+        assert!(batch.starts_with("CREATE OR REPLACE PROCEDURE `outbox_events_enqueue_batch`"));
+        assert!(batch.contains("SQL SECURITY DEFINER") && batch.ends_with("END"));
+        assert_eq!(
+            mysql[5][0],
+            "DROP PROCEDURE IF EXISTS `outbox_events_enqueue_batch`"
+        );
+        assert!(mysql[5][1].starts_with("CREATE PROCEDURE `outbox_events_enqueue_batch`"));
     }
 
     outbox_types::released_migrations_test! {

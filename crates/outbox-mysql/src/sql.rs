@@ -33,13 +33,6 @@ const RECORD_COLUMNS: &str = "e.seq, e.id, e.aggregate_type, e.aggregate_id, e.e
      e.destination, e.headers, e.idempotency_key, e.occurred_at, e.enqueued_at, e.attempts, \
      e.status, e.next_attempt_at, e.last_error, e.lease_owner, e.lease_expires_at, e.delivered_at, e.dead_at";
 
-/// `ON DUPLICATE KEY UPDATE` for a single enqueue: leaves the existing row as it is and reports
-/// its `seq` through `LAST_INSERT_ID(expr)`, offset by 2^62 so the client can tell "an existing
-/// row at seq N" (`N + 2^62`) from "inserted at seq N" (`N`): the affected-row count cannot tell
-/// them apart, because sqlx connects with `CLIENT_FOUND_ROWS` (an unchanged duplicate then counts
-/// as 1, like an insert).
-pub(crate) const DUPLICATE_FLAG: u64 = 1 << 62;
-
 /// Every column of the row `e` a claim reads but the payload, added up in bytes (see
 /// `outbox_types::RowBytes`): what `relay.max_metadata_bytes` bounds. A NULL counts as 0.
 const METADATA_BYTES: &str = "(LENGTH(e.id) + LENGTH(e.aggregate_type) + LENGTH(e.aggregate_id) \
@@ -73,11 +66,7 @@ const CANDIDATES_SELECT: &str = "d.seq, d.payload_bytes, d.metadata_bytes, \
 /// Statements rendered once per outbox.
 #[derive(Debug)]
 pub(crate) struct Sql {
-    pub enqueue: String,
-    pub duplicate_row: String,
     pub enqueue_batch: String,
-    pub resolve_ids: String,
-    pub resolve_keys: String,
     pub claim_lock: String,
     pub claim_unlock: String,
     pub migrate_lock: String,
@@ -146,56 +135,10 @@ impl Sql {
             dead = probe("dead", ""),
         );
         Sql {
-            // id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
-            // idempotency_key, occurred_at.
-            enqueue: format!(
-                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
-                                  idempotency_key, occurred_at, enqueued_at, next_attempt_at)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
-                 ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(seq + {DUPLICATE_FLAG}) - {DUPLICATE_FLAG}"
-            ),
-            // A locking read: the row may have been committed by another transaction after this
-            // one's snapshot was taken, which a plain (consistent) read would not see. The
-            // duplicate-key check already locked it, so this waits for nobody.
-            duplicate_row: format!(
-                "SELECT e.id, e.idempotency_key FROM {t} AS e WHERE e.seq = ? FOR UPDATE"
-            ),
-            // One JSON array of events (see `batch_row`), inserted in array order so seqs follow
-            // it. Duplicates of any unique key are left alone (`seq = seq` changes nothing); which
-            // events were written is resolved afterwards (see `MySqlOutbox::enqueue_batch`).
-            enqueue_batch: format!(
-                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, destination, headers,
-                                  idempotency_key, occurred_at, enqueued_at, next_attempt_at)
-                 SELECT j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.payload, j.destination, j.headers,
-                        j.idempotency_key, j.occurred_at, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)
-                 FROM JSON_TABLE(?, '$[*]' COLUMNS (
-                     ord             FOR ORDINALITY,
-                     id              CHAR(36) CHARACTER SET ascii COLLATE ascii_bin PATH '$.id',
-                     aggregate_type  VARCHAR(100) CHARACTER SET utf8mb4 PATH '$.aggregate_type',
-                     aggregate_id    VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.aggregate_id',
-                     event_type      VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.event_type',
-                     payload         LONGTEXT CHARACTER SET utf8mb4 PATH '$.payload',
-                     destination     VARCHAR(1024) CHARACTER SET utf8mb4 PATH '$.destination',
-                     headers         LONGTEXT CHARACTER SET utf8mb4 PATH '$.headers',
-                     idempotency_key VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.idempotency_key',
-                     occurred_at     DATETIME(6) PATH '$.occurred_at'
-                 )) AS j
-                 ORDER BY j.ord
-                 ON DUPLICATE KEY UPDATE seq = seq"
-            ),
-            // Locking reads, for the reason given at `duplicate_row`.
-            resolve_ids: format!(
-                "SELECT e.seq, e.id, e.idempotency_key
-                 FROM JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) AS c
-                 STRAIGHT_JOIN {t} AS e FORCE INDEX (id_key) ON e.id = c.id
-                 FOR UPDATE"
-            ),
-            resolve_keys: format!(
-                "SELECT e.seq, e.id, e.idempotency_key
-                 FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) AS c
-                 STRAIGHT_JOIN {t} AS e FORCE INDEX (idempotency_key) ON e.idempotency_key = c.k
-                 FOR UPDATE"
-            ),
+            // One JSON array of events (see `batch_row`), written in array order by the
+            // procedure of migration 6, which runs as its definer: writers need EXECUTE on it,
+            // nothing on the table. One row per event comes back (see `MySqlOutbox::enqueue_batch`).
+            enqueue_batch: format!("CALL `{table}_enqueue_batch`(?)"),
             claim_lock: format!("SELECT GET_LOCK({claim_lock}, ?)"),
             claim_unlock: format!("DO RELEASE_LOCK({claim_lock})"),
             migrate_lock: format!("SELECT GET_LOCK({migrate_lock}, ?)"),
@@ -830,12 +773,6 @@ mod tests {
                 ("replay update", &sql.replay_update, vec![seqs.clone()]),
                 ("requeue", &sql.requeue_dead_ids, vec![ids.clone()]),
                 ("discard", &sql.discard_dead_ids, vec![ids.clone()]),
-                ("resolve ids", &sql.resolve_ids, vec![ids.clone()]),
-                (
-                    "resolve keys",
-                    &sql.resolve_keys,
-                    vec![serde_json::json!("[\"k\"]")],
-                ),
             ] {
                 let p = plan(&pool, statement, &binds).await;
                 let e: Vec<_> = p.iter().filter(|(t, _)| t == "e").collect();

@@ -93,7 +93,7 @@ async fn enqueue_futures_are_send() {
 #[tokio::test]
 async fn migrate_is_idempotent_and_safe_to_race() {
     let (pool, outbox) = common::unmigrated_outbox(10).await;
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 5));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 6));
     let reports = race(6, |_| {
         let (outbox, pool) = (outbox.clone(), pool.clone());
         async move { outbox.migrate(&pool).await.unwrap() }
@@ -101,12 +101,12 @@ async fn migrate_is_idempotent_and_safe_to_race() {
     .await;
     let mut applied = Vec::new();
     for report in reports {
-        assert_eq!(report.current, 5);
+        assert_eq!(report.current, 6);
         applied.extend(report.applied);
     }
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5],
+        vec![1, 2, 3, 4, 5, 6],
         "exactly one racer applied each version"
     );
     let store = MySqlStore::new(pool.clone(), outbox.clone());
@@ -118,7 +118,7 @@ async fn migrate_is_idempotent_and_safe_to_race() {
         .id;
     let again = outbox.migrate(&pool).await.unwrap();
     assert!(again.applied.is_empty(), "migrating twice is a no-op");
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (5, 5));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (6, 6));
     assert!(
         store.get(id).await.unwrap().is_some(),
         "data survives a re-run"
@@ -148,8 +148,8 @@ async fn migrate_is_idempotent_and_safe_to_race() {
 async fn a_migration_interrupted_after_its_ddl_completes_on_the_next_run() {
     // MySQL DDL is not transactional: simulate a crash between the DDL (CREATE TABLE; ADD
     // COLUMN and CREATE TABLE of version 2, the procedure of version 3, the default and triggers of
-    // version 4, the procedure replaced by version 5) and the bookkeeping rows by deleting the
-    // rows.
+    // version 4, the procedure replaced by version 5, the batch procedure of version 6) and the
+    // bookkeeping rows by deleting the rows.
     let (pool, outbox) = common::unmigrated_outbox(2).await;
     outbox.migrate(&pool).await.unwrap();
     common::execute(
@@ -157,10 +157,10 @@ async fn a_migration_interrupted_after_its_ddl_completes_on_the_next_run() {
         format!("DELETE FROM `{}_migrations`", outbox.table()),
     )
     .await;
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 5));
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (0, 6));
     let report = outbox.migrate(&pool).await.unwrap();
-    assert_eq!(report.applied, vec![1, 2, 3, 4, 5]);
-    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (5, 5));
+    assert_eq!(report.applied, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(outbox.schema_version(&pool).await.unwrap(), (6, 6));
 }
 
 #[tokio::test]

@@ -174,18 +174,21 @@ async fn the_same_event_enqueued_twice_is_a_duplicate_and_a_reused_id_is_an_erro
 }
 
 #[tokio::test]
-async fn a_duplicate_of_a_row_committed_after_the_snapshot_is_still_found() {
+async fn a_duplicate_of_a_row_committed_after_the_snapshot_asks_for_a_retry() {
     // REPEATABLE READ: the writer's snapshot is taken by its first read, before the other
-    // transaction commits the key; the duplicate must be resolved with a locking read.
+    // transaction commits the key. The enqueue procedure reads the event holding the key without
+    // locking its row, and that read cannot see it: a transient error (SQLSTATE 40001, as
+    // PostgreSQL's serialization failures), and the retried transaction finds it. Under READ
+    // COMMITTED every read sees it at once.
     let store = common::fresh_store().await;
     let mut writer = connect().await;
     writer
         .execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .await
         .unwrap();
-    writer.execute("START TRANSACTION").await.unwrap();
     let sql = format!("SELECT COUNT(*) FROM {}", store.outbox().quoted_table());
-    select_i64(&mut writer, sql).await;
+    writer.execute("START TRANSACTION").await.unwrap();
+    select_i64(&mut writer, sql.clone()).await;
     let single_first = numbered("a", 1).with_idempotency_key("late-1");
     let batch_first = numbered("a", 2).with_idempotency_key("late-2");
     store
@@ -194,30 +197,60 @@ async fn a_duplicate_of_a_row_committed_after_the_snapshot_is_still_found() {
         .await
         .unwrap();
 
-    let single = store
+    let single = numbered("b", 1).with_idempotency_key("late-1");
+    let err = store
         .outbox()
-        .enqueue(
-            &mut writer,
-            &numbered("b", 1).with_idempotency_key("late-1"),
-        )
+        .enqueue(&mut writer, &single)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Unavailable(m) if m.contains("retry the transaction")),
+        "{err}"
+    );
+    let batch = [
+        numbered("b", 2).with_idempotency_key("late-2"),
+        numbered("b", 3),
+    ];
+    let err = store
+        .outbox()
+        .enqueue_batch(&mut writer, &batch)
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    writer.execute("ROLLBACK").await.unwrap();
+
+    // The retry.
+    writer.execute("START TRANSACTION").await.unwrap();
+    select_i64(&mut writer, sql.clone()).await;
+    let done = store.outbox().enqueue(&mut writer, &single).await.unwrap();
+    assert_eq!((done.id, done.created), (single_first.id(), false));
+    writer.execute("COMMIT").await.unwrap();
+
+    writer
+        .execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         .await
         .unwrap();
-    assert_eq!((single.id, single.created), (single_first.id(), false));
-    let batch = store
+    writer.execute("START TRANSACTION").await.unwrap();
+    select_i64(&mut writer, sql).await;
+    let later = numbered("a", 3).with_idempotency_key("late-3");
+    store.outbox().enqueue(store.pool(), &later).await.unwrap();
+    let done = store
         .outbox()
         .enqueue_batch(
             &mut writer,
             &[
-                numbered("b", 2).with_idempotency_key("late-2"),
-                numbered("b", 3),
+                batch[0].clone(),
+                batch[1].clone(),
+                numbered("b", 4).with_idempotency_key("late-3"),
             ],
         )
         .await
         .unwrap();
-    assert_eq!((batch[0].id, batch[0].created), (batch_first.id(), false));
-    assert!(batch[1].created);
+    assert_eq!((done[0].id, done[0].created), (batch_first.id(), false));
+    assert!(done[1].created);
+    assert_eq!((done[2].id, done[2].created), (later.id(), false));
     writer.execute("COMMIT").await.unwrap();
-    assert_eq!(store.stats().await.unwrap().pending, 3);
+    assert_eq!(store.stats().await.unwrap().pending, 4);
 }
 
 #[tokio::test]
@@ -276,8 +309,8 @@ async fn concurrent_writers_of_one_key_agree_on_one_event() {
 
 #[tokio::test]
 async fn a_locked_due_event_holds_back_its_aggregate_and_nothing_else() {
-    // SKIP LOCKED alone would skip a/1 (locked by a writer whose duplicate enqueue hit it) and
-    // hand out a/2 first.
+    // SKIP LOCKED alone would skip a/1 (locked by someone's transaction: an operator's
+    // statement, a stalled relay's late retry) and hand out a/2 first.
     let store = common::fresh_store().await;
     let a1 = numbered("a", 1).with_idempotency_key("a-1");
     store
@@ -290,12 +323,11 @@ async fn a_locked_due_event_holds_back_its_aggregate_and_nothing_else() {
         .unwrap();
     let mut writer = connect().await;
     writer.execute("START TRANSACTION").await.unwrap();
-    let dup = store
-        .outbox()
-        .enqueue(&mut writer, &numbered("x", 9).with_idempotency_key("a-1"))
-        .await
-        .unwrap();
-    assert_eq!((dup.id, dup.created), (a1.id(), false));
+    let locked = format!(
+        "SELECT seq FROM {} WHERE idempotency_key = 'a-1' FOR UPDATE",
+        store.outbox().quoted_table()
+    );
+    select_i64(&mut writer, locked).await;
 
     let claim = store.claim(&claim_up_to(1000)).await.unwrap();
     let got = aggregate_ids(&claim.events);

@@ -49,7 +49,7 @@ async fn sweep_old_tables() {
                 return;
             };
             // Old test tables, then the enqueue procedures their tables left behind (each
-            // migrated test table has one, dropped with the table).
+            // migrated test table has two, dropped with the table).
             for (kind, names) in [
                 (
                     "TABLE",
@@ -60,10 +60,13 @@ async fn sweep_old_tables() {
                 (
                     "PROCEDURE",
                     "SELECT r.ROUTINE_NAME FROM information_schema.ROUTINES AS r
-                     WHERE r.ROUTINE_SCHEMA = DATABASE() AND r.ROUTINE_NAME LIKE 'ob\\_t\\_%\\_enqueue'
+                     WHERE r.ROUTINE_SCHEMA = DATABASE()
+                       AND (r.ROUTINE_NAME LIKE 'ob\\_t\\_%\\_enqueue'
+                            OR r.ROUTINE_NAME LIKE 'ob\\_t\\_%\\_enqueue\\_batch')
                        AND NOT EXISTS (SELECT 1 FROM information_schema.TABLES AS t
                                        WHERE t.TABLE_SCHEMA = DATABASE()
-                                         AND CONCAT(t.TABLE_NAME, '_enqueue') = r.ROUTINE_NAME)",
+                                         AND r.ROUTINE_NAME IN (CONCAT(t.TABLE_NAME, '_enqueue'),
+                                                                CONCAT(t.TABLE_NAME, '_enqueue_batch')))",
                 ),
             ] {
                 let old: Vec<String> = sqlx::query_scalar(names)

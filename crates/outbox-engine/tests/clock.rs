@@ -727,3 +727,50 @@ impl Sink for CallWide {
         }
     }
 }
+
+/// Events trickling in (one a millisecond, each its own aggregate) while each batch takes a
+/// millisecond: a batch's end does not make a claim of its own, claims are spaced by
+/// `min_poll_interval` (10 ms), and every event still goes out within about that of its
+/// arrival.
+#[tokio::test(start_paused = true)]
+async fn a_trickle_is_claimed_once_per_min_poll_interval_not_after_every_batch() {
+    let source = Arc::new(MemorySource::new());
+    let sink = Arc::new(Timed::new(Duration::from_millis(1), |_, _| {
+        Outcome::Delivered
+    }));
+    let started = Instant::now();
+    let writer = {
+        let source = source.clone();
+        tokio::spawn(async move {
+            for n in 0..200u32 {
+                source.enqueue(&[spread("t", "a", 1_000, n)]);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    run_for(
+        Relay::new(source.clone(), sink.clone(), config("trickle")),
+        Duration::from_millis(300),
+    )
+    .await;
+    writer.await.unwrap();
+    let calls = sink.calls.lock().unwrap().clone();
+    let events: usize = calls.iter().map(|(_, e)| e.len()).sum();
+    assert_eq!(events, 200, "every event once");
+    assert!(
+        calls.len() <= 25,
+        "{} calls for 200 events over 200 ms: a claim after every batch",
+        calls.len()
+    );
+    for (at, wave) in &calls {
+        for event in wave {
+            let n: u64 = event.payload.parse().unwrap();
+            let arrived = started + Duration::from_millis(n);
+            assert!(
+                *at - arrived <= Duration::from_millis(12),
+                "event {n} went out {:?} after it arrived",
+                *at - arrived
+            );
+        }
+    }
+}

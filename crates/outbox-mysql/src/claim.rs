@@ -197,14 +197,10 @@ impl MySqlStore {
 /// The aggregate key of a claim row, `None` when the statement left out a key over the
 /// metadata limit.
 fn aggregate_of(row: &MySqlRow) -> Result<Option<AggregateKey>, StoreError> {
-    let aggregate_type: Option<String> = row.try_get("aggregate_type").map_err(map_sqlx)?;
-    let aggregate_id: Option<String> = row.try_get("aggregate_id").map_err(map_sqlx)?;
-    Ok(aggregate_type
-        .zip(aggregate_id)
-        .map(|(aggregate_type, aggregate_id)| AggregateKey {
-            aggregate_type,
-            aggregate_id,
-        }))
+    Ok(AggregateKey::from_columns(
+        row.try_get("aggregate_type").map_err(map_sqlx)?,
+        row.try_get("aggregate_id").map_err(map_sqlx)?,
+    ))
 }
 
 /// Which of the `wanted` candidates (in seq order) a claim may take, given the seqs it could lock

@@ -71,14 +71,10 @@ pub(crate) async fn claim(store: &PgStore, request: &ClaimRequest) -> Result<Cla
         let metadata_bytes: Option<i64> = row.try_get("metadata_bytes").map_err(map_sqlx)?;
         // NULL when the statement left out a key over the metadata limit.
         let aggregate = || {
-            let aggregate_type: Option<String> = row.try_get("aggregate_type").map_err(map_sqlx)?;
-            let aggregate_id: Option<String> = row.try_get("aggregate_id").map_err(map_sqlx)?;
-            Ok(aggregate_type
-                .zip(aggregate_id)
-                .map(|(aggregate_type, aggregate_id)| AggregateKey {
-                    aggregate_type,
-                    aggregate_id,
-                }))
+            Ok(AggregateKey::from_columns(
+                row.try_get("aggregate_type").map_err(map_sqlx)?,
+                row.try_get("aggregate_id").map_err(map_sqlx)?,
+            ))
         };
         outbox_types::sort_claimed_row!(
             sort,

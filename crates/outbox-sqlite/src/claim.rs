@@ -71,14 +71,10 @@ pub(crate) async fn claim(
         // UTF-8 in exactly these columns. NULL when the statement left out a key over the
         // metadata limit.
         let aggregate = || {
-            let aggregate_type = opt_text_as(row, "aggregate_type", Reading::Display)?;
-            let aggregate_id = opt_text_as(row, "aggregate_id", Reading::Display)?;
-            Ok(aggregate_type
-                .zip(aggregate_id)
-                .map(|(aggregate_type, aggregate_id)| AggregateKey {
-                    aggregate_type,
-                    aggregate_id,
-                }))
+            Ok(AggregateKey::from_columns(
+                opt_text_as(row, "aggregate_type", Reading::Display)?,
+                opt_text_as(row, "aggregate_id", Reading::Display)?,
+            ))
         };
         outbox_types::sort_claimed_row!(
             sort,

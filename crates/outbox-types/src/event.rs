@@ -198,6 +198,23 @@ pub struct AggregateKey {
     pub aggregate_id: String,
 }
 
+impl AggregateKey {
+    /// The key a claimed row's two columns make, or `None` when either is missing: a store's
+    /// claim leaves out (NULL) the key of a row over `max_metadata_bytes`, which is dead-lettered
+    /// unread.
+    pub fn from_columns(
+        aggregate_type: Option<String>,
+        aggregate_id: Option<String>,
+    ) -> Option<Self> {
+        aggregate_type
+            .zip(aggregate_id)
+            .map(|(aggregate_type, aggregate_id)| AggregateKey {
+                aggregate_type,
+                aggregate_id,
+            })
+    }
+}
+
 /// An event as a writer enqueues it, inside the same transaction as its business change.
 ///
 /// The payload is serialized when the event is built, so a value that cannot become JSON is

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_engine::router::Router;
 use outbox_engine::{Relay, RelayConfig};
-use outbox_testkit::{MemorySource, MemoryState, numbered};
+use outbox_testkit::{MemoryRow, MemorySource, MemoryState, numbered};
 use outbox_types::route::{Pattern, RouteRule, RouteTable};
 use outbox_types::{Event, NewEvent, Outcome, RetryPolicy, Sink};
 use tokio::time::Instant;
@@ -86,6 +86,37 @@ fn spread(aggregate_type: &str, prefix: &str, aggregates: u32, n: u32) -> NewEve
 /// The event of type `Bad` (aggregate `order/poison`) that a test's sink always fails.
 fn poison() -> NewEvent {
     NewEvent::new("order", "poison", "Bad", &0).unwrap()
+}
+
+/// The row of the [`poison`] event.
+fn poison_row(rows: &[MemoryRow]) -> &MemoryRow {
+    rows.iter().find(|r| r.event.event_type == "Bad").unwrap()
+}
+
+/// Every event of `rows` but the [`poison`] one was delivered.
+fn assert_the_others_delivered(rows: &[MemoryRow]) {
+    assert!(
+        rows.iter()
+            .filter(|r| r.event.event_type != "Bad")
+            .all(|r| r.state == MemoryState::Delivered),
+        "{rows:?}"
+    );
+}
+
+/// Enqueue an event of a new aggregate (`late0`, `late1`, ...) every `every`, `count` times:
+/// traffic the destination delivers while the poison event keeps failing.
+fn feed_late(
+    source: &Arc<MemorySource>,
+    count: usize,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let more = source.clone();
+    tokio::spawn(async move {
+        for n in 0..count {
+            tokio::time::sleep(every).await;
+            more.enqueue(&[numbered(&format!("late{n}"), 0)]);
+        }
+    })
 }
 
 /// A [`Timed`] answer: aggregate `a`'s events in the first call are told to retry after `after`
@@ -446,13 +477,7 @@ async fn unavailable_for_one_event_while_others_are_delivered_costs_attempts() {
             Outcome::Delivered
         }
     }));
-    let more = source.clone();
-    let feeder = tokio::spawn(async move {
-        for n in 0..20 {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            more.enqueue(&[numbered(&format!("late{n}"), 0)]);
-        }
-    });
+    let feeder = feed_late(&source, 20, Duration::from_millis(300));
     run_for(
         Relay::new(
             source.clone(),
@@ -471,14 +496,9 @@ async fn unavailable_for_one_event_while_others_are_delivered_costs_attempts() {
     .await;
     feeder.await.unwrap();
     let rows = source.snapshot();
-    let poison = rows.iter().find(|r| r.event.event_type == "Bad").unwrap();
+    let poison = poison_row(&rows);
     assert_eq!(poison.state, MemoryState::Dead, "{poison:?}");
-    assert!(
-        rows.iter()
-            .filter(|r| r.event.event_type != "Bad")
-            .all(|r| r.state == MemoryState::Delivered),
-        "{rows:?}"
-    );
+    assert_the_others_delivered(&rows);
 }
 
 /// `relay --drain` (`stop_when_idle`) waits for an event of its own that failed and comes due
@@ -612,13 +632,7 @@ async fn an_event_that_causes_every_outage_is_dead_as_a_suspected_poison() {
             poisoned
         }),
     });
-    let more = source.clone();
-    let feeder = tokio::spawn(async move {
-        for n in 0..60 {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            more.enqueue(&[numbered(&format!("late{n}"), 0)]);
-        }
-    });
+    let feeder = feed_late(&source, 60, Duration::from_millis(250));
     let relay = Relay::new(
         source.clone(),
         closing,
@@ -634,7 +648,7 @@ async fn an_event_that_causes_every_outage_is_dead_as_a_suspected_poison() {
     run_for(relay, Duration::from_secs(20)).await;
     feeder.await.unwrap();
     let rows = source.snapshot();
-    let poison = rows.iter().find(|r| r.event.event_type == "Bad").unwrap();
+    let poison = poison_row(&rows);
     assert_eq!(poison.state, MemoryState::Dead, "{poison:?}");
     let error = poison.last_error.as_deref().unwrap_or_default();
     assert!(
@@ -651,12 +665,7 @@ async fn an_event_that_causes_every_outage_is_dead_as_a_suspected_poison() {
     // (nothing delivered in between) is the same outage and counts no more.
     let tries = poisoned_calls.load(std::sync::atomic::Ordering::SeqCst);
     assert!((5..=15).contains(&tries), "{tries} tries");
-    assert!(
-        rows.iter()
-            .filter(|r| r.event.event_type != "Bad")
-            .all(|r| r.state == MemoryState::Delivered),
-        "{rows:?}"
-    );
+    assert_the_others_delivered(&rows);
 }
 
 /// With `max_outages_per_event = 0` the same event is never dead: it waits, costing no
@@ -672,13 +681,7 @@ async fn max_outages_per_event_zero_turns_the_poison_check_off() {
         inner: sink,
         fails_the_call: Box::new(|events: &[Event]| events.iter().any(|e| e.event_type == "Bad")),
     });
-    let more = source.clone();
-    let feeder = tokio::spawn(async move {
-        for n in 0..60 {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            more.enqueue(&[numbered(&format!("late{n}"), 0)]);
-        }
-    });
+    let feeder = feed_late(&source, 60, Duration::from_millis(250));
     let relay = Relay::new(
         source.clone(),
         closing,
@@ -695,7 +698,7 @@ async fn max_outages_per_event_zero_turns_the_poison_check_off() {
     run_for(relay, Duration::from_secs(20)).await;
     feeder.await.unwrap();
     let rows = source.snapshot();
-    let poison = rows.iter().find(|r| r.event.event_type == "Bad").unwrap();
+    let poison = poison_row(&rows);
     assert!(
         matches!(poison.state, MemoryState::Pending { .. }),
         "{poison:?}"

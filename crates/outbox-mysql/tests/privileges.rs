@@ -57,20 +57,6 @@ async fn seq_of(store: &MySqlStore, id: EventId) -> i64 {
     store.get(id).await.unwrap().unwrap().event.seq
 }
 
-/// The SQLSTATE of `sql` run by `pool`'s account.
-async fn sqlstate_of(pool: &MySqlPool, sql: String) -> Option<String> {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(pool)
-        .await
-        .err()
-        .map(|e| {
-            e.as_database_error()
-                .and_then(|d| d.code())
-                .map(|c| c.into_owned())
-                .unwrap_or_default()
-        })
-}
-
 #[tokio::test]
 async fn the_library_enqueues_with_insert_and_execute_only() {
     let store = common::fresh_store().await;
@@ -165,7 +151,7 @@ async fn the_library_enqueues_with_insert_and_execute_only() {
         format!("DELETE FROM `{table}`"),
     ] {
         assert_eq!(
-            sqlstate_of(&pool, sql.clone()).await.as_deref(),
+            common::sqlstate_of(&pool, &sql).await.as_deref(),
             Some("42000"),
             "{sql}"
         );

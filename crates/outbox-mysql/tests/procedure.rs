@@ -198,20 +198,6 @@ async fn bad_arguments_fail_the_call_naming_the_argument() {
     assert_eq!(claim_all(&store).await.len(), 1);
 }
 
-/// `sql` as run by `conn`; its SQLSTATE when it fails.
-async fn sqlstate_of(conn: &mut MySqlConnection, sql: &str) -> Option<String> {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-        .execute(&mut *conn)
-        .await
-        .err()
-        .map(|e| {
-            e.as_database_error()
-                .and_then(|d| d.code())
-                .map(|c| c.into_owned())
-                .unwrap_or_default()
-        })
-}
-
 /// A writer account with EXECUTE on the procedure and INSERT on the table (the grants of
 /// docs/table-contract.md, "Privileges") enqueues through the procedure, with its idempotency
 /// key working as documented, and with a plain INSERT; it cannot read, lock, change or delete
@@ -254,14 +240,14 @@ async fn a_writer_with_execute_and_insert_only_enqueues_and_cannot_touch_other_r
                                 occurred_at, enqueued_at, next_attempt_at)
          VALUES ('order', '3', 'Placed', '{{}}', '{{}}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
     );
-    assert_eq!(sqlstate_of(&mut writer, &plain).await, None);
+    assert_eq!(common::sqlstate_of(&mut writer, &plain).await, None);
     let taken = format!(
         "INSERT INTO `{table}` (aggregate_type, aggregate_id, event_type, payload, headers,
                                 idempotency_key, occurred_at, enqueued_at, next_attempt_at)
          VALUES ('order', '4', 'Placed', '{{}}', '{{}}', 'other-1', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
     );
     assert_eq!(
-        sqlstate_of(&mut writer, &taken).await.as_deref(),
+        common::sqlstate_of(&mut writer, &taken).await.as_deref(),
         Some("23000")
     );
     for sql in [
@@ -275,7 +261,7 @@ async fn a_writer_with_execute_and_insert_only_enqueues_and_cannot_touch_other_r
         format!("{taken} ON DUPLICATE KEY UPDATE seq = seq"),
     ] {
         assert_eq!(
-            sqlstate_of(&mut writer, &sql).await.as_deref(),
+            common::sqlstate_of(&mut writer, &sql).await.as_deref(),
             Some("42000"),
             "{sql}"
         );

@@ -8,6 +8,7 @@
 mod common;
 
 use outbox_postgresql::PgStore;
+use outbox_store_tests::sqlstate;
 use outbox_testkit::numbered;
 use outbox_types::{EventState, NewEvent, Store};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Transaction};
@@ -62,13 +63,6 @@ async fn run_as(pool: &PgPool, role: &str, sql: &str) -> Result<(), sqlx::Error>
         .execute(&mut *tx)
         .await?;
     tx.commit().await
-}
-
-fn sqlstate(e: &sqlx::Error) -> String {
-    e.as_database_error()
-        .and_then(|d| d.code())
-        .map(|c| c.into_owned())
-        .unwrap_or_default()
 }
 
 /// The signatures of the two enqueue functions, for GRANT and `has_function_privilege`.

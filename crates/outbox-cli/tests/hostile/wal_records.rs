@@ -94,6 +94,29 @@ impl Scene {
             .replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
     }
 
+    /// Lock the message source down (PUBLIC may not call `pg_logical_emit_message`; a new
+    /// `writer` role may call its text form) and connect as that writer.
+    async fn message_writer(&mut self) -> PgPool {
+        let url = self.role("writer").await;
+        let writer = self.roles.last().unwrap().clone();
+        for sql in [
+            "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC"
+                .to_owned(),
+            "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC"
+                .to_owned(),
+            format!(
+                "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {writer}"
+            ),
+        ] {
+            common::pg_execute(&self.pool, sql).await;
+        }
+        PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap()
+    }
+
     /// Write `outbox.toml`: WAL mode with `sources`, `relay` lines in `[relay]` (the limits),
     /// and `destination` (a `[destinations.…]` table). Its path.
     fn config(&self, sources: &str, relay: &str, destination: &str) -> PathBuf {
@@ -434,24 +457,7 @@ async fn wal_big_messages_of_roles_without_privileges() {
     assert!(peak < bound, "peak {peak} KiB over the bound {bound} KiB");
 
     // The message source, locked down: PUBLIC may not emit, a writer role may.
-    let writer = scene.role("writer").await;
-    for sql in [
-        "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC"
-            .to_owned(),
-        "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC"
-            .to_owned(),
-        format!(
-            "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {}",
-            scene.roles[1]
-        ),
-    ] {
-        common::pg_execute(&scene.pool, sql).await;
-    }
-    let writer = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&writer)
-        .await
-        .unwrap();
+    let writer = scene.message_writer().await;
     let config = scene.config("[\"table\", \"messages\"]", limits, &destination);
     let relay = scene.start(&config, "message relay");
     let first = others(12, 3);
@@ -737,24 +743,7 @@ async fn wal_records_of_the_issues_size() {
     assert!(peak < bound, "peak {peak} KiB over the bound {bound} KiB");
 
     // The message source, locked down; a writer's 300 MB message is read past.
-    let writer = scene.role("writer").await;
-    for sql in [
-        "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC"
-            .to_owned(),
-        "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC"
-            .to_owned(),
-        format!(
-            "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {}",
-            scene.roles[1]
-        ),
-    ] {
-        common::pg_execute(&scene.pool, sql).await;
-    }
-    let writer = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&writer)
-        .await
-        .unwrap();
+    let writer = scene.message_writer().await;
     let config = scene.config("[\"table\", \"messages\"]", "", &destination);
     let relay = scene.start(&config, "relay with messages, 300 MB message");
     scene.enqueue(&others(6, 3)).await;

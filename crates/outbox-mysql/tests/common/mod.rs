@@ -109,6 +109,19 @@ pub async fn execute(pool: &MySqlPool, sql: String) {
         .unwrap();
 }
 
+/// The SQLSTATE of `sql`, a statement the test writes by hand, run on `executor` (whose account
+/// it runs as); `None` when it succeeds.
+pub async fn sqlstate_of<'e, E>(executor: E, sql: &str) -> Option<String>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(executor)
+        .await
+        .err()
+        .map(|e| outbox_store_tests::sqlstate(&e))
+}
+
 pub struct MySqlHarness;
 
 #[async_trait]

@@ -217,3 +217,82 @@ async fn an_outbox_without_the_batch_procedure_asks_for_a_migration() {
         .unwrap_err();
     assert!(matches!(&error, StoreError::NotMigrated(_)), "{error}");
 }
+
+/// Hostile calls of the batch procedure by a writer with INSERT and EXECUTE only, which skips
+/// the library's checks: every malformed, incomplete, oversized or forged event fails the call
+/// with a SQLSTATE, since the procedure runs with its owner's rights and so must check what the
+/// library would. Each call is made, as documented, inside the writer's transaction, which the
+/// failure makes it roll back: the procedure never commits by itself, so the valid event before
+/// the bad one in the array is gone too. (Outside a transaction MySQL commits each statement of
+/// a procedure, and the events before a failing one would stay written.)
+#[tokio::test]
+async fn a_writer_calling_the_batch_procedure_directly_with_bad_events_writes_nothing() {
+    let store = common::fresh_store().await;
+    let table = store.outbox().table().to_owned();
+    let (_user, pool) = writer(&store).await;
+    let good = r#"{"aggregate_type": "order", "aggregate_id": "1", "event_type": "Placed", "payload": "{}"}"#;
+    let long = "x".repeat(300);
+    let cases: [(&str, String, &str); 9] = [
+        ("not an array", r#"{"aggregate_type": "order"}"#.to_owned(), "22023"),
+        ("not JSON", "[{".to_owned(), "22023"),
+        ("NULL", "NULL".to_owned(), "22023"),
+        (
+            "no payload",
+            r#"[{"aggregate_type": "order", "aggregate_id": "2", "event_type": "Placed"}]"#
+                .to_owned(),
+            "22023",
+        ),
+        (
+            "empty aggregate_id",
+            r#"[{"aggregate_type": "order", "aggregate_id": "", "event_type": "Placed", "payload": "{}"}]"#.to_owned(),
+            "22023",
+        ),
+        (
+            "an id that is no UUID",
+            r#"[{"id": "1; DROP TABLE x", "aggregate_type": "order", "aggregate_id": "3", "event_type": "Placed", "payload": "{}"}]"#.to_owned(),
+            "22023",
+        ),
+        (
+            "an aggregate_id over the column's 255 characters",
+            format!(r#"[{{"aggregate_type": "order", "aggregate_id": "{long}", "event_type": "Placed", "payload": "{{}}"}}]"#),
+            "22001",
+        ),
+        (
+            "a reserved header",
+            r#"[{"aggregate_type": "order", "aggregate_id": "4", "event_type": "Placed", "payload": "{}", "headers": "{\"outbox-event-id\": \"forged\"}"}]"#.to_owned(),
+            "45000",
+        ),
+        (
+            "headers that are no object",
+            r#"[{"aggregate_type": "order", "aggregate_id": "5", "event_type": "Placed", "payload": "{}", "headers": "[1]"}]"#.to_owned(),
+            "45000",
+        ),
+    ];
+    for (what, events, expected) in cases {
+        // A valid event first: the failing call must not leave it behind either.
+        let events = match events.strip_prefix('[') {
+            Some(rest) => format!("[{good}, {rest}"),
+            None => events,
+        };
+        let arg = if events == "NULL" {
+            events
+        } else {
+            format!("'{}'", events.replace('\\', "\\\\").replace('\'', "''"))
+        };
+        let sql = format!("CALL `{table}_enqueue_batch`({arg})");
+        let mut tx = pool.begin().await.unwrap();
+        assert_eq!(
+            common::sqlstate_of(&mut *tx, &sql).await.as_deref(),
+            Some(expected),
+            "{what}: {sql}"
+        );
+        tx.rollback().await.unwrap();
+    }
+    let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{table}`"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows, 0, "a failed call wrote events");
+}

@@ -17,7 +17,7 @@
 //! | 2. a copy the outbox table refuses blocks confirmations | `wal_records`, outbox-wal `tests/records.rs`, `tests/wal.rs` |
 //! | 3. byte limits over every column | `limits`, the stores' conformance suites (`outbox-store-tests`) |
 //! | 4, 13, 14. Debezium payloads, routed-by values, import-debezium output | `debezium`, `tests/debezium_records.rs` |
-//! | 5, 6, 10. writer grants, definer routines, search_path | outbox-postgresql `tests/privileges.rs`, outbox-mysql `tests/procedure.rs`, outbox-inbox `tests/postgres.rs` |
+//! | 5, 6, 10. writer grants, definer routines, search_path | outbox-postgresql `tests/privileges.rs`, outbox-mysql `tests/procedure.rs` and `tests/privileges.rs` (with hostile direct calls of the batch procedure), outbox-inbox `tests/postgres.rs` |
 //! | 7. metrics port flood | `metrics_port` |
 //! | 8. secrets in paths and camelCase keys | `secrets`, outbox-types' redactor tests |
 //! | 9. RabbitMQ frame size, poison outages | outbox-sink-rabbitmq `tests/sink.rs`, outbox-engine `tests/clock.rs` |
